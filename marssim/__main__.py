@@ -1,0 +1,5 @@
+import sys
+
+from marssim.cli import main
+
+sys.exit(main())

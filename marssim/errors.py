@@ -1,0 +1,87 @@
+"""Errors that reach users.
+
+Every error about user input (YAML, ONNX, mapping files, CLI flags) is an :class:`InputError`
+that names the file, the key path inside it and what was expected. The CLI prints its message
+and exits with status 2, without a traceback.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+__all__ = ["InputError", "MarssimError", "CapacityError", "format_path"]
+
+
+class MarssimError(Exception):
+    """Base class of the errors marssim raises on purpose."""
+
+
+def format_path(path: Iterable[str | int]) -> str:
+    """Render a key path like ``links[3].bandwidth`` from ``("links", 3, "bandwidth")``."""
+    out = ""
+    for part in path:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif out:
+            out += f".{part}"
+        else:
+            out = str(part)
+    return out
+
+
+class InputError(MarssimError, ValueError):
+    """Bad user input: names the file, the key path and what was expected.
+
+    ``problems`` holds one ``(path, message)`` pair per violation so that a validator can report
+    all of them at once; ``str(err)`` lists them one per line, each prefixed by the file.
+    """
+
+    def __init__(
+        self,
+        file: str | None,
+        path: Sequence[str | int] | str = (),
+        message: str = "",
+        *,
+        problems: Sequence[tuple[str, str]] | None = None,
+    ) -> None:
+        self.file = str(file) if file is not None else None
+        if problems is None:
+            key = path if isinstance(path, str) else format_path(path)
+            problems = [(key, message)]
+        self.problems = list(problems)
+        super().__init__(self._render())
+
+    def _render(self) -> str:
+        prefix = f"{self.file}: " if self.file else ""
+        lines = []
+        for key, message in self.problems:
+            lines.append(f"{prefix}{key}: {message}" if key else f"{prefix}{message}")
+        return "\n".join(lines)
+
+    @property
+    def path(self) -> str:
+        """Key path of the first problem."""
+        return self.problems[0][0]
+
+    @classmethod
+    def expected(cls, file: str | None, path: Sequence[str | int] | str, what: str, got: Any) -> "InputError":
+        """``file: path: expected WHAT, got GOT`` — the usual shape of an input error."""
+        return cls(file, path, f"expected {what}, got {got!r}")
+
+
+class CapacityError(MarssimError):
+    """A mapping does not fit a memory: names the device, the time, the peak and the capacity."""
+
+    def __init__(self, device: str, time_s: float, peak_bytes: float, capacity_bytes: float, detail: str = "") -> None:
+        self.device = device
+        self.time_s = time_s
+        self.peak_bytes = peak_bytes
+        self.capacity_bytes = capacity_bytes
+        msg = (
+            f"memory of {device} overflows at t={time_s * 1e3:.6g} ms: needs {peak_bytes / 2**20:.6g} MiB, "
+            f"capacity {capacity_bytes / 2**20:.6g} MiB"
+        )
+        if detail:
+            msg += f" ({detail})"
+        super().__init__(msg)

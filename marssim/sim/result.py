@@ -1,0 +1,156 @@
+"""The outcome of a simulation: makespan, per-resource summaries and the full interval log.
+
+Units are SI (seconds, bytes, bytes/s, joules). The interval log has one row per compute or
+transfer interval; traces and plots (``marssim.trace``) are views of it.
+
+``intervals`` columns: ``kind`` (compute, transfer, spill_out, spill_in), ``resource`` (device
+name for compute, ``src->dst`` for transfers), ``task`` (TaskGraph id, -1 for spills), ``op``,
+``model``, ``micro_batch``, ``start``, ``end`` (s), ``bytes``, ``flops``, ``energy`` (J, NaN
+unknown), ``src``, ``dst``, ``collective`` (kind or empty), ``collective_id`` (-1 none),
+``links`` (resources the transfer held, ``;``-separated).
+
+``memory_timeline``: ``node``, ``time`` (s), ``bytes`` (occupancy after the change, resident
+weights included). ``link_timeline``: ``resource``, ``time`` (s), ``rate`` (bytes/s in use
+after the change), ``flows`` (active flows).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from marssim.fsutil import staged_dir
+from marssim.units import fmt_bytes, fmt_rate, fmt_time
+
+__all__ = ["Result", "INTERVAL_COLUMNS"]
+
+INTERVAL_COLUMNS = ("kind", "resource", "task", "op", "model", "micro_batch", "start", "end", "bytes", "flops",
+                    "energy", "src", "dst", "collective", "collective_id", "links")
+
+
+@dataclass
+class Result:
+    """A simulation result. ``devices``, ``links`` and ``memories`` are per-resource tables."""
+
+    makespan: float
+    intervals: pd.DataFrame
+    devices: pd.DataFrame  # index device: busy_s, utilisation, energy_j, flops, tasks, design
+    links: pd.DataFrame  # index resource: kind, capacity, bytes, busy_s, utilisation
+    memories: pd.DataFrame  # index node: peak_bytes, capacity_bytes, resident_bytes
+    memory_timeline: pd.DataFrame
+    link_timeline: pd.DataFrame
+    throughput: float = float("nan")  # samples/s in steady state (pipelined runs), else batch/makespan
+    setup_time: float = 0.0  # s to load weights from hosts before the run (not in the makespan)
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    # ------------------------------------------------------------------ views
+    @property
+    def energy(self) -> float:
+        """Total compute energy in joules (NaN when no design has energy figures)."""
+        e = self.devices["energy_j"]
+        return float(e.sum()) if e.notna().any() else float("nan")
+
+    def bottlenecks(self, k: int = 3) -> tuple[list[str], list[str]]:
+        """The ``k`` busiest devices and links (by utilisation)."""
+        dev = self.devices.sort_values("utilisation", ascending=False).head(k).index.tolist()
+        lk = self.links[self.links["bytes"] > 0].sort_values("utilisation", ascending=False).head(k).index.tolist()
+        return dev, lk
+
+    def summary(self) -> str:
+        """A readable multi-line summary: makespan, throughput, bottlenecks, utilisation table."""
+        lines = []
+        title = " / ".join(str(self.meta[k]) for k in ("system", "workload", "mapping") if self.meta.get(k))
+        if title:
+            lines.append(title)
+        lines.append(f"makespan     {self.makespan * 1e3:.4f} ms")
+        if self.throughput == self.throughput:
+            lines.append(f"throughput   {self.throughput:.4g} samples/s")
+        if self.setup_time:
+            lines.append(f"weight load  {fmt_time(self.setup_time)} (set-up, not in the makespan)")
+        if self.energy == self.energy:
+            lines.append(f"energy       {self.energy * 1e3:.4g} mJ")
+        dev, lk = self.bottlenecks()
+        if dev:
+            lines.append("busiest devices: " + ", ".join(f"{d} ({self.devices.loc[d, 'utilisation']:.0%})" for d in dev))
+        if lk:
+            lines.append("busiest links:   " + ", ".join(f"{r} ({self.links.loc[r, 'utilisation']:.0%})" for r in lk))
+        lines.append("")
+        lines.append(f"{'device':<14}{'design':<14}{'busy':>12}{'util':>7}{'tasks':>7}{'mem peak':>12}{'capacity':>12}")
+        for name, row in self.devices.iterrows():
+            mem = self.memories.loc[name] if name in self.memories.index else None
+            peak = fmt_bytes(mem["peak_bytes"]) if mem is not None else "-"
+            cap = fmt_bytes(mem["capacity_bytes"]) if mem is not None else "-"
+            lines.append(f"{name:<14}{str(row.get('design', '')):<14}{fmt_time(row['busy_s']):>12}"
+                         f"{row['utilisation']:>7.0%}{int(row['tasks']):>7}{peak:>12}{cap:>12}")
+        used = self.links[self.links["bytes"] > 0]
+        if len(used):
+            lines.append("")
+            lines.append(f"{'link / resource':<28}{'bytes':>12}{'capacity':>14}{'util':>7}")
+            for name, row in used.sort_values("utilisation", ascending=False).head(12).iterrows():
+                lines.append(f"{name:<28}{fmt_bytes(row['bytes']):>12}{fmt_rate(row['capacity']):>14}"
+                             f"{row['utilisation']:>7.0%}")
+            if len(used) > 12:
+                lines.append(f"... {len(used) - 12} more resources carried traffic")
+        return "\n".join(lines)
+
+    # ------------------------------------------------------------------ files
+    def save(self, directory: str | Path) -> Path:
+        """Write ``summary.json`` and the tables as CSV into ``directory`` (atomically)."""
+        directory = Path(directory)
+        with staged_dir(directory) as tmp:
+            summary = {"makespan_s": self.makespan, "throughput_samples_per_s": self.throughput,
+                       "setup_time_s": self.setup_time, "energy_j": self.energy, "meta": _jsonable(self.meta)}
+            (tmp / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
+            self.intervals.to_csv(tmp / "intervals.csv", index=False)
+            self.devices.to_csv(tmp / "devices.csv", index_label="device")
+            self.links.to_csv(tmp / "links.csv", index_label="resource")
+            self.memories.to_csv(tmp / "memories.csv", index_label="node")
+            self.memory_timeline.to_csv(tmp / "memory_timeline.csv", index=False)
+            self.link_timeline.to_csv(tmp / "link_timeline.csv", index=False)
+        return directory
+
+    @classmethod
+    def load(cls, directory: str | Path) -> "Result":
+        """Read a result written by :meth:`save`. Raises InputError if files are missing."""
+        from marssim.errors import InputError
+
+        directory = Path(directory)
+        need = ["summary.json", "intervals.csv", "devices.csv", "links.csv", "memories.csv",
+                "memory_timeline.csv", "link_timeline.csv"]
+        for name in need:
+            if not (directory / name).is_file():
+                raise InputError(str(directory), name, "missing; expected a directory written by `marssim simulate --out`")
+        summary = json.loads((directory / "summary.json").read_text())
+        intervals = pd.read_csv(directory / "intervals.csv", keep_default_na=False,
+                                na_values={"energy": ["", "nan", "NaN"]})
+        for col in ("op", "model", "src", "dst", "collective", "links", "resource", "kind"):
+            intervals[col] = intervals[col].astype(str)
+        return cls(
+            makespan=float(summary["makespan_s"]), intervals=intervals,
+            devices=pd.read_csv(directory / "devices.csv", index_col="device"),
+            links=pd.read_csv(directory / "links.csv", index_col="resource"),
+            memories=pd.read_csv(directory / "memories.csv", index_col="node"),
+            memory_timeline=pd.read_csv(directory / "memory_timeline.csv"),
+            link_timeline=pd.read_csv(directory / "link_timeline.csv"),
+            throughput=float(summary.get("throughput_samples_per_s") or float("nan")),
+            setup_time=float(summary.get("setup_time_s") or 0.0), meta=summary.get("meta", {}),
+        )
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, (str, int, bool)) or value is None:
+        return value
+    if isinstance(value, float):
+        return value if value == value else None
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return str(value)

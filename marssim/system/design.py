@@ -1,0 +1,126 @@
+"""Accelerator designs: the configurations an accelerator can take (dataflow, PE array, buffers).
+
+A design is a validated, immutable value. Its dataflow decides which cost model times an op on it
+(``marssim.cost``). The library of designs lives in each system file under ``designs:``.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from .quantities import Bandwidth, Bytes, FlopRate, Hertz, Joules, Watts
+
+__all__ = ["Design", "DesignEnergy", "GpuSpec", "DATAFLOWS", "SYSTOLIC_DATAFLOWS"]
+
+_ALIASES = {
+    "output_stationary": "os",
+    "weight_stationary": "ws",
+    "input_stationary": "is",
+    "row_stationary": "rs",
+    "eyeriss": "rs",
+    "nvdla_like": "nvdla",
+    "shidiannao_like": "shidiannao",
+}
+
+DATAFLOWS = ("os", "ws", "is", "rs", "nvdla", "shidiannao", "gpu")
+"""Dataflow codes: systolic output/weight/input-stationary, Eyeriss row-stationary, NVDLA-like
+C/K-parallel, ShiDianNao-like output-pixel-parallel, and GPU-class (roofline + efficiency curves)."""
+
+SYSTOLIC_DATAFLOWS = ("os", "ws", "is")
+
+Dataflow = Literal["os", "ws", "is", "rs", "nvdla", "shidiannao", "gpu"]
+
+_STRICT = ConfigDict(extra="forbid", frozen=True)
+
+
+class DesignEnergy(BaseModel):
+    """Energy figures of a design, in joules per event and watts."""
+
+    model_config = _STRICT
+    mac: Joules = Field(description="energy per multiply-accumulate, J")
+    sram_byte: Joules = Field(0.0, description="energy per byte moved to/from the on-chip buffer, J")
+    dram_byte: Joules = Field(0.0, description="energy per byte moved to/from off-chip memory, J")
+    static_power: Watts = Field(0.0, description="leakage/idle power while the design is configured, W")
+
+
+class GpuSpec(BaseModel):
+    """GPU-class parameters: SM count and peak throughput per data type."""
+
+    model_config = _STRICT
+    sms: int = Field(gt=0, description="streaming multiprocessors")
+    peak_flops: dict[str, FlopRate] = Field(description="dense peak FLOP/s per dtype (fp32, tf32, fp16, bf16, fp8, int8)")
+    l2: Bytes | None = Field(None, description="L2 cache size, bytes")
+    tile_m: int = Field(128, gt=0, description="GEMM thread-block tile rows used for padding/wave quantisation")
+    tile_n: int = Field(128, gt=0, description="GEMM thread-block tile columns")
+    launch_overhead: float = Field(3e-6, ge=0, description="per-kernel launch overhead, s")
+    calibration: str | None = Field(
+        None, description="device name of a calibration table in traces/calibration/ to use when present"
+    )
+
+    @field_validator("peak_flops")
+    @classmethod
+    def _non_empty(cls, value: dict[str, float]) -> dict[str, float]:
+        if not value:
+            raise ValueError("expected at least one dtype with its peak FLOP/s, like {bf16: 989 TFLOP/s}")
+        return value
+
+
+class Design(BaseModel):
+    """One accelerator design. Units: Hz, bytes, bytes/s; energy in J.
+
+    ``pe_rows x pe_cols`` is the MAC array (for ``nvdla``: atomic-K x atomic-C lanes; for
+    ``shidiannao``: output-pixel rows x columns; for ``rs``: Eyeriss PE rows x columns). The
+    on-chip buffer (``sram``) feeds the array at ``sram_bandwidth``; off-chip traffic is bounded by
+    ``dram_bandwidth``, which, when omitted, is the bandwidth of the memory of the accelerator
+    that takes this design.
+    """
+
+    model_config = _STRICT
+    name: str
+    dataflow: Dataflow
+    pe_rows: int = Field(0, ge=0)
+    pe_cols: int = Field(0, ge=0)
+    clock: Hertz
+    sram: Bytes = Field(description="on-chip global buffer, bytes")
+    sram_bandwidth: Bandwidth = Field(description="on-chip buffer bandwidth, bytes/s")
+    dram_bandwidth: Bandwidth | None = Field(None, description="off-chip bandwidth, bytes/s (default: the accelerator's memory)")
+    energy: DesignEnergy | None = None
+    gpu: GpuSpec | None = None
+    description: str = ""
+
+    @field_validator("dataflow", mode="before")
+    @classmethod
+    def _alias(cls, value: object) -> object:
+        if isinstance(value, str):
+            key = value.strip().lower().replace("-", "_")
+            return _ALIASES.get(key, key)
+        return value
+
+    @model_validator(mode="after")
+    def _shape(self) -> "Design":
+        if self.dataflow == "gpu":
+            if self.gpu is None:
+                raise ValueError("a design with dataflow 'gpu' needs a 'gpu:' section (sms, peak_flops)")
+        elif self.pe_rows <= 0 or self.pe_cols <= 0:
+            raise ValueError(f"dataflow {self.dataflow!r} needs positive pe_rows and pe_cols")
+        return self
+
+    @property
+    def pes(self) -> int:
+        """Number of processing elements (MAC units)."""
+        return self.pe_rows * self.pe_cols
+
+    @property
+    def peak_macs_per_s(self) -> float:
+        """Peak MAC/s of the array (for GPUs: half the best dense peak FLOP/s)."""
+        if self.gpu is not None:
+            return max(self.gpu.peak_flops.values()) / 2.0
+        return self.pes * self.clock
+
+    def with_dram_bandwidth(self, bandwidth: float) -> "Design":
+        """This design with ``dram_bandwidth`` bounded by ``bandwidth`` (bytes/s)."""
+        current = self.dram_bandwidth
+        value = bandwidth if current is None else min(current, bandwidth)
+        return self.model_copy(update={"dram_bandwidth": value})

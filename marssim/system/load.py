@@ -1,0 +1,337 @@
+"""Read a system from YAML, validate it, and report every problem with its key path.
+
+File layout (all values accept unit strings or bare SI numbers)::
+
+    name: mars-adaptive-16
+    description: ...
+    designs:                      # the library of designs, by name
+      os32: {dataflow: os, pe_rows: 32, pe_cols: 32, clock: 700 MHz, sram: 1 MiB, sram_bandwidth: 256 GB/s}
+    accelerators:                 # "acc[0-15]" expands to acc0..acc15
+      - {id: "acc[0-15]", designs: [os32, ws32, rs16], memory: {capacity: 4 GiB, bandwidth: 64 GB/s}}
+    hosts:
+      - {id: host0, dram: {capacity: 256 GiB, bandwidth: 100 GB/s}}
+    switches:
+      - {id: sw0, latency: 100 ns, bandwidth: 1 TB/s}     # bandwidth (backplane) optional
+    links:
+      - {between: [host0, sw0], bandwidth: 32 GB/s, latency: 1 us}
+      - {pattern: ring, nodes: "acc[0-7]", bandwidth: 50 GB/s, latency: 500 ns}
+      - {pattern: mesh, nodes: "chip[0-15]", rows: 4, cols: 4, bandwidth: 100 GB/s}
+      - {pattern: star, hub: sw0, nodes: "acc[0-15]", bandwidth: 25 GB/s}
+
+Link patterns: ``ring`` (closed), ``chain`` (open), ``mesh`` (rows x cols, row-major; ``wrap:
+true`` for a torus), ``star`` (every node to ``hub``), ``full`` (every pair).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from marssim.errors import InputError
+from marssim.validation import problems_from_validation, read_yaml
+
+from .design import Design
+from .model import Accelerator, Host, Link, Memory, Switch, System
+from .quantities import Bandwidth, Seconds
+
+__all__ = ["load_system", "system_from_dict", "expand_ids", "topologies_dir", "shipped_systems", "resolve_system"]
+
+_STRICT = ConfigDict(extra="forbid", frozen=True)
+_RANGE = re.compile(r"^(?P<pre>[^\[\]]*)\[(?P<lo>\d+)-(?P<hi>\d+)\](?P<post>[^\[\]]*)$")
+
+
+def expand_ids(spec: str | list[str]) -> list[str]:
+    """Expand ``"acc[0-3]"`` to ``["acc0", "acc1", "acc2", "acc3"]``; lists expand item by item.
+
+    Zero padding follows the lower bound's width (``"c[00-11]"`` gives ``c00 .. c11``).
+    Raises ValueError for a malformed range."""
+    if isinstance(spec, list):
+        out: list[str] = []
+        for item in spec:
+            out.extend(expand_ids(item))
+        return out
+    if not isinstance(spec, str) or not spec:
+        raise ValueError(f"expected an id or a range like 'acc[0-15]', got {spec!r}")
+    if "[" not in spec and "]" not in spec:
+        return [spec]
+    m = _RANGE.match(spec)
+    if not m:
+        raise ValueError(f"expected an id or a range like 'acc[0-15]', got {spec!r}")
+    lo, hi = int(m["lo"]), int(m["hi"])
+    if hi < lo:
+        raise ValueError(f"range {spec!r} is empty (upper bound below lower bound)")
+    width = len(m["lo"]) if m["lo"].startswith("0") and len(m["lo"]) > 1 else 0
+    return [f"{m['pre']}{i:0{width}d}{m['post']}" for i in range(lo, hi + 1)]
+
+
+# ----------------------------------------------------------------------------- file schema
+class _AcceleratorSpec(BaseModel):
+    model_config = _STRICT
+    id: str | list[str]
+    design: str | None = None
+    designs: list[str] | None = None
+    memory: Memory
+    count: int | None = Field(None, gt=0)
+
+    @model_validator(mode="after")
+    def _one_design_key(self) -> "_AcceleratorSpec":
+        if (self.design is None) == (self.designs is None):
+            raise ValueError("give exactly one of 'design' (fixed) or 'designs' (the list it may take)")
+        if self.designs is not None and not self.designs:
+            raise ValueError("'designs' must list at least one design")
+        return self
+
+
+class _HostSpec(BaseModel):
+    model_config = _STRICT
+    id: str | list[str]
+    dram: Memory
+
+
+class _SwitchSpec(BaseModel):
+    model_config = _STRICT
+    id: str | list[str]
+    latency: Seconds = 0.0
+    bandwidth: Bandwidth | None = None
+
+
+class _LinkSpec(BaseModel):
+    model_config = _STRICT
+    between: list[str] | None = Field(None, min_length=2, max_length=2)
+    pattern: Literal["ring", "chain", "mesh", "star", "full"] | None = None
+    nodes: str | list[str] | None = None
+    hub: str | None = None
+    rows: int | None = Field(None, gt=0)
+    cols: int | None = Field(None, gt=0)
+    wrap: bool = False
+    bandwidth: Bandwidth
+    latency: Seconds = 0.0
+    duplex: Literal["full", "half"] = "full"
+
+    @model_validator(mode="after")
+    def _form(self) -> "_LinkSpec":
+        if (self.between is None) == (self.pattern is None):
+            raise ValueError("give either 'between: [a, b]' or 'pattern:' with 'nodes:'")
+        if self.pattern is not None:
+            if self.nodes is None:
+                raise ValueError(f"pattern {self.pattern!r} needs 'nodes'")
+            if self.pattern == "star" and self.hub is None:
+                raise ValueError("pattern 'star' needs 'hub'")
+            if self.pattern == "mesh" and (self.rows is None or self.cols is None):
+                raise ValueError("pattern 'mesh' needs 'rows' and 'cols'")
+        return self
+
+
+class _SystemFile(BaseModel):
+    model_config = _STRICT
+    name: str
+    description: str = ""
+    source: str | list[str] = ""
+    designs: dict[str, dict[str, Any]] = Field(min_length=1)
+    accelerators: list[_AcceleratorSpec] = Field(min_length=1)
+    hosts: list[_HostSpec] = Field(min_length=1)
+    switches: list[_SwitchSpec] = Field(default_factory=list)
+    links: list[_LinkSpec] = Field(min_length=1)
+
+
+# ----------------------------------------------------------------------------- expansion
+def _pattern_pairs(spec: _LinkSpec, nodes: list[str]) -> list[tuple[str, str]]:
+    n = len(nodes)
+    if spec.pattern == "ring":
+        if n < 2:
+            raise ValueError("a ring needs at least 2 nodes")
+        return [(nodes[i], nodes[(i + 1) % n]) for i in range(n if n > 2 else 1)]
+    if spec.pattern == "chain":
+        return [(nodes[i], nodes[i + 1]) for i in range(n - 1)]
+    if spec.pattern == "star":
+        return [(spec.hub, node) for node in nodes]  # type: ignore[misc]
+    if spec.pattern == "full":
+        return [(nodes[i], nodes[j]) for i in range(n) for j in range(i + 1, n)]
+    rows, cols = spec.rows or 0, spec.cols or 0
+    if rows * cols != n:
+        raise ValueError(f"mesh {rows}x{cols} needs {rows * cols} nodes, got {n}")
+    pairs = []
+    for r in range(rows):
+        for c in range(cols):
+            here = nodes[r * cols + c]
+            if c + 1 < cols or (spec.wrap and cols > 2):
+                pairs.append((here, nodes[r * cols + (c + 1) % cols]))
+            if r + 1 < rows or (spec.wrap and rows > 2):
+                pairs.append((here, nodes[((r + 1) % rows) * cols + c]))
+    return pairs
+
+
+def system_from_dict(data: Any, file: str | None = None) -> System:
+    """Validate a parsed system file and build the :class:`System`; raises InputError listing
+    every problem with its key path (``links[3].bandwidth: expected a bandwidth ...``)."""
+    if not isinstance(data, dict):
+        raise InputError.expected(file, "", "a mapping with keys name, designs, accelerators, hosts, links", data)
+    try:
+        spec = _SystemFile.model_validate(data)
+    except ValidationError as exc:
+        raise InputError(file, problems=problems_from_validation(exc)) from None
+
+    problems: list[tuple[str, str]] = []
+
+    designs: dict[str, Design] = {}
+    for name, body in spec.designs.items():
+        if not isinstance(body, dict):
+            problems.append((f"designs.{name}", f"expected a mapping of design fields, got {body!r}"))
+            continue
+        try:
+            designs[name] = Design.model_validate({"name": name, **body})
+        except ValidationError as exc:
+            problems.extend(problems_from_validation(exc, ("designs", name)))
+
+    seen: dict[str, str] = {}
+
+    def claim(node_id: str, where: str) -> bool:
+        if node_id in seen:
+            problems.append((where, f"duplicate id {node_id!r} (already used at {seen[node_id]})"))
+            return False
+        seen[node_id] = where
+        return True
+
+    def ids_of(raw: str | list[str], where: str) -> list[str]:
+        try:
+            return expand_ids(raw)
+        except ValueError as exc:
+            problems.append((where, str(exc)))
+            return []
+
+    accelerators: list[Accelerator] = []
+    for i, a in enumerate(spec.accelerators):
+        allowed = tuple(a.designs if a.designs is not None else [a.design])  # type: ignore[list-item]
+        for j, d in enumerate(allowed):
+            if d not in spec.designs:
+                key = f"accelerators[{i}].designs[{j}]" if a.designs is not None else f"accelerators[{i}].design"
+                problems.append((key, f"unknown design {d!r}; expected one of: {', '.join(spec.designs)}"))
+        ids = ids_of(a.id, f"accelerators[{i}].id")
+        if a.count is not None:
+            if len(ids) != 1 or "{i}" not in ids[0]:
+                problems.append((f"accelerators[{i}].count", "expected 'count' only with an id template like 'acc{i}'"))
+            else:
+                ids = [ids[0].replace("{i}", str(k)) for k in range(a.count)]
+        for acc_id in ids:
+            if claim(acc_id, f"accelerators[{i}].id"):
+                accelerators.append(Accelerator(id=acc_id, designs=allowed, memory=a.memory))
+
+    hosts: list[Host] = []
+    for i, h in enumerate(spec.hosts):
+        for host_id in ids_of(h.id, f"hosts[{i}].id"):
+            if claim(host_id, f"hosts[{i}].id"):
+                hosts.append(Host(id=host_id, dram=h.dram))
+
+    switches: list[Switch] = []
+    for i, s in enumerate(spec.switches):
+        for sw_id in ids_of(s.id, f"switches[{i}].id"):
+            if claim(sw_id, f"switches[{i}].id"):
+                switches.append(Switch(id=sw_id, latency=s.latency, bandwidth=s.bandwidth))
+
+    links: list[Link] = []
+    pairs_seen: dict[frozenset[str], str] = {}
+    for i, spec_link in enumerate(spec.links):
+        where = f"links[{i}]"
+        if spec_link.between is not None:
+            ends = []
+            for j, raw in enumerate(spec_link.between):
+                ends.append(raw)
+            pairs = [(ends[0], ends[1])]
+            end_keys = [f"{where}.between[0]", f"{where}.between[1]"]
+        else:
+            nodes = ids_of(spec_link.nodes, f"{where}.nodes")  # type: ignore[arg-type]
+            try:
+                pairs = _pattern_pairs(spec_link, nodes)
+            except ValueError as exc:
+                problems.append((f"{where}.pattern", str(exc)))
+                pairs = []
+            end_keys = [f"{where}.nodes", f"{where}.nodes"]
+            if spec_link.hub is not None and spec_link.hub not in seen:
+                problems.append((f"{where}.hub", f"unknown node {spec_link.hub!r}; expected an accelerator, host or switch id"))
+                continue
+        for a_id, b_id in pairs:
+            bad = False
+            for node, key in ((a_id, end_keys[0]), (b_id, end_keys[1])):
+                if node not in seen:
+                    problems.append((key, f"unknown node {node!r}; expected an accelerator, host or switch id"))
+                    bad = True
+            if bad:
+                continue
+            if a_id == b_id:
+                problems.append((where, f"a link needs two different endpoints, got {a_id!r} twice"))
+                continue
+            pair = frozenset((a_id, b_id))
+            if pair in pairs_seen:
+                problems.append((where, f"second link between {a_id} and {b_id} (first at {pairs_seen[pair]}); "
+                                        "merge them into one link with the summed bandwidth"))
+                continue
+            pairs_seen[pair] = where
+            links.append(Link(a=a_id, b=b_id, bandwidth=spec_link.bandwidth, latency=spec_link.latency,
+                              duplex=spec_link.duplex))
+
+    if problems:
+        raise InputError(file, problems=problems)
+
+    system = System(spec.name, designs, tuple(accelerators), tuple(hosts), tuple(switches), tuple(links),
+                    path=file, description=spec.description)
+    _check_connected(system, file, spec)
+    return system
+
+
+def _check_connected(system: System, file: str | None, spec: _SystemFile) -> None:
+    import networkx as nx
+
+    problems = []
+    root = system.hosts[0].id
+    reachable = nx.node_connected_component(system.graph, root)
+    index_of = {}
+    for i, a in enumerate(spec.accelerators):
+        for acc_id in (expand_ids(a.id) if a.count is None else []):
+            index_of[acc_id] = i
+    for acc in system.accelerators:
+        if acc.id not in reachable:
+            i = index_of.get(acc.id, 0)
+            problems.append((f"accelerators[{i}].id", f"accelerator {acc.id!r} is not connected to host {root!r} by any link"))
+    for i, h in enumerate(system.hosts):
+        if h.id not in reachable:
+            problems.append((f"hosts[{i}].id", f"host {h.id!r} is not connected to host {root!r} by any link"))
+    if problems:
+        raise InputError(file, problems=problems)
+
+
+# ----------------------------------------------------------------------------- files and names
+def topologies_dir() -> Path:
+    """Directory of the shipped system files: ``$MARSSIM_TOPOLOGIES`` or the checkout's ``topologies/``."""
+    env = os.environ.get("MARSSIM_TOPOLOGIES")
+    if env:
+        return Path(env)
+    return Path(__file__).resolve().parents[2] / "topologies"
+
+
+def shipped_systems() -> list[Path]:
+    """The system files shipped in ``topologies/``, sorted by name."""
+    d = topologies_dir()
+    return sorted(d.glob("*.yaml")) if d.is_dir() else []
+
+
+def resolve_system(name_or_path: str | Path) -> Path:
+    """A path as given when it exists, else a shipped system by its file stem (``dgx-h100``)."""
+    p = Path(name_or_path)
+    if p.exists():
+        return p
+    for candidate in shipped_systems():
+        if candidate.stem == str(name_or_path) or candidate.name == str(name_or_path):
+            return candidate
+    names = ", ".join(c.stem for c in shipped_systems())
+    raise InputError(str(name_or_path), "", f"no such system file; expected a path or one of the shipped systems: {names}")
+
+
+def load_system(name_or_path: str | Path) -> System:
+    """Load and validate a system file (a path, or the stem of a shipped topology)."""
+    path = resolve_system(name_or_path)
+    data = read_yaml(path)
+    return system_from_dict(data, str(path))

@@ -1,0 +1,270 @@
+"""The system: accelerators, hosts, switches and links, the resources they form, and routes.
+
+Nodes are accelerators, hosts and switches. Every physical link becomes one bandwidth resource
+per direction (full duplex) or one shared resource (half duplex); a switch with a finite
+backplane is one more resource; each accelerator memory and host DRAM is a resource whose
+bandwidth limits the transfers that start or end there. A route is the ordered list of resources
+a transfer holds plus its total latency (links and switches). Units: bytes, bytes/s, seconds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Literal
+
+import networkx as nx
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from .design import Design
+from .quantities import Bandwidth, Bytes, Seconds
+
+__all__ = ["Memory", "Accelerator", "Host", "Switch", "Link", "System", "Route", "ResourceKind"]
+
+_STRICT = ConfigDict(extra="forbid", frozen=True)
+
+
+class Memory(BaseModel):
+    """A memory: capacity in bytes, bandwidth in bytes/s."""
+
+    model_config = _STRICT
+    capacity: Bytes
+    bandwidth: Bandwidth
+
+
+class Accelerator(BaseModel):
+    """An accelerator: the designs it may be configured with (one = fixed) and its local memory."""
+
+    model_config = _STRICT
+    id: str
+    designs: tuple[str, ...] = Field(min_length=1)
+    memory: Memory
+
+    @property
+    def fixed(self) -> bool:
+        """True when the accelerator can take only one design."""
+        return len(self.designs) == 1
+
+
+class Host(BaseModel):
+    """A host CPU with DRAM; workload inputs start and outputs end here."""
+
+    model_config = _STRICT
+    id: str
+    dram: Memory
+
+
+class Switch(BaseModel):
+    """A switch: per-traversal latency (s) and optional backplane bandwidth (bytes/s)."""
+
+    model_config = _STRICT
+    id: str
+    latency: Seconds = 0.0
+    bandwidth: Bandwidth | None = None
+
+
+class Link(BaseModel):
+    """A physical channel between two nodes: bandwidth per direction (bytes/s), latency (s)."""
+
+    model_config = _STRICT
+    a: str
+    b: str
+    bandwidth: Bandwidth
+    latency: Seconds = 0.0
+    duplex: Literal["full", "half"] = "full"
+
+
+ResourceKind = Literal["link", "switch", "memory"]
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """The path of a transfer: node ids, the resources it holds, and its latency in seconds."""
+
+    nodes: tuple[str, ...]
+    resources: tuple[int, ...]
+    latency: float
+
+
+class System:
+    """An immutable multi-accelerator system. Build with :func:`marssim.system.load_system`."""
+
+    def __init__(
+        self,
+        name: str,
+        designs: dict[str, Design],
+        accelerators: tuple[Accelerator, ...],
+        hosts: tuple[Host, ...],
+        switches: tuple[Switch, ...],
+        links: tuple[Link, ...],
+        *,
+        path: str | None = None,
+        description: str = "",
+    ) -> None:
+        self.name = name
+        self.path = path
+        self.description = description
+        self.designs = dict(designs)
+        self.accelerators = tuple(accelerators)
+        self.hosts = tuple(hosts)
+        self.switches = tuple(switches)
+        self.links = tuple(links)
+        self.nodes: tuple[str, ...] = (
+            tuple(a.id for a in self.accelerators) + tuple(h.id for h in self.hosts) + tuple(s.id for s in self.switches)
+        )
+        self.node_index: dict[str, int] = {n: i for i, n in enumerate(self.nodes)}
+        self._acc = {a.id: a for a in self.accelerators}
+        self._host = {h.id: h for h in self.hosts}
+        self._switch = {s.id: s for s in self.switches}
+        self._build_resources()
+        self._routes: dict[tuple[str, str], Route] = {}
+
+    # ----------------------------------------------------------------------------- structure
+    def _build_resources(self) -> None:
+        names: list[str] = []
+        kinds: list[str] = []
+        caps: list[float] = []
+        self._link_res: dict[tuple[str, str], int] = {}
+        for link in self.links:
+            if link.duplex == "full":
+                for s, d in ((link.a, link.b), (link.b, link.a)):
+                    self._link_res[(s, d)] = len(names)
+                    names.append(f"{s}->{d}")
+                    kinds.append("link")
+                    caps.append(link.bandwidth)
+            else:
+                idx = len(names)
+                self._link_res[(link.a, link.b)] = idx
+                self._link_res[(link.b, link.a)] = idx
+                names.append(f"{link.a}<->{link.b}")
+                kinds.append("link")
+                caps.append(link.bandwidth)
+        self._switch_res: dict[str, int] = {}
+        for sw in self.switches:
+            if sw.bandwidth is not None:
+                self._switch_res[sw.id] = len(names)
+                names.append(f"{sw.id}:backplane")
+                kinds.append("switch")
+                caps.append(sw.bandwidth)
+        self._memory_res: dict[str, int] = {}
+        for acc in self.accelerators:
+            self._memory_res[acc.id] = len(names)
+            names.append(f"{acc.id}:mem")
+            kinds.append("memory")
+            caps.append(acc.memory.bandwidth)
+        for host in self.hosts:
+            self._memory_res[host.id] = len(names)
+            names.append(f"{host.id}:dram")
+            kinds.append("memory")
+            caps.append(host.dram.bandwidth)
+        self.resource_names: tuple[str, ...] = tuple(names)
+        self.resource_kinds: tuple[str, ...] = tuple(kinds)
+        self.resource_capacity: np.ndarray = np.asarray(caps, dtype=float)
+        self.resource_capacity.setflags(write=False)
+
+    @cached_property
+    def graph(self) -> nx.Graph:
+        """Undirected link graph over node ids; edge attribute ``link`` is the :class:`Link`."""
+        g = nx.Graph()
+        g.add_nodes_from(self.nodes)
+        for link in self.links:
+            g.add_edge(link.a, link.b, link=link)
+        return g
+
+    def accelerator(self, acc_id: str) -> Accelerator:
+        """The accelerator with this id (KeyError if none)."""
+        return self._acc[acc_id]
+
+    def host(self, host_id: str) -> Host:
+        return self._host[host_id]
+
+    def is_accelerator(self, node: str) -> bool:
+        return node in self._acc
+
+    def is_host(self, node: str) -> bool:
+        return node in self._host
+
+    @property
+    def accelerator_ids(self) -> tuple[str, ...]:
+        return tuple(a.id for a in self.accelerators)
+
+    def memory_capacity(self, node: str) -> float:
+        """Capacity in bytes of the memory of an accelerator or host (inf for switches)."""
+        if node in self._acc:
+            return self._acc[node].memory.capacity
+        if node in self._host:
+            return self._host[node].dram.capacity
+        return float("inf")
+
+    def memory_resource(self, node: str) -> int | None:
+        """Index of the bandwidth resource of a node's memory, or None for switches."""
+        return self._memory_res.get(node)
+
+    def design(self, acc_id: str, design_name: str) -> Design:
+        """The design ``design_name`` as configured on ``acc_id``: its off-chip bandwidth bounded
+        by the accelerator's memory bandwidth. Raises KeyError if the accelerator does not allow it."""
+        acc = self._acc[acc_id]
+        if design_name not in acc.designs:
+            raise KeyError(f"{acc_id} cannot take design {design_name!r} (allowed: {', '.join(acc.designs)})")
+        return self.designs[design_name].with_dram_bandwidth(acc.memory.bandwidth)
+
+    def nearest_host(self, node: str) -> str:
+        """The host with the lowest-latency route to ``node`` (ties: first declared)."""
+        return min(self.hosts, key=lambda h: (self.route(h.id, node).latency, len(self.route(h.id, node).nodes))).id
+
+    # ----------------------------------------------------------------------------- routing
+    def route(self, src: str, dst: str) -> Route:
+        """Lowest-latency path from ``src`` to ``dst`` (fewest hops on ties; deterministic)."""
+        key = (src, dst)
+        cached = self._routes.get(key)
+        if cached is not None:
+            return cached
+        if src == dst:
+            route = Route((src,), (), 0.0)
+        else:
+            nodes = self._shortest_path(src, dst)
+            res: list[int] = []
+            latency = 0.0
+            mem = self._memory_res.get(src)
+            if mem is not None:
+                res.append(mem)
+            for u, v in zip(nodes[:-1], nodes[1:]):
+                link: Link = self.graph.edges[u, v]["link"]
+                res.append(self._link_res[(u, v)])
+                latency += link.latency
+            for mid in nodes[1:-1]:
+                sw = self._switch.get(mid)
+                if sw is not None:
+                    latency += sw.latency
+                    if mid in self._switch_res:
+                        res.append(self._switch_res[mid])
+            mem = self._memory_res.get(dst)
+            if mem is not None:
+                res.append(mem)
+            route = Route(tuple(nodes), tuple(res), latency)
+        self._routes[key] = route
+        return route
+
+    def _shortest_path(self, src: str, dst: str) -> list[str]:
+        # Weight: latency, with a tiny per-hop term so equal-latency paths prefer fewer hops.
+        # Switch latency is charged on entering a switch.
+        def weight(u: str, v: str, data: dict) -> float:
+            sw = self._switch.get(v)
+            return data["link"].latency + (sw.latency if sw is not None else 0.0) + 1e-15
+
+        return nx.shortest_path(self.graph, src, dst, weight=weight)
+
+    def bottleneck_bandwidth(self, src: str, dst: str) -> float:
+        """Smallest capacity (bytes/s) along the route from ``src`` to ``dst``."""
+        route = self.route(src, dst)
+        if not route.resources:
+            return float("inf")
+        return float(self.resource_capacity[list(route.resources)].min())
+
+    def __repr__(self) -> str:
+        return (
+            f"System({self.name!r}: {len(self.accelerators)} accelerators, {len(self.hosts)} hosts, "
+            f"{len(self.switches)} switches, {len(self.links)} links, {len(self.designs)} designs)"
+        )

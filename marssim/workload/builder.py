@@ -1,0 +1,228 @@
+"""Build a :class:`Graph` layer by layer with exact shape inference.
+
+>>> b = GraphBuilder("tiny", batch=2)
+>>> x = b.input("image", c=3, h=32, w=32)
+>>> y = b.conv("conv1", x, out_channels=16, kernel=3, stride=1, pad=1)
+>>> y = b.eltwise("relu1", y, fn="relu")
+>>> b.build().macs == 2 * 16 * 3 * 32 * 32 * 9
+True
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .graph import Graph
+from .op import DTYPE_BYTES, Op, OpKind, Shape
+
+__all__ = ["GraphBuilder", "T"]
+
+
+@dataclass(frozen=True, slots=True)
+class T:
+    """A tensor handle: the name of the op that produces it and its ``(n, c, h, w)`` shape."""
+
+    op: str
+    shape: Shape
+
+    @property
+    def n(self) -> int:
+        return self.shape[0]
+
+    @property
+    def c(self) -> int:
+        return self.shape[1]
+
+    @property
+    def h(self) -> int:
+        return self.shape[2]
+
+    @property
+    def w(self) -> int:
+        return self.shape[3]
+
+
+def _pair(v: int | tuple[int, int]) -> tuple[int, int]:
+    return (v, v) if isinstance(v, int) else (int(v[0]), int(v[1]))
+
+
+def _out_size(size: int, kernel: int, stride: int, pad_lo: int, pad_hi: int, dilation: int = 1) -> int:
+    eff = dilation * (kernel - 1) + 1
+    out = (size + pad_lo + pad_hi - eff) // stride + 1
+    if out <= 0:
+        raise ValueError(f"window {kernel} (stride {stride}, pads {pad_lo}/{pad_hi}) does not fit input size {size}")
+    return out
+
+
+class GraphBuilder:
+    """Accumulates ops; every method infers the output shape and returns its tensor handle.
+
+    ``batch`` is the sample count (the ``n`` of graph inputs); ``dtype`` the element type of
+    activations and weights; ``model`` tags every op (multi-model workloads)."""
+
+    def __init__(self, name: str, *, batch: int, dtype: str = "fp16", model: str | None = None, spec: str = "") -> None:
+        if batch <= 0:
+            raise ValueError(f"batch must be positive, got {batch}")
+        if dtype not in DTYPE_BYTES:
+            raise ValueError(f"unknown dtype {dtype!r}; expected one of {', '.join(DTYPE_BYTES)}")
+        self.name = name
+        self.batch = batch
+        self.dtype = dtype
+        self.model = model or name
+        self.spec = spec
+        self._ops: list[Op] = []
+        self._names: set[str] = set()
+
+    def _add(self, name: str, kind: OpKind, loops: dict[str, int], inputs: list[T], out: Shape,
+             params: dict | None = None, weight_elems: int = 0) -> T:
+        if name in self._names:
+            raise ValueError(f"duplicate op name {name!r}")
+        self._names.add(name)
+        op = Op(name=name, kind=kind, loops=tuple(loops.items()), inputs=tuple(t.op for t in inputs),
+                in_shapes=tuple(t.shape for t in inputs), out_shape=tuple(int(v) for v in out),  # type: ignore[arg-type]
+                params=tuple(sorted((params or {}).items())), weight_elems=int(weight_elems), dtype=self.dtype,
+                model=self.model)
+        self._ops.append(op)
+        return T(name, op.out_shape)
+
+    # ------------------------------------------------------------------ ops
+    def input(self, name: str, c: int, h: int = 1, w: int = 1, n: int | None = None) -> T:
+        """A graph input of shape ``(batch, c, h, w)``, resident on a host."""
+        n = self.batch if n is None else n
+        return self._add(name, OpKind.INPUT, {"N": n, "C": c, "H": h, "W": w}, [], (n, c, h, w))
+
+    def conv(self, name: str, x: T, out_channels: int, kernel: int | tuple[int, int], stride: int | tuple[int, int] = 1,
+             pad: int | tuple[int, int] | tuple[int, int, int, int] | None = None, groups: int = 1, bias: bool = False,
+             dilation: int = 1) -> T:
+        """2-D convolution. ``pad`` None means ``kernel // 2``; a 4-tuple is (top, left, bottom, right).
+        ``groups == in_channels == out_channels`` is depthwise."""
+        r, s = _pair(kernel)
+        sh, sw = _pair(stride)
+        if pad is None:
+            pads = (r // 2, s // 2, r // 2, s // 2)
+        elif isinstance(pad, int):
+            pads = (pad, pad, pad, pad)
+        elif len(pad) == 2:
+            pads = (pad[0], pad[1], pad[0], pad[1])
+        else:
+            pads = tuple(pad)  # type: ignore[assignment]
+        n, c, h, w = x.shape
+        if c % groups or out_channels % groups:
+            raise ValueError(f"{name}: channels {c}->{out_channels} not divisible by groups {groups}")
+        p = _out_size(h, r, sh, pads[0], pads[2], dilation)
+        q = _out_size(w, s, sw, pads[1], pads[3], dilation)
+        depthwise = groups > 1 and groups == c == out_channels
+        c_per_group = c // groups
+        params = {"stride": (sh, sw), "pad": pads, "groups": groups, "bias": bias, "dilation": dilation}
+        if depthwise:
+            params["depthwise"] = True
+        loops = {"N": n, "K": out_channels, "C": c_per_group, "P": p, "Q": q, "R": r, "S": s}
+        weights = out_channels * c_per_group * r * s + (out_channels if bias else 0)
+        return self._add(name, OpKind.CONV, loops, [x], (n, out_channels, p, q), params, weights)
+
+    def linear(self, name: str, x: T, out_features: int, bias: bool = True) -> T:
+        """Fully connected layer over the feature axis: ``(n, K, tokens, 1) -> (n, N, tokens, 1)``."""
+        n, c, h, w = x.shape
+        if w != 1:
+            raise ValueError(f"{name}: linear expects (n, features, tokens, 1); flatten {x.shape} first")
+        loops = {"B": n, "M": h, "N": out_features, "K": c}
+        weights = c * out_features + (out_features if bias else 0)
+        return self._add(name, OpKind.GEMM, loops, [x], (n, out_features, h, 1), {"bias": bias}, weights)
+
+    def matmul(self, name: str, a: T, b: T, heads: int, b_feature: str = "K") -> T:
+        """Batched activation x activation product per sample and head.
+
+        ``a`` is ``(n, heads*K, M, 1)``. With ``b_feature='K'`` (like ``Q @ K^T``), ``b`` is
+        ``(n, heads*K, N, 1)``; with ``'N'`` (like ``P @ V``), ``b`` is ``(n, heads*N, K, 1)``.
+        The output is ``(n, heads*N, M, 1)``."""
+        n, ac, m, aw = a.shape
+        if ac % heads:
+            raise ValueError(f"{name}: features {ac} not divisible by heads {heads}")
+        k = ac // heads
+        if b_feature == "K":
+            if b.c != ac:
+                raise ValueError(f"{name}: operand features {a.c} and {b.c} differ")
+            nn = b.h
+        elif b_feature == "N":
+            if b.h != k:
+                raise ValueError(f"{name}: contraction {k} does not match rows {b.h} of the second operand")
+            if b.c % heads:
+                raise ValueError(f"{name}: features {b.c} not divisible by heads {heads}")
+            nn = b.c // heads
+        else:
+            raise ValueError(f"{name}: b_feature must be 'K' or 'N', got {b_feature!r}")
+        loops = {"B": n, "H": heads, "M": m, "N": nn, "K": k}
+        return self._add(name, OpKind.MATMUL, loops, [a, b], (n, heads * nn, m, 1), {"b_feature": b_feature})
+
+    def pool(self, name: str, x: T, kernel: int | tuple[int, int], stride: int | tuple[int, int] | None = None,
+             pad: int | tuple[int, int, int, int] = 0, mode: str = "max", ceil_mode: bool = False) -> T:
+        """Window pooling (``mode`` max or avg)."""
+        r, s = _pair(kernel)
+        sh, sw = _pair(stride if stride is not None else kernel)
+        pads = (pad, pad, pad, pad) if isinstance(pad, int) else tuple(pad)
+        n, c, h, w = x.shape
+        p = _out_size(h, r, sh, pads[0], pads[2])
+        q = _out_size(w, s, sw, pads[1], pads[3])
+        if ceil_mode:
+            p = -(-(h + pads[0] + pads[2] - r) // sh) + 1
+            q = -(-(w + pads[1] + pads[3] - s) // sw) + 1
+        loops = {"N": n, "C": c, "P": p, "Q": q, "R": r, "S": s}
+        params = {"stride": (sh, sw), "pad": pads, "mode": mode}
+        return self._add(name, OpKind.POOL, loops, [x], (n, c, p, q), params)
+
+    def global_pool(self, name: str, x: T, mode: str = "avg") -> T:
+        """Pool the whole spatial extent: ``(n, c, h, w) -> (n, c, 1, 1)``."""
+        n, c, h, w = x.shape
+        loops = {"N": n, "C": c, "P": 1, "Q": 1, "R": h, "S": w}
+        params = {"stride": (h, w), "pad": (0, 0, 0, 0), "mode": mode, "global": True}
+        return self._add(name, OpKind.POOL, loops, [x], (n, c, 1, 1), params)
+
+    def eltwise(self, name: str, *xs: T, fn: str = "relu", weight_elems: int = 0) -> T:
+        """Element-wise op over inputs of one shape (``add``, ``mul``, ``relu``, ``gelu``...).
+        ``weight_elems`` counts a learned operand (a bias or position embedding)."""
+        if not xs:
+            raise ValueError(f"{name}: eltwise needs at least one input")
+        shape = xs[0].shape
+        for t in xs[1:]:
+            if t.shape != shape:
+                raise ValueError(f"{name}: input shapes {shape} and {t.shape} differ")
+        n, c, h, w = shape
+        return self._add(name, OpKind.ELTWISE, {"N": n, "C": c, "H": h, "W": w}, list(xs), shape, {"fn": fn},
+                         weight_elems)
+
+    def norm(self, name: str, x: T, norm: str = "batch") -> T:
+        """Batch norm (inference: per-channel scale and shift) or layer norm (over the features)."""
+        if norm not in ("batch", "layer"):
+            raise ValueError(f"{name}: norm must be 'batch' or 'layer', got {norm!r}")
+        n, c, h, w = x.shape
+        return self._add(name, OpKind.NORM, {"N": n, "C": c, "H": h, "W": w}, [x], x.shape, {"norm": norm}, 2 * c)
+
+    def softmax(self, name: str, x: T, heads: int) -> T:
+        """Softmax over the keys of attention scores ``(n, heads*L, H, 1)``."""
+        n, c, h, w = x.shape
+        if c % heads or w != 1:
+            raise ValueError(f"{name}: expected scores (n, heads*keys, queries, 1), got {x.shape}")
+        loops = {"N": n, "A": heads, "H": h, "L": c // heads}
+        return self._add(name, OpKind.SOFTMAX, loops, [x], x.shape, {})
+
+    def embedding(self, name: str, ids: T, vocab: int, hidden: int) -> T:
+        """Table lookup: token ids ``(n, 1, tokens, 1)`` -> ``(n, hidden, tokens, 1)``."""
+        n, _, h, _ = ids.shape
+        return self._add(name, OpKind.EMBEDDING, {"N": n, "H": h, "C": hidden}, [ids], (n, hidden, h, 1),
+                         {"vocab": vocab}, vocab * hidden)
+
+    def reshape(self, name: str, *xs: T, shape: tuple[int, int, int, int], what: str = "reshape") -> T:
+        """Memory-only re-layout (flatten, transpose, concat, ...) to ``shape``; batch preserved."""
+        if any(t.n != shape[0] for t in xs):
+            raise ValueError(f"{name}: reshape must keep the batch dimension")
+        n, c, h, w = shape
+        return self._add(name, OpKind.RESHAPE, {"N": n, "C": c, "H": h, "W": w}, list(xs), shape, {"what": what})
+
+    def flatten(self, name: str, x: T) -> T:
+        """``(n, c, h, w) -> (n, c*h*w, 1, 1)``."""
+        n, c, h, w = x.shape
+        return self.reshape(name, x, shape=(n, c * h * w, 1, 1), what="flatten")
+
+    def build(self) -> Graph:
+        """The finished :class:`Graph`."""
+        return Graph(self.name, self._ops, batch=self.batch, spec=self.spec or self.name)

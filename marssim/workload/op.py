@@ -1,0 +1,286 @@
+"""Operators with exact shapes.
+
+An :class:`Op` is a loop nest (its ``loops``: dimension name -> size) plus the shapes of the
+activation tensors it reads and writes. Every activation tensor is viewed as a logical 4-D box
+``(n, c, h, w)``: batch, feature/channel, rows (image rows or sequence tokens), columns (image
+columns; 1 for token tensors). Transformer tensors ``[batch, tokens, hidden]`` are ``(batch,
+hidden, tokens, 1)``; attention scores ``[batch, heads, q, k]`` are ``(batch, heads*k, q, 1)``.
+
+Loop dimensions per kind (sizes are exact; FLOPs follow from them):
+
+============  ==============================  =======================================================
+kind          loops                           meaning
+============  ==============================  =======================================================
+``conv``      N K C P Q R S                   batch, out channels, in channels *per group*, out
+                                              rows/cols, kernel rows/cols; ``groups`` param
+``gemm``      B M N K                         samples, rows per sample (tokens), out and in features
+``matmul``    B H M N K                       activation x activation, per sample and head
+``pool``      N C P Q R S                     window pooling (``global`` when R, S cover the input)
+``eltwise``   N C H W                         element-wise (relu, add, gelu, ...)
+``norm``      N C H W                         batch norm (per channel) or layer norm (over C)
+``softmax``   N A H L                         batch, heads, query rows, keys (normalised over L)
+``embedding`` N H C                           batch, tokens, hidden; table of ``vocab`` rows
+``reshape``   N C H W                         memory-only (flatten, transpose, concat, ...)
+``input``     N C H W                         a graph input, resident on a host
+============  ==============================  =======================================================
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from enum import Enum
+from typing import Any
+
+__all__ = ["OpKind", "Op", "DTYPE_BYTES", "GEMM_LIKE", "dtype_bytes", "Shape"]
+
+Shape = tuple[int, int, int, int]
+"""Logical activation box ``(n, c, h, w)``."""
+
+DTYPE_BYTES = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1, "int32": 4, "int64": 8}
+
+
+def dtype_bytes(dtype: str) -> int:
+    """Bytes per element of a dtype name (``fp16`` -> 2). KeyError for unknown names."""
+    return DTYPE_BYTES[dtype]
+
+
+class OpKind(str, Enum):
+    """Kinds of operators; the value is the name used in files and tables."""
+
+    INPUT = "input"
+    CONV = "conv"
+    GEMM = "gemm"
+    MATMUL = "matmul"
+    POOL = "pool"
+    ELTWISE = "eltwise"
+    NORM = "norm"
+    SOFTMAX = "softmax"
+    EMBEDDING = "embedding"
+    RESHAPE = "reshape"
+
+    def __str__(self) -> str:  # so f-strings print "conv", not "OpKind.CONV"
+        return self.value
+
+
+GEMM_LIKE = frozenset({OpKind.CONV, OpKind.GEMM, OpKind.MATMUL})
+"""Kinds whose work is multiply-accumulate (counted as MACs)."""
+
+# FLOPs per output element of the non-MAC ops, by function name (documented approximations).
+ELTWISE_FLOPS = {"relu": 1, "relu6": 2, "add": 1, "mul": 1, "sub": 1, "div": 1, "gelu": 8, "sigmoid": 4,
+                 "silu": 5, "tanh": 4, "leaky_relu": 2, "clip": 2, "identity": 0}
+NORM_FLOPS = {"batch": 2, "layer": 8}  # inference BN is scale+shift; LN computes mean/var too
+SOFTMAX_FLOPS = 5  # max, sub, exp, sum, div per element
+
+
+@dataclass(frozen=True, slots=True)
+class Op:
+    """One operator of a workload graph.
+
+    Attributes:
+        name: unique name in its graph.
+        kind: the :class:`OpKind`.
+        loops: ``((dim, size), ...)``: the loop nest (see module docstring), exact sizes.
+        inputs: names of the producer ops, in operand order.
+        in_shapes: ``(n, c, h, w)`` of each input as produced (full tensors, not windows).
+        out_shape: ``(n, c, h, w)`` of the output.
+        params: kind-specific parameters (``stride``, ``pad``, ``groups``, ``fn``, ``vocab``...).
+        weight_elems: number of weight (parameter) elements.
+        dtype: element type of activations and weights (``fp16``, ``bf16``, ``fp32``, ``int8``).
+        model: the model this op belongs to (multi-model workloads).
+    """
+
+    name: str
+    kind: OpKind
+    loops: tuple[tuple[str, int], ...]
+    inputs: tuple[str, ...]
+    in_shapes: tuple[Shape, ...]
+    out_shape: Shape
+    params: tuple[tuple[str, Any], ...] = ()
+    weight_elems: int = 0
+    dtype: str = "fp16"
+    model: str = ""
+    _loop_map: dict[str, int] = field(init=False, repr=False, compare=False, hash=False)
+    _param_map: dict[str, Any] = field(init=False, repr=False, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_loop_map", dict(self.loops))
+        object.__setattr__(self, "_param_map", dict(self.params))
+        for dim, size in self.loops:
+            if not isinstance(size, int) or size < 0:
+                raise ValueError(f"op {self.name}: loop {dim} must be a non-negative int, got {size!r}")
+
+    # ---------------------------------------------------------------- lookups
+    def dim(self, name: str) -> int:
+        """Size of loop dimension ``name``."""
+        return self._loop_map[name]
+
+    def has_dim(self, name: str) -> bool:
+        return name in self._loop_map
+
+    def param(self, name: str, default: Any = None) -> Any:
+        return self._param_map.get(name, default)
+
+    @property
+    def loop_dict(self) -> dict[str, int]:
+        return dict(self._loop_map)
+
+    @property
+    def dtype_bytes(self) -> int:
+        return DTYPE_BYTES[self.dtype]
+
+    @property
+    def is_gemm_like(self) -> bool:
+        return self.kind in GEMM_LIKE
+
+    # ---------------------------------------------------------------- work
+    @property
+    def macs(self) -> int:
+        """Multiply-accumulates (GEMM-like ops only; 0 otherwise)."""
+        if self.kind not in GEMM_LIKE:
+            return 0
+        return math.prod(self._loop_map.values())
+
+    @property
+    def flops(self) -> int:
+        """Floating-point operations: 2 per MAC for GEMM-like ops, per-element counts otherwise."""
+        if self.kind in GEMM_LIKE:
+            return 2 * self.macs
+        m = self._loop_map
+        if self.kind == OpKind.POOL:
+            return m["N"] * m["C"] * m["P"] * m["Q"] * m["R"] * m["S"]
+        if self.kind == OpKind.ELTWISE:
+            return self.out_elems * ELTWISE_FLOPS.get(self.param("fn", "identity"), 1)
+        if self.kind == OpKind.NORM:
+            return self.out_elems * NORM_FLOPS.get(self.param("norm", "layer"), 8)
+        if self.kind == OpKind.SOFTMAX:
+            return self.out_elems * SOFTMAX_FLOPS
+        return 0
+
+    @property
+    def out_elems(self) -> int:
+        return math.prod(self.out_shape)
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of parameters (weights, biases, norm scales, embedding tables)."""
+        return self.weight_elems * self.dtype_bytes
+
+    @property
+    def input_bytes(self) -> int:
+        """Bytes of activation inputs read (full producer tensors; conv/pool windows included)."""
+        if self.kind == OpKind.EMBEDDING:
+            return math.prod(self.in_shapes[0]) * 4  # int32 token ids
+        return sum(math.prod(s) for s in self.in_shapes) * self.dtype_bytes
+
+    @property
+    def output_bytes(self) -> int:
+        return self.out_elems * self.dtype_bytes
+
+    @property
+    def bytes_moved(self) -> int:
+        """Compulsory traffic: inputs + weights + output, in bytes."""
+        return self.input_bytes + self.weight_bytes + self.output_bytes
+
+    def gemm_view(self) -> tuple[int, int, int, int]:
+        """``(batch, M, N, K)``: the op as ``batch`` independent GEMMs of ``M x K`` times ``K x N``.
+
+        Convolutions use the im2col view (M = N*P*Q, N = K, K = C*R*S); grouped convs give one
+        GEMM per group and depthwise convs one per channel (N = 1). Non-GEMM ops return zeros.
+        """
+        m = self._loop_map
+        if self.kind == OpKind.CONV:
+            groups = self.param("groups", 1)
+            if groups == 1:
+                return 1, m["N"] * m["P"] * m["Q"], m["K"], m["C"] * m["R"] * m["S"]
+            if self.param("depthwise", False):
+                return m["K"], m["N"] * m["P"] * m["Q"], 1, m["C"] * m["R"] * m["S"]
+            return groups, m["N"] * m["P"] * m["Q"], m["K"] // groups, m["C"] * m["R"] * m["S"]
+        if self.kind == OpKind.GEMM:
+            return 1, m["B"] * m["M"], m["N"], m["K"]
+        if self.kind == OpKind.MATMUL:
+            return m["B"] * m["H"], m["M"], m["N"], m["K"]
+        return 0, 0, 0, 0
+
+    def with_loops(self, **sizes: int) -> "Op":
+        """A shard of this op: the same op with some loop dims reduced (exact, no rounding).
+
+        Shapes follow the loops: e.g. splitting a conv's ``P`` shrinks its output rows and the
+        input rows it reads (with the halo of the kernel); splitting ``K`` of a depthwise conv
+        also splits its input channels. Used by cost models and lowering to time a shard.
+        """
+        if not sizes:
+            return self
+        loops = dict(self._loop_map)
+        for dim, size in sizes.items():
+            if dim not in loops:
+                raise KeyError(f"op {self.name} ({self.kind}) has no loop dimension {dim!r}")
+            loops[dim] = int(size)
+        return _reshape(self, loops)
+
+    def __str__(self) -> str:
+        dims = " ".join(f"{k}={v}" for k, v in self.loops)
+        return f"{self.name} [{self.kind}] {dims}"
+
+
+def _reshape(op: Op, loops: dict[str, int]) -> Op:
+    """Recompute tensor shapes and weight counts of ``op`` for new loop sizes."""
+    kind = op.kind
+    old = op._loop_map
+    in_shapes = list(op.in_shapes)
+    weight = op.weight_elems
+    if kind == OpKind.CONV:
+        n, k, c, p, q, r, s = (loops[d] for d in "NKCPQRS")
+        groups = op.param("groups", 1)
+        stride_h, stride_w = op.param("stride", (1, 1))
+        depthwise = op.param("depthwise", False)
+        in_c = k if depthwise else c * groups
+        dil = op.param("dilation", 1)
+        h_in = min(in_shapes[0][2], (p - 1) * stride_h + dil * (r - 1) + 1) if p > 0 else 0
+        w_in = min(in_shapes[0][3], (q - 1) * stride_w + dil * (s - 1) + 1) if q > 0 else 0
+        in_shapes[0] = (n, in_c, h_in, w_in)
+        out = (n, k, p, q)
+        bias = k if op.param("bias", False) else 0
+        weight = k * c * r * s + bias
+    elif kind == OpKind.GEMM:
+        b, m, nn, kk = (loops[d] for d in "BMNK")
+        in_shapes[0] = (b, kk, m, 1)
+        out = (b, nn, m, 1)
+        weight = kk * nn + (nn if op.param("bias", False) else 0)
+    elif kind == OpKind.MATMUL:
+        b, h, m, nn, kk = (loops[d] for d in "BHMNK")
+        in_shapes[0] = (b, h * kk, m, 1)
+        in_shapes[1] = (b, h * kk, nn, 1) if op.param("b_feature", "K") == "K" else (b, h * nn, kk, 1)
+        out = (b, h * nn, m, 1)
+    elif kind == OpKind.POOL:
+        n, c, p, q, r, s = (loops[d] for d in "NCPQRS")
+        stride_h, stride_w = op.param("stride", (1, 1))
+        h_in = min(in_shapes[0][2], (p - 1) * stride_h + r) if p > 0 else 0
+        w_in = min(in_shapes[0][3], (q - 1) * stride_w + s) if q > 0 else 0
+        in_shapes[0] = (n, c, h_in, w_in)
+        out = (n, c, p, q)
+    elif kind == OpKind.RESHAPE:
+        if any(loops[d] != old[d] for d in "CHW"):
+            raise ValueError(f"reshape op {op.name} can only be split along N")
+        n = loops["N"]
+        in_shapes = [(n, *sh[1:]) for sh in in_shapes]
+        out = (n, *op.out_shape[1:])
+    elif kind in (OpKind.ELTWISE, OpKind.NORM, OpKind.INPUT):
+        n, c, h, w = (loops[d] for d in "NCHW")
+        out = (n, c, h, w)
+        in_shapes = [(n, c if sh[1] == old["C"] else sh[1], h if sh[2] == old["H"] else sh[2],
+                      w if sh[3] == old["W"] else sh[3]) for sh in in_shapes]
+        if kind == OpKind.NORM:
+            weight = 2 * c
+    elif kind == OpKind.SOFTMAX:
+        n, a, h, l_ = (loops[d] for d in "NAHL")
+        out = (n, a * l_, h, 1)
+        in_shapes = [out for _ in in_shapes]
+    elif kind == OpKind.EMBEDDING:
+        n, h, c = (loops[d] for d in "NHC")
+        in_shapes[0] = (n, 1, h, 1)
+        out = (n, c, h, 1)
+        weight = op.param("vocab", 0) * c
+    else:  # pragma: no cover - every kind is handled above
+        raise ValueError(f"unknown op kind {kind}")
+    return replace(op, loops=tuple(loops.items()), in_shapes=tuple(in_shapes), out_shape=out, weight_elems=weight)
