@@ -1,0 +1,384 @@
+"""Lower a mapped workload to the TaskGraph both evaluators read. Pure and deterministic.
+
+For every micro-batch and every op (graph order), the op is split into shards by its strategy
+(``mapping.sharding``), one per device of its set; each shard becomes a compute task timed by
+the cost model on the set's design. Each input of a shard is a *region* of its producer's
+output tensor; the producer's output is held as regions by the producer's shards (a *layout*).
+Moving data from the producer's layout to the regions the consumer's shards need is lowered as:
+
+* nothing, where a device already holds what it needs;
+* an all-gather (ring, halving-doubling or direct) when a split tensor is needed whole by the
+  same set; an all-reduce or reduce-scatter when the producer left partial sums;
+* otherwise point-to-point transfers of the exact region intersections, recorded as one
+  collective of kind ``all_to_all`` (same set, another split), ``halo`` (same axis, overlapping
+  windows), ``p2p`` (another set), ``broadcast`` or ``gather``.
+
+A re-distribution is done once per (producer, micro-batch, needed regions) and shared by every
+consumer that needs the same regions. Graph inputs come from the host nearest the consuming set;
+graph outputs return to the host nearest their set. Weights of each device's shards are resident
+for the run and loaded from the nearest host before it (``TaskGraph.setup``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from marssim.cost.base import CostModel
+from marssim.mapping.collectives import choose_algorithm
+from marssim.mapping.model import Mapping, validate_mapping
+from marssim.mapping.sharding import (
+    BATCH_DIM, Box, box_elems, full_box, intersect, shard_regions, split_dim, split_sizes,
+)
+from marssim.system import System
+from marssim.taskgraph import Collective, TaskGraph, TaskGraphBuilder
+from marssim.workload import Graph, Op, OpKind
+
+__all__ = ["lower", "expand_collective"]
+
+
+@dataclass(frozen=True, slots=True)
+class _Holder:
+    device: str
+    box: Box
+    ready: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class _Layout:
+    """Where a tensor lives: each holder holds ``box``; ``partial``: holders hold partial sums of
+    the same box; ``replicated``: every holder holds the whole tensor."""
+
+    holders: tuple[_Holder, ...]
+    shape: tuple[int, int, int, int]
+    elem_bytes: int
+    partial: bool = False
+    replicated: bool = False
+
+
+def lower(graph: Graph, system: System, mapping: Mapping, cost: CostModel | None = None, *,
+          validate: bool = True) -> TaskGraph:
+    """Turn a mapped workload into the tasks both evaluators read. Pure and deterministic.
+
+    ``cost`` times each shard on its set's design (default: :func:`marssim.cost.default_cost_model`).
+    Raises InputError when ``mapping`` is invalid for ``graph`` and ``system``."""
+    if validate:
+        validate_mapping(mapping, graph, system)
+    if cost is None:
+        from marssim.cost import default_cost_model
+
+        cost = default_cost_model()
+    return _Lowering(graph, system, mapping, cost).run()
+
+
+class _Lowering:
+    def __init__(self, graph: Graph, system: System, mapping: Mapping, cost: CostModel) -> None:
+        self.graph = graph
+        self.system = system
+        self.mapping = mapping
+        self.cost = cost
+        self.b = TaskGraphBuilder(system)
+        self.position = {gi: k for k, gi in enumerate(graph.compute_ops)}
+        self.n_ops = len(graph.ops)
+        self._designs: dict[tuple[str, str], object] = {}
+        self._shard_cache: dict[tuple, tuple] = {}
+        self._op_mb: dict[tuple[int, int], Op] = {}
+        self._redistributed: dict[tuple, dict[str, tuple[int, ...]]] = {}
+        self._host_of: dict[str, str] = {}
+        self._latency: dict[tuple[str, str], float] = {}
+
+    # ------------------------------------------------------------------ helpers
+    def design(self, device: str, name: str):
+        key = (device, name)
+        d = self._designs.get(key)
+        if d is None:
+            d = self._designs[key] = self.system.design(device, name)
+        return d
+
+    def host_for(self, device: str) -> str:
+        h = self._host_of.get(device)
+        if h is None:
+            h = self._host_of[device] = self.system.nearest_host(device)
+        return h
+
+    def latency(self, a: str, b: str) -> float:
+        key = (a, b)
+        v = self._latency.get(key)
+        if v is None:
+            v = self._latency[key] = self.system.route(a, b).latency
+        return v
+
+    def op_for_mb(self, gi: int, mb: int) -> Op:
+        key = (gi, mb)
+        op = self._op_mb.get(key)
+        if op is None:
+            base = self.graph.ops[gi]
+            dim = BATCH_DIM[base.kind]
+            size = split_sizes(base.dim(dim), self.mapping.micro_batches)[mb]
+            op = base if size == base.dim(dim) else base.with_loops(**{dim: size})
+            self._op_mb[key] = op
+        return op
+
+    def shards(self, op: Op, strategy: str, devices: tuple[str, ...], design_name: str):
+        """[(device, shard op, out box, in boxes, seconds, energy)], partial flag."""
+        key = (op, strategy, devices, design_name)
+        hit = self._shard_cache.get(key)
+        if hit is not None:
+            return hit
+        dim = split_dim(op, strategy)
+        out = []
+        if dim is None:
+            parts = [(devices[0], op, *shard_regions(op, None, 0, 0))]
+        else:
+            sizes = split_sizes(op.dim(dim), len(devices))
+            parts = []
+            lo = 0
+            for dev, size in zip(devices, sizes):
+                if size > 0:
+                    parts.append((dev, op.with_loops(**{dim: size}), *shard_regions(op, dim, lo, lo + size)))
+                lo += size
+        partial = False
+        for dev, shard, out_box, in_boxes, is_partial in parts:
+            c = self.cost.op_cost(shard, self.design(dev, design_name))
+            out.append((dev, shard, out_box, in_boxes, c.time, c.energy))
+            partial = partial or is_partial
+        result = (out, partial and len(parts) > 1)
+        self._shard_cache[key] = result
+        return result
+
+    # ------------------------------------------------------------------ main loop
+    def run(self) -> TaskGraph:
+        g, m = self.graph, self.mapping
+        layouts: dict[tuple[int, int], _Layout] = {}
+        weights: dict[str, float] = {}
+        for mb in range(m.micro_batches):
+            for gi, base in enumerate(g.ops):
+                op = self.op_for_mb(gi, mb)
+                if base.kind == OpKind.INPUT:
+                    consumers = g.succs[gi]
+                    first_set = m.sets[m.op_set[self.position[consumers[0]]]] if consumers else m.sets[0]
+                    host = self.host_for(first_set.devices[0])
+                    layouts[(gi, mb)] = _Layout((_Holder(host, full_box(op.out_shape), ()),), op.out_shape,
+                                                4 if g.succs[gi] and g.ops[g.succs[gi][0]].kind == OpKind.EMBEDDING
+                                                else op.dtype_bytes)
+                    continue
+                k = self.position[gi]
+                aset = m.sets[m.op_set[k]]
+                strategy = m.op_sharding[k]
+                shards, partial = self.shards(op, strategy, aset.devices, aset.design)
+                if mb == 0:
+                    for dev, shard, *_ in shards:
+                        weights[dev] = weights.get(dev, 0.0) + shard.weight_bytes
+                # inputs: what each shard needs from each producer
+                deps: dict[str, list[int]] = {dev: [] for dev, *_ in shards}
+                for slot, src in enumerate(g.preds[gi]):
+                    needs = tuple((dev, in_boxes[slot]) for dev, _, _, in_boxes, _, _ in shards
+                                  if box_elems(in_boxes[slot]) > 0)
+                    got = self.redistribute((src, mb), layouts[(src, mb)], needs, base.name, mb)
+                    for dev, tasks in got.items():
+                        deps[dev].extend(tasks)
+                holders = []
+                priority = mb * self.n_ops + gi
+                for dev, shard, out_box, _, seconds, energy in shards:
+                    t = self.b.compute(dev, seconds, preds=_unique(deps[dev]), flops=shard.flops, energy=energy,
+                                       out_bytes=box_elems(out_box) * op.dtype_bytes, priority=priority,
+                                       op=base.name, micro_batch=mb)
+                    holders.append(_Holder(dev, out_box, (t,)))
+                layouts[(gi, mb)] = _Layout(tuple(holders), op.out_shape, op.dtype_bytes, partial=partial)
+            for gi in g.outputs:
+                layout = layouts[(gi, mb)]
+                host = self.host_for(layout.holders[0].device)
+                self.redistribute((gi, mb), layout, ((host, full_box(layout.shape)),), g.ops[gi].name, mb)
+        for dev in sorted(weights, key=self.system.node_index.__getitem__):
+            if weights[dev] > 0:
+                self.b.resident[dev] = weights[dev]
+                self.b.setup.append((self.host_for(dev), dev, weights[dev]))
+        meta = {
+            "system": self.system.name, "workload": g.spec, "batch": g.batch, "micro_batches": m.micro_batches,
+            "mapping": m.key[:12], "n_stages": m.n_stages,
+            "op_sharding": {g.ops[gi].name: m.op_sharding[k] for k, gi in enumerate(g.compute_ops)},
+            "op_set": {g.ops[gi].name: m.op_set[k] for k, gi in enumerate(g.compute_ops)},
+            "op_model": {op.name: op.model for op in g.ops},
+            "op_kind": {op.name: op.kind.value for op in g.ops},
+            "set_design": [s.design for s in m.sets],
+            "device_design": {d: s.design for s in m.sets for d in s.devices},
+        }
+        return self.b.build(meta)
+
+    # ------------------------------------------------------------------ data movement
+    def redistribute(self, key: tuple[int, int], layout: _Layout, needs: tuple[tuple[str, Box], ...], op_name: str,
+                     mb: int) -> dict[str, tuple[int, ...]]:
+        """Tasks each needing device must wait for, after moving what it lacks."""
+        if not needs:
+            return {}
+        cache_key = (key, needs)
+        hit = self._redistributed.get(cache_key)
+        if hit is not None:
+            return hit
+        if layout.partial:
+            layout, done = self._reduce(layout, needs, op_name, mb)
+            if done is not None:
+                self._redistributed[cache_key] = done
+                return done
+        result = self._move(layout, needs, op_name, mb)
+        self._redistributed[cache_key] = result
+        return result
+
+    def _emit(self, kind: str, algorithm: str, devices: tuple[str, ...], steps, initial: list[tuple[int, ...]],
+              total_bytes: float, op_name: str, mb: int, gather: bool) -> list[tuple[int, ...]]:
+        return expand_collective(self.b, kind, algorithm, devices, steps, initial, total_bytes, op=op_name,
+                                 micro_batch=mb, gather=gather)
+
+    def _reduce(self, layout: _Layout, needs, op_name: str, mb: int):
+        """Resolve partial sums. Returns ``(new layout, None)`` or ``(layout, finished deps)``."""
+        devices = tuple(h.device for h in layout.holders)
+        eb = layout.elem_bytes
+        total = box_elems(layout.holders[0].box) * eb
+        need_devs = tuple(d for d, _ in needs)
+        full = full_box(layout.shape)
+        initial = [h.ready for h in layout.holders]
+        algo_req = self.mapping.collective_algorithm
+        same = set(need_devs) == set(devices) and len(need_devs) == len(devices)
+        if same and all(box == full for _, box in needs):
+            chunks = [float(s * eb) for s in split_sizes(box_elems(full), len(devices))]
+            algo, steps = choose_algorithm(self.system, devices, "all_reduce", chunks, algo_req)
+            ready = self._emit("all_reduce", algo, devices, steps, initial, total, op_name, mb, gather=True)
+            return layout, {d: ready[i] for i, d in enumerate(devices)}
+        if same and _disjoint_cover(needs, full):
+            need_of = dict(needs)
+            chunks = [float(box_elems(need_of[d]) * eb) for d in devices]
+            algo, steps = choose_algorithm(self.system, devices, "reduce_scatter", chunks, algo_req)
+            ready = self._emit("reduce_scatter", algo, devices, steps, initial, total, op_name, mb, gather=False)
+            return layout, {d: ready[i] for i, d in enumerate(devices)}
+        # Reduce-scatter along the longest axis into an even split, then move as usual.
+        axis = max(range(4), key=lambda a: (layout.shape[a], -a))
+        sizes = split_sizes(layout.shape[axis], len(devices))
+        boxes = []
+        lo = 0
+        for size in sizes:
+            parts = list(full)
+            parts[axis] = (lo, lo + size)
+            boxes.append(tuple(parts))
+            lo += size
+        chunks = [float(box_elems(b) * eb) for b in boxes]
+        algo, steps = choose_algorithm(self.system, devices, "reduce_scatter", chunks, algo_req)
+        ready = self._emit("reduce_scatter", algo, devices, steps, initial, total, op_name, mb, gather=False)
+        holders = tuple(_Holder(d, boxes[i], ready[i]) for i, d in enumerate(devices) if box_elems(boxes[i]) > 0)
+        return _Layout(holders, layout.shape, eb), None
+
+    def _move(self, layout: _Layout, needs, op_name: str, mb: int) -> dict[str, tuple[int, ...]]:
+        eb = layout.elem_bytes
+        full = full_box(layout.shape)
+        holders = layout.holders
+        holder_devs = tuple(h.device for h in holders)
+        need_devs = tuple(d for d, _ in needs)
+        # All-gather: a split tensor needed whole by exactly the devices that hold its pieces.
+        if (not layout.replicated and len(holders) > 1 and set(need_devs) == set(holder_devs)
+                and len(need_devs) == len(holder_devs) and all(box == full for _, box in needs)):
+            chunks = [float(box_elems(h.box) * eb) for h in holders]
+            algo, steps = choose_algorithm(self.system, holder_devs, "all_gather", chunks,
+                                           self.mapping.collective_algorithm)
+            ready = self._emit("all_gather", algo, holder_devs, steps, [h.ready for h in holders],
+                               float(box_elems(full) * eb), op_name, mb, gather=True)
+            return {d: ready[i] for i, d in enumerate(holder_devs)}
+        flows: list[tuple[str, str, float, tuple[int, ...]]] = []
+        result: dict[str, list[int]] = {}
+        for dev, need in needs:
+            deps = result.setdefault(dev, [])
+            local = next((h for h in holders if h.device == dev and intersect(h.box, need) == need), None)
+            if local is not None:
+                deps.extend(local.ready)
+                continue
+            if layout.replicated:
+                src = min(holders, key=lambda h: (self.latency(h.device, dev), holder_devs.index(h.device)))
+                flows.append((src.device, dev, float(box_elems(need) * eb), src.ready))
+                continue
+            for h in holders:
+                common = intersect(h.box, need)
+                if common is None:
+                    continue
+                if h.device == dev:
+                    deps.extend(h.ready)
+                else:
+                    flows.append((h.device, dev, float(box_elems(common) * eb), h.ready))
+        if flows:
+            kind = _classify(holders, needs, full)
+            devices = tuple(dict.fromkeys([f[0] for f in flows] + [f[1] for f in flows]))
+            coll = self.b.add_collective(Collective(kind, "direct", devices, float(sum(f[2] for f in flows)), op_name, 1))
+            for src, dst, nbytes, ready in flows:
+                if nbytes <= 0:
+                    continue
+                t = self.b.transfer(src, dst, nbytes, preds=ready, collective=coll, op=op_name, micro_batch=mb)
+                result[dst].append(t)
+        return {d: _unique(v) for d, v in result.items()}
+
+
+def expand_collective(builder: TaskGraphBuilder, kind: str, algorithm: str, devices: tuple[str, ...], steps,
+                      initial: list[tuple[int, ...]], total_bytes: float, *, op: str = "", micro_batch: int = 0,
+                      gather: bool = True) -> list[tuple[int, ...]]:
+    """Add the transfers of a collective schedule (see :mod:`marssim.mapping.collectives`).
+
+    Rank ``i``'s send of step ``k`` waits for ``initial[i]``, its receives of step ``k-1`` and its
+    sends of step ``k-1``. Returns, per rank, the tasks after which its result is ready: with
+    ``gather`` (all-gather, all-reduce) every piece it received; otherwise (reduce-scatter) its own
+    reduced piece. Zero-byte flows are skipped."""
+    n = len(devices)
+    coll = builder.add_collective(Collective(kind, algorithm, tuple(devices), float(total_bytes), op, len(steps)))
+    last_recv: list[list[int]] = [[] for _ in range(n)]
+    last_send: list[list[int]] = [[] for _ in range(n)]
+    for step in steps:
+        recv: list[list[int]] = [[] for _ in range(n)]
+        send: list[list[int]] = [[] for _ in range(n)]
+        for src, dst, nbytes in step:
+            if nbytes <= 0:
+                continue
+            preds = (*initial[src], *last_recv[src], *last_send[src])
+            t = builder.transfer(devices[src], devices[dst], nbytes, preds=_unique(preds), collective=coll, op=op,
+                                 micro_batch=micro_batch)
+            recv[dst].append(t)
+            send[src].append(t)
+        for i in range(n):
+            if recv[i]:
+                last_recv[i] = recv[i]
+            if send[i]:
+                last_send[i] = send[i]
+    if gather:
+        return [_unique((*initial[i], *last_recv[i], *last_send[i])) for i in range(n)]
+    return [_unique((*initial[i], *last_recv[i])) for i in range(n)]
+
+
+def _unique(items) -> tuple[int, ...]:
+    return tuple(dict.fromkeys(items))
+
+
+def _disjoint_cover(needs, full: Box) -> bool:
+    boxes = [b for _, b in needs]
+    if sum(box_elems(b) for b in boxes) != box_elems(full):
+        return False
+    for i in range(len(boxes)):
+        for j in range(i + 1, len(boxes)):
+            if intersect(boxes[i], boxes[j]) is not None:
+                return False
+    return True
+
+
+def _split_axis(box: Box, full: Box) -> int | None:
+    for axis in range(4):
+        if box[axis] != full[axis]:
+            return axis
+    return None
+
+
+def _classify(holders, needs, full: Box) -> str:
+    holder_devs = {h.device for h in holders}
+    need_devs = {d for d, _ in needs}
+    if len(holders) == 1 and len(need_devs) > 1:
+        return "broadcast" if len({b for _, b in needs}) == 1 else "scatter"
+    if len(need_devs) == 1 and len(holders) > 1:
+        return "gather"
+    if need_devs <= holder_devs or holder_devs <= need_devs:
+        held_axes = {_split_axis(h.box, full) for h in holders}
+        need_axes = {_split_axis(b, full) for _, b in needs}
+        if held_axes == need_axes:
+            return "halo"
+        return "all_to_all"
+    return "p2p"

@@ -1,0 +1,402 @@
+"""Discrete-event simulation of a TaskGraph on a System (SimPy).
+
+* Each accelerator is a SimPy process (``streams`` of them per device) that runs its ready
+  compute tasks one at a time, lowest ``priority`` first (pipeline order), each for its duration.
+* Transfers run on their own (DMA): they start as soon as their predecessors end and become
+  flows of the max-min fair :class:`~marssim.sim.network.FairShareNetwork`, so a device computes
+  while it sends.
+* Memories are SimPy Containers (:class:`~marssim.sim.memory.MemoryPool`): weights resident from
+  the start, a task's output buffer allocated when it starts and freed when its last successor
+  ends; overflow is an error or a spill to host DRAM, by policy.
+
+The simulator reads only the TaskGraph and the System's resources: it knows nothing of
+graphs, mappings or searches. Same inputs, same result, bit for bit.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+
+import numpy as np
+import pandas as pd
+import simpy
+
+from marssim.system import System
+from marssim.taskgraph import COMPUTE, TaskGraph
+
+from .memory import POLICIES, MemoryPool
+from .network import FairShareNetwork
+from .result import INTERVAL_COLUMNS, Result
+
+__all__ = ["simulate", "setup_time"]
+
+
+def simulate(taskgraph: TaskGraph, system: System, *, memory_policy: str = "error", streams: int = 1,
+             record: bool = True, setup: bool = True) -> Result:
+    """Simulate ``taskgraph`` on ``system`` and return the :class:`Result`.
+
+    ``memory_policy``: ``error`` (raise CapacityError on overflow) or ``spill`` (to host DRAM).
+    ``streams``: compute tasks a device may run at once. ``record``: keep the memory and link
+    timelines (traces need them; searches do not). ``setup``: also simulate the weight loads
+    to report ``Result.setup_time``."""
+    if memory_policy not in POLICIES:
+        raise ValueError(f"memory_policy must be one of {POLICIES}, got {memory_policy!r}")
+    if streams < 1:
+        raise ValueError(f"streams must be >= 1, got {streams}")
+    wall = time.perf_counter()
+    sim = _Simulation(taskgraph, system, memory_policy, streams, record)
+    sim.run()
+    result = sim.result()
+    result.meta["wall_s"] = time.perf_counter() - wall
+    if setup and taskgraph.setup:
+        result.setup_time = setup_time(taskgraph, system)
+    return result
+
+
+def setup_time(taskgraph: TaskGraph, system: System) -> float:
+    """Seconds to load every device's weights from its host, all loads at once, with contention."""
+    if not taskgraph.setup:
+        return 0.0
+    env = simpy.Environment()
+    done: list[float] = []
+    net = FairShareNetwork(env, system.resource_capacity, lambda token: done.append(env.now))
+    for token, (src, dst, nbytes) in enumerate(taskgraph.setup):
+        route = system.route(src, dst)
+        net.start(token, nbytes, route.resources, route.latency)
+    env.run()
+    return max(done, default=0.0)
+
+
+class _Simulation:
+    def __init__(self, tg: TaskGraph, system: System, policy: str, streams: int, record: bool) -> None:
+        self.tg = tg
+        self.system = system
+        self.policy = policy
+        self.record = record
+        self.streams = streams
+        self.env = env = simpy.Environment()
+        n = tg.n_tasks
+        self.n = n
+        self.kind = tg.kind.tolist()
+        self.device = tg.device.tolist()
+        self.duration = tg.duration.tolist()
+        self.nbytes = tg.nbytes.tolist()
+        self.route = tg.route.tolist()
+        self.mem_node = tg.mem_node.tolist()
+        self.mem_bytes = tg.mem_bytes.tolist()
+        self.priority = tg.priority.tolist()
+        self.src = tg.src.tolist()
+        succ_ptr, succ_idx = tg.successors
+        sp = succ_ptr.tolist()
+        si = succ_idx.tolist()
+        self.succ = [si[sp[t]:sp[t + 1]] for t in range(n)]
+        pp = tg.pred_ptr.tolist()
+        pi = tg.pred_idx.tolist()
+        self.pred = [pi[pp[t]:pp[t + 1]] for t in range(n)]
+        self.waiting = [pp[t + 1] - pp[t] for t in range(n)]  # predecessors not yet ended
+        self.readers_left = [len(s) for s in self.succ]  # successors not yet ended (buffer frees)
+        self.route_res = [r.resources for r in tg.routes]
+        self.route_lat = [r.latency for r in tg.routes]
+        self.start = [float("nan")] * n
+        self.end = [float("nan")] * n
+        self.spilled = [False] * n
+        self.spills: list[tuple[str, int, int, float, float, float]] = []  # kind, node, task, start, end, bytes
+        self._spill_tokens: dict[int, tuple] = {}
+        self.net = FairShareNetwork(env, system.resource_capacity, self._delivered, record=record)
+
+        nodes = tg.node_names
+        self.pools: dict[int, MemoryPool] = {}
+        used_nodes = set(n_ for n_ in self.mem_node if n_ >= 0)
+        used_nodes.update(system.node_index[d] for d in tg.resident)
+        for node in sorted(used_nodes):
+            name = nodes[node]
+            self.pools[node] = MemoryPool(env, name, system.memory_capacity(name), tg.resident.get(name, 0.0),
+                                          record=record)
+        self.host_of: dict[int, int] = {}
+
+        self.heaps: dict[int, list] = {}
+        self.idle: dict[int, list] = {}
+        for d in sorted({self.device[t] for t in range(n) if self.kind[t] == COMPUTE}):
+            self.heaps[d] = []
+            self.idle[d] = []
+            for _ in range(streams):
+                env.process(self._device(d))
+
+    # ------------------------------------------------------------------ life of a task
+    def run(self) -> None:
+        for t in range(self.n):
+            if self.waiting[t] == 0:
+                self._ready(t)
+        self.env.run()
+        unfinished = sum(1 for e in self.end if e != e)
+        if unfinished:
+            raise RuntimeError(f"{unfinished} tasks never ran: the task graph has a cycle or an unreachable dependency")
+
+    def _ready(self, t: int) -> None:
+        if self.policy == "spill":
+            pending = [p for p in self.pred[t] if self.spilled[p]]
+            if pending:
+                self._spill_in(t, pending)
+                return
+        self._dispatch(t)
+
+    def _dispatch(self, t: int) -> None:
+        if self.kind[t] == COMPUTE:
+            d = self.device[t]
+            heapq.heappush(self.heaps[d], (self.priority[t], t))
+            idle = self.idle[d]
+            if idle:
+                idle.pop().succeed()
+        else:
+            self._begin(t)
+            r = self.route[t]
+            self.net.start(t, self.nbytes[t], self.route_res[r], self.route_lat[r])
+
+    def _device(self, d: int):
+        env = self.env
+        heap = self.heaps[d]
+        idle = self.idle[d]
+        duration = self.duration
+        while True:
+            if not heap:
+                ev = env.event()
+                idle.append(ev)
+                yield ev
+                continue
+            t = heapq.heappop(heap)[1]
+            self._begin(t)
+            yield env.timeout(duration[t])
+            self._end(t)
+
+    def _begin(self, t: int) -> None:
+        self.start[t] = self.env.now
+        nbytes = self.mem_bytes[t]
+        if nbytes > 0:
+            pool = self.pools[self.mem_node[t]]
+            if self.policy == "spill" and not pool.fits(nbytes):
+                self.spilled[t] = True
+                self._host_pool(self.mem_node[t]).allocate(nbytes, f"spilled output of {self.tg.task_name(t)}")
+            else:
+                pool.allocate(nbytes, f"output of {self.tg.task_name(t)}")
+
+    def _end(self, t: int) -> None:
+        self.end[t] = self.env.now
+        for p in self.pred[t]:
+            self.readers_left[p] -= 1
+            if self.readers_left[p] == 0:
+                self._free(p)
+        if not self.succ[t]:
+            self._free(t)
+        if self.spilled[t]:
+            self._spill_out(t)
+        else:
+            self._complete(t)
+
+    def _complete(self, t: int) -> None:
+        waiting = self.waiting
+        for s in self.succ[t]:
+            waiting[s] -= 1
+            if waiting[s] == 0:
+                self._ready(s)
+
+    def _free(self, t: int) -> None:
+        nbytes = self.mem_bytes[t]
+        if nbytes > 0:
+            if self.spilled[t]:
+                self._host_pool(self.mem_node[t]).release(nbytes)
+            else:
+                self.pools[self.mem_node[t]].release(nbytes)
+
+    def _delivered(self, token: int) -> None:
+        if token < self.n:
+            self._end(token)
+            return
+        kind, node, t, start, nbytes, rest = self._spill_tokens.pop(token)
+        self.spills.append((kind, node, t, start, self.env.now, nbytes))
+        if kind == "spill_out":
+            self._complete(t)
+        else:
+            rest[0] -= 1
+            if rest[0] == 0:
+                self._dispatch(t)
+
+    # ------------------------------------------------------------------ spill policy
+    def _host_pool(self, node: int) -> MemoryPool:
+        host = self.host_of.get(node)
+        if host is None:
+            name = self.system.nearest_host(self.tg.node_names[node])
+            host = self.host_of[node] = self.system.node_index[name]
+            if host not in self.pools:
+                self.pools[host] = MemoryPool(self.env, name, self.system.memory_capacity(name), record=self.record)
+        return self.pools[host]
+
+    def _spill_flow(self, kind: str, src: int, dst: int, t: int, nbytes: float, rest: list) -> None:
+        token = self.n + len(self._spill_tokens) + len(self.spills)
+        self._spill_tokens[token] = (kind, src if kind == "spill_out" else dst, t, self.env.now, nbytes, rest)
+        names = self.tg.node_names
+        route = self.system.route(names[src], names[dst])
+        self.net.start(token, nbytes, route.resources, route.latency)
+
+    def _spill_out(self, t: int) -> None:
+        node = self.mem_node[t]
+        host = self.host_of[node]
+        self._spill_flow("spill_out", node, host, t, self.mem_bytes[t], [0])
+
+    def _spill_in(self, t: int, spilled_preds: list[int]) -> None:
+        rest = [len(spilled_preds)]
+        for p in spilled_preds:
+            node = self.mem_node[p]
+            self._spill_flow("spill_in", self.host_of[node], node, t, self.mem_bytes[p], rest)
+
+    # ------------------------------------------------------------------ result
+    def result(self) -> Result:
+        tg = self.tg
+        names = tg.node_names
+        start = np.asarray(self.start)
+        end = np.asarray(self.end)
+        makespan = float(np.nanmax(end)) if self.n else 0.0
+        is_compute = tg.kind == COMPUTE
+        op_names = np.asarray(tg.op_names + ("",), dtype=object)[tg.op]
+        op_model = tg.meta.get("op_model", {})
+        models = np.asarray([op_model.get(o, "") for o in op_names], dtype=object)
+        node_arr = np.asarray(names + ("",), dtype=object)
+        src_names = node_arr[tg.src]
+        dst_names = node_arr[tg.dst]
+        resource = np.where(is_compute, node_arr[tg.device], src_names + "->" + dst_names)
+        coll_kind = np.asarray([c.kind for c in tg.collectives] + [""], dtype=object)[tg.collective]
+        res_names = np.asarray(self.system.resource_names, dtype=object)
+        link_of_route = [";".join(res_names[list(r.resources)]) for r in tg.routes] + [""]
+        links_col = np.asarray(link_of_route, dtype=object)[tg.route]
+        frame = pd.DataFrame({
+            "kind": np.where(is_compute, "compute", "transfer"), "resource": resource,
+            "task": np.arange(self.n), "op": op_names, "model": models, "micro_batch": tg.micro_batch,
+            "start": start, "end": end, "bytes": np.where(is_compute, 0.0, tg.nbytes), "flops": tg.flops,
+            "energy": np.where(is_compute, tg.energy, np.nan), "src": np.where(is_compute, "", src_names),
+            "dst": np.where(is_compute, "", dst_names), "collective": coll_kind, "collective_id": tg.collective,
+            "links": links_col,
+        })
+        if self.spills:
+            rows = []
+            for kind, node, t, s, e, nbytes in self.spills:
+                host = names[self.host_of[node]]
+                src, dst = (names[node], host) if kind == "spill_out" else (host, names[node])
+                route = self.system.route(src, dst)
+                rows.append({"kind": kind, "resource": f"{src}->{dst}", "task": -1, "op": op_names[t],
+                             "model": models[t], "micro_batch": int(tg.micro_batch[t]), "start": s, "end": e,
+                             "bytes": nbytes, "flops": 0.0, "energy": np.nan, "src": src, "dst": dst,
+                             "collective": "", "collective_id": -1,
+                             "links": ";".join(res_names[list(route.resources)])})
+            frame = pd.concat([frame, pd.DataFrame(rows)], ignore_index=True)
+        frame = frame.sort_values(["start", "kind", "task"], kind="stable").reset_index(drop=True)[list(INTERVAL_COLUMNS)]
+
+        # devices
+        device_design = tg.meta.get("device_design", {})
+        dev_rows = {}
+        busy = np.zeros(len(names))
+        dur = end - start
+        np.add.at(busy, tg.device[is_compute], dur[is_compute])
+        energy = np.zeros(len(names))
+        has_energy = np.zeros(len(names), dtype=bool)
+        e = tg.energy[is_compute]
+        np.add.at(energy, tg.device[is_compute], np.nan_to_num(e))
+        np.logical_or.at(has_energy, tg.device[is_compute], ~np.isnan(e))
+        flops = np.zeros(len(names))
+        np.add.at(flops, tg.device[is_compute], tg.flops[is_compute])
+        count = np.bincount(tg.device[is_compute], minlength=len(names))
+        for acc in self.system.accelerators:
+            i = self.system.node_index[acc.id]
+            if self.streams == 1:
+                busy_i = float(busy[i])
+            else:
+                mask = is_compute & (tg.device == i)
+                busy_i = _union_length(start[mask], end[mask])
+            dev_rows[acc.id] = {"design": device_design.get(acc.id, ""), "busy_s": busy_i,
+                                "utilisation": busy_i / makespan if makespan > 0 else 0.0,
+                                "energy_j": float(energy[i]) if has_energy[i] else np.nan,
+                                "flops": float(flops[i]), "tasks": int(count[i])}
+        devices = pd.DataFrame.from_dict(dev_rows, orient="index")
+
+        # links and other bandwidth resources
+        res_bytes = np.zeros(len(res_names))
+        is_transfer = ~is_compute
+        route_bytes = np.zeros(len(tg.routes))
+        np.add.at(route_bytes, tg.route[is_transfer], tg.nbytes[is_transfer])
+        for r, b in enumerate(route_bytes):
+            if b:
+                for res in tg.routes[r].resources:
+                    res_bytes[res] += b
+        for kind, node, t, s, e_, nbytes in self.spills:
+            host = names[self.host_of[node]]
+            src, dst = (names[node], host) if kind == "spill_out" else (host, names[node])
+            for res in self.system.route(src, dst).resources:
+                res_bytes[res] += nbytes
+        cap = self.system.resource_capacity
+        links = pd.DataFrame({
+            "kind": list(self.system.resource_kinds), "capacity": cap, "bytes": res_bytes,
+            "busy_s": np.asarray(self.net.busy),
+            "utilisation": res_bytes / (cap * makespan) if makespan > 0 else np.zeros(len(cap)),
+        }, index=pd.Index(res_names, name="resource"))
+
+        mem_rows = {}
+        for node, pool in sorted(self.pools.items()):
+            mem_rows[pool.name] = {"peak_bytes": pool.peak, "capacity_bytes": pool.capacity,
+                                   "resident_bytes": pool.resident}
+        memories = pd.DataFrame.from_dict(mem_rows, orient="index",
+                                          columns=["peak_bytes", "capacity_bytes", "resident_bytes"])
+        mem_tl = [(pool.name, t_, lvl) for pool in self.pools.values() for t_, lvl in pool.timeline]
+        memory_timeline = pd.DataFrame(mem_tl, columns=["node", "time", "bytes"])
+        link_timeline = pd.DataFrame([(res_names[r], t_, rate, k) for t_, r, rate, k in self.net.timeline],
+                                     columns=["resource", "time", "rate", "flows"])
+
+        batch = float(tg.meta.get("batch", 0) or 0)
+        throughput = _throughput(tg, end, batch, makespan)
+        meta = dict(tg.meta)
+        meta.update({"tasks": self.n, "events": _events_scheduled(self.env), "network_recomputes": self.net.recomputes,
+                     "memory_policy": self.policy, "spills": len(self.spills)})
+        for key in ("op_sharding", "op_set", "op_model", "op_kind", "device_design"):
+            meta.pop(key, None)
+        return Result(makespan=makespan, intervals=frame, devices=devices, links=links, memories=memories,
+                      memory_timeline=memory_timeline, link_timeline=link_timeline, throughput=throughput,
+                      meta=meta)
+
+
+
+def _events_scheduled(env: simpy.Environment) -> int:
+    """Number of events SimPy scheduled (its internal event id counter)."""
+    counter = getattr(env, "_eid", None)
+    return int(next(counter)) if counter is not None else -1
+
+
+def _union_length(starts: np.ndarray, ends: np.ndarray) -> float:
+    """Total length (s) covered by a set of intervals."""
+    if len(starts) == 0:
+        return 0.0
+    order = np.argsort(starts, kind="stable")
+    total = 0.0
+    cur_s, cur_e = float(starts[order[0]]), float(ends[order[0]])
+    for i in order[1:]:
+        s_, e_ = float(starts[i]), float(ends[i])
+        if s_ > cur_e:
+            total += cur_e - cur_s
+            cur_s, cur_e = s_, e_
+        elif e_ > cur_e:
+            cur_e = e_
+    return total + cur_e - cur_s
+
+
+def _throughput(tg: TaskGraph, end: np.ndarray, batch: float, makespan: float) -> float:
+    """Samples per second: in steady state between the first and last micro-batch when pipelined,
+    else the batch over the makespan."""
+    if batch <= 0 or makespan <= 0:
+        return float("nan")
+    mbs = int(tg.micro_batch.max()) + 1 if tg.n_tasks else 1
+    if mbs < 2:
+        return batch / makespan
+    finish = np.full(mbs, -np.inf)
+    np.maximum.at(finish, tg.micro_batch, end)
+    sizes = [batch // mbs + (1 if i < batch % mbs else 0) for i in range(mbs)]
+    span = finish[-1] - finish[0]
+    if span <= 0:
+        return batch / makespan
+    return float(sum(sizes[1:]) / span)
