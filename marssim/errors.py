@@ -74,14 +74,19 @@ class CapacityError(MarssimError):
     """A mapping does not fit a memory: names the device, the time, the peak and the capacity."""
 
     def __init__(self, device: str, time_s: float, peak_bytes: float, capacity_bytes: float, detail: str = "") -> None:
+        # the values are the exception's args so that copies (SimPy re-raises a copy) keep them
+        super().__init__(device, time_s, peak_bytes, capacity_bytes, detail)
         self.device = device
         self.time_s = time_s
         self.peak_bytes = peak_bytes
         self.capacity_bytes = capacity_bytes
+        self.detail = detail
+
+    def __str__(self) -> str:
         msg = (
-            f"memory of {device} overflows at t={time_s * 1e3:.6g} ms: needs {peak_bytes / 2**20:.6g} MiB, "
-            f"capacity {capacity_bytes / 2**20:.6g} MiB"
+            f"memory of {self.device} overflows at t={self.time_s * 1e3:.6g} ms: needs "
+            f"{self.peak_bytes / 2**20:.6g} MiB, capacity {self.capacity_bytes / 2**20:.6g} MiB"
         )
-        if detail:
-            msg += f" ({detail})"
-        super().__init__(msg)
+        if self.detail:
+            msg += f" ({self.detail})"
+        return msg

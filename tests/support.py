@@ -1,0 +1,65 @@
+"""Helpers shared by tests: small systems built in memory and a transparent cost model."""
+
+from __future__ import annotations
+
+import math
+
+from marssim.cost.base import OpCost
+from marssim.system import System, system_from_dict
+
+
+class RooflineCost:
+    """A transparent cost model for tests of mapping and simulation logic: time = max(MACs /
+    peak MAC/s, bytes / sram bandwidth). Independent of ``marssim.cost``'s calibrated models."""
+
+    def op_cost(self, op, design) -> OpCost:
+        compute = op.macs / design.peak_macs_per_s if op.macs else op.flops / design.peak_macs_per_s
+        memory = op.bytes_moved / design.sram_bandwidth
+        t = max(compute, memory)
+        return OpCost(t, float("nan"), compute, memory, 0.0, 0.0, "test-roofline")
+
+    def op_time(self, op, design) -> float:
+        return self.op_cost(op, design).time
+
+    def op_times(self, ops, designs):
+        import numpy as np
+
+        return np.array([self.op_time(o, d) for o, d in zip(ops, designs)])
+
+
+DESIGN = {"dataflow": "os", "pe_rows": 16, "pe_cols": 16, "clock": "1 GHz", "sram": "4 MiB",
+          "sram_bandwidth": "200 GB/s"}
+
+
+def make_system(n: int = 4, *, topology: str = "ring", bandwidth: str = "50 GB/s", latency: str = "1 us",
+                memory_bandwidth: str = "10 TB/s", capacity: str = "16 GiB", host_bandwidth: str = "32 GB/s",
+                switch_latency: str = "0 s", backplane: str | None = None, designs: dict | None = None) -> System:
+    """A system of ``n`` accelerators ``acc0..`` on a ring, chain, switch or full mesh, one host."""
+    designs = designs or {"os16": DESIGN}
+    names = list(designs)
+    links: list[dict] = []
+    switches: list[dict] = []
+    accs = f"acc[0-{n - 1}]"
+    if topology in ("ring", "chain", "full"):
+        if n > 1:
+            links.append({"pattern": topology, "nodes": accs, "bandwidth": bandwidth, "latency": latency})
+        links.append({"between": ["host0", "acc0"], "bandwidth": host_bandwidth, "latency": latency})
+    elif topology == "switch":
+        sw: dict = {"id": "sw0", "latency": switch_latency}
+        if backplane:
+            sw["bandwidth"] = backplane
+        switches.append(sw)
+        links.append({"pattern": "star", "hub": "sw0", "nodes": accs, "bandwidth": bandwidth, "latency": latency})
+        links.append({"between": ["host0", "sw0"], "bandwidth": host_bandwidth, "latency": latency})
+    else:
+        raise ValueError(topology)
+    return system_from_dict({
+        "name": f"test-{topology}-{n}", "designs": designs,
+        "accelerators": [{"id": accs, "designs": names, "memory": {"capacity": capacity, "bandwidth": memory_bandwidth}}],
+        "hosts": [{"id": "host0", "dram": {"capacity": "1 TiB", "bandwidth": "1 TB/s"}}],
+        "switches": switches, "links": links,
+    }, f"<test-{topology}-{n}>")
+
+
+def close(a: float, b: float, rel: float = 1e-9) -> bool:
+    return math.isclose(a, b, rel_tol=rel, abs_tol=1e-15)
