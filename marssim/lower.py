@@ -199,6 +199,7 @@ class _Lowering:
             "op_set": {g.ops[gi].name: m.op_set[k] for k, gi in enumerate(g.compute_ops)},
             "op_model": {op.name: op.model for op in g.ops},
             "op_kind": {op.name: op.kind.value for op in g.ops},
+            "op_loops": {op.name: " ".join(f"{k}={v}" for k, v in op.loops) for op in g.ops},
             "set_design": [s.design for s in m.sets],
             "device_design": {d: s.design for s in m.sets for d in s.devices},
         }

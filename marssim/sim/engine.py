@@ -270,10 +270,10 @@ class _Simulation:
         links_col = np.asarray(link_of_route, dtype=object)[tg.route]
         frame = pd.DataFrame({
             "kind": np.where(is_compute, "compute", "transfer"), "resource": resource,
-            "task": np.arange(self.n), "op": op_names, "model": models, "micro_batch": tg.micro_batch,
+            "task": np.arange(self.n), "op": op_names, "model": models, "micro_batch": tg.micro_batch.astype(np.int64),
             "start": start, "end": end, "bytes": np.where(is_compute, 0.0, tg.nbytes), "flops": tg.flops,
             "energy": np.where(is_compute, tg.energy, np.nan), "src": np.where(is_compute, "", src_names),
-            "dst": np.where(is_compute, "", dst_names), "collective": coll_kind, "collective_id": tg.collective,
+            "dst": np.where(is_compute, "", dst_names), "collective": coll_kind, "collective_id": tg.collective.astype(np.int64),
             "links": links_col,
         })
         if self.spills:
@@ -354,11 +354,32 @@ class _Simulation:
         meta = dict(tg.meta)
         meta.update({"tasks": self.n, "events": _events_scheduled(self.env), "network_recomputes": self.net.recomputes,
                      "memory_policy": self.policy, "spills": len(self.spills)})
-        for key in ("op_sharding", "op_set", "op_model", "op_kind", "device_design"):
+        for key in ("op_sharding", "op_set", "op_model", "op_kind", "op_loops", "device_design"):
             meta.pop(key, None)
         return Result(makespan=makespan, intervals=frame, devices=devices, links=links, memories=memories,
-                      memory_timeline=memory_timeline, link_timeline=link_timeline, throughput=throughput,
-                      meta=meta)
+                      memory_timeline=memory_timeline, link_timeline=link_timeline, edges=self._edges(),
+                      ops=self._ops(), throughput=throughput, meta=meta)
+
+    def _edges(self) -> pd.DataFrame:
+        tg = self.tg
+        counts = np.diff(tg.pred_ptr)
+        dst = np.repeat(np.arange(tg.n_tasks), counts)
+        src = tg.pred_idx.astype(np.int64)
+        keep = (tg.kind[src] != COMPUTE) | (tg.kind[dst] != COMPUTE)
+        return pd.DataFrame({"src_task": src[keep], "dst_task": dst[keep]})
+
+    def _ops(self) -> pd.DataFrame:
+        meta = self.tg.meta
+        kinds = meta.get("op_kind", {})
+        flops = pd.Series(self.tg.flops).groupby(
+            np.asarray(self.tg.op_names + ("",), dtype=object)[self.tg.op]).sum()
+        rows = {name: {"kind": kind, "model": meta.get("op_model", {}).get(name, ""),
+                       "sharding": meta.get("op_sharding", {}).get(name, ""),
+                       "set": meta.get("op_set", {}).get(name, -1), "loops": meta.get("op_loops", {}).get(name, ""),
+                       "flops": float(flops.get(name, 0.0))}
+                for name, kind in kinds.items() if kind != "input"}
+        frame = pd.DataFrame.from_dict(rows, orient="index", columns=["kind", "model", "sharding", "set", "loops", "flops"])
+        return frame.rename_axis("op")
 
 
 

@@ -12,6 +12,11 @@ unknown), ``src``, ``dst``, ``collective`` (kind or empty), ``collective_id`` (-
 ``memory_timeline``: ``node``, ``time`` (s), ``bytes`` (occupancy after the change, resident
 weights included). ``link_timeline``: ``resource``, ``time`` (s), ``rate`` (bytes/s in use
 after the change), ``flows`` (active flows).
+
+``edges``: ``src_task``, ``dst_task``: the dependencies that involve a transfer (producer
+compute -> transfer -> consumer compute, and transfer -> transfer inside collectives).
+``ops``: one row per op (index ``op``): ``kind``, ``model``, ``sharding``, ``set``, ``loops``
+(``N=8 K=64 ...``), ``flops``.
 """
 
 from __future__ import annotations
@@ -43,6 +48,9 @@ class Result:
     memories: pd.DataFrame  # index node: peak_bytes, capacity_bytes, resident_bytes
     memory_timeline: pd.DataFrame
     link_timeline: pd.DataFrame
+    edges: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=["src_task", "dst_task"]))
+    ops: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(
+        columns=["kind", "model", "sharding", "set", "loops", "flops"]).rename_axis("op"))
     throughput: float = float("nan")  # samples/s in steady state (pipelined runs), else batch/makespan
     setup_time: float = 0.0  # s to load weights from hosts before the run (not in the makespan)
     meta: dict[str, Any] = field(default_factory=dict)
@@ -111,6 +119,8 @@ class Result:
             self.memories.to_csv(tmp / "memories.csv", index_label="node")
             self.memory_timeline.to_csv(tmp / "memory_timeline.csv", index=False)
             self.link_timeline.to_csv(tmp / "link_timeline.csv", index=False)
+            self.edges.to_csv(tmp / "edges.csv", index=False)
+            self.ops.to_csv(tmp / "ops.csv", index_label="op")
         return directory
 
     @classmethod
@@ -136,6 +146,10 @@ class Result:
             memories=pd.read_csv(directory / "memories.csv", index_col="node"),
             memory_timeline=pd.read_csv(directory / "memory_timeline.csv"),
             link_timeline=pd.read_csv(directory / "link_timeline.csv"),
+            edges=pd.read_csv(directory / "edges.csv") if (directory / "edges.csv").is_file() else
+            pd.DataFrame(columns=["src_task", "dst_task"]),
+            ops=pd.read_csv(directory / "ops.csv", index_col="op", keep_default_na=False)
+            if (directory / "ops.csv").is_file() else pd.DataFrame(),
             throughput=float(summary.get("throughput_samples_per_s") or float("nan")),
             setup_time=float(summary.get("setup_time_s") or 0.0), meta=summary.get("meta", {}),
         )
