@@ -73,6 +73,7 @@ class _Simulation:
         self.tg = tg
         self.system = system
         self.policy = policy
+        self.spill = policy == "spill"
         self.record = record
         self.streams = streams
         self.env = env = simpy.Environment()
@@ -134,12 +135,21 @@ class _Simulation:
             raise RuntimeError(f"{unfinished} tasks never ran: the task graph has a cycle or an unreachable dependency")
 
     def _ready(self, t: int) -> None:
-        if self.policy == "spill":
+        if self.spill:
             pending = [p for p in self.pred[t] if self.spilled[p]]
             if pending:
                 self._spill_in(t, pending)
                 return
-        self._dispatch(t)
+        if self.kind[t] == COMPUTE:
+            d = self.device[t]
+            heapq.heappush(self.heaps[d], (self.priority[t], t))
+            idle = self.idle[d]
+            if idle:
+                idle.pop().succeed()
+        else:
+            self._begin(t)
+            r = self.route[t]
+            self.net.start(t, self.nbytes[t], self.route_res[r], self.route_lat[r], r)
 
     def _dispatch(self, t: int) -> None:
         if self.kind[t] == COMPUTE:
@@ -151,26 +161,61 @@ class _Simulation:
         else:
             self._begin(t)
             r = self.route[t]
-            self.net.start(t, self.nbytes[t], self.route_res[r], self.route_lat[r])
+            self.net.start(t, self.nbytes[t], self.route_res[r], self.route_lat[r], r)
 
     def _device(self, d: int):
+        # The hot loop: begin, run and end compute tasks with locals bound once (no per-event
+        # attribute lookups); memory and spill handling stay in the shared helpers.
         env = self.env
         heap = self.heaps[d]
         idle = self.idle[d]
         duration = self.duration
+        start = self.start
+        end = self.end
+        mem_bytes = self.mem_bytes
+        pred = self.pred
+        succ = self.succ
+        readers_left = self.readers_left
+        waiting = self.waiting
+        spilled = self.spilled
+        timeout = env.timeout
+        heappop = heapq.heappop
+        ready = self._ready
+        free = self._free
         while True:
             if not heap:
                 ev = env.event()
                 idle.append(ev)
                 yield ev
                 continue
-            t = heapq.heappop(heap)[1]
-            self._begin(t)
-            yield env.timeout(duration[t])
-            self._end(t)
+            t = heappop(heap)[1]
+            start[t] = env._now
+            if mem_bytes[t] > 0:
+                self._allocate(t)
+            yield timeout(duration[t])
+            end[t] = env._now
+            for p in pred[t]:
+                readers_left[p] -= 1
+                if readers_left[p] == 0 and mem_bytes[p] > 0:
+                    free(p)
+            nexts = succ[t]
+            if not nexts:
+                if mem_bytes[t] > 0:
+                    free(t)
+            elif spilled[t]:
+                self._spill_out(t)
+                continue
+            for s in nexts:
+                waiting[s] -= 1
+                if waiting[s] == 0:
+                    ready(s)
 
     def _begin(self, t: int) -> None:
         self.start[t] = self.env.now
+        if self.mem_bytes[t] > 0:
+            self._allocate(t)
+
+    def _allocate(self, t: int) -> None:
         nbytes = self.mem_bytes[t]
         if nbytes > 0:
             pool = self.pools[self.mem_node[t]]

@@ -13,6 +13,7 @@ new flow arrives, whichever is first.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable, Sequence
 
 import simpy
@@ -26,49 +27,106 @@ def max_min_rates(flow_resources: Sequence[Sequence[int]], capacity: Sequence[fl
     """Max-min fair rates (bytes/s) of flows over shared resources, by progressive filling.
 
     ``flow_resources[i]`` lists the resources flow ``i`` crosses; ``capacity[r]`` is resource
-    ``r``'s bandwidth. Each round, the resource offering the smallest equal share to its
-    unfixed flows fixes them at that share (ties: lowest resource index)."""
+    ``r``'s bandwidth. Repeatedly, the resource offering the smallest equal share to its unfixed
+    flows fixes them at that share (ties: lowest resource index). Shares only grow as flows are
+    fixed, so a heap with lazily refreshed entries finds the next bottleneck."""
     n = len(flow_resources)
-    rates = [0.0] * n
     users: dict[int, list[int]] = {}
     for i, res in enumerate(flow_resources):
         for r in res:
-            users.setdefault(r, []).append(i)
-    left = {r: float(capacity[r]) for r in users}
-    count = {r: len(u) for r, u in users.items()}
-    fixed = [False] * n
+            u = users.get(r)
+            if u is None:
+                users[r] = [i]
+            else:
+                u.append(i)
+    left: dict[int, float] = {}
+    count: dict[int, int] = {}
+    heap = []
+    for r, u in users.items():
+        c = len(u)
+        cap = float(capacity[r])
+        left[r] = cap
+        count[r] = c
+        heap.append((cap / c, r))
+    heapq.heapify(heap)
+    rates = [-1.0] * n
     todo = n
-    while todo:
-        best_r = -1
-        best_share = float("inf")
-        for r, c in count.items():
-            if c:
-                share = left[r] / c
-                if share < best_share or (share == best_share and r < best_r):
-                    best_share, best_r = share, r
-        if best_r < 0:  # flows with no resources: unbounded
-            for i in range(n):
-                if not fixed[i]:
-                    rates[i] = float("inf")
-            break
-        share = max(best_share, 0.0)
-        for i in users[best_r]:
-            if fixed[i]:
+    while todo and heap:
+        share, r = heapq.heappop(heap)
+        c = count[r]
+        if c == 0:
+            continue
+        current = left[r] / c
+        if current != share:  # stale entry: the share grew since it was pushed
+            heapq.heappush(heap, (current, r))
+            continue
+        if share < 0.0:
+            share = 0.0
+        for i in users[r]:
+            if rates[i] >= 0.0:
                 continue
-            fixed[i] = True
             rates[i] = share
             todo -= 1
-            for r in flow_resources[i]:
-                left[r] -= share
-                count[r] -= 1
+            for q in flow_resources[i]:
+                left[q] -= share
+                count[q] -= 1
+    if todo:  # flows that cross no resource are unbounded
+        rates = [float("inf") if x < 0 else x for x in rates]
+    return rates
+
+
+def _grouped_rates(groups: Sequence[tuple[Sequence[int], int]], capacity: Sequence[float]) -> list[float]:
+    """Max-min rates for flow *groups*: ``(resources, multiplicity)``; flows with identical routes
+    always get identical rates, so each group is filled once, counting ``multiplicity`` flows."""
+    users: dict[int, list[int]] = {}
+    count: dict[int, int] = {}
+    for g, (res, mult) in enumerate(groups):
+        for r in res:
+            u = users.get(r)
+            if u is None:
+                users[r] = [g]
+                count[r] = mult
+            else:
+                u.append(g)
+                count[r] += mult
+    left = {r: float(capacity[r]) for r in users}
+    heap = [(left[r] / count[r], r) for r in users]
+    heapq.heapify(heap)
+    rates = [-1.0] * len(groups)
+    todo = len(groups)
+    while todo and heap:
+        share, r = heapq.heappop(heap)
+        c = count[r]
+        if c == 0:
+            continue
+        current = left[r] / c
+        if current != share:
+            heapq.heappush(heap, (current, r))
+            continue
+        if share < 0.0:
+            share = 0.0
+        for g in users[r]:
+            if rates[g] >= 0.0:
+                continue
+            rates[g] = share
+            todo -= 1
+            res, mult = groups[g]
+            used = share * mult
+            for q in res:
+                left[q] -= used
+                count[q] -= mult
     return rates
 
 
 class FairShareNetwork:
     """Flows over shared resources; calls ``on_delivered(token)`` when a flow has arrived.
 
-    ``capacity``: bytes/s per resource. With ``record``, every change of a resource's total rate
-    is appended to ``timeline`` as ``(time, resource, rate, flows)``."""
+    ``capacity``: bytes/s per resource. Each flow names its route by a hashable ``route`` key
+    (flows with the same key cross the same resources). Rates depend only on the multiset of
+    active routes, so they are memoised by it. With ``record``, every change of a resource's
+    total rate is appended to ``timeline`` as ``(time, resource, rate, flows)``."""
+
+    _CACHE_LIMIT = 200_000
 
     def __init__(self, env: simpy.Environment, capacity: Sequence[float],
                  on_delivered: Callable[[int], None], *, record: bool = False) -> None:
@@ -78,7 +136,10 @@ class FairShareNetwork:
         self.record = record
         self.timeline: list[tuple[float, int, float, int]] = []
         self.busy = [0.0] * len(self.capacity)  # seconds each resource carried at least one flow
-        self._flows: dict[int, list] = {}  # token -> [remaining bytes, resources, latency, rate, finish time]
+        self._flows: dict[int, list] = {}  # token -> [remaining bytes, route key, latency, rate, finish time]
+        self._routes: dict[object, tuple[int, ...]] = {}
+        self._cache: dict[tuple, dict] = {}
+        self._used: tuple[int, ...] = ()
         self._last = 0.0
         self._wakeup = env.event()
         self._timer: simpy.Event | None = None
@@ -86,6 +147,7 @@ class FairShareNetwork:
         self._dirty = False
         self._prev_rate: dict[int, tuple[float, int]] = {}
         self.recomputes = 0
+        self.cache_hits = 0
         env.process(self._run())
 
     @property
@@ -93,13 +155,18 @@ class FairShareNetwork:
         """Number of flows still serialising."""
         return len(self._flows)
 
-    def start(self, token: int, nbytes: float, resources: Sequence[int], latency: float) -> None:
-        """Begin a flow of ``nbytes`` bytes over ``resources``; delivered after serialising + ``latency``."""
+    def start(self, token: int, nbytes: float, resources: Sequence[int], latency: float,
+              route: object = None) -> None:
+        """Begin a flow of ``nbytes`` bytes over ``resources``; delivered after serialising +
+        ``latency`` seconds. ``route`` (default: the resources tuple) keys the rate memo."""
         if nbytes <= 0 or not resources:
             self._deliver(token, latency)
             return
+        key = tuple(resources) if route is None else route
+        if key not in self._routes:
+            self._routes[key] = tuple(resources)
         self._advance()
-        self._flows[token] = [float(nbytes), tuple(resources), float(latency), 0.0, float("inf")]
+        self._flows[token] = [float(nbytes), key, float(latency), 0.0, float("inf")]
         self._dirty = True
         if not self._wakeup.triggered:
             self._wakeup.succeed()
@@ -117,35 +184,54 @@ class FairShareNetwork:
 
     def _advance(self) -> None:
         """Move every flow forward to now at its current rate."""
-        now = self.env.now
+        now = self.env._now
         dt = now - self._last
         if dt > 0 and self._flows:
-            used = set()
             for f in self._flows.values():
                 f[0] -= f[3] * dt
-                used.update(f[1])
             busy = self.busy
-            for r in used:
+            for r in self._used:
                 busy[r] += dt
         self._last = now
 
     def _recompute(self) -> None:
         self.recomputes += 1
-        flows = list(self._flows.values())
-        rates = max_min_rates([f[1] for f in flows], self.capacity)
-        now = self.env.now
-        for f, rate in zip(flows, rates):
+        flows = self._flows.values()
+        mult: dict[object, int] = {}
+        for f in flows:
+            k = f[1]
+            mult[k] = mult.get(k, 0) + 1
+        key = tuple(sorted(mult.items(), key=_route_order))
+        by_route = self._cache.get(key)
+        if by_route is None:
+            routes = self._routes
+            groups = [(routes[k], m) for k, m in key]
+            rates = _grouped_rates(groups, self.capacity)
+            by_route = {k: rate for (k, _), rate in zip(key, rates)}
+            if len(self._cache) >= self._CACHE_LIMIT:
+                self._cache.clear()
+            self._cache[key] = by_route
+        else:
+            self.cache_hits += 1
+        now = self.env._now
+        for f in flows:
+            rate = by_route[f[1]]
             f[3] = rate
             f[4] = now + f[0] / rate if rate > 0 else float("inf")
+        used: set[int] = set()
+        for k in mult:
+            used.update(self._routes[k])
+        self._used = tuple(used)
         if self.record:
             totals: dict[int, list] = {}
-            for f in flows:
-                for r in f[1]:
+            for k, m in mult.items():
+                rate = by_route[k]
+                for r in self._routes[k]:
                     t = totals.setdefault(r, [0.0, 0])
-                    t[0] += f[3]
-                    t[1] += 1
+                    t[0] += rate * m
+                    t[1] += m
             prev = self._prev_rate
-            for r in set(prev) | set(totals):
+            for r in sorted(set(prev) | set(totals)):
                 cur = tuple(totals.get(r, (0.0, 0)))
                 if prev.get(r, (0.0, 0)) != cur:
                     self.timeline.append((now, r, cur[0], cur[1]))
@@ -160,7 +246,7 @@ class FairShareNetwork:
             yield self._wakeup
             self._wakeup = env.event()
             self._advance()
-            now = env.now
+            now = env._now
             limit = now + abs(now) * _EPS + 1e-18
             done = [tok for tok, f in self._flows.items() if f[4] <= limit]
             for tok in done:
@@ -180,3 +266,8 @@ class FairShareNetwork:
             self._timer_at = float("inf")
             if not self._wakeup.triggered:
                 self._wakeup.succeed()
+
+
+def _route_order(item: tuple) -> tuple:
+    key = item[0]
+    return (0, key, ()) if isinstance(key, int) else (1, 0, key)
