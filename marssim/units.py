@@ -18,7 +18,8 @@ Kind = Literal["bytes", "bandwidth", "time", "frequency", "energy", "flops", "fl
 
 _DECIMAL = {"": 1.0, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15}
 _BINARY = {"Ki": 2.0**10, "Mi": 2.0**20, "Gi": 2.0**30, "Ti": 2.0**40, "Pi": 2.0**50}
-_SMALL = {"": 1.0, "m": 1e-3, "u": 1e-6, "µ": 1e-6, "n": 1e-9, "p": 1e-12, "f": 1e-15}
+_SMALL = {"": 1.0, "m": 1e-3, "u": 1e-6, "\u00b5": 1e-6, "\u03bc": 1e-6, "n": 1e-9, "p": 1e-12, "f": 1e-15}
+# micro is accepted as "u", the micro sign U+00B5 and the Greek letter mu U+03BC (both are typed as "µ")
 
 # unit symbol (without prefix) -> (kind, factor to SI, allowed prefix table)
 _UNITS: dict[str, tuple[str, float, str]] = {
@@ -34,8 +35,8 @@ _UNITS: dict[str, tuple[str, float, str]] = {
     "sec": ("time", 1.0, "small"),
     "cycle": ("cycles", 1.0, "none"),
     "Hz": ("frequency", 1.0, "big"),
-    "J": ("energy", 1.0, "small"),
-    "W": ("power", 1.0, "small"),
+    "J": ("energy", 1.0, "both"),
+    "W": ("power", 1.0, "both"),
     "FLOP": ("flops", 1.0, "big"),
     "FLOP/s": ("flop_rate", 1.0, "big"),
     "FLOPS": ("flop_rate", 1.0, "big"),
@@ -55,7 +56,7 @@ _EXAMPLES: dict[str, str] = {
 }
 
 _NUMBER = r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?"
-_PATTERN = re.compile(rf"^\s*({_NUMBER})\s*([A-Za-zµ/]*)\s*$")
+_PATTERN = re.compile(rf"^\s*({_NUMBER})\s*([A-Za-z\u00b5\u03bc/]*)\s*$")
 
 
 class UnitError(ValueError):
@@ -76,6 +77,8 @@ def _split_unit(unit: str) -> tuple[str, float]:
             scale = _BINARY.get(prefix) if plen == 2 else _DECIMAL.get(prefix)
         elif table == "small":
             scale = _SMALL.get(prefix) if plen == 1 else None
+        elif table == "both":  # energy and power: "0.2 pJ" and "1.2 kW" alike
+            scale = (_SMALL.get(prefix) or _DECIMAL.get(prefix)) if plen == 1 else None
         else:
             scale = None
         if scale is not None:

@@ -173,7 +173,7 @@ def system_from_dict(data: Any, file: str | None = None) -> System:
     try:
         spec = _SystemFile.model_validate(data)
     except ValidationError as exc:
-        raise InputError(file, problems=problems_from_validation(exc)) from None
+        raise InputError(file, problems=problems_from_validation(exc, (), _SystemFile)) from None
 
     problems: list[tuple[str, str]] = []
 
@@ -182,10 +182,13 @@ def system_from_dict(data: Any, file: str | None = None) -> System:
         if not isinstance(body, dict):
             problems.append((f"designs.{name}", f"expected a mapping of design fields, got {body!r}"))
             continue
+        if "name" in body:  # the key under designs: is the name; a second one would disagree with it
+            problems.append((f"designs.{name}.name", "unknown key; a design's name is its key under 'designs:'"))
+            continue
         try:
             designs[name] = Design.model_validate({"name": name, **body})
         except ValidationError as exc:
-            problems.extend(problems_from_validation(exc, ("designs", name)))
+            problems.extend(problems_from_validation(exc, ("designs", name), Design, hidden=("name",)))
 
     seen: dict[str, str] = {}
 
@@ -196,12 +199,22 @@ def system_from_dict(data: Any, file: str | None = None) -> System:
         seen[node_id] = where
         return True
 
+    bad_ids: list[str] = []  # id fields that did not expand; nodes they meant are unknown for that reason
+
     def ids_of(raw: str | list[str], where: str) -> list[str]:
         try:
             return expand_ids(raw)
         except ValueError as exc:
             problems.append((where, str(exc)))
+            bad_ids.append(where)
             return []
+
+    def unknown_node(key: str, node: str) -> None:
+        # Reported once per key and node, and not at all after a malformed id declaration: the node
+        # is most likely one that declaration meant, and that problem is already reported.
+        item = (key, f"unknown node {node!r}; expected an accelerator, host or switch id")
+        if not bad_ids and item not in problems:
+            problems.append(item)
 
     accelerators: list[Accelerator] = []
     for i, a in enumerate(spec.accelerators):
@@ -243,7 +256,10 @@ def system_from_dict(data: Any, file: str | None = None) -> System:
             pairs = [(ends[0], ends[1])]
             end_keys = [f"{where}.between[0]", f"{where}.between[1]"]
         else:
+            n_bad = len(bad_ids)
             nodes = ids_of(spec_link.nodes, f"{where}.nodes")  # type: ignore[arg-type]
+            if len(bad_ids) > n_bad:
+                continue
             try:
                 pairs = _pattern_pairs(spec_link, nodes)
             except ValueError as exc:
@@ -251,13 +267,13 @@ def system_from_dict(data: Any, file: str | None = None) -> System:
                 pairs = []
             end_keys = [f"{where}.nodes", f"{where}.nodes"]
             if spec_link.hub is not None and spec_link.hub not in seen:
-                problems.append((f"{where}.hub", f"unknown node {spec_link.hub!r}; expected an accelerator, host or switch id"))
+                unknown_node(f"{where}.hub", spec_link.hub)
                 continue
         for a_id, b_id in pairs:
             bad = False
             for node, key in ((a_id, end_keys[0]), (b_id, end_keys[1])):
                 if node not in seen:
-                    problems.append((key, f"unknown node {node!r}; expected an accelerator, host or switch id"))
+                    unknown_node(key, node)
                     bad = True
             if bad:
                 continue
