@@ -1,0 +1,312 @@
+"""Baselines the MARS search is compared with. Each is a real algorithm, evaluated by simulation.
+
+* :func:`data_parallel` — every layer sharded over the batch on all accelerators in one set,
+  one design for all (the best of the designs all accelerators allow).
+* :func:`h2h` — H2H (Zhang et al., DAC 2022): greedy computation- and communication-aware
+  assignment of layers to single accelerators (list scheduling on the earliest finish time,
+  transfers by alpha-beta over routes), then transfer removal (a layer joins its producer's
+  accelerator when the scheduled makespan does not grow), then neighbour moves (a layer moves
+  to a neighbouring layer's accelerator when the *simulated* makespan drops). On adaptive
+  systems each accelerator first takes a fixed design: designs are dealt out in proportion to
+  the time of the layers each design runs fastest (H2H itself assumes fixed designs).
+* :func:`random_search` — uniformly sampled mappings, best of a given simulation budget.
+* :func:`exhaustive` — every mapping of the space, for spaces small enough to enumerate.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from collections.abc import Sequence
+from concurrent.futures import Executor
+
+import numpy as np
+import pandas as pd
+
+from marssim.cost.base import CostModel
+from marssim.mapping import AcceleratorSet, Mapping
+from marssim.mapping.io import canonical_system_ref
+from marssim.system import System
+from marssim.workload import Graph
+
+from .evaluate import Evaluation, Evaluator, Problem
+from .ga import design_table
+from .result import SearchResult
+from .space import Genome, MappingSpace
+
+__all__ = ["data_parallel", "h2h", "random_search", "exhaustive", "count_space"]
+
+
+def _default_cost(cost: CostModel | None) -> CostModel:
+    if cost is None:
+        from marssim.cost import default_cost_model
+
+        return default_cost_model()
+    return cost
+
+
+def _evaluator(graph, system, cost, executor, evaluator) -> Evaluator:
+    return evaluator or Evaluator(Problem(graph, system, _default_cost(cost)), executor)
+
+
+def _result(name: str, objective: str, candidates: Sequence[tuple[Mapping, Evaluation]], ev: Evaluator,
+            sims0: int, est0: int, t0: float, seed: int = 0, notes: dict | None = None) -> SearchResult:
+    best_m, best_e = min(candidates, key=lambda me: (me[1].fitness(objective), me[0].key))
+    history = pd.DataFrame([{"generation": 0, "best_fitness": best_e.fitness(objective),
+                             "best_makespan_s": best_e.makespan, "simulations": ev.simulations - sims0,
+                             "estimates": ev.estimates - est0, "wall_s": time.perf_counter() - t0}])
+    return SearchResult(name, objective, best_m, best_e, history, ev.simulations - sims0, ev.estimates - est0,
+                        time.perf_counter() - t0, seed, notes=notes or {})
+
+
+def data_parallel(graph: Graph, system: System, cost: CostModel | None = None, *, objective: str = "latency",
+                  executor: Executor | None = None, evaluator: Evaluator | None = None,
+                  micro_batches: int = 1) -> SearchResult:
+    """All accelerators in one set, every layer split over the batch; the best common design."""
+    t0 = time.perf_counter()
+    ev = _evaluator(graph, system, cost, executor, evaluator)
+    sims0, est0 = ev.simulations, ev.estimates
+    devices = system.accelerator_ids
+    common = [d for d in system.accelerator(devices[0]).designs
+              if all(d in system.accelerator(a).designs for a in devices)]
+    if not common:
+        raise ValueError(f"{system.name}: no design is allowed on every accelerator; data_parallel needs one")
+    mappings = [Mapping.single_set(graph, system, design=d, sharding="dp", micro_batches=micro_batches)
+                for d in common]
+    return _result("data_parallel", objective, list(zip(mappings, ev.simulate(mappings))), ev, sims0, est0, t0)
+
+
+# ------------------------------------------------------------------------------------ H2H
+def _h2h_designs(graph: Graph, system: System, cost: CostModel) -> dict[str, str]:
+    """A fixed design per accelerator: fixed ones keep theirs; adaptive ones are dealt designs in
+    proportion to the time of the layers each design runs fastest."""
+    names, table = design_table(graph, system, cost)
+    adaptive = [a for a in system.accelerators if not a.fixed]
+    out = {a.id: a.designs[0] for a in system.accelerators if a.fixed}
+    if not adaptive:
+        return out
+    allowed = [n for n in names if all(n in a.designs for a in adaptive)] or list(adaptive[0].designs)
+    cols = [names.index(n) for n in allowed]
+    sub = table[:, cols]
+    wins = np.zeros(len(allowed))
+    for row in sub:
+        wins[int(np.argmin(row))] += float(np.min(row))
+    share = wins / wins.sum() * len(adaptive) if wins.sum() > 0 else np.ones(len(allowed))
+    counts = np.floor(share).astype(int)
+    for i in np.argsort(-(share - counts), kind="stable")[: len(adaptive) - counts.sum()]:
+        counts[i] += 1
+    deal = [allowed[i] for i in range(len(allowed)) for _ in range(counts[i])]
+    # interleave designs along the accelerator order so that every design has neighbours of others
+    order = sorted(range(len(deal)), key=lambda k: (deal[:k + 1].count(deal[k]) / max(1, counts[allowed.index(deal[k])]), k))
+    for acc, k in zip(adaptive, order):
+        out[acc.id] = deal[k]
+    return out
+
+
+class _ListSchedule:
+    """Earliest-finish-time scheduling of layers on single accelerators (alpha-beta transfers)."""
+
+    def __init__(self, graph: Graph, system: System, cost: CostModel, designs: dict[str, str]) -> None:
+        self.graph = graph
+        self.system = system
+        self.accs = system.accelerator_ids
+        self.layer_of = {}
+        for li, layer in enumerate(graph.layers):
+            for gi in layer:
+                self.layer_of[gi] = li
+        self.preds: list[list[tuple[int, float]]] = []  # (producer layer or -1 for input, bytes)
+        for layer in graph.layers:
+            inside = set(layer)
+            edges: dict[int, float] = {}
+            for gi in layer:
+                for p in graph.preds[gi]:
+                    if p in inside:
+                        continue
+                    src = self.layer_of.get(p, -1)
+                    edges[src] = edges.get(src, 0.0) + graph.ops[p].output_bytes
+            self.preds.append(sorted(edges.items()))
+        self.time = np.zeros((len(graph.layers), len(self.accs)))
+        for j, acc in enumerate(self.accs):
+            design = system.design(acc, designs[acc])
+            for i, layer in enumerate(graph.layers):
+                self.time[i, j] = sum(cost.op_time(graph.ops[g], design) for g in layer)
+        self.host = system.nearest_host(self.accs[0])
+        n = len(self.accs)
+        self.lat = np.zeros((n + 1, n + 1))
+        self.bw = np.full((n + 1, n + 1), np.inf)
+        nodes = list(self.accs) + [self.host]
+        for a in range(n + 1):
+            for b in range(n + 1):
+                if a != b:
+                    self.lat[a, b] = system.route(nodes[a], nodes[b]).latency
+                    self.bw[a, b] = system.bottleneck_bandwidth(nodes[a], nodes[b])
+
+    def comm(self, src: int, dst: int, nbytes: float) -> float:
+        return 0.0 if src == dst else self.lat[src, dst] + nbytes / self.bw[src, dst]
+
+    def greedy(self) -> list[int]:
+        n = len(self.accs)
+        avail = np.zeros(n)
+        finish = np.zeros(len(self.graph.layers))
+        where: list[int] = []
+        for li in range(len(self.graph.layers)):
+            best = None
+            for a in range(n):
+                ready = 0.0
+                for p, nbytes in self.preds[li]:
+                    src, t_p = (n, 0.0) if p < 0 else (where[p], finish[p])
+                    ready = max(ready, t_p + self.comm(src, a, nbytes))
+                end = max(avail[a], ready) + self.time[li, a]
+                if best is None or end < best[0] - 1e-15:
+                    best = (end, a)
+            assert best is not None
+            where.append(best[1])
+            finish[li] = best[0]
+            avail[best[1]] = best[0]
+        return where
+
+    def makespan(self, where: Sequence[int]) -> float:
+        n = len(self.accs)
+        avail = np.zeros(n)
+        finish = np.zeros(len(where))
+        for li, a in enumerate(where):
+            ready = 0.0
+            for p, nbytes in self.preds[li]:
+                src, t_p = (n, 0.0) if p < 0 else (where[p], finish[p])
+                ready = max(ready, t_p + self.comm(src, a, nbytes))
+            finish[li] = max(avail[a], ready) + self.time[li, a]
+            avail[a] = finish[li]
+        return float(finish.max(initial=0.0))
+
+
+def _h2h_mapping(graph: Graph, system: System, designs: dict[str, str], where: Sequence[int]) -> Mapping:
+    accs = system.accelerator_ids
+    sets = tuple(AcceleratorSet((a,), designs[a]) for a in accs)
+    op_set = [0] * len(graph.compute_ops)
+    position = {gi: k for k, gi in enumerate(graph.compute_ops)}
+    for li, layer in enumerate(graph.layers):
+        for gi in layer:
+            op_set[position[gi]] = where[li]
+    return Mapping(sets=sets, op_set=tuple(op_set), op_sharding=("none",) * len(op_set), micro_batches=1,
+                   system=canonical_system_ref(system), workload=graph.spec)
+
+
+def h2h(graph: Graph, system: System, cost: CostModel | None = None, *, objective: str = "latency",
+        executor: Executor | None = None, evaluator: Evaluator | None = None, max_moves: int = 200) -> SearchResult:
+    """H2H's three passes; every layer runs whole on one accelerator. ``max_moves`` bounds the
+    simulations of the neighbour-move pass."""
+    t0 = time.perf_counter()
+    cost = _default_cost(cost)
+    ev = _evaluator(graph, system, cost, executor, evaluator)
+    sims0, est0 = ev.simulations, ev.estimates
+    designs = _h2h_designs(graph, system, cost)
+    sched = _ListSchedule(graph, system, cost, designs)
+    where = sched.greedy()
+    # pass 2: remove transfers between consecutive layers when the schedule does not get longer
+    current = sched.makespan(where)
+    for li in range(1, len(where)):
+        producers = [p for p, _ in sched.preds[li] if p >= 0]
+        if not producers:
+            continue
+        target = where[max(producers)]
+        if target != where[li]:
+            trial = list(where)
+            trial[li] = target
+            t = sched.makespan(trial)
+            if t <= current:
+                where, current = trial, t
+    # pass 3: move a layer to a neighbouring layer's accelerator while the simulation improves
+    best_m = _h2h_mapping(graph, system, designs, where)
+    best_e = ev.simulate([best_m])[0]
+    candidates = [(best_m, best_e)]
+    moves = 0
+    improved = True
+    while improved and moves < max_moves:
+        improved = False
+        for li in range(len(where)):
+            targets = sorted({where[j] for j in (li - 1, li + 1) if 0 <= j < len(where)} - {where[li]})
+            trials = []
+            for tgt in targets:
+                trial = list(where)
+                trial[li] = tgt
+                trials.append((trial, _h2h_mapping(graph, system, designs, trial)))
+            if not trials or moves >= max_moves:
+                continue
+            moves += len(trials)
+            evals = ev.simulate([m for _, m in trials])
+            for (trial, m), e in zip(trials, evals):
+                candidates.append((m, e))
+                if e.fitness(objective) < best_e.fitness(objective) * (1 - 1e-12):
+                    where, best_m, best_e = trial, m, e
+                    improved = True
+    return _result("h2h", objective, candidates, ev, sims0, est0, t0, notes={"designs": designs})
+
+
+# ------------------------------------------------------------------------------------ random, exhaustive
+def random_search(graph: Graph, system: System, cost: CostModel | None = None, *, budget: int = 100,
+                  seed: int = 0, objective: str = "latency", executor: Executor | None = None,
+                  evaluator: Evaluator | None = None, space: MappingSpace | None = None) -> SearchResult:
+    """The best of ``budget`` uniformly sampled mappings (distinct mappings, simulated)."""
+    t0 = time.perf_counter()
+    ev = _evaluator(graph, system, cost, executor, evaluator)
+    sims0, est0 = ev.simulations, ev.estimates
+    space = space or MappingSpace(graph, system)
+    rng = np.random.default_rng(seed)
+    seen: dict[str, Mapping] = {}
+    attempts = 0
+    while len(seen) < budget and attempts < budget * 20:
+        m = space.decode(space.random(rng))
+        seen.setdefault(m.key, m)
+        attempts += 1
+    mappings = list(seen.values())
+    return _result("random", objective, list(zip(mappings, ev.simulate(mappings))), ev, sims0, est0, t0, seed)
+
+
+def count_space(space: MappingSpace) -> int:
+    """Number of genomes :func:`exhaustive` would enumerate (before removing duplicates)."""
+    total = 0
+    n_acc = len(space.accelerators)
+    shard = math.prod(len(s) for s in space.layer_strategies)
+    for cuts in itertools.product((False, True), repeat=n_acc - 1):
+        sets = space.sets_of(cuts)
+        k = len(sets)
+        if k > space.max_sets:
+            continue
+        designs = math.prod(len(space.allowed_designs(s)) for s in sets)
+        total += designs * math.comb(space.n_layers - 1, k - 1) * len(space.micro_batch_choices) * shard
+    return total
+
+
+def _enumerate(space: MappingSpace):
+    n_acc = len(space.accelerators)
+    for cuts in itertools.product((False, True), repeat=n_acc - 1):
+        sets = space.sets_of(cuts)
+        k = len(sets)
+        if k > space.max_sets:
+            continue
+        for designs in itertools.product(*(space.allowed_designs(s) for s in sets)):
+            for bounds in itertools.combinations(range(1, space.n_layers), k - 1):
+                for micro in space.micro_batch_choices:
+                    for shard in itertools.product(*space.layer_strategies):
+                        yield Genome(tuple(cuts), tuple(designs), tuple(bounds), micro, tuple(shard))
+
+
+def exhaustive(graph: Graph, system: System, cost: CostModel | None = None, *, objective: str = "latency",
+               executor: Executor | None = None, evaluator: Evaluator | None = None,
+               space: MappingSpace | None = None, limit: int = 20_000) -> SearchResult:
+    """Simulate every mapping of the space; raises ValueError when it has more than ``limit``."""
+    t0 = time.perf_counter()
+    space = space or MappingSpace(graph, system)
+    size = count_space(space)
+    if size > limit:
+        raise ValueError(f"the mapping space has {size} points, more than the limit {limit}; use mars or random")
+    ev = _evaluator(graph, system, cost, executor, evaluator)
+    sims0, est0 = ev.simulations, ev.estimates
+    seen: dict[str, Mapping] = {}
+    for genome in _enumerate(space):
+        m = space.decode(genome)
+        seen.setdefault(m.key, m)
+    mappings = list(seen.values())
+    return _result("exhaustive", objective, list(zip(mappings, ev.simulate(mappings))), ev, sims0, est0, t0,
+                   notes={"space_size": size, "distinct_mappings": len(mappings)})

@@ -1,0 +1,404 @@
+"""MARS: a two-level genetic algorithm over the mapping space (DAC 2023).
+
+Level 1 (outer) evolves the accelerator sets, their designs, the layer segments and the
+micro-batches (:class:`~marssim.search.space.Genome` without its shardings). Level 2 (inner)
+evolves, for each outer individual, the sharding of every layer. Both levels use DEAP's
+selection and variation operators (tournament selection, uniform crossover, bit-flip mutation);
+the loop around them is written here because the two levels nest and every generation's
+candidates are evaluated as one batch on an executor.
+
+* **Computation-aware accelerator selection**: a table of each layer's time on each design
+  (cost model, one device) seeds individuals whose sets take the design that is fastest for
+  the layers they get, and a mutation re-selects a set's design that way.
+* **Communication-aware sharding**: the inner level scores candidates by the contention-free
+  analytical estimate of the lowered TaskGraph (cheap), then simulates the best few; the
+  fitness of every individual, and of everything returned, is simulated.
+* Elitism, a seed and full determinism, fitness cached by mapping hash, early stop after
+  ``patience`` generations without improvement, and an optional simulation budget.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import random
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Executor
+from dataclasses import dataclass, replace
+
+import numpy as np
+import pandas as pd
+from deap import base, tools
+
+from marssim.cost.base import CostModel
+from marssim.mapping import Mapping
+from marssim.system import System
+from marssim.workload import Graph
+
+from .evaluate import Evaluation, Evaluator, Problem
+from .result import SearchResult
+from .space import Genome, MappingSpace
+
+__all__ = ["GAConfig", "mars", "design_table"]
+
+
+@dataclass(frozen=True)
+class GAConfig:
+    """Parameters of the two-level GA (defaults sized for a ResNet-50 on 16 accelerators in a
+    few minutes on 2 cores). Probabilities are per individual unless named per gene."""
+
+    population: int = 12
+    generations: int = 10
+    inner_population: int = 8
+    inner_generations: int = 3
+    crossover: float = 0.9
+    gene_mutation: float = 0.05  # per gene (cut, layer strategy)
+    operator_mutation: float = 0.3  # each level-1 mutation operator, per individual
+    elites: int = 2
+    tournament: int = 3
+    patience: int = 4
+    simulate_top: int = 2
+    max_sets: int | None = None
+    micro_batch_choices: tuple[int, ...] = (1, 2, 4, 8)
+    max_simulations: int | None = None
+    time_limit_s: float | None = None
+    screen: bool = True
+
+
+class _Fitness(base.Fitness):
+    weights = (-1.0,)
+
+
+class _Individual:
+    __slots__ = ("genome", "fitness", "evaluation", "mapping")
+
+    def __init__(self, genome: Genome) -> None:
+        self.genome = genome
+        self.fitness = _Fitness()
+        self.evaluation: Evaluation | None = None
+        self.mapping: Mapping | None = None
+
+
+@contextlib.contextmanager
+def _seeded_python_random(seed: int) -> Iterator[None]:
+    """DEAP's operators draw from Python's global ``random``: seed it, then restore it."""
+    state = random.getstate()
+    random.seed(seed)
+    try:
+        yield
+    finally:
+        random.setstate(state)
+
+
+def design_table(graph: Graph, system: System, cost: CostModel) -> tuple[tuple[str, ...], np.ndarray]:
+    """Seconds each layer takes on one device of each design: ``(design names, array [layer, design])``."""
+    names = tuple(system.designs)
+    table = np.full((len(graph.layers), len(names)), np.inf)
+    for j, name in enumerate(names):
+        host = next((a.id for a in system.accelerators if name in a.designs), None)
+        if host is None:
+            continue
+        design = system.design(host, name)
+        for i, layer in enumerate(graph.layers):
+            table[i, j] = sum(cost.op_time(graph.ops[k], design) for k in layer)
+    return names, table
+
+
+class _MARS:
+    def __init__(self, space: MappingSpace, ev: Evaluator, cfg: GAConfig, rng: np.random.Generator,
+                 objective: str, table: tuple[tuple[str, ...], np.ndarray]) -> None:
+        self.space = space
+        self.ev = ev
+        self.cfg = cfg
+        self.rng = rng
+        self.objective = objective
+        self.design_names, self.design_times = table
+        self.best: tuple[float, Mapping, Evaluation] | None = None
+        self.t0 = time.perf_counter()
+
+    # ------------------------------------------------------------------ budget
+    def out_of_budget(self) -> bool:
+        cfg = self.cfg
+        if cfg.max_simulations is not None and self.ev.simulations >= cfg.max_simulations:
+            return True
+        return cfg.time_limit_s is not None and time.perf_counter() - self.t0 >= cfg.time_limit_s
+
+    def consider(self, mapping: Mapping, evaluation: Evaluation) -> None:
+        f = evaluation.fitness(self.objective)
+        if self.best is None or f < self.best[0] or (f == self.best[0] and mapping.key < self.best[1].key):
+            self.best = (f, mapping, evaluation)
+
+    # ------------------------------------------------------------------ level-1 helpers
+    def computation_aware(self, genome: Genome) -> Genome:
+        """Give every set the allowed design that is fastest for the layers it gets."""
+        mapping = self.space.decode(genome)
+        designs = []
+        for i, aset in enumerate(mapping.sets):
+            layers = [li for li, layer in enumerate(self.space.layers)
+                      if mapping.op_set[self.space._position[layer[0]]] == i]
+            allowed = self.space.allowed_designs(aset.devices)
+            cols = [self.design_names.index(d) for d in allowed]
+            totals = self.design_times[np.ix_(layers, cols)].sum(axis=0) if layers else np.zeros(len(cols))
+            designs.append(allowed[int(np.argmin(totals))])
+        return replace(genome, designs=tuple(designs))
+
+    def heuristic_shardings(self, genome: Genome) -> tuple[str, ...]:
+        """Per layer, the first strategy whose split dimension covers the set's devices:
+        batch, then output channels, then rows/tokens, then heads; else the largest split."""
+        mapping = self.space.decode(genome)
+        graph = self.space.graph
+        out = []
+        from marssim.mapping import split_dim
+
+        for li, layer in enumerate(self.space.layers):
+            op = graph.ops[layer[0]]
+            n = len(mapping.sets[mapping.op_set[self.space._position[layer[0]]]].devices)
+            best, best_size = "none", 1
+            for strategy in ("dp", "oc", "spatial", "seq", "head"):
+                if strategy not in self.space.layer_strategies[li]:
+                    continue
+                size = op.dim(split_dim(op, strategy))
+                if size >= n:
+                    best = strategy
+                    break
+                if size > best_size:
+                    best, best_size = strategy, size
+            out.append(best)
+        return tuple(out)
+
+    def initial_population(self, seeds: Sequence[Mapping]) -> list[_Individual]:
+        space, cfg, rng = self.space, self.cfg, self.rng
+        genomes: list[Genome] = []
+        for m in seeds:
+            with contextlib.suppress(ValueError, KeyError):
+                genomes.append(space.encode(m))
+        n_acc = len(space.accelerators)
+        k = 1
+        while k <= space.max_sets and len(genomes) < cfg.population // 2:
+            for mb in (1, max(space.micro_batch_choices)) if k > 1 else (1,):
+                g = space.uniform(k, micro_batches=mb)
+                g = self.computation_aware(g)
+                genomes.append(replace(g, shardings=self.heuristic_shardings(g)))
+            k *= 2
+            if k > n_acc:
+                break
+        while len(genomes) < cfg.population:
+            g = space.random(rng)
+            if rng.random() < 0.5:
+                g = self.computation_aware(g)
+            genomes.append(g)
+        unique: dict[tuple, Genome] = {}
+        for g in genomes:
+            unique.setdefault(g.level1(), g)
+        genomes = list(unique.values())
+        while len(genomes) < cfg.population:
+            g = space.random(rng)
+            if g.level1() not in unique:
+                unique[g.level1()] = g
+                genomes.append(g)
+        return [_Individual(g) for g in genomes[: cfg.population]]
+
+    def mate(self, a: Genome, b: Genome) -> tuple[Genome, Genome]:
+        cuts_a, cuts_b = list(a.cuts), list(b.cuts)
+        if cuts_a:
+            tools.cxUniform(cuts_a, cuts_b, 0.5)
+        d_len = max(len(a.designs), len(b.designs))
+        da = list(a.designs) + list(b.designs[len(a.designs):])
+        db = list(b.designs) + list(a.designs[len(b.designs):])
+        if d_len > 1:
+            tools.cxUniform(da, db, 0.5)
+        child_a = replace(a, cuts=tuple(cuts_a), designs=tuple(da[:d_len]))
+        child_b = replace(b, cuts=tuple(cuts_b), designs=tuple(db[:d_len]))
+        return child_a, child_b
+
+    def mutate(self, g: Genome) -> Genome:
+        space, rng, p = self.space, self.rng, self.cfg.operator_mutation
+        cuts = list(g.cuts)
+        if cuts:
+            tools.mutFlipBit(cuts, self.cfg.gene_mutation)
+            if rng.random() < p:
+                i = int(rng.integers(len(cuts)))
+                cuts[i] = not cuts[i]
+        g = replace(g, cuts=tuple(cuts))
+        if rng.random() < p and g.boundaries:
+            b = list(g.boundaries)
+            i = int(rng.integers(len(b)))
+            b[i] += int(rng.choice([-3, -2, -1, 1, 2, 3]))
+            g = replace(g, boundaries=tuple(b))
+        if rng.random() < p:
+            sets = space.sets_of(g.cuts)
+            designs = list(g.designs) + [""] * max(0, len(sets) - len(g.designs))
+            i = int(rng.integers(len(sets)))
+            designs[i] = str(rng.choice(space.allowed_designs(sets[i])))
+            g = replace(g, designs=tuple(designs))
+        if rng.random() < p:
+            g = self.computation_aware(g)
+        if rng.random() < p:
+            g = replace(g, micro_batches=int(rng.choice(space.micro_batch_choices)))
+        return g
+
+    # ------------------------------------------------------------------ level 2
+    def inner(self, individuals: list[_Individual]) -> None:
+        """Optimise the shardings of every individual (in lockstep, one batch per generation)."""
+        cfg, rng, space = self.cfg, self.rng, self.space
+        todo = [ind for ind in individuals if not ind.fitness.valid]
+        if not todo:
+            return
+        pops: list[list[tuple[str, ...]]] = []
+        for ind in todo:
+            base_shard = ind.genome.shardings
+            start = [base_shard, self.heuristic_shardings(ind.genome), tuple("dp" if "dp" in s else "none"
+                                                                             for s in space.layer_strategies)]
+            while len(start) < cfg.inner_population:
+                start.append(self._mutate_shardings(start[int(rng.integers(len(start)))], strong=True))
+            pops.append(start[: cfg.inner_population])
+        use_estimate = cfg.screen and self.objective == "latency"
+        for gen in range(cfg.inner_generations + 1):
+            batch = [space.decode(replace(ind.genome, shardings=s)) for ind, pop in zip(todo, pops) for s in pop]
+            if use_estimate:
+                scores = self.ev.estimate(batch)
+            else:
+                scores = [e.fitness(self.objective) for e in self.ev.simulate(batch)]
+            k = 0
+            ranked: list[list[tuple[float, tuple[str, ...], Mapping]]] = []
+            for pop in pops:
+                ranked.append(sorted(((scores[k + j], pop[j], batch[k + j]) for j in range(len(pop))),
+                                     key=lambda x: (x[0], x[2].key)))
+                k += len(pop)
+            if gen == cfg.inner_generations:
+                break
+            for i, rank in enumerate(ranked):
+                pops[i] = self._next_inner(rank)
+        finals: list[list[Mapping]] = []
+        for rank in ranked:
+            picked: list[Mapping] = []
+            for _, _, m in rank:
+                if m.key not in {p.key for p in picked}:
+                    picked.append(m)
+                if len(picked) >= (cfg.simulate_top if use_estimate else 1):
+                    break
+            finals.append(picked)
+        evaluations = self.ev.simulate([m for ms in finals for m in ms])
+        k = 0
+        for ind, ms in zip(todo, finals):
+            best = None
+            for m in ms:
+                e = evaluations[k]
+                k += 1
+                self.consider(m, e)
+                f = e.fitness(self.objective)
+                if best is None or f < best[0]:
+                    best = (f, m, e)
+            assert best is not None
+            ind.fitness.values = (best[0] if math.isfinite(best[0]) else 1e30,)
+            ind.evaluation, ind.mapping = best[2], best[1]
+            ind.genome = space.encode(best[1])
+
+    def _next_inner(self, rank: list[tuple[float, tuple[str, ...], Mapping]]) -> list[tuple[str, ...]]:
+        cfg, rng = self.cfg, self.rng
+        n = len(rank)
+        elite = [s for _, s, _ in rank[: max(1, cfg.elites // 2 + 1)]]
+        out = list(elite)
+        while len(out) < n:
+            i, j = (min(rng.integers(n, size=cfg.tournament)) for _ in range(2))
+            a, b = list(rank[i][1]), list(rank[j][1])
+            if rng.random() < cfg.crossover and len(a) > 1:
+                tools.cxTwoPoint(a, b)
+            out.append(self._mutate_shardings(tuple(a)))
+        return out[:n]
+
+    def _mutate_shardings(self, shard: tuple[str, ...], strong: bool = False) -> tuple[str, ...]:
+        rng, space = self.rng, self.space
+        out = list(shard)
+        rate = max(self.cfg.gene_mutation, 1.0 / max(1, len(out))) * (4 if strong else 1)
+        for li in range(len(out)):
+            if rng.random() < rate:
+                out[li] = str(rng.choice(space.layer_strategies[li]))
+        if rng.random() < 0.3 and len(out) > 1:  # a run of layers switches to one strategy together
+            a = int(rng.integers(len(out)))
+            b = min(len(out), a + int(rng.integers(1, max(2, len(out) // 4))))
+            pick = str(rng.choice(("dp", "oc", "ic", "spatial", "seq", "head", "none")))
+            for li in range(a, b):
+                if pick in space.layer_strategies[li]:
+                    out[li] = pick
+        return tuple(out)
+
+
+def mars(graph: Graph, system: System, cost: CostModel | None = None, *, config: GAConfig | None = None,
+         seed: int = 0, executor: Executor | None = None, objective: str = "latency",
+         seeds: Sequence[Mapping] = (), progress: Callable[[dict], None] | None = None,
+         evaluator: Evaluator | None = None, collective_algorithm: str = "auto") -> SearchResult:
+    """Search the mapping space with the MARS two-level GA; returns the best simulated mapping.
+
+    ``seeds`` (e.g. baseline results) are simulated first and enter the population where they
+    fit the encoding; the result is never worse than the best seed. ``executor`` evaluates
+    candidates in parallel (any ``concurrent.futures.Executor``); results do not depend on it.
+    ``progress`` receives a dict per generation (generation, best_fitness, simulations,
+    evaluations_per_s)."""
+    if cost is None:
+        from marssim.cost import default_cost_model
+
+        cost = default_cost_model()
+    cfg = config or GAConfig()
+    t0 = time.perf_counter()
+    space = MappingSpace(graph, system, max_sets=cfg.max_sets, micro_batch_choices=cfg.micro_batch_choices,
+                         collective_algorithm=collective_algorithm)
+    ev = evaluator or Evaluator(Problem(graph, system, cost), executor)
+    sims0, est0 = ev.simulations, ev.estimates
+    rng = np.random.default_rng(seed)
+    state = _MARS(space, ev, cfg, rng, objective, design_table(graph, system, cost))
+    rows = []
+    with _seeded_python_random(seed):
+        if seeds:
+            for m, e in zip(seeds, ev.simulate(list(seeds))):
+                state.consider(m, e)
+        pop = state.initial_population(seeds)
+        stale = 0
+        best_seen = math.inf
+        for gen in range(cfg.generations):
+            state.inner(pop)
+            fits = [ind.fitness.values[0] for ind in pop]
+            finite = [f for f in fits if f < 1e30]
+            assert state.best is not None
+            wall = time.perf_counter() - t0
+            rows.append({"generation": gen, "best_fitness": state.best[0], "best_makespan_s": state.best[2].makespan,
+                         "population_best": min(fits), "mean_fitness": float(np.mean(finite)) if finite else math.inf,
+                         "simulations": ev.simulations - sims0, "estimates": ev.estimates - est0, "wall_s": wall})
+            if progress is not None:
+                progress({**rows[-1], "evaluations_per_s": (ev.simulations - sims0 + ev.estimates - est0) / max(wall, 1e-9)})
+            if state.best[0] < best_seen * (1 - 1e-12):
+                best_seen = state.best[0]
+                stale = 0
+            else:
+                stale += 1
+            if stale >= cfg.patience or state.out_of_budget() or gen == cfg.generations - 1:
+                break
+            elites = tools.selBest(pop, min(cfg.elites, len(pop)))
+            chosen = tools.selTournament(pop, len(pop) - len(elites), cfg.tournament)
+            children = [ind.genome for ind in chosen]
+            for i in range(1, len(children), 2):
+                if rng.random() < cfg.crossover:
+                    children[i - 1], children[i] = state.mate(children[i - 1], children[i])
+            children = [state.mutate(g) for g in children]
+            new = [_copy(ind) for ind in elites]
+            seen = {ind.genome.level1() for ind in new}
+            for g in children:
+                ind = _Individual(g)
+                if g.level1() in seen:  # duplicates explore nothing new: perturb them
+                    ind = _Individual(state.mutate(state.mutate(g)))
+                seen.add(ind.genome.level1())
+                new.append(ind)
+            pop = new
+    assert state.best is not None
+    _, best_mapping, best_eval = state.best
+    return SearchResult("mars", objective, best_mapping, best_eval, pd.DataFrame(rows),
+                        ev.simulations - sims0, ev.estimates - est0, time.perf_counter() - t0, seed,
+                        notes={"config": cfg, "cache_hits": ev.cache_hits})
+
+
+def _copy(ind: _Individual) -> _Individual:
+    new = _Individual(ind.genome)
+    new.fitness.values = ind.fitness.values
+    new.evaluation, new.mapping = ind.evaluation, ind.mapping
+    return new
