@@ -18,7 +18,7 @@ from __future__ import annotations
 import itertools
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Executor
 
 import numpy as np
@@ -35,7 +35,7 @@ from .ga import design_table
 from .result import SearchResult
 from .space import Genome, MappingSpace
 
-__all__ = ["data_parallel", "h2h", "random_search", "exhaustive", "count_space"]
+__all__ = ["data_parallel", "h2h", "random_search", "exhaustive", "count_space", "set_partitions"]
 
 
 def _default_cost(cost: CostModel | None) -> CostModel:
@@ -263,33 +263,75 @@ def random_search(graph: Graph, system: System, cost: CostModel | None = None, *
     return _result("random", objective, list(zip(mappings, ev.simulate(mappings))), ev, sims0, est0, t0, seed)
 
 
-def count_space(space: MappingSpace) -> int:
-    """Number of genomes :func:`exhaustive` would enumerate (before removing duplicates)."""
+def set_partitions(space: MappingSpace) -> Iterator[tuple[tuple[str, ...], ...]]:
+    """Every distinct tuple of accelerator sets a genome of ``space`` decodes to: consecutive
+    runs of the accelerator order from the first one, each run sharing a design, at most
+    ``max_sets`` runs; fewer than ``max_sets`` runs reach the last accelerator."""
+    accs = space.accelerators
+    n = len(accs)
+
+    def grow(start: int, prefix: tuple) -> Iterator[tuple]:
+        for end in range(start, n):
+            if end > start and not space.allowed_designs(tuple(accs[start:end + 1])):
+                break
+            run = prefix + (tuple(accs[start:end + 1]),)
+            if end == n - 1 or len(run) == space.max_sets:
+                yield run
+            else:
+                yield from grow(end + 1, run)
+
+    yield from grow(0, ())
+
+
+def _layer_options(space: MappingSpace, multi: bool) -> list[tuple[str, ...]]:
+    return [opts if multi else ("none",) for opts in space.layer_strategies]
+
+
+def count_space(space: MappingSpace, limit: int | None = None) -> int:
+    """Number of genomes :func:`exhaustive` enumerates (distinct up to decoding, except where a
+    layer's non-GEMM ops fall back to the same strategy). With ``limit``, counting stops as soon
+    as the count exceeds it (the returned value is then only known to be larger)."""
     total = 0
-    n_acc = len(space.accelerators)
-    shard = math.prod(len(s) for s in space.layer_strategies)
-    for cuts in itertools.product((False, True), repeat=n_acc - 1):
-        sets = space.sets_of(cuts)
-        k = len(sets)
-        if k > space.max_sets:
-            continue
+    n = space.n_layers
+    micro = len(space.micro_batch_choices)
+    width = [len(opts) for opts in space.layer_strategies]
+    for sets in set_partitions(space):
         designs = math.prod(len(space.allowed_designs(s)) for s in sets)
-        total += designs * math.comb(space.n_layers - 1, k - 1) * len(space.micro_batch_choices) * shard
+        # ways[i]: weighted ways to place the first i layers on the sets seen so far, each set
+        # taking a non-empty consecutive run; a layer contributes its strategy count on a
+        # multi-device set and 1 on a one-device set.
+        ways = [1] + [0] * n
+        for s in sets:
+            w = width if len(s) > 1 else [1] * n
+            nxt = [0] * (n + 1)
+            for i in range(1, n + 1):
+                acc, prod = 0, 1
+                for j in range(i - 1, -1, -1):
+                    prod *= w[j]
+                    acc += ways[j] * prod
+                nxt[i] = acc
+            ways = nxt
+        total += designs * ways[n] * micro
+        if limit is not None and total > limit:
+            return total
     return total
 
 
-def _enumerate(space: MappingSpace):
+def _enumerate(space: MappingSpace) -> Iterator[Genome]:
     n_acc = len(space.accelerators)
-    for cuts in itertools.product((False, True), repeat=n_acc - 1):
-        sets = space.sets_of(cuts)
+    for sets in set_partitions(space):
         k = len(sets)
-        if k > space.max_sets:
-            continue
+        ends = [space.accelerators.index(s[-1]) for s in sets]
+        cuts = tuple(i in ends for i in range(n_acc - 1))
         for designs in itertools.product(*(space.allowed_designs(s) for s in sets)):
             for bounds in itertools.combinations(range(1, space.n_layers), k - 1):
+                edges = (0, *bounds, space.n_layers)
+                options: list[tuple[str, ...]] = []
+                for j, s in enumerate(sets):
+                    options.extend(_layer_options(space, len(s) > 1)[edges[j]:edges[j + 1]])
                 for micro in space.micro_batch_choices:
-                    for shard in itertools.product(*space.layer_strategies):
-                        yield Genome(tuple(cuts), tuple(designs), tuple(bounds), micro, tuple(shard))
+                    for shard in itertools.product(*options):
+                        yield Genome(cuts, tuple(designs), tuple(bounds), micro, tuple(shard))
 
 
 def exhaustive(graph: Graph, system: System, cost: CostModel | None = None, *, objective: str = "latency",
@@ -298,9 +340,9 @@ def exhaustive(graph: Graph, system: System, cost: CostModel | None = None, *, o
     """Simulate every mapping of the space; raises ValueError when it has more than ``limit``."""
     t0 = time.perf_counter()
     space = space or MappingSpace(graph, system)
-    size = count_space(space)
+    size = count_space(space, limit)
     if size > limit:
-        raise ValueError(f"the mapping space has {size} points, more than the limit {limit}; use mars or random")
+        raise ValueError(f"the mapping space has more than {limit} points; use mars or random")
     ev = _evaluator(graph, system, cost, executor, evaluator)
     sims0, est0 = ev.simulations, ev.estimates
     seen: dict[str, Mapping] = {}

@@ -10,6 +10,7 @@ executor works: ``ProcessPoolExecutor``, ``ThreadPoolExecutor``, or a Dask clust
 from __future__ import annotations
 
 import hashlib
+import itertools
 import math
 import pickle
 import time
@@ -68,14 +69,15 @@ class Evaluation:
 
 
 def evaluate_mapping(problem: Problem, mapping: Mapping) -> Evaluation:
-    """Lower and simulate one mapping (no timelines, no set-up run)."""
+    """Lower and simulate one mapping (headline numbers only: no interval log, no set-up run);
+    the numbers equal those of a full :func:`marssim.sim.simulate` of the same mapping."""
     from marssim.lower import lower
-    from marssim.sim import simulate
+    from marssim.sim import simulate_summary
 
     t0 = time.perf_counter()
     try:
         tg = lower(problem.graph, problem.system, mapping, problem.cost, validate=False)
-        r = simulate(tg, problem.system, memory_policy=problem.memory_policy, record=False, setup=False)
+        r = simulate_summary(tg, problem.system, memory_policy=problem.memory_policy)
     except CapacityError as err:
         return Evaluation(math.inf, feasible=False, error=str(err), wall_s=time.perf_counter() - t0)
     return Evaluation(r.makespan, r.throughput, r.energy, wall_s=time.perf_counter() - t0)
@@ -103,25 +105,43 @@ def _problem(key: str, blob: bytes) -> Problem:
     return problem
 
 
-def _simulate_task(args: tuple[str, bytes, Mapping]) -> Evaluation:
-    key, blob, mapping = args
-    return evaluate_mapping(_problem(key, blob), mapping)
+def _simulate_chunk(args: tuple[str, bytes, list[Mapping]]) -> list[Evaluation]:
+    key, blob, mappings = args
+    problem = _problem(key, blob)
+    return [evaluate_mapping(problem, m) for m in mappings]
 
 
-def _estimate_task(args: tuple[str, bytes, Mapping]) -> float:
-    key, blob, mapping = args
-    return estimate_mapping(_problem(key, blob), mapping)
+def _estimate_chunk(args: tuple[str, bytes, list[Mapping]]) -> list[float]:
+    key, blob, mappings = args
+    problem = _problem(key, blob)
+    return [estimate_mapping(problem, m) for m in mappings]
+
+
+def _chunks(items: list, parts: int) -> list[list]:
+    """``items`` cut into at most ``parts`` consecutive runs of near-equal length."""
+    parts = max(1, min(parts, len(items)))
+    size, extra = divmod(len(items), parts)
+    out, start = [], 0
+    for i in range(parts):
+        stop = start + size + (1 if i < extra else 0)
+        out.append(items[start:stop])
+        start = stop
+    return out
 
 
 @dataclass
 class Evaluator:
     """Cached, optionally parallel evaluation of mappings for one problem.
 
-    ``executor``: any ``concurrent.futures.Executor`` (None: evaluate in this process).
-    Counters: ``simulations`` and ``estimates`` run (cache misses), ``cache_hits``."""
+    ``executor``: any ``concurrent.futures.Executor`` (None: evaluate in this process). A batch
+    is sent as a few chunks per worker (``workers``: how many the executor runs at once; read
+    from a process pool, else 8), each carrying the pickled problem, so per-task overheads do
+    not dominate small simulations. Results come back in the order given, whatever the
+    executor. Counters: ``simulations`` and ``estimates`` run (cache misses), ``cache_hits``."""
 
     problem: Problem
     executor: Executor | None = None
+    workers: int | None = None
     simulations: int = 0
     estimates: int = 0
     cache_hits: int = 0
@@ -134,7 +154,16 @@ class Evaluator:
         self._key = hashlib.sha1(self._blob).hexdigest()
         _PROBLEMS[self._key] = self.problem
 
-    def _run(self, fn, mappings: Sequence[Mapping], cache: dict) -> list:
+    @property
+    def parallelism(self) -> int:
+        """Workers the executor runs at once (1 without an executor)."""
+        if self.executor is None:
+            return 1
+        if self.workers:
+            return self.workers
+        return int(getattr(self.executor, "_max_workers", 0) or 8)
+
+    def _run(self, fn, mappings: Sequence[Mapping], cache: dict) -> tuple[list, int]:
         todo: dict[str, Mapping] = {}
         for m in mappings:
             if m.key in cache:
@@ -142,24 +171,29 @@ class Evaluator:
             elif m.key not in todo:
                 todo[m.key] = m
         if todo:
-            items = [(self._key, self._blob, m) for m in todo.values()]
-            if self.executor is None or len(items) == 1:
-                outs = [fn(item) for item in items]
+            pending = list(todo.values())
+            if self.executor is None or len(pending) == 1:
+                outs = fn((self._key, self._blob, pending))
             else:
-                outs = list(self.executor.map(fn, items))
+                parts = _chunks(pending, 2 * self.parallelism)
+                outs = [out for chunk in self.executor.map(fn, [(self._key, self._blob, c) for c in parts])
+                        for out in chunk]
             for k, out in zip(todo, outs):
                 cache[k] = out
         return [cache[m.key] for m in mappings], len(todo)
 
     def simulate(self, mappings: Sequence[Mapping]) -> list[Evaluation]:
         """Simulated evaluations, in the order given."""
-        out, n = self._run(_simulate_task, mappings, self._sim)
+        before = len(self._sim)
+        out, n = self._run(_simulate_chunk, mappings, self._sim)
         self.simulations += n
+        if n:
+            self.sim_seconds += sum(e.wall_s for e in itertools.islice(self._sim.values(), before, None))
         return out
 
     def estimate(self, mappings: Sequence[Mapping]) -> list[float]:
         """Analytical makespans (s), in the order given."""
-        out, n = self._run(_estimate_task, mappings, self._est)
+        out, n = self._run(_estimate_chunk, mappings, self._est)
         self.estimates += n
         return out
 

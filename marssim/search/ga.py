@@ -2,9 +2,12 @@
 
 Level 1 (outer) evolves the accelerator sets, their designs, the layer segments and the
 micro-batches (:class:`~marssim.search.space.Genome` without its shardings). Level 2 (inner)
-evolves, for each outer individual, the sharding of every layer. Both levels use DEAP's
-selection and variation operators (tournament selection, uniform crossover, bit-flip mutation);
-the loop around them is written here because the two levels nest and every generation's
+evolves, for each outer individual, the sharding of every layer. Both levels use tournament
+selection, uniform (outer) or two-point (inner) crossover and per-gene mutation, drawn from one
+seeded ``numpy`` generator. DEAP's operators were the first choice, but they draw from the
+process-wide ``random`` module, which a Dask client in the same process also draws from while
+it schedules: the search was not reproducible under ``--dask``. The operators are a few lines
+each; the loop around them is written here because the two levels nest and every generation's
 candidates are evaluated as one batch on an executor.
 
 * **Computation-aware accelerator selection**: a table of each layer's time on each design
@@ -21,26 +24,34 @@ from __future__ import annotations
 
 import contextlib
 import math
-import random
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
-from deap import base, tools
 
 from marssim.cost.base import CostModel
 from marssim.mapping import Mapping
 from marssim.system import System
 from marssim.workload import Graph
 
-from .evaluate import Evaluation, Evaluator, Problem
+from .evaluate import OBJECTIVES, Evaluation, Evaluator, Problem
 from .result import SearchResult
 from .space import Genome, MappingSpace
 
-__all__ = ["GAConfig", "mars", "design_table"]
+__all__ = ["GAConfig", "mars", "design_table", "analytical_available"]
+
+
+def analytical_available() -> bool:
+    """True when :mod:`marssim.analytical` (the screening estimate) can be imported."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("marssim.analytical") is not None
+    except (ImportError, ValueError):
+        return False
 
 
 @dataclass(frozen=True)
@@ -61,34 +72,56 @@ class GAConfig:
     simulate_top: int = 2
     max_sets: int | None = None
     micro_batch_choices: tuple[int, ...] = (1, 2, 4, 8)
+    strategies: tuple[str, ...] | None = None
     max_simulations: int | None = None
     time_limit_s: float | None = None
     screen: bool = True
 
 
-class _Fitness(base.Fitness):
-    weights = (-1.0,)
-
-
 class _Individual:
+    """An outer-level individual: its genome, and once evaluated its fitness (to minimise),
+    simulated evaluation and the mapping that achieved it."""
+
     __slots__ = ("genome", "fitness", "evaluation", "mapping")
 
     def __init__(self, genome: Genome) -> None:
         self.genome = genome
-        self.fitness = _Fitness()
+        self.fitness: float | None = None
         self.evaluation: Evaluation | None = None
         self.mapping: Mapping | None = None
 
+    def rank_key(self) -> tuple[float, str]:
+        assert self.fitness is not None and self.mapping is not None
+        return self.fitness, self.mapping.key
 
-@contextlib.contextmanager
-def _seeded_python_random(seed: int) -> Iterator[None]:
-    """DEAP's operators draw from Python's global ``random``: seed it, then restore it."""
-    state = random.getstate()
-    random.seed(seed)
-    try:
-        yield
-    finally:
-        random.setstate(state)
+
+# ---------------------------------------------------------------------- variation operators
+def tournament(rng: np.random.Generator, keys: Sequence, k: int, size: int) -> list[int]:
+    """``k`` winners (indices) of tournaments among ``size`` individuals drawn with replacement;
+    the smallest key wins."""
+    n = len(keys)
+    return [int(min(rng.integers(n, size=size), key=lambda i: (keys[i], i))) for _ in range(k)]
+
+
+def cx_uniform(rng: np.random.Generator, a: list, b: list, p: float = 0.5) -> None:
+    """Swap each position of ``a`` and ``b`` (up to the shorter length) with probability ``p``."""
+    for i in range(min(len(a), len(b))):
+        if rng.random() < p:
+            a[i], b[i] = b[i], a[i]
+
+
+def cx_two_point(rng: np.random.Generator, a: list, b: list) -> None:
+    """Swap the segment between two random cut points of ``a`` and ``b`` (equal lengths)."""
+    size = min(len(a), len(b))
+    if size < 2:
+        return
+    i, j = sorted(int(x) for x in rng.choice(size + 1, size=2, replace=False))
+    a[i:j], b[i:j] = b[i:j], a[i:j]
+
+
+def flip_bits(rng: np.random.Generator, bits: Sequence[bool], p: float) -> list[bool]:
+    """Each bit flipped with probability ``p``."""
+    return [not x if rng.random() < p else bool(x) for x in bits]
 
 
 def design_table(graph: Graph, system: System, cost: CostModel) -> tuple[tuple[str, ...], np.ndarray]:
@@ -116,11 +149,12 @@ class _MARS:
         self.design_names, self.design_times = table
         self.best: tuple[float, Mapping, Evaluation] | None = None
         self.t0 = time.perf_counter()
+        self.sims0 = ev.simulations
 
     # ------------------------------------------------------------------ budget
     def out_of_budget(self) -> bool:
         cfg = self.cfg
-        if cfg.max_simulations is not None and self.ev.simulations >= cfg.max_simulations:
+        if cfg.max_simulations is not None and self.ev.simulations - self.sims0 >= cfg.max_simulations:
             return True
         return cfg.time_limit_s is not None and time.perf_counter() - self.t0 >= cfg.time_limit_s
 
@@ -192,7 +226,9 @@ class _MARS:
         for g in genomes:
             unique.setdefault(g.level1(), g)
         genomes = list(unique.values())
-        while len(genomes) < cfg.population:
+        attempts = 0
+        while len(genomes) < cfg.population and attempts < 50 * cfg.population:  # small spaces run out
+            attempts += 1
             g = space.random(rng)
             if g.level1() not in unique:
                 unique[g.level1()] = g
@@ -200,26 +236,27 @@ class _MARS:
         return [_Individual(g) for g in genomes[: cfg.population]]
 
     def mate(self, a: Genome, b: Genome) -> tuple[Genome, Genome]:
+        """Uniform crossover of the cuts and of the designs (by set position); each child keeps
+        its first parent's boundaries, micro-batches and shardings."""
+        rng = self.rng
         cuts_a, cuts_b = list(a.cuts), list(b.cuts)
-        if cuts_a:
-            tools.cxUniform(cuts_a, cuts_b, 0.5)
+        cx_uniform(rng, cuts_a, cuts_b)
         d_len = max(len(a.designs), len(b.designs))
         da = list(a.designs) + list(b.designs[len(a.designs):])
         db = list(b.designs) + list(a.designs[len(b.designs):])
-        if d_len > 1:
-            tools.cxUniform(da, db, 0.5)
-        child_a = replace(a, cuts=tuple(cuts_a), designs=tuple(da[:d_len]))
-        child_b = replace(b, cuts=tuple(cuts_b), designs=tuple(db[:d_len]))
-        return child_a, child_b
+        cx_uniform(rng, da, db)
+        return (replace(a, cuts=tuple(cuts_a), designs=tuple(da[:d_len])),
+                replace(b, cuts=tuple(cuts_b), designs=tuple(db[:d_len])))
 
     def mutate(self, g: Genome) -> Genome:
+        """Flip cuts (per gene, plus one forced flip with probability ``operator_mutation``),
+        shift a segment boundary, re-draw a set's design, re-select designs computation-aware,
+        re-draw the micro-batches: each operator applied with probability ``operator_mutation``."""
         space, rng, p = self.space, self.rng, self.cfg.operator_mutation
-        cuts = list(g.cuts)
-        if cuts:
-            tools.mutFlipBit(cuts, self.cfg.gene_mutation)
-            if rng.random() < p:
-                i = int(rng.integers(len(cuts)))
-                cuts[i] = not cuts[i]
+        cuts = flip_bits(rng, g.cuts, self.cfg.gene_mutation)
+        if cuts and rng.random() < p:
+            i = int(rng.integers(len(cuts)))
+            cuts[i] = not cuts[i]
         g = replace(g, cuts=tuple(cuts))
         if rng.random() < p and g.boundaries:
             b = list(g.boundaries)
@@ -227,7 +264,7 @@ class _MARS:
             b[i] += int(rng.choice([-3, -2, -1, 1, 2, 3]))
             g = replace(g, boundaries=tuple(b))
         if rng.random() < p:
-            sets = space.sets_of(g.cuts)
+            sets = space.decoded_sets(g.cuts)
             designs = list(g.designs) + [""] * max(0, len(sets) - len(g.designs))
             i = int(rng.integers(len(sets)))
             designs[i] = str(rng.choice(space.allowed_designs(sets[i])))
@@ -238,84 +275,112 @@ class _MARS:
             g = replace(g, micro_batches=int(rng.choice(space.micro_batch_choices)))
         return g
 
+    def next_generation(self, pop: list[_Individual]) -> list[_Individual]:
+        """Elites carried over with their fitness; the rest bred by tournament selection,
+        crossover and mutation (children whose outer genome repeats one already in the new
+        population are mutated twice more)."""
+        cfg, rng = self.cfg, self.rng
+        ranked = sorted(range(len(pop)), key=lambda i: pop[i].rank_key())
+        elites = [pop[i] for i in ranked[: min(cfg.elites, len(pop))]]
+        keys = [ind.rank_key() for ind in pop]
+        chosen = tournament(rng, keys, len(pop) - len(elites), cfg.tournament)
+        children = [pop[i].genome for i in chosen]
+        for i in range(1, len(children), 2):
+            if rng.random() < cfg.crossover:
+                children[i - 1], children[i] = self.mate(children[i - 1], children[i])
+        children = [self.mutate(g) for g in children]
+        new = [_copy(ind) for ind in elites]
+        seen = {ind.genome.level1() for ind in new}
+        for g in children:
+            if g.level1() in seen:  # a duplicate explores nothing new: perturb it
+                g = self.mutate(self.mutate(g))
+            seen.add(g.level1())
+            new.append(_Individual(g))
+        return new
+
     # ------------------------------------------------------------------ level 2
     def inner(self, individuals: list[_Individual]) -> None:
-        """Optimise the shardings of every individual (in lockstep, one batch per generation)."""
+        """Optimise the shardings of every unevaluated individual (in lockstep: one batch of
+        candidates per inner generation), then simulate the best of each and set its fitness."""
         cfg, rng, space = self.cfg, self.rng, self.space
-        todo = [ind for ind in individuals if not ind.fitness.valid]
+        todo = [ind for ind in individuals if ind.fitness is None]
         if not todo:
             return
         pops: list[list[tuple[str, ...]]] = []
+        all_dp = tuple("dp" if "dp" in s else s[0] for s in space.layer_strategies)
         for ind in todo:
-            base_shard = ind.genome.shardings
-            start = [base_shard, self.heuristic_shardings(ind.genome), tuple("dp" if "dp" in s else "none"
-                                                                             for s in space.layer_strategies)]
+            start = list(dict.fromkeys([ind.genome.shardings, self.heuristic_shardings(ind.genome), all_dp]))
             while len(start) < cfg.inner_population:
                 start.append(self._mutate_shardings(start[int(rng.integers(len(start)))], strong=True))
             pops.append(start[: cfg.inner_population])
-        use_estimate = cfg.screen and self.objective == "latency"
+        use_estimate = cfg.screen and self.objective == "latency" and analytical_available()
+        ranked: list[list[tuple[float, tuple[str, ...], Mapping]]] = []
         for gen in range(cfg.inner_generations + 1):
             batch = [space.decode(replace(ind.genome, shardings=s)) for ind, pop in zip(todo, pops) for s in pop]
             if use_estimate:
                 scores = self.ev.estimate(batch)
             else:
-                scores = [e.fitness(self.objective) for e in self.ev.simulate(batch)]
+                evaluations = self.ev.simulate(batch)
+                for m, e in zip(batch, evaluations):
+                    self.consider(m, e)
+                scores = [e.fitness(self.objective) for e in evaluations]
             k = 0
-            ranked: list[list[tuple[float, tuple[str, ...], Mapping]]] = []
+            ranked = []
             for pop in pops:
                 ranked.append(sorted(((scores[k + j], pop[j], batch[k + j]) for j in range(len(pop))),
                                      key=lambda x: (x[0], x[2].key)))
                 k += len(pop)
-            if gen == cfg.inner_generations:
+            if gen == cfg.inner_generations or (not use_estimate and self.out_of_budget()):
                 break
-            for i, rank in enumerate(ranked):
-                pops[i] = self._next_inner(rank)
+            pops = [self._next_inner(rank) for rank in ranked]
         finals: list[list[Mapping]] = []
         for rank in ranked:
-            picked: list[Mapping] = []
+            picked: dict[str, Mapping] = {}
             for _, _, m in rank:
-                if m.key not in {p.key for p in picked}:
-                    picked.append(m)
+                picked.setdefault(m.key, m)
                 if len(picked) >= (cfg.simulate_top if use_estimate else 1):
                     break
-            finals.append(picked)
+            finals.append(list(picked.values()))
         evaluations = self.ev.simulate([m for ms in finals for m in ms])
         k = 0
         for ind, ms in zip(todo, finals):
-            best = None
+            best: tuple[float, str, Mapping, Evaluation] | None = None
             for m in ms:
                 e = evaluations[k]
                 k += 1
                 self.consider(m, e)
-                f = e.fitness(self.objective)
-                if best is None or f < best[0]:
-                    best = (f, m, e)
+                cand = (e.fitness(self.objective), m.key, m, e)
+                if best is None or cand[:2] < best[:2]:
+                    best = cand
             assert best is not None
-            ind.fitness.values = (best[0] if math.isfinite(best[0]) else 1e30,)
-            ind.evaluation, ind.mapping = best[2], best[1]
-            ind.genome = space.encode(best[1])
+            ind.fitness, _, ind.mapping, ind.evaluation = best
+            ind.genome = space.encode(best[2])
 
     def _next_inner(self, rank: list[tuple[float, tuple[str, ...], Mapping]]) -> list[tuple[str, ...]]:
+        """The next inner population: the best two kept, the rest bred by tournament on rank,
+        two-point crossover and mutation."""
         cfg, rng = self.cfg, self.rng
         n = len(rank)
-        elite = [s for _, s, _ in rank[: max(1, cfg.elites // 2 + 1)]]
-        out = list(elite)
+        out = [s for _, s, _ in rank[: max(1, cfg.elites // 2 + 1)]]
+        order = list(range(n))  # rank order: index i is the i-th best
         while len(out) < n:
-            i, j = (min(rng.integers(n, size=cfg.tournament)) for _ in range(2))
+            i, j = tournament(rng, order, 2, cfg.tournament)
             a, b = list(rank[i][1]), list(rank[j][1])
-            if rng.random() < cfg.crossover and len(a) > 1:
-                tools.cxTwoPoint(a, b)
+            if rng.random() < cfg.crossover:
+                cx_two_point(rng, a, b)
             out.append(self._mutate_shardings(tuple(a)))
         return out[:n]
 
     def _mutate_shardings(self, shard: tuple[str, ...], strong: bool = False) -> tuple[str, ...]:
+        """Per layer, a new strategy with probability max(gene_mutation, 1/layers) (x4 when
+        ``strong``); with probability 0.3 a run of consecutive layers switches to one strategy."""
         rng, space = self.rng, self.space
         out = list(shard)
         rate = max(self.cfg.gene_mutation, 1.0 / max(1, len(out))) * (4 if strong else 1)
         for li in range(len(out)):
             if rng.random() < rate:
                 out[li] = str(rng.choice(space.layer_strategies[li]))
-        if rng.random() < 0.3 and len(out) > 1:  # a run of layers switches to one strategy together
+        if rng.random() < 0.3 and len(out) > 1:
             a = int(rng.integers(len(out)))
             b = min(len(out), a + int(rng.integers(1, max(2, len(out) // 4))))
             pick = str(rng.choice(("dp", "oc", "ic", "spatial", "seq", "head", "none")))
@@ -328,77 +393,67 @@ class _MARS:
 def mars(graph: Graph, system: System, cost: CostModel | None = None, *, config: GAConfig | None = None,
          seed: int = 0, executor: Executor | None = None, objective: str = "latency",
          seeds: Sequence[Mapping] = (), progress: Callable[[dict], None] | None = None,
-         evaluator: Evaluator | None = None, collective_algorithm: str = "auto") -> SearchResult:
+         evaluator: Evaluator | None = None, collective_algorithm: str = "auto",
+         space: MappingSpace | None = None) -> SearchResult:
     """Search the mapping space with the MARS two-level GA; returns the best simulated mapping.
 
     ``seeds`` (e.g. baseline results) are simulated first and enter the population where they
     fit the encoding; the result is never worse than the best seed. ``executor`` evaluates
     candidates in parallel (any ``concurrent.futures.Executor``); results do not depend on it.
-    ``progress`` receives a dict per generation (generation, best_fitness, simulations,
-    evaluations_per_s)."""
+    ``space`` replaces the space built from ``config``. ``progress`` receives a dict per
+    generation (the history row plus ``evaluations_per_s``: simulations and estimates per
+    second of wall time so far)."""
+    if objective not in OBJECTIVES:
+        raise ValueError(f"unknown objective {objective!r}; expected one of {', '.join(OBJECTIVES)}")
     if cost is None:
         from marssim.cost import default_cost_model
 
         cost = default_cost_model()
     cfg = config or GAConfig()
     t0 = time.perf_counter()
-    space = MappingSpace(graph, system, max_sets=cfg.max_sets, micro_batch_choices=cfg.micro_batch_choices,
-                         collective_algorithm=collective_algorithm)
+    if space is None:
+        space = MappingSpace(graph, system, max_sets=cfg.max_sets, micro_batch_choices=cfg.micro_batch_choices,
+                             strategies=cfg.strategies, collective_algorithm=collective_algorithm)
     ev = evaluator or Evaluator(Problem(graph, system, cost), executor)
     sims0, est0 = ev.simulations, ev.estimates
     rng = np.random.default_rng(seed)
     state = _MARS(space, ev, cfg, rng, objective, design_table(graph, system, cost))
     rows = []
-    with _seeded_python_random(seed):
-        if seeds:
-            for m, e in zip(seeds, ev.simulate(list(seeds))):
-                state.consider(m, e)
-        pop = state.initial_population(seeds)
-        stale = 0
-        best_seen = math.inf
-        for gen in range(cfg.generations):
-            state.inner(pop)
-            fits = [ind.fitness.values[0] for ind in pop]
-            finite = [f for f in fits if f < 1e30]
-            assert state.best is not None
-            wall = time.perf_counter() - t0
-            rows.append({"generation": gen, "best_fitness": state.best[0], "best_makespan_s": state.best[2].makespan,
-                         "population_best": min(fits), "mean_fitness": float(np.mean(finite)) if finite else math.inf,
-                         "simulations": ev.simulations - sims0, "estimates": ev.estimates - est0, "wall_s": wall})
-            if progress is not None:
-                progress({**rows[-1], "evaluations_per_s": (ev.simulations - sims0 + ev.estimates - est0) / max(wall, 1e-9)})
-            if state.best[0] < best_seen * (1 - 1e-12):
-                best_seen = state.best[0]
-                stale = 0
-            else:
-                stale += 1
-            if stale >= cfg.patience or state.out_of_budget() or gen == cfg.generations - 1:
-                break
-            elites = tools.selBest(pop, min(cfg.elites, len(pop)))
-            chosen = tools.selTournament(pop, len(pop) - len(elites), cfg.tournament)
-            children = [ind.genome for ind in chosen]
-            for i in range(1, len(children), 2):
-                if rng.random() < cfg.crossover:
-                    children[i - 1], children[i] = state.mate(children[i - 1], children[i])
-            children = [state.mutate(g) for g in children]
-            new = [_copy(ind) for ind in elites]
-            seen = {ind.genome.level1() for ind in new}
-            for g in children:
-                ind = _Individual(g)
-                if g.level1() in seen:  # duplicates explore nothing new: perturb them
-                    ind = _Individual(state.mutate(state.mutate(g)))
-                seen.add(ind.genome.level1())
-                new.append(ind)
-            pop = new
+    if seeds:
+        for m, e in zip(seeds, ev.simulate(list(seeds))):
+            state.consider(m, e)
+    pop = state.initial_population(seeds)
+    stale = 0
+    best_seen = math.inf
+    for gen in range(cfg.generations):
+        state.inner(pop)
+        fits = [ind.fitness for ind in pop]
+        finite = [f for f in fits if f is not None and math.isfinite(f)]
+        assert state.best is not None
+        wall = time.perf_counter() - t0
+        rows.append({"generation": gen, "best_fitness": state.best[0], "best_makespan_s": state.best[2].makespan,
+                     "population_best": min(finite, default=math.inf),
+                     "mean_fitness": float(np.mean(finite)) if finite else math.inf,
+                     "simulations": ev.simulations - sims0, "estimates": ev.estimates - est0, "wall_s": wall})
+        if progress is not None:
+            progress({**rows[-1], "evaluations_per_s": (ev.simulations - sims0 + ev.estimates - est0) / max(wall, 1e-9)})
+        if state.best[0] < best_seen * (1 - 1e-12):
+            best_seen = state.best[0]
+            stale = 0
+        else:
+            stale += 1
+        if stale >= cfg.patience or state.out_of_budget() or gen == cfg.generations - 1:
+            break
+        pop = state.next_generation(pop)
     assert state.best is not None
     _, best_mapping, best_eval = state.best
     return SearchResult("mars", objective, best_mapping, best_eval, pd.DataFrame(rows),
                         ev.simulations - sims0, ev.estimates - est0, time.perf_counter() - t0, seed,
-                        notes={"config": cfg, "cache_hits": ev.cache_hits})
+                        notes={"config": cfg, "cache_hits": ev.cache_hits,
+                               "screened": cfg.screen and objective == "latency" and analytical_available()})
 
 
 def _copy(ind: _Individual) -> _Individual:
     new = _Individual(ind.genome)
-    new.fitness.values = ind.fitness.values
-    new.evaluation, new.mapping = ind.evaluation, ind.mapping
+    new.fitness, new.evaluation, new.mapping = ind.fitness, ind.evaluation, ind.mapping
     return new

@@ -8,8 +8,10 @@ micro-batches. Level 2 (inner): the sharding strategy of each layer; the non-GEM
 layer follow its strategy where legal (else data parallel, else ``none``).
 
 :meth:`MappingSpace.decode` repairs any genome into a valid :class:`~marssim.mapping.Mapping`
-(sets split where no common design exists, designs and boundaries clamped), so every operator
-of a search can work on genomes freely.
+(sets split where no common design exists, sets beyond ``max_sets`` dropped with their
+accelerators left idle, designs and boundaries clamped), so every operator of a search can
+work on genomes freely. Layers on a one-device set are canonically ``none`` (every strategy
+runs the whole layer there), so equivalent genomes decode to one mapping and are simulated once.
 """
 
 from __future__ import annotations
@@ -58,10 +60,13 @@ class MappingSpace:
 
     ``max_sets`` bounds the number of accelerator sets (default: all accelerators or all
     layers, whichever is fewer); ``micro_batch_choices`` lists the allowed micro-batch counts
-    (values above the batch are dropped); ``collective_algorithm`` is passed to every mapping."""
+    (values above the batch are dropped); ``strategies`` restricts the sharding strategies
+    searched (default: every legal one; a layer with none of them left runs ``none``);
+    ``collective_algorithm`` is passed to every mapping."""
 
     def __init__(self, graph: Graph, system: System, *, max_sets: int | None = None,
-                 micro_batch_choices: tuple[int, ...] = (1, 2, 4, 8), collective_algorithm: str = "auto") -> None:
+                 micro_batch_choices: tuple[int, ...] = (1, 2, 4, 8), strategies: tuple[str, ...] | None = None,
+                 collective_algorithm: str = "auto") -> None:
         self.graph = graph
         self.system = system
         self.accelerators = system.accelerator_ids
@@ -69,7 +74,8 @@ class MappingSpace:
         self.n_layers = len(self.layers)
         limit = min(len(self.accelerators), self.n_layers)
         self.max_sets = max(1, min(max_sets or limit, limit))
-        self.micro_batch_choices = tuple(m for m in micro_batch_choices if 1 <= m <= graph.batch) or (1,)
+        self.micro_batch_choices = tuple(sorted({int(m) for m in micro_batch_choices if 1 <= m <= graph.batch})) or (1,)
+        self.strategies = tuple(strategies) if strategies is not None else None
         self.collective_algorithm = collective_algorithm
         self._position = {gi: k for k, gi in enumerate(graph.compute_ops)}
         self.system_ref = canonical_system_ref(system)
@@ -77,8 +83,15 @@ class MappingSpace:
     # ------------------------------------------------------------------ structure
     @cached_property
     def layer_strategies(self) -> tuple[tuple[str, ...], ...]:
-        """Legal strategies of each layer: those of its first (GEMM-like) op."""
-        return tuple(legal_strategies(self.graph.ops[layer[0]]) for layer in self.layers)
+        """Strategies searched for each layer: the legal ones of its first (GEMM-like) op, less
+        those ``strategies`` excludes (``("none",)`` when nothing is left)."""
+        out = []
+        for layer in self.layers:
+            legal = legal_strategies(self.graph.ops[layer[0]])
+            if self.strategies is not None:
+                legal = tuple(x for x in legal if x in self.strategies) or ("none",)
+            out.append(legal or ("none",))
+        return tuple(out)
 
     @cached_property
     def layer_flops(self) -> np.ndarray:
@@ -102,12 +115,15 @@ class MappingSpace:
                 runs[-1].append(nxt)
         return [tuple(r) for r in runs]
 
+    def decoded_sets(self, cuts: tuple[bool, ...]) -> list[tuple[str, ...]]:
+        """The sets a genome with these cuts decodes to: :meth:`sets_of`, of which at most
+        ``max_sets`` are kept (the accelerators of the others stay idle)."""
+        return self.sets_of(cuts)[: self.max_sets]
+
     # ------------------------------------------------------------------ decode
     def decode(self, genome: Genome) -> Mapping:
         """The valid mapping a genome stands for (repairs designs, boundaries and strategies)."""
-        sets = self.sets_of(genome.cuts)
-        if len(sets) > self.n_layers:  # more sets than layers: merge the tail sets' devices away
-            sets = sets[: self.n_layers]
+        sets = self.decoded_sets(genome.cuts)
         k = len(sets)
         designs = []
         for i, devices in enumerate(sets):
@@ -119,12 +135,16 @@ class MappingSpace:
         op_set = [0] * len(self.graph.compute_ops)
         op_shard = ["none"] * len(self.graph.compute_ops)
         for li, layer in enumerate(self.layers):
+            stage = int(stage_of_layer[li])
             want = genome.shardings[li] if li < len(genome.shardings) else "dp"
             lead = self.layer_strategies[li]
-            strategy = want if want in lead else ("dp" if "dp" in lead else "none")
+            if len(sets[stage]) == 1:
+                strategy = "none"
+            else:
+                strategy = want if want in lead else ("dp" if "dp" in lead else lead[0])
             for gi in layer:
                 pos = self._position[gi]
-                op_set[pos] = int(stage_of_layer[li])
+                op_set[pos] = stage
                 legal = legal_strategies(self.graph.ops[gi])
                 op_shard[pos] = strategy if strategy in legal else ("dp" if "dp" in legal else "none")
         micro = genome.micro_batches if genome.micro_batches in self.micro_batch_choices else self.micro_batch_choices[0]
@@ -168,7 +188,7 @@ class MappingSpace:
         k = int(rng.integers(1, self.max_sets + 1))
         cut_at = rng.choice(n_acc - 1, size=k - 1, replace=False) if k > 1 else []
         cuts = tuple(i in set(int(c) for c in cut_at) for i in range(n_acc - 1))
-        sets = self.sets_of(cuts)[: self.n_layers]
+        sets = self.decoded_sets(cuts)
         designs = tuple(str(rng.choice(self.allowed_designs(s))) for s in sets)
         weights = [len(s) * float(rng.uniform(0.5, 1.5)) for s in sets]
         bounds = self.balanced_boundaries(weights)
@@ -182,7 +202,7 @@ class MappingSpace:
         k = max(1, min(k_sets, self.max_sets))
         edges = {round(n_acc * j / k) - 1 for j in range(1, k)}
         cuts = tuple(i in edges for i in range(n_acc - 1))
-        sets = self.sets_of(cuts)[: self.n_layers]
+        sets = self.decoded_sets(cuts)
         designs = tuple(design if design in self.allowed_designs(s) else self.allowed_designs(s)[0] for s in sets)
         bounds = self.balanced_boundaries([float(len(s)) for s in sets])
         shard = tuple(sharding if sharding in opts else ("dp" if "dp" in opts else "none")
@@ -191,23 +211,33 @@ class MappingSpace:
         return Genome(cuts, designs, bounds, micro, shard)
 
     def encode(self, mapping: Mapping) -> Genome:
-        """The genome of a mapping whose sets are contiguous runs in accelerator order and whose
-        stages follow set order (e.g. any decoded mapping). Raises ValueError otherwise."""
+        """The genome of a mapping whose sets are consecutive runs of the accelerator order,
+        starting at the first accelerator, and whose layer segments follow set order, one or
+        more layers per set. Raises ValueError otherwise. ``decode(encode(m)) == m`` for every
+        decoded mapping; other mappings decode to their nearest point of the space (each
+        layer's ops take its first op's strategy)."""
         order = {a: i for i, a in enumerate(self.accelerators)}
         cuts = [False] * (len(self.accelerators) - 1)
-        for s in mapping.sets[:-1]:
+        nxt = 0
+        for s in mapping.sets:
+            if not s.devices or any(d not in order for d in s.devices):
+                raise ValueError("a set is empty or names a device that is not an accelerator")
             idx = [order[d] for d in s.devices]
-            if idx != list(range(idx[0], idx[0] + len(idx))):
-                raise ValueError("sets are not contiguous runs of the accelerator order")
-            cuts[idx[-1]] = True
+            if idx != list(range(nxt, nxt + len(idx))):
+                raise ValueError("sets are not consecutive runs of the accelerator order")
+            nxt = idx[-1] + 1
+            if idx[-1] < len(cuts):
+                cuts[idx[-1]] = True
+        if len(mapping.sets) > self.max_sets:
+            raise ValueError(f"the mapping has {len(mapping.sets)} sets, more than {self.max_sets}")
         layer_set = []
         shard = []
         for layer in self.layers:
             pos = self._position[layer[0]]
             layer_set.append(mapping.op_set[pos])
             shard.append(mapping.op_sharding[pos])
-        if any(b < a for a, b in zip(layer_set, layer_set[1:])):
-            raise ValueError("stages do not follow set order")
+        if any(b < a for a, b in zip(layer_set, layer_set[1:])) or set(layer_set) != set(range(len(mapping.sets))):
+            raise ValueError("stages do not follow set order, or a set has no layer")
         bounds = tuple(li for li in range(1, self.n_layers) if layer_set[li] != layer_set[li - 1])
         return Genome(tuple(cuts), tuple(s.design for s in mapping.sets), bounds, mapping.micro_batches, tuple(shard))
 
