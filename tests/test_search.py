@@ -17,7 +17,7 @@ from marssim.search.space import MappingSpace
 from marssim.sim import simulate
 from marssim.workload import GraphBuilder
 from marssim.workload.graph import merge_graphs
-from search_cases import EnergyRoofline, chain, small_space, system, two_models
+from test_search_support import EnergyRoofline, chain, small_space, system, two_models
 from support import DESIGN, RooflineCost, make_system
 
 COST = RooflineCost()
@@ -309,3 +309,30 @@ def test_variation_operators():
     bits = [True, False] * 50
     assert flip_bits(rng, bits, 0.0) == bits and flip_bits(rng, bits, 1.0) == [not x for x in bits]
     assert 20 < sum(x != y for x, y in zip(bits, flip_bits(rng, bits, 0.5))) < 80
+
+
+def test_summary_simulation_equals_the_full_simulation_bit_for_bit():
+    """The search's fast path (no interval log) reports exactly what a full simulation does."""
+    from marssim.sim import simulate_summary
+
+    graph, sys_ = two_models(), system(4)
+    space = MappingSpace(graph, sys_)
+    rng = np.random.default_rng(1)
+    for cost in (COST, EnergyRoofline()):
+        for _ in range(6):
+            m = space.decode(space.random(rng))
+            tg = lower(graph, sys_, m, cost)
+            full, fast = simulate(tg, sys_), simulate_summary(tg, sys_)
+            assert (fast.makespan, fast.throughput) == (full.makespan, full.throughput)
+            assert fast.energy == full.energy or (math.isnan(fast.energy) and math.isnan(full.energy))
+    # the spill policy too: 128 KiB activations overflow a 200 KiB memory and spill to the host
+    b = GraphBuilder("convs", batch=4)
+    x = b.input("img", c=16, h=16, w=16)
+    for i in range(3):
+        x = b.conv(f"c{i}", x, 64, kernel=3)
+    graph = b.build()
+    tight = make_system(2, capacity="200 KiB")
+    m = Mapping.single_set(graph, tight, devices=("acc0",), sharding="none")
+    tg = lower(graph, tight, m, COST)
+    full, fast = simulate(tg, tight, memory_policy="spill"), simulate_summary(tg, tight, memory_policy="spill")
+    assert full.meta["spills"] > 0 and fast.makespan == full.makespan

@@ -9,7 +9,7 @@ import pytest
 from marssim.search.evaluate import Evaluator, Problem, _chunks
 from marssim.search.ga import GAConfig, mars
 from marssim.search.space import MappingSpace
-from search_cases import chain, system, two_models
+from test_search_support import chain, system, two_models
 from support import RooflineCost
 
 COST = RooflineCost()

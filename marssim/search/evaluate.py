@@ -135,7 +135,8 @@ class Evaluator:
 
     ``executor``: any ``concurrent.futures.Executor`` (None: evaluate in this process). A batch
     is sent as a few chunks per worker (``workers``: how many the executor runs at once; read
-    from a process pool, else 8), each carrying the pickled problem, so per-task overheads do
+    from the executor when not given, see :func:`~marssim.search.parallel.executor_parallelism`),
+    each carrying the pickled problem, so per-task overheads do
     not dominate small simulations. Results come back in the order given, whatever the
     executor. Counters: ``simulations`` and ``estimates`` run (cache misses), ``cache_hits``."""
 
@@ -159,9 +160,11 @@ class Evaluator:
         """Workers the executor runs at once (1 without an executor)."""
         if self.executor is None:
             return 1
-        if self.workers:
-            return self.workers
-        return int(getattr(self.executor, "_max_workers", 0) or 8)
+        if not self.workers:
+            from .parallel import executor_parallelism
+
+            self.workers = executor_parallelism(self.executor)
+        return self.workers
 
     def _run(self, fn, mappings: Sequence[Mapping], cache: dict) -> tuple[list, int]:
         todo: dict[str, Mapping] = {}

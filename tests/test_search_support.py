@@ -1,4 +1,4 @@
-"""Small search problems shared by the search tests: graphs, systems and spaces small enough to
+"""Helpers shared by the search tests (no tests here): search problems small enough to
 enumerate, where the best mapping is not a trivial one (two designs that suit different layers)."""
 
 from __future__ import annotations
@@ -70,3 +70,15 @@ class EnergyRoofline(RooflineCost):
 
 def finite(x: float) -> bool:
     return math.isfinite(x)
+
+
+def system_dict(n: int = 3) -> dict:
+    """The YAML form of :func:`system` (a ring of ``n`` accelerators, both designs allowed)."""
+    return {
+        "name": f"search-ring-{n}", "designs": DESIGNS,
+        "accelerators": [{"id": f"acc[0-{n - 1}]", "designs": list(DESIGNS),
+                          "memory": {"capacity": "16 GiB", "bandwidth": "10 TB/s"}}],
+        "hosts": [{"id": "host0", "dram": {"capacity": "1 TiB", "bandwidth": "1 TB/s"}}],
+        "links": [{"pattern": "ring", "nodes": f"acc[0-{n - 1}]", "bandwidth": "50 GB/s", "latency": "1 us"},
+                  {"between": ["host0", "acc0"], "bandwidth": "32 GB/s", "latency": "1 us"}],
+    }

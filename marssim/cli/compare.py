@@ -1,0 +1,70 @@
+"""``marssim compare``: the GA and every baseline on one case, in one table."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from marssim.errors import InputError
+
+from .search import add_search_args, load_case, open_executor
+
+VERB = "compare"
+ORDER = 55
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        VERB, help="run the MARS GA and all baselines on one case and print one table",
+        description="Run data_parallel, h2h, the MARS GA (seeded with data_parallel), random search with as "
+                    "many simulations as the GA used, and exhaustive search when the space has at most "
+                    "--exhaustive-limit points, each with its own evaluation cache; print makespan, the change "
+                    "against data_parallel, simulations and wall time.")
+    add_search_args(p)
+    p.add_argument("--exhaustive-limit", dest="exhaustive_limit", type=int, default=20_000, metavar="N",
+                   help="run exhaustive search when the space has at most N points (default 20000; 0: never)")
+    p.add_argument("--csv", metavar="FILE", help="also write the table as CSV")
+    p.set_defaults(func=run)
+
+
+def format_table(table, objective: str) -> str:
+    """The comparison as aligned text."""
+    from marssim.search.report import fitness_display
+
+    label, _ = fitness_display(objective, 1.0)
+    lines = [f"{'algorithm':<15}{'makespan ms':>14}{'vs data_parallel':>18}{'simulations':>13}{'wall s':>9}"
+             + (f"  {label}" if objective != "latency" else "")]
+    for row in table.itertuples():
+        extra = f"  {fitness_display(objective, row.fitness)[1]:.6g}" if objective != "latency" else ""
+        lines.append(f"{row.algorithm:<15}{row.makespan_ms:>14.4f}{row.vs_data_parallel_pct:>+17.1f}%"
+                     f"{row.simulations:>13d}{row.wall_s:>9.1f}{extra}")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
+    from marssim.fsutil import atomic_file
+    from marssim.search import compare
+
+    if args.csv and not args.csv.endswith(".csv"):
+        raise InputError(args.csv, "--csv", "expected a file name ending in .csv")
+    if args.exhaustive_limit < 0:
+        raise InputError(None, "--exhaustive-limit", f"expected 0 or a positive integer, got {args.exhaustive_limit}")
+    graph, system, cost, settings = load_case(args)
+    settings = replace(settings, exhaustive_limit=args.exhaustive_limit)
+    quiet = args.quiet or not sys.stderr.isatty()
+
+    def progress(name, result):
+        if not quiet:
+            print(f"{name}: running" if result is None else f"{name}: {result.summary()}", file=sys.stderr)
+
+    with open_executor(args) as executor:
+        table, _ = compare(graph, system, cost, settings, executor=executor, progress=progress)
+    print(f"{system.name} / {graph.spec} / objective {settings.objective} / seed {settings.seed}")
+    print(format_table(table, settings.objective))
+    if args.csv:
+        with atomic_file(args.csv) as handle:
+            table.to_csv(handle, index=False)
+        print(f"\ntable        {args.csv}")
+    return 0

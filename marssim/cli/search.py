@@ -1,0 +1,156 @@
+"""``marssim search``: find a mapping with the MARS two-level GA (or a baseline)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import replace
+
+from marssim.errors import InputError
+
+from ._common import positive_int
+
+VERB = "search"
+ORDER = 50
+
+
+def positive_float(text: str) -> float:
+    """argparse type: a number > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    return value
+
+
+def add_search_args(p: argparse.ArgumentParser) -> None:
+    """The flags ``search`` and ``compare`` share: case, objective, budget, parallelism, seed."""
+    from marssim.search import OBJECTIVES
+
+    p.add_argument("--system", required=True, metavar="SYSTEM", help="system YAML or shipped name")
+    p.add_argument("--workload", required=True, metavar="SPEC", help="zoo spec like resnet50:batch=8 or an .onnx file")
+    p.add_argument("--batch", type=positive_int, help="override the workload's batch")
+    p.add_argument("--objective", choices=OBJECTIVES, default="latency",
+                   help="what to minimise: latency (makespan, default), throughput (maximised, for pipelined "
+                        "runs), energy or edp (energy-delay product; need designs with energy figures)")
+    p.add_argument("--budget", type=positive_int, metavar="N",
+                   help="most simulations (mars stops at the first generation past it; random runs exactly N)")
+    p.add_argument("--generations", type=positive_int, help="GA generations (default 10)")
+    p.add_argument("--population", type=positive_int, help="GA population (default 12)")
+    p.add_argument("--time-limit", dest="time_limit", type=positive_float, metavar="SECONDS",
+                   help="stop the GA at the first generation past this wall time")
+    p.add_argument("--workers", type=positive_int, metavar="N",
+                   help="evaluate candidates on N processes (default: the CPU count; 1: serially)")
+    p.add_argument("--dask", metavar="ADDRESS",
+                   help="evaluate candidates on a Dask cluster (scheduler address; needs marssim[dask])")
+    p.add_argument("--seed", type=int, default=0, help="random seed (same seed, same result; default 0)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    from marssim.search import ALGORITHMS
+
+    p = sub.add_parser(
+        VERB, help="search for the best mapping (MARS two-level GA, or a baseline)",
+        description="Search the mappings of a workload onto a system: accelerator sets, the design of each "
+                    "set, the layer segment each set runs, micro-batches (level 1) and each layer's sharding "
+                    "(level 2). Every reported number is a simulation. With --out, writes best_mapping.yaml "
+                    "(loadable by `marssim simulate --mapping`), history.csv, convergence.png/.svg, the best "
+                    "mapping's result/ and a Perfetto trace.json.")
+    add_search_args(p)
+    p.add_argument("--algorithm", choices=ALGORITHMS, default="mars",
+                   help="mars (default), data_parallel, h2h, random or exhaustive (small spaces only)")
+    p.add_argument("--no-seed", dest="seed_baseline", action="store_false",
+                   help="do not seed the GA with the data-parallel mapping")
+    p.add_argument("--out", metavar="DIR", help="write the outputs into DIR")
+    p.set_defaults(func=run)
+
+
+def load_case(args: argparse.Namespace):
+    """(graph, system, cost model, SearchSettings) from the shared flags; InputError on bad ones."""
+    from marssim.search import GAConfig, SearchSettings
+    from marssim.system import load_system
+    from marssim.workload import load_workload
+
+    if args.dask and args.workers:
+        raise InputError(None, "--workers", "give --workers (local processes) or --dask (a cluster), not both")
+    system = load_system(args.system)
+    graph = load_workload(args.workload, batch=args.batch)
+    if args.objective in ("energy", "edp"):
+        missing = [name for name, d in system.designs.items() if d.energy is None]
+        if len(missing) == len(system.designs):
+            raise InputError(args.system, "designs", f"--objective {args.objective} needs energy figures "
+                                                      f"(designs.NAME.energy); none of {', '.join(missing)} has them")
+    cfg = GAConfig()
+    changes = {}
+    if args.generations:
+        changes["generations"] = args.generations
+    if args.population:
+        changes["population"] = args.population
+    if args.time_limit:
+        changes["time_limit_s"] = args.time_limit
+    cfg = replace(cfg, **changes)
+    settings = SearchSettings(objective=args.objective, budget=args.budget, config=cfg, seed=args.seed,
+                              seed_with=("data_parallel",) if getattr(args, "seed_baseline", True) else ())
+    return graph, system, default_cost(), settings
+
+
+def default_cost():
+    try:
+        from marssim.cost import default_cost_model
+    except ImportError as exc:  # pragma: no cover - until the cost package provides it
+        raise InputError(None, "cost", f"no default cost model in this version of marssim ({exc})") from None
+    return default_cost_model()
+
+
+def open_executor(args: argparse.Namespace):
+    from marssim.search.parallel import open_executor as _open
+
+    try:
+        return _open(args.workers, args.dask)
+    except ImportError as exc:
+        raise InputError(None, "--dask", str(exc)) from None
+
+
+def _progress_bar(args: argparse.Namespace, total: int, objective: str):
+    """A tqdm bar on stderr (generation, best so far, evaluations/s) and its update callback."""
+    from tqdm import tqdm
+
+    from marssim.search.report import fitness_display
+
+    bar = tqdm(total=total, desc="generation", unit="gen", file=sys.stderr,
+               disable=args.quiet or not sys.stderr.isatty(), leave=False)
+
+    def update(row: dict) -> None:
+        label, value = fitness_display(objective, row["best_fitness"])
+        bar.update(1)
+        bar.set_postfix_str(f"best {value:.4g} {label.split('(')[-1].rstrip(')')}, "
+                            f"{row['evaluations_per_s']:.1f} eval/s")
+
+    return bar, update
+
+
+def run(args: argparse.Namespace) -> int:
+    from marssim.search import run_algorithm
+    from marssim.search.report import describe_mapping, fitness_display, write_search_outputs
+
+    graph, system, cost, settings = load_case(args)
+    bar, update = _progress_bar(args, settings.config.generations, settings.objective)
+    with open_executor(args) as executor, bar:
+        try:
+            result = run_algorithm(args.algorithm, graph, system, cost, settings, executor=executor,
+                                   progress=update)
+        except ValueError as exc:
+            raise InputError(None, "--algorithm", str(exc)) from None
+    label, value = fitness_display(result.objective, result.fitness)
+    print(result.summary())
+    print(f"best {label}: {value:.6g}")
+    print(describe_mapping(result, graph))
+    if not result.evaluation.feasible:
+        print(f"warning: no feasible mapping found ({result.evaluation.error})", file=sys.stderr)
+    if args.out:
+        print()
+        print("\n".join(write_search_outputs(result, graph, system, cost, args.out)))
+    return 0

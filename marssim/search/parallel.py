@@ -1,0 +1,55 @@
+"""Executors for candidate evaluation: serial, a local process pool, or a Dask cluster.
+
+Any ``concurrent.futures.Executor`` works with :class:`~marssim.search.evaluate.Evaluator`;
+this module opens the usual ones from command-line style settings and closes them after."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from concurrent.futures import Executor, ProcessPoolExecutor
+
+__all__ = ["open_executor", "executor_parallelism"]
+
+
+@contextlib.contextmanager
+def open_executor(workers: int | None = None, dask: str | None = None) -> Iterator[Executor | None]:
+    """Yield the executor to evaluate candidates on, and shut it down afterwards.
+
+    ``dask``: a Dask scheduler address (``tcp://host:8786``): the cluster's executor
+    (``distributed.Client(address).get_executor()``; needs the ``[dask]`` extra). Otherwise
+    ``workers`` processes (default: the CPU count); ``workers=1`` yields None (serial, in this
+    process). Raises ImportError naming the extra when ``distributed`` is missing."""
+    if dask:
+        try:
+            import distributed
+        except ImportError as exc:  # pragma: no cover - depends on the environment
+            raise ImportError("--dask needs the Dask extra: pip install 'marssim[dask]'") from exc
+        with distributed.Client(dask) as client:
+            yield client.get_executor()
+        return
+    n = workers or os.cpu_count() or 1
+    if n <= 1:
+        yield None
+        return
+    with ProcessPoolExecutor(n) as pool:
+        yield pool
+
+
+def executor_parallelism(executor: Executor | None, default: int = 8) -> int:
+    """How many tasks ``executor`` runs at once: 1 for None, a process or thread pool's worker
+    count, a Dask executor's total worker threads; ``default`` when it cannot be told."""
+    if executor is None:
+        return 1
+    n = getattr(executor, "_max_workers", None)
+    if n:
+        return int(n)
+    client = getattr(executor, "_client", None)
+    if client is not None:
+        with contextlib.suppress(Exception):
+            workers = client.scheduler_info()["workers"].values()
+            total = sum(int(w.get("nthreads", 1)) for w in workers)
+            if total:
+                return total
+    return default

@@ -1,0 +1,119 @@
+"""Run a search algorithm by name, and compare them all on one case (what the CLI verbs call).
+
+``mars`` is seeded with the ``data_parallel`` baseline by default, so it never returns a
+mapping worse than that baseline; ``random`` gets the simulation budget it is given (in
+:func:`compare`: as many simulations as ``mars`` used); ``exhaustive`` runs only on spaces of
+at most ``exhaustive_limit`` points.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import Executor
+from dataclasses import dataclass, replace
+
+import pandas as pd
+
+from marssim.cost.base import CostModel
+from marssim.system import System
+from marssim.workload import Graph
+
+from .baselines import count_space, data_parallel, exhaustive, h2h, random_search
+from .evaluate import Evaluator, Problem
+from .ga import GAConfig, mars
+from .result import SearchResult
+from .space import MappingSpace
+
+__all__ = ["ALGORITHMS", "RANDOM_BUDGET", "SearchSettings", "run_algorithm", "compare"]
+
+ALGORITHMS = ("mars", "data_parallel", "h2h", "random", "exhaustive")
+RANDOM_BUDGET = 200
+"""Simulations of ``random`` when no budget is given."""
+
+
+@dataclass(frozen=True)
+class SearchSettings:
+    """What a user sets for a search. ``budget``: most simulations (mars, random; None: the GA's
+    own stopping rules, or :data:`RANDOM_BUDGET` for random); ``config``: GA parameters (its
+    ``max_simulations`` is replaced by ``budget`` when given); ``seed_with``: baselines whose
+    mappings seed the GA; ``exhaustive_limit``: largest space exhaustive enumerates."""
+
+    objective: str = "latency"
+    budget: int | None = None
+    config: GAConfig = GAConfig()
+    seed: int = 0
+    seed_with: tuple[str, ...] = ("data_parallel",)
+    exhaustive_limit: int = 20_000
+
+    def ga_config(self) -> GAConfig:
+        if self.budget is None:
+            return self.config
+        return replace(self.config, max_simulations=self.budget)
+
+
+def _space(graph: Graph, system: System, cfg: GAConfig) -> MappingSpace:
+    return MappingSpace(graph, system, max_sets=cfg.max_sets, micro_batch_choices=cfg.micro_batch_choices,
+                        strategies=cfg.strategies)
+
+
+def run_algorithm(name: str, graph: Graph, system: System, cost: CostModel, settings: SearchSettings, *,
+                  executor: Executor | None = None,
+                  progress: Callable[[dict], None] | None = None) -> SearchResult:
+    """Run algorithm ``name`` (one of :data:`ALGORITHMS`) with its own evaluation cache.
+    Raises ValueError for an unknown name or an exhaustive search of a too large space."""
+    if name not in ALGORITHMS:
+        raise ValueError(f"unknown algorithm {name!r}; expected one of {', '.join(ALGORITHMS)}")
+    objective = settings.objective
+    ev = Evaluator(Problem(graph, system, cost), executor)
+    if name == "data_parallel":
+        return data_parallel(graph, system, cost, objective=objective, evaluator=ev)
+    if name == "h2h":
+        return h2h(graph, system, cost, objective=objective, evaluator=ev)
+    cfg = settings.ga_config()
+    space = _space(graph, system, cfg)
+    if name == "random":
+        return random_search(graph, system, cost, budget=settings.budget or RANDOM_BUDGET, seed=settings.seed,
+                             objective=objective, evaluator=ev, space=space)
+    if name == "exhaustive":
+        return exhaustive(graph, system, cost, objective=objective, evaluator=ev, space=space,
+                          limit=settings.exhaustive_limit)
+    seeds = []
+    for base in settings.seed_with:
+        if base not in ("data_parallel", "h2h"):
+            raise ValueError(f"cannot seed the GA with {base!r}; expected data_parallel or h2h")
+        seeds.append(run_algorithm(base, graph, system, cost, settings, executor=executor).best)
+    result = mars(graph, system, cost, config=cfg, seed=settings.seed, objective=objective, seeds=seeds,
+                  evaluator=ev, space=space, progress=progress)
+    result.notes["seeded_with"] = tuple(settings.seed_with)
+    return result
+
+
+def compare(graph: Graph, system: System, cost: CostModel, settings: SearchSettings, *,
+            executor: Executor | None = None, progress: Callable[[str, SearchResult | None], None] | None = None
+            ) -> tuple[pd.DataFrame, dict[str, SearchResult]]:
+    """Run data_parallel, h2h, mars, random (with the simulations mars used) and, when the
+    space has at most ``exhaustive_limit`` points, exhaustive, each with its own cache.
+
+    Returns ``(table, results)``: one row per algorithm with ``makespan_ms``, ``fitness``,
+    ``vs_data_parallel_pct`` (negative: lower latency than data_parallel), ``simulations``,
+    ``wall_s``; ``progress(name, result)`` is called before (result None) and after each."""
+    results: dict[str, SearchResult] = {}
+    order = ["data_parallel", "h2h", "mars", "random"]
+    if count_space(_space(graph, system, settings.ga_config()), settings.exhaustive_limit) <= settings.exhaustive_limit:
+        order.append("exhaustive")
+    for name in order:
+        if progress:
+            progress(name, None)
+        run_settings = settings
+        if name == "random":
+            run_settings = replace(settings, budget=max(1, results["mars"].simulations))
+        results[name] = run_algorithm(name, graph, system, cost, run_settings, executor=executor)
+        if progress:
+            progress(name, results[name])
+    base = results["data_parallel"].fitness
+    rows = []
+    for name, r in results.items():
+        rows.append({"algorithm": name, "makespan_ms": r.makespan * 1e3, "fitness": r.fitness,
+                     "vs_data_parallel_pct": (r.fitness / base - 1.0) * 100.0 if base > 0 else float("nan"),
+                     "simulations": r.simulations, "wall_s": r.wall_s})
+    return pd.DataFrame(rows), results
