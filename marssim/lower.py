@@ -33,7 +33,7 @@ from marssim.system import System
 from marssim.taskgraph import Collective, TaskGraph, TaskGraphBuilder
 from marssim.workload import Graph, Op, OpKind
 
-__all__ = ["lower", "expand_collective"]
+__all__ = ["lower", "expand_collective", "LoweringCache"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,23 +55,67 @@ class _Layout:
     replicated: bool = False
 
 
+class LoweringCache:
+    """What lowerings of one workload on one system with one cost model share: the ops of each
+    micro-batch size, shard timings and regions, collective schedules, and the plans of data
+    movements (which holder sends which bytes to whom). Each is a pure function of its key, so a
+    lowering gives the same TaskGraph with or without the cache; a search that lowers thousands
+    of mappings of one workload passes one cache to every :func:`lower` call and skips most of
+    the work. Cleared when it holds more than ``limit`` entries."""
+
+    def __init__(self, graph: Graph, system: System, cost: CostModel, *, limit: int = 400_000) -> None:
+        self.graph = graph
+        self.system = system
+        self.cost = cost
+        self.limit = limit
+        self.ops: dict[tuple[int, int], Op] = {}
+        self.shards: dict[tuple, tuple] = {}
+        self.collectives: dict[tuple, tuple] = {}
+        self.moves: dict[tuple, tuple] = {}
+        self.designs: dict[tuple[str, str], object] = {}
+        self.hosts: dict[str, str] = {}
+        self.latency: dict[tuple[str, str], float] = {}
+
+    def fits(self, graph: Graph, system: System, cost: CostModel) -> bool:
+        """True when this cache was made for exactly these objects."""
+        return graph is self.graph and system is self.system and cost is self.cost
+
+    def trim(self) -> None:
+        if len(self.shards) + len(self.moves) + len(self.collectives) + len(self.ops) > self.limit:
+            self.ops.clear()
+            self.shards.clear()
+            self.collectives.clear()
+            self.moves.clear()
+
+
 def lower(graph: Graph, system: System, mapping: Mapping, cost: CostModel | None = None, *,
-          validate: bool = True) -> TaskGraph:
+          validate: bool = True, cache: LoweringCache | None = None) -> TaskGraph:
     """Turn a mapped workload into the tasks both evaluators read. Pure and deterministic.
 
     ``cost`` times each shard on its set's design (default: :func:`marssim.cost.default_cost_model`).
-    Raises InputError when ``mapping`` is invalid for ``graph`` and ``system``."""
+    ``cache``: a :class:`LoweringCache` made for this graph, system and cost model, shared by
+    many lowerings (same result, less work). Raises InputError when ``mapping`` is invalid for
+    ``graph`` and ``system``, ValueError when ``cache`` was made for other objects."""
     if validate:
         validate_mapping(mapping, graph, system)
+    if cost is None:
+        cost = cache.cost if cache is not None else None
     if cost is None:
         from marssim.cost import default_cost_model
 
         cost = default_cost_model()
-    return _Lowering(graph, system, mapping, cost).run()
+    if cache is None:
+        cache = LoweringCache(graph, system, cost)
+    elif not cache.fits(graph, system, cost):
+        raise ValueError("the LoweringCache was made for another graph, system or cost model")
+    else:
+        cache.trim()
+    return _Lowering(graph, system, mapping, cost, cache).run()
 
 
 class _Lowering:
-    def __init__(self, graph: Graph, system: System, mapping: Mapping, cost: CostModel) -> None:
+    def __init__(self, graph: Graph, system: System, mapping: Mapping, cost: CostModel,
+                 cache: LoweringCache) -> None:
         self.graph = graph
         self.system = system
         self.mapping = mapping
@@ -79,12 +123,13 @@ class _Lowering:
         self.b = TaskGraphBuilder(system)
         self.position = {gi: k for k, gi in enumerate(graph.compute_ops)}
         self.n_ops = len(graph.ops)
-        self._designs: dict[tuple[str, str], object] = {}
-        self._shard_cache: dict[tuple, tuple] = {}
-        self._op_mb: dict[tuple[int, int], Op] = {}
+        self.cache = cache
+        self._designs = cache.designs
+        self._shard_cache = cache.shards
+        self._op_mb: dict[tuple[int, int], tuple[Op, int]] = {}
         self._redistributed: dict[tuple, dict[str, tuple[int, ...]]] = {}
-        self._host_of: dict[str, str] = {}
-        self._latency: dict[tuple[str, str], float] = {}
+        self._host_of = cache.hosts
+        self._latency = cache.latency
 
     # ------------------------------------------------------------------ helpers
     def design(self, device: str, name: str):
@@ -107,20 +152,25 @@ class _Lowering:
             v = self._latency[key] = self.system.route(a, b).latency
         return v
 
-    def op_for_mb(self, gi: int, mb: int) -> Op:
+    def op_for_mb(self, gi: int, mb: int) -> tuple[Op, int]:
+        """The op of micro-batch ``mb`` and its batch size."""
         key = (gi, mb)
-        op = self._op_mb.get(key)
-        if op is None:
+        hit = self._op_mb.get(key)
+        if hit is None:
             base = self.graph.ops[gi]
             dim = BATCH_DIM[base.kind]
             size = split_sizes(base.dim(dim), self.mapping.micro_batches)[mb]
-            op = base if size == base.dim(dim) else base.with_loops(**{dim: size})
-            self._op_mb[key] = op
-        return op
+            op = self.cache.ops.get((gi, size))
+            if op is None:
+                op = base if size == base.dim(dim) else base.with_loops(**{dim: size})
+                self.cache.ops[(gi, size)] = op
+            hit = self._op_mb[key] = (op, size)
+        return hit
 
-    def shards(self, op: Op, strategy: str, devices: tuple[str, ...], design_name: str):
-        """[(device, shard op, out box, in boxes, seconds, energy)], partial flag."""
-        key = (op, strategy, devices, design_name)
+    def shards(self, gi: int, size: int, op: Op, strategy: str, devices: tuple[str, ...], design_name: str):
+        """``([(device, shard op, out box, in boxes, seconds, energy)], partial flag, needs per
+        input slot)`` for op ``gi`` at batch ``size``; a need is ``(device, region)``."""
+        key = (gi, size, strategy, devices, design_name)
         hit = self._shard_cache.get(key)
         if hit is not None:
             return hit
@@ -141,9 +191,20 @@ class _Lowering:
             c = self.cost.op_cost(shard, self.design(dev, design_name))
             out.append((dev, shard, out_box, in_boxes, c.time, c.energy))
             partial = partial or is_partial
-        result = (out, partial and len(parts) > 1)
+        needs = tuple(tuple((dev, in_boxes[slot]) for dev, _, _, in_boxes, _, _ in out if box_elems(in_boxes[slot]) > 0)
+                      for slot in range(len(op.inputs)))
+        result = (tuple(out), partial and len(parts) > 1, needs)
         self._shard_cache[key] = result
         return result
+
+    def choose(self, devices: tuple[str, ...], kind: str, chunks: list[float]):
+        """:func:`choose_algorithm` for the mapping's requested algorithm, memoised."""
+        requested = self.mapping.collective_algorithm
+        key = (devices, kind, tuple(chunks), requested)
+        hit = self.cache.collectives.get(key)
+        if hit is None:
+            hit = self.cache.collectives[key] = choose_algorithm(self.system, devices, kind, chunks, requested)
+        return hit
 
     # ------------------------------------------------------------------ main loop
     def run(self) -> TaskGraph:
@@ -152,7 +213,7 @@ class _Lowering:
         weights: dict[str, float] = {}
         for mb in range(m.micro_batches):
             for gi, base in enumerate(g.ops):
-                op = self.op_for_mb(gi, mb)
+                op, size = self.op_for_mb(gi, mb)
                 if base.kind == OpKind.INPUT:
                     consumers = g.succs[gi]
                     first_set = m.sets[m.op_set[self.position[consumers[0]]]] if consumers else m.sets[0]
@@ -164,15 +225,14 @@ class _Lowering:
                 k = self.position[gi]
                 aset = m.sets[m.op_set[k]]
                 strategy = m.op_sharding[k]
-                shards, partial = self.shards(op, strategy, aset.devices, aset.design)
+                shards, partial, needs_by_slot = self.shards(gi, size, op, strategy, aset.devices, aset.design)
                 if mb == 0:
                     for dev, shard, *_ in shards:
                         weights[dev] = weights.get(dev, 0.0) + shard.weight_bytes
                 # inputs: what each shard needs from each producer
                 deps: dict[str, list[int]] = {dev: [] for dev, *_ in shards}
                 for slot, src in enumerate(g.preds[gi]):
-                    needs = tuple((dev, in_boxes[slot]) for dev, _, _, in_boxes, _, _ in shards
-                                  if box_elems(in_boxes[slot]) > 0)
+                    needs = needs_by_slot[slot]
                     got = self.redistribute((src, mb), layouts[(src, mb)], needs, base.name, mb)
                     for dev, tasks in got.items():
                         deps[dev].extend(tasks)
@@ -237,17 +297,16 @@ class _Lowering:
         need_devs = tuple(d for d, _ in needs)
         full = full_box(layout.shape)
         initial = [h.ready for h in layout.holders]
-        algo_req = self.mapping.collective_algorithm
         same = set(need_devs) == set(devices) and len(need_devs) == len(devices)
         if same and all(box == full for _, box in needs):
             chunks = [float(s * eb) for s in split_sizes(box_elems(full), len(devices))]
-            algo, steps = choose_algorithm(self.system, devices, "all_reduce", chunks, algo_req)
+            algo, steps = self.choose(devices, "all_reduce", chunks)
             ready = self._emit("all_reduce", algo, devices, steps, initial, total, op_name, mb, gather=True)
             return layout, {d: ready[i] for i, d in enumerate(devices)}
         if same and _disjoint_cover(needs, full):
             need_of = dict(needs)
             chunks = [float(box_elems(need_of[d]) * eb) for d in devices]
-            algo, steps = choose_algorithm(self.system, devices, "reduce_scatter", chunks, algo_req)
+            algo, steps = self.choose(devices, "reduce_scatter", chunks)
             ready = self._emit("reduce_scatter", algo, devices, steps, initial, total, op_name, mb, gather=False)
             return layout, {d: ready[i] for i, d in enumerate(devices)}
         # Reduce-scatter along the longest axis into an even split, then move as usual.
@@ -261,56 +320,82 @@ class _Lowering:
             boxes.append(tuple(parts))
             lo += size
         chunks = [float(box_elems(b) * eb) for b in boxes]
-        algo, steps = choose_algorithm(self.system, devices, "reduce_scatter", chunks, algo_req)
+        algo, steps = self.choose(devices, "reduce_scatter", chunks)
         ready = self._emit("reduce_scatter", algo, devices, steps, initial, total, op_name, mb, gather=False)
         holders = tuple(_Holder(d, boxes[i], ready[i]) for i, d in enumerate(devices) if box_elems(boxes[i]) > 0)
         return _Layout(holders, layout.shape, eb), None
 
     def _move(self, layout: _Layout, needs, op_name: str, mb: int) -> dict[str, tuple[int, ...]]:
-        eb = layout.elem_bytes
-        full = full_box(layout.shape)
         holders = layout.holders
-        holder_devs = tuple(h.device for h in holders)
-        need_devs = tuple(d for d, _ in needs)
-        # All-gather: a split tensor needed whole by exactly the devices that hold its pieces.
-        if (not layout.replicated and len(holders) > 1 and set(need_devs) == set(holder_devs)
-                and len(need_devs) == len(holder_devs) and all(box == full for _, box in needs)):
-            chunks = [float(box_elems(h.box) * eb) for h in holders]
-            algo, steps = choose_algorithm(self.system, holder_devs, "all_gather", chunks,
-                                           self.mapping.collective_algorithm)
-            ready = self._emit("all_gather", algo, holder_devs, steps, [h.ready for h in holders],
-                               float(box_elems(full) * eb), op_name, mb, gather=True)
+        key = (tuple((h.device, h.box) for h in holders), layout.shape, layout.elem_bytes, layout.replicated, needs)
+        plan = self.cache.moves.get(key)
+        if plan is None:
+            plan = self.cache.moves[key] = _move_plan(layout, needs, self.latency)
+        if plan[0] == "all_gather":
+            _, holder_devs, chunks, total = plan
+            algo, steps = self.choose(holder_devs, "all_gather", chunks)
+            ready = self._emit("all_gather", algo, holder_devs, steps, [h.ready for h in holders], total, op_name, mb,
+                               gather=True)
             return {d: ready[i] for i, d in enumerate(holder_devs)}
-        flows: list[tuple[str, str, float, tuple[int, ...]]] = []
-        result: dict[str, list[int]] = {}
-        for dev, need in needs:
-            deps = result.setdefault(dev, [])
-            local = next((h for h in holders if h.device == dev and intersect(h.box, need) == need), None)
-            if local is not None:
-                deps.extend(local.ready)
-                continue
-            if layout.replicated:
-                src = min(holders, key=lambda h: (self.latency(h.device, dev), holder_devs.index(h.device)))
-                flows.append((src.device, dev, float(box_elems(need) * eb), src.ready))
-                continue
-            for h in holders:
-                common = intersect(h.box, need)
-                if common is None:
-                    continue
-                if h.device == dev:
-                    deps.extend(h.ready)
-                else:
-                    flows.append((h.device, dev, float(box_elems(common) * eb), h.ready))
-        if flows:
-            kind = _classify(holders, needs, full)
-            devices = tuple(dict.fromkeys([f[0] for f in flows] + [f[1] for f in flows]))
-            coll = self.b.add_collective(Collective(kind, "direct", devices, float(sum(f[2] for f in flows)), op_name, 1))
-            for src, dst, nbytes, ready in flows:
-                if nbytes <= 0:
-                    continue
-                t = self.b.transfer(src, dst, nbytes, preds=ready, collective=coll, op=op_name, micro_batch=mb)
-                result[dst].append(t)
+        _, order, local, flows, kind, devices, total, any_flow = plan
+        result: dict[str, list[int]] = {dev: [] for dev in order}
+        for dev, hi in local:
+            result[dev].extend(holders[hi].ready)
+        if any_flow:
+            coll = self.b.add_collective(Collective(kind, "direct", devices, total, op_name, 1))
+            transfer = self.b.transfer
+            for hi, dst, nbytes in flows:
+                h = holders[hi]
+                result[dst].append(transfer(h.device, dst, nbytes, preds=h.ready, collective=coll, op=op_name,
+                                            micro_batch=mb))
         return {d: _unique(v) for d, v in result.items()}
+
+
+def _move_plan(layout: _Layout, needs, latency) -> tuple:
+    """How to bring each needed region from ``layout`` to its device, as indices into the
+    holders (so one plan serves every lowering with the same layout and needs):
+    ``("all_gather", devices, chunks, total bytes)`` when a split tensor is needed whole by
+    exactly its holders; else ``("direct", need devices in order, local deps (device, holder),
+    flows of more than 0 bytes (holder, destination, bytes), collective kind, devices, total
+    bytes, whether there was any flow)``."""
+    eb = layout.elem_bytes
+    full = full_box(layout.shape)
+    holders = layout.holders
+    holder_devs = tuple(h.device for h in holders)
+    need_devs = tuple(d for d, _ in needs)
+    # All-gather: a split tensor needed whole by exactly the devices that hold its pieces.
+    if (not layout.replicated and len(holders) > 1 and set(need_devs) == set(holder_devs)
+            and len(need_devs) == len(holder_devs) and all(box == full for _, box in needs)):
+        chunks = [float(box_elems(h.box) * eb) for h in holders]
+        return ("all_gather", holder_devs, chunks, float(box_elems(full) * eb))
+    order: dict[str, None] = {}
+    local: list[tuple[str, int]] = []
+    flows: list[tuple[int, str, float]] = []
+    for dev, need in needs:
+        order.setdefault(dev, None)
+        here = next((i for i, h in enumerate(holders) if h.device == dev and intersect(h.box, need) == need), None)
+        if here is not None:
+            local.append((dev, here))
+            continue
+        if layout.replicated:
+            src = min(range(len(holders)), key=lambda i: (latency(holders[i].device, dev), holder_devs.index(holders[i].device)))
+            flows.append((src, dev, float(box_elems(need) * eb)))
+            continue
+        for i, h in enumerate(holders):
+            common = intersect(h.box, need)
+            if common is None:
+                continue
+            if h.device == dev:
+                local.append((dev, i))
+            else:
+                flows.append((i, dev, float(box_elems(common) * eb)))
+    kind, devices, total = "", (), 0.0
+    if flows:
+        kind = _classify(holders, needs, full)
+        devices = tuple(dict.fromkeys([holders[i].device for i, _, _ in flows] + [dst for _, dst, _ in flows]))
+        total = float(sum(nbytes for _, _, nbytes in flows))
+    return ("direct", tuple(order), tuple(local), tuple(f for f in flows if f[2] > 0), kind, devices, total,
+            bool(flows))
 
 
 def expand_collective(builder: TaskGraphBuilder, kind: str, algorithm: str, devices: tuple[str, ...], steps,

@@ -172,6 +172,7 @@ class TaskGraphBuilder:
         self._cols: dict[str, list] = {k: [] for k in (
             "kind", "device", "duration", "src", "dst", "nbytes", "route", "flops", "energy",
             "mem_node", "mem_bytes", "priority", "op", "micro_batch", "collective")}
+        self._appenders = tuple(col.append for col in self._cols.values())
         self._preds: list[list[int]] = []
         self._routes: list[Route] = []
         self._route_id: dict[tuple[str, str], int] = {}
@@ -208,6 +209,28 @@ class TaskGraphBuilder:
         self._preds.append(list(values["preds"]))
         return len(self._preds) - 1
 
+    def _row(self, kind, device, duration, src, dst, nbytes, route, flops, energy, mem_node, mem_bytes, priority, op,
+             micro_batch, collective, preds) -> int:
+        """Append one task (columns in :attr:`_cols` order); the lowering's hot path."""
+        append = self._appenders
+        append[0](kind)
+        append[1](device)
+        append[2](duration)
+        append[3](src)
+        append[4](dst)
+        append[5](nbytes)
+        append[6](route)
+        append[7](flops)
+        append[8](energy)
+        append[9](mem_node)
+        append[10](mem_bytes)
+        append[11](priority)
+        append[12](op)
+        append[13](micro_batch)
+        append[14](collective)
+        self._preds.append(list(preds))
+        return len(self._preds) - 1
+
     def compute(self, device: str, duration: float, *, preds: Sequence[int] = (), flops: float = 0.0,
                 energy: float = float("nan"), out_bytes: float = 0.0, priority: int = 0, op: str | None = None,
                 micro_batch: int = 0) -> int:
@@ -215,10 +238,9 @@ class TaskGraphBuilder:
         if duration < 0:
             raise ValueError(f"negative duration {duration} for {op}")
         d = self._node[device]
-        return self._append(kind=COMPUTE, device=d, duration=float(duration), src=-1, dst=-1, nbytes=0.0, route=-1,
-                            flops=float(flops), energy=float(energy), mem_node=d if out_bytes > 0 else -1,
-                            mem_bytes=float(out_bytes), priority=int(priority), op=self._op_index(op),
-                            micro_batch=int(micro_batch), collective=-1, preds=preds)
+        return self._row(COMPUTE, d, float(duration), -1, -1, 0.0, -1, float(flops), float(energy),
+                         d if out_bytes > 0 else -1, float(out_bytes), int(priority), self._op_index(op),
+                         int(micro_batch), -1, preds)
 
     def transfer(self, src: str, dst: str, nbytes: float, *, preds: Sequence[int] = (), collective: int = -1,
                  priority: int = 0, op: str | None = None, micro_batch: int = 0, hold: bool = True) -> int:
@@ -231,10 +253,9 @@ class TaskGraphBuilder:
             raise ValueError(f"transfer from {src} to itself")
         r = self.route_index(src, dst)
         d = self._node[dst]
-        return self._append(kind=TRANSFER, device=-1, duration=0.0, src=self._node[src], dst=d, nbytes=float(nbytes),
-                            route=r, flops=0.0, energy=0.0, mem_node=d if hold and nbytes > 0 else -1,
-                            mem_bytes=float(nbytes) if hold else 0.0, priority=int(priority), op=self._op_index(op),
-                            micro_batch=int(micro_batch), collective=collective, preds=preds)
+        return self._row(TRANSFER, -1, 0.0, self._node[src], d, float(nbytes), r, 0.0, 0.0,
+                         d if hold and nbytes > 0 else -1, float(nbytes) if hold else 0.0, int(priority),
+                         self._op_index(op), int(micro_batch), collective, preds)
 
     def add_collective(self, info: Collective) -> int:
         self.collectives.append(info)

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from marssim.cost.base import CostModel
 from marssim.errors import CapacityError
+from marssim.lower import LoweringCache
 from marssim.mapping import Mapping
 from marssim.system import System
 from marssim.workload import Graph
@@ -68,53 +69,62 @@ class Evaluation:
         raise ValueError(f"unknown objective {objective!r}; expected one of {', '.join(OBJECTIVES)}")
 
 
-def evaluate_mapping(problem: Problem, mapping: Mapping) -> Evaluation:
+def evaluate_mapping(problem: Problem, mapping: Mapping, cache: LoweringCache | None = None) -> Evaluation:
     """Lower and simulate one mapping (headline numbers only: no interval log, no set-up run);
-    the numbers equal those of a full :func:`marssim.sim.simulate` of the same mapping."""
+    the numbers equal those of a full :func:`marssim.sim.simulate` of the same mapping.
+    ``cache``: a :class:`~marssim.lower.LoweringCache` for the problem's graph, system and cost."""
     from marssim.lower import lower
     from marssim.sim import simulate_summary
 
     t0 = time.perf_counter()
     try:
-        tg = lower(problem.graph, problem.system, mapping, problem.cost, validate=False)
+        tg = lower(problem.graph, problem.system, mapping, problem.cost, validate=False, cache=cache)
         r = simulate_summary(tg, problem.system, memory_policy=problem.memory_policy)
     except CapacityError as err:
         return Evaluation(math.inf, feasible=False, error=str(err), wall_s=time.perf_counter() - t0)
     return Evaluation(r.makespan, r.throughput, r.energy, wall_s=time.perf_counter() - t0)
 
 
-def estimate_mapping(problem: Problem, mapping: Mapping) -> float:
+def estimate_mapping(problem: Problem, mapping: Mapping, cache: LoweringCache | None = None) -> float:
     """Contention-free analytical makespan (s) of one mapping (see :mod:`marssim.analytical`)."""
     from marssim.analytical import estimate
     from marssim.lower import lower
 
-    tg = lower(problem.graph, problem.system, mapping, problem.cost, validate=False)
+    tg = lower(problem.graph, problem.system, mapping, problem.cost, validate=False, cache=cache)
     return float(estimate(tg, problem.system).makespan)
 
 
 # ---------------------------------------------------------------------- worker side
-_PROBLEMS: dict[str, Problem] = {}
+_PROBLEMS: dict[str, tuple[Problem, LoweringCache]] = {}
 
 
-def _problem(key: str, blob: bytes) -> Problem:
-    problem = _PROBLEMS.get(key)
-    if problem is None:
+def _problem(key: str, blob: bytes | None) -> tuple[Problem, LoweringCache]:
+    """The problem of ``key`` in this process (unpickled from ``blob`` on first use) and the
+    lowering cache every evaluation of it shares."""
+    hit = _PROBLEMS.get(key)
+    if hit is None:
         if len(_PROBLEMS) > 4:
             _PROBLEMS.clear()
-        problem = _PROBLEMS[key] = pickle.loads(blob)
-    return problem
+        hit = _PROBLEMS[key] = _with_cache(pickle.loads(blob))
+    return hit
+
+
+def _with_cache(problem: Problem) -> tuple[Problem, LoweringCache]:
+    from marssim.lower import LoweringCache
+
+    return problem, LoweringCache(problem.graph, problem.system, problem.cost)
 
 
 def _simulate_chunk(args: tuple[str, bytes, list[Mapping]]) -> list[Evaluation]:
     key, blob, mappings = args
-    problem = _problem(key, blob)
-    return [evaluate_mapping(problem, m) for m in mappings]
+    problem, cache = _problem(key, blob)
+    return [evaluate_mapping(problem, m, cache) for m in mappings]
 
 
 def _estimate_chunk(args: tuple[str, bytes, list[Mapping]]) -> list[float]:
     key, blob, mappings = args
-    problem = _problem(key, blob)
-    return [estimate_mapping(problem, m) for m in mappings]
+    problem, cache = _problem(key, blob)
+    return [estimate_mapping(problem, m, cache) for m in mappings]
 
 
 def _chunks(items: list, parts: int) -> list[list]:
@@ -153,7 +163,7 @@ class Evaluator:
     def __post_init__(self) -> None:
         self._blob = pickle.dumps(self.problem, protocol=pickle.HIGHEST_PROTOCOL)
         self._key = hashlib.sha1(self._blob).hexdigest()
-        _PROBLEMS[self._key] = self.problem
+        _PROBLEMS[self._key] = _with_cache(self.problem)
 
     @property
     def parallelism(self) -> int:

@@ -5,7 +5,7 @@
 * Transfers run on their own (DMA): they start as soon as their predecessors end and become
   flows of the max-min fair :class:`~marssim.sim.network.FairShareNetwork`, so a device computes
   while it sends.
-* Memories are SimPy Containers (:class:`~marssim.sim.memory.MemoryPool`): weights resident from
+* Memories are capacities (:class:`~marssim.sim.memory.MemoryPool`): weights resident from
   the start, a task's output buffer allocated when it starts and freed when its last successor
   ends; overflow is an error or a spill to host DRAM, by policy.
 
@@ -244,11 +244,11 @@ class _Simulation:
         nbytes = self.mem_bytes[t]
         if nbytes > 0:
             pool = self.pools[self.mem_node[t]]
-            if self.policy == "spill" and not pool.fits(nbytes):
+            if self.spill and not pool.fits(nbytes):
                 self.spilled[t] = True
-                self._host_pool(self.mem_node[t]).allocate(nbytes, f"spilled output of {self.tg.task_name(t)}")
+                self._host_pool(self.mem_node[t]).allocate(nbytes, lambda: f"spilled output of {self.tg.task_name(t)}")
             else:
-                pool.allocate(nbytes, f"output of {self.tg.task_name(t)}")
+                pool.allocate(nbytes, lambda: f"output of {self.tg.task_name(t)}")
 
     def _end(self, t: int) -> None:
         self.end[t] = self.env.now
