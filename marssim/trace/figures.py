@@ -1,0 +1,1 @@
+"""Figures of a simulation result (placeholder replaced below)."""
