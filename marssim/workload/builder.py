@@ -211,12 +211,15 @@ class GraphBuilder:
         return self._add(name, OpKind.EMBEDDING, {"N": n, "H": h, "C": hidden}, [ids], (n, hidden, h, 1),
                          {"vocab": vocab}, vocab * hidden)
 
-    def reshape(self, name: str, *xs: T, shape: tuple[int, int, int, int], what: str = "reshape") -> T:
-        """Memory-only re-layout (flatten, transpose, concat, ...) to ``shape``; batch preserved."""
+    def reshape(self, name: str, *xs: T, shape: tuple[int, int, int, int], what: str = "reshape",
+                weight_elems: int = 0) -> T:
+        """Memory-only re-layout (flatten, transpose, concat, ...) to ``shape``; batch preserved.
+        ``weight_elems`` counts a learned operand (e.g. a class token concatenated to the tokens)."""
         if any(t.n != shape[0] for t in xs):
             raise ValueError(f"{name}: reshape must keep the batch dimension")
         n, c, h, w = shape
-        return self._add(name, OpKind.RESHAPE, {"N": n, "C": c, "H": h, "W": w}, list(xs), shape, {"what": what})
+        return self._add(name, OpKind.RESHAPE, {"N": n, "C": c, "H": h, "W": w}, list(xs), shape, {"what": what},
+                         weight_elems)
 
     def flatten(self, name: str, x: T) -> T:
         """``(n, c, h, w) -> (n, c*h*w, 1, 1)``."""
