@@ -4,7 +4,6 @@ and faithful to the interval log, for several mappings, topologies and engine op
 from __future__ import annotations
 
 import gzip
-import sys
 from collections import Counter
 from decimal import Decimal
 from pathlib import Path
@@ -19,6 +18,7 @@ from marssim.sim import simulate
 from marssim.system import load_system
 from marssim.taskgraph import TaskGraphBuilder
 from marssim.trace import build_layout, write_chrome_trace
+from marssim.workload import load_workload
 from marssim.workload.builder import GraphBuilder
 from support import RooflineCost, make_system
 from test_trace_format import check_trace, read_text
@@ -223,10 +223,7 @@ def test_processes_in_a_stable_order_accelerators_hosts_links(tmp_path):
 
 
 def test_resnet50_on_16_accelerators_pipelined_and_sharded(tmp_path):
-    sys.path.insert(0, str(ROOT / "analysis"))
-    from workloads import resnet50
-
-    g = resnet50(batch=4)
+    g = load_workload("resnet50:batch=4")
     system = load_system(str(ROOT / "topologies" / "mars-adaptive-16.yaml"))
     designs = ["os32", "ws32", "nvdla64", "shi32"]
     sets = [AcceleratorSet(tuple(f"acc{4 * k + i}" for i in range(4)), d) for k, d in enumerate(designs)]
