@@ -63,3 +63,19 @@ def test_missing_or_foreign_directory_exits_2(tmp_path, capsys):
     assert main(["trace", str(tmp_path / "empty"), "--trace", str(tmp_path / "t.json")]) == 2
     assert "summary.json: missing" in capsys.readouterr().err
     assert not (tmp_path / "t.json").exists()
+
+
+def test_simulate_output_flags_go_through_the_trace_package(saved, tmp_path):
+    # `marssim simulate --out --trace --intervals --plot` hands its result to write_outputs
+    import argparse
+
+    from marssim.cli._common import write_outputs
+
+    result, _ = saved
+    args = argparse.Namespace(out=str(tmp_path / "res"), trace=str(tmp_path / "t.json"),
+                              intervals=str(tmp_path / "iv.csv"), plot=str(tmp_path / "f.png"))
+    lines = write_outputs(result, args)
+    assert any(line.startswith("trace") and "MiB" in line for line in lines)
+    check_faithful(result, tmp_path / "t.json")
+    assert (tmp_path / "iv.csv").is_file() and (tmp_path / "f-memory.png").is_file()
+    assert (tmp_path / "res" / "intervals.csv").is_file()

@@ -12,7 +12,7 @@ File
 
 Every event
   * an object with a one-letter ``ph`` from the format's phases; ``name`` a string; ``cat`` a
-    string when present; integer ``pid`` and ``tid``; a number ``ts`` >= 0 in microseconds (on a
+    string when present; integer ``pid`` and ``tid`` >= 1 (Perfetto maps 0 to the idle process); a number ``ts`` >= 0 in microseconds (on a
     nanosecond grid: at most three decimals); ``args`` an object when present; no array values
     at the top level of an event (Perfetto's tokenizer rejects them);
   * ``X``: a number ``dur`` >= 0 on the same grid;
@@ -151,8 +151,8 @@ def check_trace(source: str | Path) -> CheckedTrace:
         if "cat" in e and not isinstance(e["cat"], str):
             bad(f"event {i}: cat must be a string")
         for key in ("pid", "tid"):
-            if not isinstance(e.get(key), int) or isinstance(e.get(key), bool) or e[key] < 0:
-                bad(f"event {i}: {key} must be a non-negative integer")
+            if not isinstance(e.get(key), int) or isinstance(e.get(key), bool) or e[key] < 1:
+                bad(f"event {i}: {key} must be a positive integer (Perfetto reads 0 as the idle process/thread)")
         ts = e.get("ts")
         if not _is_number(ts) or ts < 0:
             bad(f"event {i}: ts must be a number >= 0 (microseconds)")
@@ -262,7 +262,7 @@ def _enclosing(slices: list[Slice], ts: Decimal) -> Slice | None:
 
 # ---------------------------------------------------------------------- the validator's own tests
 def _trace(*events, other_first: bool = False, **top) -> str:
-    names = [{"ph": "M", "name": "process_name", "pid": 1, "tid": 0, "ts": 0, "args": {"name": "p"}},
+    names = [{"ph": "M", "name": "process_name", "pid": 1, "tid": 1, "ts": 0, "args": {"name": "p"}},
              {"ph": "M", "name": "thread_name", "pid": 1, "tid": 2, "ts": 0, "args": {"name": "t"}}]
     body = {"otherData": {}} if other_first else {}
     body["traceEvents"] = names + list(events)
@@ -278,7 +278,7 @@ def test_a_well_formed_trace_passes_and_is_decoded():
     text = _trace(_x(0, 1.5), _x(1.5, 2), _x(4, 0),
                   {"ph": "s", "cat": "f", "name": "f", "id": 1, "pid": 1, "tid": 2, "ts": 0.75},
                   {"ph": "f", "bp": "e", "cat": "f", "name": "f", "id": 1, "pid": 1, "tid": 2, "ts": 2.5},
-                  {"ph": "C", "name": "mem", "pid": 1, "tid": 0, "ts": 0, "args": {"MiB": 3}},
+                  {"ph": "C", "name": "mem", "pid": 1, "tid": 1, "ts": 0, "args": {"MiB": 3}},
                   otherData={"x": 1})
     checked = check_trace(text)
     assert len(checked.slices) == 3
@@ -301,8 +301,9 @@ def test_a_well_formed_trace_passes_and_is_decoded():
       {"ph": "f", "bp": "e", "cat": "f", "name": "f", "id": 1, "pid": 1, "tid": 2, "ts": 3}], "not inside a slice"),
     ([_x(0, 1), _x(2, 1), {"ph": "s", "cat": "f", "name": "f", "id": 1, "pid": 1, "tid": 2, "ts": 0.5},
       {"ph": "f", "cat": "f", "name": "f", "id": 1, "bp": "n", "pid": 1, "tid": 2, "ts": 2.5}], "bp"),
-    ([{"ph": "C", "name": "m", "pid": 1, "tid": 0, "ts": 0, "args": {"v": "x"}}], "finite number"),
-    ([{"ph": "M", "name": "process_name", "pid": 1, "tid": 0, "ts": 0, "args": {"name": "again"}}], "second"),
+    ([{"ph": "C", "name": "m", "pid": 1, "tid": 1, "ts": 0, "args": {"v": "x"}}], "finite number"),
+    ([{"ph": "C", "name": "m", "pid": 1, "tid": 0, "ts": 0, "args": {"v": 1}}], "positive integer"),
+    ([{"ph": "M", "name": "process_name", "pid": 1, "tid": 1, "ts": 0, "args": {"name": "again"}}], "second"),
     ([{"ph": "M", "name": "thread_sort_index", "pid": 1, "tid": 2, "ts": 0, "args": {"sort_index": "1"}}], "sort_index"),
     ([{"ph": "B", "name": "a", "pid": 1, "tid": 2, "ts": 0}], "B/E"),
 ])

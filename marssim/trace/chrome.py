@@ -4,6 +4,8 @@ The file is the JSON Object Format: ``{"traceEvents": [...], "otherData": {...}}
 
 * ``M`` metadata: ``process_name``, ``process_labels``, ``process_sort_index``, ``thread_name``,
   ``thread_sort_index`` for every process and track of the :mod:`~marssim.trace.layout`;
+  process-wide events (process metadata, counters) name the process's main thread (tid = pid;
+  Perfetto reads tid 0 as the idle thread of process 0);
 * ``X`` complete slices, ``ts``/``dur`` in microseconds on a nanosecond grid: one per interval
   of the log (category ``compute``, ``transfer``, ``spill_out`` or ``spill_in``; ``args.interval``
   is its row in ``result.intervals``), plus one per link or switch backplane a transfer crosses
@@ -109,10 +111,10 @@ def chrome_events(result, layout: TraceLayout | None = None, *, flows: bool = Tr
 
 def _metadata(layout: TraceLayout) -> Iterator[str]:
     for order, proc in enumerate(layout.processes):
-        yield f'{{"ph":"M","name":"process_name","pid":{proc.pid},"tid":0,"ts":0,"args":{{"name":{_s(proc.name)}}}}}'
-        yield f'{{"ph":"M","name":"process_sort_index","pid":{proc.pid},"tid":0,"ts":0,"args":{{"sort_index":{order}}}}}'
+        yield f'{{"ph":"M","name":"process_name","pid":{proc.pid},"tid":{proc.pid},"ts":0,"args":{{"name":{_s(proc.name)}}}}}'
+        yield f'{{"ph":"M","name":"process_sort_index","pid":{proc.pid},"tid":{proc.pid},"ts":0,"args":{{"sort_index":{order}}}}}'
         if proc.label:
-            yield (f'{{"ph":"M","name":"process_labels","pid":{proc.pid},"tid":0,"ts":0,'
+            yield (f'{{"ph":"M","name":"process_labels","pid":{proc.pid},"tid":{proc.pid},"ts":0,'
                    f'"args":{{"labels":{_s(proc.label)}}}}}')
     order_in_process: dict[int, int] = {}
     for th in layout.threads:
@@ -246,7 +248,7 @@ def _counters(result, layout: TraceLayout) -> Iterator[str]:
             ts, values = _collapse(to_ns(grp["time"].to_numpy()), values)
             pid = layout.node_pid[node]
             for t, v in zip(ts.tolist(), (values / 2**20).tolist()):
-                yield f'{{"ph":"C","name":"memory","pid":{pid},"tid":0,"ts":{_us(t)},"args":{{"MiB":{_num(v)}}}}}'
+                yield f'{{"ph":"C","name":"memory","pid":{pid},"tid":{pid},"ts":{_us(t)},"args":{{"MiB":{_num(v)}}}}}'
     # bandwidth in use per link / backplane, and per memory port
     lt = result.link_timeline
     if lt is None or not len(lt):
@@ -277,11 +279,11 @@ def _counters(result, layout: TraceLayout) -> Iterator[str]:
         gbps = (rate / 1e9).tolist()
         if is_link:
             for t, v, k in zip(ts.tolist(), gbps, flows.tolist()):
-                yield (f'{{"ph":"C","name":"bandwidth","pid":{pid},"tid":0,"ts":{_us(t)},'
+                yield (f'{{"ph":"C","name":"bandwidth","pid":{pid},"tid":{pid},"ts":{_us(t)},'
                        f'"args":{{"GB/s":{_num(v)},"flows":{k}}}}}')
         else:
             for t, v in zip(ts.tolist(), gbps):
-                yield f'{{"ph":"C","name":"memory port","pid":{pid},"tid":0,"ts":{_us(t)},"args":{{"GB/s":{_num(v)}}}}}'
+                yield f'{{"ph":"C","name":"memory port","pid":{pid},"tid":{pid},"ts":{_us(t)},"args":{{"GB/s":{_num(v)}}}}}'
 
 
 def _by_key(frame: pd.DataFrame, column: str, order: dict[str, int]):
