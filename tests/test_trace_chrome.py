@@ -237,3 +237,20 @@ def test_resnet50_on_16_accelerators_pipelined_and_sharded(tmp_path):
     assert {_process_key(n) for n in checked.process_names.values()} >= {f"acc{i}" for i in range(16)}
     assert len(checked.flows) == len(result.edges) > 1000
     assert read_text(path).startswith('{"traceEvents":[')
+
+
+def test_optional_parts_can_be_left_out(tmp_path):
+    result = CASES["pipeline-oc"]()
+    path = tmp_path / "slim.json"
+    write_chrome_trace(result, path, flows=False, link_slices=False, counters=False)
+    checked = check_trace(path)
+    assert {e["ph"] for e in checked.events} == {"M", "X"}
+    assert sorted(s.args["interval"] for s in checked.slices) == list(range(len(result.intervals)))
+
+
+def test_counter_rounding_noise_is_clamped_but_real_excess_stays_visible():
+    from marssim.trace.chrome import _clamp_noise
+
+    cap = 25e9
+    values = np.array([0.0, cap, cap * (1 + 1e-12), cap * 1.01])
+    assert _clamp_noise(values, cap).tolist() == [0.0, cap, cap, cap * 1.01]

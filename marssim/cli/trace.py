@@ -24,7 +24,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                                                    "FILE-memory the others; each also as .svg")
     p.add_argument("--color-by", dest="color_by", choices=("auto", "layer", "model"), default="auto",
                    help="Gantt colours: by layer (graph order) or by model (default: model when there are several)")
-    p.add_argument("--max-links", dest="max_links", type=positive_int, default=24,
+    p.add_argument("--max-links", dest="max_links", metavar="N", type=positive_int, default=24,
                    help="links shown in the figures: the busiest N (default 24)")
     p.add_argument("--no-flows", dest="flows", action="store_false",
                    help="leave the dependency arrows out of the trace (smaller file)")

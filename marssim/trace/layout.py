@@ -90,8 +90,8 @@ def to_ns(seconds) -> np.ndarray:
 
 
 def resource_kinds(result) -> dict[str, str]:
-    """Kind (link, switch, memory) of every bandwidth resource, from ``result.links`` or, where
-    a resource is missing there, from its name (``x:mem``/``x:dram`` memory, ``x:backplane`` switch)."""
+    """Kind (link, switch, memory) of every bandwidth resource of ``result.links`` (resources
+    missing there are classified by name, see ``_kind_of``)."""
     kinds: dict[str, str] = {}
     links = result.links
     if "kind" in getattr(links, "columns", ()):
@@ -100,6 +100,7 @@ def resource_kinds(result) -> dict[str, str]:
 
 
 def _kind_of(name: str, kinds: dict[str, str]) -> str:
+    """The table's kind, else by name: ``x:mem``/``x:dram`` memory, ``x:backplane`` switch, else link."""
     kind = kinds.get(name)
     if kind:
         return kind
