@@ -132,13 +132,13 @@ def load_workload(spec: str, *, batch: int | None = None) -> Graph:
 
 
 def _load_onnx_spec(spec: str, path: str, rest: str, batch: int | None) -> Graph:
-    """``model.onnx`` or ``model.onnx:batch=8``: the only parameter of an ONNX workload is its batch."""
+    """``model.onnx``, ``model.onnx:batch=8`` or ``model.onnx:batch=8,dtype=fp16``."""
     raw = _parse_params(spec, rest)
     for key in raw:
-        if key != "batch":
-            raise InputError(spec, key, "unknown parameter for an ONNX model; expected: batch")
+        if key not in ("batch", "dtype"):
+            raise InputError(spec, key, "unknown parameter for an ONNX model; expected one of: batch, dtype")
     if batch is None and "batch" in raw:
         batch = _coerce(spec, "batch", raw["batch"], 1)
     from .onnx_import import load_onnx
 
-    return load_onnx(path, batch=batch)
+    return load_onnx(path, batch=batch, dtype=raw.get("dtype"))
