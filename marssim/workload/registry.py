@@ -15,7 +15,7 @@ from marssim.errors import InputError
 
 from .graph import Graph
 
-__all__ = ["ZooEntry", "register", "zoo_entries", "parse_spec", "load_workload", "format_spec"]
+__all__ = ["ZooEntry", "register", "zoo_entries", "parse_spec", "load_workload", "format_spec", "is_onnx_spec"]
 
 
 @dataclass(frozen=True)
@@ -92,6 +92,11 @@ def _coerce(spec: str, key: str, raw: str, default: Any) -> Any:
 
 
 _ONNX_SPEC = re.compile(r"^(?P<path>.+\.onnx)(?::(?P<params>.*))?$", re.IGNORECASE | re.DOTALL)
+
+
+def is_onnx_spec(spec: str) -> bool:
+    """True for ``model.onnx`` and ``model.onnx:batch=8`` (any case of ``.onnx``)."""
+    return _ONNX_SPEC.match(spec) is not None
 
 
 def load_workload(spec: str, *, batch: int | None = None) -> Graph:
