@@ -3,8 +3,10 @@
 A track of a trace viewer shows one slice at a time, so intervals that overlap in time (flows
 sharing a link, compute tasks of a device running several streams) go on separate lanes of
 that track. Intervals are taken in order of start time; each goes on the lowest-numbered lane
-that is free at its start, opening a new lane when none is. This uses the fewest lanes
-possible: the maximum number of intervals that overlap at one instant.
+that is free at its start, opening a new lane when none is. For non-empty intervals (always
+the case with ``min_length`` > 0) this uses the fewest lanes possible: the maximum number of
+intervals that overlap at one instant. An empty interval with ``min_length`` 0 still needs a
+lane free at its instant, so it never lands inside another interval's slice.
 """
 
 from __future__ import annotations
