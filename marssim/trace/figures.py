@@ -155,8 +155,9 @@ def gantt_figure(result, *, color_by: str = "auto", max_links: int = 24):
         if p.kind == "accelerator":
             rows.append((p.key, p.pid, "compute"))
     link_procs = [p for p in layout.processes if p.kind in ("link", "switch")]
-    busy = result.links["bytes"] if "bytes" in getattr(result.links, "columns", ()) else pd.Series(dtype=float)
-    ranked = sorted(link_procs, key=lambda p: -float(busy.get(p.key, 0.0)))[:max_links]
+    column = next((c for c in ("utilisation", "bytes") if c in getattr(result.links, "columns", ())), None)
+    busy = result.links[column] if column else pd.Series(dtype=float)
+    ranked = sorted(link_procs, key=lambda p: -float(busy.get(p.key, 0.0)))[:max_links]  # stable on ties
     keep = {p.pid for p in ranked}
     link_rows = [(p.key, p.pid, "flow") for p in link_procs if p.pid in keep]
     rows += link_rows
