@@ -12,9 +12,10 @@ File
 
 Every event
   * an object with a one-letter ``ph`` from the format's phases; ``name`` a string; ``cat`` a
-    string when present; integer ``pid`` and ``tid`` >= 1 (Perfetto maps 0 to the idle process); a number ``ts`` >= 0 in microseconds (on a
-    nanosecond grid: at most three decimals); ``args`` an object when present; no array values
-    at the top level of an event (Perfetto's tokenizer rejects them);
+    string when present; integer ``pid`` and ``tid`` >= 1 (Perfetto maps 0 to the idle process);
+    a number ``ts`` >= 0 in microseconds (on a nanosecond grid: at most three decimals);
+    ``args`` an object when present; no array values at the top level of an event (Perfetto's
+    tokenizer rejects them);
   * ``X``: a number ``dur`` >= 0 on the same grid;
   * ``C``: ``args`` holds at least one value, all finite numbers;
   * ``M``: ``name`` is process_name / process_labels / process_sort_index / thread_name /
@@ -304,7 +305,8 @@ def test_a_well_formed_trace_passes_and_is_decoded():
     ([{"ph": "C", "name": "m", "pid": 1, "tid": 1, "ts": 0, "args": {"v": "x"}}], "finite number"),
     ([{"ph": "C", "name": "m", "pid": 1, "tid": 0, "ts": 0, "args": {"v": 1}}], "positive integer"),
     ([{"ph": "M", "name": "process_name", "pid": 1, "tid": 1, "ts": 0, "args": {"name": "again"}}], "second"),
-    ([{"ph": "M", "name": "thread_sort_index", "pid": 1, "tid": 2, "ts": 0, "args": {"sort_index": "1"}}], "sort_index"),
+    ([{"ph": "M", "name": "thread_sort_index", "pid": 1, "tid": 2, "ts": 0, "args": {"sort_index": "1"}}],
+     "sort_index"),
     ([{"ph": "B", "name": "a", "pid": 1, "tid": 2, "ts": 0}], "B/E"),
 ])
 def test_broken_traces_are_rejected(events, message):

@@ -111,11 +111,11 @@ def chrome_events(result, layout: TraceLayout | None = None, *, flows: bool = Tr
 
 def _metadata(layout: TraceLayout) -> Iterator[str]:
     for order, proc in enumerate(layout.processes):
-        yield f'{{"ph":"M","name":"process_name","pid":{proc.pid},"tid":{proc.pid},"ts":0,"args":{{"name":{_s(proc.name)}}}}}'
-        yield f'{{"ph":"M","name":"process_sort_index","pid":{proc.pid},"tid":{proc.pid},"ts":0,"args":{{"sort_index":{order}}}}}'
+        where = f'"pid":{proc.pid},"tid":{proc.pid},"ts":0'
+        yield f'{{"ph":"M","name":"process_name",{where},"args":{{"name":{_s(proc.name)}}}}}'
+        yield f'{{"ph":"M","name":"process_sort_index",{where},"args":{{"sort_index":{order}}}}}'
         if proc.label:
-            yield (f'{{"ph":"M","name":"process_labels","pid":{proc.pid},"tid":{proc.pid},"ts":0,'
-                   f'"args":{{"labels":{_s(proc.label)}}}}}')
+            yield f'{{"ph":"M","name":"process_labels",{where},"args":{{"labels":{_s(proc.label)}}}}}'
     order_in_process: dict[int, int] = {}
     for th in layout.threads:
         k = order_in_process.get(th.pid, 0)
@@ -162,8 +162,8 @@ def _slices(result, layout: TraceLayout, link_slices: bool) -> Iterator[str]:
                 energy = cols["energy"][j]
                 extra = f',"energy_j":{_num(energy)}' if energy == energy else ""
                 yield (f'{{"ph":"X","cat":"compute","name":{s(op or "compute")},{head},"args":{{"interval":{row},'
-                       f'"task":{cols["task"][j]},"op":{s(op)},{ops.get(op, "")}"micro_batch":{cols["micro_batch"][j]},'
-                       f'"flops":{_num(cols["flops"][j])}{extra}}}}}')
+                       f'"task":{cols["task"][j]},"op":{s(op)},{ops.get(op, "")}'
+                       f'"micro_batch":{cols["micro_batch"][j]},"flops":{_num(cols["flops"][j])}{extra}}}}}')
                 continue
             coll = cols["collective"][j]
             name = f"{op} {coll or kind}" if op else (coll or kind)
@@ -172,11 +172,12 @@ def _slices(result, layout: TraceLayout, link_slices: bool) -> Iterator[str]:
             common = (f'"op":{s(op)},"micro_batch":{cols["micro_batch"][j]},"bytes":{_num(nbytes)},'
                       f'"src":{s(cols["src"][j])},"dst":{s(cols["dst"][j])}')
             yield (f'{{"ph":"X","cat":{s(kind)},"name":{s(name)},{head},"args":{{"interval":{row},'
-                   f'"task":{cols["task"][j]},{common},"collective":{s(coll)},"collective_id":{cols["collective_id"][j]},'
-                   f'"route":{s(cols["links"][j])}{rate}}}}}')
+                   f'"task":{cols["task"][j]},{common},"collective":{s(coll)},'
+                   f'"collective_id":{cols["collective_id"][j]},"route":{s(cols["links"][j])}{rate}}}}}')
             while h < n_hops and hop_row[h] == row:
-                yield (f'{{"ph":"X","cat":"{LINK_CATEGORY}","name":{s(name)},"pid":{hop_pid[h]},"tid":{hop_tid[h]},'
-                       f'"ts":{_us(ts)},"dur":{_us(dur)},"args":{{"interval":{row},"task":{cols["task"][j]},{common}}}}}')
+                yield (f'{{"ph":"X","cat":"{LINK_CATEGORY}","name":{s(name)},"pid":{hop_pid[h]},'
+                       f'"tid":{hop_tid[h]},"ts":{_us(ts)},"dur":{_us(dur)},'
+                       f'"args":{{"interval":{row},"task":{cols["task"][j]},{common}}}}}')
                 h += 1
 
 
@@ -283,7 +284,8 @@ def _counters(result, layout: TraceLayout) -> Iterator[str]:
                        f'"args":{{"GB/s":{_num(v)},"flows":{k}}}}}')
         else:
             for t, v in zip(ts.tolist(), gbps):
-                yield f'{{"ph":"C","name":"memory port","pid":{pid},"tid":{pid},"ts":{_us(t)},"args":{{"GB/s":{_num(v)}}}}}'
+                yield (f'{{"ph":"C","name":"memory port","pid":{pid},"tid":{pid},"ts":{_us(t)},'
+                       f'"args":{{"GB/s":{_num(v)}}}}}')
 
 
 def _by_key(frame: pd.DataFrame, column: str, order: dict[str, int]):

@@ -180,7 +180,8 @@ def build_layout(result) -> TraceLayout:
             label = f"DRAM {fmt_bytes(float(memories.loc[host, 'capacity_bytes']))}"
         processes.append(Process(pid, "host", host, f"{host} (host)", label))
         node_pid[host] = pid
-    capacity = result.links["capacity"] if "capacity" in getattr(result.links, "columns", ()) else pd.Series(dtype=float)
+    has_capacity = "capacity" in getattr(result.links, "columns", ())
+    capacity = result.links["capacity"] if has_capacity else pd.Series(dtype=float)
     for res in link_names:
         pid = len(processes) + 1
         k = _kind_of(res, kinds)
@@ -196,7 +197,8 @@ def build_layout(result) -> TraceLayout:
     # track group: compute intervals on their device, transfers (and spills) on their sender
     role = np.where(is_compute, 0, 1).astype(np.int64)
     owner = np.where(is_compute, resource, src) if n else resource
-    pid = pd.Series(owner, dtype=object).map(node_pid).to_numpy(dtype=np.int64) if n else np.zeros(0, dtype=np.int64)
+    pid = (pd.Series(owner, dtype=object).map(node_pid).to_numpy(dtype=np.int64) if n
+           else np.zeros(0, dtype=np.int64))
     lane = np.zeros(n, dtype=np.int64)
     for (p, r), rows in _groups(pid, role):
         lane[rows] = assign_lanes(start_ns[rows], end_ns[rows], min_length=_ONE_NS)
