@@ -289,3 +289,15 @@ def test_every_legal_swap_respects_the_basic_invariants(cubin):
         assert not (a.mem and b.mem and (a.mem.writes or b.mem.writes) and
                     {a.mem.space, b.mem.space} & {"generic"} | ({a.mem.space} & {b.mem.space}))
     assert allowed > 10
+
+
+def test_sources_of_a_reader_without_read_scoreboard_are_not_overwritten_sooner():
+    sts = ("smem_reduce.sm_90.cubin", 0x110, "STS [R5], R0")            # no read scoreboard
+    s2ur = ("tiled_gemm.sm_90.cubin", 0x20, "S2UR UR5, SR_CgaCtaId")
+    overwrite = ("smem_reduce.sm_90.cubin", 0x30, "HFMA2.MMA R0, -RZ, RZ, 0, 0")
+    seq = sequence(sts, s2ur, overwrite)
+    v = check_seq(seq, 1)  # the overwrite of R0 would follow the STS by 1 cycle instead of 2
+    assert (v.ok, v.reason) == (False, "latency") and "overwrite a source" in v.detail
+    spaced = sequence(sts, ("tiled_gemm.sm_90.cubin", 0x2D0, "IMAD R17, R17, 0x10, R6"), s2ur, overwrite,
+                      ("saxpy_loop.sm_90.cubin", 0x60, "ISETP.GE.AND P0, PT, R0, UR8, PT"))
+    assert check_seq(spaced, 2).ok  # 1 + 7 stall cycles remain between them

@@ -23,7 +23,9 @@ Rules (the ``reason`` strings returned):
                  not trade places with another variable-latency instruction.
 ``latency``      a fixed-latency producer would be followed by its consumer sooner than
                  ``min(original distance, latency)`` stall cycles; the same for a scoreboard's
-                 setter and its first waiter (``SCOREBOARD_SETUP_CYCLES``).
+                 setter and its first waiter (``SCOREBOARD_SETUP_CYCLES``), and for a
+                 variable-latency reader without read scoreboard and the next overwriter
+                 of its sources (``OPERAND_READ_CYCLES``).
 ``reuse``        the swap would separate an instruction with operand-reuse flags from its
                  successor.
 ``memory``       both access memory, one writes, and their spaces may alias (no load past a
@@ -39,7 +41,8 @@ from functools import cached_property
 
 from .sass import Instruction, Listing
 
-__all__ = ["Legality", "check_swap", "FIXED_LATENCY_CYCLES", "SCOREBOARD_SETUP_CYCLES", "NEVER_SHRINK"]
+__all__ = ["Legality", "check_swap", "FIXED_LATENCY_CYCLES", "SCOREBOARD_SETUP_CYCLES", "OPERAND_READ_CYCLES",
+           "NEVER_SHRINK"]
 
 #: stall cycles a consumer of these fixed-latency producers needs at most (an upper bound on the
 #: published 4-5 cycle ALU latencies of Volta to Hopper; ptxas places consumers of these
@@ -53,6 +56,10 @@ FIXED_LATENCY_CYCLES: dict[str, int] = {op: 6 for op in (
 #: cycles between an instruction that sets a scoreboard and the first one that waits on it
 #: (ptxas never places them closer than 2 in the test kernels; 4 leaves a margin)
 SCOREBOARD_SETUP_CYCLES = 4
+#: cycles after issue within which a variable-latency instruction without a read scoreboard may
+#: still read its source registers (ptxas protects longer reads with a read scoreboard); a later
+#: overwriter of such a source keeps ``min(original distance, this)``
+OPERAND_READ_CYCLES = 4
 NEVER_SHRINK = 10**9
 
 _ALIAS = {
@@ -175,9 +182,6 @@ class Legality:
             return Verdict(False, "guarded", guarded)
         if (self.no_sb_producer(a) and self.is_variable(b)) or (self.no_sb_producer(b) and self.is_variable(a)):
             return Verdict(False, "queue", "in-order completion of a producer without scoreboard")
-        lat = self._latency_conflict(order, pos, a, b)
-        if lat:
-            return Verdict(False, "latency", lat)
         if pos > 0 and self.block_of[pos - 1] == self.block_of[pos] and self.insns[order[pos - 1]].control.reuse:
             return Verdict(False, "reuse", "the previous instruction caches operands for the upper one")
         if ca.reuse or cb.reuse:
@@ -185,6 +189,9 @@ class Legality:
         mem = self._memory_conflict(a, b)
         if mem:
             return Verdict(False, "memory", mem)
+        lat = self._latency_conflict(order, pos, a, b)
+        if lat:
+            return Verdict(False, "latency", lat)
         return Verdict(True)
 
     def _guarded_conflict(self, order: Sequence[int], pos: int, a: Instruction, b: Instruction) -> str:
@@ -239,6 +246,17 @@ class Legality:
                 old = self._distance(order, block.start, pos + 1)
                 if need and old - sa < min(old, need):
                     return f"{r} from a previous block would be read {old - sa} cycles into the block"
+        # b overwrites a source of a variable-latency reader above that has no read scoreboard
+        for r in b.writes:
+            for slot in range(pos - 1, block.start - 1, -1):
+                x = self.insns[order[slot]]
+                if r in x.reads and self.is_variable(x) and x.control.read_sb is None:
+                    old = self._distance(order, slot, pos + 1)
+                    if old - sa < min(old, OPERAND_READ_CYCLES):
+                        return f"{r}: {b.mnemonic} would overwrite a source of {x.mnemonic} {old - sa} cycles after it"
+                    break
+                if r in x.writes:
+                    break
         for s in b.control.waits:
             for slot in range(pos - 1, block.start - 1, -1):
                 x = self.insns[order[slot]]
@@ -267,6 +285,16 @@ class Legality:
                     old = self._distance(order, pos, block.end)
                     if old - sb < min(old, self.latency(a)):
                         return f"{r} leaves the block {old - sb} cycles after {a.mnemonic}"
+        if self.is_variable(a) and a.control.read_sb is None:
+            # a reads its sources after issue within a short window: keep later overwriters away
+            for r in a.reads:
+                for slot in range(pos + 2, block.end):
+                    y = self.insns[order[slot]]
+                    if r in y.writes:
+                        old = self._distance(order, pos, slot)
+                        if old - sb < min(old, OPERAND_READ_CYCLES):
+                            return f"{r}: {y.mnemonic} would overwrite a source of {a.mnemonic} {old - sb} cycles after it"
+                        break
         for s in a.control.sets:
             for slot in range(pos + 2, block.end):
                 y = self.insns[order[slot]]
