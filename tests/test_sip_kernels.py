@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from marssim.calibrate.sip.calibration import CalibrationRow, merge_rows, read_rows, shape_text
+from marssim.calibrate.sip.calibration import CalibrationRow, gemm_class_shape, merge_rows, read_rows
 from marssim.calibrate.sip.cubin import read_cubin
 from marssim.calibrate.sip.gpu import outputs_match, summarize
 from marssim.calibrate.sip.kernels import KERNELS, get_kernel, parse_shape
@@ -84,17 +84,34 @@ def test_summarize_timings():
     assert s.iqr == pytest.approx(4.0 - 2.0) and s.spread == pytest.approx(2.0 / 3.0)
 
 
+#: the calibrated cost model's required columns (marssim.cost.calibrated.REQUIRED_COLUMNS, written
+#: out here so that this test fails if the writer drifts from that format)
+COST_TABLE_COLUMNS = ("kind", "dtype", "batch", "m", "n", "k", "flops", "bytes", "device", "sms", "driver", "cuda",
+                      "tuning", "median_s", "spread_s", "samples", "date")
+
+
+def test_gemm_class_shapes():
+    g = gemm_class_shape("gemm_leaky_relu", {"M": 512, "N": 512, "K": 2048})
+    assert (g["kind"], g["batch"], g["m"], g["n"], g["k"]) == ("gemm", 1, 512, 512, 2048)
+    assert g["flops"] == 2 * 512 * 512 * 2048 and g["bytes"] == 2 * (512 * 2048 * 2 + 512 * 512)
+    a = gemm_class_shape("attention_fwd", {"Z": 4, "H": 48, "N_CTX": 4096, "HEAD_DIM": 64})
+    plan_flops = 4.0 * 4 * 48 * 4096 * 4096 * 64  # QK^T and PV
+    assert a["flops"] == plan_flops == 2 * a["batch"] * a["m"] * a["n"] * a["k"]
+
+
 def test_calibration_rows_merge_and_replace(tmp_path):
     path = tmp_path / "traces" / "calibration" / "sip.csv"
-    common = dict(kind="gemm", kernel="gemm_leaky_relu", shape=shape_text({"M": 512, "N": 512, "K": 2048}),
-                  dtype="fp16", device="NVIDIA H100", driver="550.54", cuda="12.4", spread=0.01, samples=200,
-                  flops=2 * 512 * 512 * 2048, date="2026-01-01T00:00:00+00:00")
+    common = dict(dtype="fp16", device="NVIDIA H100 80GB HBM3", sms=132, driver="550.54.15", cuda="12.4",
+                  spread_s=2e-7, samples=200, date="2026-01-01", kernel="gemm_leaky_relu",
+                  **gemm_class_shape("gemm_leaky_relu", {"M": 512, "N": 512, "K": 2048}))
     merge_rows(path, [CalibrationRow(tuning="none", median_s=2.7e-5, **common),
-                      CalibrationRow(tuning="sip", median_s=2.5e-5, schedule="s.json", **common)])
-    merge_rows(path, [CalibrationRow(tuning="sip", median_s=2.4e-5, schedule="s2.json", **common)])
+                      CalibrationRow(tuning="sip", median_s=2.5e-5, note="schedule a.json", **common)])
+    merge_rows(path, [CalibrationRow(tuning="sip", median_s=2.4e-5, note="schedule b.json", **common)])
     rows = read_rows(path)
-    assert [(r.tuning, r.median_s) for r in rows] == [("none", 2.7e-5), ("sip", 2.4e-5)]
-    with open(path) as fh:
-        header = next(csv.reader(fh))
-    assert header[:3] == ["kind", "kernel", "shape"] and "tuning" in header and "median_s" in header
-    assert rows[0].shape == "M=512;N=512;K=2048"
+    assert [(r.tuning, r.median_s, r.note) for r in rows] == [("none", 2.7e-5, ""), ("sip", 2.4e-5, "schedule b.json")]
+    lines = path.read_text().splitlines()
+    assert lines[0].startswith("#")
+    header = next(csv.reader([lines[1]]))
+    assert set(COST_TABLE_COLUMNS) <= set(header) and set(header) - set(COST_TABLE_COLUMNS) <= {"kernel", "note"}
+    data = next(csv.DictReader(lines[1:]))
+    assert float(data["flops"]) == 2 * int(data["batch"]) * int(data["m"]) * int(data["n"]) * int(data["k"])

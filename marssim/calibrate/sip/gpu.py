@@ -134,6 +134,11 @@ class GpuSession:
         name = _check(self.drv.cuDeviceGetName(128, self.device))
         return name.split(b"\0", 1)[0].decode()
 
+    def sm_count(self) -> int:
+        """Streaming multiprocessors of the device."""
+        attr = self.drv.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT
+        return int(_check(self.drv.cuDeviceGetAttribute(attr, self.device)))
+
     def driver_version(self) -> str:
         """CUDA version the driver supports (``cuDriverGetVersion``), e.g. ``12.4``."""
         v = _check(self.drv.cuDriverGetVersion())

@@ -27,7 +27,7 @@ import numpy as np
 from marssim.fsutil import atomic_file
 
 from .anneal import AnnealConfig, anneal_seeds
-from .calibration import CalibrationRow, merge_rows, shape_text
+from .calibration import CalibrationRow, gemm_class_shape, merge_rows
 from .cubin import Cubin, parse_cubin
 from .deps import Legality
 from .kernels import KernelSpec, compile_cubin
@@ -107,7 +107,7 @@ def tune(options: TuneOptions, progress: Callable[[str], None] = lambda line: No
     with GpuSession() as gpu:
         gpu.upload(plan)
         original = gpu.load(cubin_bytes, kname, meta.get("shared_bytes", 0))
-        progress(f"{spec.name} {shape_text(shape)} on {gpu.device_name()}: {len(listing)} instructions, "
+        progress(f"{spec.name} {shape} on {gpu.device_name()}: {len(listing)} instructions, "
                  f"{sum(1 for i in listing.instructions if i.mem)} memory")
         reference = spec.reference(plan)
         got = gpu.run(original, plan)
@@ -161,6 +161,7 @@ def tune(options: TuneOptions, progress: Callable[[str], None] = lambda line: No
             mismatches += bad
             elements += sum(plan.args[plan.arg_names.index(n)].size for n in plan.outputs)
         device, driver, cuda = gpu.device_name(), gpu.nvidia_driver(), gpu.driver_version()
+        sms = gpu.sm_count()
 
     base, tun = _stats(base_times), _stats(tuned_times)
     date = _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()
@@ -176,7 +177,7 @@ def tune(options: TuneOptions, progress: Callable[[str], None] = lambda line: No
         "loader": "cuda-python cuModuleLoadData + cuLaunchKernel",
     }
     out = Path(options.out_dir)
-    stem = f"{spec.name}.{shape_text(shape).replace(';', '_').replace('=', '')}"
+    stem = f"{spec.name}." + "_".join(f"{k}{v}" for k, v in shape.items())
     files = {"original": str(out / f"{stem}.original.cubin"), "tuned": str(out / f"{stem}.sip.cubin"),
              "schedule": str(out / f"{stem}.schedule.json"), "result": str(out / f"{stem}.result.json")}
     problems = roundtrip_mismatches(listing, tuned_bytes, kname, best.best_order)
@@ -198,13 +199,13 @@ def tune(options: TuneOptions, progress: Callable[[str], None] = lambda line: No
         json.dump(asdict(report), fh, indent=1, default=str)
         fh.write("\n")
     if options.calibration_csv is not None and mismatches == 0:
-        kind = "attention" if spec.name.startswith("attention") else "gemm"
-        common = dict(kind=kind, kernel=spec.name, shape=shape_text(shape), dtype="fp16", device=device,
-                      driver=driver, cuda=cuda, flops=plan.flops, date=date)
+        common = dict(dtype="fp16", device=device, sms=sms, driver=driver, cuda=cuda, date=date[:10],
+                      kernel=spec.name, **gemm_class_shape(spec.name, shape))
         merge_rows(options.calibration_csv, [
-            CalibrationRow(tuning="none", median_s=base["median_s"], spread=base["spread"],
-                           samples=int(base["samples"]), **common),
-            CalibrationRow(tuning="sip", median_s=tun["median_s"], spread=tun["spread"], samples=int(tun["samples"]),
-                           schedule=files["schedule"], **common),
+            CalibrationRow(tuning="none", median_s=base["median_s"], spread_s=base["iqr_s"],
+                           samples=int(base["samples"]), note="compiler schedule", **common),
+            CalibrationRow(tuning="sip", median_s=tun["median_s"], spread_s=tun["iqr_s"], samples=int(tun["samples"]),
+                           note=f"schedule {Path(files['schedule']).name}; verified on {elements} output elements",
+                           **common),
         ])
     return report
