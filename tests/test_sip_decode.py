@@ -243,3 +243,26 @@ def test_control_fields_by_bit_position():
     assert c.waits == frozenset({0, 3}) and c.sets == frozenset({2})
     assert encoding.reuse_slots(word) == ("Ra", "Rc")
     assert c.describe() == "S05 Y W2 R- [0,3] reuse=ac"
+
+
+@needs_nvdisasm
+def test_a_cubin_with_two_kernels():
+    from marssim.calibrate.sip.sass import disassemble
+
+    cubin = read_cubin(DATA / "pair.sm_90.cubin")
+    assert set(cubin.kernels) == {"saxpy_loop", "smem_reduce"}
+    with pytest.raises(InputError, match="has 2 kernels"):
+        cubin.kernel()
+    listings = disassemble(cubin)
+    alone = disassemble(read_cubin(DATA / "saxpy_loop.sm_90.cubin"))["saxpy_loop"]
+    def norm(lst):  # label numbers run across the file
+        return [re.sub(r"\.L_x_\d+", ".L", i.text) for i in lst.instructions]
+
+    assert norm(listings["saxpy_loop"]) == norm(alone)
+    # permuting one kernel leaves the other's bytes alone
+    k = cubin.kernel("smem_reduce")
+    other = cubin.kernel("saxpy_loop")
+    order = list(range(k.count))
+    order[1], order[2] = order[2], order[1]
+    new = parse_cubin(permute_text(cubin, "smem_reduce", order))
+    assert new.kernel("saxpy_loop").words == other.words and new.kernel("smem_reduce").words != k.words

@@ -14,6 +14,7 @@ for kernel in saxpy_loop smem_reduce tiled_gemm mma_f16; do
     done
 done
 nvcc -cubin -O3 -arch=sm_90a -o tiled_gemm.sm_90a.cubin tiled_gemm.cu
+nvcc -cubin -O3 -arch=sm_90 -o pair.sm_90.cubin pair.cu
 TRITON_DEFAULT_FP_FUSION=1 PYTHONPATH="$root${TRITON_PYTHONPATH:+:$TRITON_PYTHONPATH}" \
     python "$here/build_triton.py" "$here"
 {
