@@ -266,3 +266,27 @@ def test_a_cubin_with_two_kernels():
     order[1], order[2] = order[2], order[1]
     new = parse_cubin(permute_text(cubin, "smem_reduce", order))
     assert new.kernel("saxpy_loop").words == other.words and new.kernel("smem_reduce").words != k.words
+
+
+@needs_nvdisasm
+@pytest.mark.parametrize("name", ["tiled_gemm.sm_90.cubin", "smem_reduce.sm_80.cubin", "attention_fwd.sm_90a.cubin"])
+def test_basic_blocks_partition_the_kernel_at_labels_and_control_flow(name):
+    from marssim.calibrate.sip.sass import disassemble
+
+    lst = next(iter(disassemble(read_cubin(DATA / name)).values()))
+    blocks = lst.blocks
+    assert blocks[0].start == 0 and blocks[-1].end == len(lst)
+    assert all(a.end == b.start for a, b in zip(blocks, blocks[1:]))
+    starts = {b.start for b in blocks}
+    texts = [i.text for i in lst.instructions]
+    label_at = {lab: i.index for i in lst.instructions for lab in i.labels}
+    for i, text in enumerate(texts):
+        for target in re.findall(r"`\(([^)]+)\)", text):  # every branch / BSSY target starts a block
+            assert label_at[target] in starts
+        op = re.sub(r"^@!?U?P[0-6T]\s+", "", text).split()[0].split(".")[0]
+        if op in ("BRA", "EXIT", "BSSY", "BSYNC", "RET", "CALL") and i + 1 < len(texts):
+            assert i + 1 in starts, (name, i, text)  # control flow ends its block
+    for b in blocks:  # inside a block: no label, no control flow before the last slot
+        for i in range(b.start + 1, b.end):
+            assert not lst.instructions[i].labels
+            assert not lst.instructions[i - 1].is_control_flow
