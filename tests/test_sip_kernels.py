@@ -115,3 +115,24 @@ def test_calibration_rows_merge_and_replace(tmp_path):
     assert set(COST_TABLE_COLUMNS) <= set(header) and set(header) - set(COST_TABLE_COLUMNS) <= {"kernel", "note"}
     data = next(csv.DictReader(lines[1:]))
     assert float(data["flops"]) == 2 * int(data["batch"]) * int(data["m"]) * int(data["n"]) * int(data["k"])
+
+
+def test_launch_parameters_follow_the_cubin_layout():
+    """GpuSession._params on the CPU (no driver call): one value per KPARAM entry, device
+    pointers for arrays, scalars by value, null for Triton's hidden scratch pointers."""
+    import ctypes
+
+    from marssim.calibrate.sip.gpu import GpuSession, LoadedKernel
+
+    spec = KERNELS["attention_fwd"]
+    plan = spec.plan({"Z": 1, "H": 2, "N_CTX": 128, "HEAD_DIM": 64}, np.random.default_rng(0))
+    session = GpuSession.__new__(GpuSession)  # no CUDA context: only the parameter packing is used
+    session.buffers = {n: (0x1000 * (i + 1), v) for i, (n, v) in enumerate(zip(plan.arg_names, plan.args))
+                       if isinstance(v, np.ndarray)}
+    sizes = tuple(s for _, _, s in read_cubin(DATA / "attention_fwd.sm_90a.cubin").kernel().param_sizes())
+    holders = session._params(LoadedKernel(None, None, "attention_fwd_kernel", sizes, 65536), plan)
+    assert [ctypes.sizeof(h) for h in holders] == list(sizes)
+    assert [h.value for h in holders[:4]] == [0x1000, 0x2000, 0x3000, 0x4000]
+    assert holders[4].value == pytest.approx(1 / 8)  # sm_scale = 1/sqrt(64), fp32
+    assert holders[plan.arg_names.index("N_CTX")].value == 128
+    assert [h.value for h in holders[len(plan.args):]] == [0, 0]

@@ -211,28 +211,31 @@ class GpuSession:
             _check(self.drv.cuMemsetD8Async(ptr, 0, host.nbytes, self.stream))
 
     # ---------------------------------------------------------------- launch
-    def _params(self, k: LoadedKernel, plan: LaunchPlan):
-        values, types = [], []
+    def _params(self, k: LoadedKernel, plan: LaunchPlan) -> list:
+        """One ctypes value per kernel parameter, sized as the cubin's KPARAM_INFO says."""
+        holders: list = []
         for i, size in enumerate(k.param_sizes):
             if i < len(plan.args):
                 name, value, ty = plan.arg_names[i], plan.args[i], plan.arg_types[i]
                 if isinstance(value, np.ndarray):
-                    values.append(int(self.buffers[name][0]))
-                    types.append(ctypes.c_void_p)
+                    holder = ctypes.c_uint64(int(self.buffers[name][0]))
                 else:
-                    values.append(value)
-                    types.append(_NP_TO_CTYPE[ty])
-                if ctypes.sizeof(types[-1]) != size:
+                    holder = _NP_TO_CTYPE[ty](value)
+                if ctypes.sizeof(holder) != size:
                     raise RuntimeError(f"parameter {i} ({name}) is {size} bytes in the cubin, "
-                                       f"{ctypes.sizeof(types[-1])} in the launch plan")
+                                       f"{ctypes.sizeof(holder)} in the launch plan")
             else:  # Triton's hidden scratch pointers: null when no scratch is needed
-                values.append(0)
-                types.append(ctypes.c_void_p)
-        return tuple(values), tuple(types)
+                holder = ctypes.c_uint64(0) if size == 8 else (ctypes.c_uint8 * size)()
+            holders.append(holder)
+        return holders
 
     def launch(self, k: LoadedKernel, plan: LaunchPlan) -> None:
-        params = self._params(k, plan)
-        _check(self.drv.cuLaunchKernel(k.function, *plan.grid, *plan.block, k.shared_bytes, self.stream, params, 0))
+        """Launch once on the session's stream (parameters passed as a void** array; the driver
+        copies them during the call)."""
+        holders = self._params(k, plan)
+        pointers = (ctypes.c_void_p * max(1, len(holders)))(*[ctypes.addressof(h) for h in holders])
+        _check(self.drv.cuLaunchKernel(k.function, *plan.grid, *plan.block, k.shared_bytes, self.stream,
+                                       ctypes.addressof(pointers), 0))
 
     def run(self, k: LoadedKernel, plan: LaunchPlan) -> dict[str, np.ndarray]:
         """Zero the outputs, launch once, synchronise, return the outputs."""
