@@ -97,6 +97,9 @@ def tune(options: TuneOptions, progress: Callable[[str], None] = lambda line: No
     else:
         cubin_bytes, meta = options.cubin, {"kernel": None, "shared_bytes": options.shared_bytes, "triton": "",
                                             "arch": ""}
+    if meta.get("global_scratch_size") or meta.get("profile_scratch_size"):
+        raise RuntimeError(f"{spec.name}: Triton asks for scratch memory; this launcher passes null scratch "
+                           "pointers and supports only kernels that need none")
     cubin: Cubin = parse_cubin(cubin_bytes)
     kname = cubin.kernel(meta.get("kernel")).name
     listing = disassemble(cubin, kname)[kname]
