@@ -241,7 +241,8 @@ def compile_cubin(spec: KernelSpec, shape: Mapping[str, int], arch: int = 90) ->
     meta = compiled.metadata
     return bytes(compiled.asm["cubin"]), {
         "kernel": meta.name, "shared_bytes": int(meta.shared), "num_warps": int(meta.num_warps),
-        "num_stages": int(meta.num_stages), "triton": triton.__version__, "arch": f"sm_{arch}{'a' if arch == 90 else ''}",
+        "num_stages": int(meta.num_stages), "triton": triton.__version__,
+        "arch": f"sm_{arch}{'a' if arch == 90 else ''}",  # Triton targets sm_90a on Hopper
         "global_scratch_size": int(getattr(meta, "global_scratch_size", 0) or 0),
         "profile_scratch_size": int(getattr(meta, "profile_scratch_size", 0) or 0),
     }
