@@ -234,8 +234,8 @@ def compile_cubin(spec: KernelSpec, shape: Mapping[str, int], arch: int = 90) ->
     fn = getattr(triton_kernels, spec.function)
     names = list(fn.arg_names)
     attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in spec.divisible_by_16}
-    source = ASTSource(fn=fn, signature=dict(spec.signature), constexprs={**spec.constexprs, **{k: shape[k] for k in spec.shape_constexprs}},
-                       attrs=attrs)
+    constexprs = {**spec.constexprs, **{k: shape[k] for k in spec.shape_constexprs}}
+    source = ASTSource(fn=fn, signature=dict(spec.signature), constexprs=constexprs, attrs=attrs)
     compiled = triton.compile(source, target=GPUTarget("cuda", arch, 32),
                               options={"num_warps": spec.num_warps, "num_stages": spec.num_stages})
     meta = compiled.metadata
