@@ -28,7 +28,7 @@ DATA = Path(__file__).resolve().parent.parent / "tests" / "data" / "sip"
 
 def main() -> None:
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; {nvdisasm_version()}")
-    header = (f"{'cubin':30s} {'arch':7s} {'insns':>5s} {'blocks':>6s} {'mem':>4s} {'swaps':>5s} {'sip':>4s} "
+    header = (f"{'cubin[:kernel]':30s} {'arch':7s} {'insns':>5s} {'blocks':>6s} {'mem':>4s} {'swaps':>5s} {'sip':>4s} "
               f"{'displaced@700':>13s} {'us/check':>8s}  refused by rule")
     print(header)
     print("-" * len(header))
@@ -53,7 +53,8 @@ def main() -> None:
             displaced = sum(1 for s, i in enumerate(walk) if s != i)
             mem = sum(1 for i in lst.instructions if i.mem is not None)
             top = ", ".join(f"{r} {n}" for r, n in reasons.most_common())
-            print(f"{path.name:30s} {cubin.arch:7s} {len(lst):5d} {len(lst.blocks):6d} {mem:4d} {swaps:5d} {moves:4d} "
+            label = path.name if len(cubin.kernels) == 1 else f"{path.name}:{name}"
+            print(f"{label:30s} {cubin.arch:7s} {len(lst):5d} {len(lst.blocks):6d} {mem:4d} {swaps:5d} {moves:4d} "
                   f"{displaced:13d} {per_check:8.1f}  {top}")
 
 
