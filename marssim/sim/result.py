@@ -135,17 +135,17 @@ class Result:
             if not (directory / name).is_file():
                 raise InputError(str(directory), name, "missing; expected a directory written by `marssim simulate --out`")
         summary = json.loads((directory / "summary.json").read_text())
-        intervals = pd.read_csv(directory / "intervals.csv", keep_default_na=False,
+        intervals = pd.read_csv(directory / "intervals.csv", keep_default_na=False, float_precision="round_trip",
                                 na_values={"energy": ["", "nan", "NaN"]})
         for col in ("op", "model", "src", "dst", "collective", "links", "resource", "kind"):
             intervals[col] = intervals[col].astype(str)
         return cls(
             makespan=float(summary["makespan_s"]), intervals=intervals,
-            devices=pd.read_csv(directory / "devices.csv", index_col="device"),
-            links=pd.read_csv(directory / "links.csv", index_col="resource"),
-            memories=pd.read_csv(directory / "memories.csv", index_col="node"),
-            memory_timeline=pd.read_csv(directory / "memory_timeline.csv"),
-            link_timeline=pd.read_csv(directory / "link_timeline.csv"),
+            devices=pd.read_csv(directory / "devices.csv", index_col="device", float_precision="round_trip"),
+            links=pd.read_csv(directory / "links.csv", index_col="resource", float_precision="round_trip"),
+            memories=pd.read_csv(directory / "memories.csv", index_col="node", float_precision="round_trip"),
+            memory_timeline=pd.read_csv(directory / "memory_timeline.csv", float_precision="round_trip"),
+            link_timeline=pd.read_csv(directory / "link_timeline.csv", float_precision="round_trip"),
             edges=pd.read_csv(directory / "edges.csv") if (directory / "edges.csv").is_file() else
             pd.DataFrame(columns=["src_task", "dst_task"]),
             ops=pd.read_csv(directory / "ops.csv", index_col="op", keep_default_na=False)
