@@ -30,7 +30,7 @@ import numpy as np
 from marssim.system import System
 from marssim.taskgraph import COMPUTE, TaskGraph
 
-from .schedule import earliest_schedule, list_schedule
+from .schedule import BACKENDS, earliest_schedule, list_schedule
 
 __all__ = ["Estimate", "estimate", "transfer_durations"]
 
@@ -206,6 +206,8 @@ def estimate(taskgraph: TaskGraph, system: System, *, backend: str = "auto") -> 
 
     ``backend``: ``auto`` (compiled kernels when numba is installed), ``python`` or ``numba``;
     all give identical results. Raises ValueError when the TaskGraph has a cycle."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
     wall = time.perf_counter()
     tg = taskgraph
     n = tg.n_tasks
