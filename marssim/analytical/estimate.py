@@ -32,7 +32,7 @@ from marssim.taskgraph import COMPUTE, TaskGraph
 
 from .schedule import BACKENDS, earliest_schedule, list_schedule
 
-__all__ = ["Estimate", "estimate", "transfer_durations"]
+__all__ = ["Estimate", "estimate", "transfer_durations", "resource_bytes", "critical_path"]
 
 
 _ROUTE_CACHE: "weakref.WeakKeyDictionary[System, dict]" = weakref.WeakKeyDictionary()
@@ -165,30 +165,9 @@ class Estimate:
         return _throughput(self.taskgraph, self.end, self.makespan)
 
     def critical_path(self) -> np.ndarray:
-        """Task ids of one critical path, first to last: from the last task to end, repeatedly
-        the predecessor (or, for a compute task that waited, the task its device ran before it)
-        whose end is this task's start."""
-        tg = self.taskgraph
-        if tg.n_tasks == 0:
-            return np.zeros(0, dtype=np.int64)
-        is_compute = tg.kind == COMPUTE
-        # the task each device ran just before each compute task
-        comp = np.flatnonzero(is_compute)
-        order = comp[np.lexsort((comp, self.start[comp], tg.device[comp]))]
-        prev_on_device = np.full(tg.n_tasks, -1, dtype=np.int64)
-        same = tg.device[order[1:]] == tg.device[order[:-1]]
-        prev_on_device[order[1:][same]] = order[:-1][same]
-        path = [int(np.argmax(self.end))]
-        while self.start[path[-1]] > 0.0:
-            t = path[-1]
-            candidates = [int(p) for p in tg.preds(t)]
-            if prev_on_device[t] >= 0:
-                candidates.append(int(prev_on_device[t]))
-            if not candidates:
-                break
-            # the latest-ending one is the one this task waited for (an ancestor: no loop)
-            path.append(max(candidates, key=lambda p: (self.end[p], -p)))
-        return np.asarray(path[::-1], dtype=np.int64)
+        """Task ids of one critical path of the estimated schedule, first to last (see
+        :func:`critical_path`)."""
+        return critical_path(self.taskgraph, self.start, self.end)
 
     def summary(self) -> str:
         """A few readable lines: makespan, bounds, busiest devices."""
@@ -239,6 +218,37 @@ def estimate(taskgraph: TaskGraph, system: System, *, backend: str = "auto") -> 
     return Estimate(makespan=makespan, start=start, ready=ready, end=end, duration=duration, busy=busy,
                     lower_bound=max(bounds.values()), bounds=bounds, taskgraph=tg, system=system,
                     meta={"wall_s": time.perf_counter() - wall, "tasks": n})
+
+
+def critical_path(taskgraph: TaskGraph, start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """Task ids of one critical path of a schedule (``start``/``end`` in seconds, one per task),
+    first to last: from the task that ends last, repeatedly step to whatever it waited for, the
+    predecessor or (for a compute task) the task its device ran just before it, whichever ended
+    latest. Works for estimated and simulated schedules alike."""
+    tg = taskgraph
+    if tg.n_tasks == 0:
+        return np.zeros(0, dtype=np.int64)
+    comp = np.flatnonzero(tg.kind == COMPUTE)
+    order = comp[np.lexsort((comp, start[comp], tg.device[comp]))]
+    prev_on_device = np.full(tg.n_tasks, -1, dtype=np.int64)
+    same = tg.device[order[1:]] == tg.device[order[:-1]]
+    prev_on_device[order[1:][same]] = order[:-1][same]
+    pp = tg.pred_ptr
+    pi = tg.pred_idx
+    path = [int(np.argmax(end))]
+    seen = {path[0]}
+    while start[path[-1]] > 0.0:
+        t = path[-1]
+        candidates = [int(p) for p in pi[pp[t]:pp[t + 1]]]
+        if prev_on_device[t] >= 0:
+            candidates.append(int(prev_on_device[t]))
+        candidates = [c for c in candidates if c not in seen]
+        if not candidates:
+            break
+        best = max(candidates, key=lambda p: (end[p], -p))
+        path.append(best)
+        seen.add(best)
+    return np.asarray(path[::-1], dtype=np.int64)
 
 
 def resource_bytes(taskgraph: TaskGraph, system: System) -> np.ndarray:
