@@ -75,6 +75,7 @@ class Comparison:
     simulated_s: float
     lower_bound_s: float
     error: float
+    bounded_s: float = math.nan
     feasible: bool = True
     problem: str = ""
     estimate_wall_s: float = 0.0
@@ -119,7 +120,7 @@ def compare(graph: Graph, system: System, item: NamedMapping, cost=None, *, memo
     t1 = time.perf_counter()
     base = dict(name=item.name, key=m.key, family=item.family, sets=len(m.sets), stages=m.n_stages,
                 micro_batches=m.micro_batches, tasks=tg.n_tasks, estimate_s=est.makespan,
-                lower_bound_s=est.lower_bound, estimate_wall_s=t1 - t0)
+                lower_bound_s=est.lower_bound, bounded_s=est.bounded, estimate_wall_s=t1 - t0)
     try:
         sim = simulate(tg, system, memory_policy=memory_policy, record=False, setup=False)
     except CapacityError as err:
@@ -297,12 +298,14 @@ class ValidationReport:
             "mapping": c.name, "key": c.key[:12], "family": c.family, "sets": c.sets, "stages": c.stages,
             "micro_batches": c.micro_batches, "tasks": c.tasks, "simulated_s": c.simulated_s,
             "estimate_s": c.estimate_s, "error": c.error, "abs_error": abs(c.error),
-            "lower_bound_s": c.lower_bound_s, "link_delay_s": c.link_delay_s,
+            "lower_bound_s": c.lower_bound_s, "bounded_s": c.bounded_s,
+            "bounded_error": (c.bounded_s - c.simulated_s) / c.simulated_s if c.feasible else math.nan,
+            "link_delay_s": c.link_delay_s,
             "explained_s": sum(c.delays.values()), "top_resources": c.top_resources,
             "feasible": c.feasible, "problem": c.problem,
         } for c in comparisons], columns=[
             "mapping", "key", "family", "sets", "stages", "micro_batches", "tasks", "simulated_s", "estimate_s",
-            "error", "abs_error", "lower_bound_s", "link_delay_s", "explained_s", "top_resources", "feasible",
+            "error", "abs_error", "lower_bound_s", "bounded_s", "bounded_error", "link_delay_s", "explained_s", "top_resources", "feasible",
             "problem"])
         layers = None
         user_summary: dict[str, Any] = {}
@@ -321,6 +324,7 @@ class ValidationReport:
             user_summary = _stats(layers.loc[ok, "user_s"].to_numpy(), layers.loc[ok, "simulated_s"].to_numpy())
         ok = rows["feasible"].to_numpy(dtype=bool)
         summary = _stats(rows.loc[ok, "estimate_s"].to_numpy(), rows.loc[ok, "simulated_s"].to_numpy())
+        summary["bounded"] = _stats(rows.loc[ok, "bounded_s"].to_numpy(), rows.loc[ok, "simulated_s"].to_numpy())
         summary["infeasible"] = int((~ok).sum())
         summary["lower_bound_holds"] = bool((rows.loc[ok, "lower_bound_s"]
                                              <= rows.loc[ok, "simulated_s"] * (1 + 1e-9)).all())
@@ -341,10 +345,12 @@ class ValidationReport:
         lines = [f"{m.get('system', '')} / {m.get('workload', '')}: {m.get('mappings', len(self.rows))} mappings"
                  + (f" (sampled, seed {m['seed']})" if "seed" in m else ""),
                  ""]
-        lines += _stats_lines("analytical estimate", s)
+        lines += _stats_lines("analytical estimate (no link contention)", s)
         if s.get("infeasible"):
             lines.append(f"  {s['infeasible']} mappings do not fit memory (left out)")
         lines.append(f"  lower bound at or below the simulation for every mapping: {'yes' if s['lower_bound_holds'] else 'NO'}")
+        lines.append("")
+        lines += _stats_lines("max(estimate, lower bound)", s["bounded"])
         if "user" in s:
             lines.append("")
             what = "per layer" if self.layers is not None else "per mapping"
@@ -472,53 +478,64 @@ def _resolve_name(ref: str, names: Sequence[str], by_key: dict[str, str]) -> str
 # ---------------------------------------------------------------------- the scatter plot
 def scatter_plot(report: ValidationReport, path: str | Path) -> list[Path]:
     """Estimate against simulation on log-log axes with the line y = x, one point per mapping
-    coloured by its number of pipeline stages (and the user's numbers as crosses, if given).
+    coloured by its number of pipeline stages: the contention-free estimate on the left,
+    ``max(estimate, lower bound)`` on the right (and the user's numbers as crosses, if given).
     Writes ``path`` (PNG) and the same stem as SVG; returns both paths."""
     import matplotlib
 
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     path = Path(path)
     rows = report.rows[report.rows["feasible"]]
+    panels = [("estimate_s", "analytical estimate, no link contention (ms)", report.summary),
+              ("bounded_s", "max(estimate, lower bound) (ms)", report.summary.get("bounded", {}))]
     with matplotlib.rc_context({"svg.hashsalt": "marssim", "font.size": 9}):
-        fig, ax = plt.subplots(figsize=(6.2, 5.4))
-        if len(rows):
-            sim = rows["simulated_s"].to_numpy() * 1e3
-            est = rows["estimate_s"].to_numpy() * 1e3
-            stages = rows["stages"].to_numpy()
-            cmap = plt.get_cmap("viridis")
-            levels = sorted(set(stages.tolist()))
-            for k, s in enumerate(levels):
-                sel = stages == s
-                color = cmap(k / max(len(levels) - 1, 1))
-                ax.scatter(sim[sel], est[sel], s=16, color=color, alpha=0.8, edgecolors="none",
-                           label=f"{s} stage{'s' if s != 1 else ''}")
-            if "user_s" in rows:
+        fig, axes = plt.subplots(1, 2, figsize=(11, 5.2))
+        sim = rows["simulated_s"].to_numpy() * 1e3
+        stages = rows["stages"].to_numpy()
+        levels = sorted(set(stages.tolist()))
+        cmap = plt.get_cmap("viridis")
+        values = [rows[col].to_numpy() * 1e3 for col, _, _ in panels]
+        if "user_s" in rows:
+            values.append(rows["user_s"].dropna().to_numpy() * 1e3)
+        finite = np.concatenate([sim] + values) if len(rows) else np.zeros(0)
+        finite = finite[np.isfinite(finite) & (finite > 0)]
+        lo, hi = (finite.min() / 1.3, finite.max() * 1.3) if len(finite) else (0.1, 10.0)
+        for ax, (col, label, st), y in zip(axes, panels, values):
+            for k, n_st in enumerate(levels):
+                sel = stages == n_st
+                ax.scatter(sim[sel], y[sel], s=14, color=cmap(k / max(len(levels) - 1, 1)), alpha=0.8,
+                           edgecolors="none", label=f"{n_st} stage{'s' if n_st != 1 else ''}")
+            if "user_s" in rows and col == "estimate_s":
                 sel = rows["user_s"].notna().to_numpy()
                 if sel.any():
                     ax.scatter(sim[sel], rows["user_s"].to_numpy()[sel] * 1e3, s=22, marker="x", color="crimson",
                                label="user estimate")
-            lo = min(sim.min(), est.min()) / 1.3
-            hi = max(sim.max(), est.max()) * 1.3
             ax.plot([lo, hi], [lo, hi], color="black", lw=1, ls="--", label="y = x")
             ax.set_xlim(lo, hi)
             ax.set_ylim(lo, hi)
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.set_xlabel("simulated makespan (ms)")
-        ax.set_ylabel("analytical estimate (ms)")
-        s = report.summary
-        title = f"{report.meta.get('system', '')} / {report.meta.get('workload', '')}"
-        if s.get("n"):
-            title += (f"\n|error| median {s['median_abs_error']:.1%}, p90 {s['p90_abs_error']:.1%}, "
-                      f"max {s['max_abs_error']:.1%}; Kendall tau {s['kendall_tau']:.2f}")
-        ax.set_title(title)
-        ax.grid(True, which="both", lw=0.3, alpha=0.5)
-        ax.legend(loc="upper left", fontsize=8, frameon=False)
+            ax.set_xscale("log")
+            ax.set_yscale("log")
+            plain = matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}")
+            for axis in (ax.xaxis, ax.yaxis):
+                axis.set_major_formatter(plain)
+                # label the 2..9 ticks only when the axis spans little more than a decade
+                axis.set_minor_formatter(plain if hi / lo < 30 else matplotlib.ticker.NullFormatter())
+            ax.set_xlabel("simulated makespan (ms)")
+            ax.set_ylabel(label)
+            if st.get("n"):
+                ax.set_title(f"|error| median {st['median_abs_error']:.1%}, p90 {st['p90_abs_error']:.1%}, "
+                             f"max {st['max_abs_error']:.1%}\nKendall tau {st['kendall_tau']:.2f}, "
+                             f"Spearman rho {st['spearman_rho']:.2f}")
+            ax.grid(True, which="both", lw=0.3, alpha=0.5)
+            ax.legend(loc="upper left", fontsize=8, frameon=False)
+        m = report.meta
+        fig.suptitle(f"{m.get('system', '')} / {m.get('workload', '')}: {len(rows)} mappings")
         fig.tight_layout()
         svg = path.with_suffix(".svg")
-        fig.savefig(path, dpi=130, metadata={"Software": None})
+        fig.savefig(path, dpi=120, metadata={"Software": None})
         fig.savefig(svg, metadata={"Date": None, "Creator": None})
         plt.close(fig)
     return [path, svg]

@@ -273,6 +273,9 @@ def test_lower_bound_components_on_a_contended_graph():
     assert math.isclose(sim.makespan, 4e6 / (10 * GB), rel_tol=REL)
     assert math.isclose(est.bounds["resource_load"], 4e6 / (10 * GB), rel_tol=REL)
     assert est.lower_bound == est.bounds["resource_load"] <= sim.makespan * (1 + 1e-12)
+    # raised to the bound, the estimate meets the simulation here (one link carries everything)
+    assert est.bounded == max(est.makespan, est.lower_bound)
+    assert math.isclose(est.bounded, sim.makespan, rel_tol=REL)
     assert est.links.loc["acc0->acc1", "bytes"] == 4e6
 
 

@@ -97,6 +97,13 @@ def test_errors_and_statistics_match_an_independent_evaluation(report, sampled):
     assert s["kendall_tau"] == pytest.approx(stats.kendalltau(ok["estimate_s"], ok["simulated_s"]).statistic)
     assert s["spearman_rho"] == pytest.approx(stats.spearmanr(ok["estimate_s"], ok["simulated_s"]).statistic)
     assert s["lower_bound_holds"] and (ok["lower_bound_s"] <= ok["simulated_s"] * (1 + 1e-9)).all()
+    bounded = np.maximum(ok["estimate_s"], ok["lower_bound_s"])
+    assert (ok["bounded_s"] == bounded).all()
+    berr = ((bounded - ok["simulated_s"]) / ok["simulated_s"]).abs()
+    assert s["bounded"]["median_abs_error"] == pytest.approx(float(np.median(berr)))
+    # never further from the simulation than the contention-free estimate when that is below it
+    below = ok["estimate_s"] <= ok["simulated_s"]
+    assert (berr[below] <= ok["abs_error"][below] + 1e-15).all()
 
 
 def test_contention_free_mapping_has_zero_error_and_nothing_to_attribute():

@@ -153,6 +153,15 @@ class Estimate:
         }, index=pd.Index(self.system.resource_names, name="resource"))
 
     @property
+    def bounded(self) -> float:
+        """``max(makespan, lower_bound)`` in seconds: the contention-free makespan raised to what
+        the busiest resource, device or dependency chain needs at least. Equal to the simulation
+        wherever the contention-free makespan is (the bound never exceeds the simulation), and never
+        further from it when the contention-free makespan is below it; it ranks contended mappings
+        far better (see docs/validation.md)."""
+        return max(self.makespan, self.lower_bound)
+
+    @property
     def energy(self) -> float:
         """Total compute energy in joules (NaN when no design has energy figures)."""
         e = self.taskgraph.energy[self.taskgraph.kind == COMPUTE]
