@@ -61,8 +61,9 @@ class Comparison:
     """One mapping evaluated both ways (seconds). ``error``: ``(estimate - simulated) / simulated``
     (NaN when the mapping does not fit memory: ``feasible`` False, ``problem`` says why).
     ``delays``: seconds of the simulated critical path charged to each resource (links, switches,
-    memories by name; ``device order`` for what contention-free ordering does not explain). ``op_sim_s``: simulated seconds per op
-    (filled only when per-layer estimates are compared)."""
+    memories by name; ``device order`` for what contention-free ordering does not explain).
+    ``op_sim_s``/``op_est_s``: simulated and estimated seconds per op (see :func:`op_times`;
+    filled only when per-layer estimates are compared)."""
 
     name: str
     key: str
@@ -83,6 +84,7 @@ class Comparison:
     link_delay_s: float = 0.0  # extra seconds of all transfers over their contention-free time
     delays: dict[str, float] = field(default_factory=dict)
     op_sim_s: dict[str, float] = field(default_factory=dict)
+    op_est_s: dict[str, float] = field(default_factory=dict)
 
     @property
     def top_resources(self) -> str:
@@ -133,9 +135,10 @@ def compare(graph: Graph, system: System, item: NamedMapping, cost=None, *, memo
     end = log["end"].to_numpy()
     delays, link_delay = attribute(tg, system, est, start, end)
     ops = op_times(tg, start, end) if want_ops else {}
+    ops_est = op_times(tg, est.start, est.end) if want_ops else {}
     error = (est.makespan - sim.makespan) / sim.makespan if sim.makespan > 0 else 0.0
     return Comparison(**base, simulated_s=sim.makespan, error=error, simulate_wall_s=wall,
-                      link_delay_s=link_delay, delays=delays, op_sim_s=ops)
+                      link_delay_s=link_delay, delays=delays, op_sim_s=ops, op_est_s=ops_est)
 
 
 def attribute(tg: TaskGraph, system: System, est, start: np.ndarray, end: np.ndarray) -> tuple[dict[str, float], float]:
@@ -305,8 +308,8 @@ class ValidationReport:
             "feasible": c.feasible, "problem": c.problem,
         } for c in comparisons], columns=[
             "mapping", "key", "family", "sets", "stages", "micro_batches", "tasks", "simulated_s", "estimate_s",
-            "error", "abs_error", "lower_bound_s", "bounded_s", "bounded_error", "link_delay_s", "explained_s", "top_resources", "feasible",
-            "problem"])
+            "error", "abs_error", "lower_bound_s", "bounded_s", "bounded_error", "link_delay_s", "explained_s",
+            "top_resources", "feasible", "problem"])
         layers = None
         user_summary: dict[str, Any] = {}
         if estimates is not None and estimates.kind == "mapping":
@@ -461,9 +464,12 @@ def _layer_table(comparisons: list[Comparison], estimates: UserEstimates) -> pd.
             if not c.feasible:
                 continue
             sim = c.op_sim_s.get(op, math.nan)
+            est = c.op_est_s.get(op, math.nan)
             rows.append({"mapping": c.name, "op": op, "user_s": value, "simulated_s": sim,
-                         "error": (value - sim) / sim if sim > 0 else math.nan})
-    return pd.DataFrame(rows, columns=["mapping", "op", "user_s", "simulated_s", "error"])
+                         "error": (value - sim) / sim if sim > 0 else math.nan, "estimate_s": est,
+                         "estimate_error": (est - sim) / sim if sim > 0 else math.nan})
+    return pd.DataFrame(rows, columns=["mapping", "op", "user_s", "simulated_s", "error", "estimate_s",
+                                       "estimate_error"])
 
 
 def _resolve_name(ref: str, names: Sequence[str], by_key: dict[str, str]) -> str | None:

@@ -192,6 +192,9 @@ def test_user_estimates_per_layer(tmp_path, sampled):
     assert set(rep.layers["op"]) == set(sim_ops)
     assert (rep.layers["mapping"] == sampled[0].name).all()
     assert rep.layers["error"].to_numpy() == pytest.approx([0.5] * len(sim_ops))
+    est = estimate(tg, SYSTEM)
+    est_ops = op_times(tg, est.start, est.end)
+    assert rep.layers.set_index("op")["estimate_s"].to_dict() == pytest.approx(est_ops)
     assert rep.summary["user"]["median_abs_error"] == pytest.approx(0.5)
 
 

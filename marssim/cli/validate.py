@@ -55,10 +55,7 @@ def run(args: argparse.Namespace) -> int:
         n = args.sample or 50
         mappings = sample_mappings(graph, system, n, seed=args.seed, max_sets=args.max_sets)
         meta["seed"] = args.seed
-    progress = None
-    if not args.quiet and sys.stderr.isatty():
-        def progress(done: int, total: int) -> None:
-            print(f"\r{done}/{total} mappings", end="" if done < total else "\n", file=sys.stderr, flush=True)
+    progress = None if args.quiet or not sys.stderr.isatty() else _progress
     if args.workers > 1:
         from concurrent.futures import ProcessPoolExecutor
 
@@ -73,3 +70,7 @@ def run(args: argparse.Namespace) -> int:
     print()
     print("\n".join(f"wrote     {p}" for p in paths))
     return 0
+
+
+def _progress(done: int, total: int) -> None:
+    print(f"\r{done}/{total} mappings", end="" if done < total else "\n", file=sys.stderr, flush=True)
