@@ -524,11 +524,11 @@ def scatter_plot(report: ValidationReport, path: str | Path) -> list[Path]:
             ax.set_ylim(lo, hi)
             ax.set_xscale("log")
             ax.set_yscale("log")
-            plain = matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}")
             for axis in (ax.xaxis, ax.yaxis):
-                axis.set_major_formatter(plain)
-                # label the 2..9 ticks only when the axis spans little more than a decade
-                axis.set_minor_formatter(plain if hi / lo < 30 else matplotlib.ticker.NullFormatter())
+                axis.set_major_formatter(matplotlib.ticker.FuncFormatter(_tick_label))
+                # 2, 3 and 5 labelled too when the axis spans less than two decades
+                axis.set_minor_formatter(matplotlib.ticker.FuncFormatter(_tick_label) if hi / lo < 100
+                                         else matplotlib.ticker.NullFormatter())
             ax.set_xlabel("simulated makespan (ms)")
             ax.set_ylabel(label)
             if st.get("n"):
@@ -545,6 +545,14 @@ def scatter_plot(report: ValidationReport, path: str | Path) -> list[Path]:
         fig.savefig(svg, metadata={"Date": None, "Creator": None})
         plt.close(fig)
     return [path, svg]
+
+
+def _tick_label(value: float, _pos=None) -> str:
+    """``0.2``, ``3``, ``50``: plain numbers for ticks whose leading digit is 1, 2, 3 or 5."""
+    if value <= 0:
+        return ""
+    lead = value / 10 ** math.floor(math.log10(value) + 1e-9)
+    return f"{value:g}" if round(lead, 6) in (1.0, 2.0, 3.0, 5.0) else ""
 
 
 # ---------------------------------------------------------------------- inputs
