@@ -82,6 +82,8 @@ class Comparison:
     estimate_wall_s: float = 0.0
     simulate_wall_s: float = 0.0
     link_delay_s: float = 0.0  # extra seconds of all transfers over their contention-free time
+    wait_s: float = 0.0  # seconds compute tasks spent ready but waiting for their device, simulated
+    wait_estimate_s: float = 0.0  # the same in the estimate
     delays: dict[str, float] = field(default_factory=dict)
     op_sim_s: dict[str, float] = field(default_factory=dict)
     op_est_s: dict[str, float] = field(default_factory=dict)
@@ -134,11 +136,24 @@ def compare(graph: Graph, system: System, item: NamedMapping, cost=None, *, memo
     start = log["start"].to_numpy()
     end = log["end"].to_numpy()
     delays, link_delay = attribute(tg, system, est, start, end)
+    wait = _device_wait(tg, start, end)
     ops = op_times(tg, start, end) if want_ops else {}
     ops_est = op_times(tg, est.start, est.end) if want_ops else {}
     error = (est.makespan - sim.makespan) / sim.makespan if sim.makespan > 0 else 0.0
     return Comparison(**base, simulated_s=sim.makespan, error=error, simulate_wall_s=wall,
-                      link_delay_s=link_delay, delays=delays, op_sim_s=ops, op_est_s=ops_est)
+                      link_delay_s=link_delay, wait_s=wait, wait_estimate_s=float((est.start - est.ready).sum()),
+                      delays=delays, op_sim_s=ops, op_est_s=ops_est)
+
+
+def _device_wait(tg: TaskGraph, start: np.ndarray, end: np.ndarray) -> float:
+    """Seconds compute tasks spent between their predecessors' end and their own start."""
+    if tg.n_tasks == 0:
+        return 0.0
+    counts = np.diff(tg.pred_ptr)
+    ready = np.zeros(tg.n_tasks)
+    np.maximum.at(ready, np.repeat(np.arange(tg.n_tasks), counts), end[tg.pred_idx])
+    comp = tg.kind == COMPUTE
+    return float((start[comp] - ready[comp]).sum())
 
 
 def attribute(tg: TaskGraph, system: System, est, start: np.ndarray, end: np.ndarray) -> tuple[dict[str, float], float]:
@@ -303,12 +318,13 @@ class ValidationReport:
             "estimate_s": c.estimate_s, "error": c.error, "abs_error": abs(c.error),
             "lower_bound_s": c.lower_bound_s, "bounded_s": c.bounded_s,
             "bounded_error": (c.bounded_s - c.simulated_s) / c.simulated_s if c.feasible else math.nan,
-            "link_delay_s": c.link_delay_s,
+            "link_delay_s": c.link_delay_s, "wait_s": c.wait_s, "wait_estimate_s": c.wait_estimate_s,
             "explained_s": sum(c.delays.values()), "top_resources": c.top_resources,
             "feasible": c.feasible, "problem": c.problem,
         } for c in comparisons], columns=[
             "mapping", "key", "family", "sets", "stages", "micro_batches", "tasks", "simulated_s", "estimate_s",
-            "error", "abs_error", "lower_bound_s", "bounded_s", "bounded_error", "link_delay_s", "explained_s",
+            "error", "abs_error", "lower_bound_s", "bounded_s", "bounded_error", "link_delay_s", "wait_s",
+            "wait_estimate_s", "explained_s",
             "top_resources", "feasible", "problem"])
         layers = None
         user_summary: dict[str, Any] = {}

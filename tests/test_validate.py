@@ -97,6 +97,7 @@ def test_errors_and_statistics_match_an_independent_evaluation(report, sampled):
     assert s["kendall_tau"] == pytest.approx(stats.kendalltau(ok["estimate_s"], ok["simulated_s"]).statistic)
     assert s["spearman_rho"] == pytest.approx(stats.spearmanr(ok["estimate_s"], ok["simulated_s"]).statistic)
     assert s["lower_bound_holds"] and (ok["lower_bound_s"] <= ok["simulated_s"] * (1 + 1e-9)).all()
+    assert (ok["wait_s"] >= -1e-12).all() and (ok["wait_estimate_s"] >= -1e-12).all()
     bounded = np.maximum(ok["estimate_s"], ok["lower_bound_s"])
     assert (ok["bounded_s"] == bounded).all()
     berr = ((bounded - ok["simulated_s"]) / ok["simulated_s"]).abs()
@@ -115,6 +116,7 @@ def test_contention_free_mapping_has_zero_error_and_nothing_to_attribute():
     row = rep.rows.iloc[0]
     assert abs(row["error"]) <= 1e-12
     assert row["explained_s"] == 0.0 and row["top_resources"] == ""
+    assert row["wait_s"] == pytest.approx(row["wait_estimate_s"], rel=1e-12, abs=1e-18)
     assert rep.summary["exact"] == 1
 
 
@@ -319,3 +321,16 @@ def test_cli_missing_mapping_directory(tmp_path, cli_env, capsys):
     code = main(["validate", "--system", str(cli_env), "--workload", WORKLOAD, "--mappings",
                  str(tmp_path / "none"), "--out", str(tmp_path / "out")])
     assert code == 2 and "expected a directory" in capsys.readouterr().err
+
+
+def test_device_wait_counts_time_ready_but_queued():
+    from marssim.validate import _device_wait
+
+    system = make_system(1, topology="chain")
+    b = TaskGraphBuilder(system)
+    for k, d in enumerate((1e-6, 2e-6, 3e-6)):
+        b.compute("acc0", d, priority=k)
+    tg = b.build()
+    log = simulate(tg, system, record=False, setup=False).intervals.sort_values("task")
+    # all three ready at 0; they start at 0, 1 and 3 us
+    assert _device_wait(tg, log["start"].to_numpy(), log["end"].to_numpy()) == pytest.approx(4e-6, rel=1e-12)
