@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from marssim.csvio import EXACT_FLOATS
 from marssim.errors import InputError
 from marssim.fsutil import atomic_file
 from marssim.sim.result import INTERVAL_COLUMNS
@@ -77,7 +78,7 @@ def import_intervals(path: str | Path) -> pd.DataFrame:
         table = pd.read_parquet(path, engine="pyarrow")
     else:
         table = pd.read_csv(path, dtype={c: str for c in _TEXT}, keep_default_na=False,
-                            na_values={"energy_j": ["", "nan", "NaN"]}, **_exact_floats())
+                            na_values={"energy_j": ["", "nan", "NaN"]}, **EXACT_FLOATS)
     missing = [c for c in TABLE_COLUMNS if c not in table.columns]
     if missing:
         raise InputError(str(path), "columns", f"missing {', '.join(missing)}; expected a file written by "
@@ -90,13 +91,6 @@ def import_intervals(path: str | Path) -> pd.DataFrame:
     for c in ("start", "end", "bytes", "flops", "energy"):
         out[c] = out[c].astype(np.float64)
     return out[list(INTERVAL_COLUMNS)].reset_index(drop=True)
-
-
-def _exact_floats() -> dict:
-    """read_csv options that parse floats exactly: pandas >= 3.1 always does (and deprecates the
-    option); older versions need float_precision="round_trip"."""
-    major, minor = (int(x) for x in pd.__version__.split(".")[:2])
-    return {} if (major, minor) >= (3, 1) else {"float_precision": "round_trip"}
 
 
 def _format(path: Path) -> str:
