@@ -64,11 +64,11 @@ _ZERO = OpCost(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, "none")
 _MODEL_NAMES = ("systolic-os", "systolic-ws", "systolic-is", "loopmap-rs", "loopmap-nvdla", "loopmap-shidiannao")
 _LOOPMAP = {3: rs_gemm, 4: nvdla_gemm, 5: shidiannao_gemm}
 
-MAX_OBJECT_CACHE = 1 << 16
-"""Entries of the per-object (``id``) caches before they are cleared."""
+MAX_OBJECT_CACHE = 1 << 14
+"""Entries of the per-object (``id``) caches before they are cleared (they keep objects alive)."""
 MAX_MEMO = 1 << 18
 """(shape, design) results kept before the memo is cleared."""
-MAX_SHAPES = 1 << 21
+MAX_SHAPES = 1 << 19
 """Distinct op shapes kept before every cache is cleared."""
 
 
@@ -124,6 +124,7 @@ class DataflowCost:
     # ------------------------------------------------------------------ pickling and caches
     def _reset(self) -> None:
         self._op_ids: dict[int, tuple[Op, int]] = {}
+        self._fid_by_op: dict[Op, int] = {}
         self._design_ids: dict[int, tuple[Design, int]] = {}
         self._rows: list[tuple[int, ...]] = []
         self._fid_of: dict[tuple[int, ...], int] = {}
@@ -158,11 +159,14 @@ class DataflowCost:
         entry = self._op_ids.get(id(op))
         if entry is not None and entry[0] is op:
             return entry[1]
-        feats = op_features(op)
-        fid = self._fid_of.get(feats)
+        fid = self._fid_by_op.get(op)
         if fid is None:
-            fid = self._fid_of[feats] = len(self._rows)
-            self._rows.append(feats)
+            feats = op_features(op)
+            fid = self._fid_of.get(feats)
+            if fid is None:
+                fid = self._fid_of[feats] = len(self._rows)
+                self._rows.append(feats)
+            self._fid_by_op[op] = fid
         if len(self._op_ids) >= MAX_OBJECT_CACHE:
             self._op_ids.clear()
         self._op_ids[id(op)] = (op, fid)
@@ -271,6 +275,7 @@ class DataflowCost:
                 self._memo.clear()
                 if len(self._rows) >= MAX_SHAPES:
                     self._reset()
+                    return cost
             self._memo[key] = cost
         return cost
 
@@ -351,39 +356,71 @@ class DataflowCost:
                 out[mask] = t
         return out
 
-    def _intern(self, objs: Sequence, resolve) -> tuple[np.ndarray, np.ndarray]:
-        """``(positions, ids)``: ``ids`` the distinct interned ids of ``objs``, ``positions`` the
-        index into ``ids`` of each object (objects are deduplicated by identity first)."""
-        addrs = np.fromiter(map(id, objs), dtype=np.uint64, count=len(objs))
-        _, first, inverse = np.unique(addrs, return_index=True, return_inverse=True)
-        resolved = np.fromiter((resolve(objs[i]) for i in first.tolist()), dtype=np.int64, count=len(first))
-        ids, inv2 = np.unique(resolved, return_inverse=True)
-        return inv2[inverse.ravel()], ids
+    @staticmethod
+    def _intern(objs: Sequence, resolve) -> np.ndarray:
+        """The interned id of each object; ``resolve`` runs once per distinct object (by identity)."""
+        import pandas as pd
 
-    def op_times(self, ops: Sequence[Op], designs: Sequence[Design]) -> np.ndarray:
-        """Seconds of each pair ``(ops[i], designs[i])``, vectorised; equal to :meth:`op_time`
-        bit for bit. Each distinct (shape, design) pair is evaluated once when that is cheaper."""
-        n = len(ops)
-        if len(designs) != n:
-            raise ValueError(f"op_times needs as many designs as ops, got {len(designs)} and {n}")
+        addrs = np.fromiter(map(id, objs), dtype=np.uint64, count=len(objs))
+        codes, uniques = pd.factorize(addrs)
+        any_index = np.empty(len(uniques), dtype=np.int64)
+        any_index[codes] = np.arange(len(objs))  # equal addresses are the same (live) object
+        resolved = np.fromiter((resolve(objs[i]) for i in any_index.tolist()), dtype=np.int64,
+                               count=len(any_index))
+        return resolved[codes]
+
+    def shape_ids(self, ops: Sequence[Op]) -> np.ndarray:
+        """Interned shape ids of ``ops`` (int64), for :meth:`times`. Ops of equal shape share an id.
+        Ids stay valid until :meth:`clear_cache` (or more than ``MAX_SHAPES`` shapes were seen)."""
+        return self._intern(ops, self._fid) if len(ops) else np.zeros(0, dtype=np.int64)
+
+    def design_ids(self, designs: Sequence[Design]) -> np.ndarray:
+        """Interned ids of ``designs`` (int64), for :meth:`times`."""
+        return self._intern(designs, self._did) if len(designs) else np.zeros(0, dtype=np.int64)
+
+    def times(self, shape_ids: np.ndarray, design_ids: np.ndarray) -> np.ndarray:
+        """Seconds of each pair ``(shape_ids[i], design_ids[i])``: the array-only core of
+        :meth:`op_times` (no Python work per pair). Evaluates each distinct pair once when the
+        distinct shapes x distinct designs are fewer than the pairs, else per design."""
+        import pandas as pd
+
+        shape_ids = np.asarray(shape_ids, dtype=np.int64)
+        design_ids = np.asarray(design_ids, dtype=np.int64)
+        n = len(shape_ids)
+        if len(design_ids) != n:
+            raise ValueError(f"times needs as many design ids as shape ids, got {len(design_ids)} and {n}")
         if n == 0:
             return np.zeros(0)
-        if len(self._rows) >= MAX_SHAPES:
-            self._reset()
-        fpos, fids = self._intern(ops, self._fid)
-        dpos, dids = self._intern(designs, self._did)
+        if int(shape_ids.max()) >= len(self._rows) or int(design_ids.max()) >= len(self._dparams):
+            raise ValueError("unknown shape or design id (ids from another model, or from before clear_cache())")
+        fpos, fids = pd.factorize(shape_ids)
+        dpos, dids = pd.factorize(design_ids)
         if len(fids) * len(dids) <= n:
             return self._cross(fids, dids)[fpos, dpos]
         out = np.empty(n, dtype=np.float64)
         if len(dids) == 1:
-            out[:] = self._times_on(int(dids[0]), fids[fpos])
+            out[:] = self._times_on(int(dids[0]), shape_ids)
+            return out
+        if len(dids) <= 64:
+            for j, did in enumerate(dids.tolist()):
+                idx = np.flatnonzero(dpos == j)
+                out[idx] = self._times_on(did, shape_ids[idx])
             return out
         order = np.argsort(dpos, kind="stable")
         bounds = np.searchsorted(dpos[order], np.arange(len(dids) + 1))
-        for j in range(len(dids)):
+        for j, did in enumerate(dids.tolist()):
             idx = order[bounds[j]:bounds[j + 1]]
-            out[idx] = self._times_on(int(dids[j]), fids[fpos[idx]])
+            out[idx] = self._times_on(did, shape_ids[idx])
         return out
+
+    def op_times(self, ops: Sequence[Op], designs: Sequence[Design]) -> np.ndarray:
+        """Seconds of each pair ``(ops[i], designs[i])``, vectorised; equal to :meth:`op_time`
+        bit for bit (see :meth:`times`)."""
+        if len(designs) != len(ops):
+            raise ValueError(f"op_times needs as many designs as ops, got {len(designs)} and {len(ops)}")
+        if len(self._rows) >= MAX_SHAPES:
+            self._reset()
+        return self.times(self.shape_ids(ops), self.design_ids(designs))
 
     def _cross(self, fids: np.ndarray, dids: np.ndarray) -> np.ndarray:
         table = np.empty((len(fids), len(dids)), dtype=np.float64)
@@ -393,10 +430,12 @@ class DataflowCost:
 
     def op_time_table(self, ops: Sequence[Op], designs: Sequence[Design]) -> np.ndarray:
         """Seconds of every op on every design: an array ``[len(ops), len(designs)]``."""
+        import pandas as pd
+
         if not len(ops) or not len(designs):
             return np.zeros((len(ops), len(designs)))
-        fpos, fids = self._intern(ops, self._fid)
-        dpos, dids = self._intern(designs, self._did)
+        fpos, fids = pd.factorize(self.shape_ids(ops))
+        dpos, dids = pd.factorize(self.design_ids(designs))
         return self._cross(fids, dids)[np.ix_(fpos, dpos)]
 
     def __repr__(self) -> str:
