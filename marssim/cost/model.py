@@ -68,7 +68,7 @@ MAX_OBJECT_CACHE = 1 << 14
 """Entries of the per-object (``id``) caches before they are cleared (they keep objects alive)."""
 MAX_MEMO = 1 << 18
 """(shape, design) results kept before the memo is cleared."""
-MAX_SHAPES = 1 << 19
+MAX_SHAPES = 1 << 18
 """Distinct op shapes kept before every cache is cleared."""
 
 
