@@ -191,11 +191,13 @@ class GraphBuilder:
                          weight_elems)
 
     def norm(self, name: str, x: T, norm: str = "batch") -> T:
-        """Batch norm (inference: per-channel scale and shift) or layer norm (over the features)."""
-        if norm not in ("batch", "layer"):
-            raise ValueError(f"{name}: norm must be 'batch' or 'layer', got {norm!r}")
+        """Batch norm (inference: per-channel scale and shift), layer norm (over the features) or
+        local response norm (``lrn``: over a window of neighbouring channels, no parameters)."""
+        if norm not in ("batch", "layer", "lrn"):
+            raise ValueError(f"{name}: norm must be 'batch', 'layer' or 'lrn', got {norm!r}")
         n, c, h, w = x.shape
-        return self._add(name, OpKind.NORM, {"N": n, "C": c, "H": h, "W": w}, [x], x.shape, {"norm": norm}, 2 * c)
+        weights = 0 if norm == "lrn" else 2 * c
+        return self._add(name, OpKind.NORM, {"N": n, "C": c, "H": h, "W": w}, [x], x.shape, {"norm": norm}, weights)
 
     def softmax(self, name: str, x: T, heads: int) -> T:
         """Softmax over the keys of attention scores ``(n, heads*L, H, 1)``."""
@@ -211,12 +213,15 @@ class GraphBuilder:
         return self._add(name, OpKind.EMBEDDING, {"N": n, "H": h, "C": hidden}, [ids], (n, hidden, h, 1),
                          {"vocab": vocab}, vocab * hidden)
 
-    def reshape(self, name: str, *xs: T, shape: tuple[int, int, int, int], what: str = "reshape") -> T:
-        """Memory-only re-layout (flatten, transpose, concat, ...) to ``shape``; batch preserved."""
+    def reshape(self, name: str, *xs: T, shape: tuple[int, int, int, int], what: str = "reshape",
+                weight_elems: int = 0) -> T:
+        """Memory-only re-layout (flatten, transpose, concat, ...) to ``shape``; batch preserved.
+        ``weight_elems`` counts a learned operand (e.g. a class token concatenated to the tokens)."""
         if any(t.n != shape[0] for t in xs):
             raise ValueError(f"{name}: reshape must keep the batch dimension")
         n, c, h, w = shape
-        return self._add(name, OpKind.RESHAPE, {"N": n, "C": c, "H": h, "W": w}, list(xs), shape, {"what": what})
+        return self._add(name, OpKind.RESHAPE, {"N": n, "C": c, "H": h, "W": w}, list(xs), shape, {"what": what},
+                         weight_elems)
 
     def flatten(self, name: str, x: T) -> T:
         """``(n, c, h, w) -> (n, c*h*w, 1, 1)``."""

@@ -7,15 +7,15 @@ Zoo models register a builder function with the parameters it accepts and their 
 from __future__ import annotations
 
 from collections.abc import Callable
+import re
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from marssim.errors import InputError
 
 from .graph import Graph
 
-__all__ = ["ZooEntry", "register", "zoo_entries", "parse_spec", "load_workload", "format_spec"]
+__all__ = ["ZooEntry", "register", "zoo_entries", "parse_spec", "load_workload", "format_spec", "is_onnx_spec"]
 
 
 @dataclass(frozen=True)
@@ -52,6 +52,10 @@ def zoo_entries() -> dict[str, ZooEntry]:
 def parse_spec(spec: str) -> tuple[str, dict[str, str]]:
     """Split ``"bert-base:seq=512,batch=4"`` into ``("bert-base", {"seq": "512", "batch": "4"})``."""
     name, _, rest = spec.partition(":")
+    return name.strip(), _parse_params(spec, rest)
+
+
+def _parse_params(spec: str, rest: str) -> dict[str, str]:
     params: dict[str, str] = {}
     if rest:
         for item in rest.split(","):
@@ -59,7 +63,7 @@ def parse_spec(spec: str) -> tuple[str, dict[str, str]]:
             if not eq or not key.strip() or not value.strip():
                 raise InputError(spec, key.strip() or item, "expected parameters like 'name:batch=8,seq=512'")
             params[key.strip()] = value.strip()
-    return name.strip(), params
+    return params
 
 
 def format_spec(name: str, params: dict[str, Any]) -> str:
@@ -87,14 +91,23 @@ def _coerce(spec: str, key: str, raw: str, default: Any) -> Any:
     return raw
 
 
+_ONNX_SPEC = re.compile(r"^(?P<path>.+\.onnx)(?::(?P<params>.*))?$", re.IGNORECASE | re.DOTALL)
+
+
+def is_onnx_spec(spec: str) -> bool:
+    """True for ``model.onnx`` and ``model.onnx:batch=8`` (any case of ``.onnx``)."""
+    return _ONNX_SPEC.match(spec) is not None
+
+
 def load_workload(spec: str, *, batch: int | None = None) -> Graph:
-    """Build a workload from a zoo spec (``resnet50:batch=8``) or an ONNX file path.
+    """Build a workload from a zoo spec (``resnet50:batch=8``) or an ONNX file path, optionally
+    with a batch (``model.onnx:batch=8``).
 
-    ``batch`` overrides the spec's batch. Raises InputError for an unknown name or parameter."""
-    if spec.endswith(".onnx") or Path(spec).suffix == ".onnx":
-        from .onnx_import import load_onnx
-
-        return load_onnx(spec, batch=batch)
+    ``batch`` overrides the spec's batch. Raises InputError for an unknown name or parameter, or
+    for parameter values the model cannot take (the key is named)."""
+    onnx_spec = _ONNX_SPEC.match(spec)
+    if onnx_spec:
+        return _load_onnx_spec(spec, onnx_spec.group("path"), onnx_spec.group("params") or "", batch)
     name, raw = parse_spec(spec)
     entries = zoo_entries()
     if name not in entries:
@@ -110,7 +123,27 @@ def load_workload(spec: str, *, batch: int | None = None) -> Graph:
         if "batch" not in params:
             raise InputError(spec, "batch", f"{name} takes no batch parameter")
         params["batch"] = batch
-    graph = entry.build(**params)
+    try:
+        graph = entry.build(**params)
+    except InputError as err:
+        if err.file is None:  # a builder names the key; the spec is the "file"
+            raise InputError(spec, problems=err.problems) from None
+        raise
+    except ValueError as err:  # a shape that does not work out (e.g. an image too small)
+        raise InputError(spec, "", f"cannot build {name}: {err}") from None
     changed = {k: v for k, v in params.items() if v != entry.defaults[k]}
     graph.spec = format_spec(name, changed)
     return graph
+
+
+def _load_onnx_spec(spec: str, path: str, rest: str, batch: int | None) -> Graph:
+    """``model.onnx``, ``model.onnx:batch=8`` or ``model.onnx:batch=8,dtype=fp16``."""
+    raw = _parse_params(spec, rest)
+    for key in raw:
+        if key not in ("batch", "dtype"):
+            raise InputError(spec, key, "unknown parameter for an ONNX model; expected one of: batch, dtype")
+    if batch is None and "batch" in raw:
+        batch = _coerce(spec, "batch", raw["batch"], 1)
+    from .onnx_import import load_onnx
+
+    return load_onnx(path, batch=batch, dtype=raw.get("dtype"))

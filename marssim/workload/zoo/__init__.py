@@ -1,1 +1,3 @@
-"""Built-in workloads. Each module registers its models with :func:`marssim.workload.register`."""
+"""Built-in workloads. Importing this package registers every model (see :mod:`..registry`)."""
+
+from . import bert, gpt2, mixes, mobilenet, resnet, vgg, vit  # noqa: F401  (registration side effects)
