@@ -172,3 +172,20 @@ def test_lowering_times_shards_with_the_default_model():
 def test_calibrated_cost_rejects_non_gpu_designs():
     with pytest.raises(ValueError, match="dataflow"):
         CalibratedCost(load_table(TABLE)).op_time(mixed_graph().op("fc"), shipped_designs()[0])
+
+
+def test_array_ids_grow_and_stay_exact():
+    """Shapes interned over several calls (the feature matrix grows in place) still give the
+    scalar results; equal shapes share an id; foreign ids are refused."""
+    designs = shipped_designs()
+    ops = shards_of(mixed_graph())
+    model, scalar = DataflowCost(), DataflowCost()
+    for chunk in (ops[:5], ops[:20], ops):
+        got = model.op_times(chunk, [designs[1]] * len(chunk))
+        assert np.array_equal(got, [scalar.op_time(o, designs[1]) for o in chunk])
+    again = mixed_graph()
+    assert np.array_equal(model.shape_ids(list(again.ops)), model.shape_ids(list(mixed_graph().ops)))
+    with pytest.raises(ValueError, match="unknown shape or design id"):
+        model.times(np.array([10**6]), np.array([0]))
+    with pytest.raises(ValueError, match="as many"):
+        model.op_times(ops[:2], designs[:1])

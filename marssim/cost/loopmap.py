@@ -33,7 +33,8 @@ time; inputs shift between neighbouring PEs, one weight is broadcast to all PEs 
 
 (for fully connected layers the paper spreads output neurons over the PEs; here the output
 matrix ``M x N`` is the output plane). Buffer reads for convs: weights once per output tile,
-input pixels once per output channel (neighbour shifting supplies the window), outputs once;
+the input pixels the conv uses once per output channel (neighbour shifting supplies the window;
+"used" = ``min(input tensor, im2col A)``, so a strided 1x1 conv reads a quarter), outputs once;
 for GEMMs as an output-stationary array: ``A*ceil(N/cols) + B*ceil(M/rows) + O``.
 
 **rs** (Chen et al., "Eyeriss", ISCA 2016 / JSSC 2017: row-stationary). A logical *PE set* of
@@ -50,7 +51,8 @@ channel and one filter per group) take different groups::
                * ceil(r / rows) * ceil(p / cols) * q * s
 
 Buffer traffic (the PE scratchpads keep filter rows across ``q`` and input rows across ``s``):
-weights once per sample and column fold; input rows once per row fold and per
+weights once per sample and column fold; the used input pixels (as for ShiDianNao) once per
+row fold and per
 ``RS_FILTER_INTERLEAVE`` (16) filter folds -- a PE interleaves up to 16 filters on the input row
 it holds (Eyeriss's mapping parameter *p*, bounded by its 24-entry partial-sum scratchpad; an
 assumption of this model, the paper tunes it per layer); partial sums written
@@ -103,7 +105,7 @@ def shidiannao_gemm(x, d, mx, mn):
     conv = x[F_CONV]
     # conv: weights per output tile (n * fx * fy tiles), input pixels per output channel
     tiles = x[F_N] * fx * fy
-    conv_e = g * kk * nn * tiles + x[F_AE] * x[F_K]
+    conv_e = g * kk * nn * tiles + mn(x[F_AE], g * m * kk) * x[F_K]
     conv_x = refetch(b_b, tiles, a_b, half, mn) + refetch(a_b, x[F_K], b_b, half, mn)
     # gemm: output-stationary over the M x N output matrix
     gemm_e = g * m * kk * fy + g * kk * nn * fx
@@ -138,7 +140,7 @@ def rs_gemm(x, d, mx, mn):
     w_passes = x[F_N] * col_folds
     in_passes = -(-k_folds // RS_FILTER_INTERLEAVE) * row_folds
     psum_passes = c_folds * row_folds
-    sram_e = g * kk * nn * w_passes + x[F_AE] * in_passes + g * m * nn * (2 * psum_passes - 1)
+    sram_e = g * kk * nn * w_passes + mn(x[F_AE], g * m * kk) * in_passes + g * m * nn * (2 * psum_passes - 1)
     extra = (refetch(a_b, in_passes, b_b, half, mn) + refetch(b_b, w_passes, a_b, half, mn)
              + psum_refetch(o_b, psum_passes, b_b, half, mn))
     return _finish(cycles, sram_e, extra, x, d, mx)

@@ -69,7 +69,7 @@ MAX_OBJECT_CACHE = 1 << 14
 MAX_MEMO = 1 << 18
 """(shape, design) results kept before the memo is cleared."""
 MAX_SHAPES = 1 << 18
-"""Distinct op shapes kept before every cache is cleared."""
+"""Distinct ops (by value) kept before every cache is cleared."""
 
 
 class _Columns:
@@ -132,6 +132,7 @@ class DataflowCost:
         self._did_of: dict[tuple, int] = {}
         self._memo: dict[tuple[int, int], OpCost] = {}
         self._matrix: np.ndarray = np.zeros((N_FEATURES, 0), dtype=np.int64)
+        self._matrix_n = 0
 
     def __getstate__(self) -> dict:
         return {"source": self._source, "table": self._table, "given_fits": self._given_fits,
@@ -273,7 +274,7 @@ class DataflowCost:
             cost = self._compute(self._rows[fid], self._dparams[did])
             if len(self._memo) >= MAX_MEMO:
                 self._memo.clear()
-                if len(self._rows) >= MAX_SHAPES:
+                if len(self._fid_by_op) >= MAX_SHAPES:
                     self._reset()
                     return cost
             self._memo[key] = cost
@@ -322,8 +323,15 @@ class DataflowCost:
 
     # ------------------------------------------------------------------ vectorised path
     def _feature_matrix(self) -> np.ndarray:
-        if self._matrix.shape[1] != len(self._rows):
-            self._matrix = np.ascontiguousarray(np.array(self._rows, dtype=np.int64).reshape(-1, N_FEATURES).T)
+        """The interned feature tuples as columns ``[feature, shape id]``, grown in place."""
+        n_done, n = self._matrix_n, len(self._rows)
+        if n_done != n:
+            if n > self._matrix.shape[1]:
+                grown = np.zeros((N_FEATURES, max(n, 2 * self._matrix.shape[1], 1024)), dtype=np.int64)
+                grown[:, :n_done] = self._matrix[:, :n_done]
+                self._matrix = grown
+            self._matrix[:, n_done:n] = np.array(self._rows[n_done:n], dtype=np.int64).reshape(-1, N_FEATURES).T
+            self._matrix_n = n
         return self._matrix
 
     def _times_on(self, did: int, fids: np.ndarray) -> np.ndarray:
@@ -418,7 +426,7 @@ class DataflowCost:
         bit for bit (see :meth:`times`)."""
         if len(designs) != len(ops):
             raise ValueError(f"op_times needs as many designs as ops, got {len(designs)} and {len(ops)}")
-        if len(self._rows) >= MAX_SHAPES:
+        if len(self._fid_by_op) >= MAX_SHAPES:
             self._reset()
         return self.times(self.shape_ids(ops), self.design_ids(designs))
 
