@@ -18,6 +18,10 @@ attention heads) run back to back; a depthwise conv is ``G = channels`` GEMMs wi
 one per channel, which uses one column of the array: a plain systolic array cannot share an
 input stream between channels.
 
+A larger array is not always faster: the skew fill grows with ``R`` and ``C``, so a GEMM smaller
+than the array can take longer on a bigger one (SCALE-Sim shows the same). When every GEMM dim
+reaches the larger array, scaling rows or columns by whole factors never adds cycles.
+
 Traffic model (all in bytes, operands in the op's dtype, partial sums too):
 
 * buffer (SRAM) reads and writes implied by the folds, in the im2col view: the stationary
