@@ -365,26 +365,32 @@ class DataflowCost:
         return out
 
     @staticmethod
-    def _intern(objs: Sequence, resolve) -> np.ndarray:
-        """The interned id of each object; ``resolve`` runs once per distinct object (by identity)."""
+    def _intern(objs: Sequence, resolve) -> tuple[np.ndarray, np.ndarray]:
+        """``(codes, ids)``: ``ids`` the distinct interned ids among ``objs``, ``codes[i]`` the
+        index into ``ids`` of ``objs[i]``; ``resolve`` runs once per distinct object (by identity)."""
         import pandas as pd
 
+        if not len(objs):
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
         addrs = np.fromiter(map(id, objs), dtype=np.uint64, count=len(objs))
         codes, uniques = pd.factorize(addrs)
         any_index = np.empty(len(uniques), dtype=np.int64)
         any_index[codes] = np.arange(len(objs))  # equal addresses are the same (live) object
         resolved = np.fromiter((resolve(objs[i]) for i in any_index.tolist()), dtype=np.int64,
                                count=len(any_index))
-        return resolved[codes]
+        codes2, ids = pd.factorize(resolved)
+        return codes2[codes], ids
 
     def shape_ids(self, ops: Sequence[Op]) -> np.ndarray:
         """Interned shape ids of ``ops`` (int64), for :meth:`times`. Ops of equal shape share an id.
-        Ids stay valid until :meth:`clear_cache` (or more than ``MAX_SHAPES`` shapes were seen)."""
-        return self._intern(ops, self._fid) if len(ops) else np.zeros(0, dtype=np.int64)
+        Ids stay valid until :meth:`clear_cache` (or more than ``MAX_SHAPES`` ops were seen)."""
+        codes, ids = self._intern(ops, self._fid)
+        return ids[codes]
 
     def design_ids(self, designs: Sequence[Design]) -> np.ndarray:
         """Interned ids of ``designs`` (int64), for :meth:`times`."""
-        return self._intern(designs, self._did) if len(designs) else np.zeros(0, dtype=np.int64)
+        codes, ids = self._intern(designs, self._did)
+        return ids[codes]
 
     def times(self, shape_ids: np.ndarray, design_ids: np.ndarray) -> np.ndarray:
         """Seconds of each pair ``(shape_ids[i], design_ids[i])``: the array-only core of
@@ -394,31 +400,38 @@ class DataflowCost:
 
         shape_ids = np.asarray(shape_ids, dtype=np.int64)
         design_ids = np.asarray(design_ids, dtype=np.int64)
-        n = len(shape_ids)
-        if len(design_ids) != n:
-            raise ValueError(f"times needs as many design ids as shape ids, got {len(design_ids)} and {n}")
-        if n == 0:
+        if len(design_ids) != len(shape_ids):
+            raise ValueError(f"times needs as many design ids as shape ids, got {len(design_ids)} and "
+                             f"{len(shape_ids)}")
+        if not len(shape_ids):
             return np.zeros(0)
-        if int(shape_ids.max()) >= len(self._rows) or int(design_ids.max()) >= len(self._dparams):
+        if (int(shape_ids.min()) < 0 or int(shape_ids.max()) >= len(self._rows) or int(design_ids.min()) < 0
+                or int(design_ids.max()) >= len(self._dparams)):
             raise ValueError("unknown shape or design id (ids from another model, or from before clear_cache())")
         fpos, fids = pd.factorize(shape_ids)
         dpos, dids = pd.factorize(design_ids)
+        return self._pairs(fpos, fids, dpos, dids)
+
+    def _pairs(self, fpos: np.ndarray, fids: np.ndarray, dpos: np.ndarray, dids: np.ndarray) -> np.ndarray:
+        """Seconds of pairs ``(fids[fpos[i]], dids[dpos[i]])`` (distinct ids in ``fids``, ``dids``)."""
+        n = len(fpos)
         if len(fids) * len(dids) <= n:
             return self._cross(fids, dids)[fpos, dpos]
+        shapes = fids[fpos]
         out = np.empty(n, dtype=np.float64)
         if len(dids) == 1:
-            out[:] = self._times_on(int(dids[0]), shape_ids)
+            out[:] = self._times_on(int(dids[0]), shapes)
             return out
         if len(dids) <= 64:
             for j, did in enumerate(dids.tolist()):
                 idx = np.flatnonzero(dpos == j)
-                out[idx] = self._times_on(did, shape_ids[idx])
+                out[idx] = self._times_on(did, shapes[idx])
             return out
         order = np.argsort(dpos, kind="stable")
         bounds = np.searchsorted(dpos[order], np.arange(len(dids) + 1))
         for j, did in enumerate(dids.tolist()):
             idx = order[bounds[j]:bounds[j + 1]]
-            out[idx] = self._times_on(did, shape_ids[idx])
+            out[idx] = self._times_on(did, shapes[idx])
         return out
 
     def op_times(self, ops: Sequence[Op], designs: Sequence[Design]) -> np.ndarray:
@@ -426,9 +439,13 @@ class DataflowCost:
         bit for bit (see :meth:`times`)."""
         if len(designs) != len(ops):
             raise ValueError(f"op_times needs as many designs as ops, got {len(designs)} and {len(ops)}")
+        if not len(ops):
+            return np.zeros(0)
         if len(self._fid_by_op) >= MAX_SHAPES:
             self._reset()
-        return self.times(self.shape_ids(ops), self.design_ids(designs))
+        fpos, fids = self._intern(ops, self._fid)
+        dpos, dids = self._intern(designs, self._did)
+        return self._pairs(fpos, fids, dpos, dids)
 
     def _cross(self, fids: np.ndarray, dids: np.ndarray) -> np.ndarray:
         table = np.empty((len(fids), len(dids)), dtype=np.float64)
@@ -438,12 +455,10 @@ class DataflowCost:
 
     def op_time_table(self, ops: Sequence[Op], designs: Sequence[Design]) -> np.ndarray:
         """Seconds of every op on every design: an array ``[len(ops), len(designs)]``."""
-        import pandas as pd
-
         if not len(ops) or not len(designs):
             return np.zeros((len(ops), len(designs)))
-        fpos, fids = pd.factorize(self.shape_ids(ops))
-        dpos, dids = pd.factorize(self.design_ids(designs))
+        fpos, fids = self._intern(ops, self._fid)
+        dpos, dids = self._intern(designs, self._did)
         return self._cross(fids, dids)[np.ix_(fpos, dpos)]
 
     def __repr__(self) -> str:
