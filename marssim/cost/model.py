@@ -28,8 +28,11 @@ and a design to a :class:`~marssim.cost.features.DesignParams`; both are interne
 each (shape, design) pair is memoised, so shards of equal shape -- across ops, lowerings and GA
 candidates -- are computed once. :meth:`DataflowCost.op_times` evaluates many pairs with numpy
 using the very same formula code, which gives bit-identical results to :meth:`op_cost`; it
-evaluates each distinct (shape, design) pair once when shapes repeat. Caches are dropped when
-the model is pickled (search workers rebuild them) and bounded in size.
+evaluates each distinct (shape, design) pair once when shapes repeat. Callers that evaluate the
+same ops again and again can intern them once (:meth:`DataflowCost.shape_ids`,
+:meth:`DataflowCost.design_ids`) and call the array-only :meth:`DataflowCost.times`;
+:meth:`DataflowCost.op_time_table` gives every op on every design. Caches are dropped when the
+model is pickled (search workers rebuild them) and bounded in size.
 """
 
 from __future__ import annotations
