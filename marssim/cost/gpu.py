@@ -39,6 +39,8 @@ embedding      0.50      --      0.60     row gathers
 reshape        0.50      --      0.90     copies (a view costs only the launch)
 =============  ========  ======  =======  ===================================================
 
+Traffic is the op's compulsory bytes at DRAM bandwidth; L2 reuse (``sram``, ``gpu.l2``) is not
+modelled beyond what ``mem_eff`` absorbs, and neither are fused kernels (each op is one kernel).
 ``tile_m``/``tile_n`` and the launch overhead come from the design's ``gpu:`` section;
 ``tile_k`` is 32. The peak of a dtype missing from ``peak_flops`` falls back to a sibling
 (``bf16``<->``fp16``, ``tf32``->``fp32``, ``fp8``<->``int8``) and else to the lowest listed peak.
