@@ -82,3 +82,21 @@ def test_cost_verb_bad_input(toynet, tmp_path, capsys):
     assert not (tmp_path / "x.txt").exists()
     err = capsys.readouterr().err
     assert err.count("marssim cost: error:") == 3
+
+
+def test_cost_verb_on_resnet50(tmp_path, capsys):
+    """The zoo's ResNet-50: 53 convs and 1 FC listed; per-layer winners differ between designs
+    of the Herald-like SoC; the CSV agrees with the printed winners."""
+    out = tmp_path / "r50.csv"
+    assert main(["cost", "resnet50", "--system", "herald-soc", "--csv", str(out)]) == 0
+    text = capsys.readouterr().out
+    rows = list(csv.DictReader(out.open()))
+    assert len(rows) == 54
+    assert sum(r["kind"] == "conv" for r in rows) == 53 and rows[-1]["kind"] == "gemm"
+    winners = {r["fastest"] for r in rows}
+    assert len(winners) >= 2
+    for r in rows:
+        times = {name: float(r[f"{name}_s"]) for name in ("nvdla64", "shi32", "os16", "rs12x14")}
+        assert r["fastest"] == min(times, key=times.get)
+        line = next(line for line in text.splitlines() if line.startswith(r["op"] + " "))
+        assert line.split()[-1] == r["fastest"]
