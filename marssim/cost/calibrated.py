@@ -248,7 +248,7 @@ def load_table(path: str | Path) -> KernelTable:
     path = Path(path)
     name = str(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")
     except OSError as err:
         raise InputError(name, "", f"cannot read calibration table: {err.strerror or err}") from None
     lines = [(i + 1, line) for i, line in enumerate(text.splitlines()) if line.strip() and not line.lstrip().startswith("#")]
