@@ -161,7 +161,10 @@ def main() -> None:
     fit_s = time.perf_counter() - t0
     held = holdout_errors(table, every=4)
 
-    lines = [f"bench_cost: marssim cost-model throughput ({machine})", ""]
+    load = os.getloadavg()
+    lines = [f"bench_cost: marssim cost-model throughput ({machine})",
+             f"load average during the run (1, 5, 15 min): {load[0]:.2f}, {load[1]:.2f}, {load[2]:.2f} "
+             f"(the machine is shared; throughput falls when it is loaded)", ""]
     lines.append(f"{len(ds)} designs from {', '.join(SYSTEMS)}; {N_SHAPES:,} distinct op shapes (made in {make_s:.1f} s)")
     lines.append("")
     width = max(len(r[0]) for r in rows)
