@@ -74,15 +74,15 @@ def format_costs(result, workload: str, system_name: str, *, energy: bool = Fals
 
 
 def _calibration_notes(model, result, dtypes) -> list[str]:
+    """One line per GPU-class design: which kernel kinds are calibrated, which analytical."""
+    from marssim.cost.features import KERNEL_KIND_OF, KERNEL_KINDS
+
+    kinds = sorted({KERNEL_KINDS[KERNEL_KIND_OF[layer.op.kind]] for layer in result.layers})
     notes = []
     for name, d in zip(result.design_names, result.designs):
         cov = model.coverage(d, dtypes=dtypes)
         if not cov:
             continue
-        used = {layer.op.kind for layer in result.layers}
-        from marssim.cost.features import KERNEL_KIND_OF, KERNEL_KINDS
-
-        kinds = sorted({KERNEL_KINDS[KERNEL_KIND_OF[k]] for k in used})
         calibrated = [k for k in kinds if "calibrated" in cov[k]]
         fallback = [k for k in kinds if k not in calibrated]
         label = d.gpu.calibration or "none"
