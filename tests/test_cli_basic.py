@@ -97,3 +97,14 @@ def test_systems_reports_a_broken_file_and_exits_2(tmp_path: Path, monkeypatch, 
     assert "ring-8" in captured.out and "broken" in captured.out
     assert f"{tmp_path / 'broken.yaml'}: line " in captured.err
     assert "Traceback" not in captured.err
+
+
+def test_a_closed_pipe_ends_quietly() -> None:
+    # `marssim show resnet50 | head -1`: the reader leaves early; no traceback on stderr.
+    proc = subprocess.Popen([sys.executable, "-m", "marssim", "show", "resnet50"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, bufsize=0)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # before the command has printed anything: its first write fails
+    err = proc.stderr.read().decode()
+    proc.wait(timeout=60)
+    assert "Traceback" not in err, err

@@ -61,12 +61,11 @@ def describe(spec: str) -> str:
         from marssim.system.describe import describe_system
 
         return describe_system(load_system(spec))
-    if path.exists() and path.suffix.lower() != ".onnx":
+    from marssim.workload import is_onnx_spec, load_workload, parse_spec, zoo_entries
+
+    if path.exists() and not is_onnx_spec(spec):
         raise InputError(spec, "", "unknown kind of file; expected a system .yaml file or an .onnx model")
-
-    from marssim.workload import load_workload, parse_spec, zoo_entries
-
-    if path.suffix.lower() != ".onnx":
+    if not is_onnx_spec(spec):
         name, _ = parse_spec(spec)
         entries = zoo_entries()
         if name not in entries:

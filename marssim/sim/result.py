@@ -28,6 +28,7 @@ from typing import Any
 
 import pandas as pd
 
+from marssim.csvio import read_csv_exact
 from marssim.fsutil import staged_dir
 from marssim.units import fmt_bytes, fmt_rate, fmt_time
 
@@ -135,20 +136,20 @@ class Result:
             if not (directory / name).is_file():
                 raise InputError(str(directory), name, "missing; expected a directory written by `marssim simulate --out`")
         summary = json.loads((directory / "summary.json").read_text())
-        intervals = pd.read_csv(directory / "intervals.csv", keep_default_na=False,
+        intervals = read_csv_exact(directory / "intervals.csv", keep_default_na=False,
                                 na_values={"energy": ["", "nan", "NaN"]})
         for col in ("op", "model", "src", "dst", "collective", "links", "resource", "kind"):
             intervals[col] = intervals[col].astype(str)
         return cls(
             makespan=float(summary["makespan_s"]), intervals=intervals,
-            devices=pd.read_csv(directory / "devices.csv", index_col="device"),
-            links=pd.read_csv(directory / "links.csv", index_col="resource"),
-            memories=pd.read_csv(directory / "memories.csv", index_col="node"),
-            memory_timeline=pd.read_csv(directory / "memory_timeline.csv"),
-            link_timeline=pd.read_csv(directory / "link_timeline.csv"),
-            edges=pd.read_csv(directory / "edges.csv") if (directory / "edges.csv").is_file() else
+            devices=read_csv_exact(directory / "devices.csv", index_col="device"),
+            links=read_csv_exact(directory / "links.csv", index_col="resource"),
+            memories=read_csv_exact(directory / "memories.csv", index_col="node"),
+            memory_timeline=read_csv_exact(directory / "memory_timeline.csv"),
+            link_timeline=read_csv_exact(directory / "link_timeline.csv"),
+            edges=read_csv_exact(directory / "edges.csv") if (directory / "edges.csv").is_file() else
             pd.DataFrame(columns=["src_task", "dst_task"]),
-            ops=pd.read_csv(directory / "ops.csv", index_col="op", keep_default_na=False)
+            ops=read_csv_exact(directory / "ops.csv", index_col="op", keep_default_na=False)
             if (directory / "ops.csv").is_file() else pd.DataFrame(),
             throughput=float(summary.get("throughput_samples_per_s") or float("nan")),
             setup_time=float(summary.get("setup_time_s") or 0.0), meta=summary.get("meta", {}),

@@ -191,11 +191,13 @@ class GraphBuilder:
                          weight_elems)
 
     def norm(self, name: str, x: T, norm: str = "batch") -> T:
-        """Batch norm (inference: per-channel scale and shift) or layer norm (over the features)."""
-        if norm not in ("batch", "layer"):
-            raise ValueError(f"{name}: norm must be 'batch' or 'layer', got {norm!r}")
+        """Batch norm (inference: per-channel scale and shift), layer norm (over the features) or
+        local response norm (``lrn``: over a window of neighbouring channels, no parameters)."""
+        if norm not in ("batch", "layer", "lrn"):
+            raise ValueError(f"{name}: norm must be 'batch', 'layer' or 'lrn', got {norm!r}")
         n, c, h, w = x.shape
-        return self._add(name, OpKind.NORM, {"N": n, "C": c, "H": h, "W": w}, [x], x.shape, {"norm": norm}, 2 * c)
+        weights = 0 if norm == "lrn" else 2 * c
+        return self._add(name, OpKind.NORM, {"N": n, "C": c, "H": h, "W": w}, [x], x.shape, {"norm": norm}, weights)
 
     def softmax(self, name: str, x: T, heads: int) -> T:
         """Softmax over the keys of attention scores ``(n, heads*L, H, 1)``."""

@@ -17,7 +17,7 @@ kind          loops                           meaning
 ``matmul``    B H M N K                       activation x activation, per sample and head
 ``pool``      N C P Q R S                     window pooling (``global`` when R, S cover the input)
 ``eltwise``   N C H W                         element-wise (relu, add, gelu, ...)
-``norm``      N C H W                         batch norm (per channel) or layer norm (over C)
+``norm``      N C H W                         batch norm (per channel), layer norm or LRN (over C)
 ``softmax``   N A H L                         batch, heads, query rows, keys (normalised over L)
 ``embedding`` N H C                           batch, tokens, hidden; table of ``vocab`` rows
 ``reshape``   N C H W                         memory-only (flatten, transpose, concat, ...)
@@ -69,7 +69,8 @@ GEMM_LIKE = frozenset({OpKind.CONV, OpKind.GEMM, OpKind.MATMUL})
 # FLOPs per output element of the non-MAC ops, by function name (documented approximations).
 ELTWISE_FLOPS = {"relu": 1, "relu6": 2, "add": 1, "mul": 1, "sub": 1, "div": 1, "gelu": 8, "sigmoid": 4,
                  "silu": 5, "tanh": 4, "leaky_relu": 2, "clip": 2, "identity": 0}
-NORM_FLOPS = {"batch": 2, "layer": 8}  # inference BN is scale+shift; LN computes mean/var too
+NORM_FLOPS = {"batch": 2, "layer": 8, "lrn": 8}  # inference BN is scale+shift; LN computes mean/var too;
+# LRN sums squares over a window of channels, then scales, raises to a power and divides
 SOFTMAX_FLOPS = 5  # max, sub, exp, sum, div per element
 
 
@@ -271,7 +272,7 @@ def _reshape(op: Op, loops: dict[str, int]) -> Op:
         in_shapes = [(n, c if sh[1] == old["C"] else sh[1], h if sh[2] == old["H"] else sh[2],
                       w if sh[3] == old["W"] else sh[3]) for sh in in_shapes]
         if kind == OpKind.NORM:
-            weight = 2 * c
+            weight = 0 if op.param("norm") == "lrn" else 2 * c
     elif kind == OpKind.SOFTMAX:
         n, a, h, l_ = (loops[d] for d in "NAHL")
         out = (n, a * l_, h, 1)

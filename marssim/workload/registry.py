@@ -15,7 +15,7 @@ from marssim.errors import InputError
 
 from .graph import Graph
 
-__all__ = ["ZooEntry", "register", "zoo_entries", "parse_spec", "load_workload", "format_spec"]
+__all__ = ["ZooEntry", "register", "zoo_entries", "parse_spec", "load_workload", "format_spec", "is_onnx_spec"]
 
 
 @dataclass(frozen=True)
@@ -94,6 +94,11 @@ def _coerce(spec: str, key: str, raw: str, default: Any) -> Any:
 _ONNX_SPEC = re.compile(r"^(?P<path>.+\.onnx)(?::(?P<params>.*))?$", re.IGNORECASE | re.DOTALL)
 
 
+def is_onnx_spec(spec: str) -> bool:
+    """True for ``model.onnx`` and ``model.onnx:batch=8`` (any case of ``.onnx``)."""
+    return _ONNX_SPEC.match(spec) is not None
+
+
 def load_workload(spec: str, *, batch: int | None = None) -> Graph:
     """Build a workload from a zoo spec (``resnet50:batch=8``) or an ONNX file path, optionally
     with a batch (``model.onnx:batch=8``).
@@ -132,13 +137,13 @@ def load_workload(spec: str, *, batch: int | None = None) -> Graph:
 
 
 def _load_onnx_spec(spec: str, path: str, rest: str, batch: int | None) -> Graph:
-    """``model.onnx`` or ``model.onnx:batch=8``: the only parameter of an ONNX workload is its batch."""
+    """``model.onnx``, ``model.onnx:batch=8`` or ``model.onnx:batch=8,dtype=fp16``."""
     raw = _parse_params(spec, rest)
     for key in raw:
-        if key != "batch":
-            raise InputError(spec, key, "unknown parameter for an ONNX model; expected: batch")
+        if key not in ("batch", "dtype"):
+            raise InputError(spec, key, "unknown parameter for an ONNX model; expected one of: batch, dtype")
     if batch is None and "batch" in raw:
         batch = _coerce(spec, "batch", raw["batch"], 1)
     from .onnx_import import load_onnx
 
-    return load_onnx(path, batch=batch)
+    return load_onnx(path, batch=batch, dtype=raw.get("dtype"))

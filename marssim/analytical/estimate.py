@@ -1,0 +1,291 @@
+"""The analytical estimate: a TaskGraph evaluated without link contention.
+
+Every transfer takes its route's latency plus its bytes over the route's *bottleneck* capacity
+(the smallest capacity among the resources it crosses: link channels, switch backplanes and the
+memories at both ends), exactly what the simulator gives a flow that shares nothing. Compute
+tasks take their cost-model duration. Devices run their ready tasks one at a time, lowest
+priority first, as the simulator's devices do; so pipelines are timed by their stage times
+(micro-batch after micro-batch through each stage) and a collective by its point-to-point steps,
+which on a uniform ring is the closed form ``2(N-1)(alpha + S/(N*B))``.
+
+What the estimate leaves out is contention between flows: a flow never shares bandwidth. Where no
+two flows share a resource at once, the estimate equals the simulation (to rounding). Where they
+do, the simulation's transfers are slower and the estimate is usually below it; it is not a strict
+bound (a faster transfer can change the order in which a device takes its tasks, and list
+scheduling is not monotone), but :attr:`Estimate.lower_bound` is one: the largest of the critical
+path without device serialisation, the busiest device's total work and the busiest resource's
+bytes over its capacity. Units: seconds, bytes, bytes/s, FLOPs, joules.
+"""
+
+from __future__ import annotations
+
+import time
+import weakref
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+
+from marssim.system import System
+from marssim.taskgraph import COMPUTE, TaskGraph
+
+from .schedule import BACKENDS, earliest_schedule, list_schedule
+
+__all__ = ["Estimate", "estimate", "transfer_durations", "resource_bytes", "critical_path"]
+
+
+_ROUTE_CACHE: "weakref.WeakKeyDictionary[System, dict]" = weakref.WeakKeyDictionary()
+
+
+def _route_arrays(taskgraph: TaskGraph, system: System):
+    """Per route of ``taskgraph``: bottleneck capacity (bytes/s, inf when it holds nothing) and
+    latency (s), each with one trailing entry for "no route"; and the (resource, route) incidence
+    as two flat index arrays. Route facts are memoised per System."""
+    cache = _ROUTE_CACHE.get(system)
+    if cache is None:
+        cache = _ROUTE_CACHE[system] = {}
+    cap = system.resource_capacity
+    n = len(taskgraph.routes)
+    bottleneck = np.full(n + 1, np.inf)
+    latency = np.zeros(n + 1)
+    res_idx: list[int] = []
+    res_route: list[int] = []
+    for r, route in enumerate(taskgraph.routes):
+        hit = cache.get(route)
+        if hit is None:
+            res = tuple(route.resources)
+            hit = cache[route] = (float(cap[list(res)].min()) if res else np.inf, float(route.latency), res)
+        bottleneck[r], latency[r], res = hit
+        res_idx.extend(res)
+        res_route.extend([r] * len(res))
+    return bottleneck, latency, np.asarray(res_idx, dtype=np.int64), np.asarray(res_route, dtype=np.int64)
+
+
+def transfer_durations(taskgraph: TaskGraph, system: System) -> np.ndarray:
+    """Contention-free duration (s) of every task: the compute duration, or for a transfer its
+    route latency plus ``nbytes`` over the route's bottleneck capacity (latency alone for an
+    empty transfer or a route that holds no resource, as in the simulator)."""
+    bottleneck, latency, _, _ = _route_arrays(taskgraph, system)
+    return _durations(taskgraph, bottleneck, latency)
+
+
+def _durations(tg: TaskGraph, bottleneck: np.ndarray, latency: np.ndarray) -> np.ndarray:
+    duration = tg.duration.astype(np.float64, copy=True)
+    is_transfer = tg.kind != COMPUTE
+    if is_transfer.any():
+        route = tg.route[is_transfer]
+        nbytes = tg.nbytes[is_transfer]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            serial = np.where(nbytes > 0, nbytes / bottleneck[route], 0.0)
+        duration[is_transfer] = serial + latency[route]
+    return duration
+
+
+@dataclass(frozen=True, eq=False)
+class Estimate:
+    """The analytical evaluation of one TaskGraph on one System.
+
+    ``makespan``: seconds until the last task ends. ``start``, ``ready``, ``end``: seconds, one per
+    task (``ready`` is when a task's predecessors have all ended; compute tasks may wait for their
+    device after that). ``duration``: contention-free seconds per task. ``busy``: seconds of compute
+    per node index (zero for nodes that run nothing). ``lower_bound``: seconds no schedule of the
+    TaskGraph on the System can beat, contention or not (see :attr:`bounds`)."""
+
+    makespan: float
+    start: np.ndarray
+    ready: np.ndarray
+    end: np.ndarray
+    duration: np.ndarray
+    busy: np.ndarray
+    lower_bound: float
+    bounds: dict[str, float]
+    taskgraph: TaskGraph = field(repr=False)
+    system: System = field(repr=False)
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    # ------------------------------------------------------------------ per-resource views
+    @cached_property
+    def devices(self):
+        """One row per accelerator (like ``Result.devices``): ``design``, ``busy_s``,
+        ``utilisation``, ``energy_j`` (NaN unknown), ``flops``, ``tasks``, and ``wait_s``: seconds
+        its tasks spent ready but waiting for it."""
+        import pandas as pd
+
+        tg = self.taskgraph
+        n_nodes = len(tg.node_names)
+        is_compute = tg.kind == COMPUTE
+        dev = tg.device[is_compute]
+        energy = np.zeros(n_nodes)
+        has_energy = np.zeros(n_nodes, dtype=bool)
+        e = tg.energy[is_compute]
+        np.add.at(energy, dev, np.nan_to_num(e))
+        np.logical_or.at(has_energy, dev, ~np.isnan(e))
+        flops = np.bincount(dev, weights=tg.flops[is_compute], minlength=n_nodes)
+        count = np.bincount(dev, minlength=n_nodes)
+        wait = np.bincount(dev, weights=(self.start - self.ready)[is_compute], minlength=n_nodes)
+        design = tg.meta.get("device_design", {})
+        rows = {}
+        for acc in self.system.accelerators:
+            i = self.system.node_index[acc.id]
+            busy = float(self.busy[i])
+            rows[acc.id] = {"design": design.get(acc.id, ""), "busy_s": busy,
+                            "utilisation": busy / self.makespan if self.makespan > 0 else 0.0,
+                            "energy_j": float(energy[i]) if has_energy[i] else np.nan,
+                            "flops": float(flops[i]), "tasks": int(count[i]), "wait_s": float(wait[i])}
+        return pd.DataFrame.from_dict(rows, orient="index",
+                                      columns=["design", "busy_s", "utilisation", "energy_j", "flops", "tasks",
+                                               "wait_s"])
+
+    @cached_property
+    def links(self):
+        """One row per bandwidth resource (like ``Result.links``): ``kind``, ``capacity``,
+        ``bytes`` carried, ``load_s`` (bytes over capacity: the least time the resource must be
+        busy) and ``utilisation`` (``load_s`` over the makespan)."""
+        import pandas as pd
+
+        res_bytes = resource_bytes(self.taskgraph, self.system)
+        cap = self.system.resource_capacity
+        load = res_bytes / cap
+        return pd.DataFrame({
+            "kind": list(self.system.resource_kinds), "capacity": cap, "bytes": res_bytes, "load_s": load,
+            "utilisation": load / self.makespan if self.makespan > 0 else np.zeros(len(cap)),
+        }, index=pd.Index(self.system.resource_names, name="resource"))
+
+    @property
+    def bounded(self) -> float:
+        """``max(makespan, lower_bound)`` in seconds: the contention-free makespan raised to what
+        the busiest resource, device or dependency chain needs at least. Equal to the simulation
+        wherever the contention-free makespan is (the bound never exceeds the simulation), and never
+        further from it when the contention-free makespan is below it; it ranks contended mappings
+        far better (see docs/validation.md)."""
+        return max(self.makespan, self.lower_bound)
+
+    @property
+    def energy(self) -> float:
+        """Total compute energy in joules (NaN when no design has energy figures)."""
+        e = self.taskgraph.energy[self.taskgraph.kind == COMPUTE]
+        return float(np.nansum(e)) if (~np.isnan(e)).any() else float("nan")
+
+    @cached_property
+    def throughput(self) -> float:
+        """Samples per second, defined as in ``Result.throughput``: steady state between the first
+        and last micro-batch when pipelined, else the batch over the makespan."""
+        return _throughput(self.taskgraph, self.end, self.makespan)
+
+    def critical_path(self) -> np.ndarray:
+        """Task ids of one critical path of the estimated schedule, first to last (see
+        :func:`critical_path`)."""
+        return critical_path(self.taskgraph, self.start, self.end)
+
+    def summary(self) -> str:
+        """A few readable lines: makespan, bounds, busiest devices."""
+        lines = [f"estimated makespan  {self.makespan * 1e3:.4f} ms (no link contention)",
+                 f"lower bound         {self.lower_bound * 1e3:.4f} ms "
+                 f"({max(self.bounds, key=self.bounds.get)})"]
+        dev = self.devices.sort_values("utilisation", ascending=False).head(3)
+        if len(dev):
+            lines.append("busiest devices: " + ", ".join(f"{d} ({u:.0%})" for d, u in dev["utilisation"].items()))
+        return "\n".join(lines)
+
+
+def estimate(taskgraph: TaskGraph, system: System, *, backend: str = "auto") -> Estimate:
+    """Evaluate ``taskgraph`` on ``system`` without link contention (see the module docstring).
+
+    ``backend``: ``auto`` (compiled kernels when numba is installed), ``python`` or ``numba``;
+    all give identical results. Raises ValueError when the TaskGraph has a cycle."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    wall = time.perf_counter()
+    tg = taskgraph
+    n = tg.n_tasks
+    n_nodes = len(tg.node_names)
+    bottleneck, latency, res_idx, res_route = _route_arrays(tg, system)
+    duration = _durations(tg, bottleneck, latency)
+    is_compute = tg.kind == COMPUTE
+    if n == 0:
+        empty = np.zeros(0)
+        return Estimate(0.0, empty, empty, empty, duration, np.zeros(n_nodes), 0.0,
+                        {"critical_path": 0.0, "device_work": 0.0, "resource_load": 0.0}, tg, system,
+                        {"wall_s": time.perf_counter() - wall, "tasks": 0})
+    # dense device ids for the compute tasks
+    dev_nodes = tg.device[is_compute]
+    used = np.unique(dev_nodes)
+    dense = np.full(n_nodes, -1, dtype=np.int64)
+    dense[used] = np.arange(len(used))
+    device = np.where(is_compute, dense[np.where(is_compute, tg.device, 0)], -1)
+    succ_ptr, succ_idx = tg.successors
+    n_pred = np.diff(tg.pred_ptr)
+    start, ready, end = list_schedule(duration, device, tg.priority, succ_ptr, succ_idx, n_pred, len(used),
+                                      backend=backend)
+    makespan = float(end.max())
+    busy = np.bincount(dev_nodes, weights=duration[is_compute], minlength=n_nodes)
+    _, cp_end = earliest_schedule(duration, succ_ptr, succ_idx, n_pred, backend=backend)
+    res_load = _resource_bytes(tg, system, res_idx, res_route) / system.resource_capacity
+    bounds = {"critical_path": float(cp_end.max()), "device_work": float(busy.max(initial=0.0)),
+              "resource_load": float(res_load.max(initial=0.0))}
+    return Estimate(makespan=makespan, start=start, ready=ready, end=end, duration=duration, busy=busy,
+                    lower_bound=max(bounds.values()), bounds=bounds, taskgraph=tg, system=system,
+                    meta={"wall_s": time.perf_counter() - wall, "tasks": n})
+
+
+def critical_path(taskgraph: TaskGraph, start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """Task ids of one critical path of a schedule (``start``/``end`` in seconds, one per task),
+    first to last: from the task that ends last, repeatedly step to whatever it waited for, the
+    predecessor or (for a compute task) the task its device ran just before it, whichever ended
+    latest. Works for estimated and simulated schedules alike."""
+    tg = taskgraph
+    if tg.n_tasks == 0:
+        return np.zeros(0, dtype=np.int64)
+    comp = np.flatnonzero(tg.kind == COMPUTE)
+    order = comp[np.lexsort((comp, start[comp], tg.device[comp]))]
+    prev_on_device = np.full(tg.n_tasks, -1, dtype=np.int64)
+    same = tg.device[order[1:]] == tg.device[order[:-1]]
+    prev_on_device[order[1:][same]] = order[:-1][same]
+    pp = tg.pred_ptr
+    pi = tg.pred_idx
+    path = [int(np.argmax(end))]
+    seen = {path[0]}
+    while start[path[-1]] > 0.0:
+        t = path[-1]
+        candidates = [int(p) for p in pi[pp[t]:pp[t + 1]]]
+        if prev_on_device[t] >= 0:
+            candidates.append(int(prev_on_device[t]))
+        candidates = [c for c in candidates if c not in seen]
+        if not candidates:
+            break
+        best = max(candidates, key=lambda p: (end[p], -p))
+        path.append(best)
+        seen.add(best)
+    return np.asarray(path[::-1], dtype=np.int64)
+
+
+def resource_bytes(taskgraph: TaskGraph, system: System) -> np.ndarray:
+    """Bytes every bandwidth resource of ``system`` carries over the whole TaskGraph."""
+    _, _, res_idx, res_route = _route_arrays(taskgraph, system)
+    return _resource_bytes(taskgraph, system, res_idx, res_route)
+
+
+def _resource_bytes(tg: TaskGraph, system: System, res_idx: np.ndarray, res_route: np.ndarray) -> np.ndarray:
+    out = np.zeros(len(system.resource_names))
+    is_transfer = tg.kind != COMPUTE
+    if is_transfer.any() and len(res_idx):
+        route_bytes = np.bincount(tg.route[is_transfer], weights=tg.nbytes[is_transfer], minlength=len(tg.routes))
+        np.add.at(out, res_idx, route_bytes[res_route])
+    return out
+
+
+def _throughput(tg: TaskGraph, end: np.ndarray, makespan: float) -> float:
+    batch = float(tg.meta.get("batch", 0) or 0)
+    if batch <= 0 or makespan <= 0:
+        return float("nan")
+    mbs = int(tg.micro_batch.max()) + 1 if tg.n_tasks else 1
+    if mbs < 2:
+        return batch / makespan
+    finish = np.full(mbs, -np.inf)
+    np.maximum.at(finish, tg.micro_batch, end)
+    sizes = [batch // mbs + (1 if i < batch % mbs else 0) for i in range(mbs)]
+    span = finish[-1] - finish[0]
+    if span <= 0:
+        return batch / makespan
+    return float(sum(sizes[1:]) / span)

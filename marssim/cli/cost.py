@@ -1,0 +1,141 @@
+"""``marssim cost WORKLOAD --system SYSTEM``: per-layer time on each design of a system.
+
+Shows which design suits which layer -- the premise of computation-aware accelerator
+selection -- using the default cost model (dataflow-aware analytical models; GPU designs
+calibrated from ``traces/calibration/`` where a table for their device exists).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+
+from ._common import positive_int
+
+VERB = "cost"
+ORDER = 30
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        VERB, help="per-layer time of a workload on one accelerator of each design of a system",
+        description="Time every GEMM-like layer (conv, gemm, matmul; every op with --all) of WORKLOAD on one "
+                    "accelerator of each design of SYSTEM with the default cost model, mark the fastest design "
+                    "per layer (*), and total the whole workload per design. Times in microseconds.")
+    p.add_argument("workload", metavar="WORKLOAD", help="zoo spec like resnet50:batch=8 or an .onnx file")
+    p.add_argument("--system", required=True, metavar="SYSTEM", help="system YAML or shipped name (marssim systems)")
+    p.add_argument("--batch", type=positive_int, help="override the workload's batch")
+    p.add_argument("--all", dest="all_ops", action="store_true", help="list every compute op, not only GEMM-like ones")
+    p.add_argument("--energy", action="store_true", help="also print energy per design (uJ) where designs have figures")
+    p.add_argument("--csv", metavar="FILE", help="write the table (seconds, joules, model per design) as CSV")
+    p.set_defaults(func=run)
+
+
+def _shape(op) -> str:
+    g, m, n, k = op.gemm_view()
+    if op.is_gemm_like:
+        return f"{m}x{n}x{k}" + (f" x{g}" if g > 1 else "")
+    return "x".join(str(v) for v in op.out_shape)
+
+
+def _us(seconds: float) -> str:
+    return f"{seconds * 1e6:.4g}"
+
+
+def format_costs(result, workload: str, system_name: str, *, energy: bool = False) -> str:
+    """The text table of a :class:`~marssim.cost.report.DesignCosts`."""
+    from marssim.system.describe import format_table
+
+    names = list(result.design_names)
+    headers = ["layer", "kind", "MxNxK", "GFLOP", *[f"{n} us" for n in names], "best"]
+    rows = []
+    for layer in result.layers:
+        times = layer.times
+        best = layer.fastest
+        cells = [_us(t) + ("*" if j == best else "") for j, t in enumerate(times)]
+        rows.append([layer.op.name, layer.op.kind.value, _shape(layer.op), f"{layer.op.flops / 1e9:.4g}", *cells,
+                     names[best]])
+    totals = result.total_time()
+    best_total = int(totals.argmin()) if len(totals) else 0
+    rows.append(["total", "", "", f"{sum(layer.op.flops for layer in result.layers) / 1e9:.4g}",
+                 *[_us(t) + ("*" if j == best_total else "") for j, t in enumerate(totals)], names[best_total]])
+    rows.append(["fastest on", "", "", "", *[str(w) for w in result.wins()], ""])
+    if energy:
+        e = result.total_energy()
+        rows.append(["energy uJ", "", "", "", *["-" if math.isnan(v) else f"{v * 1e6:.4g}" for v in e], ""])
+    lines = [f"{workload} on {system_name}: time per layer (us) on one accelerator of each design, "
+             f"* marks the fastest; total = the listed layers one after another", ""]
+    lines += format_table(headers, rows, indent="")
+    lines.append("")
+    lines.append("designs: " + "; ".join(f"{n} on {h} ({d.dataflow})"
+                                          for n, h, d in zip(names, result.hosts, result.designs)))
+    return "\n".join(lines)
+
+
+def _calibration_notes(model, result, dtypes) -> list[str]:
+    """One line per GPU-class design: which kernel kinds are calibrated, which analytical."""
+    from marssim.cost.features import KERNEL_KIND_OF, KERNEL_KINDS
+
+    kinds = sorted({KERNEL_KINDS[KERNEL_KIND_OF[layer.op.kind]] for layer in result.layers})
+    notes = []
+    for name, d in zip(result.design_names, result.designs):
+        cov = model.coverage(d, dtypes=dtypes)
+        if not cov:
+            continue
+        calibrated = [k for k in kinds if "calibrated" in cov[k]]
+        fallback = [k for k in kinds if k not in calibrated]
+        label = d.gpu.calibration or "none"
+        if calibrated:
+            notes.append(f"{name}: calibrated from table {label!r} for {', '.join(calibrated)}"
+                         + (f"; analytical GPU roofline (no calibration data) for {', '.join(fallback)}"
+                            if fallback else ""))
+        else:
+            notes.append(f"{name}: analytical GPU roofline (no calibration table for {label!r} in "
+                         f"traces/calibration/)")
+    return notes
+
+
+def write_csv(result, path: str) -> None:
+    from marssim.fsutil import atomic_file
+
+    with atomic_file(path, newline="") as fh:
+        w = csv.writer(fh)
+        header = ["op", "kind", "workload_model", "batch", "m", "n", "k", "flops"]
+        for name in result.design_names:
+            header += [f"{name}_s", f"{name}_j", f"{name}_model"]
+        header.append("fastest")
+        w.writerow(header)
+        for layer in result.layers:
+            op = layer.op
+            g, m, n, k = op.gemm_view()
+            row = [op.name, op.kind.value, op.model, g, m, n, k, op.flops]
+            for c in layer.costs:
+                row += [repr(c.time), repr(c.energy), c.model]
+            row.append(result.design_names[layer.fastest])
+            w.writerow(row)
+
+
+def run(args: argparse.Namespace) -> int:
+    from marssim.cost import default_cost_model
+    from marssim.cost.report import design_costs
+    from marssim.errors import InputError
+    from marssim.system import load_system
+    from marssim.workload import load_workload
+
+    if args.csv and not args.csv.endswith(".csv"):
+        raise InputError(args.csv, "--csv", "expected a file name ending in .csv")
+    system = load_system(args.system)
+    graph = load_workload(args.workload, batch=args.batch)
+    model = default_cost_model()
+    result = design_costs(graph, system, model, all_ops=args.all_ops)
+    if not result.designs:
+        raise InputError(args.system, "designs", "no accelerator of this system takes any of its designs")
+    print(format_costs(result, graph.spec, system.name, energy=args.energy))
+    dtypes = tuple(sorted({op.dtype for op in graph.ops}))
+    for note in _calibration_notes(model, result, dtypes):
+        print(note)
+    if args.csv:
+        write_csv(result, args.csv)
+        print(f"\ntable     {args.csv}")
+    return 0

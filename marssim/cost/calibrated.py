@@ -1,0 +1,466 @@
+"""Kernel timing tables (``traces/calibration/*.csv``) and the efficiency-curve fit.
+
+A calibrated GPU model predicts the time of a kernel of any shape from measured timings of
+kernels of a few shapes: for every (device, kernel kind, dtype, tuning) group of a table it fits
+the four parameters of the GPU efficiency curve of :mod:`marssim.cost.gpu` (``rate``,
+``bandwidth``, ``k_half``, ``launch``; wave quantisation and tile padding use the device's SM
+count and the tile) by least squares on log time (``scipy.optimize.least_squares``). Prediction
+is the fitted curve, also between and beyond the measured shapes: not a nearest-neighbour
+lookup. Kinds without data fall back to the analytical curve, and say so (the ``model`` of
+their :class:`~marssim.cost.base.OpCost` is ``gpu-roofline``; see
+:meth:`marssim.cost.DataflowCost.coverage`).
+
+CSV schema
+----------
+One header line, then one row per kernel shape; lines starting with ``#`` are comments (a table
+says where it came from there). Columns, in any order:
+
+==========  =======================================================================================
+column      meaning
+==========  =======================================================================================
+kind        kernel kind: gemm, conv, attention (GEMM-class); elementwise, norm, softmax, pool,
+            embedding, reshape (streaming)
+dtype       element type: fp32, tf32, fp16, bf16, fp8, int8, int32, int64
+batch       GEMM-class: independent GEMMs (groups, batch x heads), integer >= 1; others: empty or 0
+m, n, k     GEMM-class: the GEMM ``m x k`` times ``k x n`` (convs: im2col ``N*P*Q``, ``K``,
+            ``C*R*S``), integers >= 1; others: empty or 0
+flops       floating-point operations of the kernel; GEMM-class: exactly ``2*batch*m*n*k``
+bytes       compulsory DRAM traffic of the kernel (inputs + weights + outputs), > 0
+device      device name, matched (case-insensitively) against a design's ``gpu.calibration``
+sms         streaming multiprocessors of the device, integer >= 1
+driver      driver version (``550.54.15``)
+cuda        CUDA version (``12.4``)
+tuning      how the kernel was tuned: none, vendor (cuBLAS/cuDNN heuristics), triton-autotune, sip
+median_s    median time of the samples, seconds, > 0
+spread_s    inter-quartile range (p75 - p25) of the samples, seconds, >= 0
+samples     number of timed runs, integer >= 1
+date        date of the measurement, ISO ``YYYY-MM-DD``
+kernel      optional: kernel name or source
+note        optional: free text
+==========  =======================================================================================
+
+Bad rows raise :class:`~marssim.errors.InputError` naming the file, the line and the column.
+
+API: :func:`load_table` / :func:`load_tables` read tables; :func:`fit` fits every group of a
+table and returns :class:`KernelFit` values; :func:`predict` evaluates a fit on shapes;
+:func:`holdout_errors` fits on part of a table and reports the prediction error on the rest.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime as _dt
+import math
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from marssim.errors import InputError
+
+from .features import DTYPES, KERNEL_KINDS, N_GEMM_KERNELS
+from .gpu import TILE_K, CurveParams, gemm_curve, stream_curve
+
+__all__ = [
+    "REQUIRED_COLUMNS", "OPTIONAL_COLUMNS", "TUNINGS", "KernelTiming", "KernelTable", "KernelFit", "FitKey",
+    "load_table", "load_tables", "fit", "fit_group", "predict", "holdout_errors", "traces_dir", "calibration_dir",
+]
+
+REQUIRED_COLUMNS = ("kind", "dtype", "batch", "m", "n", "k", "flops", "bytes", "device", "sms", "driver", "cuda",
+                    "tuning", "median_s", "spread_s", "samples", "date")
+OPTIONAL_COLUMNS = ("kernel", "note")
+TUNINGS = ("none", "vendor", "triton-autotune", "sip")
+"""Accepted ``tuning`` values, least to most tuned."""
+GEMM_KINDS = KERNEL_KINDS[:N_GEMM_KERNELS]
+
+FitKey = tuple[str, str, str, str]
+"""``(device, kind, dtype, tuning)``: one fitted group (device as written in the table)."""
+
+
+def traces_dir() -> Path:
+    """Directory of traces and calibration tables: ``$MARSSIM_TRACES`` or the checkout's ``traces/``."""
+    env = os.environ.get("MARSSIM_TRACES")
+    if env:
+        return Path(env)
+    return Path(__file__).resolve().parents[2] / "traces"
+
+
+def calibration_dir() -> Path:
+    """``traces_dir() / "calibration"``: where :func:`marssim.cost.default_cost_model` looks."""
+    return traces_dir() / "calibration"
+
+
+@dataclass(frozen=True, slots=True)
+class KernelTiming:
+    """One row of a calibration table (see the module docstring for the columns)."""
+
+    kind: str
+    dtype: str
+    batch: int
+    m: int
+    n: int
+    k: int
+    flops: float
+    bytes: float
+    device: str
+    sms: int
+    driver: str
+    cuda: str
+    tuning: str
+    median_s: float
+    spread_s: float
+    samples: int
+    date: str
+    kernel: str = ""
+    note: str = ""
+    source: str = ""  # "file:line"
+
+
+@dataclass(frozen=True)
+class KernelTable:
+    """Rows of one or more calibration tables."""
+
+    rows: tuple[KernelTiming, ...]
+    files: tuple[str, ...] = ()
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def select(self, *, device: str | None = None, kind: str | None = None, dtype: str | None = None,
+               tuning: str | None = None) -> "KernelTable":
+        """Rows matching every given field (``device`` compared case-insensitively)."""
+        dev = device.lower() if device is not None else None
+        rows = tuple(r for r in self.rows
+                     if (dev is None or r.device.lower() == dev) and (kind is None or r.kind == kind)
+                     and (dtype is None or r.dtype == dtype) and (tuning is None or r.tuning == tuning))
+        return KernelTable(rows, self.files)
+
+    def devices(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(r.device for r in self.rows))
+
+    def groups(self) -> dict[FitKey, list[KernelTiming]]:
+        """Rows by ``(device, kind, dtype, tuning)``, in table order."""
+        out: dict[FitKey, list[KernelTiming]] = {}
+        for r in self.rows:
+            out.setdefault((r.device, r.kind, r.dtype, r.tuning), []).append(r)
+        return out
+
+    def __add__(self, other: "KernelTable") -> "KernelTable":
+        return KernelTable(self.rows + other.rows, self.files + other.files)
+
+
+# ----------------------------------------------------------------------------- reading
+def _int(text: str, what: str, minimum: int) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        try:
+            f = float(text)
+        except ValueError:
+            raise ValueError(f"expected {what}, got {text!r}") from None
+        if not f.is_integer():
+            raise ValueError(f"expected {what}, got {text!r}") from None
+        value = int(f)
+    if value < minimum:
+        raise ValueError(f"expected {what}, got {text!r}")
+    return value
+
+
+def _float(text: str, what: str, positive: bool) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"expected {what}, got {text!r}") from None
+    if not math.isfinite(value) or value < 0 or (positive and value == 0):
+        raise ValueError(f"expected {what}, got {text!r}")
+    return value
+
+
+def _row(cells: dict[str, str], source: str) -> KernelTiming:
+    """Parse one row of cells (column -> text); raises :class:`_Cell` naming the bad column."""
+    kind = cells["kind"].strip()
+    if kind not in KERNEL_KINDS:
+        raise _Cell("kind", f"expected one of {', '.join(KERNEL_KINDS)}, got {kind!r}")
+    dtype = cells["dtype"].strip()
+    if dtype not in DTYPES:
+        raise _Cell("dtype", f"expected one of {', '.join(DTYPES)}, got {dtype!r}")
+    gemm = kind in GEMM_KINDS
+    dims = []
+    for col in ("batch", "m", "n", "k"):
+        text = cells[col].strip()
+        try:
+            if gemm:
+                dims.append(_int(text, "an integer >= 1 for a GEMM-class kernel", 1))
+            else:
+                dims.append(_int(text, "an integer >= 0 or nothing", 0) if text else 0)
+        except ValueError as err:
+            raise _Cell(col, str(err)) from None
+    values = {}
+    for col, what, positive in (("flops", "a number of FLOPs >= 0", False), ("bytes", "a byte count > 0", True),
+                                ("median_s", "a time in seconds > 0", True),
+                                ("spread_s", "a time in seconds >= 0", False)):
+        try:
+            values[col] = _float(cells[col].strip(), what, positive)
+        except ValueError as err:
+            raise _Cell(col, str(err)) from None
+    if gemm:
+        expected = 2.0 * dims[0] * dims[1] * dims[2] * dims[3]
+        if not math.isclose(values["flops"], expected, rel_tol=1e-9):
+            raise _Cell("flops", f"expected 2*batch*m*n*k = {expected:.17g} for a {kind} kernel, "
+                                 f"got {cells['flops'].strip()!r}")
+    ints = {}
+    for col, what in (("sms", "an integer >= 1"), ("samples", "an integer >= 1")):
+        try:
+            ints[col] = _int(cells[col].strip(), what, 1)
+        except ValueError as err:
+            raise _Cell(col, str(err)) from None
+    strings = {}
+    for col in ("device", "driver", "cuda"):
+        text = cells[col].strip()
+        if not text:
+            raise _Cell(col, "expected a non-empty value")
+        strings[col] = text
+    tuning = cells["tuning"].strip()
+    if tuning not in TUNINGS:
+        raise _Cell("tuning", f"expected one of {', '.join(TUNINGS)}, got {tuning!r}")
+    date = cells["date"].strip()
+    try:
+        _dt.date.fromisoformat(date)
+    except ValueError:
+        raise _Cell("date", f"expected an ISO date like 2025-03-14, got {date!r}") from None
+    return KernelTiming(kind, dtype, *dims, values["flops"], values["bytes"], strings["device"], ints["sms"],
+                        strings["driver"], strings["cuda"], tuning, values["median_s"], values["spread_s"],
+                        ints["samples"], date, cells.get("kernel", "").strip(), cells.get("note", "").strip(),
+                        source)
+
+
+class _Cell(Exception):
+    def __init__(self, column: str, message: str) -> None:
+        super().__init__(column, message)
+        self.column = column
+        self.message = message
+
+
+def load_table(path: str | Path) -> KernelTable:
+    """Read and validate one calibration CSV. Raises InputError (file, line, column)."""
+    path = Path(path)
+    name = str(path)
+    try:
+        text = path.read_text(encoding="utf-8-sig")
+    except OSError as err:
+        raise InputError(name, "", f"cannot read calibration table: {err.strerror or err}") from None
+    lines = [(i + 1, line) for i, line in enumerate(text.splitlines()) if line.strip() and not line.lstrip().startswith("#")]
+    if not lines:
+        raise InputError(name, "", f"expected a header line with the columns {', '.join(REQUIRED_COLUMNS)}")
+    header_line, header_text = lines[0]
+    header = [h.strip() for h in next(csv.reader([header_text]))]
+    problems: list[tuple[str, str]] = []
+    missing = [c for c in REQUIRED_COLUMNS if c not in header]
+    unknown = [c for c in header if c not in REQUIRED_COLUMNS and c not in OPTIONAL_COLUMNS]
+    dupes = sorted({c for c in header if header.count(c) > 1})
+    if missing:
+        problems.append((f"line {header_line}", f"missing columns: {', '.join(missing)}"))
+    if unknown:
+        problems.append((f"line {header_line}", f"unknown columns: {', '.join(unknown)}; expected "
+                                                f"{', '.join(REQUIRED_COLUMNS + OPTIONAL_COLUMNS)}"))
+    if dupes:
+        problems.append((f"line {header_line}", f"duplicate columns: {', '.join(dupes)}"))
+    if problems:
+        raise InputError(name, problems=problems)
+    rows = []
+    for lineno, line in lines[1:]:
+        cells = next(csv.reader([line]))
+        if len(cells) != len(header):
+            problems.append((f"line {lineno}", f"expected {len(header)} cells like the header, got {len(cells)}"))
+            continue
+        try:
+            rows.append(_row(dict(zip(header, cells)), f"{name}:{lineno}"))
+        except _Cell as err:
+            problems.append((f"line {lineno}: {err.column}", err.message))
+        if len(problems) >= 20:
+            break
+    if problems:
+        raise InputError(name, problems=problems)
+    return KernelTable(tuple(rows), (name,))
+
+
+def load_tables(paths: Iterable[str | Path]) -> KernelTable:
+    """Read several tables into one (files in the given order)."""
+    table = KernelTable(())
+    for p in paths:
+        table = table + load_table(p)
+    return table
+
+
+# ----------------------------------------------------------------------------- fitting
+@dataclass(frozen=True)
+class KernelFit:
+    """The fitted curve of one (device, kind, dtype, tuning) group and how well it fits.
+
+    ``rms_log_error``: root mean square of ``ln(predicted / measured)`` over the fitting points;
+    ``median_rel_error``/``max_rel_error``: of ``|predicted / measured - 1|`` over them."""
+
+    device: str
+    kind: str
+    dtype: str
+    tuning: str
+    params: CurveParams
+    n_points: int
+    rms_log_error: float
+    median_rel_error: float
+    max_rel_error: float
+
+    @property
+    def key(self) -> FitKey:
+        return (self.device, self.kind, self.dtype, self.tuning)
+
+
+MIN_POINTS = {True: 4, False: 2}
+"""Fewest rows a group needs to be fitted (GEMM-class: 4 parameters; streaming: 2)."""
+
+
+def _arrays(rows: Sequence[KernelTiming]):
+    g = np.array([r.batch for r in rows], dtype=np.int64)
+    m = np.array([r.m for r in rows], dtype=np.int64)
+    n = np.array([r.n for r in rows], dtype=np.int64)
+    k = np.array([r.k for r in rows], dtype=np.int64)
+    flops = np.array([r.flops for r in rows], dtype=np.float64)
+    nbytes = np.array([r.bytes for r in rows], dtype=np.float64)
+    t = np.array([r.median_s for r in rows], dtype=np.float64)
+    return g, m, n, k, flops, nbytes, t
+
+
+def predict(fit_or_params: KernelFit | CurveParams, kind: str, *, batch=1, m=1, n=1, k=1, flops=0.0,
+            nbytes=0.0) -> np.ndarray:
+    """Seconds of ``kind`` kernels of the given shapes (numbers or arrays) under a fitted curve;
+    ``nbytes`` is the ``bytes`` column. For GEMM-class kinds ``flops`` defaults to ``2*batch*m*n*k``."""
+    p = fit_or_params.params if isinstance(fit_or_params, KernelFit) else fit_or_params
+    g, m_, n_, k_ = (np.asarray(v, dtype=np.int64) for v in (batch, m, n, k))
+    nbytes = np.asarray(nbytes, dtype=np.float64)
+    if kind in GEMM_KINDS:
+        fl = np.asarray(flops, dtype=np.float64)
+        fl = np.where(fl > 0, fl, 2.0 * g * m_ * n_ * k_)
+        return gemm_curve(g, m_, n_, k_, fl, nbytes, *p.as_row(), np.maximum, np.minimum)[0]
+    if kind not in KERNEL_KINDS:
+        raise ValueError(f"unknown kernel kind {kind!r}; expected one of {', '.join(KERNEL_KINDS)}")
+    return stream_curve(np.asarray(flops, dtype=np.float64), nbytes, p.rate, p.bandwidth, p.launch, np.maximum)[0]
+
+
+def fit_group(rows: Sequence[KernelTiming], *, tile_m: int = 128, tile_n: int = 128,
+              tile_k: int = TILE_K) -> KernelFit:
+    """Fit the curve of one group (rows of a single device, kind, dtype and tuning).
+
+    GEMM-class kinds fit ``rate, bandwidth, k_half, launch``; streaming kinds ``bandwidth,
+    launch`` (their compute term is dropped: ``rate = inf``). Minimises the squared log error
+    with ``scipy.optimize.least_squares`` from a few starting points and keeps the best.
+    Raises ValueError for a mixed group or too few rows."""
+    from scipy.optimize import least_squares
+
+    if not rows:
+        raise ValueError("no rows to fit")
+    first = rows[0]
+    key = (first.device, first.kind, first.dtype, first.tuning)
+    if any((r.device, r.kind, r.dtype, r.tuning) != key for r in rows):
+        raise ValueError("fit_group needs rows of one device, kind, dtype and tuning")
+    sms = {r.sms for r in rows}
+    if len(sms) != 1:
+        raise ValueError(f"rows of {first.device} disagree on the SM count: {sorted(sms)}")
+    sm = sms.pop()
+    gemm = first.kind in GEMM_KINDS
+    if len(rows) < MIN_POINTS[gemm]:
+        raise ValueError(f"{first.kind}/{first.dtype} on {first.device}: {len(rows)} rows, need {MIN_POINTS[gemm]}")
+    g, m, n, k, flops, nbytes, t = _arrays(rows)
+    log_t = np.log(t)
+    t_min = float(t.min())
+    bw0 = float(np.max(nbytes / t)) * 1.5
+    if gemm:
+        rate0 = float(np.max(flops / t)) * 1.5
+
+        def params_of(theta):
+            return CurveParams(math.exp(theta[0]), math.exp(theta[1]), float(theta[2]), float(theta[3]), sm,
+                               tile_m, tile_n, tile_k)
+
+        def residual(theta):
+            p = params_of(theta)
+            pred = gemm_curve(g, m, n, k, flops, nbytes, *p.as_row(), np.maximum, np.minimum)[0]
+            return np.log(pred) - log_t
+
+        lower = [math.log(rate0 / 1e4), math.log(bw0 / 1e4), 0.0, 0.0]
+        upper = [math.log(rate0 * 1e3), math.log(bw0 * 1e3), 1e5, t_min]
+        starts = [[math.log(rate0), math.log(bw0), kh, 0.3 * t_min] for kh in (0.0, 32.0, 256.0)]
+        scale = [1.0, 1.0, 64.0, t_min]
+    else:
+        def params_of(theta):
+            return CurveParams(math.inf, math.exp(theta[0]), 0.0, float(theta[1]), sm, tile_m, tile_n, tile_k)
+
+        def residual(theta):
+            p = params_of(theta)
+            pred = stream_curve(flops, nbytes, p.rate, p.bandwidth, p.launch, np.maximum)[0]
+            return np.log(pred) - log_t
+
+        lower = [math.log(bw0 / 1e4), 0.0]
+        upper = [math.log(bw0 * 1e3), t_min]
+        starts = [[math.log(bw0), frac * t_min] for frac in (0.1, 0.5, 0.9)]
+        scale = [1.0, t_min]
+    best = None
+    for x0 in starts:
+        x0 = np.clip(x0, lower, upper)
+        res = least_squares(residual, x0, bounds=(lower, upper), x_scale=scale, method="trf")
+        if best is None or res.cost < best.cost:
+            best = res
+    params = params_of(best.x)
+    err = residual(best.x)
+    rel = np.abs(np.expm1(err))
+    return KernelFit(first.device, first.kind, first.dtype, first.tuning, params, len(rows),
+                     float(np.sqrt(np.mean(err ** 2))), float(np.median(rel)), float(rel.max()))
+
+
+def fit(table: KernelTable, *, tile_m: int = 128, tile_n: int = 128, tile_k: int = TILE_K,
+        strict: bool = False) -> dict[FitKey, KernelFit]:
+    """Fit every (device, kind, dtype, tuning) group of ``table``. Groups with too few rows are
+    left out (the cost model then falls back to the analytical curve for them), or, with
+    ``strict``, raise ValueError."""
+    out: dict[FitKey, KernelFit] = {}
+    for key, rows in table.groups().items():
+        try:
+            out[key] = fit_group(rows, tile_m=tile_m, tile_n=tile_n, tile_k=tile_k)
+        except ValueError:
+            if strict:
+                raise
+    return out
+
+
+@dataclass(frozen=True)
+class HoldoutError:
+    """Prediction error of a group's fit on rows it did not see (``|pred / measured - 1|``)."""
+
+    key: FitKey
+    n_fit: int
+    n_held: int
+    median_rel_error: float
+    max_rel_error: float
+
+
+def holdout_errors(table: KernelTable, *, every: int = 4, tile_m: int = 128, tile_n: int = 128,
+                   tile_k: int = TILE_K) -> list[HoldoutError]:
+    """Per group: fit on all rows but every ``every``-th (in table order, starting with the
+    last of each run of ``every``), predict the held-out rows, report the relative errors."""
+    if every < 2:
+        raise ValueError("every must be >= 2")
+    out = []
+    for key, rows in table.groups().items():
+        held = [r for i, r in enumerate(rows) if i % every == every - 1]
+        train = [r for i, r in enumerate(rows) if i % every != every - 1]
+        if not held:
+            continue
+        try:
+            f = fit_group(train, tile_m=tile_m, tile_n=tile_n, tile_k=tile_k)
+        except ValueError:
+            continue
+        g, m, n, k, flops, nbytes, t = _arrays(held)
+        pred = predict(f, key[1], batch=g, m=m, n=n, k=k, flops=flops, nbytes=nbytes)
+        rel = np.abs(pred / t - 1.0)
+        out.append(HoldoutError(key, len(train), len(held), float(np.median(rel)), float(rel.max())))
+    return out

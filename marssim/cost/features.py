@@ -1,0 +1,158 @@
+"""What the cost models read from an op and from a design, as flat tuples of numbers.
+
+Every cost formula in this package reads an op through its *feature tuple* (plain ints, indexed
+by the ``F_*`` constants below) and a design through a :class:`DesignParams`. The same formula
+code then runs on one op (Python ints and floats: the scalar path) or on many ops at once (one
+numpy column per feature: the vectorised path), and both give bit-identical results because
+they perform the same IEEE operations in the same order.
+
+GEMM-like ops (conv, gemm, matmul) are described by a *conv view* ``G, n, k, c, p, q, r, s``:
+``G`` independent groups, each a convolution of ``n`` samples, ``k`` output and ``c`` input
+channels, ``p x q`` outputs and an ``r x s`` kernel. Its GEMM view (im2col) is ``M = n*p*q``,
+``N = k``, ``K = c*r*s``, matching :meth:`marssim.workload.Op.gemm_view`:
+
+=========  ====================================  ======================================
+kind       conv view                             GEMM view (batch, M, N, K)
+=========  ====================================  ======================================
+conv       groups (K for depthwise), N, K/G, C,  (G, N*P*Q, K/G, C*R*S)
+           P, Q, R, S
+gemm       1, B, N, K, M, 1, 1, 1                (1, B*M, N, K)
+matmul     B*H, 1, N, K, M, 1, 1, 1              (B*H, M, N, K)
+=========  ====================================  ======================================
+
+Traffic: ``F_TRAFFIC`` is the op's compulsory off-chip traffic in bytes, ``op.bytes_moved``
+(inputs + weights + output), except for embeddings, which read only the gathered rows of their
+table: ids + 2 x output bytes (rows read, output written).
+"""
+
+from __future__ import annotations
+
+import math
+
+from marssim.system import Design
+from marssim.workload import Op, OpKind
+from marssim.workload.op import DTYPE_BYTES, GEMM_LIKE
+
+__all__ = [
+    "op_features", "design_key", "DesignParams", "DTYPES", "KIND_CODES", "DATAFLOW_CODES", "N_FEATURES",
+    "CLASS_NONE", "CLASS_GEMM", "CLASS_STREAM", "KERNEL_KINDS", "KERNEL_KIND_OF",
+]
+
+DTYPES: tuple[str, ...] = tuple(DTYPE_BYTES)
+"""Data type names in code order (the ``F_DTYPE`` feature indexes this)."""
+_DTYPE_CODE = {name: i for i, name in enumerate(DTYPES)}
+
+KIND_CODES: dict[OpKind, int] = {kind: i for i, kind in enumerate(OpKind)}
+
+KERNEL_KINDS: tuple[str, ...] = (
+    "gemm", "conv", "attention", "elementwise", "norm", "softmax", "pool", "embedding", "reshape",
+)
+"""GPU kernel kinds (the ``kind`` column of calibration tables). The first three are GEMM-class."""
+N_GEMM_KERNELS = 3
+
+KERNEL_KIND_OF: dict[OpKind, int] = {
+    OpKind.GEMM: 0, OpKind.CONV: 1, OpKind.MATMUL: 2, OpKind.ELTWISE: 3, OpKind.NORM: 4,
+    OpKind.SOFTMAX: 5, OpKind.POOL: 6, OpKind.EMBEDDING: 7, OpKind.RESHAPE: 8, OpKind.INPUT: 8,
+}
+"""Op kind -> index into :data:`KERNEL_KINDS` (``matmul`` ops are the attention products)."""
+
+DATAFLOW_CODES = {"os": 0, "ws": 1, "is": 2, "rs": 3, "nvdla": 4, "shidiannao": 5, "gpu": 6}
+
+# op classes: what kind of formula times the op
+CLASS_NONE = 0    # graph inputs: no cost
+CLASS_GEMM = 1    # GEMM-like with at least one MAC: PE-array / tensor-core formulas
+CLASS_STREAM = 2  # everything else: bandwidth-bound streaming formulas
+
+# feature indices
+(F_CLASS, F_KIND, F_KERNEL, F_DTYPE, F_EB, F_G, F_N, F_K, F_C, F_P, F_Q, F_R, F_S, F_M, F_NN, F_KK,
+ F_MACS, F_FLOPS, F_AE, F_BE, F_OE, F_AB, F_BB, F_OB, F_TRAFFIC, F_CONV, F_SX, F_SY, F_ST) = range(29)
+N_FEATURES = 29
+"""Length of a feature tuple. ``F_AE/F_BE/F_OE``: elements of the A operand (first input),
+B operand (weights, or the second input of a matmul) and output; ``F_AB/F_BB/F_OB``: the same in
+bytes. ``F_SX, F_SY, F_ST``: the output plane an output-pixel-parallel array spreads over its
+rows and columns, and the loop count per output (ShiDianNao-like; conv: P, Q, N*K*C*R*S per
+group; gemm/matmul: M, N, K)."""
+
+
+def op_features(op: Op) -> tuple[int, ...]:
+    """The feature tuple of ``op`` (see module docstring); pure, a few microseconds."""
+    kind = op.kind
+    eb = DTYPE_BYTES[op.dtype]
+    code = KIND_CODES[kind]
+    dt = _DTYPE_CODE[op.dtype]
+    kernel = KERNEL_KIND_OF[kind]
+    if kind in GEMM_LIKE:
+        lm = op.dim
+        if kind == OpKind.CONV:
+            groups = op.param("groups", 1)
+            g = lm("K") if op.param("depthwise", False) else groups
+            n, k, c, p, q, r, s = lm("N"), lm("K") // g, lm("C"), lm("P"), lm("Q"), lm("R"), lm("S")
+            conv = 1
+        elif kind == OpKind.GEMM:
+            g, n, k, c, p, q, r, s = 1, lm("B"), lm("N"), lm("K"), lm("M"), 1, 1, 1
+            conv = 0
+        else:
+            g, n, k, c, p, q, r, s = lm("B") * lm("H"), 1, lm("N"), lm("K"), lm("M"), 1, 1, 1
+            conv = 0
+        m_, nn, kk = n * p * q, k, c * r * s
+        macs = g * m_ * nn * kk
+        ae = math.prod(op.in_shapes[0]) if op.in_shapes else 0
+        be = op.weight_elems if kind != OpKind.MATMUL else math.prod(op.in_shapes[1])
+        oe = math.prod(op.out_shape)
+        if conv:
+            sx, sy, st = p, q, n * k * c * r * s
+        else:
+            sx, sy, st = m_, nn, kk
+        traffic = op.bytes_moved
+        cls = CLASS_GEMM if macs > 0 else CLASS_STREAM
+        return (cls, code, kernel, dt, eb, g, n, k, c, p, q, r, s, m_, nn, kk, macs, op.flops,
+                ae, be, oe, ae * eb, be * eb, oe * eb, traffic, conv, sx, sy, st)
+    if kind == OpKind.INPUT:
+        cls, traffic = CLASS_NONE, 0
+    elif kind == OpKind.EMBEDDING:
+        cls, traffic = CLASS_STREAM, op.input_bytes + 2 * op.output_bytes
+    else:
+        cls, traffic = CLASS_STREAM, op.bytes_moved
+    oe = math.prod(op.out_shape)
+    return (cls, code, kernel, dt, eb, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, op.flops,
+            0, 0, oe, 0, 0, oe * eb, traffic, 0, 0, 0, 0)
+
+
+# ----------------------------------------------------------------------------- designs
+def design_key(design: Design) -> tuple:
+    """A hashable tuple of every design field a cost formula reads (pydantic designs with a
+    ``peak_flops`` dict are not hashable themselves)."""
+    e = design.energy
+    energy = None if e is None else (e.mac, e.sram_byte, e.dram_byte, e.static_power)
+    g = design.gpu
+    gpu = None if g is None else (g.sms, tuple(sorted(g.peak_flops.items())), g.l2, g.tile_m, g.tile_n,
+                                  g.launch_overhead, g.calibration)
+    return (design.dataflow, design.pe_rows, design.pe_cols, design.clock, design.sram, design.sram_bandwidth,
+            design.dram_bandwidth, energy, gpu)
+
+
+class DesignParams:
+    """The numbers of one design the formulas read (floats; ``dram_bw`` is ``inf`` when the
+    design has no off-chip bandwidth set, i.e. unbounded). ``gpu`` holds the per-kernel-kind
+    parameter tables of GPU-class designs (see :mod:`marssim.cost.gpu`)."""
+
+    __slots__ = ("name", "dataflow", "code", "rows", "cols", "clock", "sram", "sram_bw", "dram_bw", "energy",
+                 "peak_macs", "gpu", "gpu_np", "models")
+
+    def __init__(self, design: Design) -> None:
+        self.name = design.name
+        self.dataflow = design.dataflow
+        self.code = DATAFLOW_CODES[design.dataflow]
+        self.rows = int(design.pe_rows)
+        self.cols = int(design.pe_cols)
+        self.clock = float(design.clock)
+        self.sram = float(design.sram)
+        self.sram_bw = float(design.sram_bandwidth)
+        self.dram_bw = math.inf if design.dram_bandwidth is None else float(design.dram_bandwidth)
+        e = design.energy
+        self.energy = None if e is None else (float(e.mac), float(e.sram_byte), float(e.dram_byte),
+                                              float(e.static_power))
+        self.peak_macs = float(self.rows * self.cols) * self.clock
+        self.gpu = None      # filled by the model for GPU-class designs
+        self.gpu_np = None
+        self.models: tuple[str, ...] = ()

@@ -1,0 +1,509 @@
+"""The cost-model engine: dispatch on the design's dataflow, memoise by shape, vectorise.
+
+:class:`DataflowCost` times any op on any design by the formulas of its dataflow:
+
+==================  ================================  ==========================================
+dataflow            model (``OpCost.model``)          module
+==================  ================================  ==========================================
+os, ws, is          ``systolic-os/ws/is``             :mod:`marssim.cost.systolic` (SCALE-Sim)
+rs, nvdla,          ``loopmap-rs/nvdla/shidiannao``   :mod:`marssim.cost.loopmap` (Eyeriss,
+shidiannao                                            NVDLA, ShiDianNao)
+gpu                 ``gpu-roofline`` / ``calibrated`` :mod:`marssim.cost.gpu`,
+                                                      :mod:`marssim.cost.calibrated`
+(non-GEMM ops on    ``bandwidth``                     :mod:`marssim.cost.bandwidth`
+ PE arrays)
+==================  ================================  ==========================================
+
+Energy (J), where the design has ``energy`` figures, else NaN::
+
+    MACs x mac + buffer bytes x sram_byte + DRAM bytes x dram_byte + static_power x time
+
+(non-GEMM ops: FLOPs x mac / 2 for the arithmetic; GPU designs count no buffer bytes).
+``utilisation`` is MACs / (time x peak MAC/s): the PE array's peak, or for GPUs half the dense
+peak FLOP/s of the op's dtype.
+
+Speed. An op is reduced once to a tuple of integers (:func:`marssim.cost.features.op_features`)
+and a design to a :class:`~marssim.cost.features.DesignParams`; both are interned to small ids
+(cached per object, so repeated calls with the same objects skip even that) and the result of
+each (shape, design) pair is memoised, so shards of equal shape -- across ops, lowerings and GA
+candidates -- are computed once. :meth:`DataflowCost.op_times` evaluates many pairs with numpy
+using the very same formula code, which gives bit-identical results to :meth:`op_cost`; it
+evaluates each distinct (shape, design) pair once when shapes repeat. Callers that evaluate the
+same ops again and again can intern them once (:meth:`DataflowCost.shape_ids`,
+:meth:`DataflowCost.design_ids`) and call the array-only :meth:`DataflowCost.times`;
+:meth:`DataflowCost.op_time_table` gives every op on every design. Caches are dropped when the
+model is pickled (search workers rebuild them) and bounded in size.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from marssim.system import Design
+from marssim.system.design import DATAFLOWS, SYSTOLIC_DATAFLOWS
+from marssim.workload import Op
+
+from .bandwidth import stream_op
+from .base import OpCost
+from .calibrated import TUNINGS, FitKey, KernelFit, KernelTable, fit, load_table
+from .features import (
+    CLASS_GEMM, CLASS_NONE, CLASS_STREAM, F_CLASS, F_DTYPE, F_FLOPS, F_KERNEL, F_MACS, KERNEL_KINDS,
+    N_FEATURES, DesignParams, design_key, op_features,
+)
+from .gpu import GpuTable, gpu_gemm, gpu_stream
+from .loopmap import nvdla_gemm, rs_gemm, shidiannao_gemm
+from .systolic import systolic_gemm
+
+__all__ = ["DataflowCost", "SystolicCost", "LoopMapCost", "GpuRooflineCost", "CalibratedCost"]
+
+_log = logging.getLogger("marssim.cost")
+
+_ZERO = OpCost(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, "none")
+_MODEL_NAMES = ("systolic-os", "systolic-ws", "systolic-is", "loopmap-rs", "loopmap-nvdla", "loopmap-shidiannao")
+_LOOPMAP = {3: rs_gemm, 4: nvdla_gemm, 5: shidiannao_gemm}
+
+MAX_OBJECT_CACHE = 1 << 14
+"""Entries of the per-object (``id``) caches before they are cleared (they keep objects alive)."""
+MAX_MEMO = 1 << 18
+"""(shape, design) results kept before the memo is cleared."""
+MAX_SHAPES = 1 << 18
+"""Distinct ops (by value) kept before every cache is cleared."""
+
+
+class _Columns:
+    """Feature columns of a set of interned ops, gathered lazily (a formula reads ~12 of 29)."""
+
+    __slots__ = ("matrix", "fids", "cache")
+
+    def __init__(self, matrix: np.ndarray, fids: np.ndarray) -> None:
+        self.matrix = matrix
+        self.fids = fids
+        self.cache: dict[int, np.ndarray] = {}
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        col = self.cache.get(i)
+        if col is None:
+            col = self.cache[i] = self.matrix[i][self.fids]
+        return col
+
+
+class DataflowCost:
+    """Times any op on any design by its dataflow (see the module docstring); the default model.
+
+    ``calibration`` says where GPU-class designs find measured kernel timings: a directory of
+    calibration CSVs or one CSV file (read when a GPU design first needs it), a
+    :class:`~marssim.cost.calibrated.KernelTable` (fitted at once), a mapping of
+    :class:`~marssim.cost.calibrated.KernelFit` by key, or None (analytical GPU roofline only).
+    A GPU design uses the rows whose ``device`` (or file name) equals its ``gpu.calibration``;
+    per (kernel kind, dtype) the most tuned group present wins (``tuning``: most preferred first).
+    """
+
+    dataflows: tuple[str, ...] = DATAFLOWS
+    """Dataflows this model accepts (subclasses restrict it)."""
+
+    def __init__(self, *, calibration: str | Path | KernelTable | Mapping[FitKey, KernelFit] | None = None,
+                 tuning: Sequence[str] = tuple(reversed(TUNINGS))) -> None:
+        self._source: Path | None = None
+        self._table: KernelTable | None = None
+        self._given_fits: dict[FitKey, KernelFit] | None = None
+        if isinstance(calibration, KernelTable):
+            self._table = calibration
+        elif isinstance(calibration, (str, Path)):
+            self._source = Path(calibration)
+        elif calibration is not None:
+            self._given_fits = dict(calibration)
+        for t in tuning:
+            if t not in TUNINGS:
+                raise ValueError(f"unknown tuning {t!r}; expected some of {', '.join(TUNINGS)}")
+        self.tuning = tuple(tuning)
+        self._device_fits: dict[str, dict[tuple[str, str], KernelFit]] = {}
+        self._reset()
+
+    # ------------------------------------------------------------------ pickling and caches
+    def _reset(self) -> None:
+        self._op_ids: dict[int, tuple[Op, int]] = {}
+        self._fid_by_op: dict[Op, int] = {}
+        self._design_ids: dict[int, tuple[Design, int]] = {}
+        self._rows: list[tuple[int, ...]] = []
+        self._fid_of: dict[tuple[int, ...], int] = {}
+        self._dparams: list[DesignParams] = []
+        self._did_of: dict[tuple, int] = {}
+        self._memo: dict[tuple[int, int], OpCost] = {}
+        self._matrix: np.ndarray = np.zeros((N_FEATURES, 0), dtype=np.int64)
+        self._matrix_n = 0
+
+    def __getstate__(self) -> dict:
+        return {"source": self._source, "table": self._table, "given_fits": self._given_fits,
+                "tuning": self.tuning, "device_fits": self._device_fits}
+
+    def __setstate__(self, state: dict) -> None:
+        self._source = state["source"]
+        self._table = state["table"]
+        self._given_fits = state["given_fits"]
+        self.tuning = state["tuning"]
+        self._device_fits = state["device_fits"]
+        self._reset()
+
+    def clear_cache(self) -> None:
+        """Forget memoised results and interned shapes/designs (fits are kept)."""
+        self._reset()
+
+    @property
+    def cache_size(self) -> int:
+        """Memoised (shape, design) results."""
+        return len(self._memo)
+
+    # ------------------------------------------------------------------ interning
+    def _fid(self, op: Op) -> int:
+        entry = self._op_ids.get(id(op))
+        if entry is not None and entry[0] is op:
+            return entry[1]
+        fid = self._fid_by_op.get(op)
+        if fid is None:
+            feats = op_features(op)
+            fid = self._fid_of.get(feats)
+            if fid is None:
+                fid = self._fid_of[feats] = len(self._rows)
+                self._rows.append(feats)
+            self._fid_by_op[op] = fid
+        if len(self._op_ids) >= MAX_OBJECT_CACHE:
+            self._op_ids.clear()
+        self._op_ids[id(op)] = (op, fid)
+        return fid
+
+    def _did(self, design: Design) -> int:
+        entry = self._design_ids.get(id(design))
+        if entry is not None and entry[0] is design:
+            return entry[1]
+        key = design_key(design)
+        did = self._did_of.get(key)
+        if did is None:
+            if design.dataflow not in self.dataflows:
+                raise ValueError(f"{type(self).__name__} times {', '.join(self.dataflows)} designs; design "
+                                 f"{design.name!r} has dataflow {design.dataflow!r}")
+            params = DesignParams(design)
+            if design.dataflow == "gpu":
+                params.gpu = self._gpu_table(design)
+            did = self._did_of[key] = len(self._dparams)
+            self._dparams.append(params)
+        if len(self._design_ids) >= MAX_OBJECT_CACHE:
+            self._design_ids.clear()
+        self._design_ids[id(design)] = (design, did)
+        return did
+
+    # ------------------------------------------------------------------ calibration
+    def _load_table(self) -> KernelTable:
+        if self._table is None:
+            src = self._source
+            if src is None:
+                self._table = KernelTable(())
+            elif src.is_dir():
+                table = KernelTable(())
+                for path in sorted(src.glob("*.csv")):
+                    table = table + load_table(path)
+                self._table = table
+            elif src.is_file():
+                self._table = load_table(src)
+            else:
+                self._table = KernelTable(())
+        return self._table
+
+    def fits_for(self, device: str) -> dict[tuple[str, str], KernelFit]:
+        """The fits a GPU design with ``gpu.calibration == device`` uses, by (kind, dtype)."""
+        name = device.lower()
+        got = self._device_fits.get(name)
+        if got is not None:
+            return got
+        if self._given_fits is not None:
+            fits = {k: f for k, f in self._given_fits.items() if k[0].lower() == name}
+        else:
+            table = self._load_table()
+            rows = tuple(r for r in table.rows
+                         if r.device.lower() == name or Path(r.source.rsplit(":", 1)[0]).stem.lower() == name)
+            fits = fit(KernelTable(rows)) if rows else {}
+        rank = {t: i for i, t in enumerate(self.tuning)}
+        chosen: dict[tuple[str, str], KernelFit] = {}
+        for (_, kind, dtype, tuning), f in sorted(fits.items()):
+            if tuning not in rank:
+                continue
+            current = chosen.get((kind, dtype))
+            if current is None or rank[tuning] < rank[current.tuning]:
+                chosen[(kind, dtype)] = f
+        if self._source is not None or self._table is not None or self._given_fits is not None:
+            _log.info("calibration %s: %d fitted (kind, dtype) groups", device, len(chosen))
+        self._device_fits[name] = chosen
+        return chosen
+
+    def _gpu_table(self, design: Design) -> GpuTable:
+        name = design.gpu.calibration
+        fits = self.fits_for(name) if name else {}
+        return GpuTable(design, {key: f.params for key, f in fits.items()})
+
+    def coverage(self, design: Design, dtypes: Sequence[str] = ("fp16", "bf16")) -> dict[str, str]:
+        """For a GPU-class design: per kernel kind, which model times it for ``dtypes``
+        (``calibrated``, with the fit's tuning, points and error, or ``gpu-roofline``). Empty
+        for other designs."""
+        if design.dataflow != "gpu":
+            return {}
+        fits = self.fits_for(design.gpu.calibration) if design.gpu.calibration else {}
+        out = {}
+        for kind in KERNEL_KINDS:
+            parts = []
+            for dt in dtypes:
+                f = fits.get((kind, dt))
+                if f is None:
+                    parts.append(f"{dt}: gpu-roofline (no calibration data)")
+                else:
+                    parts.append(f"{dt}: calibrated ({f.tuning}, {f.n_points} points, "
+                                 f"rms {100 * f.rms_log_error:.2g} %)")
+            out[kind] = "; ".join(parts)
+        return out
+
+    # ------------------------------------------------------------------ scalar path
+    def op_cost(self, op: Op, design: Design) -> OpCost:
+        """Time (s), energy (J) and breakdown of ``op`` (or a shard of it) on ``design``."""
+        entry = self._op_ids.get(id(op))
+        fid = entry[1] if entry is not None and entry[0] is op else self._fid(op)
+        entry = self._design_ids.get(id(design))
+        did = entry[1] if entry is not None and entry[0] is design else self._did(design)
+        key = (fid, did)
+        cost = self._memo.get(key)
+        if cost is None:
+            cost = self._compute(self._rows[fid], self._dparams[did])
+            if len(self._memo) >= MAX_MEMO:
+                self._memo.clear()
+                if len(self._fid_by_op) >= MAX_SHAPES:
+                    self._reset()
+                    return cost
+            self._memo[key] = cost
+        return cost
+
+    def op_time(self, op: Op, design: Design) -> float:
+        """Seconds ``op`` takes on ``design``."""
+        return self.op_cost(op, design).time
+
+    def op_energy(self, op: Op, design: Design) -> float:
+        """Joules ``op`` takes on ``design`` (NaN without energy figures)."""
+        return self.op_cost(op, design).energy
+
+    @staticmethod
+    def _compute(x: tuple[int, ...], d: DesignParams) -> OpCost:
+        cls = x[F_CLASS]
+        if cls == CLASS_NONE:
+            return _ZERO
+        code = d.code
+        macs = x[F_MACS]
+        if code == 6:
+            kernel, dt = x[F_KERNEL], x[F_DTYPE]
+            p = d.gpu.rows[kernel][dt]
+            t, c, m, cyc, sram_b, dram_b = (gpu_gemm if cls == CLASS_GEMM else gpu_stream)(x, p, max, min)
+            model = d.gpu.models[kernel][dt]
+            peak = 0.5 * d.gpu.peaks[dt]
+        else:
+            if cls == CLASS_STREAM:
+                t, c, m, cyc, sram_b, dram_b = stream_op(x, d, max)
+                model = "bandwidth"
+            elif code <= 2:
+                t, c, m, cyc, sram_b, dram_b = systolic_gemm(x, d, code, max, min)
+                model = _MODEL_NAMES[code]
+            else:
+                t, c, m, cyc, sram_b, dram_b = _LOOPMAP[code](x, d, max, min)
+                model = _MODEL_NAMES[code]
+            peak = d.peak_macs
+        e = d.energy
+        if e is None:
+            energy = math.nan
+        else:
+            arith = macs * e[0] if cls == CLASS_GEMM else x[F_FLOPS] * (0.5 * e[0])
+            energy = arith + sram_b * e[1] + dram_b * e[2] + e[3] * t
+        util = macs / (t * peak) if t > 0 else 0.0
+        return OpCost(t, energy, c, m, float(cyc), util, model)
+
+    # ------------------------------------------------------------------ vectorised path
+    def _feature_matrix(self) -> np.ndarray:
+        """The interned feature tuples as columns ``[feature, shape id]``, grown in place."""
+        n_done, n = self._matrix_n, len(self._rows)
+        if n_done != n:
+            if n > self._matrix.shape[1]:
+                grown = np.zeros((N_FEATURES, max(n, 2 * self._matrix.shape[1], 1024)), dtype=np.int64)
+                grown[:, :n_done] = self._matrix[:, :n_done]
+                self._matrix = grown
+            self._matrix[:, n_done:n] = np.array(self._rows[n_done:n], dtype=np.int64).reshape(-1, N_FEATURES).T
+            self._matrix_n = n
+        return self._matrix
+
+    def _times_on(self, did: int, fids: np.ndarray) -> np.ndarray:
+        """Seconds of the interned ops ``fids`` on design ``did`` (numpy, same formulas)."""
+        d = self._dparams[did]
+        matrix = self._feature_matrix()
+        out = np.zeros(len(fids), dtype=np.float64)
+        cls = matrix[F_CLASS][fids]
+        code = d.code
+        for value in (CLASS_GEMM, CLASS_STREAM):
+            mask = cls == value
+            n_sel = int(np.count_nonzero(mask))
+            if n_sel == 0:
+                continue
+            whole = n_sel == len(fids)
+            x = _Columns(matrix, fids if whole else fids[mask])
+            if code == 6:
+                kernel, dt = x[F_KERNEL], x[F_DTYPE]
+                p = tuple(a[kernel, dt] for a in d.gpu.arrays)
+                t = (gpu_gemm if value == CLASS_GEMM else gpu_stream)(x, p, np.maximum, np.minimum)[0]
+            elif value == CLASS_STREAM:
+                t = stream_op(x, d, np.maximum)[0]
+            elif code <= 2:
+                t = systolic_gemm(x, d, code, np.maximum, np.minimum)[0]
+            else:
+                t = _LOOPMAP[code](x, d, np.maximum, np.minimum)[0]
+            if whole:
+                out[:] = t
+            else:
+                out[mask] = t
+        return out
+
+    @staticmethod
+    def _intern(objs: Sequence, resolve) -> tuple[np.ndarray, np.ndarray]:
+        """``(codes, ids)``: ``ids`` the distinct interned ids among ``objs``, ``codes[i]`` the
+        index into ``ids`` of ``objs[i]``; ``resolve`` runs once per distinct object (by identity)."""
+        import pandas as pd
+
+        if not len(objs):
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+        addrs = np.fromiter(map(id, objs), dtype=np.uint64, count=len(objs))
+        codes, uniques = pd.factorize(addrs)
+        any_index = np.empty(len(uniques), dtype=np.int64)
+        any_index[codes] = np.arange(len(objs))  # equal addresses are the same (live) object
+        resolved = np.fromiter((resolve(objs[i]) for i in any_index.tolist()), dtype=np.int64,
+                               count=len(any_index))
+        codes2, ids = pd.factorize(resolved)
+        return codes2[codes], ids
+
+    def shape_ids(self, ops: Sequence[Op]) -> np.ndarray:
+        """Interned shape ids of ``ops`` (int64), for :meth:`times`. Ops of equal shape share an id.
+        Ids stay valid until :meth:`clear_cache` (or more than ``MAX_SHAPES`` ops were seen)."""
+        codes, ids = self._intern(ops, self._fid)
+        return ids[codes]
+
+    def design_ids(self, designs: Sequence[Design]) -> np.ndarray:
+        """Interned ids of ``designs`` (int64), for :meth:`times`."""
+        codes, ids = self._intern(designs, self._did)
+        return ids[codes]
+
+    def times(self, shape_ids: np.ndarray, design_ids: np.ndarray) -> np.ndarray:
+        """Seconds of each pair ``(shape_ids[i], design_ids[i])``: the array-only core of
+        :meth:`op_times` (no Python work per pair). Evaluates each distinct pair once when the
+        distinct shapes x distinct designs are fewer than the pairs, else per design."""
+        import pandas as pd
+
+        shape_ids = np.asarray(shape_ids, dtype=np.int64)
+        design_ids = np.asarray(design_ids, dtype=np.int64)
+        if len(design_ids) != len(shape_ids):
+            raise ValueError(f"times needs as many design ids as shape ids, got {len(design_ids)} and "
+                             f"{len(shape_ids)}")
+        if not len(shape_ids):
+            return np.zeros(0)
+        if (int(shape_ids.min()) < 0 or int(shape_ids.max()) >= len(self._rows) or int(design_ids.min()) < 0
+                or int(design_ids.max()) >= len(self._dparams)):
+            raise ValueError("unknown shape or design id (ids from another model, or from before clear_cache())")
+        fpos, fids = pd.factorize(shape_ids)
+        dpos, dids = pd.factorize(design_ids)
+        return self._pairs(fpos, fids, dpos, dids)
+
+    def _pairs(self, fpos: np.ndarray, fids: np.ndarray, dpos: np.ndarray, dids: np.ndarray) -> np.ndarray:
+        """Seconds of pairs ``(fids[fpos[i]], dids[dpos[i]])`` (distinct ids in ``fids``, ``dids``)."""
+        n = len(fpos)
+        if len(fids) * len(dids) <= n:
+            return self._cross(fids, dids)[fpos, dpos]
+        shapes = fids[fpos]
+        out = np.empty(n, dtype=np.float64)
+        if len(dids) == 1:
+            out[:] = self._times_on(int(dids[0]), shapes)
+            return out
+        if len(dids) <= 64:
+            for j, did in enumerate(dids.tolist()):
+                idx = np.flatnonzero(dpos == j)
+                out[idx] = self._times_on(did, shapes[idx])
+            return out
+        order = np.argsort(dpos, kind="stable")
+        bounds = np.searchsorted(dpos[order], np.arange(len(dids) + 1))
+        for j, did in enumerate(dids.tolist()):
+            idx = order[bounds[j]:bounds[j + 1]]
+            out[idx] = self._times_on(did, shapes[idx])
+        return out
+
+    def op_times(self, ops: Sequence[Op], designs: Sequence[Design]) -> np.ndarray:
+        """Seconds of each pair ``(ops[i], designs[i])``, vectorised; equal to :meth:`op_time`
+        bit for bit (see :meth:`times`)."""
+        if len(designs) != len(ops):
+            raise ValueError(f"op_times needs as many designs as ops, got {len(designs)} and {len(ops)}")
+        if not len(ops):
+            return np.zeros(0)
+        if len(self._fid_by_op) >= MAX_SHAPES:
+            self._reset()
+        fpos, fids = self._intern(ops, self._fid)
+        dpos, dids = self._intern(designs, self._did)
+        return self._pairs(fpos, fids, dpos, dids)
+
+    def _cross(self, fids: np.ndarray, dids: np.ndarray) -> np.ndarray:
+        table = np.empty((len(fids), len(dids)), dtype=np.float64)
+        for j, did in enumerate(dids.tolist()):
+            table[:, j] = self._times_on(did, fids)
+        return table
+
+    def op_time_table(self, ops: Sequence[Op], designs: Sequence[Design]) -> np.ndarray:
+        """Seconds of every op on every design: an array ``[len(ops), len(designs)]``."""
+        if not len(ops) or not len(designs):
+            return np.zeros((len(ops), len(designs)))
+        fpos, fids = self._intern(ops, self._fid)
+        dpos, dids = self._intern(designs, self._did)
+        return self._cross(fids, dids)[np.ix_(fpos, dpos)]
+
+    def __repr__(self) -> str:
+        src = self._source or ("table" if self._table is not None else "fits" if self._given_fits else None)
+        return f"{type(self).__name__}(calibration={src!s})"
+
+
+class SystolicCost(DataflowCost):
+    """Systolic arrays only (os, ws, is): SCALE-Sim fold formulas with a roofline floor."""
+
+    dataflows = SYSTOLIC_DATAFLOWS
+
+    def __init__(self) -> None:
+        super().__init__(calibration=None)
+
+
+class LoopMapCost(DataflowCost):
+    """Eyeriss row-stationary, NVDLA-like and ShiDianNao-like arrays only."""
+
+    dataflows = ("rs", "nvdla", "shidiannao")
+
+    def __init__(self) -> None:
+        super().__init__(calibration=None)
+
+
+class GpuRooflineCost(DataflowCost):
+    """GPU-class designs only, analytical: roofline times the default efficiency curves."""
+
+    dataflows = ("gpu",)
+
+    def __init__(self) -> None:
+        super().__init__(calibration=None)
+
+
+class CalibratedCost(DataflowCost):
+    """GPU-class designs only, from measured kernel tables (a path, a KernelTable or fits);
+    kinds without data fall back to the analytical curve (``OpCost.model == "gpu-roofline"``)."""
+
+    dataflows = ("gpu",)
+
+    def __init__(self, calibration: str | Path | KernelTable | Mapping[FitKey, KernelFit], *,
+                 tuning: Sequence[str] = tuple(reversed(TUNINGS))) -> None:
+        if calibration is None:
+            raise ValueError("CalibratedCost needs a calibration table, directory or fits")
+        super().__init__(calibration=calibration, tuning=tuning)

@@ -1,0 +1,140 @@
+"""A readable text summary of a :class:`~marssim.workload.Graph` (``marssim show WORKLOAD``).
+
+Work is shown in MACs and FLOPs with decimal prefixes (GMACs = 1e9 MACs), bytes with binary
+prefixes (MiB), from the exact counts the graph holds.
+"""
+
+from __future__ import annotations
+
+from marssim.system.describe import format_table
+from marssim.units import fmt_bytes
+
+from .graph import Graph
+from .op import Op, OpKind
+
+__all__ = ["describe_graph", "op_shape_text", "fmt_count"]
+
+_KIND_ORDER = [OpKind.INPUT, OpKind.CONV, OpKind.GEMM, OpKind.MATMUL, OpKind.POOL, OpKind.ELTWISE, OpKind.NORM,
+               OpKind.SOFTMAX, OpKind.EMBEDDING, OpKind.RESHAPE]
+
+
+def fmt_count(n: float, unit: str = "") -> str:
+    """A count with a decimal prefix: ``fmt_count(4.089e9, "MACs") == '4.089 GMACs'``; exact below 1000."""
+    for prefix, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.4g} {prefix}{unit}".rstrip()
+    return f"{int(n)} {unit}".rstrip()
+
+
+def _hw(h: int, w: int) -> str:
+    return f"{h}x{w}"
+
+
+def op_shape_text(op: Op) -> str:
+    """A compact description of an op's shape: ``3->64 7x7/2 224x224->112x112`` for a conv,
+    ``768->3072 x128`` for a linear layer over 128 tokens, ``12x 128x64 @ 64x128`` for a matmul."""
+    m = op.loop_dict
+    if op.kind == OpKind.CONV:
+        stride = op.param("stride", (1, 1))
+        groups = op.param("groups", 1)
+        c_in = op.in_shapes[0][1]
+        extra = " dw" if op.param("depthwise") else f" g{groups}" if groups > 1 else ""
+        s = f"/{stride[0]}" if stride[0] == stride[1] else f"/{stride[0]}x{stride[1]}"
+        return (f"{c_in}->{m['K']} {m['R']}x{m['S']}{s}{extra} "
+                f"{_hw(*op.in_shapes[0][2:])}->{_hw(m['P'], m['Q'])}")
+    if op.kind == OpKind.GEMM:
+        rows = f" x{m['M']}" if m["M"] != 1 else ""
+        return f"{m['K']}->{m['N']}{rows}"
+    if op.kind == OpKind.MATMUL:
+        return f"{m['H']}x {m['M']}x{m['K']} @ {m['K']}x{m['N']}"
+    if op.kind == OpKind.POOL:
+        if op.param("global"):
+            return f"global {op.param('mode', 'avg')} {_hw(m['R'], m['S'])}->1x1"
+        stride = op.param("stride", (1, 1))[0]
+        return f"{op.param('mode', 'max')} {m['R']}x{m['S']}/{stride} ->{_hw(m['P'], m['Q'])}"
+    if op.kind == OpKind.SOFTMAX:
+        return f"{m['A']} heads, {m['H']} rows x {m['L']} keys"
+    if op.kind == OpKind.EMBEDDING:
+        return f"{op.param('vocab')}x{m['C']} table, {m['H']} tokens"
+    n, c, h, w = op.out_shape
+    label = op.param("fn") or op.param("norm") or op.param("what") or ""
+    label = f"{label} " if label else ""
+    if h == 1 and w == 1:
+        return f"{label}{c}"
+    if w == 1:
+        return f"{label}{c} x{h}"
+    return f"{label}{c}x{h}x{w}"
+
+
+def _row(op: Op) -> list[str]:
+    inputs = fmt_bytes(op.input_bytes) if op.kind != OpKind.INPUT else "-"
+    return [op.name, op.kind.value, op_shape_text(op), fmt_count(op.macs) if op.macs else "-",
+            fmt_bytes(op.weight_bytes) if op.weight_bytes else "-", inputs, fmt_bytes(op.output_bytes)]
+
+
+def describe_graph(graph: Graph, *, max_rows: int = 60) -> str:
+    """Multi-line summary: name, batch, models, op counts per kind, total MACs/FLOPs, weight and
+    activation bytes, and a per-op table.
+
+    Graphs of more than ``max_rows`` ops list their GEMM-like layers only (the other ops are in
+    the totals); if those are still too many, the first and last ``max_rows // 2`` are shown and
+    a line says how many were left out."""
+    ops = graph.ops
+    lines = [f"Workload {graph.name}  (spec {graph.spec})"]
+    dtypes = sorted({op.dtype for op in ops})
+    models = graph.models
+    model_text = ", ".join(models) if len(models) > 1 else models[0] if models else "-"
+    lines.append(f"  batch {graph.batch}, {len(models)} model{'s' if len(models) != 1 else ''} ({model_text}), "
+                 f"dtype {'/'.join(dtypes)}")
+    gemm_flops = sum(op.flops for op in ops if op.is_gemm_like)
+    lines.append(f"  {fmt_count(graph.macs, 'MACs')} ({graph.macs:,} MACs), {fmt_count(graph.flops, 'FLOP')} "
+                 f"({fmt_count(gemm_flops, 'FLOP')} in conv/gemm/matmul, "
+                 f"{fmt_count(graph.flops - gemm_flops, 'FLOP')} in the other ops)")
+    activation = sum(op.output_bytes for op in ops)
+    largest = max(ops, key=lambda o: o.output_bytes)
+    lines.append(f"  weights {fmt_bytes(graph.weight_bytes)} ({sum(op.weight_elems for op in ops):,} parameters); "
+                 f"activations {fmt_bytes(activation)} written in all (largest {fmt_bytes(largest.output_bytes)}, "
+                 f"{largest.name})")
+
+    if len(models) > 1:
+        lines.append("")
+        lines.append("Models")
+        rows = []
+        for model in models:
+            part = [op for op in ops if op.model == model]
+            rows.append([model, str(len(part)), fmt_count(sum(o.macs for o in part), "MACs"),
+                         fmt_bytes(sum(o.weight_bytes for o in part)), fmt_bytes(sum(o.output_bytes for o in part))])
+        lines += format_table(["model", "ops", "work", "weights", "activations"], rows)
+
+    lines.append("")
+    lines.append(f"Ops by kind ({len(ops)} ops)")
+    rows = []
+    for kind in _KIND_ORDER:
+        of_kind = [op for op in ops if op.kind == kind]
+        if not of_kind:
+            continue
+        rows.append([kind.value, str(len(of_kind)), fmt_count(sum(o.macs for o in of_kind), "MACs") if kind in
+                     (OpKind.CONV, OpKind.GEMM, OpKind.MATMUL) else "-",
+                     fmt_count(sum(o.flops for o in of_kind), "FLOP"),
+                     fmt_bytes(sum(o.weight_bytes for o in of_kind)), fmt_bytes(sum(o.output_bytes for o in of_kind))])
+    lines += format_table(["kind", "count", "MACs", "FLOPs", "weights", "outputs"], rows)
+
+    listed = list(ops)
+    title = f"Ops ({len(ops)})"
+    note = ""
+    if len(listed) > max_rows:
+        listed = [op for op in ops if op.is_gemm_like]
+        title = f"GEMM-like layers ({len(listed)} of {len(ops)} ops; the others are counted above)"
+    if len(listed) > max_rows:
+        head, tail = listed[: max_rows // 2], listed[-(max_rows - max_rows // 2):]
+        note = f"  ... {len(listed) - len(head) - len(tail)} more layers not shown ..."
+        rows = [_row(op) for op in head]
+        table = format_table(["name", "kind", "shape", "MACs", "weights", "in", "out"],
+                             rows + [_row(op) for op in tail])
+        table = table[: 1 + len(head)] + [note] + table[1 + len(head):]
+    else:
+        table = format_table(["name", "kind", "shape", "MACs", "weights", "in", "out"], [_row(op) for op in listed])
+    lines.append("")
+    lines.append(title)
+    lines += table
+    return "\n".join(lines)

@@ -1,0 +1,3 @@
+// Two kernels in one cubin (saxpy_loop and smem_reduce): multi-kernel parsing and patching.
+#include "saxpy_loop.cu"
+#include "smem_reduce.cu"
