@@ -53,6 +53,23 @@ class _Layout:
     elem_bytes: int
     partial: bool = False
     replicated: bool = False
+    sig: tuple | None = None  # ((device, box) of each holder): the part of a layout plans depend on
+
+    def signature(self) -> tuple:
+        return self.sig if self.sig is not None else tuple((h.device, h.box) for h in self.holders)
+
+
+@dataclass(frozen=True, slots=True)
+class _Sharded:
+    """An op split over a set: per shard ``(device, seconds, flops, energy, output bytes, output
+    box)``, whether shards hold partial sums, the needs ``(device, region)`` of each input slot,
+    the layout signature of the output and the weight bytes per shard ``(device, bytes)``."""
+
+    rows: tuple
+    partial: bool
+    needs: tuple
+    sig: tuple
+    weights: tuple
 
 
 class LoweringCache:
@@ -68,7 +85,7 @@ class LoweringCache:
         self.system = system
         self.cost = cost
         self.limit = limit
-        self.ops: dict[tuple[int, int], Op] = {}
+        self.ops: dict[tuple[int, int, int], tuple[Op, int]] = {}
         self.shards: dict[tuple, tuple] = {}
         self.collectives: dict[tuple, tuple] = {}
         self.moves: dict[tuple, tuple] = {}
@@ -126,7 +143,6 @@ class _Lowering:
         self.cache = cache
         self._designs = cache.designs
         self._shard_cache = cache.shards
-        self._op_mb: dict[tuple[int, int], tuple[Op, int]] = {}
         self._redistributed: dict[tuple, dict[str, tuple[int, ...]]] = {}
         self._host_of = cache.hosts
         self._latency = cache.latency
@@ -154,22 +170,19 @@ class _Lowering:
 
     def op_for_mb(self, gi: int, mb: int) -> tuple[Op, int]:
         """The op of micro-batch ``mb`` and its batch size."""
-        key = (gi, mb)
-        hit = self._op_mb.get(key)
+        key = (gi, self.mapping.micro_batches, mb)
+        hit = self.cache.ops.get(key)
         if hit is None:
             base = self.graph.ops[gi]
             dim = BATCH_DIM[base.kind]
             size = split_sizes(base.dim(dim), self.mapping.micro_batches)[mb]
-            op = self.cache.ops.get((gi, size))
-            if op is None:
-                op = base if size == base.dim(dim) else base.with_loops(**{dim: size})
-                self.cache.ops[(gi, size)] = op
-            hit = self._op_mb[key] = (op, size)
+            op = base if size == base.dim(dim) else base.with_loops(**{dim: size})
+            hit = self.cache.ops[key] = (op, size)
         return hit
 
-    def shards(self, gi: int, size: int, op: Op, strategy: str, devices: tuple[str, ...], design_name: str):
-        """``([(device, shard op, out box, in boxes, seconds, energy)], partial flag, needs per
-        input slot)`` for op ``gi`` at batch ``size``; a need is ``(device, region)``."""
+    def shards(self, gi: int, size: int, op: Op, strategy: str, devices: tuple[str, ...], design_name: str) -> _Sharded:
+        """Op ``gi`` at batch ``size`` split by ``strategy`` over ``devices``, each shard timed
+        on ``design_name`` (see :class:`_Sharded`)."""
         key = (gi, size, strategy, devices, design_name)
         hit = self._shard_cache.get(key)
         if hit is not None:
@@ -182,10 +195,10 @@ class _Lowering:
             sizes = split_sizes(op.dim(dim), len(devices))
             parts = []
             lo = 0
-            for dev, size in zip(devices, sizes):
-                if size > 0:
-                    parts.append((dev, op.with_loops(**{dim: size}), *shard_regions(op, dim, lo, lo + size)))
-                lo += size
+            for dev, part in zip(devices, sizes):
+                if part > 0:
+                    parts.append((dev, op.with_loops(**{dim: part}), *shard_regions(op, dim, lo, lo + part)))
+                lo += part
         partial = False
         for dev, shard, out_box, in_boxes, is_partial in parts:
             c = self.cost.op_cost(shard, self.design(dev, design_name))
@@ -193,7 +206,10 @@ class _Lowering:
             partial = partial or is_partial
         needs = tuple(tuple((dev, in_boxes[slot]) for dev, _, _, in_boxes, _, _ in out if box_elems(in_boxes[slot]) > 0)
                       for slot in range(len(op.inputs)))
-        result = (tuple(out), partial and len(parts) > 1, needs)
+        rows = tuple((dev, seconds, shard.flops, energy, box_elems(out_box) * op.dtype_bytes, out_box)
+                     for dev, shard, out_box, _, seconds, energy in out)
+        result = _Sharded(rows, partial and len(parts) > 1, needs, tuple((dev, out_box) for dev, _, out_box, *_ in out),
+                          tuple((dev, shard.weight_bytes) for dev, shard, *_ in out))
         self._shard_cache[key] = result
         return result
 
@@ -225,25 +241,25 @@ class _Lowering:
                 k = self.position[gi]
                 aset = m.sets[m.op_set[k]]
                 strategy = m.op_sharding[k]
-                shards, partial, needs_by_slot = self.shards(gi, size, op, strategy, aset.devices, aset.design)
+                sharded = self.shards(gi, size, op, strategy, aset.devices, aset.design)
                 if mb == 0:
-                    for dev, shard, *_ in shards:
-                        weights[dev] = weights.get(dev, 0.0) + shard.weight_bytes
+                    for dev, nbytes in sharded.weights:
+                        weights[dev] = weights.get(dev, 0.0) + nbytes
                 # inputs: what each shard needs from each producer
-                deps: dict[str, list[int]] = {dev: [] for dev, *_ in shards}
+                deps: dict[str, list[int]] = {row[0]: [] for row in sharded.rows}
                 for slot, src in enumerate(g.preds[gi]):
-                    needs = needs_by_slot[slot]
-                    got = self.redistribute((src, mb), layouts[(src, mb)], needs, base.name, mb)
+                    got = self.redistribute((src, mb), layouts[(src, mb)], sharded.needs[slot], base.name, mb)
                     for dev, tasks in got.items():
                         deps[dev].extend(tasks)
                 holders = []
                 priority = mb * self.n_ops + gi
-                for dev, shard, out_box, _, seconds, energy in shards:
-                    t = self.b.compute(dev, seconds, preds=_unique(deps[dev]), flops=shard.flops, energy=energy,
-                                       out_bytes=box_elems(out_box) * op.dtype_bytes, priority=priority,
-                                       op=base.name, micro_batch=mb)
+                compute = self.b.compute
+                for dev, seconds, flops, energy, out_bytes, out_box in sharded.rows:
+                    t = compute(dev, seconds, preds=_unique(deps[dev]), flops=flops, energy=energy,
+                                out_bytes=out_bytes, priority=priority, op=base.name, micro_batch=mb)
                     holders.append(_Holder(dev, out_box, (t,)))
-                layouts[(gi, mb)] = _Layout(tuple(holders), op.out_shape, op.dtype_bytes, partial=partial)
+                layouts[(gi, mb)] = _Layout(tuple(holders), op.out_shape, op.dtype_bytes, partial=sharded.partial,
+                                            sig=sharded.sig)
             for gi in g.outputs:
                 layout = layouts[(gi, mb)]
                 host = self.host_for(layout.holders[0].device)
@@ -327,7 +343,7 @@ class _Lowering:
 
     def _move(self, layout: _Layout, needs, op_name: str, mb: int) -> dict[str, tuple[int, ...]]:
         holders = layout.holders
-        key = (tuple((h.device, h.box) for h in holders), layout.shape, layout.elem_bytes, layout.replicated, needs)
+        key = (layout.signature(), layout.shape, layout.elem_bytes, layout.replicated, needs)
         plan = self.cache.moves.get(key)
         if plan is None:
             plan = self.cache.moves[key] = _move_plan(layout, needs, self.latency)
@@ -433,6 +449,9 @@ def expand_collective(builder: TaskGraphBuilder, kind: str, algorithm: str, devi
 
 
 def _unique(items) -> tuple[int, ...]:
+    """Items in first-seen order without repeats."""
+    if len(items) < 2:
+        return tuple(items)
     return tuple(dict.fromkeys(items))
 
 

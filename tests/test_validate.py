@@ -73,7 +73,8 @@ def test_sampled_families_are_the_contended_kinds(sampled):
         if item.family == "collective":
             for layer, opts in zip(space.layers, space.layer_strategies):
                 pos = GRAPH.compute_ops.index(layer[0])
-                if {"oc", "ic"} & set(opts):
+                # a layer on a one-device set runs whole there: the space writes it as "none"
+                if {"oc", "ic"} & set(opts) and len(m.sets[m.op_set[pos]].devices) > 1:
                     assert m.op_sharding[pos] in ("oc", "ic")
 
 

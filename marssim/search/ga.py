@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, replace
+from functools import cached_property
 
 import numpy as np
 import pandas as pd
@@ -76,6 +77,11 @@ class GAConfig:
     max_simulations: int | None = None
     time_limit_s: float | None = None
     screen: bool = True
+
+
+UNIFORM_PREFERENCES = (("dp",), ("spatial", "seq", "dp"), ("oc", "dp"), ("head", "seq", "dp"))
+"""Starting points of every inner population: data parallel everywhere; rows of images and
+tokens of sequences; output channels; attention heads (else tokens)."""
 
 
 class _Individual:
@@ -148,6 +154,8 @@ class _MARS:
         self.objective = objective
         self.design_names, self.design_times = table
         self.best: tuple[float, Mapping, Evaluation] | None = None
+        self.inner_pops: dict[tuple, list[tuple[str, ...]]] = {}
+        self.refine: list[_Individual] = []  # elites whose inner search continues next generation
         self.t0 = time.perf_counter()
         self.sims0 = ev.simulations
 
@@ -176,6 +184,16 @@ class _MARS:
             totals = self.design_times[np.ix_(layers, cols)].sum(axis=0) if layers else np.zeros(len(cols))
             designs.append(allowed[int(np.argmin(totals))])
         return replace(genome, designs=tuple(designs))
+
+    @cached_property
+    def uniform_shardings(self) -> list[tuple[str, ...]]:
+        """One sharding vector per preference list of :data:`UNIFORM_PREFERENCES` (each layer
+        takes the first strategy of the list it allows), duplicates dropped."""
+        out = []
+        for prefs in UNIFORM_PREFERENCES:
+            out.append(tuple(next((p for p in prefs if p in opts), "dp" if "dp" in opts else opts[0])
+                             for opts in self.space.layer_strategies))
+        return list(dict.fromkeys(out))
 
     def heuristic_shardings(self, genome: Genome) -> tuple[str, ...]:
         """Per layer, the first strategy whose split dimension covers the set's devices:
@@ -250,13 +268,20 @@ class _MARS:
 
     def mutate(self, g: Genome) -> Genome:
         """Flip cuts (per gene, plus one forced flip with probability ``operator_mutation``),
-        shift a segment boundary, re-draw a set's design, re-select designs computation-aware,
-        re-draw the micro-batches: each operator applied with probability ``operator_mutation``."""
+        move a set boundary by one accelerator, shift a segment boundary, re-draw a set's
+        design, re-select designs computation-aware, re-draw the micro-batches: each operator
+        applied with probability ``operator_mutation``."""
         space, rng, p = self.space, self.rng, self.cfg.operator_mutation
         cuts = flip_bits(rng, g.cuts, self.cfg.gene_mutation)
-        if cuts and rng.random() < p:
+        if cuts and rng.random() < p:  # split a set or merge two
             i = int(rng.integers(len(cuts)))
             cuts[i] = not cuts[i]
+        if rng.random() < p:  # move a set boundary by one accelerator
+            movable = [(i, j) for i, c in enumerate(cuts) if c for j in (i - 1, i + 1)
+                       if 0 <= j < len(cuts) and not cuts[j]]
+            if movable:
+                i, j = movable[int(rng.integers(len(movable)))]
+                cuts[i], cuts[j] = False, True
         g = replace(g, cuts=tuple(cuts))
         if rng.random() < p and g.boundaries:
             b = list(g.boundaries)
@@ -277,8 +302,8 @@ class _MARS:
 
     def next_generation(self, pop: list[_Individual]) -> list[_Individual]:
         """Elites carried over with their fitness; the rest bred by tournament selection,
-        crossover and mutation (children whose outer genome repeats one already in the new
-        population are mutated twice more)."""
+        crossover and mutation (a child whose outer genome was met before is mutated again, up
+        to four times, to explore something new)."""
         cfg, rng = self.cfg, self.rng
         ranked = sorted(range(len(pop)), key=lambda i: pop[i].rank_key())
         elites = [pop[i] for i in ranked[: min(cfg.elites, len(pop))]]
@@ -290,26 +315,35 @@ class _MARS:
                 children[i - 1], children[i] = self.mate(children[i - 1], children[i])
         children = [self.mutate(g) for g in children]
         new = [_copy(ind) for ind in elites]
+        self.refine = list(new)
         seen = {ind.genome.level1() for ind in new}
         for g in children:
-            if g.level1() in seen:  # a duplicate explores nothing new: perturb it
-                g = self.mutate(self.mutate(g))
+            for _ in range(4):  # a genome met before explores nothing new: perturb it
+                if g.level1() not in seen and g.level1() not in self.inner_pops:
+                    break
+                g = self.mutate(g)
             seen.add(g.level1())
             new.append(_Individual(g))
         return new
 
     # ------------------------------------------------------------------ level 2
-    def inner(self, individuals: list[_Individual]) -> None:
-        """Optimise the shardings of every unevaluated individual (in lockstep: one batch of
-        candidates per inner generation), then simulate the best of each and set its fitness."""
+    def inner(self, individuals: list[_Individual], refine: Sequence[_Individual] = ()) -> None:
+        """Optimise the shardings of every unevaluated individual and of those in ``refine``
+        (in lockstep: one batch of candidates per inner generation), then simulate the best of
+        each and set its fitness. An outer genome's inner population is kept, so a genome met
+        again (an elite refined each generation, or a child equal to an earlier individual)
+        continues its inner search where it stopped; a refined individual keeps its mapping
+        unless the refinement finds a better one."""
         cfg, rng, space = self.cfg, self.rng, self.space
         todo = [ind for ind in individuals if ind.fitness is None]
+        todo += [ind for ind in refine if ind.fitness is not None and all(ind is not t for t in todo)]
         if not todo:
             return
         pops: list[list[tuple[str, ...]]] = []
-        all_dp = tuple("dp" if "dp" in s else s[0] for s in space.layer_strategies)
         for ind in todo:
-            start = list(dict.fromkeys([ind.genome.shardings, self.heuristic_shardings(ind.genome), all_dp]))
+            stored = self.inner_pops.get(ind.genome.level1(), [])
+            start = list(dict.fromkeys([ind.genome.shardings, *stored, self.heuristic_shardings(ind.genome),
+                                        *self.uniform_shardings]))
             while len(start) < cfg.inner_population:
                 start.append(self._mutate_shardings(start[int(rng.integers(len(start)))], strong=True))
             pops.append(start[: cfg.inner_population])
@@ -333,6 +367,11 @@ class _MARS:
             if gen == cfg.inner_generations or (not use_estimate and self.out_of_budget()):
                 break
             pops = [self._next_inner(rank) for rank in ranked]
+        stored = [[s for _, s, _ in rank] for rank in ranked]
+        for ind, pop in zip(todo, stored):
+            self.inner_pops[ind.genome.level1()] = pop
+        while len(self.inner_pops) > 4096:  # forget the oldest genomes
+            del self.inner_pops[next(iter(self.inner_pops))]
         finals: list[list[Mapping]] = []
         for rank in ranked:
             picked: dict[str, Mapping] = {}
@@ -345,6 +384,9 @@ class _MARS:
         k = 0
         for ind, ms in zip(todo, finals):
             best: tuple[float, str, Mapping, Evaluation] | None = None
+            if ind.fitness is not None:
+                assert ind.mapping is not None and ind.evaluation is not None
+                best = (ind.fitness, ind.mapping.key, ind.mapping, ind.evaluation)
             for m in ms:
                 e = evaluations[k]
                 k += 1
@@ -355,6 +397,8 @@ class _MARS:
             assert best is not None
             ind.fitness, _, ind.mapping, ind.evaluation = best
             ind.genome = space.encode(best[2])
+        for ind, pop in zip(todo, stored):  # found again under the genome of its decoded mapping
+            self.inner_pops.setdefault(ind.genome.level1(), pop)
 
     def _next_inner(self, rank: list[tuple[float, tuple[str, ...], Mapping]]) -> list[tuple[str, ...]]:
         """The next inner population: the best two kept, the rest bred by tournament on rank,
@@ -426,7 +470,7 @@ def mars(graph: Graph, system: System, cost: CostModel | None = None, *, config:
     stale = 0
     best_seen = math.inf
     for gen in range(cfg.generations):
-        state.inner(pop)
+        state.inner(pop, refine=state.refine)
         fits = [ind.fitness for ind in pop]
         finite = [f for f in fits if f is not None and math.isfinite(f)]
         assert state.best is not None
