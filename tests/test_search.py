@@ -336,3 +336,21 @@ def test_summary_simulation_equals_the_full_simulation_bit_for_bit():
     tg = lower(graph, tight, m, COST)
     full, fast = simulate(tg, tight, memory_policy="spill"), simulate_summary(tg, tight, memory_policy="spill")
     assert full.meta["spills"] > 0 and fast.makespan == full.makespan
+
+
+def test_h2h_pipelines_a_chain_over_micro_batches():
+    """Four equal layers, two equal accelerators, fast links, batch 8: split into micro-batches,
+    two layers per accelerator overlap like a two-stage pipeline, well under the one-accelerator
+    time; with one micro-batch allowed they cannot overlap."""
+    b = GraphBuilder("mlp4", batch=8)
+    x = b.input("x", c=512)
+    for i in range(4):
+        x = b.linear(f"l{i}", x, 512)
+    graph = b.build()
+    sys_ = make_system(2, bandwidth="1 TB/s", latency="10 ns", host_bandwidth="1 TB/s")
+    serial = fresh(graph, sys_, Mapping.single_set(graph, sys_, devices=("acc0",), sharding="none")).makespan
+    res = h2h(graph, sys_, COST)
+    assert res.notes["micro_batches"] > 1 and len(set(res.best.op_set)) == 2
+    assert res.makespan < 0.7 * serial
+    one = h2h(graph, sys_, COST, micro_batch_choices=(1,))
+    assert one.notes["micro_batches"] == 1 and one.makespan > 0.95 * serial

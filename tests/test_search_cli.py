@@ -35,7 +35,10 @@ def test_search_writes_every_output_and_the_mapping_simulates_to_the_reported_ma
     printed = capsys.readouterr().out
     assert "mars: makespan" in printed and "set 0:" in printed
     names = {p.name for p in out.iterdir()}
-    assert {"best_mapping.yaml", "search.json", "history.csv", "convergence.png", "convergence.svg", "result"} <= names
+    assert {"best_mapping.yaml", "search.json", "history.csv", "convergence.png", "convergence.svg", "result",
+            "trace.json"} <= names
+    trace = json.loads((out / "trace.json").read_text())
+    assert any(e.get("ph") == "X" for e in (trace["traceEvents"] if isinstance(trace, dict) else trace))
     summary = json.loads((out / "search.json").read_text())
     history = pd.read_csv(out / "history.csv")
     assert 1 <= len(history) <= 2 and history["best_fitness"].iloc[-1] == summary["fitness"]

@@ -6,7 +6,7 @@ from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 
 import pytest
 
-from marssim.search.evaluate import Evaluator, Problem, _chunks
+from marssim.search.evaluate import Evaluator, Problem, _chunks, _unchunk
 from marssim.search.ga import GAConfig, mars
 from marssim.search.space import MappingSpace
 from test_search_support import chain, system, two_models
@@ -26,12 +26,13 @@ def serial():
     return graph, sys_, mars(graph, sys_, COST, config=CONFIG, seed=3)
 
 
-def test_chunks_cover_items_in_order():
+def test_chunks_deal_items_round_robin_and_unchunk_restores_the_order():
     items = list(range(11))
     for parts in (1, 2, 3, 4, 11, 50):
         chunks = _chunks(items, parts)
-        assert [x for c in chunks for x in c] == items
+        assert sorted(x for c in chunks for x in c) == items and _unchunk(chunks) == items
         assert len(chunks) == min(parts, 11) and max(map(len, chunks)) - min(map(len, chunks)) <= 1
+        assert all(c == sorted(c) and all(b - a == len(chunks) for a, b in zip(c, c[1:])) for c in chunks)
 
 
 def test_evaluator_results_follow_the_input_order_on_any_executor():

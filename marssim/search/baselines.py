@@ -8,7 +8,9 @@
   accelerator when the scheduled makespan does not grow), then neighbour moves (a layer moves
   to a neighbouring layer's accelerator when the *simulated* makespan drops). On adaptive
   systems each accelerator first takes a fixed design: designs are dealt out in proportion to
-  the time of the layers each design runs fastest (H2H itself assumes fixed designs).
+  the time of the layers each design runs fastest (H2H itself assumes fixed designs). The
+  batch may be split into micro-batches (the count with the best simulation is kept), so
+  layers on different accelerators overlap as pipeline stages do in the GA's mappings.
 * :func:`random_search` — uniformly sampled mappings, best of a given simulation budget.
 * :func:`exhaustive` — every mapping of the space, for spaces small enough to enumerate.
 """
@@ -25,10 +27,11 @@ import numpy as np
 import pandas as pd
 
 from marssim.cost.base import CostModel
-from marssim.mapping import AcceleratorSet, Mapping
+from marssim.mapping import AcceleratorSet, Mapping, split_sizes
 from marssim.mapping.io import canonical_system_ref
+from marssim.mapping.sharding import BATCH_DIM
 from marssim.system import System
-from marssim.workload import Graph
+from marssim.workload import Graph, Op, OpKind
 
 from .evaluate import Evaluation, Evaluator, Problem
 from .ga import design_table
@@ -105,32 +108,58 @@ def _h2h_designs(graph: Graph, system: System, cost: CostModel) -> dict[str, str
 
 
 class _ListSchedule:
-    """Earliest-finish-time scheduling of layers on single accelerators (alpha-beta transfers)."""
+    """Earliest-finish-time list scheduling of layers on single accelerators, at micro-batch
+    granularity: the batch is split into ``micro_batches`` parts that flow through the layers
+    one after another (so layers on different accelerators overlap, as in a pipeline);
+    transfers are timed alpha-beta over the system's routes (latency + bytes / bottleneck)."""
 
-    def __init__(self, graph: Graph, system: System, cost: CostModel, designs: dict[str, str]) -> None:
+    def __init__(self, graph: Graph, system: System, cost: CostModel, designs: dict[str, str],
+                 micro_batches: int = 1) -> None:
         self.graph = graph
         self.system = system
         self.accs = system.accelerator_ids
-        self.layer_of = {}
+        self.micro_batches = m = micro_batches
+        layer_of = {}
         for li, layer in enumerate(graph.layers):
             for gi in layer:
-                self.layer_of[gi] = li
-        self.preds: list[list[tuple[int, float]]] = []  # (producer layer or -1 for input, bytes)
+                layer_of[gi] = li
+        # ops of each micro-batch (the batch dimension split as the lowering splits it)
+        sized: dict[tuple[int, int], Op] = {}
+        for gi in graph.compute_ops + tuple(i for i, op in enumerate(graph.ops) if op.kind == OpKind.INPUT):
+            op = graph.ops[gi]
+            dim = BATCH_DIM[op.kind]
+            for mb, size in enumerate(split_sizes(op.dim(dim), m)):
+                sized[(gi, mb)] = op if size == op.dim(dim) else op.with_loops(**{dim: size})
+        # (producer layer or -1 for a graph input, bytes per micro-batch)
+        self.preds: list[list[tuple[int, list[float]]]] = []
         for layer in graph.layers:
             inside = set(layer)
-            edges: dict[int, float] = {}
+            edges: dict[int, list[float]] = {}
             for gi in layer:
                 for p in graph.preds[gi]:
                     if p in inside:
                         continue
-                    src = self.layer_of.get(p, -1)
-                    edges[src] = edges.get(src, 0.0) + graph.ops[p].output_bytes
+                    src = layer_of.get(p, -1)
+                    acc = edges.setdefault(src, [0.0] * m)
+                    for mb in range(m):
+                        acc[mb] += sized[(p, mb)].output_bytes
             self.preds.append(sorted(edges.items()))
-        self.time = np.zeros((len(graph.layers), len(self.accs)))
+        # seconds of each layer's micro-batch on each accelerator: time[layer, acc, mb]
+        self.time = np.zeros((len(graph.layers), len(self.accs), m))
+        memo: dict[tuple, float] = {}
         for j, acc in enumerate(self.accs):
             design = system.design(acc, designs[acc])
+            dkey = (designs[acc], system.accelerator(acc).memory.bandwidth)
             for i, layer in enumerate(graph.layers):
-                self.time[i, j] = sum(cost.op_time(graph.ops[g], design) for g in layer)
+                for mb in range(m):
+                    total = 0.0
+                    for g in layer:
+                        key = (g, mb, dkey)
+                        t = memo.get(key)
+                        if t is None:
+                            t = memo[key] = cost.op_time(sized[(g, mb)], design)
+                        total += t
+                    self.time[i, j, mb] = total
         self.host = system.nearest_host(self.accs[0])
         n = len(self.accs)
         self.lat = np.zeros((n + 1, n + 1))
@@ -145,42 +174,67 @@ class _ListSchedule:
     def comm(self, src: int, dst: int, nbytes: float) -> float:
         return 0.0 if src == dst else self.lat[src, dst] + nbytes / self.bw[src, dst]
 
+    def _place(self, li: int, a: int, where: Sequence[int], finish: np.ndarray, start_at: float) -> list[float]:
+        """Finish times of layer ``li``'s micro-batches on accelerator ``a`` free at ``start_at``."""
+        n = len(self.accs)
+        t = start_at
+        ends = []
+        for mb in range(self.micro_batches):
+            ready = 0.0
+            for p, nbytes in self.preds[li]:
+                src, t_p = (n, 0.0) if p < 0 else (where[p], finish[p, mb])
+                ready = max(ready, t_p + self.comm(src, a, nbytes[mb]))
+            t = max(t, ready) + self.time[li, a, mb]
+            ends.append(t)
+        return ends
+
     def greedy(self) -> list[int]:
+        """Each layer (graph order) on the accelerator where its last micro-batch ends first."""
         n = len(self.accs)
         avail = np.zeros(n)
-        finish = np.zeros(len(self.graph.layers))
+        finish = np.zeros((len(self.graph.layers), self.micro_batches))
         where: list[int] = []
         for li in range(len(self.graph.layers)):
             best = None
             for a in range(n):
-                ready = 0.0
-                for p, nbytes in self.preds[li]:
-                    src, t_p = (n, 0.0) if p < 0 else (where[p], finish[p])
-                    ready = max(ready, t_p + self.comm(src, a, nbytes))
-                end = max(avail[a], ready) + self.time[li, a]
-                if best is None or end < best[0] - 1e-15:
-                    best = (end, a)
+                ends = self._place(li, a, where, finish, avail[a])
+                if best is None or ends[-1] < best[0] - 1e-15:
+                    best = (ends[-1], a, ends)
             assert best is not None
             where.append(best[1])
-            finish[li] = best[0]
+            finish[li] = best[2]
             avail[best[1]] = best[0]
         return where
 
     def makespan(self, where: Sequence[int]) -> float:
         n = len(self.accs)
         avail = np.zeros(n)
-        finish = np.zeros(len(where))
+        finish = np.zeros((len(where), self.micro_batches))
         for li, a in enumerate(where):
-            ready = 0.0
-            for p, nbytes in self.preds[li]:
-                src, t_p = (n, 0.0) if p < 0 else (where[p], finish[p])
-                ready = max(ready, t_p + self.comm(src, a, nbytes))
-            finish[li] = max(avail[a], ready) + self.time[li, a]
-            avail[a] = finish[li]
+            finish[li] = self._place(li, a, where, finish, avail[a])
+            avail[a] = finish[li, -1]
         return float(finish.max(initial=0.0))
 
+    def remove_transfers(self, where: list[int]) -> list[int]:
+        """H2H's second pass: a layer joins the accelerator of its latest producer when the
+        scheduled makespan does not grow (the transfer between them disappears)."""
+        current = self.makespan(where)
+        for li in range(1, len(where)):
+            producers = [p for p, _ in self.preds[li] if p >= 0]
+            if not producers:
+                continue
+            target = where[max(producers)]
+            if target != where[li]:
+                trial = list(where)
+                trial[li] = target
+                t = self.makespan(trial)
+                if t <= current:
+                    where, current = trial, t
+        return where
 
-def _h2h_mapping(graph: Graph, system: System, designs: dict[str, str], where: Sequence[int]) -> Mapping:
+
+def _h2h_mapping(graph: Graph, system: System, designs: dict[str, str], where: Sequence[int],
+                 micro_batches: int = 1) -> Mapping:
     accs = system.accelerator_ids
     sets = tuple(AcceleratorSet((a,), designs[a]) for a in accs)
     op_set = [0] * len(graph.compute_ops)
@@ -188,38 +242,34 @@ def _h2h_mapping(graph: Graph, system: System, designs: dict[str, str], where: S
     for li, layer in enumerate(graph.layers):
         for gi in layer:
             op_set[position[gi]] = where[li]
-    return Mapping(sets=sets, op_set=tuple(op_set), op_sharding=("none",) * len(op_set), micro_batches=1,
-                   system=canonical_system_ref(system), workload=graph.spec)
+    return Mapping(sets=sets, op_set=tuple(op_set), op_sharding=("none",) * len(op_set),
+                   micro_batches=micro_batches, system=canonical_system_ref(system), workload=graph.spec)
 
 
 def h2h(graph: Graph, system: System, cost: CostModel | None = None, *, objective: str = "latency",
-        executor: Executor | None = None, evaluator: Evaluator | None = None, max_moves: int = 200) -> SearchResult:
-    """H2H's three passes; every layer runs whole on one accelerator. ``max_moves`` bounds the
-    simulations of the neighbour-move pass."""
+        executor: Executor | None = None, evaluator: Evaluator | None = None, max_moves: int = 200,
+        micro_batch_choices: tuple[int, ...] = (1, 2, 4, 8)) -> SearchResult:
+    """H2H's passes; every layer runs whole on one accelerator. For each micro-batch count of
+    ``micro_batch_choices`` (up to the batch), the greedy assignment and the transfer-removal
+    pass run on the list schedule; the counts' mappings are simulated and the best goes through
+    the neighbour-move pass, whose simulations ``max_moves`` bounds. (H2H schedules one batch;
+    splitting it lets layers on different accelerators overlap, the pipelining the GA may use.)"""
     t0 = time.perf_counter()
     cost = _default_cost(cost)
     ev = _evaluator(graph, system, cost, executor, evaluator)
     sims0, est0 = ev.simulations, ev.estimates
     designs = _h2h_designs(graph, system, cost)
-    sched = _ListSchedule(graph, system, cost, designs)
-    where = sched.greedy()
-    # pass 2: remove transfers between consecutive layers when the schedule does not get longer
-    current = sched.makespan(where)
-    for li in range(1, len(where)):
-        producers = [p for p, _ in sched.preds[li] if p >= 0]
-        if not producers:
-            continue
-        target = where[max(producers)]
-        if target != where[li]:
-            trial = list(where)
-            trial[li] = target
-            t = sched.makespan(trial)
-            if t <= current:
-                where, current = trial, t
+    starts = []
+    for m in sorted({c for c in micro_batch_choices if 1 <= c <= graph.batch} or {1}):
+        sched = _ListSchedule(graph, system, cost, designs, m)
+        where = sched.remove_transfers(sched.greedy())
+        starts.append((m, where, _h2h_mapping(graph, system, designs, where, m)))
+    evals = ev.simulate([mapping for _, _, mapping in starts])
+    candidates = [(mapping, e) for (_, _, mapping), e in zip(starts, evals)]
+    k = min(range(len(starts)), key=lambda i: (evals[i].fitness(objective), starts[i][2].key))
+    micro, where, best_m = starts[k]
+    best_e = evals[k]
     # pass 3: move a layer to a neighbouring layer's accelerator while the simulation improves
-    best_m = _h2h_mapping(graph, system, designs, where)
-    best_e = ev.simulate([best_m])[0]
-    candidates = [(best_m, best_e)]
     moves = 0
     improved = True
     while improved and moves < max_moves:
@@ -230,17 +280,17 @@ def h2h(graph: Graph, system: System, cost: CostModel | None = None, *, objectiv
             for tgt in targets:
                 trial = list(where)
                 trial[li] = tgt
-                trials.append((trial, _h2h_mapping(graph, system, designs, trial)))
+                trials.append((trial, _h2h_mapping(graph, system, designs, trial, micro)))
             if not trials or moves >= max_moves:
                 continue
             moves += len(trials)
-            evals = ev.simulate([m for _, m in trials])
-            for (trial, m), e in zip(trials, evals):
+            for (trial, m), e in zip(trials, ev.simulate([m for _, m in trials])):
                 candidates.append((m, e))
                 if e.fitness(objective) < best_e.fitness(objective) * (1 - 1e-12):
                     where, best_m, best_e = trial, m, e
                     improved = True
-    return _result("h2h", objective, candidates, ev, sims0, est0, t0, notes={"designs": designs})
+    return _result("h2h", objective, candidates, ev, sims0, est0, t0,
+                   notes={"designs": designs, "micro_batches": micro})
 
 
 # ------------------------------------------------------------------------------------ random, exhaustive

@@ -128,14 +128,17 @@ def _estimate_chunk(args: tuple[str, bytes, list[Mapping]]) -> list[float]:
 
 
 def _chunks(items: list, parts: int) -> list[list]:
-    """``items`` cut into at most ``parts`` consecutive runs of near-equal length."""
+    """``items`` dealt round-robin into at most ``parts`` chunks (neighbouring candidates, often
+    alike in cost, land in different chunks, which balances the workers)."""
     parts = max(1, min(parts, len(items)))
-    size, extra = divmod(len(items), parts)
-    out, start = [], 0
-    for i in range(parts):
-        stop = start + size + (1 if i < extra else 0)
-        out.append(items[start:stop])
-        start = stop
+    return [items[i::parts] for i in range(parts)]
+
+
+def _unchunk(chunks: list[list]) -> list:
+    """The inverse of :func:`_chunks`: the items in their original order."""
+    out = []
+    for i in range(max((len(c) for c in chunks), default=0)):
+        out.extend(c[i] for c in chunks if i < len(c))
     return out
 
 
@@ -144,11 +147,11 @@ class Evaluator:
     """Cached, optionally parallel evaluation of mappings for one problem.
 
     ``executor``: any ``concurrent.futures.Executor`` (None: evaluate in this process). A batch
-    is sent as a few chunks per worker (``workers``: how many the executor runs at once; read
-    from the executor when not given, see :func:`~marssim.search.parallel.executor_parallelism`),
-    each carrying the pickled problem, so per-task overheads do
-    not dominate small simulations. Results come back in the order given, whatever the
-    executor. Counters: ``simulations`` and ``estimates`` run (cache misses), ``cache_hits``."""
+    is dealt into three chunks per worker (``workers``: how many the executor runs at once;
+    read from the executor when not given, see
+    :func:`~marssim.search.parallel.executor_parallelism`), each carrying the pickled problem,
+    so per-task overheads do not dominate small simulations. Results come back in the order
+    given, whatever the executor. Counters: ``simulations`` and ``estimates`` run (cache misses), ``cache_hits``."""
 
     problem: Problem
     executor: Executor | None = None
@@ -188,9 +191,8 @@ class Evaluator:
             if self.executor is None or len(pending) == 1:
                 outs = fn((self._key, self._blob, pending))
             else:
-                parts = _chunks(pending, 2 * self.parallelism)
-                outs = [out for chunk in self.executor.map(fn, [(self._key, self._blob, c) for c in parts])
-                        for out in chunk]
+                parts = _chunks(pending, 3 * self.parallelism)
+                outs = _unchunk(list(self.executor.map(fn, [(self._key, self._blob, c) for c in parts])))
             for k, out in zip(todo, outs):
                 cache[k] = out
         return [cache[m.key] for m in mappings], len(todo)
