@@ -3,7 +3,8 @@
 1. Throughput: the same batch of distinct ResNet-50 mappings (batch 8, drawn uniformly from the
    mapping space of ``topologies/mars-adaptive-16.yaml``) is simulated, and separately
    estimated, through an :class:`~marssim.search.evaluate.Evaluator` serially and on a process
-   pool of 2 workers (fresh caches each time; pool start-up included).
+   pool of 2 workers (fresh evaluation caches; the workers started and warmed up on a few other
+   mappings first).
 2. The default search, exactly what ``marssim search --system topologies/mars-adaptive-16.yaml
    --workload resnet50:batch=8`` runs (MARS GA, default configuration, seeded with
    data_parallel), with 1 and with 2 workers: wall time, simulations, estimates, evaluations/s
@@ -16,6 +17,7 @@ Run: ``PYTHONPATH=. python analysis/bench_search.py``; the output is committed i
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import platform
 import time
@@ -37,17 +39,15 @@ SYSTEM = ROOT / "topologies" / "mars-adaptive-16.yaml"
 WORKLOAD = "resnet50:batch=8"
 
 
-def throughput(graph, system, cost, mappings, workers: int, kind: str) -> tuple[float, float]:
-    """(seconds, evaluations per second) to evaluate ``mappings`` once."""
-    t0 = time.perf_counter()
-    if workers == 1:
-        ev = Evaluator(Problem(graph, system, cost))
+def throughput(graph, system, cost, mappings, warmup, workers: int, kind: str) -> tuple[float, float]:
+    """(seconds, evaluations per second) to evaluate ``mappings`` once, after the workers have
+    started and evaluated the ``warmup`` mappings (so start-up is not counted)."""
+    with ProcessPoolExecutor(workers) if workers > 1 else contextlib.nullcontext() as pool:
+        Evaluator(Problem(graph, system, cost), pool).simulate(warmup)
+        ev = Evaluator(Problem(graph, system, cost), pool)
+        t0 = time.perf_counter()
         (ev.simulate if kind == "simulate" else ev.estimate)(mappings)
-    else:
-        with ProcessPoolExecutor(workers) as pool:
-            ev = Evaluator(Problem(graph, system, cost), pool)
-            (ev.simulate if kind == "simulate" else ev.estimate)(mappings)
-    wall = time.perf_counter() - t0
+        wall = time.perf_counter() - t0
     return wall, len(mappings) / wall
 
 
@@ -63,13 +63,14 @@ def main(argv=None) -> None:
     print()
     space = MappingSpace(graph, system)
     rng = np.random.default_rng(0)
-    mappings = list({m.key: m for m in (space.decode(space.random(rng)) for _ in range(args.mappings))}.values())
+    drawn = list({m.key: m for m in (space.decode(space.random(rng)) for _ in range(args.mappings + 4))}.values())
+    mappings, warmup = drawn[:args.mappings], drawn[args.mappings:]
     print(f"1. throughput on {len(mappings)} distinct uniformly drawn mappings (lower + evaluate)")
     print(f"{'evaluation':<12}{'workers':>8}{'wall s':>9}{'evals/s':>10}{'speed-up':>10}")
     for kind in ("simulate", "estimate"):
         base = None
         for workers in (1, 2):
-            wall, rate = throughput(graph, system, cost, mappings, workers, kind)
+            wall, rate = throughput(graph, system, cost, mappings, warmup, workers, kind)
             base = base or rate
             print(f"{kind:<12}{workers:>8}{wall:>9.2f}{rate:>10.2f}{rate / base:>9.2f}x")
     if args.skip_search:

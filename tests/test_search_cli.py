@@ -116,7 +116,9 @@ def test_compare_prints_one_table_with_every_algorithm(case, tmp_path, capsys):
         assert f"\n{name}" in printed
     rows = table.set_index("algorithm")
     assert rows.loc["data_parallel", "vs_data_parallel_pct"] == 0.0
-    assert rows.loc["random", "simulations"] <= rows.loc["mars", "simulations"]
+    # random search simulates as many mappings as the GA evaluated (fewer if the space runs out)
+    assert 0 < rows.loc["random", "simulations"] <= rows.loc["mars", "simulations"] + rows.loc["mars", "estimates"]
+    assert rows.loc["random", "estimates"] == 0
     # exhaustive is optimal; the seeded GA is never worse than data_parallel
     assert rows["makespan_ms"].min() == rows.loc["exhaustive", "makespan_ms"]
     assert rows.loc["mars", "makespan_ms"] <= rows.loc["data_parallel", "makespan_ms"]

@@ -16,8 +16,8 @@ ORDER = 55
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         VERB, help="run the MARS GA and all baselines on one case and print one table",
-        description="Run data_parallel, h2h, the MARS GA (seeded with data_parallel), random search with as "
-                    "many simulations as the GA used, and exhaustive search when the space has at most "
+        description="Run data_parallel, h2h, the MARS GA (seeded with data_parallel), random search simulating "
+                    "as many mappings as the GA evaluated (simulated or estimated), and exhaustive search when the space has at most "
                     "--exhaustive-limit points, each with its own evaluation cache; print makespan, the change "
                     "against data_parallel, simulations and wall time.")
     add_search_args(p)
@@ -32,12 +32,13 @@ def format_table(table, objective: str) -> str:
     from marssim.search.report import fitness_display
 
     label, _ = fitness_display(objective, 1.0)
-    lines = [f"{'algorithm':<15}{'makespan ms':>14}{'vs data_parallel':>18}{'simulations':>13}{'wall s':>9}"
+    lines = [f"{'algorithm':<15}{'makespan ms':>14}{'vs data_parallel':>18}{'simulations':>13}{'estimates':>11}"
+             f"{'wall s':>9}"
              + (f"  {label}" if objective != "latency" else "")]
     for row in table.itertuples():
         extra = f"  {fitness_display(objective, row.fitness)[1]:.6g}" if objective != "latency" else ""
         lines.append(f"{row.algorithm:<15}{row.makespan_ms:>14.4f}{row.vs_data_parallel_pct:>+17.1f}%"
-                     f"{row.simulations:>13d}{row.wall_s:>9.1f}{extra}")
+                     f"{row.simulations:>13d}{row.estimates:>11d}{row.wall_s:>9.1f}{extra}")
     return "\n".join(lines)
 
 

@@ -2,7 +2,8 @@
 
 ``mars`` is seeded with the ``data_parallel`` baseline by default, so it never returns a
 mapping worse than that baseline; ``random`` gets the simulation budget it is given (in
-:func:`compare`: as many simulations as ``mars`` used); ``exhaustive`` runs only on spaces of
+:func:`compare`: as many simulations as ``mars`` ran evaluations, simulated or estimated, so
+random search is never given less to spend than the GA); ``exhaustive`` runs only on spaces of
 at most ``exhaustive_limit`` points.
 """
 
@@ -91,12 +92,13 @@ def run_algorithm(name: str, graph: Graph, system: System, cost: CostModel, sett
 def compare(graph: Graph, system: System, cost: CostModel, settings: SearchSettings, *,
             executor: Executor | None = None, progress: Callable[[str, SearchResult | None], None] | None = None
             ) -> tuple[pd.DataFrame, dict[str, SearchResult]]:
-    """Run data_parallel, h2h, mars, random (with the simulations mars used) and, when the
+    """Run data_parallel, h2h, mars, random (simulating as many mappings as mars evaluated,
+    counting its estimates) and, when the
     space has at most ``exhaustive_limit`` points, exhaustive, each with its own cache.
 
     Returns ``(table, results)``: one row per algorithm with ``makespan_ms``, ``fitness``,
     ``vs_data_parallel_pct`` (negative: lower latency than data_parallel), ``simulations``,
-    ``wall_s``; ``progress(name, result)`` is called before (result None) and after each."""
+    ``estimates``, ``wall_s``; ``progress(name, result)`` is called before (result None) and after each."""
     results: dict[str, SearchResult] = {}
     order = ["data_parallel", "h2h", "mars", "random"]
     if count_space(_space(graph, system, settings.ga_config()), settings.exhaustive_limit) <= settings.exhaustive_limit:
@@ -106,7 +108,7 @@ def compare(graph: Graph, system: System, cost: CostModel, settings: SearchSetti
             progress(name, None)
         run_settings = settings
         if name == "random":
-            run_settings = replace(settings, budget=max(1, results["mars"].simulations))
+            run_settings = replace(settings, budget=max(1, results["mars"].simulations + results["mars"].estimates))
         results[name] = run_algorithm(name, graph, system, cost, run_settings, executor=executor)
         if progress:
             progress(name, results[name])
@@ -115,5 +117,5 @@ def compare(graph: Graph, system: System, cost: CostModel, settings: SearchSetti
     for name, r in results.items():
         rows.append({"algorithm": name, "makespan_ms": r.makespan * 1e3, "fitness": r.fitness,
                      "vs_data_parallel_pct": (r.fitness / base - 1.0) * 100.0 if base > 0 else float("nan"),
-                     "simulations": r.simulations, "wall_s": r.wall_s})
+                     "simulations": r.simulations, "estimates": r.estimates, "wall_s": r.wall_s})
     return pd.DataFrame(rows), results
