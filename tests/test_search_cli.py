@@ -130,3 +130,15 @@ class _no_raise:
 
     def __exit__(self, *exc):
         return False
+
+
+def test_search_on_a_dask_cluster_gives_the_serial_mapping(case, tmp_path):
+    distributed = pytest.importorskip("distributed")
+    serial = tmp_path / "serial"
+    assert main(["search", *case, *FAST, "--workers", "1", "--seed", "5", "--out", str(serial)]) == 0
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
+                                  silence_logs=40) as cluster:
+        out = tmp_path / "dask"
+        assert main(["search", *case, *FAST, "--dask", cluster.scheduler_address, "--seed", "5",
+                     "--out", str(out)]) == 0
+    assert (out / "best_mapping.yaml").read_text() == (serial / "best_mapping.yaml").read_text()

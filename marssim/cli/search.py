@@ -36,11 +36,13 @@ def add_search_args(p: argparse.ArgumentParser) -> None:
                    help="what to minimise: latency (makespan, default), throughput (maximised, for pipelined "
                         "runs), energy or edp (energy-delay product; need designs with energy figures)")
     p.add_argument("--budget", type=positive_int, metavar="N",
-                   help="most simulations (mars stops at the first generation past it; random runs exactly N)")
+                   help="most simulations (mars stops at the first generation past it, its analytical "
+                        "estimates not counted; random runs exactly N)")
     p.add_argument("--generations", type=positive_int, help="GA generations (default 10)")
     p.add_argument("--population", type=positive_int, help="GA population (default 12)")
     p.add_argument("--time-limit", dest="time_limit", type=positive_float, metavar="SECONDS",
-                   help="stop the GA at the first generation past this wall time")
+                   help="stop the GA at the first generation past this wall time (the result then "
+                        "depends on the machine's speed; --budget keeps it reproducible)")
     p.add_argument("--workers", type=positive_int, metavar="N",
                    help="evaluate candidates on N processes (default: the CPU count; 1: serially)")
     p.add_argument("--dask", metavar="ADDRESS",

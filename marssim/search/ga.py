@@ -57,8 +57,20 @@ def analytical_available() -> bool:
 
 @dataclass(frozen=True)
 class GAConfig:
-    """Parameters of the two-level GA (defaults sized for a ResNet-50 on 16 accelerators in a
-    few minutes on 2 cores). Probabilities are per individual unless named per gene."""
+    """Parameters of the two-level GA. The defaults are sized so that a ResNet-50 (batch 8) on
+    the 16 accelerators of ``mars-adaptive-16`` finishes within 3 minutes on 2 cores
+    (``analysis/bench_search.py``). Probabilities are per individual unless named per gene.
+
+    population, generations: outer (level-1) individuals and generations. inner_population,
+    inner_generations: sharding vectors per outer individual and their generations (each
+    generation is one batch of evaluations). elites: outer individuals carried over (their inner
+    search continues). tournament: tournament size at both levels. patience: generations without
+    improvement before stopping. simulate_top: per outer individual, how many of the best inner
+    candidates (by the analytical estimate) are simulated. max_sets, micro_batch_choices,
+    strategies: the mapping space (see :class:`~marssim.search.space.MappingSpace`).
+    max_simulations, time_limit_s: stop at the first generation past either. screen: rank inner
+    candidates by the analytical estimate (latency objective only; otherwise, or when
+    :mod:`marssim.analytical` is missing, they are simulated)."""
 
     population: int = 12
     generations: int = 10
