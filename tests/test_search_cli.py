@@ -142,3 +142,22 @@ def test_search_on_a_dask_cluster_gives_the_serial_mapping(case, tmp_path):
         assert main(["search", *case, *FAST, "--dask", cluster.scheduler_address, "--seed", "5",
                      "--out", str(out)]) == 0
     assert (out / "best_mapping.yaml").read_text() == (serial / "best_mapping.yaml").read_text()
+
+
+def test_progress_bar_on_a_terminal_shows_generation_best_and_rate(case, monkeypatch):
+    import io
+    import sys
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    err = Terminal()
+    monkeypatch.setattr(sys, "stderr", err)
+    assert main(["search", *case, "--generations", "2", "--population", "4", "--workers", "1"]) == 0
+    shown = err.getvalue()
+    assert "generation" in shown and "best " in shown and " ms" in shown and "eval/s" in shown
+    quiet = Terminal()
+    monkeypatch.setattr(sys, "stderr", quiet)
+    assert main(["search", *case, "--generations", "2", "--population", "4", "--workers", "1", "--quiet"]) == 0
+    assert "generation" not in quiet.getvalue()
