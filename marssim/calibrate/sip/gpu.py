@@ -12,10 +12,12 @@ launches, with L2 flushed before each launch by writing a buffer larger than L2.
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
+
+from marssim.calibrate.stats import TimingStats, summarize
 
 from .cubin import parse_cubin
 from .kernels import LaunchPlan
@@ -64,28 +66,6 @@ def _check(result):
     if not rest:
         return None
     return rest[0] if len(rest) == 1 else tuple(rest)
-
-
-@dataclass(frozen=True, slots=True)
-class TimingStats:
-    """Summary of repeated timings (seconds): median, inter-quartile range, min, max, count."""
-
-    median: float
-    iqr: float
-    minimum: float
-    maximum: float
-    samples: int
-
-    @property
-    def spread(self) -> float:
-        """Relative spread: IQR / median."""
-        return self.iqr / self.median if self.median else float("nan")
-
-
-def summarize(times: Sequence[float]) -> TimingStats:
-    a = np.asarray(times, dtype=float)
-    q1, med, q3 = np.percentile(a, [25, 50, 75])
-    return TimingStats(float(med), float(q3 - q1), float(a.min()), float(a.max()), int(a.size))
 
 
 @dataclass
