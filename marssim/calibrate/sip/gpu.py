@@ -127,14 +127,9 @@ class GpuSession:
     @staticmethod
     def nvidia_driver() -> str:
         """The NVIDIA driver version from ``nvidia-smi`` ("" when unavailable)."""
-        import subprocess
+        from marssim.calibrate.device import nvidia_smi
 
-        try:
-            out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                                 capture_output=True, text=True, timeout=30).stdout
-        except (OSError, subprocess.SubprocessError):
-            return ""
-        return out.strip().splitlines()[0] if out.strip() else ""
+        return nvidia_smi(["driver_version"])["driver_version"]
 
     # ---------------------------------------------------------------- modules
     def load(self, cubin: bytes, name: str | None = None, shared_bytes: int = 0) -> LoadedKernel:
