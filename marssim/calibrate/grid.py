@@ -282,7 +282,7 @@ class TimingPlan:
     max_reps: int = 100
     target_s: float = 0.02
     flush_bytes: int = 256 << 20
-    setup_s: float = 0.03
+    setup_s: float = 0.05
     sync_s: float = 10e-6
 
     def reps(self, kernel_s: float) -> int:

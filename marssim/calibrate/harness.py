@@ -66,11 +66,11 @@ class DeviceInfo:
 
     def comment(self, date: str, plan: TimingPlan, flush_bytes: int) -> str:
         """The table's provenance line for one run."""
-        return (f"# Measured by `marssim calibrate measure` on {date}: {self.name} ({self.sms} SMs, cc {self.capability}, "
-                f"SM clock {self.sm_clock_mhz or '?'} of max {self.max_sm_clock_mhz or '?'} MHz, memory clock "
-                f"{self.mem_clock_mhz or '?'} MHz, power limit {self.power_limit_w or '?'} W), driver "
-                f"{self.driver or '?'}, CUDA {self.cuda}, torch {self.torch}, cuBLAS {self.cublas or '?'}, cuDNN "
-                f"{self.cudnn or '?'}, Triton {self.triton or '-'}; {plan.warmup} warm-up runs, "
+        return (f"# Measured by `marssim calibrate measure` on {date}: {self.name} ({self.sms} SMs, "
+                f"cc {self.capability}, SM clock {self.sm_clock_mhz or '?'} of max {self.max_sm_clock_mhz or '?'} "
+                f"MHz, memory clock {self.mem_clock_mhz or '?'} MHz, power limit {self.power_limit_w or '?'} W), "
+                f"driver {self.driver or '?'}, CUDA {self.cuda}, torch {self.torch}, cuBLAS {self.cublas or '?'}, "
+                f"cuDNN {self.cudnn or '?'}, Triton {self.triton or '-'}; {plan.warmup} warm-up runs, "
                 f">= {plan.min_reps} timed repetitions each after writing {flush_bytes >> 20} MiB to flush L2; "
                 f"median and IQR of CUDA-event times")
 

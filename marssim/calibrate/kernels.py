@@ -45,7 +45,11 @@ from typing import Any
 
 from .grid import FUSED_ATTENTION, GridPoint
 
-__all__ = ["KernelImpl", "Built", "KERNELS", "kernels_for", "torch_dtype", "tf32_allowed"]
+__all__ = ["KernelImpl", "Built", "KERNELS", "kernels_for", "torch_dtype", "tf32_allowed", "triton_specialization",
+           "TRITON_COMPILE_S"]
+
+TRITON_COMPILE_S = 2.0
+"""Seconds Triton takes to compile the GEMM once (per dtype and specialization), for estimates."""
 
 _TORCH_DTYPE_NAMES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "tf32": "float32"}
 
@@ -157,6 +161,14 @@ def _triton_gemm(point: GridPoint, device, seed: int) -> Built:
     tiles = f"{blocks['BLOCK_M']}x{blocks['BLOCK_N']}x{blocks['BLOCK_K']}"
     return Built(fn, (m, n), "triton.gemm", {"tiles": tiles, "warps": str(spec.num_warps),
                                              "stages": str(spec.num_stages)})
+
+
+def triton_specialization(point: GridPoint) -> tuple:
+    """What Triton compiles the GEMM anew for: the dtype and, per integer argument (``M, N, K``
+    and the row strides ``K, N, N``), whether it is 1 or a multiple of 16."""
+    op = point.op
+    m, n, k = op.dim("B") * op.dim("M"), op.dim("N"), op.dim("K")
+    return (point.dtype, *((v == 1, v % 16 == 0) for v in (m, n, k)))
 
 
 def _conv(point: GridPoint, device, seed: int) -> Built:
