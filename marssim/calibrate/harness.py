@@ -142,7 +142,8 @@ class MeasureOptions:
     """Where rows go and how hard to try: ``out`` (the table), ``fused_out`` (fused-attention
     rows: not per-op calibration, kept apart), ``plan``, ``max_seconds`` (stop before a kernel
     that would end later), ``resume`` (skip kernels whose row is already in the table),
-    ``flush_every_s`` (merge rows into the table this often)."""
+    ``flush_every_s`` (merge rows into the table this often), ``device`` (the torch device the
+    tensors live on: ``cuda`` unless a test runs the loop on the CPU with stand-in events)."""
 
     out: Path
     fused_out: Path | None = None
@@ -151,6 +152,7 @@ class MeasureOptions:
     resume: bool = True
     flush_every_s: float = 15.0
     device_index: int = 0
+    device: str = "cuda"
 
 
 @dataclass
@@ -203,14 +205,15 @@ def measure(tasks: Sequence[Task], options: MeasureOptions, *, progress: bool = 
     from tqdm import tqdm
 
     started = time.monotonic()
-    torch.cuda.set_device(options.device_index)
+    if options.device == "cuda":
+        torch.cuda.set_device(options.device_index)
     info = device_info(options.device_index)
     report = MeasureReport(device=info)
     date = _dt.datetime.now(_dt.timezone.utc).date().isoformat()
     flush_bytes = max(options.plan.flush_bytes, 2 * info.l2_bytes)
     comment = info.comment(date, options.plan, flush_bytes)
     torch.backends.cudnn.benchmark = False  # cuDNN's heuristic choice, the same on every run
-    flush = torch.empty(flush_bytes, dtype=torch.int8, device="cuda")
+    flush = torch.empty(flush_bytes, dtype=torch.int8, device=options.device)
 
     outputs = {False: options.out, True: options.fused_out}
     done = {fused: _done_keys(path, info.short) if options.resume else set() for fused, path in outputs.items()}
@@ -235,12 +238,13 @@ def measure(tasks: Sequence[Task], options: MeasureOptions, *, progress: bool = 
     total_est = sum(t.estimate_s for t in todo)
     bar = tqdm(total=max(total_est, 1e-9), unit="s", file=sys.stderr, disable=not progress, dynamic_ncols=True,
                bar_format="{desc}: {percentage:3.0f}%|{bar}| [{elapsed}<{remaining}]")
-    last_flush = time.monotonic()
+    last_flush = loop_start = time.monotonic()
     sm_clock_start = info.sm_clock_mhz
     try:
         for i, task in enumerate(todo):
-            elapsed = time.monotonic() - started
-            pace = elapsed / max(bar.n, 1e-9) if bar.n > 0 else 1.0
+            now = time.monotonic()
+            elapsed = now - started
+            pace = (now - loop_start) / bar.n if bar.n > 0 else 1.0  # actual seconds per estimated second
             if elapsed + task.estimate_s * max(pace, 1.0) * 1.5 > options.max_seconds:
                 report.left = len(todo) - i
                 break
@@ -249,7 +253,7 @@ def measure(tasks: Sequence[Task], options: MeasureOptions, *, progress: bool = 
             torch.backends.cuda.matmul.allow_tf32 = tf32_allowed(p.dtype)
             torch.backends.cudnn.allow_tf32 = tf32_allowed(p.dtype)
             try:
-                built = task.impl.build(p, "cuda", task.seed)
+                built = task.impl.build(p, options.device, task.seed)
                 out = built.fn()
                 if tuple(out.shape) != tuple(built.expected):
                     raise ValueError(f"output shape {tuple(out.shape)}, the op says {tuple(built.expected)}")

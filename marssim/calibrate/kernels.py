@@ -9,8 +9,9 @@ measure kind        kernel (``kernel`` column)             ``tuning``   zoo ops
 gemm                ``torch.matmul`` / ``torch.linear``    vendor       ``gemm`` (linear layers; the
                     (cuBLAS; ``linear`` when the layer                  bias, when the layer has one,
                     has a bias, as a cuBLASLt epilogue)                 is the GEMM's epilogue)
-gemm                ``triton.gemm`` (the SIP package's     none         the same, bf16/fp16 only: a
-                    Triton GEMM, 64x64x64 tiles)                        fixed-tile compiled kernel
+gemm                ``triton.gemm`` (the SIP package's     none         the same, bf16/fp16 inputs
+                    Triton GEMM, 64x64x64 tiles, fp16                   only: a fixed-tile compiled
+                    output)                                             kernel
 conv                ``torch.conv2d`` (cuDNN, NHWC,         vendor       ``conv`` (asymmetric padding
                     heuristic algorithm choice)                         applied to the input once)
 attention           ``torch.bmm`` (cuBLAS batched GEMM)    vendor       ``matmul`` (``Q K^T``, ``P V``)
@@ -149,7 +150,7 @@ def _triton_gemm(point: GridPoint, device, seed: int) -> Built:
     m, n, k = op.dim("B") * op.dim("M"), op.dim("N"), op.dim("K")
     a = _random((m, k), point.dtype, device, gen)
     b = _random((k, n), point.dtype, device, gen)
-    c = torch.empty((m, n), dtype=torch_dtype(point.dtype), device=device)
+    c = torch.empty((m, n), dtype=torch.float16, device=device)  # the kernel writes fp16 (as SIP tunes it)
     grid = (triton.cdiv(m, blocks["BLOCK_M"]) * triton.cdiv(n, blocks["BLOCK_N"]),)
     kernel = getattr(triton_kernels, spec.function)
 
@@ -160,7 +161,7 @@ def _triton_gemm(point: GridPoint, device, seed: int) -> Built:
 
     tiles = f"{blocks['BLOCK_M']}x{blocks['BLOCK_N']}x{blocks['BLOCK_K']}"
     return Built(fn, (m, n), "triton.gemm", {"tiles": tiles, "warps": str(spec.num_warps),
-                                             "stages": str(spec.num_stages)})
+                                             "stages": str(spec.num_stages), "output": "fp16"})
 
 
 def triton_specialization(point: GridPoint) -> tuple:
