@@ -57,7 +57,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     m = s.add_parser("measure", help="time the grid's kernels on a CUDA device (needs a GPU; --dry-run does not)",
                      description="Time every kernel of the grid (or of one chunk of it) on CUDA device 0 and "
                                  "merge the rows into the table. Needs torch with CUDA (pip install "
-                                 "'marssim[gpu]'). A rerun skips kernels already in the table.")
+                                 "'marssim[gpu]'). A rerun skips kernels already in the table. Exit status 3: "
+                                 "stopped at --max-seconds with kernels left (run it again to resume).")
     _grid_args(m)
     m.add_argument("--out", metavar="FILE.csv",
                    help="table to merge rows into (default traces/calibration/<device>.csv, <device> the GPU's "
