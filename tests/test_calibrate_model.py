@@ -231,3 +231,24 @@ def test_cost_verb_shows_measured_beside_modelled(h100_env, tmp_path, capsys):
     q = next(x for x in rows if x["op"] == "encoder.layer.0.attention.self.query")
     meas, mod = float(q["h100_measured_s"]), float(q["h100_modelled_s"])
     assert line.split()[-3:] == [f"{meas * 1e6:.4g}", f"{mod * 1e6:.4g}", f"{100 * (mod / meas - 1):+.1f}"]
+
+
+def test_a_single_measured_shape_is_used_without_a_fit(tmp_path, monkeypatch, capsys):
+    """One GEMM row cannot be fitted (4 are needed), yet the layers of that shape take its time;
+    the other GEMMs stay on the roofline, and the cost verb says which is which."""
+    point = next(p for p in build_grid(("bert-base",), ("gemm",), ("fp16",), sweep=False)
+                 if p.origin.endswith("attention.self.query"))
+    (tmp_path / "calibration").mkdir()
+    merge_rows(tmp_path / "calibration" / "H100.csv", synthetic_rows([point]), "SYNTHETIC - not a measurement")
+    monkeypatch.setenv("MARSSIM_TRACES", str(tmp_path))
+    design = load_system("dgx-h100").design("gpu0", "h100")
+    graph = load_workload("bert-base")
+    model = default_cost_model()
+    row = load_table(tmp_path / "calibration" / "H100.csv").rows[0]
+    query = model.op_cost(graph.op("encoder.layer.3.attention.self.key"), design)  # same 128x768x768 GEMM
+    assert (query.model, query.time) == ("measured", row.median_s)
+    assert model.op_cost(graph.op("encoder.layer.0.intermediate.dense"), design).model == "gpu-roofline"
+    assert main(["cost", "bert-base", "--system", "dgx-h100"]) == 0
+    text = capsys.readouterr().out
+    assert "h100: measured shapes from table 'H100', too few rows to fit, for gemm; analytical GPU roofline" in text
+    assert "for the 48 of 96 layers whose shape" in text  # q, k, v, attention output of 12 layers

@@ -88,12 +88,19 @@ def _calibration_notes(model, result, dtypes) -> list[str]:
         if not cov:
             continue
         calibrated = [k for k in kinds if "calibrated" in cov[k]]
-        fallback = [k for k in kinds if k not in calibrated]
+        measured_only = [k for k in kinds if k not in calibrated and "measured shapes" in cov[k]]
+        fallback = [k for k in kinds if k not in calibrated and k not in measured_only]
         label = d.gpu.calibration or "none"
-        if calibrated:
-            notes.append(f"{name}: calibrated from table {label!r} for {', '.join(calibrated)}"
-                         + (f"; analytical GPU roofline (no calibration data) for {', '.join(fallback)}"
-                            if fallback else ""))
+        if calibrated or measured_only:
+            parts = []
+            if calibrated:
+                parts.append(f"calibrated from table {label!r} for {', '.join(calibrated)}")
+            if measured_only:
+                parts.append(f"measured shapes from table {label!r}, too few rows to fit, for "
+                             f"{', '.join(measured_only)}")
+            if fallback:
+                parts.append(f"analytical GPU roofline (no calibration data) for {', '.join(fallback)}")
+            notes.append(f"{name}: " + "; ".join(parts))
         else:
             notes.append(f"{name}: analytical GPU roofline (no calibration table for {label!r} in "
                          f"traces/calibration/)")
