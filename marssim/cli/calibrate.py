@@ -61,8 +61,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                                  "stopped at --max-seconds with kernels left (run it again to resume).")
     _grid_args(m)
     m.add_argument("--out", metavar="FILE.csv",
-                   help="table to merge rows into (default traces/calibration/<device>.csv, <device> the GPU's "
-                        "short name such as H100)")
+                   help="table to merge rows into (default traces/calibration/<device>.csv; <device> in the name "
+                        "becomes the GPU's short name, such as H100)")
     m.add_argument("--fused-out", metavar="FILE.csv",
                    help="table for fused-attention rows (default traces/fused-attention/<device>.csv); kept out of "
                         "traces/calibration/ because a fused kernel is not one op of the zoo")
@@ -198,7 +198,7 @@ def run_measure(args: argparse.Namespace) -> int:
     if not args.max_seconds > 0:
         raise InputError(None, "--max-seconds", f"expected seconds > 0, got {args.max_seconds}")
     for path in (args.out, args.fused_out):
-        if path and Path(path).exists():
+        if path and "<device>" not in path and "{device}" not in path and Path(path).exists():
             from marssim.cost.calibrated import load_table
 
             load_table(path)  # a table to merge into must be valid before anything is timed
@@ -231,8 +231,12 @@ def run_measure(args: argparse.Namespace) -> int:
     from marssim.cost.calibrated import traces_dir
 
     device = short_device_name(why)
-    out = Path(args.out) if args.out else traces_dir() / "calibration" / f"{device}.csv"
-    fused_out = Path(args.fused_out) if args.fused_out else traces_dir() / "fused-attention" / f"{device}.csv"
+
+    def named(path: str) -> Path:  # "traces/calibration/<device>.csv" -> "traces/calibration/H100.csv"
+        return Path(path.replace("<device>", device).replace("{device}", device))
+
+    out = named(args.out) if args.out else traces_dir() / "calibration" / f"{device}.csv"
+    fused_out = named(args.fused_out) if args.fused_out else traces_dir() / "fused-attention" / f"{device}.csv"
     for path in (out, fused_out if fused else None):
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
