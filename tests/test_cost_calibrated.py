@@ -96,7 +96,7 @@ def test_holdout_errors_are_reported(table):
 
 
 def test_calibrated_model_uses_fits_and_falls_back_per_kind(table, fits):
-    model = CalibratedCost(table)
+    model = CalibratedCost(table, measured=False)  # the curve everywhere, also at measured shapes
     d = _h100()
     b = GraphBuilder("t", batch=8, dtype="bf16")
     x = b.input("x", c=768, h=128)
@@ -117,6 +117,11 @@ def test_calibrated_model_uses_fits_and_falls_back_per_kind(table, fits):
     assert cov["gemm"].startswith("bf16: calibrated") and "gpu-roofline" in cov["softmax"]
     # a design naming no table, or another device, is analytical throughout
     assert model.op_cost(g.op("fc"), _h100("A100")).model == "gpu-roofline"
+    # by default a measured shape (fc's 1024x3072x768 is a row of the table) takes the table's time
+    row = next(r for r in table.rows
+               if (r.kind, r.dtype, r.batch, r.m, r.n, r.k) == ("gemm", "bf16", 1, 1024, 3072, 768))
+    measured = CalibratedCost(table).op_cost(g.op("fc"), d)
+    assert (measured.model, measured.time) == ("measured", row.median_s)
 
 
 def test_most_tuned_group_wins(table):

@@ -73,7 +73,7 @@ class FakeSession:
         return [1e-5 * (1 + 1e-6 * cost)] * repeats
 
     def device_name(self):
-        return "Fake GPU"
+        return "NVIDIA H100 80GB HBM3"
 
     def nvidia_driver(self):
         return "0.0"
@@ -115,7 +115,7 @@ def test_tune_writes_a_reapplicable_schedule_and_calibration_rows(fake_gpu, tmp_
     assert report.tuned["median_s"] < report.baseline["median_s"] and report.mismatches == 0
     assert report.verified_elements == 2 * 64 * 64
     schedule = load_schedule(report.files["schedule"])
-    assert schedule.cubin_sha256 == cubin.sha256 and schedule.provenance["device"] == "Fake GPU"
+    assert schedule.cubin_sha256 == cubin.sha256 and schedule.provenance["device"] == "NVIDIA H100 80GB HBM3"
     assert apply_schedule(schedule, cubin) == Path(report.files["tuned"]).read_bytes()
     assert Path(report.files["original"]).read_bytes() == cubin.data
     result = json.loads(Path(report.files["result"]).read_text())
@@ -124,6 +124,8 @@ def test_tune_writes_a_reapplicable_schedule_and_calibration_rows(fake_gpu, tmp_
     assert [r.tuning for r in rows] == ["none", "sip"]
     assert rows[1].median_s == pytest.approx(report.tuned["median_s"], rel=1e-6)  # 7 digits in the CSV
     assert rows[0].sms == 132
+    # rows name the device as `gpu.calibration: H100` does, so a dgx-h100 design can use them
+    assert {r.device for r in rows} == {"H100"} and "NVIDIA H100 80GB HBM3" in rows[0].note
     assert any("step 25/40" in line for line in lines)
 
 

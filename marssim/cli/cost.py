@@ -2,7 +2,10 @@
 
 Shows which design suits which layer -- the premise of computation-aware accelerator
 selection -- using the default cost model (dataflow-aware analytical models; GPU designs
-calibrated from ``traces/calibration/`` where a table for their device exists).
+calibrated from ``traces/calibration/`` where a table for their device exists). For GPU designs
+whose table holds some of the layers' shapes, a second table puts the measured time beside the
+modelled one (the fitted curve, or the analytical roofline where a kind has no fit) with their
+relative difference; the per-layer times of the first table are the measured ones there.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import argparse
 import csv
 import math
+import statistics
 
 from ._common import positive_int
 
@@ -84,34 +88,93 @@ def _calibration_notes(model, result, dtypes) -> list[str]:
         if not cov:
             continue
         calibrated = [k for k in kinds if "calibrated" in cov[k]]
-        fallback = [k for k in kinds if k not in calibrated]
+        measured_only = [k for k in kinds if k not in calibrated and "measured shapes" in cov[k]]
+        fallback = [k for k in kinds if k not in calibrated and k not in measured_only]
         label = d.gpu.calibration or "none"
-        if calibrated:
-            notes.append(f"{name}: calibrated from table {label!r} for {', '.join(calibrated)}"
-                         + (f"; analytical GPU roofline (no calibration data) for {', '.join(fallback)}"
-                            if fallback else ""))
+        if calibrated or measured_only:
+            parts = []
+            if calibrated:
+                parts.append(f"calibrated from table {label!r} for {', '.join(calibrated)}")
+            if measured_only:
+                parts.append(f"measured shapes from table {label!r}, too few rows to fit, for "
+                             f"{', '.join(measured_only)}")
+            if fallback:
+                parts.append(f"analytical GPU roofline (no calibration data) for {', '.join(fallback)}")
+            notes.append(f"{name}: " + "; ".join(parts))
         else:
             notes.append(f"{name}: analytical GPU roofline (no calibration table for {label!r} in "
                          f"traces/calibration/)")
     return notes
 
 
-def write_csv(result, path: str) -> None:
+def measured_vs_modelled(model, result) -> dict[str, list[tuple[int, float, float]]]:
+    """Per GPU design with measured layers: ``[(layer index, measured s, modelled s)]`` for the
+    layers whose kernel shape its table holds (modelled: the curve alone, measured shapes
+    ignored). Empty for models without measured tables."""
+    out: dict[str, list[tuple[int, float, float]]] = {}
+    if not hasattr(model, "measured_time"):
+        return out
+    for name, d in zip(result.design_names, result.designs):
+        if d.dataflow != "gpu" or not d.gpu.calibration:
+            continue
+        pairs = []
+        for i, layer in enumerate(result.layers):
+            t = model.measured_time(layer.op, d)
+            if t is not None:
+                pairs.append((i, t, model.curve_cost(layer.op, d).time))
+        if pairs:
+            out[name] = pairs
+    return out
+
+
+def format_measured(result, comparison: dict[str, list[tuple[int, float, float]]]) -> str:
+    """The measured-vs-modelled table of each GPU design (see :func:`measured_vs_modelled`)."""
+    from marssim.system.describe import format_table
+
+    lines = []
+    for name, pairs in comparison.items():
+        d = result.designs[result.design_names.index(name)]
+        rows = []
+        diffs = []
+        for i, measured, modelled in pairs:
+            op = result.layers[i].op
+            diff = modelled / measured - 1.0
+            diffs.append(abs(diff))
+            rows.append([op.name, op.kind.value, _shape(op), _us(measured), _us(modelled), f"{100 * diff:+.1f}"])
+        lines.append("")
+        lines.append(f"{name}: measured vs modelled per layer (us) for the {len(pairs)} of {len(result.layers)} "
+                     f"layers whose shape the table {d.gpu.calibration!r} holds; the table above uses the measured "
+                     f"time; modelled = the fitted curve (analytical roofline for kinds without a fit)")
+        lines.append("")
+        lines += format_table(["layer", "kind", "MxNxK", "measured us", "model us", "diff %"], rows, indent="")
+        lines.append(f"|model / measured - 1|: median {100 * statistics.median(diffs):.2g} %, "
+                     f"max {100 * max(diffs):.2g} %")
+    return "\n".join(lines)
+
+
+def write_csv(result, path: str, comparison: dict[str, list[tuple[int, float, float]]] | None = None) -> None:
     from marssim.fsutil import atomic_file
 
+    comparison = comparison or {}
+    by_design = {name: {i: (meas, mod) for i, meas, mod in pairs} for name, pairs in comparison.items()}
     with atomic_file(path, newline="") as fh:
         w = csv.writer(fh)
         header = ["op", "kind", "workload_model", "batch", "m", "n", "k", "flops"]
         for name in result.design_names:
             header += [f"{name}_s", f"{name}_j", f"{name}_model"]
+            if name in by_design:
+                header += [f"{name}_measured_s", f"{name}_modelled_s"]
         header.append("fastest")
         w.writerow(header)
-        for layer in result.layers:
+        for li, layer in enumerate(result.layers):
             op = layer.op
             g, m, n, k = op.gemm_view()
             row = [op.name, op.kind.value, op.model, g, m, n, k, op.flops]
-            for c in layer.costs:
+            for name, c in zip(result.design_names, layer.costs):
                 row += [repr(c.time), repr(c.energy), c.model]
+                if name in by_design:
+                    pair = by_design[name].get(li)
+                    row += [repr(pair[0]), repr(pair[1])] if pair else ["", ""]
             row.append(result.design_names[layer.fastest])
             w.writerow(row)
 
@@ -135,7 +198,10 @@ def run(args: argparse.Namespace) -> int:
     dtypes = tuple(sorted({op.dtype for op in graph.ops}))
     for note in _calibration_notes(model, result, dtypes):
         print(note)
+    comparison = measured_vs_modelled(model, result)
+    if comparison:
+        print(format_measured(result, comparison))
     if args.csv:
-        write_csv(result, args.csv)
+        write_csv(result, args.csv, comparison)
         print(f"\ntable     {args.csv}")
     return 0

@@ -64,8 +64,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--shared-bytes", dest="shared_bytes", type=int, default=None,
                    help="dynamic shared memory of --cubin's kernel (Triton's metadata.shared; default 0)")
     t.add_argument("--out", default="analysis/results/sip", help="output directory (default analysis/results/sip)")
-    t.add_argument("--calibration", default="traces/calibration/sip.csv",
-                   help="calibration CSV to merge timings into ('' for none)")
+    t.add_argument("--calibration", default=None,
+                   help="CSV to merge timings into ('' for none; default traces/calibration/sip.csv for GEMM "
+                        "kernels, traces/fused-attention/sip.csv for fused attention, which is not one zoo op)")
     t.set_defaults(func=run_tune)
     p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
 
@@ -181,8 +182,12 @@ def run_tune(args: argparse.Namespace) -> int:
         return 2
     from marssim.calibrate.sip.tune import TuneOptions, tune
 
+    calibration = args.calibration
+    if calibration is None:
+        calibration = ("traces/fused-attention/sip.csv" if spec.name.startswith("attention")
+                       else "traces/calibration/sip.csv")
     options = TuneOptions(spec, shape, seeds, config, args.repeats, 1, args.final_repeats, args.verify_launches,
-                          Path(args.out), Path(args.calibration) if args.calibration else None, cubin,
+                          Path(args.out), Path(calibration) if calibration else None, cubin,
                           shared_bytes=args.shared_bytes or 0)
     report = tune(options, progress=lambda line: print(line, file=sys.stderr, flush=True))
     b, t = report.baseline, report.tuned

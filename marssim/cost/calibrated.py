@@ -10,6 +10,16 @@ lookup. Kinds without data fall back to the analytical curve, and say so (the ``
 their :class:`~marssim.cost.base.OpCost` is ``gpu-roofline``; see
 :meth:`marssim.cost.DataflowCost.coverage`).
 
+Measured shapes are used as measured. A kernel whose shape is in the table takes the table's
+median time, not the curve's value there (``OpCost.model == "measured"``): a user who measured
+a layer expects the simulator to charge what was measured, and the curve's error at a measured
+point (a few percent) would only add noise. The shape is :func:`shape_key`: GEMM-class kinds by
+``(kind, dtype, batch, m, n, k)`` -- the GEMM the kernel computes, whatever the convolution's
+stride or padding -- and streaming kinds by ``(kind, dtype, flops, bytes)``. Among rows of
+one shape the most tuned tuning wins (as for the fits), then the fastest median (a framework
+that measured several kernels for a shape runs the fastest). The curve still times every other
+shape; ``DataflowCost(measured=False)`` uses the curve everywhere.
+
 CSV schema
 ----------
 One header line, then one row per kernel shape; lines starting with ``#`` are comments (a table
@@ -66,6 +76,7 @@ from .gpu import TILE_K, CurveParams, gemm_curve, stream_curve
 __all__ = [
     "REQUIRED_COLUMNS", "OPTIONAL_COLUMNS", "TUNINGS", "KernelTiming", "KernelTable", "KernelFit", "FitKey",
     "load_table", "load_tables", "fit", "fit_group", "predict", "holdout_errors", "traces_dir", "calibration_dir",
+    "shape_key",
 ]
 
 REQUIRED_COLUMNS = ("kind", "dtype", "batch", "m", "n", "k", "flops", "bytes", "device", "sms", "driver", "cuda",
@@ -90,6 +101,16 @@ def traces_dir() -> Path:
 def calibration_dir() -> Path:
     """``traces_dir() / "calibration"``: where :func:`marssim.cost.default_cost_model` looks."""
     return traces_dir() / "calibration"
+
+
+def shape_key(kind: str, dtype: str, batch: int, m: int, n: int, k: int, flops: float,
+              nbytes: float) -> tuple[str, str, int, int, int, int, int, int]:
+    """The shape by which a measured kernel time is looked up (see the module docstring):
+    ``(kind, dtype, batch, m, n, k, 0, 0)`` for GEMM-class kinds, ``(kind, dtype, 0, 0, 0, 0,
+    flops, bytes)`` for streaming kinds (numbers rounded to integers)."""
+    if kind in GEMM_KINDS:
+        return (kind, dtype, int(batch), int(m), int(n), int(k), 0, 0)
+    return (kind, dtype, 0, 0, 0, 0, int(round(flops)), int(round(nbytes)))
 
 
 @dataclass(frozen=True, slots=True)

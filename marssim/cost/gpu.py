@@ -191,13 +191,17 @@ def default_curve(design: Design, kind: str, dtype: str,
 class GpuTable:
     """Curve parameters of one GPU design for every (kernel kind, dtype): nested tuples for the
     scalar path (``rows[kind][dtype]``), arrays of shape ``(kinds, dtypes)`` for the vectorised
-    path (``arrays[i]`` is parameter ``i`` of :meth:`CurveParams.as_row`), and the name of the
-    model behind each entry (``models[kind][dtype]``)."""
+    path (``arrays[i]`` is parameter ``i`` of :meth:`CurveParams.as_row`), the name of the
+    model behind each entry (``models[kind][dtype]``), and measured kernel times (s) by shape
+    code ``(kernel kind index, dtype index, batch, m, n, k, flops, bytes)`` (see
+    :func:`marssim.cost.calibrated.shape_key`; index codes instead of names)."""
 
-    __slots__ = ("rows", "arrays", "models", "peaks")
+    __slots__ = ("rows", "arrays", "models", "peaks", "measured")
 
     def __init__(self, design: Design, overrides: dict[tuple[str, str], CurveParams] | None = None,
-                 override_model: str = "calibrated") -> None:
+                 override_model: str = "calibrated",
+                 measured: dict[tuple[int, ...], float] | None = None) -> None:
+        self.measured = dict(measured or {})
         overrides = overrides or {}
         rows, models = [], []
         for kind in KERNEL_KINDS:

@@ -9,7 +9,7 @@ os, ws, is          ``systolic-os/ws/is``             :mod:`marssim.cost.systoli
 rs, nvdla,          ``loopmap-rs/nvdla/shidiannao``   :mod:`marssim.cost.loopmap` (Eyeriss,
 shidiannao                                            NVDLA, ShiDianNao)
 gpu                 ``gpu-roofline`` / ``calibrated`` :mod:`marssim.cost.gpu`,
-                                                      :mod:`marssim.cost.calibrated`
+                    / ``measured``                    :mod:`marssim.cost.calibrated`
 (non-GEMM ops on    ``bandwidth``                     :mod:`marssim.cost.bandwidth`
  PE arrays)
 ==================  ================================  ==========================================
@@ -50,10 +50,10 @@ from marssim.workload import Op
 
 from .bandwidth import stream_op
 from .base import OpCost
-from .calibrated import TUNINGS, FitKey, KernelFit, KernelTable, fit, load_table
+from .calibrated import TUNINGS, FitKey, KernelFit, KernelTable, KernelTiming, fit, load_table, shape_key
 from .features import (
-    CLASS_GEMM, CLASS_NONE, CLASS_STREAM, F_CLASS, F_DTYPE, F_FLOPS, F_KERNEL, F_MACS, KERNEL_KINDS,
-    N_FEATURES, DesignParams, design_key, op_features,
+    CLASS_GEMM, CLASS_NONE, CLASS_STREAM, DTYPES, F_CLASS, F_DTYPE, F_FLOPS, F_G, F_KERNEL, F_KK, F_M, F_MACS,
+    F_NN, F_TRAFFIC, KERNEL_KINDS, N_FEATURES, DesignParams, design_key, op_features,
 )
 from .gpu import GpuTable, gpu_gemm, gpu_stream
 from .loopmap import nvdla_gemm, rs_gemm, shidiannao_gemm
@@ -101,13 +101,16 @@ class DataflowCost:
     :class:`~marssim.cost.calibrated.KernelFit` by key, or None (analytical GPU roofline only).
     A GPU design uses the rows whose ``device`` (or file name) equals its ``gpu.calibration``;
     per (kernel kind, dtype) the most tuned group present wins (``tuning``: most preferred first).
+    With ``measured`` (the default) an op whose kernel shape is in the table takes the measured
+    median (``OpCost.model == "measured"``), every other shape the fitted curve; see
+    :mod:`marssim.cost.calibrated`.
     """
 
     dataflows: tuple[str, ...] = DATAFLOWS
     """Dataflows this model accepts (subclasses restrict it)."""
 
     def __init__(self, *, calibration: str | Path | KernelTable | Mapping[FitKey, KernelFit] | None = None,
-                 tuning: Sequence[str] = tuple(reversed(TUNINGS))) -> None:
+                 tuning: Sequence[str] = tuple(reversed(TUNINGS)), measured: bool = True) -> None:
         self._source: Path | None = None
         self._table: KernelTable | None = None
         self._given_fits: dict[FitKey, KernelFit] | None = None
@@ -121,7 +124,9 @@ class DataflowCost:
             if t not in TUNINGS:
                 raise ValueError(f"unknown tuning {t!r}; expected some of {', '.join(TUNINGS)}")
         self.tuning = tuple(tuning)
+        self.measured = bool(measured)
         self._device_fits: dict[str, dict[tuple[str, str], KernelFit]] = {}
+        self._device_measured: dict[str, dict[tuple[int, ...], KernelTiming]] = {}
         self._reset()
 
     # ------------------------------------------------------------------ pickling and caches
@@ -136,10 +141,12 @@ class DataflowCost:
         self._memo: dict[tuple[int, int], OpCost] = {}
         self._matrix: np.ndarray = np.zeros((N_FEATURES, 0), dtype=np.int64)
         self._matrix_n = 0
+        self._measured_cols: dict[int, np.ndarray] = {}
 
     def __getstate__(self) -> dict:
         return {"source": self._source, "table": self._table, "given_fits": self._given_fits,
-                "tuning": self.tuning, "device_fits": self._device_fits}
+                "tuning": self.tuning, "device_fits": self._device_fits, "measured": self.measured,
+                "device_measured": self._device_measured}
 
     def __setstate__(self, state: dict) -> None:
         self._source = state["source"]
@@ -147,6 +154,8 @@ class DataflowCost:
         self._given_fits = state["given_fits"]
         self.tuning = state["tuning"]
         self._device_fits = state["device_fits"]
+        self.measured = state.get("measured", True)
+        self._device_measured = state.get("device_measured", {})
         self._reset()
 
     def clear_cache(self) -> None:
@@ -213,6 +222,12 @@ class DataflowCost:
                 self._table = KernelTable(())
         return self._table
 
+    def _device_rows(self, name: str) -> tuple[KernelTiming, ...]:
+        """Rows of the table whose device or file name equals ``name`` (lower case)."""
+        table = self._load_table()
+        return tuple(r for r in table.rows
+                     if r.device.lower() == name or Path(r.source.rsplit(":", 1)[0]).stem.lower() == name)
+
     def fits_for(self, device: str) -> dict[tuple[str, str], KernelFit]:
         """The fits a GPU design with ``gpu.calibration == device`` uses, by (kind, dtype)."""
         name = device.lower()
@@ -222,9 +237,7 @@ class DataflowCost:
         if self._given_fits is not None:
             fits = {k: f for k, f in self._given_fits.items() if k[0].lower() == name}
         else:
-            table = self._load_table()
-            rows = tuple(r for r in table.rows
-                         if r.device.lower() == name or Path(r.source.rsplit(":", 1)[0]).stem.lower() == name)
+            rows = self._device_rows(name)
             fits = fit(KernelTable(rows)) if rows else {}
         rank = {t: i for i, t in enumerate(self.tuning)}
         chosen: dict[tuple[str, str], KernelFit] = {}
@@ -239,10 +252,52 @@ class DataflowCost:
         self._device_fits[name] = chosen
         return chosen
 
+    def measured_for(self, device: str) -> dict[tuple[int, ...], KernelTiming]:
+        """The measured rows a GPU design with ``gpu.calibration == device`` uses directly, by
+        shape code ``(kernel kind index, dtype index, batch, m, n, k, flops, bytes)`` (see
+        :func:`~marssim.cost.calibrated.shape_key`): per shape, the row of the most preferred
+        tuning, then the smallest median. Empty when built from fits alone."""
+        name = device.lower()
+        got = self._device_measured.get(name)
+        if got is not None:
+            return got
+        chosen: dict[tuple[int, ...], KernelTiming] = {}
+        if self._given_fits is None:
+            rank = {t: i for i, t in enumerate(self.tuning)}
+            kind_index = {k: i for i, k in enumerate(KERNEL_KINDS)}
+            dtype_index = {d: i for i, d in enumerate(DTYPES)}
+            for r in self._device_rows(name):
+                if r.tuning not in rank:
+                    continue
+                key = shape_key(r.kind, r.dtype, r.batch, r.m, r.n, r.k, r.flops, r.bytes)
+                code = (kind_index[key[0]], dtype_index[key[1]], *key[2:])
+                current = chosen.get(code)
+                if current is None or (rank[r.tuning], r.median_s) < (rank[current.tuning], current.median_s):
+                    chosen[code] = r
+        self._device_measured[name] = chosen
+        return chosen
+
     def _gpu_table(self, design: Design) -> GpuTable:
         name = design.gpu.calibration
         fits = self.fits_for(name) if name else {}
-        return GpuTable(design, {key: f.params for key, f in fits.items()})
+        measured = {code: r.median_s for code, r in self.measured_for(name).items()} \
+            if name and self.measured else None
+        return GpuTable(design, {key: f.params for key, f in fits.items()}, measured=measured)
+
+    def measured_time(self, op: Op, design: Design) -> float | None:
+        """The measured median (s) the table holds for ``op``'s kernel shape on the GPU-class
+        ``design``, or None (no table row for the shape, or not a GPU design). Independent of
+        the ``measured`` switch."""
+        if design.dataflow != "gpu" or not design.gpu.calibration:
+            return None
+        row = self.measured_for(design.gpu.calibration).get(_measured_code(op_features(op)))
+        return None if row is None else row.median_s
+
+    def curve_cost(self, op: Op, design: Design) -> OpCost:
+        """``op`` on ``design`` by the fitted (or analytical) curve alone, measured shapes
+        ignored; for comparing the curve with the measurement. Not memoised."""
+        did = self._did(design)
+        return self._compute(op_features(op), self._dparams[did], use_measured=False)
 
     def coverage(self, design: Design, dtypes: Sequence[str] = ("fp16", "bf16")) -> dict[str, str]:
         """For a GPU-class design: per kernel kind, which model times it for ``dtypes``
@@ -250,17 +305,25 @@ class DataflowCost:
         for other designs."""
         if design.dataflow != "gpu":
             return {}
-        fits = self.fits_for(design.gpu.calibration) if design.gpu.calibration else {}
+        name = design.gpu.calibration
+        fits = self.fits_for(name) if name else {}
+        shapes: dict[tuple[int, int], int] = {}
+        if name and self.measured:
+            for code in self.measured_for(name):
+                shapes[code[:2]] = shapes.get(code[:2], 0) + 1
         out = {}
-        for kind in KERNEL_KINDS:
+        for ki, kind in enumerate(KERNEL_KINDS):
             parts = []
             for dt in dtypes:
                 f = fits.get((kind, dt))
+                n_measured = shapes.get((ki, DTYPES.index(dt)), 0)
+                measured = f", {n_measured} measured shapes used as measured" if n_measured else ""
                 if f is None:
-                    parts.append(f"{dt}: gpu-roofline (no calibration data)")
+                    parts.append(f"{dt}: gpu-roofline (no calibration data{measured})"
+                                 if not n_measured else f"{dt}: gpu-roofline (too few rows to fit{measured})")
                 else:
                     parts.append(f"{dt}: calibrated ({f.tuning}, {f.n_points} points, "
-                                 f"rms {100 * f.rms_log_error:.2g} %)")
+                                 f"rms {100 * f.rms_log_error:.2g} %{measured})")
             out[kind] = "; ".join(parts)
         return out
 
@@ -292,7 +355,7 @@ class DataflowCost:
         return self.op_cost(op, design).energy
 
     @staticmethod
-    def _compute(x: tuple[int, ...], d: DesignParams) -> OpCost:
+    def _compute(x: tuple[int, ...], d: DesignParams, use_measured: bool = True) -> OpCost:
         cls = x[F_CLASS]
         if cls == CLASS_NONE:
             return _ZERO
@@ -303,6 +366,10 @@ class DataflowCost:
             p = d.gpu.rows[kernel][dt]
             t, c, m, cyc, sram_b, dram_b = (gpu_gemm if cls == CLASS_GEMM else gpu_stream)(x, p, max, min)
             model = d.gpu.models[kernel][dt]
+            if use_measured and d.gpu.measured:
+                t_measured = d.gpu.measured.get(_measured_code(x))
+                if t_measured is not None:  # the curve's compute/memory split is kept as the breakdown
+                    t, model = t_measured, "measured"
             peak = 0.5 * d.gpu.peaks[dt]
         else:
             if cls == CLASS_STREAM:
@@ -365,7 +432,24 @@ class DataflowCost:
                 out[:] = t
             else:
                 out[mask] = t
+        if code == 6 and d.gpu.measured:
+            measured = self._measured_column(did)[fids]
+            hit = ~np.isnan(measured)
+            out[hit] = measured[hit]
         return out
+
+    def _measured_column(self, did: int) -> np.ndarray:
+        """Measured seconds of every interned shape on GPU design ``did`` (NaN: not measured),
+        extended as shapes are interned."""
+        col = self._measured_cols.get(did)
+        n = len(self._rows)
+        done = 0 if col is None else len(col)
+        if done < n:
+            table = self._dparams[did].gpu.measured
+            new = np.array([table.get(_measured_code(x), np.nan) for x in self._rows[done:n]], dtype=np.float64)
+            col = new if col is None else np.concatenate([col, new])
+            self._measured_cols[did] = col
+        return col
 
     @staticmethod
     def _intern(objs: Sequence, resolve) -> tuple[np.ndarray, np.ndarray]:
@@ -469,6 +553,14 @@ class DataflowCost:
         return f"{type(self).__name__}(calibration={src!s})"
 
 
+def _measured_code(x: tuple[int, ...]) -> tuple[int, ...]:
+    """The shape code of feature tuple ``x`` in :attr:`GpuTable.measured`
+    (:func:`~marssim.cost.calibrated.shape_key` with index codes)."""
+    if x[F_CLASS] == CLASS_GEMM:
+        return (x[F_KERNEL], x[F_DTYPE], x[F_G], x[F_M], x[F_NN], x[F_KK], 0, 0)
+    return (x[F_KERNEL], x[F_DTYPE], 0, 0, 0, 0, x[F_FLOPS], x[F_TRAFFIC])
+
+
 class SystolicCost(DataflowCost):
     """Systolic arrays only (os, ws, is): SCALE-Sim fold formulas with a roofline floor."""
 
@@ -503,7 +595,7 @@ class CalibratedCost(DataflowCost):
     dataflows = ("gpu",)
 
     def __init__(self, calibration: str | Path | KernelTable | Mapping[FitKey, KernelFit], *,
-                 tuning: Sequence[str] = tuple(reversed(TUNINGS))) -> None:
+                 tuning: Sequence[str] = tuple(reversed(TUNINGS)), measured: bool = True) -> None:
         if calibration is None:
             raise ValueError("CalibratedCost needs a calibration table, directory or fits")
-        super().__init__(calibration=calibration, tuning=tuning)
+        super().__init__(calibration=calibration, tuning=tuning, measured=measured)

@@ -30,7 +30,7 @@ import yaml
 from marssim.errors import InputError
 from marssim.fsutil import atomic_file
 from marssim.system import System, expand_ids, load_system, shipped_systems
-from marssim.validation import read_yaml
+from marssim.schema import read_yaml
 from marssim.workload import Graph, load_workload
 
 from .model import ALGORITHMS, AcceleratorSet, Mapping, validate_mapping

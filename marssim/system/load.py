@@ -32,7 +32,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from marssim.errors import InputError
-from marssim.validation import problems_from_validation, read_yaml
+from marssim.schema import problems_from_validation, read_yaml
 
 from .design import Design
 from .model import Accelerator, Host, Link, Memory, Switch, System

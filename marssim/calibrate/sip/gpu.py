@@ -12,10 +12,12 @@ launches, with L2 flushed before each launch by writing a buffer larger than L2.
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
+
+from marssim.calibrate.stats import TimingStats, summarize
 
 from .cubin import parse_cubin
 from .kernels import LaunchPlan
@@ -64,28 +66,6 @@ def _check(result):
     if not rest:
         return None
     return rest[0] if len(rest) == 1 else tuple(rest)
-
-
-@dataclass(frozen=True, slots=True)
-class TimingStats:
-    """Summary of repeated timings (seconds): median, inter-quartile range, min, max, count."""
-
-    median: float
-    iqr: float
-    minimum: float
-    maximum: float
-    samples: int
-
-    @property
-    def spread(self) -> float:
-        """Relative spread: IQR / median."""
-        return self.iqr / self.median if self.median else float("nan")
-
-
-def summarize(times: Sequence[float]) -> TimingStats:
-    a = np.asarray(times, dtype=float)
-    q1, med, q3 = np.percentile(a, [25, 50, 75])
-    return TimingStats(float(med), float(q3 - q1), float(a.min()), float(a.max()), int(a.size))
 
 
 @dataclass
@@ -147,14 +127,9 @@ class GpuSession:
     @staticmethod
     def nvidia_driver() -> str:
         """The NVIDIA driver version from ``nvidia-smi`` ("" when unavailable)."""
-        import subprocess
+        from marssim.calibrate.device import nvidia_smi
 
-        try:
-            out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                                 capture_output=True, text=True, timeout=30).stdout
-        except (OSError, subprocess.SubprocessError):
-            return ""
-        return out.strip().splitlines()[0] if out.strip() else ""
+        return nvidia_smi(["driver_version"])["driver_version"]
 
     # ---------------------------------------------------------------- modules
     def load(self, cubin: bytes, name: str | None = None, shared_bytes: int = 0) -> LoadedKernel:

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from marssim.calibrate.table import short_device_name
 from marssim.fsutil import atomic_file
 
 from .anneal import AnnealConfig, anneal_seeds
@@ -202,11 +203,11 @@ def tune(options: TuneOptions, progress: Callable[[str], None] = lambda line: No
         json.dump(asdict(report), fh, indent=1, default=str)
         fh.write("\n")
     if options.calibration_csv is not None and mismatches == 0:
-        common = dict(dtype="fp16", device=device, sms=sms, driver=driver, cuda=cuda, date=date[:10],
+        common = dict(dtype="fp16", device=short_device_name(device), sms=sms, driver=driver, cuda=cuda, date=date[:10],
                       kernel=spec.name, **gemm_class_shape(spec.name, shape))
         merge_rows(options.calibration_csv, [
             CalibrationRow(tuning="none", median_s=base["median_s"], spread_s=base["iqr_s"],
-                           samples=int(base["samples"]), note="compiler schedule", **common),
+                           samples=int(base["samples"]), note=f"compiler schedule on {device}", **common),
             CalibrationRow(tuning="sip", median_s=tun["median_s"], spread_s=tun["iqr_s"], samples=int(tun["samples"]),
                            note=f"schedule {Path(files['schedule']).name}; verified on {elements} output elements",
                            **common),

@@ -1,4 +1,4 @@
-"""Turn pydantic validation failures into :class:`~marssim.errors.InputError` with key paths, and
+"""Input schemas: pydantic validation failures as :class:`~marssim.errors.InputError` with key paths, and
 read YAML files with errors that name the file and line."""
 
 from __future__ import annotations

@@ -1,0 +1,179 @@
+"""Measured kernel timings as rows of the calibration tables under ``traces/calibration/``.
+
+Shared by the measurement harness (``marssim calibrate measure``) and the SIP tuner
+(``marssim sip tune``). The columns are those of the calibrated cost model's table format
+(:mod:`marssim.cost.calibrated`): ``kind, dtype, batch, m, n, k, flops, bytes, device, sms,
+driver, cuda, tuning, median_s, spread_s, samples, date, kernel, note``; times in seconds,
+``spread_s`` the inter-quartile range, ``date`` ``YYYY-MM-DD``.
+
+Writing merges into an existing file: a row with the same device, kind, dtype, shape, flops,
+bytes, kernel and tuning is replaced; the file is rewritten atomically. Comment lines (``#``)
+already in the file are kept and a new one is added when it differs from all of them, so a
+table measured in several runs keeps one provenance line per run. Re-running is idempotent.
+
+:func:`short_device_name` turns the name a GPU reports (``NVIDIA H100 80GB HBM3``) into the
+name designs use in ``gpu.calibration`` (``H100``), and so the table's file name.
+"""
+
+from __future__ import annotations
+
+import csv
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+from marssim.errors import InputError
+from marssim.fsutil import atomic_file
+
+__all__ = ["CalibrationRow", "COLUMNS", "merge_rows", "read_rows", "read_comments", "short_device_name",
+           "format_note", "parse_note"]
+
+
+@dataclass(frozen=True, slots=True)
+class CalibrationRow:
+    """One measured kernel time (see the module docstring; SI units)."""
+
+    kind: str
+    dtype: str
+    batch: int
+    m: int
+    n: int
+    k: int
+    flops: float
+    bytes: float
+    device: str
+    sms: int
+    driver: str
+    cuda: str
+    tuning: str
+    median_s: float
+    spread_s: float
+    samples: int
+    date: str
+    kernel: str = ""
+    note: str = ""
+
+    def key(self) -> tuple:
+        """What makes two rows the same measurement (a later one replaces an earlier one)."""
+        return (self.device, self.kind, self.dtype, self.batch, self.m, self.n, self.k, round(self.flops),
+                round(self.bytes), self.kernel, self.tuning)
+
+
+COLUMNS = tuple(f.name for f in fields(CalibrationRow))
+_FLOATS = {"flops", "bytes", "median_s", "spread_s"}
+_INTS = {"batch", "m", "n", "k", "sms", "samples"}
+
+
+def short_device_name(name: str) -> str:
+    """``NVIDIA H100 80GB HBM3`` -> ``H100``; ``NVIDIA H200`` -> ``H200``; ``NVIDIA A100-SXM4-80GB``
+    -> ``A100``; ``Tesla V100-SXM2-16GB`` -> ``V100``; ``NVIDIA GeForce RTX 4090`` -> ``RTX4090``.
+    The first token with a letter followed by digits, vendor and product-line words dropped; the
+    whole name (spaces removed) when no token looks like a model number."""
+    words = [w for w in re.split(r"[\s_]+", name.strip()) if w]
+    drop = {"nvidia", "tesla", "geforce", "quadro", "amd", "radeon", "instinct"}
+    words = [w for w in words if w.lower() not in drop]
+    for i, w in enumerate(words):
+        head = w.split("-")[0]
+        if re.fullmatch(r"[A-Za-z]+\d+[A-Za-z]*", head):
+            if i > 0 and words[i - 1].isalpha() and words[i - 1].isupper() and len(words[i - 1]) <= 3:
+                return words[i - 1] + head  # RTX 4090 -> RTX4090
+            return head
+        if head.isdigit() and i > 0 and words[i - 1].isalpha():
+            return words[i - 1] + head
+    return "".join(words) or "gpu"
+
+
+def format_note(fields_: Mapping[str, object]) -> str:
+    """``key=value`` pairs joined by ``; `` (values must not contain ``;``), for the ``note``
+    column: the harness records the GPU's full name, clocks and library versions there."""
+    parts = []
+    for key, value in fields_.items():
+        text = str(value)
+        if ";" in text or "=" in key or ";" in key:
+            raise ValueError(f"note field {key}={text!r} must not contain ';'")
+        parts.append(f"{key}={text}")
+    return "; ".join(parts)
+
+
+def parse_note(note: str) -> dict[str, str]:
+    """Inverse of :func:`format_note` (free text without ``=`` is returned under ``""``)."""
+    out: dict[str, str] = {}
+    for part in note.split(";"):
+        part = part.strip()
+        if not part:
+            continue
+        key, sep, value = part.partition("=")
+        if sep:
+            out[key.strip()] = value.strip()
+        else:
+            out[""] = (out.get("", "") + " " + part).strip()
+    return out
+
+
+def read_comments(path: str | Path) -> list[str]:
+    """The comment lines (``#`` ...) of a table, in order."""
+    return [ln.rstrip() for ln in Path(path).read_text(encoding="utf-8-sig").splitlines()
+            if ln.lstrip().startswith("#")]
+
+
+def read_rows(path: str | Path) -> list[CalibrationRow]:
+    """Rows of a calibration CSV written by :func:`merge_rows` (an :class:`InputError` naming
+    the line and column on bad data). Comment lines start with ``#``. For the full schema check
+    use :func:`marssim.cost.calibrated.load_table`."""
+    name = str(path)
+    numbered = [(i + 1, ln) for i, ln in enumerate(Path(path).read_text(encoding="utf-8-sig").splitlines())
+                if ln.strip() and not ln.lstrip().startswith("#")]
+    if not numbered:
+        raise InputError(name, "header", f"expected a header line with the columns {', '.join(COLUMNS)}")
+    reader = csv.DictReader([ln for _, ln in numbered])
+    missing = [c for c in COLUMNS if c not in (reader.fieldnames or ())]
+    if missing:
+        raise InputError(name, f"line {numbered[0][0]}", f"missing columns: {', '.join(missing)}")
+    rows = []
+    for (lineno, _), raw in zip(numbered[1:], reader):
+        values: dict[str, object] = {}
+        for col in COLUMNS:
+            text = (raw.get(col) or "").strip()
+            try:
+                values[col] = float(text) if col in _FLOATS else int(text) if col in _INTS else text
+            except ValueError:
+                raise InputError(name, f"line {lineno}: {col}", f"expected a number, got {text!r}") from None
+        rows.append(CalibrationRow(**values))  # type: ignore[arg-type]
+    return rows
+
+
+def _sort_key(r: CalibrationRow) -> tuple:
+    return (r.device, r.kind, r.dtype, r.kernel, r.batch, r.m, r.n, r.k, r.flops, r.bytes, r.tuning)
+
+
+def merge_rows(path: str | Path, new: Iterable[CalibrationRow], comment: str = "") -> list[CalibrationRow]:
+    """Add ``new`` rows to the CSV at ``path`` (created if absent), replacing rows with the same
+    :meth:`~CalibrationRow.key`; keep the file's comment lines and add ``comment`` (one line,
+    ``# `` prepended when missing) unless already there; write atomically; return the rows."""
+    p = Path(path)
+    existing = read_rows(p) if p.exists() else []
+    comments = read_comments(p) if p.exists() else []
+    if comment:
+        line = comment if comment.startswith("#") else f"# {comment}"
+        if "\n" in line:
+            raise ValueError("a table comment is one line")
+        if line not in comments:
+            comments.append(line)
+    rows = {r.key(): r for r in existing}
+    for r in new:
+        rows[r.key()] = r
+    ordered = sorted(rows.values(), key=_sort_key)
+    with atomic_file(p, "w", newline="") as fh:
+        for line in comments:
+            fh.write(line + "\n")
+        writer = csv.DictWriter(fh, fieldnames=list(COLUMNS), lineterminator="\n")
+        writer.writeheader()
+        for r in ordered:
+            d = asdict(r)
+            for col in ("median_s", "spread_s"):
+                d[col] = f"{d[col]:.6e}"
+            d["flops"] = f"{r.flops:.0f}"
+            d["bytes"] = f"{r.bytes:.0f}"
+            writer.writerow(d)
+    return ordered

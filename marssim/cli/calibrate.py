@@ -1,0 +1,290 @@
+"""``marssim calibrate``: measure GPU kernel timings and fit the cost model's GPU curves to them.
+
+Subcommands: ``grid`` (the shapes to time, derived from zoo workloads, with the estimated
+harness time and its split into chunks), ``measure`` (time them on a CUDA device into
+``traces/calibration/<device>.csv``; ``--dry-run`` runs anywhere), ``fit`` (fit the efficiency
+curves of a table, write ``<table>.fit.json`` and report the held-out error), ``check``
+(validate tables and report what they cover). All but ``measure`` run without a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import Counter
+from pathlib import Path
+
+from marssim.errors import InputError
+
+from ._common import positive_int
+
+VERB = "calibrate"
+ORDER = 85
+
+
+def _grid_args(p: argparse.ArgumentParser) -> None:
+    from marssim.calibrate.grid import DEFAULT_KINDS, DEFAULT_WORKLOADS, MEASURE_KINDS
+
+    p.add_argument("--workloads", default=",".join(DEFAULT_WORKLOADS),
+                   help=f"zoo specs or ONNX files, comma-separated (default {','.join(DEFAULT_WORKLOADS)})")
+    p.add_argument("--kinds", default=",".join(DEFAULT_KINDS),
+                   help=f"kernel kinds, some of {','.join(MEASURE_KINDS)} (default {','.join(DEFAULT_KINDS)})")
+    p.add_argument("--dtype", default="bf16,fp16,fp32", help="dtypes, some of bf16,fp16,fp32,tf32 (default "
+                                                             "bf16,fp16,fp32)")
+    p.add_argument("--no-sweep", dest="sweep", action="store_false",
+                   help="only the workloads' own layer shapes, no sweep around them")
+    p.add_argument("--max-batch-factor", type=positive_int, default=32,
+                   help="the sweep scales each layer's batch by 2, 4, ... up to this (default 32)")
+    p.add_argument("--chunk-seconds", type=float, default=240.0,
+                   help="estimated harness seconds per chunk (default 240: a chunk fits a 10-minute run with "
+                        "a 2.5x margin)")
+    p.add_argument("--no-triton", dest="triton", action="store_false", help="leave out the Triton GEMM")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(VERB, help="measure GPU kernel timings and fit the cost model's GPU curves to them",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    s = p.add_subparsers(dest="calibrate_command", metavar="COMMAND", title="commands")
+
+    g = s.add_parser("grid", help="the kernel shapes to time, from zoo workloads (runs anywhere)",
+                     description="Derive the shape grid from the workloads' layers (plus a sweep around them), "
+                                 "estimate the harness time on the dgx-h100 design and split it into chunks.")
+    _grid_args(g)
+    g.add_argument("--list", action="store_true", help="print every point")
+    g.add_argument("--out", metavar="FILE.csv", help="write the grid as CSV (one row per point and kernel)")
+    g.set_defaults(func=run_grid)
+
+    m = s.add_parser("measure", help="time the grid's kernels on a CUDA device (needs a GPU; --dry-run does not)",
+                     description="Time every kernel of the grid (or of one chunk of it) on CUDA device 0 and "
+                                 "merge the rows into the table. Needs torch with CUDA (pip install "
+                                 "'marssim[gpu]'). A rerun skips kernels already in the table. Exit status 3: "
+                                 "stopped at --max-seconds with kernels left (run it again to resume).")
+    _grid_args(m)
+    m.add_argument("--out", metavar="FILE.csv",
+                   help="table to merge rows into (default traces/calibration/<device>.csv; <device> in the name "
+                        "becomes the GPU's short name, such as H100)")
+    m.add_argument("--fused-out", metavar="FILE.csv",
+                   help="table for fused-attention rows (default traces/fused-attention/<device>.csv); kept out of "
+                        "traces/calibration/ because a fused kernel is not one op of the zoo")
+    m.add_argument("--chunk", type=positive_int, metavar="I",
+                   help="time only chunk I (1-based) of the split by --chunk-seconds (default: everything)")
+    m.add_argument("--repeats", type=positive_int, default=20,
+                   help="fewest timed repetitions per kernel, at least 20 (default 20; more for short kernels)")
+    m.add_argument("--max-seconds", type=float, default=540.0,
+                   help="stop before a kernel that would end after this many seconds (default 540)")
+    m.add_argument("--no-resume", dest="resume", action="store_false",
+                   help="time kernels again even when the table has them")
+    m.add_argument("--dry-run", action="store_true",
+                   help="print the grid, kernel count and time estimate; time nothing")
+    m.add_argument("--quiet", action="store_true", help="no progress bar")
+    m.set_defaults(func=run_measure)
+
+    f = s.add_parser("fit", help="fit the GPU efficiency curves to a table; report the held-out error",
+                     description="Fit the cost model's GPU efficiency curve per (device, kind, dtype, tuning) to "
+                                 "TABLE, write the parameters to TABLE's .fit.json beside it, and report the error "
+                                 "on 20 %% of each group's shapes held out of a second fit (median, p90, max).")
+    f.add_argument("table", metavar="TABLE.csv")
+    f.add_argument("--json", metavar="FILE", help="write the fitted parameters here instead")
+    f.set_defaults(func=run_fit)
+
+    c = s.add_parser("check", help="validate calibration tables; report coverage per kind and dtype",
+                     description="Validate each TABLE against the calibration schema (errors name the file, line "
+                                 "and column) and report rows, shapes, tunings and kernels per kind and dtype; with "
+                                 "--workloads, which of their layers have a measured shape.")
+    c.add_argument("tables", metavar="TABLE.csv", nargs="+")
+    c.add_argument("--workloads", help="zoo specs or ONNX files: report the share of their layers the tables hold")
+    c.set_defaults(func=run_check)
+    p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
+
+
+# ----------------------------------------------------------------------------- shared
+def _grid(args: argparse.Namespace):
+    """(points, tasks, estimates, chunks) from the grid flags; InputError on bad flags."""
+    from marssim.calibrate.grid import (
+        MEASURE_DTYPES, MEASURE_KINDS, build_grid, estimate_seconds, parse_list, split_chunks, split_workloads,
+    )
+    from marssim.calibrate.harness import Task
+    from marssim.calibrate.kernels import TRITON_COMPILE_S, kernels_for, triton_specialization
+
+    kinds = parse_list(args.kinds, MEASURE_KINDS, "--kinds")
+    dtypes = parse_list(args.dtype, MEASURE_DTYPES, "--dtype")
+    if not args.chunk_seconds > 0:
+        raise InputError(None, "--chunk-seconds", f"expected seconds > 0, got {args.chunk_seconds}")
+    specs = split_workloads(args.workloads)
+    points = build_grid(specs, kinds, dtypes, sweep=args.sweep, max_batch_factor=args.max_batch_factor)
+    impls = [kernels_for(p, triton=args.triton) for p in points]
+    per_point = estimate_seconds(points, [len(k) for k in impls])
+    tasks = []
+    compiled: set[tuple] = set()
+    for i, (p, ks) in enumerate(zip(points, impls)):
+        for impl in ks:
+            seconds = per_point[i] / len(ks)
+            if impl.name.startswith("triton"):
+                signature = triton_specialization(p)
+                if signature not in compiled:  # Triton compiles once per specialization
+                    compiled.add(signature)
+                    seconds += TRITON_COMPILE_S
+            tasks.append(Task(p, impl, seconds, seed=i))
+    chunks = split_chunks([t.estimate_s for t in tasks], args.chunk_seconds) if tasks else []
+    return points, tasks, chunks
+
+
+def _summary(points, tasks, chunks, chunk_seconds: float) -> list[str]:
+    from marssim.system.describe import format_table
+
+    by_kind = Counter((p.measure_kind, p.dtype) for p in points)
+    kernels = Counter((t.point.measure_kind, t.point.dtype) for t in tasks)
+    est = Counter()
+    for t in tasks:
+        est[(t.point.measure_kind, t.point.dtype)] += t.estimate_s
+    rows = [[k, dt, str(n), str(kernels[(k, dt)]), f"{est[(k, dt)]:.0f}"] for (k, dt), n in by_kind.items()]
+    lines = format_table(["kind", "dtype", "shapes", "kernels", "est. s"], rows, indent="  ")
+    from marssim.calibrate.kernels import TRITON_COMPILE_S, triton_specialization
+
+    total = sum(t.estimate_s for t in tasks)
+    compiles = len({triton_specialization(t.point) for t in tasks if t.impl.name.startswith("triton")})
+    lines.append(f"  total: {len(points)} shapes, {len(tasks)} kernels, about {total / 60:.1f} min"
+                 + (f" (of which {compiles} Triton compilations, ~{compiles * TRITON_COMPILE_S:.0f} s)"
+                    if compiles else "")
+                 + f"; {len(chunks)} chunk(s) of <= {chunk_seconds:.0f} estimated s")
+    lines.append("  estimate: per kernel the analytical GPU roofline time of the dgx-h100 design, warm-up, "
+                 "repetitions after a 256 MiB L2 flush each, and a fixed set-up cost")
+    return lines
+
+
+# ----------------------------------------------------------------------------- grid
+def run_grid(args: argparse.Namespace) -> int:
+    import csv
+
+    from marssim.fsutil import atomic_file
+
+    if args.out and not args.out.endswith(".csv"):
+        raise InputError(args.out, "--out", "expected a file name ending in .csv")
+    points, tasks, chunks = _grid(args)
+    print(f"calibration grid for {args.workloads}:")
+    for line in _summary(points, tasks, chunks, args.chunk_seconds):
+        print(line)
+    for i, (a, b) in enumerate(chunks, 1):
+        print(f"  chunk {i}: kernels {a + 1}-{b}, about {sum(t.estimate_s for t in tasks[a:b]):.0f} s "
+              f"({tasks[a].point.measure_kind} {tasks[a].point.dtype} .. {tasks[b - 1].point.measure_kind} "
+              f"{tasks[b - 1].point.dtype})")
+    if args.list:
+        for t in tasks:
+            print(f"  {t.impl.name:18s} {t.point.describe()}")
+    if args.out:
+        with atomic_file(args.out, newline="") as fh:
+            w = csv.writer(fh, lineterminator="\n")
+            w.writerow(["chunk", "measure_kind", "kind", "dtype", "batch", "m", "n", "k", "flops", "bytes", "kernel",
+                        "tuning", "estimate_s", "op_kind", "loops", "origin"])
+            chunk_of = {i: c for c, (a, b) in enumerate(chunks, 1) for i in range(a, b)}
+            for i, t in enumerate(tasks):
+                p = t.point
+                loops = " ".join(f"{d}={v}" for d, v in p.op.loops)
+                w.writerow([chunk_of[i], p.measure_kind, p.kind, p.dtype, p.batch, p.m, p.n, p.k, p.flops, p.bytes,
+                            t.impl.name, t.impl.tuning, f"{t.estimate_s:.4g}", p.op.kind.value, loops, p.origin])
+        print(f"grid      {args.out}")
+    return 0
+
+
+# ----------------------------------------------------------------------------- measure
+def run_measure(args: argparse.Namespace) -> int:
+    from marssim.calibrate.grid import FUSED_ATTENTION, TimingPlan
+
+    for flag, value in (("--out", args.out), ("--fused-out", args.fused_out)):
+        if value and not value.endswith(".csv"):
+            raise InputError(value, flag, "expected a file name ending in .csv")
+    if args.repeats < 20:
+        raise InputError(None, "--repeats", f"expected at least 20 repetitions, got {args.repeats}")
+    if not args.max_seconds > 0:
+        raise InputError(None, "--max-seconds", f"expected seconds > 0, got {args.max_seconds}")
+    for path in (args.out, args.fused_out):
+        if path and "<device>" not in path and "{device}" not in path and Path(path).exists():
+            from marssim.cost.calibrated import load_table
+
+            load_table(path)  # a table to merge into must be valid before anything is timed
+    points, tasks, chunks = _grid(args)
+    if args.chunk is not None:
+        if args.chunk > len(chunks):
+            raise InputError(None, "--chunk", f"expected a chunk from 1 to {len(chunks)}, got {args.chunk}")
+        a, b = chunks[args.chunk - 1]
+        tasks = tasks[a:b]
+        points = tuple(dict.fromkeys(t.point for t in tasks))
+    fused = any(p.measure_kind == FUSED_ATTENTION for p in points)
+    if args.dry_run:
+        which = f"chunk {args.chunk} of {len(chunks)}" if args.chunk else f"all {len(chunks)} chunk(s)"
+        print(f"dry run ({which}); nothing is timed")
+        for line in _summary(points, tasks, [(0, len(tasks))] if args.chunk else chunks, args.chunk_seconds):
+            print(line)
+        print(f"  table: {args.out or 'traces/calibration/<device>.csv'}"
+              + (f"; fused attention: {args.fused_out or 'traces/fused-attention/<device>.csv'}" if fused else ""))
+        return 0
+
+    from marssim.calibrate.device import torch_cuda_status
+
+    ok, why = torch_cuda_status()
+    if not ok:
+        print(f"marssim calibrate measure: error: a CUDA device is required to time kernels ({why}); "
+              "grid, fit, check and measure --dry-run run without one", file=sys.stderr)
+        return 2
+    from marssim.calibrate.harness import MeasureOptions, measure
+    from marssim.calibrate.table import short_device_name
+    from marssim.cost.calibrated import traces_dir
+
+    device = short_device_name(why)
+
+    def named(path: str) -> Path:  # "traces/calibration/<device>.csv" -> "traces/calibration/H100.csv"
+        return Path(path.replace("<device>", device).replace("{device}", device))
+
+    out = named(args.out) if args.out else traces_dir() / "calibration" / f"{device}.csv"
+    fused_out = named(args.fused_out) if args.fused_out else traces_dir() / "fused-attention" / f"{device}.csv"
+    for path in (out, fused_out if fused else None):
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+    plan = TimingPlan(min_reps=args.repeats, max_reps=max(100, args.repeats))
+    options = MeasureOptions(out, fused_out if fused else None, plan, args.max_seconds, args.resume)
+    print(f"timing {len(tasks)} kernels on {why} into {out}" + (f" and {fused_out}" if fused else ""),
+          file=sys.stderr, flush=True)
+    report = measure(tasks, options, progress=not args.quiet)
+    info = report.device
+    print(f"{info.name}: {report.measured} kernels timed, {report.already} already in the table, "
+          f"{len(report.skipped)} skipped, {report.left} left for a rerun; {report.seconds:.0f} s")
+    for path, n in report.written.items():
+        print(f"  {path}: {n} rows merged")
+    for what, why_skipped in report.skipped[:50]:
+        print(f"  skipped {what}: {why_skipped}")
+    if len(report.skipped) > 50:
+        print(f"  ... and {len(report.skipped) - 50} more skipped")
+    if report.left:
+        print(f"  time limit reached: run the same command again to time the {report.left} kernels left")
+    return 0 if report.left == 0 else 3
+
+
+# ----------------------------------------------------------------------------- fit
+def run_fit(args: argparse.Namespace) -> int:
+    from marssim.calibrate.fitting import fit_table, format_report
+
+    if args.json and not args.json.endswith(".json"):
+        raise InputError(args.json, "--json", "expected a file name ending in .json")
+    reports, path = fit_table(args.table, args.json)
+    print(f"{args.table}: {sum(r.n_rows for r in reports)} rows in {len(reports)} groups")
+    print(format_report(reports))
+    print(f"\nfit       {path}")
+    return 0
+
+
+# ----------------------------------------------------------------------------- check
+def run_check(args: argparse.Namespace) -> int:
+    from marssim.calibrate.coverage import format_coverage, table_coverage, workload_coverage
+    from marssim.cost.calibrated import load_table
+
+    for path in args.tables:
+        table = load_table(path)
+        print(f"{path}: valid, {len(table)} rows, devices {', '.join(table.devices()) or '-'}")
+        print(format_coverage(table_coverage(table)))
+        if args.workloads:
+            from marssim.calibrate.grid import load_graphs, split_workloads
+
+            graphs = load_graphs(split_workloads(args.workloads))
+            for line in workload_coverage(table, graphs):
+                print(line)
+    return 0
