@@ -66,17 +66,19 @@ def _result(name: str, objective: str, candidates: Sequence[tuple[Mapping, Evalu
 def data_parallel(graph: Graph, system: System, cost: CostModel | None = None, *, objective: str = "latency",
                   executor: Executor | None = None, evaluator: Evaluator | None = None,
                   micro_batches: int = 1) -> SearchResult:
-    """All accelerators in one set, every layer split over the batch; the best common design."""
+    """Every layer split over the batch on one set of accelerators with one design: for each
+    design, the set of all accelerators that allow it (every accelerator, on homogeneous and
+    adaptive systems); the best of those mappings by simulation. On a system of fixed, different
+    designs (``herald-soc``) each candidate set is the accelerators of one design."""
     t0 = time.perf_counter()
     ev = _evaluator(graph, system, cost, executor, evaluator)
     sims0, est0 = ev.simulations, ev.estimates
-    devices = system.accelerator_ids
-    common = [d for d in system.accelerator(devices[0]).designs
-              if all(d in system.accelerator(a).designs for a in devices)]
-    if not common:
-        raise ValueError(f"{system.name}: no design is allowed on every accelerator; data_parallel needs one")
-    mappings = [Mapping.single_set(graph, system, design=d, sharding="dp", micro_batches=micro_batches)
-                for d in common]
+    mappings = []
+    for design in system.designs:
+        devices = tuple(a.id for a in system.accelerators if design in a.designs)
+        if devices:
+            mappings.append(Mapping.single_set(graph, system, devices=devices, design=design, sharding="dp",
+                                               micro_batches=micro_batches))
     return _result("data_parallel", objective, list(zip(mappings, ev.simulate(mappings))), ev, sims0, est0, t0)
 
 
