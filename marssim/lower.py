@@ -14,8 +14,9 @@ Moving data from the producer's layout to the regions the consumer's shards need
   windows), ``p2p`` (another set), ``broadcast`` or ``gather``.
 
 A re-distribution is done once per (producer, micro-batch, needed regions) and shared by every
-consumer that needs the same regions. Graph inputs come from the host nearest the consuming set;
-graph outputs return to the host nearest their set. Weights of each device's shards are resident
+consumer that needs the same regions. Graph inputs come from the host nearest the consuming set,
+micro-batch after micro-batch (micro-batch ``m`` of an input leaves once micro-batch ``m-1`` has
+been sent, as a DMA queue streams them); graph outputs return to the host nearest their set. Weights of each device's shards are resident
 for the run and loaded from the nearest host before it (``TaskGraph.setup``).
 """
 
@@ -144,6 +145,7 @@ class _Lowering:
         self._designs = cache.designs
         self._shard_cache = cache.shards
         self._redistributed: dict[tuple, dict[str, tuple[int, ...]]] = {}
+        self._input_sent: dict[tuple[int, int], list[int]] = {}  # (input op, micro-batch) -> its transfers
         self._host_of = cache.hosts
         self._latency = cache.latency
 
@@ -234,7 +236,10 @@ class _Lowering:
                     consumers = g.succs[gi]
                     first_set = m.sets[m.op_set[self.position[consumers[0]]]] if consumers else m.sets[0]
                     host = self.host_for(first_set.devices[0])
-                    layouts[(gi, mb)] = _Layout((_Holder(host, full_box(op.out_shape), ()),), op.out_shape,
+                    # the host streams an input micro-batch by micro-batch: micro-batch mb leaves once
+                    # micro-batch mb-1 has been sent (a DMA queue), so the first stage is not starved
+                    sent = tuple(self._input_sent.get((gi, mb - 1), ()))
+                    layouts[(gi, mb)] = _Layout((_Holder(host, full_box(op.out_shape), sent),), op.out_shape,
                                                 4 if g.succs[gi] and g.ops[g.succs[gi][0]].kind == OpKind.EMBEDDING
                                                 else op.dtype_bytes)
                     continue
@@ -298,6 +303,10 @@ class _Lowering:
                 return done
         result = self._move(layout, needs, op_name, mb)
         self._redistributed[cache_key] = result
+        if self.graph.ops[key[0]].kind == OpKind.INPUT:
+            sent = self._input_sent.setdefault(key, [])
+            for tasks in result.values():
+                sent.extend(tasks)
         return result
 
     def _emit(self, kind: str, algorithm: str, devices: tuple[str, ...], steps, initial: list[tuple[int, ...]],

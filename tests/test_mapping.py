@@ -17,6 +17,7 @@ from marssim.mapping import (
 )
 from marssim.mapping.sharding import box_elems, full_box, intersect
 from marssim.system import system_from_dict
+from marssim.sim import simulate
 from marssim.taskgraph import TRANSFER
 from marssim.workload import GraphBuilder, OpKind
 from support import DESIGN, RooflineCost, make_system
@@ -239,6 +240,29 @@ def test_pipeline_micro_batches_split_the_batch_and_conserve_flops():
         tg = lower(g, system, m, RooflineCost())
         assert tg.total_flops == pytest.approx(g.flops)
         assert set(tg.micro_batch.tolist()) == set(range(micro))
+
+
+def test_host_streams_input_micro_batches_one_after_another():
+    # Micro-batch m of the input leaves the host once micro-batch m-1 has been sent, so the first
+    # stage starts after one micro-batch's transfer, not after all of them shared the host link.
+    g = _chain("gemm", "gemm")
+    system = make_system(4, host_bandwidth="10 GB/s", latency="1 us")
+    sets = (AcceleratorSet(("acc0",), "os16"), AcceleratorSet(("acc1",), "os16"))
+    micro = 4
+    m = Mapping(sets=sets, op_set=(0, 1), op_sharding=("none", "none"), micro_batches=micro)
+    tg = lower(g, system, m, RooflineCost())
+    host = system.node_index["host0"]
+    inputs = [t for t in range(tg.n_tasks) if tg.kind[t] == TRANSFER and tg.src[t] == host]
+    assert [int(tg.micro_batch[t]) for t in inputs] == list(range(micro))
+    for earlier, later in zip(inputs, inputs[1:]):
+        assert earlier in tg.preds(later).tolist()
+    r = simulate(tg, system, setup=False).intervals.set_index("task")
+    size = g.ops[0].output_bytes / micro
+    route = system.route("host0", "acc0")
+    first = route.latency + size / system.bottleneck_bandwidth("host0", "acc0")
+    assert r.loc[inputs[0], "end"] == pytest.approx(first, rel=1e-12)
+    ends = [r.loc[t, "end"] for t in inputs]
+    assert ends == sorted(ends) and all(b - a >= size / 10e9 * (1 - 1e-12) for a, b in zip(ends, ends[1:]))
 
 
 def test_lowering_is_acyclic_and_deterministic():
