@@ -184,3 +184,31 @@ def test_half_duplex_link_shares_both_directions():
     b.transfer("acc1", "acc0", 1e6)
     r = _sim(b)
     assert math.isclose(r.makespan, 2e6 / (10 * GB), rel_tol=1e-12)
+
+
+def test_pipelined_throughput_never_beats_the_busiest_device():
+    # Two micro-batches that finish 0.1 s apart on different devices: their finish times alone
+    # suggest 4 samples / 0.1 s, but each of acc1 and acc2 works 1 s, so the steady-state rate of
+    # a batch of 8 is at most 8 samples per second.
+    system = make_system(3, topology="chain")
+    b = TaskGraphBuilder(system)
+    a0 = b.compute("acc0", 0.1, micro_batch=0)
+    a1 = b.compute("acc0", 0.1, micro_batch=1, priority=1)
+    b.compute("acc1", 1.0, preds=[a0], micro_batch=0)
+    b.compute("acc2", 1.0, preds=[a1], micro_batch=1)
+    r = simulate(b.build({"batch": 8}), system, setup=False)
+    assert math.isclose(r.makespan, 1.2, rel_tol=1e-12)
+    assert math.isclose(r.throughput, 8 / 1.0, rel_tol=1e-12)
+
+
+@pytest.mark.parametrize("stages,micro", [(2, 4), (3, 6)])
+def test_pipelined_throughput_of_equal_stages_is_one_micro_batch_per_stage_time(stages, micro):
+    system = make_system(stages, topology="chain")
+    b = TaskGraphBuilder(system)
+    t = 0.5
+    for mb in range(micro):
+        prev = None
+        for s in range(stages):
+            prev = b.compute(f"acc{s}", t, preds=[prev] if prev is not None else [], micro_batch=mb, priority=mb)
+    r = simulate(b.build({"batch": 2 * micro}), system, setup=False)
+    assert math.isclose(r.throughput, 2 / t, rel_tol=1e-12)  # 2 samples per micro-batch, one every t
