@@ -25,6 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from marssim.cost.base import CostModel
+from marssim.gcpause import gc_paused
 from marssim.mapping.collectives import choose_algorithm
 from marssim.mapping.model import Mapping, validate_mapping
 from marssim.mapping.sharding import (
@@ -128,7 +129,8 @@ def lower(graph: Graph, system: System, mapping: Mapping, cost: CostModel | None
         raise ValueError("the LoweringCache was made for another graph, system or cost model")
     else:
         cache.trim()
-    return _Lowering(graph, system, mapping, cost, cache).run()
+    with gc_paused():
+        return _Lowering(graph, system, mapping, cost, cache).run()
 
 
 class _Lowering:

@@ -23,6 +23,7 @@ import numpy as np
 import pandas as pd
 import simpy
 
+from marssim.gcpause import gc_paused
 from marssim.system import System
 from marssim.taskgraph import COMPUTE, TaskGraph
 
@@ -46,8 +47,9 @@ def simulate(taskgraph: TaskGraph, system: System, *, memory_policy: str = "erro
     if streams < 1:
         raise ValueError(f"streams must be >= 1, got {streams}")
     wall = time.perf_counter()
-    sim = _Simulation(taskgraph, system, memory_policy, streams, record)
-    sim.run()
+    with gc_paused():
+        sim = _Simulation(taskgraph, system, memory_policy, streams, record)
+        sim.run()
     result = sim.result()
     result.meta["wall_s"] = time.perf_counter() - wall
     if setup and taskgraph.setup:
@@ -74,8 +76,9 @@ def simulate_summary(taskgraph: TaskGraph, system: System, *, memory_policy: str
         raise ValueError(f"memory_policy must be one of {POLICIES}, got {memory_policy!r}")
     if streams < 1:
         raise ValueError(f"streams must be >= 1, got {streams}")
-    sim = _Simulation(taskgraph, system, memory_policy, streams, False)
-    sim.run()
+    with gc_paused():
+        sim = _Simulation(taskgraph, system, memory_policy, streams, False)
+        sim.run()
     return sim.summary()
 
 
