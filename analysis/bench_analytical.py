@@ -15,21 +15,17 @@ from __future__ import annotations
 import os
 import platform
 import statistics
-import sys
 import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(__file__))
-
-from _costs import cost_model  # noqa: E402
-
-from marssim.analytical import estimate, have_numba  # noqa: E402
-from marssim.lower import lower  # noqa: E402
-from marssim.sim import simulate  # noqa: E402
-from marssim.system import load_system  # noqa: E402
-from marssim.validate import sample_mappings  # noqa: E402
-from marssim.workload import load_workload  # noqa: E402
+from marssim.cost import default_cost_model
+from marssim.analytical import estimate, have_numba
+from marssim.lower import lower
+from marssim.sim import simulate
+from marssim.system import load_system
+from marssim.validate import sample_mappings
+from marssim.workload import load_workload
 
 PAIRS = [("mars-adaptive-16", "resnet50:batch=8"), ("dgx-h100", "bert-base:batch=8"),
          ("ring-8", "mobilenetv2:batch=8")]
@@ -47,7 +43,7 @@ def _median(fn, repeats: int) -> float:
 
 
 def main() -> None:
-    cost, cost_name = cost_model()
+    cost, cost_name = default_cost_model(), "marssim.cost.default_cost_model()"
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
           f"Python {platform.python_version()}; cost model: {cost_name}")
     print(f"compiled kernels (numba): {'yes' if have_numba() else 'NO: only the Python column is meaningful'}")

@@ -20,14 +20,11 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-sys.path.insert(0, os.path.dirname(__file__))
-
-from _costs import cost_model  # noqa: E402
-
-from marssim.fsutil import atomic_file  # noqa: E402
-from marssim.system import load_system  # noqa: E402
-from marssim.validate import sample_mappings, validate  # noqa: E402
-from marssim.workload import load_workload  # noqa: E402
+from marssim.cost import default_cost_model
+from marssim.fsutil import atomic_file
+from marssim.system import load_system
+from marssim.validate import sample_mappings, validate
+from marssim.workload import load_workload
 
 PAIRS = [("mars-adaptive-16", "resnet50:batch=8"), ("dgx-h100", "bert-base:batch=8"),
          ("ring-8", "mobilenetv2:batch=8")]
@@ -40,7 +37,7 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2, help="processes (default 2)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
-    cost, cost_name = cost_model()
+    cost, cost_name = default_cost_model(), "marssim.cost.default_cost_model()"
     lines = [f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
              f"Python {platform.python_version()}; cost model: {cost_name}",
              f"{args.per_pair} sampled mappings per pair (seed {args.seed}); |error| = |estimate - simulation| / "

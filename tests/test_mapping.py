@@ -19,7 +19,7 @@ from marssim.mapping.sharding import box_elems, full_box, intersect
 from marssim.system import system_from_dict
 from marssim.sim import simulate
 from marssim.taskgraph import TRANSFER
-from marssim.workload import GraphBuilder, OpKind
+from marssim.workload import GraphBuilder
 from support import DESIGN, RooflineCost, make_system
 
 COUNTS = (2, 3, 4, 8, 16)
