@@ -11,7 +11,8 @@ from marssim.calibrate.harness import DeviceInfo, Task, _row
 from marssim.calibrate.kernels import KERNELS, kernels_for
 from marssim.calibrate.stats import summarize
 from marssim.calibrate.table import (
-    COLUMNS, CalibrationRow, format_note, merge_rows, parse_note, read_comments, read_rows, short_device_name,
+    COLUMNS, CalibrationRow, format_note, merge_rows, parse_note, read_comments, read_rows, row_key,
+    short_device_name,
 )
 from marssim.cost.calibrated import REQUIRED_COLUMNS, load_table
 from marssim.errors import InputError
@@ -85,7 +86,7 @@ def test_merge_replaces_same_measurement_and_keeps_comments(tmp_path):
     assert read_comments(path) == ["# run 1", "# run 2"]
     rows = read_rows(path)
     assert len(rows) == 3
-    replaced = next(r for r in rows if r.key() == first[0].key())
+    replaced = next(r for r in rows if row_key(r) == row_key(first[0]))
     assert replaced.median_s == pytest.approx(2 * first[0].median_s, rel=1e-6)
     load_table(path)
 

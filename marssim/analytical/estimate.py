@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from marssim.system import System
+from marssim.throughput import steady_throughput
 from marssim.taskgraph import COMPUTE, TaskGraph
 
 from .schedule import BACKENDS, earliest_schedule, list_schedule
@@ -171,7 +172,7 @@ class Estimate:
     def throughput(self) -> float:
         """Samples per second, defined as in ``Result.throughput``: steady state between the first
         and last micro-batch when pipelined, else the batch over the makespan."""
-        return _throughput(self.taskgraph, self.end, self.makespan)
+        return steady_throughput(self.taskgraph, self.end, self.makespan, self.system)
 
     def critical_path(self) -> np.ndarray:
         """Task ids of one critical path of the estimated schedule, first to last (see
@@ -273,19 +274,3 @@ def _resource_bytes(tg: TaskGraph, system: System, res_idx: np.ndarray, res_rout
         route_bytes = np.bincount(tg.route[is_transfer], weights=tg.nbytes[is_transfer], minlength=len(tg.routes))
         np.add.at(out, res_idx, route_bytes[res_route])
     return out
-
-
-def _throughput(tg: TaskGraph, end: np.ndarray, makespan: float) -> float:
-    batch = float(tg.meta.get("batch", 0) or 0)
-    if batch <= 0 or makespan <= 0:
-        return float("nan")
-    mbs = int(tg.micro_batch.max()) + 1 if tg.n_tasks else 1
-    if mbs < 2:
-        return batch / makespan
-    finish = np.full(mbs, -np.inf)
-    np.maximum.at(finish, tg.micro_batch, end)
-    sizes = [batch // mbs + (1 if i < batch % mbs else 0) for i in range(mbs)]
-    span = finish[-1] - finish[0]
-    if span <= 0:
-        return batch / makespan
-    return float(sum(sizes[1:]) / span)

@@ -20,47 +20,29 @@ from __future__ import annotations
 import csv
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
+from marssim.cost.calibrated import OPTIONAL_COLUMNS, REQUIRED_COLUMNS, KernelTiming
 from marssim.errors import InputError
 from marssim.fsutil import atomic_file
 
-__all__ = ["CalibrationRow", "COLUMNS", "merge_rows", "read_rows", "read_comments", "short_device_name",
+__all__ = ["CalibrationRow", "COLUMNS", "row_key", "merge_rows", "read_rows", "read_comments", "short_device_name",
            "format_note", "parse_note"]
 
 
-@dataclass(frozen=True, slots=True)
-class CalibrationRow:
-    """One measured kernel time (see the module docstring; SI units)."""
+CalibrationRow = KernelTiming
+"""A row of a calibration table: the calibrated cost model's :class:`KernelTiming` (its
+``source``, where a row was read from, is not written)."""
 
-    kind: str
-    dtype: str
-    batch: int
-    m: int
-    n: int
-    k: int
-    flops: float
-    bytes: float
-    device: str
-    sms: int
-    driver: str
-    cuda: str
-    tuning: str
-    median_s: float
-    spread_s: float
-    samples: int
-    date: str
-    kernel: str = ""
-    note: str = ""
-
-    def key(self) -> tuple:
-        """What makes two rows the same measurement (a later one replaces an earlier one)."""
-        return (self.device, self.kind, self.dtype, self.batch, self.m, self.n, self.k, round(self.flops),
-                round(self.bytes), self.kernel, self.tuning)
+COLUMNS = REQUIRED_COLUMNS + OPTIONAL_COLUMNS
 
 
-COLUMNS = tuple(f.name for f in fields(CalibrationRow))
+def row_key(row: KernelTiming) -> tuple:
+    """What makes two rows the same measurement (a later one replaces an earlier one)."""
+    return (row.device, row.kind, row.dtype, row.batch, row.m, row.n, row.k, round(row.flops), round(row.bytes),
+            row.kernel, row.tuning)
+
+
 _FLOATS = {"flops", "bytes", "median_s", "spread_s"}
 _INTS = {"batch", "m", "n", "k", "sms", "samples"}
 
@@ -160,9 +142,9 @@ def merge_rows(path: str | Path, new: Iterable[CalibrationRow], comment: str = "
             raise ValueError("a table comment is one line")
         if line not in comments:
             comments.append(line)
-    rows = {r.key(): r for r in existing}
+    rows = {row_key(r): r for r in existing}
     for r in new:
-        rows[r.key()] = r
+        rows[row_key(r)] = r
     ordered = sorted(rows.values(), key=_sort_key)
     with atomic_file(p, "w", newline="") as fh:
         for line in comments:
@@ -170,7 +152,7 @@ def merge_rows(path: str | Path, new: Iterable[CalibrationRow], comment: str = "
         writer = csv.DictWriter(fh, fieldnames=list(COLUMNS), lineterminator="\n")
         writer.writeheader()
         for r in ordered:
-            d = asdict(r)
+            d = {col: getattr(r, col) for col in COLUMNS}
             for col in ("median_s", "spread_s"):
                 d[col] = f"{d[col]:.6e}"
             d["flops"] = f"{r.flops:.0f}"

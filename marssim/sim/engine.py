@@ -26,6 +26,7 @@ import simpy
 from marssim.gcpause import gc_paused
 from marssim.system import System
 from marssim.taskgraph import COMPUTE, TaskGraph
+from marssim.throughput import steady_throughput
 
 from .memory import POLICIES, MemoryPool
 from .network import FairShareNetwork
@@ -338,8 +339,7 @@ class _Simulation:
         idx = [self.system.node_index[acc.id] for acc in self.system.accelerators]
         per_device = pd.Series([float(energy[i]) if has_energy[i] else np.nan for i in idx], dtype=float)
         total = float(per_device.sum()) if per_device.notna().any() else float("nan")
-        batch = float(tg.meta.get("batch", 0) or 0)
-        return Summary(makespan, _throughput(tg, end, batch, makespan, self.system, self.streams), total)
+        return Summary(makespan, steady_throughput(tg, end, makespan, self.system, self.streams), total)
 
     def result(self) -> Result:
         tg = self.tg
@@ -440,8 +440,7 @@ class _Simulation:
         link_timeline = pd.DataFrame([(res_names[r], t_, rate, k) for t_, r, rate, k in self.net.timeline],
                                      columns=["resource", "time", "rate", "flows"])
 
-        batch = float(tg.meta.get("batch", 0) or 0)
-        throughput = _throughput(tg, end, batch, makespan, self.system, self.streams)
+        throughput = steady_throughput(tg, end, makespan, self.system, self.streams)
         meta = dict(tg.meta)
         meta.update({"tasks": self.n, "events": _events_scheduled(self.env), "network_recomputes": self.net.recomputes,
                      "memory_policy": self.policy, "spills": len(self.spills)})
@@ -495,44 +494,3 @@ def _union_length(starts: np.ndarray, ends: np.ndarray) -> float:
         elif e_ > cur_e:
             cur_e = e_
     return total + cur_e - cur_s
-
-
-def _throughput(tg: TaskGraph, end: np.ndarray, batch: float, makespan: float, system: System,
-                streams: int = 1) -> float:
-    """Samples per second: in steady state between the first and last micro-batch when pipelined,
-    else the batch over the makespan.
-
-    The steady-state rate is measured from when micro-batches finish, and bounded by the work of
-    the busiest resource: every device must run its compute for the whole batch (with ``streams``
-    at once) and every link, switch or memory port must carry its bytes, so no pipeline delivers
-    the batch faster than ``batch / max(work)``. The bound matters when few micro-batches happen to
-    finish close together."""
-    if batch <= 0 or makespan <= 0:
-        return float("nan")
-    mbs = int(tg.micro_batch.max()) + 1 if tg.n_tasks else 1
-    if mbs < 2:
-        return batch / makespan
-    finish = np.full(mbs, -np.inf)
-    np.maximum.at(finish, tg.micro_batch, end)
-    sizes = [batch // mbs + (1 if i < batch % mbs else 0) for i in range(mbs)]
-    span = finish[-1] - finish[0]
-    if span <= 0:
-        return batch / makespan
-    return float(min(sum(sizes[1:]) / span, batch / _busiest_work(tg, system, streams)))
-
-
-def _busiest_work(tg: TaskGraph, system: System, streams: int) -> float:
-    """Seconds the busiest device (compute over ``streams``) or bandwidth resource (bytes over
-    capacity) must work to process the whole TaskGraph; at least the smallest positive float."""
-    compute = tg.kind == COMPUTE
-    busy = np.bincount(tg.device[compute], weights=tg.duration[compute], minlength=len(tg.node_names))
-    work = float(busy.max(initial=0.0)) / streams
-    moving = ~compute
-    if moving.any():
-        route_bytes = np.bincount(tg.route[moving], weights=tg.nbytes[moving], minlength=len(tg.routes))
-        res_bytes = np.zeros(len(system.resource_capacity))
-        for r, nbytes in enumerate(route_bytes):
-            if nbytes:
-                res_bytes[list(tg.routes[r].resources)] += nbytes
-        work = max(work, float((res_bytes / system.resource_capacity).max(initial=0.0)))
-    return max(work, np.finfo(float).tiny)
