@@ -85,13 +85,19 @@ def evaluate_mapping(problem: Problem, mapping: Mapping, cache: LoweringCache | 
     return Evaluation(r.makespan, r.throughput, r.energy, wall_s=time.perf_counter() - t0)
 
 
-def estimate_mapping(problem: Problem, mapping: Mapping, cache: LoweringCache | None = None) -> float:
-    """Contention-free analytical makespan (s) of one mapping (see :mod:`marssim.analytical`)."""
+def estimate_mapping(problem: Problem, mapping: Mapping, cache: LoweringCache | None = None) -> Evaluation:
+    """The contention-free analytical estimate (see :mod:`marssim.analytical`) of one mapping,
+    as an :class:`Evaluation`: estimated makespan and throughput, and the compute energy (the
+    same as simulated: it does not depend on the schedule). Memory capacity is not checked."""
     from marssim.analytical import estimate
     from marssim.lower import lower
+    from marssim.sim import summarise
 
+    t0 = time.perf_counter()
     tg = lower(problem.graph, problem.system, mapping, problem.cost, validate=False, cache=cache)
-    return float(estimate(tg, problem.system).makespan)
+    est = estimate(tg, problem.system)
+    r = summarise(tg, problem.system, est.end)
+    return Evaluation(float(est.makespan), r.throughput, r.energy, wall_s=time.perf_counter() - t0)
 
 
 # ---------------------------------------------------------------------- worker side
@@ -121,7 +127,7 @@ def _simulate_chunk(args: tuple[str, bytes, list[Mapping]]) -> list[Evaluation]:
     return [evaluate_mapping(problem, m, cache) for m in mappings]
 
 
-def _estimate_chunk(args: tuple[str, bytes, list[Mapping]]) -> list[float]:
+def _estimate_chunk(args: tuple[str, bytes, list[Mapping]]) -> list[Evaluation]:
     key, blob, mappings = args
     problem, cache = _problem(key, blob)
     return [estimate_mapping(problem, m, cache) for m in mappings]
@@ -206,8 +212,8 @@ class Evaluator:
             self.sim_seconds += sum(e.wall_s for e in itertools.islice(self._sim.values(), before, None))
         return out
 
-    def estimate(self, mappings: Sequence[Mapping]) -> list[float]:
-        """Analytical makespans (s), in the order given."""
+    def estimate(self, mappings: Sequence[Mapping]) -> list[Evaluation]:
+        """Analytical estimates (see :func:`estimate_mapping`), in the order given."""
         out, n = self._run(_estimate_chunk, mappings, self._est)
         self.estimates += n
         return out

@@ -30,7 +30,7 @@ from .memory import POLICIES, MemoryPool
 from .network import FairShareNetwork
 from .result import INTERVAL_COLUMNS, Result
 
-__all__ = ["simulate", "simulate_summary", "Summary", "setup_time"]
+__all__ = ["simulate", "simulate_summary", "summarise", "Summary", "setup_time"]
 
 
 def simulate(taskgraph: TaskGraph, system: System, *, memory_policy: str = "error", streams: int = 1,
@@ -77,6 +77,25 @@ def simulate_summary(taskgraph: TaskGraph, system: System, *, memory_policy: str
     sim = _Simulation(taskgraph, system, memory_policy, streams, False)
     sim.run()
     return sim.summary()
+
+
+def summarise(taskgraph: TaskGraph, system: System, end: np.ndarray) -> Summary:
+    """The :class:`Summary` of a schedule of ``taskgraph`` whose tasks end at ``end`` (s, one
+    per task): makespan, throughput as :class:`Result` reports it, and the compute energy
+    (which does not depend on the schedule). Used for simulations and analytical estimates."""
+    tg = taskgraph
+    makespan = float(np.nanmax(end)) if tg.n_tasks else 0.0
+    is_compute = tg.kind == COMPUTE
+    energy = np.zeros(len(tg.node_names))
+    has_energy = np.zeros(len(tg.node_names), dtype=bool)
+    e = tg.energy[is_compute]
+    np.add.at(energy, tg.device[is_compute], np.nan_to_num(e))
+    np.logical_or.at(has_energy, tg.device[is_compute], ~np.isnan(e))
+    idx = [system.node_index[acc.id] for acc in system.accelerators]
+    per_device = pd.Series([float(energy[i]) if has_energy[i] else np.nan for i in idx], dtype=float)
+    total = float(per_device.sum()) if per_device.notna().any() else float("nan")
+    batch = float(tg.meta.get("batch", 0) or 0)
+    return Summary(makespan, _throughput(tg, end, batch, makespan), total)
 
 
 def setup_time(taskgraph: TaskGraph, system: System) -> float:
@@ -322,21 +341,7 @@ class _Simulation:
     # ------------------------------------------------------------------ result
     def summary(self) -> Summary:
         """Makespan, throughput and energy computed exactly as :meth:`result` computes them."""
-        tg = self.tg
-        end = np.asarray(self.end)
-        makespan = float(np.nanmax(end)) if self.n else 0.0
-        is_compute = tg.kind == COMPUTE
-        names = tg.node_names
-        energy = np.zeros(len(names))
-        has_energy = np.zeros(len(names), dtype=bool)
-        e = tg.energy[is_compute]
-        np.add.at(energy, tg.device[is_compute], np.nan_to_num(e))
-        np.logical_or.at(has_energy, tg.device[is_compute], ~np.isnan(e))
-        idx = [self.system.node_index[acc.id] for acc in self.system.accelerators]
-        per_device = pd.Series([float(energy[i]) if has_energy[i] else np.nan for i in idx], dtype=float)
-        total = float(per_device.sum()) if per_device.notna().any() else float("nan")
-        batch = float(tg.meta.get("batch", 0) or 0)
-        return Summary(makespan, _throughput(tg, end, batch, makespan), total)
+        return summarise(self.tg, self.system, np.asarray(self.end))
 
     def result(self) -> Result:
         tg = self.tg
