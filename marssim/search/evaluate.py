@@ -25,7 +25,8 @@ from marssim.mapping import Mapping
 from marssim.system import System
 from marssim.workload import Graph
 
-__all__ = ["OBJECTIVES", "Problem", "Evaluation", "Evaluator", "evaluate_mapping", "estimate_mapping"]
+__all__ = ["OBJECTIVES", "Problem", "Evaluation", "Evaluator", "evaluate_mapping", "estimate_mapping",
+           "estimate_evaluation"]
 
 OBJECTIVES = ("latency", "throughput", "energy", "edp")
 """``latency``: makespan of the batch; ``throughput``: steady-state samples/s (maximised);
@@ -85,7 +86,12 @@ def evaluate_mapping(problem: Problem, mapping: Mapping, cache: LoweringCache | 
     return Evaluation(r.makespan, r.throughput, r.energy, wall_s=time.perf_counter() - t0)
 
 
-def estimate_mapping(problem: Problem, mapping: Mapping, cache: LoweringCache | None = None) -> Evaluation:
+def estimate_mapping(problem: Problem, mapping: Mapping, cache: LoweringCache | None = None) -> float:
+    """Contention-free analytical makespan (s) of one mapping (see :mod:`marssim.analytical`)."""
+    return estimate_evaluation(problem, mapping, cache).makespan
+
+
+def estimate_evaluation(problem: Problem, mapping: Mapping, cache: LoweringCache | None = None) -> Evaluation:
     """The contention-free analytical estimate (see :mod:`marssim.analytical`) of one mapping,
     as an :class:`Evaluation`: estimated makespan and throughput, and the compute energy (the
     same as simulated: it does not depend on the schedule). Memory capacity is not checked."""
@@ -130,7 +136,7 @@ def _simulate_chunk(args: tuple[str, bytes, list[Mapping]]) -> list[Evaluation]:
 def _estimate_chunk(args: tuple[str, bytes, list[Mapping]]) -> list[Evaluation]:
     key, blob, mappings = args
     problem, cache = _problem(key, blob)
-    return [estimate_mapping(problem, m, cache) for m in mappings]
+    return [estimate_evaluation(problem, m, cache) for m in mappings]
 
 
 def _chunks(items: list, parts: int) -> list[list]:
@@ -213,7 +219,7 @@ class Evaluator:
         return out
 
     def estimate(self, mappings: Sequence[Mapping]) -> list[Evaluation]:
-        """Analytical estimates (see :func:`estimate_mapping`), in the order given."""
+        """Analytical estimates (see :func:`estimate_evaluation`), in the order given."""
         out, n = self._run(_estimate_chunk, mappings, self._est)
         self.estimates += n
         return out
