@@ -357,3 +357,24 @@ def test_h2h_pipelines_a_chain_over_micro_batches():
     assert res.makespan < 0.7 * serial
     one = h2h(graph, sys_, COST, micro_batch_choices=(1,))
     assert one.notes["micro_batches"] == 1 and one.makespan > 0.95 * serial
+
+
+def test_estimates_carry_the_simulated_energy_and_screen_every_objective():
+    """The compute energy does not depend on the schedule: the estimate reports the simulated
+    energy exactly; on a single chain on one device nothing contends, so the estimated makespan
+    and throughput equal the simulated ones too."""
+    graph, sys_ = two_models(), system(3)
+    cost = EnergyRoofline()
+    ev = Evaluator(Problem(graph, sys_, cost))
+    space = MappingSpace(graph, sys_)
+    rng = np.random.default_rng(2)
+    for m in [space.decode(space.random(rng)) for _ in range(5)]:
+        est, sim = ev.estimate([m])[0], ev.simulate([m])[0]
+        assert est.energy == sim.energy
+    one = Mapping.single_set(chain(), sys_, devices=("acc0",), sharding="none")
+    ev1 = Evaluator(Problem(chain(), sys_, cost))
+    est, sim = ev1.estimate([one])[0], ev1.simulate([one])[0]
+    assert est.makespan == pytest.approx(sim.makespan, rel=1e-12)
+    assert est.throughput == pytest.approx(sim.throughput, rel=1e-12)
+    res = mars(graph, sys_, cost, objective="energy", config=GAConfig(population=4, generations=2), seed=0)
+    assert res.notes["screened"] and res.estimates > 0

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from marssim.system import System
-from marssim.throughput import steady_throughput
+from marssim.summary import steady_throughput
 from marssim.taskgraph import COMPUTE, TaskGraph
 
 from .schedule import BACKENDS, earliest_schedule, list_schedule

@@ -25,7 +25,8 @@ from marssim.mapping import Mapping
 from marssim.system import System
 from marssim.workload import Graph
 
-__all__ = ["OBJECTIVES", "Problem", "Evaluation", "Evaluator", "evaluate_mapping", "estimate_mapping"]
+__all__ = ["OBJECTIVES", "Problem", "Evaluation", "Evaluator", "evaluate_mapping", "estimate_mapping",
+           "estimate_evaluation"]
 
 OBJECTIVES = ("latency", "throughput", "energy", "edp")
 """``latency``: makespan of the batch; ``throughput``: steady-state samples/s (maximised);
@@ -87,11 +88,22 @@ def evaluate_mapping(problem: Problem, mapping: Mapping, cache: LoweringCache | 
 
 def estimate_mapping(problem: Problem, mapping: Mapping, cache: LoweringCache | None = None) -> float:
     """Contention-free analytical makespan (s) of one mapping (see :mod:`marssim.analytical`)."""
+    return estimate_evaluation(problem, mapping, cache).makespan
+
+
+def estimate_evaluation(problem: Problem, mapping: Mapping, cache: LoweringCache | None = None) -> Evaluation:
+    """The contention-free analytical estimate (see :mod:`marssim.analytical`) of one mapping,
+    as an :class:`Evaluation`: estimated makespan and throughput, and the compute energy (the
+    same as simulated: it does not depend on the schedule). Memory capacity is not checked."""
     from marssim.analytical import estimate
     from marssim.lower import lower
+    from marssim.summary import summarise
 
+    t0 = time.perf_counter()
     tg = lower(problem.graph, problem.system, mapping, problem.cost, validate=False, cache=cache)
-    return float(estimate(tg, problem.system).makespan)
+    est = estimate(tg, problem.system)
+    r = summarise(tg, problem.system, est.end)
+    return Evaluation(float(est.makespan), r.throughput, r.energy, wall_s=time.perf_counter() - t0)
 
 
 # ---------------------------------------------------------------------- worker side
@@ -121,10 +133,10 @@ def _simulate_chunk(args: tuple[str, bytes, list[Mapping]]) -> list[Evaluation]:
     return [evaluate_mapping(problem, m, cache) for m in mappings]
 
 
-def _estimate_chunk(args: tuple[str, bytes, list[Mapping]]) -> list[float]:
+def _estimate_chunk(args: tuple[str, bytes, list[Mapping]]) -> list[Evaluation]:
     key, blob, mappings = args
     problem, cache = _problem(key, blob)
-    return [estimate_mapping(problem, m, cache) for m in mappings]
+    return [estimate_evaluation(problem, m, cache) for m in mappings]
 
 
 def _chunks(items: list, parts: int) -> list[list]:
@@ -206,8 +218,8 @@ class Evaluator:
             self.sim_seconds += sum(e.wall_s for e in itertools.islice(self._sim.values(), before, None))
         return out
 
-    def estimate(self, mappings: Sequence[Mapping]) -> list[float]:
-        """Analytical makespans (s), in the order given."""
+    def estimate(self, mappings: Sequence[Mapping]) -> list[Evaluation]:
+        """Analytical estimates (see :func:`estimate_evaluation`), in the order given."""
         out, n = self._run(_estimate_chunk, mappings, self._est)
         self.estimates += n
         return out

@@ -69,8 +69,8 @@ class GAConfig:
     candidates (by the analytical estimate) are simulated. max_sets, micro_batch_choices,
     strategies: the mapping space (see :class:`~marssim.search.space.MappingSpace`).
     max_simulations, time_limit_s: stop at the first generation past either. screen: rank inner
-    candidates by the analytical estimate (latency objective only; otherwise, or when
-    :mod:`marssim.analytical` is missing, they are simulated)."""
+    candidates by the analytical estimate of the objective (when :mod:`marssim.analytical` is
+    missing, or with ``screen=False``, they are simulated)."""
 
     population: int = 12
     generations: int = 10
@@ -359,12 +359,12 @@ class _MARS:
             while len(start) < cfg.inner_population:
                 start.append(self._mutate_shardings(start[int(rng.integers(len(start)))], strong=True))
             pops.append(start[: cfg.inner_population])
-        use_estimate = cfg.screen and self.objective == "latency" and analytical_available()
+        use_estimate = cfg.screen and analytical_available()
         ranked: list[list[tuple[float, tuple[str, ...], Mapping]]] = []
         for gen in range(cfg.inner_generations + 1):
             batch = [space.decode(replace(ind.genome, shardings=s)) for ind, pop in zip(todo, pops) for s in pop]
             if use_estimate:
-                scores = self.ev.estimate(batch)
+                scores = [e.fitness(self.objective) for e in self.ev.estimate(batch)]
             else:
                 evaluations = self.ev.simulate(batch)
                 for m, e in zip(batch, evaluations):
@@ -506,7 +506,7 @@ def mars(graph: Graph, system: System, cost: CostModel | None = None, *, config:
     return SearchResult("mars", objective, best_mapping, best_eval, pd.DataFrame(rows),
                         ev.simulations - sims0, ev.estimates - est0, time.perf_counter() - t0, seed,
                         notes={"config": cfg, "cache_hits": ev.cache_hits,
-                               "screened": cfg.screen and objective == "latency" and analytical_available()})
+                               "screened": cfg.screen and analytical_available()})
 
 
 def _copy(ind: _Individual) -> _Individual:

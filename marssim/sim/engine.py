@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import heapq
 import time
-from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -26,13 +25,13 @@ import simpy
 from marssim.gcpause import gc_paused
 from marssim.system import System
 from marssim.taskgraph import COMPUTE, TaskGraph
-from marssim.throughput import steady_throughput
+from marssim.summary import Summary, steady_throughput, summarise
 
 from .memory import POLICIES, MemoryPool
 from .network import FairShareNetwork
 from .result import INTERVAL_COLUMNS, Result
 
-__all__ = ["simulate", "simulate_summary", "Summary", "setup_time"]
+__all__ = ["simulate", "simulate_summary", "setup_time"]
 
 
 def simulate(taskgraph: TaskGraph, system: System, *, memory_policy: str = "error", streams: int = 1,
@@ -56,17 +55,6 @@ def simulate(taskgraph: TaskGraph, system: System, *, memory_policy: str = "erro
     if setup and taskgraph.setup:
         result.setup_time = setup_time(taskgraph, system)
     return result
-
-
-@dataclass(frozen=True, slots=True)
-class Summary:
-    """The headline numbers of a simulation: makespan (s), throughput (samples/s), energy (J,
-    NaN when no design has energy figures). Equal, bit for bit, to the same fields of the
-    :class:`Result` that :func:`simulate` returns for the same inputs."""
-
-    makespan: float
-    throughput: float
-    energy: float
 
 
 def simulate_summary(taskgraph: TaskGraph, system: System, *, memory_policy: str = "error",
@@ -326,20 +314,7 @@ class _Simulation:
     # ------------------------------------------------------------------ result
     def summary(self) -> Summary:
         """Makespan, throughput and energy computed exactly as :meth:`result` computes them."""
-        tg = self.tg
-        end = np.asarray(self.end)
-        makespan = float(np.nanmax(end)) if self.n else 0.0
-        is_compute = tg.kind == COMPUTE
-        names = tg.node_names
-        energy = np.zeros(len(names))
-        has_energy = np.zeros(len(names), dtype=bool)
-        e = tg.energy[is_compute]
-        np.add.at(energy, tg.device[is_compute], np.nan_to_num(e))
-        np.logical_or.at(has_energy, tg.device[is_compute], ~np.isnan(e))
-        idx = [self.system.node_index[acc.id] for acc in self.system.accelerators]
-        per_device = pd.Series([float(energy[i]) if has_energy[i] else np.nan for i in idx], dtype=float)
-        total = float(per_device.sum()) if per_device.notna().any() else float("nan")
-        return Summary(makespan, steady_throughput(tg, end, makespan, self.system, self.streams), total)
+        return summarise(self.tg, self.system, np.asarray(self.end), self.streams)
 
     def result(self) -> Result:
         tg = self.tg

@@ -1,17 +1,58 @@
-"""Samples per second of a scheduled TaskGraph (simulated or estimated).
+"""The headline numbers of a schedule of a TaskGraph, simulated or estimated: makespan,
+steady-state throughput and compute energy.
 
-``end`` holds every task's end time (s); ``tg.meta["batch"]`` the samples of the whole batch.
-Pure numpy: shared by the simulator and the analytical estimate.
+Pure numpy over the TaskGraph and the tasks' end times (s): shared by the simulator
+(:func:`marssim.sim.simulate_summary`, :class:`marssim.sim.Result`) and the analytical estimate,
+so both report the same quantities the same way.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 
 from marssim.system import System
 from marssim.taskgraph import COMPUTE, TaskGraph
 
-__all__ = ["steady_throughput"]
+__all__ = ["Summary", "summarise", "steady_throughput", "compute_energy"]
+
+
+@dataclass(frozen=True, slots=True)
+class Summary:
+    """Makespan (s), throughput (samples/s) and compute energy (J, NaN when no design has energy
+    figures) of a schedule. For a simulation: equal, bit for bit, to the same fields of the
+    :class:`~marssim.sim.Result` that :func:`~marssim.sim.simulate` returns for the same inputs."""
+
+    makespan: float
+    throughput: float
+    energy: float
+
+
+def summarise(taskgraph: TaskGraph, system: System, end: np.ndarray, streams: int = 1) -> Summary:
+    """The :class:`Summary` of a schedule of ``taskgraph`` whose tasks end at ``end`` (s, one per
+    task), devices running ``streams`` compute tasks at once."""
+    makespan = float(np.nanmax(end)) if taskgraph.n_tasks else 0.0
+    return Summary(makespan, steady_throughput(taskgraph, end, makespan, system, streams),
+                   compute_energy(taskgraph, system))
+
+
+def compute_energy(taskgraph: TaskGraph, system: System) -> float:
+    """Joules of the compute tasks on the system's accelerators (it does not depend on the
+    schedule), summed per device and then over devices as :class:`~marssim.sim.Result` sums its
+    ``devices.energy_j``; NaN when no device has an energy figure."""
+    import pandas as pd
+
+    tg = taskgraph
+    is_compute = tg.kind == COMPUTE
+    energy = np.zeros(len(tg.node_names))
+    has_energy = np.zeros(len(tg.node_names), dtype=bool)
+    e = tg.energy[is_compute]
+    np.add.at(energy, tg.device[is_compute], np.nan_to_num(e))
+    np.logical_or.at(has_energy, tg.device[is_compute], ~np.isnan(e))
+    idx = [system.node_index[acc.id] for acc in system.accelerators]
+    per_device = pd.Series([float(energy[i]) if has_energy[i] else np.nan for i in idx], dtype=float)
+    return float(per_device.sum()) if per_device.notna().any() else float("nan")
 
 
 def steady_throughput(tg: TaskGraph, end: np.ndarray, makespan: float, system: System, streams: int = 1) -> float:
