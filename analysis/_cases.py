@@ -1,9 +1,7 @@
 """Simulated cases shared by the trace benchmark and the figure script.
 
 ResNet-50 on ``topologies/mars-adaptive-16.yaml`` (16 accelerators, 4 boards of 4), mapped
-three ways. The cost model is :func:`marssim.cost.default_cost_model` when this checkout has it;
-otherwise a transparent roofline (time = max(MACs / peak MAC rate, bytes / buffer bandwidth))
-stands in, and the scripts say which one they used.
+three ways, timed by :func:`marssim.cost.default_cost_model`.
 """
 
 from __future__ import annotations
@@ -22,33 +20,10 @@ SYSTEM = ROOT / "topologies" / "mars-adaptive-16.yaml"
 BOARD_DESIGNS = ("os32", "ws32", "nvdla64", "shi32")  # one design per board (pipeline stage)
 
 
-class Roofline:
-    """Stand-in cost model: max(MACs / peak MAC/s, bytes / buffer bandwidth) per op."""
-
-    name = "roofline (stand-in)"
-
-    def op_cost(self, op, design):
-        from marssim.cost.base import OpCost
-
-        compute = (op.macs or op.flops) / design.peak_macs_per_s
-        memory = op.bytes_moved / design.sram_bandwidth
-        return OpCost(max(compute, memory), float("nan"), compute, memory, 0.0, 0.0, "roofline")
-
-    def op_time(self, op, design):
-        return self.op_cost(op, design).time
-
-    def op_times(self, ops, designs):
-        import numpy as np
-
-        return np.array([self.op_time(o, d) for o, d in zip(ops, designs)])
-
-
 def cost_model():
-    """(cost model, its name): the project's default when available, else the roofline."""
-    try:
-        from marssim.cost import default_cost_model
-    except ImportError:
-        return Roofline(), Roofline.name
+    """(cost model, its name): marssim's default."""
+    from marssim.cost import default_cost_model
+
     return default_cost_model(), "marssim.cost.default_cost_model"
 
 

@@ -25,11 +25,19 @@ def atomic_file(path: str | Path, mode: str = "w", **kwargs) -> Iterator[IO]:
     try:
         with open(tmp, mode, **kwargs) as handle:
             yield handle
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes the file private (0600); a new file is not
         os.replace(tmp, target)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+def _umask() -> int:
+    """The process's file-creation mask (read by setting it and putting it back)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 @contextlib.contextmanager

@@ -108,3 +108,25 @@ def test_formatted_values_parse_back(value: float) -> None:
     assert math.isclose(parse(fmt_bytes(value), "bytes"), value, rel_tol=5e-4)
     assert math.isclose(parse(fmt_rate(value), "bandwidth"), value, rel_tol=5e-4)
     assert math.isclose(parse(fmt_time(value * 1e-9), "time"), value * 1e-9, rel_tol=5e-4)
+
+
+def test_atomic_files_get_the_usual_permissions(tmp_path):
+    import os
+    import stat
+
+    from marssim.fsutil import atomic_file, staged_dir
+
+    old = os.umask(0o022)
+    try:
+        with atomic_file(tmp_path / "a.txt") as fh:
+            fh.write("x")
+        with staged_dir(tmp_path / "out") as d:
+            with atomic_file(d / "b.txt") as fh:
+                fh.write("y")
+        plain = tmp_path / "plain.txt"
+        plain.write_text("z")
+    finally:
+        os.umask(old)
+    expected = stat.S_IMODE(plain.stat().st_mode)  # what open() gives under the same umask
+    assert stat.S_IMODE((tmp_path / "a.txt").stat().st_mode) == expected == 0o644
+    assert stat.S_IMODE((tmp_path / "out" / "b.txt").stat().st_mode) == expected
