@@ -6,6 +6,7 @@ each on its own boards, coloured by model.
     PYTHONPATH=$PWD python analysis/make_figures.py
 
 Writes ``<name>.png`` (Gantt chart), ``<name>-utilisation.png`` and ``<name>-memory.png``.
+The ``demo-*.png`` figures beside them are what ``marssim demo`` writes (``--out``), copied.
 """
 
 from __future__ import annotations
