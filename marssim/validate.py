@@ -598,7 +598,7 @@ def sample_mappings(graph: Graph, system: System, n: int, *, seed: int = 0,
             k = int(rng.integers(2, space.max_sets + 1))
             cut_at = set(int(c) for c in rng.choice(n_acc - 1, size=k - 1, replace=False))
             genome = replace(genome, cuts=tuple(i in cut_at for i in range(n_acc - 1)), boundaries=(),
-                             micro_batches=max(space.micro_batch_choices))
+                             assignment=(), micro_batches=max(space.micro_batch_choices))
         elif family == "collective":
             genome = replace(genome, shardings=tuple(str(rng.choice(opts)) if opts else "none" for opts in collective))
         mapping = space.decode(genome)

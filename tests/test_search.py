@@ -13,6 +13,7 @@ from marssim.mapping import AcceleratorSet, Mapping, mapping_problems
 from marssim.search.baselines import count_space, data_parallel, exhaustive, h2h, random_search, set_partitions
 from marssim.search.evaluate import Evaluation, Evaluator, Problem
 from marssim.search.ga import GAConfig, mars
+from marssim.search.runner import SearchSettings, run_algorithm
 from marssim.search.space import MappingSpace
 from marssim.sim import simulate
 from marssim.workload import GraphBuilder
@@ -33,13 +34,18 @@ def history_without_wall(result):
 
 
 # ------------------------------------------------------------------------------ the space
-@pytest.mark.parametrize("n_acc, expected", [(2, 12), (3, 28)])
+@pytest.mark.parametrize("n_acc, expected", [(2, 20), (3, 86)])
 def test_count_space_matches_a_hand_count(n_acc, expected):
     """Two designs on every accelerator, 2 layers, strategies none/dp, one micro-batch choice.
+    A mapping uses some disjoint runs of accelerators, each running at least one layer, in any
+    order; a layer on a set of several devices has 2 shardings, on one device 1.
 
-    n=2: {a0,a1}: 2 designs x 2x2 shardings = 8; {a0}{a1}: 4 designs x 1 = 4 -> 12.
-    n=3 (at most 2 sets, as there are 2 layers): {012}: 2 x 4 = 8; {0}{12}: 4 x 2 = 8 (only the
-    second layer's set can shard); {01}{2}: 4 x 2 = 8; {0}{1} with a2 idle: 4 -> 28."""
+    n=2: {a0a1}: 2 designs x 2x2 shardings = 8; {a0} or {a1} alone: 2 x 1 each = 4;
+    {a0}{a1}: 4 designs x 2 ways to place the two layers = 8 -> 20.
+    n=3: one run: {a0a1a2}, {a0a1}, {a1a2}: 8 each = 24; {a0}, {a1}, {a2}: 2 each = 6;
+    two single runs ({a0}{a1}, {a0}{a2}, {a1}{a2}): 4 x 2 = 8 each = 24; a pair and a single
+    ({a0a1}{a2}, {a0}{a1a2}): 4 designs x 2 placements x 2 shardings = 16 each = 32; three
+    runs cannot all run one of two layers -> 86."""
     b = GraphBuilder("two", batch=2)
     x = b.input("x", c=64)
     x = b.linear("l1", x, 64)
@@ -103,7 +109,7 @@ def test_ga_finds_the_exhaustive_optimum_with_its_default_config(enumerated):
 def test_the_optimum_is_not_a_baseline(enumerated):
     """The cases are meaningful: the optimum is far from data parallelism and uses both designs
     on different sets (level 1 matters); H2H, which places whole layers on single accelerators
-    (also outside the GA's space), does not beat it."""
+    (points of the space too), does not beat it."""
     _, graph, sys_, space, best, _ = enumerated
     dp = data_parallel(graph, sys_, COST)
     assert best.makespan < 0.8 * dp.makespan
@@ -168,10 +174,8 @@ def test_same_seed_same_search():
     assert h2h(graph, sys_, COST).best == h2h(graph, sys_, COST).best
 
 
-def test_ga_never_returns_worse_than_its_best_seed():
-    graph, sys_ = two_models(), system(3)
-    space = small_space(graph, sys_)
-    best = exhaustive(graph, sys_, COST, space=space)
+def test_ga_never_returns_worse_than_its_best_seed(enumerated):
+    _, graph, sys_, space, best, _ = enumerated
     tiny = GAConfig(population=2, generations=1, inner_population=2, inner_generations=0)
     # a seed outside the GA's own space (strategies restricted to dp) that it cannot reach
     narrow = GAConfig(population=2, generations=1, inner_population=2, inner_generations=0, strategies=("dp",),
@@ -179,10 +183,27 @@ def test_ga_never_returns_worse_than_its_best_seed():
     for cfg in (tiny, narrow):
         res = mars(graph, sys_, COST, config=cfg, seed=0, seeds=[best.best])
         assert res.fitness <= best.fitness
-    # seeded with the baselines, on a case where H2H is a strong start
     baselines = [data_parallel(graph, sys_, COST), h2h(graph, sys_, COST)]
     res = mars(graph, sys_, COST, config=tiny, seed=0, seeds=[b.best for b in baselines])
     assert res.fitness <= min(b.fitness for b in baselines)
+
+
+def test_ga_seeded_by_default_with_both_baselines_is_never_worse_than_either():
+    """On fixed accelerators of different designs, where H2H is the strong baseline: the
+    default settings seed the GA with data_parallel and h2h, and even a one-generation GA of
+    two individuals returns no worse than the better of them."""
+    from test_space import FIXED
+
+    graph = two_models()
+    settings = SearchSettings(config=GAConfig(population=2, generations=1, inner_population=2, inner_generations=0))
+    assert settings.seed_with == ("data_parallel", "h2h")
+    dp = run_algorithm("data_parallel", graph, FIXED, COST, settings)
+    hh = run_algorithm("h2h", graph, FIXED, COST, settings)
+    assert hh.fitness < dp.fitness
+    for baselines in (None, {"data_parallel": dp, "h2h": hh}):
+        res = run_algorithm("mars", graph, FIXED, COST, settings, baselines=baselines)
+        assert res.fitness <= hh.fitness and res.notes["seeded_with"] == ("data_parallel", "h2h")
+        assert res.notes["seed_simulations"] == (dp.simulations + hh.simulations if baselines is None else 0)
 
 
 def test_simulation_budget_stops_the_search_at_a_generation_boundary():

@@ -47,17 +47,18 @@ SYSTEM = make_system(4, topology="ring", bandwidth="20 GB/s", host_bandwidth="8 
 
 @pytest.fixture(scope="module")
 def sampled():
-    return sample_mappings(GRAPH, SYSTEM, 12, seed=5)
+    # a seed whose sampled pipelines include host-fed ones (see test_pipelines_fed_from_one_host_link_blame_it)
+    return sample_mappings(GRAPH, SYSTEM, 12, seed=4)
 
 
 @pytest.fixture(scope="module")
 def report(sampled):
-    return validate(GRAPH, SYSTEM, sampled, COST, meta={"seed": 5})
+    return validate(GRAPH, SYSTEM, sampled, COST, meta={"seed": 4})
 
 
 # ---------------------------------------------------------------------- sampling
 def test_sampling_is_deterministic_distinct_and_cycles_families(sampled):
-    again = sample_mappings(GRAPH, SYSTEM, 12, seed=5)
+    again = sample_mappings(GRAPH, SYSTEM, 12, seed=4)
     assert [m.mapping.key for m in sampled] == [m.mapping.key for m in again]
     assert len({m.mapping.key for m in sampled}) == 12
     assert [m.family for m in sampled] == [FAMILIES[i % 3] for i in range(12)]
@@ -235,7 +236,7 @@ def test_report_files_are_written_whole_and_reproducibly(tmp_path, report, sampl
     assert "<svg" in (tmp_path / "a" / "scatter.svg").read_text()
     text = (tmp_path / "a" / "summary.txt").read_text()
     assert "Kendall tau" in text and "p90" in text
-    again = validate(GRAPH, SYSTEM, sampled, COST, meta={"seed": 5})
+    again = validate(GRAPH, SYSTEM, sampled, COST, meta={"seed": 4})
     again.save(tmp_path / "b")
     for name in ("validate.csv", "summary.txt", "attribution.csv", "scatter.svg", "scatter.png"):
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name

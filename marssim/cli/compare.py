@@ -16,8 +16,9 @@ ORDER = 55
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         VERB, help="run the MARS GA and all baselines on one case and print one table",
-        description="Run data_parallel, h2h, the MARS GA (seeded with data_parallel), random search simulating "
-                    "as many mappings as the GA evaluated (simulated or estimated), and exhaustive search when the space has at most "
+        description="Run data_parallel, h2h, the MARS GA (seeded with both baselines' mappings), random search "
+                    "simulating as many mappings as the GA evaluated (simulated or estimated), and exhaustive search "
+                    "when the space has at most "
                     "--exhaustive-limit points, each with its own evaluation cache; print makespan, the change "
                     "against data_parallel, simulations and wall time.")
     add_search_args(p)

@@ -38,7 +38,9 @@ def add_search_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--budget", type=positive_int, metavar="N",
                    help="most simulations (mars stops at the first generation past it, its analytical "
                         "estimates not counted; random runs exactly N)")
-    p.add_argument("--generations", type=positive_int, help="GA generations (default 10)")
+    p.add_argument("--generations", type=positive_int,
+                   help="most GA generations (default 50; the GA also stops after 10 without improvement "
+                        "or 3000 evaluations)")
     p.add_argument("--population", type=positive_int, help="GA population (default 12)")
     p.add_argument("--time-limit", dest="time_limit", type=positive_float, metavar="SECONDS",
                    help="stop the GA at the first generation past this wall time (the result then "
@@ -65,7 +67,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--algorithm", choices=ALGORITHMS, default="mars",
                    help="mars (default), data_parallel, h2h, random or exhaustive (small spaces only)")
     p.add_argument("--no-seed", dest="seed_baseline", action="store_false",
-                   help="do not seed the GA with the data-parallel mapping")
+                   help="do not seed the GA with the data_parallel and h2h mappings (seeded by default: "
+                        "the GA then never returns a worse mapping than either)")
     p.add_argument("--out", metavar="DIR", help="write the outputs into DIR")
     p.set_defaults(func=run)
 
@@ -73,6 +76,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def load_case(args: argparse.Namespace):
     """(graph, system, cost model, SearchSettings) from the shared flags; InputError on bad ones."""
     from marssim.search import GAConfig, SearchSettings
+    from marssim.search.runner import SEED_BASELINES
     from marssim.system import load_system
     from marssim.workload import load_workload
 
@@ -95,7 +99,7 @@ def load_case(args: argparse.Namespace):
         changes["time_limit_s"] = args.time_limit
     cfg = replace(cfg, **changes)
     settings = SearchSettings(objective=args.objective, budget=args.budget, config=cfg, seed=args.seed,
-                              seed_with=("data_parallel",) if getattr(args, "seed_baseline", True) else ())
+                              seed_with=SEED_BASELINES if getattr(args, "seed_baseline", True) else ())
     return graph, system, default_cost(), settings
 
 

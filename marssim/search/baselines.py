@@ -38,7 +38,8 @@ from .ga import design_table
 from .result import SearchResult
 from .space import Genome, MappingSpace
 
-__all__ = ["data_parallel", "h2h", "random_search", "exhaustive", "count_space", "set_partitions"]
+__all__ = ["data_parallel", "h2h", "random_search", "exhaustive", "count_space", "set_partitions",
+           "set_collections"]
 
 
 def _default_cost(cost: CostModel | None) -> CostModel:
@@ -238,12 +239,14 @@ class _ListSchedule:
 def _h2h_mapping(graph: Graph, system: System, designs: dict[str, str], where: Sequence[int],
                  micro_batches: int = 1) -> Mapping:
     accs = system.accelerator_ids
-    sets = tuple(AcceleratorSet((a,), designs[a]) for a in accs)
+    used = sorted(set(where))
+    index = {a: k for k, a in enumerate(used)}
+    sets = tuple(AcceleratorSet((accs[a],), designs[accs[a]]) for a in used)
     op_set = [0] * len(graph.compute_ops)
     position = {gi: k for k, gi in enumerate(graph.compute_ops)}
     for li, layer in enumerate(graph.layers):
         for gi in layer:
-            op_set[position[gi]] = where[li]
+            op_set[position[gi]] = index[where[li]]
     return Mapping(sets=sets, op_set=tuple(op_set), op_sharding=("none",) * len(op_set),
                    micro_batches=micro_batches, system=canonical_system_ref(system), workload=graph.spec)
 
@@ -316,9 +319,9 @@ def random_search(graph: Graph, system: System, cost: CostModel | None = None, *
 
 
 def set_partitions(space: MappingSpace) -> Iterator[tuple[tuple[str, ...], ...]]:
-    """Every distinct tuple of accelerator sets a genome of ``space`` decodes to: consecutive
-    runs of the accelerator order from the first one, each run sharing a design, at most
-    ``max_sets`` runs; fewer than ``max_sets`` runs reach the last accelerator."""
+    """Every distinct partition of the accelerators a genome's cuts of ``space`` decode to:
+    consecutive runs of the accelerator order from the first one, each run sharing a design, at
+    most ``max_sets`` runs; fewer than ``max_sets`` runs reach the last accelerator."""
     accs = space.accelerators
     n = len(accs)
 
@@ -335,55 +338,115 @@ def set_partitions(space: MappingSpace) -> Iterator[tuple[tuple[str, ...], ...]]
     yield from grow(0, ())
 
 
+def _gap_sets(space: MappingSpace, start: int, end: int) -> int:
+    """Sets the idle accelerators ``start..end-1`` form in a partition (0 when there are none):
+    :meth:`MappingSpace.sets_of` splits a run where its devices share no design."""
+    count = 0
+    i = start
+    while i < end:
+        j = i + 1
+        while j < end and space.allowed_designs(tuple(space.accelerators[i:j + 1])):
+            j += 1
+        count += 1
+        i = j
+    return count
+
+
+def _runs_from(space: MappingSpace, start: int, used: int) -> Iterator[tuple[int, int, int]]:
+    """The next set a mapping may use after accelerator ``start - 1``: ``(first, last, sets)``,
+    a run of accelerators sharing a design, and the number of partition sets up to and
+    including it (``used`` before it, the idle accelerators in between, itself), at most
+    ``max_sets``."""
+    accs = space.accelerators
+    for first in range(start, len(accs)):
+        before = used + _gap_sets(space, start, first)
+        if before + 1 > space.max_sets:
+            break
+        for last in range(first, len(accs)):
+            if last > first and not space.allowed_designs(tuple(accs[first:last + 1])):
+                break
+            yield first, last, before + 1
+
+
+def set_collections(space: MappingSpace) -> Iterator[tuple[tuple[str, ...], ...]]:
+    """Every tuple of accelerator sets a decoded mapping of ``space`` can have: one or more
+    disjoint runs of consecutive accelerators, in accelerator order, each sharing a design,
+    that a partition of at most ``max_sets`` sets holds (the accelerators in no run are idle)."""
+    accs = space.accelerators
+
+    def grow(start: int, used: int, prefix: tuple) -> Iterator[tuple]:
+        if prefix:
+            yield prefix
+        for first, last, sets in _runs_from(space, start, used):
+            yield from grow(last + 1, sets, prefix + (tuple(accs[first:last + 1]),))
+
+    yield from grow(0, 0, ())
+
+
 def _layer_options(space: MappingSpace, multi: bool) -> list[tuple[str, ...]]:
     return [opts if multi else ("none",) for opts in space.layer_strategies]
 
 
 def count_space(space: MappingSpace, limit: int | None = None) -> int:
-    """Number of genomes :func:`exhaustive` enumerates (distinct up to decoding, except where a
-    layer's non-GEMM ops fall back to the same strategy). With ``limit``, counting stops as soon
-    as the count exceeds it (the returned value is then only known to be larger)."""
-    total = 0
-    n = space.n_layers
-    micro = len(space.micro_batch_choices)
+    """Number of points of the space: the mappings :func:`exhaustive` enumerates (distinct,
+    except where a layer's non-GEMM ops fall back to the same strategy). ``limit`` is accepted
+    for callers that only need to know whether the count exceeds it (the count is exact either
+    way).
+
+    Closed form: a mapping uses a tuple ``C`` of :func:`set_collections`, ``M`` sets of several
+    devices and ``O`` of one; it takes any allowed design per set and any assignment of layers to
+    sets that uses every set, a layer contributing its strategy count ``w_l`` on a multi-device
+    set and 1 on one device. By inclusion-exclusion over the sets left unused, the assignments
+    weigh ``sum_{a<=M, b<=O} (-1)^(M-a+O-b) C(M,a) C(O,b) prod_l (a*w_l + b)``, which depends on
+    ``(M, O)`` only; the collections are summed by ``(M, O)`` (weighted by their designs) with a
+    recursion over the accelerator order."""
+    from functools import lru_cache
+
+    accs = space.accelerators
+    binding = space.max_sets < len(accs)
+
+    @lru_cache(maxsize=None)
+    def tails(start: int, used: int) -> dict[tuple[int, int], int]:
+        out: dict[tuple[int, int], int] = {(0, 0): 1}
+        for first, last, sets in _runs_from(space, start, used):
+            d = len(space.allowed_designs(tuple(accs[first:last + 1])))
+            multi = int(last > first)
+            for (m, o), w in tails(last + 1, sets if binding else 0).items():
+                key = (m + multi, o + 1 - multi)
+                out[key] = out.get(key, 0) + d * w
+        return out
+
+    weights = tails(0, 0)
     width = [len(opts) for opts in space.layer_strategies]
-    for sets in set_partitions(space):
-        designs = math.prod(len(space.allowed_designs(s)) for s in sets)
-        # ways[i]: weighted ways to place the first i layers on the sets seen so far, each set
-        # taking a non-empty consecutive run; a layer contributes its strategy count on a
-        # multi-device set and 1 on a one-device set.
-        ways = [1] + [0] * n
-        for s in sets:
-            w = width if len(s) > 1 else [1] * n
-            nxt = [0] * (n + 1)
-            for i in range(1, n + 1):
-                acc, prod = 0, 1
-                for j in range(i - 1, -1, -1):
-                    prod *= w[j]
-                    acc += ways[j] * prod
-                nxt[i] = acc
-            ways = nxt
-        total += designs * ways[n] * micro
-        if limit is not None and total > limit:
-            return total
-    return total
+    top_m = max((m for m, _ in weights), default=0)
+    top_o = max((o for _, o in weights), default=0)
+    prod = [[math.prod(a * w + b for w in width) for b in range(top_o + 1)] for a in range(top_m + 1)]
+    total = 0
+    for (m, o), w in weights.items():
+        if m + o == 0 or m + o > space.n_layers:
+            continue
+        onto = sum((-1) ** (m - a + o - b) * math.comb(m, a) * math.comb(o, b) * prod[a][b]
+                   for a in range(m + 1) for b in range(o + 1))
+        total += w * onto
+    return total * len(space.micro_batch_choices)
 
 
 def _enumerate(space: MappingSpace) -> Iterator[Genome]:
-    n_acc = len(space.accelerators)
-    for sets in set_partitions(space):
+    """Every point of the space as a canonical genome (see :func:`count_space`)."""
+    n = space.n_layers
+    for sets in set_collections(space):
         k = len(sets)
-        ends = [space.accelerators.index(s[-1]) for s in sets]
-        cuts = tuple(i in ends for i in range(n_acc - 1))
-        for designs in itertools.product(*(space.allowed_designs(s) for s in sets)):
-            for bounds in itertools.combinations(range(1, space.n_layers), k - 1):
-                edges = (0, *bounds, space.n_layers)
-                options: list[tuple[str, ...]] = []
-                for j, s in enumerate(sets):
-                    options.extend(_layer_options(space, len(s) > 1)[edges[j]:edges[j + 1]])
+        if k > n:
+            continue
+        for labels in itertools.product(range(k), repeat=n):
+            if len(set(labels)) < k:
+                continue
+            options = [space.layer_strategies[li] if len(sets[labels[li]]) > 1 else ("none",) for li in range(n)]
+            for designs in itertools.product(*(space.allowed_designs(s) for s in sets)):
+                base = space.genome_of(sets, designs, labels, space.micro_batch_choices[0], ("none",) * n)
                 for micro in space.micro_batch_choices:
                     for shard in itertools.product(*options):
-                        yield Genome(cuts, tuple(designs), tuple(bounds), micro, tuple(shard))
+                        yield Genome(base.cuts, base.designs, base.boundaries, micro, tuple(shard), base.assignment)
 
 
 def exhaustive(graph: Graph, system: System, cost: CostModel | None = None, *, objective: str = "latency",

@@ -1,7 +1,12 @@
 """Run a search algorithm by name, and compare them all on one case (what the CLI verbs call).
 
-``mars`` is seeded with the ``data_parallel`` baseline by default, so it never returns a
-mapping worse than that baseline; ``random`` gets the simulation budget it is given (in
+``mars`` is seeded with the ``data_parallel`` and ``h2h`` baselines by default, so it never
+returns a mapping worse than either: both are cheap next to the GA (data_parallel simulates
+one mapping per design; H2H's list scheduling costs no simulation and its refinement at most
+``max_moves`` = 200 plus one per micro-batch count, against the GA's default budget of 3,000
+evaluations), and H2H's mappings (every layer on one accelerator) are points of the GA's space,
+so the GA starts from them and improves on them, which matters most on systems of different
+fixed accelerators. ``random`` gets the simulation budget it is given (in
 :func:`compare`: as many simulations as ``mars`` ran evaluations, simulated or estimated, so
 random search is never given less to spend than the GA); ``exhaustive`` runs only on spaces of
 at most ``exhaustive_limit`` points.
@@ -25,11 +30,13 @@ from .ga import GAConfig, mars
 from .result import SearchResult
 from .space import MappingSpace
 
-__all__ = ["ALGORITHMS", "RANDOM_BUDGET", "SearchSettings", "run_algorithm", "compare"]
+__all__ = ["ALGORITHMS", "RANDOM_BUDGET", "SEED_BASELINES", "SearchSettings", "run_algorithm", "compare"]
 
 ALGORITHMS = ("mars", "data_parallel", "h2h", "random", "exhaustive")
 RANDOM_BUDGET = 200
 """Simulations of ``random`` when no budget is given."""
+SEED_BASELINES = ("data_parallel", "h2h")
+"""The baselines that seed the GA by default."""
 
 
 @dataclass(frozen=True)
@@ -37,13 +44,14 @@ class SearchSettings:
     """What a user sets for a search. ``budget``: most simulations (mars, random; None: the GA's
     own stopping rules, or :data:`RANDOM_BUDGET` for random); ``config``: GA parameters (its
     ``max_simulations`` is replaced by ``budget`` when given); ``seed_with``: baselines whose
-    mappings seed the GA; ``exhaustive_limit``: largest space exhaustive enumerates."""
+    mappings seed the GA (by default both baselines; see the module's docstring);
+    ``exhaustive_limit``: largest space exhaustive enumerates."""
 
     objective: str = "latency"
     budget: int | None = None
     config: GAConfig = GAConfig()
     seed: int = 0
-    seed_with: tuple[str, ...] = ("data_parallel",)
+    seed_with: tuple[str, ...] = SEED_BASELINES
     exhaustive_limit: int = 20_000
 
     def ga_config(self) -> GAConfig:
@@ -58,10 +66,12 @@ def _space(graph: Graph, system: System, cfg: GAConfig) -> MappingSpace:
 
 
 def run_algorithm(name: str, graph: Graph, system: System, cost: CostModel, settings: SearchSettings, *,
-                  executor: Executor | None = None,
-                  progress: Callable[[dict], None] | None = None) -> SearchResult:
+                  executor: Executor | None = None, progress: Callable[[dict], None] | None = None,
+                  baselines: dict[str, SearchResult] | None = None) -> SearchResult:
     """Run algorithm ``name`` (one of :data:`ALGORITHMS`) with its own evaluation cache.
-    Raises ValueError for an unknown name or an exhaustive search of a too large space."""
+    ``baselines``: results of baselines already run on this case, used as the GA's seeds
+    instead of running them again. Raises ValueError for an unknown name or an exhaustive
+    search of a too large space."""
     if name not in ALGORITHMS:
         raise ValueError(f"unknown algorithm {name!r}; expected one of {', '.join(ALGORITHMS)}")
     objective = settings.objective
@@ -79,21 +89,27 @@ def run_algorithm(name: str, graph: Graph, system: System, cost: CostModel, sett
         return exhaustive(graph, system, cost, objective=objective, evaluator=ev, space=space,
                           limit=settings.exhaustive_limit)
     seeds = []
+    seed_simulations = 0
     for base in settings.seed_with:
         if base not in ("data_parallel", "h2h"):
             raise ValueError(f"cannot seed the GA with {base!r}; expected data_parallel or h2h")
-        seeds.append(run_algorithm(base, graph, system, cost, settings, executor=executor).best)
+        done = (baselines or {}).get(base)
+        if done is None or done.objective != objective:
+            done = run_algorithm(base, graph, system, cost, settings, executor=executor)
+            seed_simulations += done.simulations
+        seeds.append(done.best)
     result = mars(graph, system, cost, config=cfg, seed=settings.seed, objective=objective, seeds=seeds,
                   evaluator=ev, space=space, progress=progress)
     result.notes["seeded_with"] = tuple(settings.seed_with)
+    result.notes["seed_simulations"] = seed_simulations
     return result
 
 
 def compare(graph: Graph, system: System, cost: CostModel, settings: SearchSettings, *,
             executor: Executor | None = None, progress: Callable[[str, SearchResult | None], None] | None = None
             ) -> tuple[pd.DataFrame, dict[str, SearchResult]]:
-    """Run data_parallel, h2h, mars, random (simulating as many mappings as mars evaluated,
-    counting its estimates) and, when the
+    """Run data_parallel, h2h, mars (seeded with the baselines' results, not run again),
+    random (simulating as many mappings as mars evaluated, counting its estimates) and, when the
     space has at most ``exhaustive_limit`` points, exhaustive, each with its own cache.
 
     Returns ``(table, results)``: one row per algorithm with ``makespan_ms``, ``fitness``,
@@ -109,7 +125,7 @@ def compare(graph: Graph, system: System, cost: CostModel, settings: SearchSetti
         run_settings = settings
         if name == "random":
             run_settings = replace(settings, budget=max(1, results["mars"].simulations + results["mars"].estimates))
-        results[name] = run_algorithm(name, graph, system, cost, run_settings, executor=executor)
+        results[name] = run_algorithm(name, graph, system, cost, run_settings, executor=executor, baselines=results)
         if progress:
             progress(name, results[name])
     base = results["data_parallel"].fitness
