@@ -7,8 +7,9 @@
    mappings first).
 2. The default search, exactly what ``marssim search --system topologies/mars-adaptive-16.yaml
    --workload resnet50:batch=8`` runs (MARS GA, default configuration, seeded with
-   data_parallel), with 1 and with 2 workers: wall time, simulations, estimates, evaluations/s
-   and the best makespan (identical for both worker counts: the search is deterministic).
+   data_parallel and h2h, whose runs are included), with 1 and with 2 workers: wall time,
+   simulations, estimates, evaluations/s and the best makespan (identical for both worker
+   counts: the search is deterministic).
 
 Run: ``PYTHONPATH=. python analysis/bench_search.py``; the output is committed in
 ``analysis/results/bench_search.txt``. Compare ratios measured in one run on one machine.

@@ -1,9 +1,11 @@
 """MARS: a two-level genetic algorithm over the mapping space (DAC 2023).
 
-Level 1 (outer) evolves the accelerator sets, their designs, the layer segments and the
-micro-batches (:class:`~marssim.search.space.Genome` without its shardings). Level 2 (inner)
-evolves, for each outer individual, the sharding of every layer. Both levels use tournament
-selection, uniform (outer) or two-point (inner) crossover and per-gene mutation, drawn from one
+Level 1 (outer) evolves the accelerator sets, their designs, the layer segments, the set that
+runs each segment (any set: models of a multi-model workload go to the sets that suit them,
+a pipeline may come back to a set) and the micro-batches (:class:`~marssim.search.space.Genome`
+without its shardings). Level 2 (inner) evolves, for each outer individual, the sharding of
+every layer. Both levels use tournament selection, crossover (outer: uniform on the cuts and
+designs, two-point on the set of each layer; inner: two-point) and mutation, drawn from one
 seeded ``numpy`` generator. DEAP's operators were the first choice, but they draw from the
 process-wide ``random`` module, which a Dask client in the same process also draws from while
 it schedules: the search was not reproducible under ``--dask``. The operators are a few lines
@@ -11,13 +13,18 @@ each; the loop around them is written here because the two levels nest and every
 candidates are evaluated as one batch on an executor.
 
 * **Computation-aware accelerator selection**: a table of each layer's time on each design
-  (cost model, one device) seeds individuals whose sets take the design that is fastest for
-  the layers they get, and a mutation re-selects a set's design that way.
+  (cost model, one device) gives every set the design that is fastest for the layers it gets,
+  and assigns segments (or single layers) to sets H2H-like: each to the set where it ends
+  first, counting the work already there and the transfer from its model's previous segment.
+  Both seed individuals and are mutation operators.
 * **Communication-aware sharding**: the inner level scores candidates by the contention-free
   analytical estimate of the lowered TaskGraph (cheap), then simulates the best few; the
-  fitness of every individual, and of everything returned, is simulated.
-* Elitism, a seed and full determinism, fitness cached by mapping hash, early stop after
-  ``patience`` generations without improvement, and an optional simulation budget.
+  fitness of every individual, and of everything returned, is simulated. An individual whose
+  sets are all single devices has no sharding to choose and is simulated directly.
+* Elitism, one-operator neighbours of the elites (a local search), random immigrants, children
+  that decode to a mapping met before mutated again, a seed and full determinism, fitness
+  cached by mapping hash, early stop after ``patience`` generations without improvement, and
+  budgets in simulations and in evaluations (simulations and estimates).
 """
 
 from __future__ import annotations
