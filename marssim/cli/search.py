@@ -37,10 +37,11 @@ def add_search_args(p: argparse.ArgumentParser) -> None:
                         "runs), energy or edp (energy-delay product; need designs with energy figures)")
     p.add_argument("--budget", type=positive_int, metavar="N",
                    help="most simulations (mars stops at the first generation past it, its analytical "
-                        "estimates not counted; random runs exactly N)")
+                        "estimates not counted, instead of after its default 3000 evaluations; random runs "
+                        "exactly N)")
     p.add_argument("--generations", type=positive_int,
-                   help="most GA generations (default 50; the GA also stops after 10 without improvement "
-                        "or 3000 evaluations)")
+                   help="most GA generations (default 100; the GA also stops after 20 without improvement "
+                        "or 3000 evaluations, simulations and analytical estimates together)")
     p.add_argument("--population", type=positive_int, help="GA population (default 12)")
     p.add_argument("--time-limit", dest="time_limit", type=positive_float, metavar="SECONDS",
                    help="stop the GA at the first generation past this wall time (the result then "

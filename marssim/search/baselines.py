@@ -9,10 +9,12 @@
   to a neighbouring layer's accelerator when the *simulated* makespan drops). On adaptive
   systems each accelerator first takes a fixed design: designs are dealt out in proportion to
   the time of the layers each design runs fastest (H2H itself assumes fixed designs). The
-  batch may be split into micro-batches (the count with the best simulation is kept), so
+  mapping lists the accelerators that run a layer, each as a one-device set (a point of the
+  GA's space, so it can seed the GA). The batch may be split into micro-batches (the count with the best simulation is kept), so
   layers on different accelerators overlap as pipeline stages do in the GA's mappings.
 * :func:`random_search` — uniformly sampled mappings, best of a given simulation budget.
-* :func:`exhaustive` — every mapping of the space, for spaces small enough to enumerate.
+* :func:`exhaustive` — every mapping of the space the GA searches (:func:`count_space` counts
+  them in closed form), for spaces small enough to enumerate.
 """
 
 from __future__ import annotations

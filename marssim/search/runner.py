@@ -42,8 +42,9 @@ SEED_BASELINES = ("data_parallel", "h2h")
 @dataclass(frozen=True)
 class SearchSettings:
     """What a user sets for a search. ``budget``: most simulations (mars, random; None: the GA's
-    own stopping rules, or :data:`RANDOM_BUDGET` for random); ``config``: GA parameters (its
-    ``max_simulations`` is replaced by ``budget`` when given); ``seed_with``: baselines whose
+    own stopping rules, or :data:`RANDOM_BUDGET` for random); ``config``: GA parameters (a
+    ``budget`` replaces its ``max_simulations`` and lifts its ``max_evaluations``, so the
+    budget given is the one that applies); ``seed_with``: baselines whose
     mappings seed the GA (by default both baselines; see the module's docstring);
     ``exhaustive_limit``: largest space exhaustive enumerates."""
 
@@ -57,7 +58,7 @@ class SearchSettings:
     def ga_config(self) -> GAConfig:
         if self.budget is None:
             return self.config
-        return replace(self.config, max_simulations=self.budget)
+        return replace(self.config, max_simulations=self.budget, max_evaluations=None)
 
 
 def _space(graph: Graph, system: System, cfg: GAConfig) -> MappingSpace:
