@@ -121,6 +121,7 @@ def bar_chart(frame: pd.DataFrame, stem: Path, title: str) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
     import numpy as np
 
     algorithms = [("data_parallel", "#9e9e9e"), ("h2h", "#e69f00"), ("random", "#56b4e9"), ("mars", "#009e73")]
@@ -132,7 +133,12 @@ def bar_chart(frame: pd.DataFrame, stem: Path, title: str) -> None:
         ax.bar(x + (i - 1.5) * width, values, width, label=name, color=color)
     ax.axhline(1.0, color="black", lw=0.6)
     ax.set_yscale("log")
-    ax.set_ylabel("latency / data_parallel latency (log)")
+    ax.set_yticks([0.25, 0.5, 1, 2, 4])
+    ax.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+    ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    ax.set_ylim(min(0.2, float(frame["mars_ms"].div(frame["data_parallel_ms"]).min()) * 0.8),
+                max(4.5, float(frame[["h2h_ms", "random_ms"]].max(axis=1).div(frame["data_parallel_ms"]).max()) * 1.2))
+    ax.set_ylabel("latency / data_parallel latency (log scale)")
     ax.set_xticks(x)
     ax.set_xticklabels([w.split(":")[0] for w in frame["workload"]], rotation=20, ha="right")
     ax.set_title(title)
@@ -152,9 +158,14 @@ def main(argv=None) -> None:
     p.add_argument("--workloads", default=",".join(SINGLE + MIXES), help="comma-separated zoo names")
     p.add_argument("--tag", default="", help="suffix of the output files")
     p.add_argument("--out", default=str(ROOT / "analysis" / "results"))
+    p.add_argument("--replot", action="store_true", help="only redraw the chart from the CSV of an earlier run")
     args = p.parse_args(argv)
     stem = Path(args.out) / ("reproduce_mars" + (f"-{args.tag}" if args.tag else ""))
     stem.parent.mkdir(parents=True, exist_ok=True)
+    title = f"MARS GA vs baselines on mars-adaptive-16, batch {args.batch} (simulated latency)"
+    if args.replot:
+        bar_chart(pd.read_csv(stem.with_suffix(".csv")), stem, title)
+        return
     settings = SearchSettings(seed=args.seed)
     rows = []
     t0 = time.perf_counter()
@@ -171,7 +182,7 @@ def main(argv=None) -> None:
     frame = pd.DataFrame(rows)
     text = table_text(frame, args, time.perf_counter() - t0)
     stem.with_suffix(".txt").write_text(text + "\n")
-    bar_chart(frame, stem, f"MARS GA vs baselines on mars-adaptive-16, batch {args.batch} (simulated latency)")
+    bar_chart(frame, stem, title)
     print(text)
 
 
