@@ -326,7 +326,7 @@ def test_cli_missing_mapping_directory(tmp_path, cli_env, capsys):
 
 
 def test_device_wait_counts_time_ready_but_queued():
-    from marssim.validate import _device_wait
+    from marssim.validate.compare import _device_wait
 
     system = make_system(1, topology="chain")
     b = TaskGraphBuilder(system)
