@@ -4,6 +4,7 @@ mappings that validate and whose fitness is a fresh simulation, seeds, budgets, 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -11,7 +12,7 @@ import pytest
 from marssim.lower import lower
 from marssim.mapping import AcceleratorSet, Mapping, mapping_problems
 from marssim.search.baselines import count_space, data_parallel, exhaustive, h2h, random_search, set_partitions
-from marssim.search.evaluate import Evaluation, Evaluator, Problem
+from marssim.search.evaluate import Evaluation, Evaluator, Problem, rank_value
 from marssim.search.ga import GAConfig, mars
 from marssim.search.runner import SearchSettings, run_algorithm
 from marssim.search.space import MappingSpace
@@ -172,6 +173,48 @@ def test_same_seed_same_search():
     r2 = random_search(graph, sys_, COST, budget=20, seed=4)
     assert r1.best == r2.best and r1.simulations == r2.simulations == 20
     assert h2h(graph, sys_, COST).best == h2h(graph, sys_, COST).best
+
+
+def test_rank_value_ties_rounding_noise_and_separates_real_differences():
+    x = 5.263712345678901e-05
+    assert rank_value(x) == rank_value(np.nextafter(x, 1.0)) == rank_value(x * (1 + 4e-16))
+    assert rank_value(x) < rank_value(x * (1 + 1e-9))
+    assert rank_value(math.inf) == math.inf and rank_value(0.0) == 0.0
+    assert abs(rank_value(x) / x - 1) < 1e-11
+
+
+class _NoisyEvaluator(Evaluator):
+    """Every result off by a few units in the last place, differently per mapping (as another
+    machine's floating point would be)."""
+
+    def _noisy(self, mappings, evaluations):
+        out = []
+        for m, e in zip(mappings, evaluations):
+            ulps = int(m.key[-2:], 16) % 7 - 3
+            t = e.makespan
+            for _ in range(abs(ulps)):
+                t = float(np.nextafter(t, math.inf if ulps > 0 else 0.0))
+            out.append(replace(e, makespan=t))
+        return out
+
+    def simulate(self, mappings):
+        return self._noisy(mappings, super().simulate(mappings))
+
+    def estimate(self, mappings):
+        return self._noisy(mappings, super().estimate(mappings))
+
+
+def test_rounding_noise_does_not_change_the_search(enumerated):
+    """Equivalent mappings on a symmetric ring tie up to rounding; the GA ranks at 12 digits, so
+    ulp-level noise (another machine) leaves its whole search, and its answer, unchanged."""
+    _, graph, sys_, space, _, _ = enumerated
+    cfg = GAConfig(generations=4)
+    plain = mars(graph, sys_, COST, config=cfg, seed=1, space=space)
+    noisy = mars(graph, sys_, COST, config=cfg, seed=1, space=space,
+                 evaluator=_NoisyEvaluator(Problem(graph, sys_, COST)))
+    assert noisy.best.key == plain.best.key
+    assert noisy.history["simulations"].tolist() == plain.history["simulations"].tolist()
+    assert noisy.fitness == pytest.approx(plain.fitness, rel=1e-14)
 
 
 def test_ga_never_returns_worse_than_its_best_seed(enumerated):

@@ -35,7 +35,7 @@ from marssim.mapping.sharding import BATCH_DIM
 from marssim.system import System
 from marssim.workload import Graph, Op, OpKind
 
-from .evaluate import Evaluation, Evaluator, Problem
+from .evaluate import Evaluation, Evaluator, Problem, rank_value
 from .ga import design_table
 from .result import SearchResult
 from .space import Genome, MappingSpace
@@ -58,7 +58,7 @@ def _evaluator(graph, system, cost, executor, evaluator) -> Evaluator:
 
 def _result(name: str, objective: str, candidates: Sequence[tuple[Mapping, Evaluation]], ev: Evaluator,
             sims0: int, est0: int, t0: float, seed: int = 0, notes: dict | None = None) -> SearchResult:
-    best_m, best_e = min(candidates, key=lambda me: (me[1].fitness(objective), me[0].key))
+    best_m, best_e = min(candidates, key=lambda me: (rank_value(me[1].fitness(objective)), me[0].key))
     history = pd.DataFrame([{"generation": 0, "best_fitness": best_e.fitness(objective),
                              "best_makespan_s": best_e.makespan, "simulations": ev.simulations - sims0,
                              "estimates": ev.estimates - est0, "wall_s": time.perf_counter() - t0}])
@@ -273,7 +273,7 @@ def h2h(graph: Graph, system: System, cost: CostModel | None = None, *, objectiv
         starts.append((m, where, _h2h_mapping(graph, system, designs, where, m)))
     evals = ev.simulate([mapping for _, _, mapping in starts])
     candidates = [(mapping, e) for (_, _, mapping), e in zip(starts, evals)]
-    k = min(range(len(starts)), key=lambda i: (evals[i].fitness(objective), starts[i][2].key))
+    k = min(range(len(starts)), key=lambda i: (rank_value(evals[i].fitness(objective)), starts[i][2].key))
     micro, where, best_m = starts[k]
     best_e = evals[k]
     # pass 3: move a layer to a neighbouring layer's accelerator while the simulation improves

@@ -25,8 +25,8 @@ from marssim.mapping import Mapping
 from marssim.system import System
 from marssim.workload import Graph
 
-__all__ = ["OBJECTIVES", "Problem", "Evaluation", "Evaluator", "evaluate_mapping", "estimate_mapping",
-           "estimate_evaluation"]
+__all__ = ["OBJECTIVES", "RANK_DIGITS", "rank_value", "Problem", "Evaluation", "Evaluator", "evaluate_mapping",
+           "estimate_mapping", "estimate_evaluation"]
 
 OBJECTIVES = ("latency", "throughput", "energy", "edp")
 """``latency``: makespan of the batch; ``throughput``: steady-state samples/s (maximised);
@@ -41,6 +41,20 @@ class Problem:
     system: System
     cost: CostModel
     memory_policy: str = "error"
+
+
+RANK_DIGITS = 12
+"""Significant digits of a fitness that ranking looks at. Equivalent mappings (a model on
+accelerators 0-1 or on 1-2 of a symmetric ring) have fitnesses that differ only by rounding,
+and rounding differs between machines; compared at 12 digits they tie, and the tie goes to the
+smaller mapping key, so a seed's search is the same on every machine."""
+
+
+def rank_value(fitness: float) -> float:
+    """``fitness`` rounded to :data:`RANK_DIGITS` significant digits (inf and nan unchanged)."""
+    if not math.isfinite(fitness) or fitness == 0.0:
+        return fitness
+    return round(fitness, RANK_DIGITS - 1 - math.floor(math.log10(abs(fitness))))
 
 
 @dataclass(frozen=True)

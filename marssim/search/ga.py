@@ -46,7 +46,7 @@ from marssim.mapping import Mapping
 from marssim.system import System
 from marssim.workload import Graph
 
-from .evaluate import OBJECTIVES, Evaluation, Evaluator, Problem
+from .evaluate import OBJECTIVES, Evaluation, Evaluator, Problem, rank_value
 from .result import SearchResult
 from .space import Genome, MappingSpace, runs_of
 
@@ -133,7 +133,7 @@ class _Individual:
 
     def rank_key(self) -> tuple[float, str]:
         assert self.fitness is not None and self.mapping is not None
-        return self.fitness, self.mapping.key
+        return rank_value(self.fitness), self.mapping.key
 
 
 # ---------------------------------------------------------------------- variation operators
@@ -209,7 +209,7 @@ class _MARS:
 
     def consider(self, mapping: Mapping, evaluation: Evaluation) -> None:
         f = evaluation.fitness(self.objective)
-        if self.best is None or f < self.best[0] or (f == self.best[0] and mapping.key < self.best[1].key):
+        if self.best is None or (rank_value(f), mapping.key) < (rank_value(self.best[0]), self.best[1].key):
             self.best = (f, mapping, evaluation)
 
     # ------------------------------------------------------------------ level-1 helpers
@@ -656,7 +656,7 @@ class _MARS:
             ranked = []
             for pop in pops:
                 ranked.append(sorted(((scores[k + j], pop[j], batch[k + j]) for j in range(len(pop))),
-                                     key=lambda x: (x[0], x[2].key)))
+                                     key=lambda x: (rank_value(x[0]), x[2].key)))
                 k += len(pop)
             if gen == cfg.inner_generations or (not use_estimate and self.out_of_budget()):
                 break
@@ -685,16 +685,17 @@ class _MARS:
             best: tuple[float, str, Mapping, Evaluation] | None = None
             if ind.fitness is not None:
                 assert ind.mapping is not None and ind.evaluation is not None
-                best = (ind.fitness, ind.mapping.key, ind.mapping, ind.evaluation)
+                best = (rank_value(ind.fitness), ind.mapping.key, ind.mapping, ind.evaluation)
             for m in ms:
                 e = evaluations[k]
                 k += 1
                 self.consider(m, e)
-                cand = (e.fitness(self.objective), m.key, m, e)
+                cand = (rank_value(e.fitness(self.objective)), m.key, m, e)
                 if best is None or cand[:2] < best[:2]:
                     best = cand
             assert best is not None
-            ind.fitness, _, ind.mapping, ind.evaluation = best
+            _, _, ind.mapping, ind.evaluation = best
+            ind.fitness = ind.evaluation.fitness(self.objective)
             ind.genome = space.encode(best[2])
         for ind, pop in zip(todo, stored):  # found again under the genome of its decoded mapping
             self.inner_pops.setdefault(ind.genome.level1(), pop)
