@@ -42,9 +42,12 @@ WORKLOAD = "resnet50:batch=8"
 
 def throughput(graph, system, cost, mappings, warmup, workers: int, kind: str) -> tuple[float, float]:
     """(seconds, evaluations per second) to evaluate ``mappings`` once, after the workers have
-    started and evaluated the ``warmup`` mappings (so start-up is not counted)."""
+    started and both simulated and estimated the ``warmup`` mappings (so start-up, imports and
+    loading the compiled estimate are not counted)."""
     with ProcessPoolExecutor(workers) if workers > 1 else contextlib.nullcontext() as pool:
-        Evaluator(Problem(graph, system, cost), pool).simulate(warmup)
+        warm = Evaluator(Problem(graph, system, cost), pool)
+        warm.simulate(warmup)
+        warm.estimate(warmup)
         ev = Evaluator(Problem(graph, system, cost), pool)
         t0 = time.perf_counter()
         (ev.simulate if kind == "simulate" else ev.estimate)(mappings)
