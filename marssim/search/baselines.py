@@ -385,10 +385,6 @@ def set_collections(space: MappingSpace) -> Iterator[tuple[tuple[str, ...], ...]
     yield from grow(0, 0, ())
 
 
-def _layer_options(space: MappingSpace, multi: bool) -> list[tuple[str, ...]]:
-    return [opts if multi else ("none",) for opts in space.layer_strategies]
-
-
 def count_space(space: MappingSpace, limit: int | None = None) -> int:
     """Number of points of the space: the mappings :func:`exhaustive` enumerates (distinct,
     except where a layer's non-GEMM ops fall back to the same strategy). ``limit`` is accepted

@@ -26,7 +26,7 @@ accelerator) are the special case of one-device sets.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import cached_property
 
 import numpy as np
@@ -358,9 +358,6 @@ class MappingSpace:
                 genome_designs[p] = designs[j]
         bounds, assign = runs_of(part_labels)
         return Genome(cuts, tuple(genome_designs), bounds, int(micro_batches), tuple(shardings), assign)
-
-    def with_shardings(self, genome: Genome, shardings: tuple[str, ...]) -> Genome:
-        return replace(genome, shardings=tuple(shardings))
 
     def canonical(self, genome: Genome) -> Genome:
         """The genome of the genome's own mapping (its level-1 genes in canonical form)."""
