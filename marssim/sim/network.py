@@ -17,6 +17,7 @@ import heapq
 from collections.abc import Callable, Sequence
 
 import simpy
+from simpy.events import PENDING
 
 __all__ = ["FairShareNetwork", "max_min_rates"]
 
@@ -122,14 +123,21 @@ class FairShareNetwork:
     """Flows over shared resources; calls ``on_delivered(token)`` when a flow has arrived.
 
     ``capacity``: bytes/s per resource. Each flow names its route by a hashable ``route`` key
-    (flows with the same key cross the same resources). Rates depend only on the multiset of
-    active routes, so they are memoised by it. With ``record``, every change of a resource's
-    total rate is appended to ``timeline`` as ``(time, resource, rate, flows)``."""
+    (flows with the same key cross the same resources); ``routes[i]`` pre-registers the resources
+    of the integer key ``i`` for :meth:`add_flow`. Rates depend only on the multiset of active
+    routes, so they are memoised by it. With ``record``, every change of a resource's total rate
+    is appended to ``timeline`` as ``(time, resource, rate, flows)``.
+
+    ``on_delivered_event``, if given, is called instead of ``on_delivered`` for flows delivered
+    after a latency, with the SimPy timeout whose ``value`` is the token (one call less per flow
+    for callers that can take the event)."""
 
     _CACHE_LIMIT = 200_000
 
     def __init__(self, env: simpy.Environment, capacity: Sequence[float],
-                 on_delivered: Callable[[int], None], *, record: bool = False) -> None:
+                 on_delivered: Callable[[int], None], *, record: bool = False,
+                 routes: Sequence[Sequence[int]] = (),
+                 on_delivered_event: Callable[[simpy.Event], None] | None = None) -> None:
         self.env = env
         self.capacity = [float(c) for c in capacity]
         self.on_delivered = on_delivered
@@ -137,15 +145,18 @@ class FairShareNetwork:
         self.timeline: list[tuple[float, int, float, int]] = []
         self.busy = [0.0] * len(self.capacity)  # seconds each resource carried at least one flow
         self._flows: dict[int, list] = {}  # token -> [remaining bytes, route key, latency, rate, finish time]
-        self._routes: dict[object, tuple[int, ...]] = {}
-        self._cache: dict[tuple, dict] = {}
+        self._routes: dict[object, tuple[int, ...]] = {i: tuple(r) for i, r in enumerate(routes)}
+        self._mult: dict[object, int] = {}  # route key -> active flows on it
+        self._odd_keys = 0  # active flows whose route key is not an int (sorted by _route_order)
+        self._cache: dict[tuple, tuple[dict, tuple[int, ...]]] = {}
         self._used: tuple[int, ...] = ()
-        self._last = 0.0
+        self._last = 0.0  # time (s) up to which the flows' remaining bytes are counted
         self._wakeup = env.event()
         self._timer: simpy.Event | None = None
         self._timer_at = float("inf")
         self._dirty = False
         self._prev_rate: dict[int, tuple[float, int]] = {}
+        self._delivered_cb = on_delivered_event or self._token_delivered
         self.recomputes = 0
         self.cache_hits = 0
         env.process(self._run())
@@ -165,101 +176,155 @@ class FairShareNetwork:
         key = tuple(resources) if route is None else route
         if key not in self._routes:
             self._routes[key] = tuple(resources)
-        self._advance()
-        self._flows[token] = [float(nbytes), key, float(latency), 0.0, float("inf")]
+        self.add_flow(token, float(nbytes), key, float(latency))
+
+    def add_flow(self, token: int, nbytes: float, route: object, latency: float) -> None:
+        """Begin a flow of ``nbytes`` > 0 bytes (float) on the registered ``route``, delivered
+        ``latency`` seconds (float) after it has been serialised.
+
+        Flows already running are advanced lazily, when the network process wakes at this same
+        instant: the new flow's rate is 0 until then, so advancing it changes nothing."""
+        self._flows[token] = [nbytes, route, latency, 0.0, float("inf")]
+        mult = self._mult
+        mult[route] = mult.get(route, 0) + 1
+        if type(route) is not int:
+            self._odd_keys += 1
         self._dirty = True
-        if not self._wakeup.triggered:
-            self._wakeup.succeed()
+        wakeup = self._wakeup
+        if wakeup._value is PENDING:
+            wakeup.succeed()
 
     # ------------------------------------------------------------------ internals
     def _deliver(self, token: int, latency: float) -> None:
         if latency <= 0:
             self.on_delivered(token)
         else:
-            ev = self.env.timeout(latency, token)
-            ev.callbacks.append(self._delivered_cb)
+            self.env.timeout(latency, token).callbacks.append(self._delivered_cb)
 
-    def _delivered_cb(self, event: simpy.Event) -> None:
-        self.on_delivered(event.value)
+    def _token_delivered(self, event: simpy.Event) -> None:
+        self.on_delivered(event._value)
 
-    def _advance(self) -> None:
-        """Move every flow forward to now at its current rate."""
-        now = self.env._now
+    def _advance(self, now: float, limit: float) -> list[int]:
+        """Move every flow forward to ``now`` (s) at its current rate; return the tokens of the
+        flows whose finish time is at or before ``limit`` (s), in start order."""
+        flows = self._flows
         dt = now - self._last
-        if dt > 0 and self._flows:
-            for f in self._flows.values():
+        self._last = now
+        if dt > 0 and flows:
+            done = []
+            for token, f in flows.items():
                 f[0] -= f[3] * dt
+                if f[4] <= limit:
+                    done.append(token)
             busy = self.busy
             for r in self._used:
                 busy[r] += dt
-        self._last = now
+            return done
+        return [token for token, f in flows.items() if f[4] <= limit]
 
-    def _recompute(self) -> None:
-        self.recomputes += 1
-        flows = self._flows.values()
-        mult: dict[object, int] = {}
-        for f in flows:
-            k = f[1]
-            mult[k] = mult.get(k, 0) + 1
-        key = tuple(sorted(mult.items(), key=_route_order))
-        by_route = self._cache.get(key)
-        if by_route is None:
-            routes = self._routes
-            groups = [(routes[k], m) for k, m in key]
-            rates = _grouped_rates(groups, self.capacity)
-            by_route = {k: rate for (k, _), rate in zip(key, rates)}
-            if len(self._cache) >= self._CACHE_LIMIT:
-                self._cache.clear()
-            self._cache[key] = by_route
+    def _finish(self, token: int) -> list:
+        """Remove a flow that has sent its bytes; return its state."""
+        f = self._flows.pop(token)
+        key = f[1]
+        mult = self._mult
+        left = mult[key] - 1
+        if left:
+            mult[key] = left
         else:
+            del mult[key]
+        if type(key) is not int:
+            self._odd_keys -= 1
+        return f
+
+    def _rates(self) -> tuple[dict, tuple[int, ...]]:
+        """Rate (bytes/s) of each active route and the resources in use, memoised by the
+        multiset of active routes."""
+        self.recomputes += 1
+        items = self._mult.items()
+        key = tuple(sorted(items, key=_route_order) if self._odd_keys else sorted(items))
+        entry = self._cache.get(key)
+        if entry is not None:
             self.cache_hits += 1
-        now = self.env._now
-        for f in flows:
+            return entry
+        routes = self._routes
+        rates = _grouped_rates([(routes[k], m) for k, m in key], self.capacity)
+        used: set[int] = set()
+        for k, _ in key:
+            used.update(routes[k])
+        entry = ({k: rate for (k, _), rate in zip(key, rates)}, tuple(used))
+        if len(self._cache) >= self._CACHE_LIMIT:
+            self._cache.clear()
+        self._cache[key] = entry
+        return entry
+
+    def _recompute(self, now: float) -> float:
+        """Give every flow its max-min rate from ``now`` (s); return the earliest finish time."""
+        by_route, self._used = self._rates()
+        nxt = float("inf")
+        for f in self._flows.values():
             rate = by_route[f[1]]
             f[3] = rate
-            f[4] = now + f[0] / rate if rate > 0 else float("inf")
-        used: set[int] = set()
-        for k in mult:
-            used.update(self._routes[k])
-        self._used = tuple(used)
+            if rate > 0:
+                finish = f[4] = now + f[0] / rate
+                if finish < nxt:
+                    nxt = finish
+            else:
+                f[4] = float("inf")
         if self.record:
-            totals: dict[int, list] = {}
-            for k, m in mult.items():
-                rate = by_route[k]
-                for r in self._routes[k]:
-                    t = totals.setdefault(r, [0.0, 0])
-                    t[0] += rate * m
-                    t[1] += m
-            prev = self._prev_rate
-            for r in sorted(set(prev) | set(totals)):
-                cur = tuple(totals.get(r, (0.0, 0)))
-                if prev.get(r, (0.0, 0)) != cur:
-                    self.timeline.append((now, r, cur[0], cur[1]))
-                    if cur[1]:
-                        prev[r] = cur  # type: ignore[assignment]
-                    else:
-                        prev.pop(r, None)
+            self._record(now, by_route)
+        return nxt
+
+    def _record(self, now: float, by_route: dict) -> None:
+        """Append the resources whose total rate or flow count changed to ``timeline``."""
+        mult: dict[object, int] = {}
+        for f in self._flows.values():  # routes in the order of their first active flow
+            k = f[1]
+            mult[k] = mult.get(k, 0) + 1
+        totals: dict[int, list] = {}
+        for k, m in mult.items():
+            rate = by_route[k]
+            for r in self._routes[k]:
+                t = totals.setdefault(r, [0.0, 0])
+                t[0] += rate * m
+                t[1] += m
+        prev = self._prev_rate
+        for r in sorted(set(prev) | set(totals)):
+            cur = tuple(totals.get(r, (0.0, 0)))
+            if prev.get(r, (0.0, 0)) != cur:
+                self.timeline.append((now, r, cur[0], cur[1]))
+                if cur[1]:
+                    prev[r] = cur  # type: ignore[assignment]
+                else:
+                    prev.pop(r, None)
 
     def _run(self):
         env = self.env
+        timeout = env.timeout
+        event = env.event
+        on_delivered = self.on_delivered
+        inf = float("inf")
         while True:
             yield self._wakeup
-            self._wakeup = env.event()
-            self._advance()
+            self._wakeup = event()
             now = env._now
-            limit = now + abs(now) * _EPS + 1e-18
-            done = [tok for tok, f in self._flows.items() if f[4] <= limit]
-            for tok in done:
-                f = self._flows.pop(tok)
-                self._deliver(tok, f[2])  # may start new flows (sets _dirty)
-            if done or self._dirty:
-                self._dirty = False
-                self._recompute()
-                nxt = min((f[4] for f in self._flows.values()), default=float("inf"))
-                if nxt < float("inf") and nxt != self._timer_at:
-                    self._timer_at = nxt
-                    self._timer = env.timeout(max(0.0, nxt - now))
-                    self._timer.callbacks.append(self._timer_cb)
+            done = self._advance(now, now + abs(now) * _EPS + 1e-18)
+            if done:
+                finish = self._finish
+                delivered_cb = self._delivered_cb
+                for token in done:
+                    latency = finish(token)[2]
+                    if latency <= 0:
+                        on_delivered(token)  # may start new flows (sets _dirty)
+                    else:
+                        timeout(latency, token).callbacks.append(delivered_cb)
+            elif not self._dirty:
+                continue
+            self._dirty = False
+            nxt = self._recompute(now)
+            if nxt < inf and nxt != self._timer_at:
+                self._timer_at = nxt
+                self._timer = timeout(max(0.0, nxt - now))
+                self._timer.callbacks.append(self._timer_cb)
 
     def _timer_cb(self, event: simpy.Event) -> None:
         if event is self._timer:
