@@ -22,6 +22,7 @@ import numpy as np
 import pandas as pd
 import simpy
 
+from marssim.errors import CapacityError
 from marssim.gcpause import gc_paused
 from marssim.system import System
 from marssim.taskgraph import COMPUTE, TaskGraph
@@ -86,6 +87,9 @@ def setup_time(taskgraph: TaskGraph, system: System) -> float:
 
 
 class _Simulation:
+    """One run: per-task columns as Python lists (indexed by task id), the hot paths as closures
+    over them (see :meth:`_bind`), the memory pools and the network."""
+
     def __init__(self, tg: TaskGraph, system: System, policy: str, streams: int, record: bool) -> None:
         self.tg = tg
         self.system = system
@@ -96,32 +100,37 @@ class _Simulation:
         self.env = env = simpy.Environment()
         n = tg.n_tasks
         self.n = n
-        self.kind = tg.kind.tolist()
+        self.is_compute = (tg.kind == COMPUTE).tolist()
         self.device = tg.device.tolist()
         self.duration = tg.duration.tolist()
         self.nbytes = tg.nbytes.tolist()
-        self.route = tg.route.tolist()
         self.mem_node = tg.mem_node.tolist()
         self.mem_bytes = tg.mem_bytes.tolist()
-        self.priority = tg.priority.tolist()
-        self.src = tg.src.tolist()
         succ_ptr, succ_idx = tg.successors
-        sp = succ_ptr.tolist()
-        si = succ_idx.tolist()
-        self.succ = [si[sp[t]:sp[t + 1]] for t in range(n)]
+        self.succ = _split(succ_idx.tolist(), succ_ptr.tolist())
         pp = tg.pred_ptr.tolist()
-        pi = tg.pred_idx.tolist()
-        self.pred = [pi[pp[t]:pp[t + 1]] for t in range(n)]
-        self.waiting = [pp[t + 1] - pp[t] for t in range(n)]  # predecessors not yet ended
+        self.pred = _split(tg.pred_idx.tolist(), pp)
+        self.waiting = np.diff(tg.pred_ptr).tolist()  # predecessors not yet ended
         self.readers_left = [len(s) for s in self.succ]  # successors not yet ended (buffer frees)
-        self.route_res = [r.resources for r in tg.routes]
-        self.route_lat = [r.latency for r in tg.routes]
+        self.route = tg.route.tolist()
+        route_res = [r.resources for r in tg.routes]
+        route_lat = [r.latency for r in tg.routes]
+        # a transfer is a flow when it has bytes and a route with resources; else it is only latency
+        self.latency = [0.0 if c else route_lat[r] for c, r in zip(self.is_compute, self.route)]
+        self.is_flow = [not c and b > 0 and bool(route_res[r]) for c, b, r in zip(self.is_compute, self.nbytes, self.route)]
+        # ready compute tasks of a device run lowest (priority, task id) first: heaps hold ranks
+        self.by_rank = np.lexsort((np.arange(n), tg.priority)).tolist()
+        rank = [0] * n
+        for i, t in enumerate(self.by_rank):
+            rank[t] = i
+        self.rank = rank
         self.start = [float("nan")] * n
         self.end = [float("nan")] * n
         self.spilled = [False] * n
         self.spills: list[tuple[str, int, int, float, float, float]] = []  # kind, node, task, start, end, bytes
         self._spill_tokens: dict[int, tuple] = {}
-        self.net = FairShareNetwork(env, system.resource_capacity, self._delivered, record=record)
+        self.net = FairShareNetwork(env, system.resource_capacity, self._delivered, record=record,
+                                    routes=route_res, on_delivered_event=self._delivered_event)
 
         nodes = tg.node_names
         self.pools: dict[int, MemoryPool] = {}
@@ -131,148 +140,163 @@ class _Simulation:
             name = nodes[node]
             self.pools[node] = MemoryPool(env, name, system.memory_capacity(name), tg.resident.get(name, 0.0),
                                           record=record)
+        # the pool holding each task's output buffer (its host's once the buffer has spilled)
+        self.pool_of: list[MemoryPool | None] = [self.pools.get(node) for node in self.mem_node]
         self.host_of: dict[int, int] = {}
 
-        self.heaps: dict[int, list] = {}
-        self.idle: dict[int, list] = {}
-        for d in sorted({self.device[t] for t in range(n) if self.kind[t] == COMPUTE}):
-            self.heaps[d] = []
-            self.idle[d] = []
+        self.heap_of: list[list | None] = [None] * n
+        self.idle_of: list[list | None] = [None] * n
+        compute_devices = sorted({d for d, c in zip(self.device, self.is_compute) if c})
+        heaps = {d: [] for d in compute_devices}
+        idles = {d: [] for d in compute_devices}
+        for t, (d, c) in enumerate(zip(self.device, self.is_compute)):
+            if c:
+                self.heap_of[t] = heaps[d]
+                self.idle_of[t] = idles[d]
+        self._bind()
+        for d in compute_devices:
             for _ in range(streams):
-                env.process(self._device(d))
+                env.process(self._device(heaps[d], idles[d]))
 
     # ------------------------------------------------------------------ life of a task
     def run(self) -> None:
-        for t in range(self.n):
-            if self.waiting[t] == 0:
-                self._ready(t)
+        ready = self._ready
+        for t, w in enumerate(self.waiting):
+            if w == 0:
+                ready(t)
         self.env.run()
         unfinished = sum(1 for e in self.end if e != e)
         if unfinished:
             raise RuntimeError(f"{unfinished} tasks never ran: the task graph has a cycle or an unreachable dependency")
 
-    def _ready(self, t: int) -> None:
-        if self.spill:
-            pending = [p for p in self.pred[t] if self.spilled[p]]
-            if pending:
-                self._spill_in(t, pending)
-                return
-        if self.kind[t] == COMPUTE:
-            d = self.device[t]
-            heapq.heappush(self.heaps[d], (self.priority[t], t))
-            idle = self.idle[d]
-            if idle:
-                idle.pop().succeed()
-        else:
-            self._begin(t)
-            r = self.route[t]
-            self.net.start(t, self.nbytes[t], self.route_res[r], self.route_lat[r], r)
+    def _bind(self) -> None:
+        """Build the per-event paths as closures over the task columns (local lookups only):
 
-    def _dispatch(self, t: int) -> None:
-        if self.kind[t] == COMPUTE:
-            d = self.device[t]
-            heapq.heappush(self.heaps[d], (self.priority[t], t))
-            idle = self.idle[d]
-            if idle:
-                idle.pop().succeed()
-        else:
-            self._begin(t)
-            r = self.route[t]
-            self.net.start(t, self.nbytes[t], self.route_res[r], self.route_lat[r], r)
-
-    def _device(self, d: int):
-        # The hot loop: begin, run and end compute tasks with locals bound once (no per-event
-        # attribute lookups); memory and spill handling stay in the shared helpers.
+        * ``_ready(t)``: all of ``t``'s predecessors have ended: queue it on its device, or start
+          its transfer (after bringing back spilled inputs under the spill policy);
+        * ``_dispatch(t)``: queue or start ``t`` now;
+        * ``_allocate(t)``: put ``t``'s output buffer in its memory (or spill it);
+        * ``_finish(t)``: ``t`` has ended at the current time (s): free the buffers nobody will
+          read any more, ready the successors that were waiting only for ``t``;
+        * ``_complete(t)``: ready ``t``'s successors (after its spilled output has left)."""
         env = self.env
-        heap = self.heaps[d]
-        idle = self.idle[d]
-        duration = self.duration
-        start = self.start
-        end = self.end
-        mem_bytes = self.mem_bytes
-        pred = self.pred
-        succ = self.succ
-        readers_left = self.readers_left
-        waiting = self.waiting
-        spilled = self.spilled
-        timeout = env.timeout
-        heappop = heapq.heappop
-        ready = self._ready
-        free = self._free
+        start, end = self.start, self.end
+        pred, succ = self.pred, self.succ
+        waiting, readers_left = self.waiting, self.readers_left
+        mem_bytes, pool_of, spilled = self.mem_bytes, self.pool_of, self.spilled
+        is_compute, is_flow, rank = self.is_compute, self.is_flow, self.rank
+        heap_of, idle_of = self.heap_of, self.idle_of
+        nbytes, route, latency = self.nbytes, self.route, self.latency
+        add_flow = self.net.add_flow
+        deliver = self.net._deliver
+        spill = self.spill
+        heappush = heapq.heappush
+
+        def allocate(t: int) -> None:
+            nb = mem_bytes[t]
+            pool = pool_of[t]
+            if spill and not pool.fits(nb):
+                spilled[t] = True
+                pool = pool_of[t] = self._host_pool(self.mem_node[t])
+                what = "spilled output of "
+            else:
+                what = "output of "
+            try:
+                pool.allocate(nb)
+            except CapacityError as err:  # name the buffer (only now: formatting it costs)
+                raise CapacityError(err.device, err.time_s, err.peak_bytes, err.capacity_bytes,
+                                    what + self.tg.task_name(t)) from None
+
+        def dispatch(t: int) -> None:
+            if is_compute[t]:
+                heappush(heap_of[t], rank[t])
+                idle = idle_of[t]
+                if idle:
+                    idle.pop().succeed()
+                return
+            start[t] = env._now
+            if mem_bytes[t] > 0:
+                allocate(t)
+            if is_flow[t]:
+                add_flow(t, nbytes[t], route[t], float(latency[t]))
+            else:
+                deliver(t, latency[t])
+
+        def ready(t: int) -> None:
+            if spill:
+                pending = [p for p in pred[t] if spilled[p]]
+                if pending:
+                    self._spill_in(t, pending)
+                    return
+            dispatch(t)
+
+        def complete(t: int) -> None:
+            for s in succ[t]:
+                w = waiting[s] - 1
+                waiting[s] = w
+                if w == 0:
+                    ready(s)
+
+        def finish(t: int) -> None:
+            end[t] = env._now
+            for p in pred[t]:
+                left = readers_left[p] - 1
+                readers_left[p] = left
+                if left == 0:
+                    nb = mem_bytes[p]
+                    if nb > 0:
+                        pool_of[p].release(nb)
+            nexts = succ[t]
+            if not nexts:
+                nb = mem_bytes[t]
+                if nb > 0:
+                    pool_of[t].release(nb)
+                if spilled[t] and not is_compute[t]:
+                    self._spill_out(t)
+                return
+            if spilled[t]:
+                self._spill_out(t)
+                return
+            for s in nexts:
+                w = waiting[s] - 1
+                waiting[s] = w
+                if w == 0:
+                    ready(s)
+
+        self._allocate, self._dispatch, self._ready = allocate, dispatch, ready
+        self._complete, self._finish = complete, finish
+
+    def _device(self, heap: list[int], idle: list[simpy.Event]):
+        """One compute stream of a device: run its ready tasks (ranks in ``heap``) one at a
+        time; when there are none, wait on an event appended to ``idle``."""
+        env = self.env
+        by_rank, duration, start, mem_bytes = self.by_rank, self.duration, self.start, self.mem_bytes
+        allocate, finish = self._allocate, self._finish
+        timeout, event, heappop = env.timeout, env.event, heapq.heappop
         while True:
             if not heap:
-                ev = env.event()
+                ev = event()
                 idle.append(ev)
                 yield ev
                 continue
-            t = heappop(heap)[1]
+            t = by_rank[heappop(heap)]
             start[t] = env._now
             if mem_bytes[t] > 0:
-                self._allocate(t)
+                allocate(t)
             yield timeout(duration[t])
-            end[t] = env._now
-            for p in pred[t]:
-                readers_left[p] -= 1
-                if readers_left[p] == 0 and mem_bytes[p] > 0:
-                    free(p)
-            nexts = succ[t]
-            if not nexts:
-                if mem_bytes[t] > 0:
-                    free(t)
-            elif spilled[t]:
-                self._spill_out(t)
-                continue
-            for s in nexts:
-                waiting[s] -= 1
-                if waiting[s] == 0:
-                    ready(s)
+            finish(t)
 
-    def _begin(self, t: int) -> None:
-        self.start[t] = self.env.now
-        if self.mem_bytes[t] > 0:
-            self._allocate(t)
-
-    def _allocate(self, t: int) -> None:
-        nbytes = self.mem_bytes[t]
-        if nbytes > 0:
-            pool = self.pools[self.mem_node[t]]
-            if self.spill and not pool.fits(nbytes):
-                self.spilled[t] = True
-                self._host_pool(self.mem_node[t]).allocate(nbytes, lambda: f"spilled output of {self.tg.task_name(t)}")
-            else:
-                pool.allocate(nbytes, lambda: f"output of {self.tg.task_name(t)}")
-
-    def _end(self, t: int) -> None:
-        self.end[t] = self.env.now
-        for p in self.pred[t]:
-            self.readers_left[p] -= 1
-            if self.readers_left[p] == 0:
-                self._free(p)
-        if not self.succ[t]:
-            self._free(t)
-        if self.spilled[t]:
-            self._spill_out(t)
+    def _delivered_event(self, event: simpy.Event) -> None:
+        """A flow has arrived (``event.value`` is its token)."""
+        token = event._value
+        if token < self.n:
+            self._finish(token)
         else:
-            self._complete(t)
-
-    def _complete(self, t: int) -> None:
-        waiting = self.waiting
-        for s in self.succ[t]:
-            waiting[s] -= 1
-            if waiting[s] == 0:
-                self._ready(s)
-
-    def _free(self, t: int) -> None:
-        nbytes = self.mem_bytes[t]
-        if nbytes > 0:
-            if self.spilled[t]:
-                self._host_pool(self.mem_node[t]).release(nbytes)
-            else:
-                self.pools[self.mem_node[t]].release(nbytes)
+            self._delivered(token)
 
     def _delivered(self, token: int) -> None:
         if token < self.n:
-            self._end(token)
+            self._finish(token)
             return
         kind, node, t, start, nbytes, rest = self._spill_tokens.pop(token)
         self.spills.append((kind, node, t, start, self.env.now, nbytes))
@@ -446,6 +470,11 @@ class _Simulation:
         frame = pd.DataFrame.from_dict(rows, orient="index", columns=["kind", "model", "sharding", "set", "loops", "flops"])
         return frame.rename_axis("op")
 
+
+
+def _split(values: list, ptr: list[int]) -> list[list]:
+    """CSR to lists: ``values[ptr[i]:ptr[i + 1]]`` for each ``i``."""
+    return [values[a:b] for a, b in zip(ptr, ptr[1:])]
 
 
 def _events_scheduled(env: simpy.Environment) -> int:
