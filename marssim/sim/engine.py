@@ -100,7 +100,8 @@ class _Simulation:
         self.env = env = simpy.Environment()
         n = tg.n_tasks
         self.n = n
-        self.is_compute = (tg.kind == COMPUTE).tolist()
+        is_compute = tg.kind == COMPUTE
+        self.is_compute = is_compute.tolist()
         self.device = tg.device.tolist()
         self.duration = tg.duration.tolist()
         self.nbytes = tg.nbytes.tolist()
@@ -108,52 +109,51 @@ class _Simulation:
         self.mem_bytes = tg.mem_bytes.tolist()
         succ_ptr, succ_idx = tg.successors
         self.succ = _split(succ_idx.tolist(), succ_ptr.tolist())
-        pp = tg.pred_ptr.tolist()
-        self.pred = _split(tg.pred_idx.tolist(), pp)
+        self.pred = _split(tg.pred_idx.tolist(), tg.pred_ptr.tolist())
         self.waiting = np.diff(tg.pred_ptr).tolist()  # predecessors not yet ended
-        self.readers_left = [len(s) for s in self.succ]  # successors not yet ended (buffer frees)
+        self.readers_left = np.diff(succ_ptr).tolist()  # successors not yet ended (buffer frees)
         self.route = tg.route.tolist()
         route_res = [r.resources for r in tg.routes]
-        route_lat = [r.latency for r in tg.routes]
         # a transfer is a flow when it has bytes and a route with resources; else it is only latency
-        self.latency = [0.0 if c else route_lat[r] for c, r in zip(self.is_compute, self.route)]
-        self.is_flow = [not c and b > 0 and bool(route_res[r]) for c, b, r in zip(self.is_compute, self.nbytes, self.route)]
+        # (indexing by route as the lists did: -1 is the last route)
+        route_lat = np.asarray([r.latency for r in tg.routes] or [0.0], dtype=float)
+        has_res = np.asarray([bool(r) for r in route_res] or [False])
+        self.latency = np.where(is_compute, 0.0, route_lat[tg.route]).tolist()  # s
+        self.is_flow = (~is_compute & (tg.nbytes > 0) & has_res[tg.route]).tolist()
         # ready compute tasks of a device run lowest (priority, task id) first: heaps hold ranks
-        self.by_rank = np.lexsort((np.arange(n), tg.priority)).tolist()
-        rank = [0] * n
-        for i, t in enumerate(self.by_rank):
-            rank[t] = i
-        self.rank = rank
+        by_rank = np.lexsort((np.arange(n), tg.priority))
+        rank = np.empty(n, dtype=np.int64)
+        rank[by_rank] = np.arange(n)
+        self.by_rank = by_rank.tolist()
+        self.rank = rank.tolist()
         self.start = [float("nan")] * n
         self.end = [float("nan")] * n
         self.spilled = [False] * n
         self.spills: list[tuple[str, int, int, float, float, float]] = []  # kind, node, task, start, end, bytes
         self._spill_tokens: dict[int, tuple] = {}
         self.net = FairShareNetwork(env, system.resource_capacity, self._delivered, record=record,
-                                    routes=route_res, on_delivered_event=self._delivered_event)
+                                    routes=route_res)
 
         nodes = tg.node_names
         self.pools: dict[int, MemoryPool] = {}
-        used_nodes = set(n_ for n_ in self.mem_node if n_ >= 0)
+        used_nodes = set(np.unique(tg.mem_node[tg.mem_node >= 0]).tolist())
         used_nodes.update(system.node_index[d] for d in tg.resident)
         for node in sorted(used_nodes):
             name = nodes[node]
             self.pools[node] = MemoryPool(env, name, system.memory_capacity(name), tg.resident.get(name, 0.0),
                                           record=record)
         # the pool holding each task's output buffer (its host's once the buffer has spilled)
-        self.pool_of: list[MemoryPool | None] = [self.pools.get(node) for node in self.mem_node]
+        self.pool_of: list[MemoryPool | None] = list(map(self.pools.get, self.mem_node))
         self.host_of: dict[int, int] = {}
 
-        self.heap_of: list[list | None] = [None] * n
-        self.idle_of: list[list | None] = [None] * n
-        compute_devices = sorted({d for d, c in zip(self.device, self.is_compute) if c})
-        heaps = {d: [] for d in compute_devices}
-        idles = {d: [] for d in compute_devices}
-        for t, (d, c) in enumerate(zip(self.device, self.is_compute)):
-            if c:
-                self.heap_of[t] = heaps[d]
-                self.idle_of[t] = idles[d]
+        # each compute task's device queue (ranks) and idle streams (transfers: unused entries)
+        compute_devices = np.unique(tg.device[is_compute]).tolist()
+        heaps: dict[int, list[int]] = {d: [] for d in compute_devices}
+        idles: dict[int, list[simpy.Event]] = {d: [] for d in compute_devices}
+        self.heap_of = list(map(heaps.get, self.device))
+        self.idle_of = list(map(idles.get, self.device))
         self._bind()
+        self.net.on_delivered_event = self._finish
         for d in compute_devices:
             for _ in range(streams):
                 env.process(self._device(heaps[d], idles[d]))
@@ -176,10 +176,13 @@ class _Simulation:
           its transfer (after bringing back spilled inputs under the spill policy);
         * ``_dispatch(t)``: queue or start ``t`` now;
         * ``_allocate(t)``: put ``t``'s output buffer in its memory (or spill it);
-        * ``_finish(t)``: ``t`` has ended at the current time (s): free the buffers nobody will
-          read any more, ready the successors that were waiting only for ``t``;
+        * ``_finish(event)``: the task (or spill flow) that is ``event.value`` has ended at the
+          current time (s): free the buffers nobody will read any more, ready the successors
+          that were waiting only for it. It is the callback of every delivered flow and the
+          end of every compute task;
         * ``_complete(t)``: ready ``t``'s successors (after its spilled output has left)."""
         env = self.env
+        n = self.n
         start, end = self.start, self.end
         pred, succ = self.pred, self.succ
         waiting, readers_left = self.waiting, self.readers_left
@@ -190,6 +193,7 @@ class _Simulation:
         add_flow = self.net.add_flow
         deliver = self.net._deliver
         spill = self.spill
+        spill_arrived = self._spill_arrived
         heappush = heapq.heappush
 
         def allocate(t: int) -> None:
@@ -198,14 +202,10 @@ class _Simulation:
             if spill and not pool.fits(nb):
                 spilled[t] = True
                 pool = pool_of[t] = self._host_pool(self.mem_node[t])
-                what = "spilled output of "
-            else:
-                what = "output of "
             try:
                 pool.allocate(nb)
-            except CapacityError as err:  # name the buffer (only now: formatting it costs)
-                raise CapacityError(err.device, err.time_s, err.peak_bytes, err.capacity_bytes,
-                                    what + self.tg.task_name(t)) from None
+            except CapacityError as err:
+                self._overflow(t, err)
 
         def dispatch(t: int) -> None:
             if is_compute[t]:
@@ -215,20 +215,29 @@ class _Simulation:
                     idle.pop().succeed()
                 return
             start[t] = env._now
-            if mem_bytes[t] > 0:
-                allocate(t)
+            nb = mem_bytes[t]
+            if nb > 0:
+                if spill:
+                    allocate(t)
+                else:
+                    try:
+                        pool_of[t].allocate(nb)
+                    except CapacityError as err:
+                        self._overflow(t, err)
             if is_flow[t]:
-                add_flow(t, nbytes[t], route[t], float(latency[t]))
+                add_flow(t, nbytes[t], route[t], latency[t])
             else:
                 deliver(t, latency[t])
 
         def ready(t: int) -> None:
-            if spill:
-                pending = [p for p in pred[t] if spilled[p]]
-                if pending:
-                    self._spill_in(t, pending)
-                    return
-            dispatch(t)
+            pending = [p for p in pred[t] if spilled[p]]
+            if pending:
+                self._spill_in(t, pending)
+            else:
+                dispatch(t)
+
+        if not spill:
+            ready = dispatch  # noqa: F811  (nothing is ever spilled)
 
         def complete(t: int) -> None:
             for s in succ[t]:
@@ -237,7 +246,11 @@ class _Simulation:
                 if w == 0:
                     ready(s)
 
-        def finish(t: int) -> None:
+        def finish(event) -> None:
+            t = event._value
+            if t >= n:
+                spill_arrived(t)
+                return
             end[t] = env._now
             for p in pred[t]:
                 left = readers_left[p] - 1
@@ -271,6 +284,8 @@ class _Simulation:
         time; when there are none, wait on an event appended to ``idle``."""
         env = self.env
         by_rank, duration, start, mem_bytes = self.by_rank, self.duration, self.start, self.mem_bytes
+        pool_of = self.pool_of
+        spill = self.spill
         allocate, finish = self._allocate, self._finish
         timeout, event, heappop = env.timeout, env.event, heapq.heappop
         while True:
@@ -281,23 +296,31 @@ class _Simulation:
                 continue
             t = by_rank[heappop(heap)]
             start[t] = env._now
-            if mem_bytes[t] > 0:
-                allocate(t)
-            yield timeout(duration[t])
-            finish(t)
+            nb = mem_bytes[t]
+            if nb > 0:
+                if spill:
+                    allocate(t)
+                else:
+                    try:
+                        pool_of[t].allocate(nb)
+                    except CapacityError as err:
+                        self._overflow(t, err)
+            ev = timeout(duration[t], t)
+            yield ev
+            finish(ev)
 
-    def _delivered_event(self, event: simpy.Event) -> None:
-        """A flow has arrived (``event.value`` is its token)."""
-        token = event._value
-        if token < self.n:
-            self._finish(token)
-        else:
-            self._delivered(token)
+    def _overflow(self, t: int, err: CapacityError) -> None:
+        """Raise ``err`` (a buffer of ``t`` does not fit) again, naming the buffer."""
+        what = "spilled output of " if self.spilled[t] else "output of "
+        raise CapacityError(err.device, err.time_s, err.peak_bytes, err.capacity_bytes,
+                            what + self.tg.task_name(t)) from None
 
     def _delivered(self, token: int) -> None:
-        if token < self.n:
-            self._finish(token)
-            return
+        """A flow delivered without latency (``token``: its task, or a spill flow's)."""
+        self._finish(_Arrival(token))
+
+    def _spill_arrived(self, token: int) -> None:
+        """A spill flow has arrived: its reader may start, or its writer's successors."""
         kind, node, t, start, nbytes, rest = self._spill_tokens.pop(token)
         self.spills.append((kind, node, t, start, self.env.now, nbytes))
         if kind == "spill_out":
@@ -470,6 +493,15 @@ class _Simulation:
         frame = pd.DataFrame.from_dict(rows, orient="index", columns=["kind", "model", "sharding", "set", "loops", "flops"])
         return frame.rename_axis("op")
 
+
+
+class _Arrival:
+    """What a flow delivered without latency hands to ``_finish`` in place of its timeout."""
+
+    __slots__ = ("_value",)
+
+    def __init__(self, token: int) -> None:
+        self._value = token
 
 
 def _split(values: list, ptr: list[int]) -> list[list]:

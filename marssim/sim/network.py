@@ -128,9 +128,9 @@ class FairShareNetwork:
     routes, so they are memoised by it. With ``record``, every change of a resource's total rate
     is appended to ``timeline`` as ``(time, resource, rate, flows)``.
 
-    ``on_delivered_event``, if given, is called instead of ``on_delivered`` for flows delivered
-    after a latency, with the SimPy timeout whose ``value`` is the token (one call less per flow
-    for callers that can take the event)."""
+    ``on_delivered_event`` (settable after construction), if not None, is called instead of
+    ``on_delivered`` for flows delivered after a latency, with the SimPy timeout whose ``value``
+    is the token (one call less per flow for callers that can take the event)."""
 
     _CACHE_LIMIT = 200_000
 
@@ -147,8 +147,8 @@ class FairShareNetwork:
         self._flows: dict[int, list] = {}  # token -> [remaining bytes, route key, latency, rate, finish time]
         self._routes: dict[object, tuple[int, ...]] = {i: tuple(r) for i, r in enumerate(routes)}
         self._mult: dict[object, int] = {}  # route key -> active flows on it
-        self._odd_keys = 0  # active flows whose route key is not an int (sorted by _route_order)
-        self._cache: dict[tuple, tuple[dict, tuple[int, ...]]] = {}
+        self._odd_routes = 0  # registered route keys that are not ints (then sorted by _route_order)
+        self._cache: dict[frozenset, tuple[dict, tuple[int, ...]]] = {}
         self._used: tuple[int, ...] = ()
         self._last = 0.0  # time (s) up to which the flows' remaining bytes are counted
         self._wakeup = env.event()
@@ -156,10 +156,20 @@ class FairShareNetwork:
         self._timer_at = float("inf")
         self._dirty = False
         self._prev_rate: dict[int, tuple[float, int]] = {}
-        self._delivered_cb = on_delivered_event or self._token_delivered
+        self._delivered_cb: Callable[[simpy.Event], None] = self._token_delivered
+        self.on_delivered_event = on_delivered_event
         self.recomputes = 0
         self.cache_hits = 0
         env.process(self._run())
+
+    @property
+    def on_delivered_event(self) -> Callable[[simpy.Event], None] | None:
+        """Callback taking the delivery timeout itself (None: ``on_delivered(token)`` is used)."""
+        return None if self._delivered_cb == self._token_delivered else self._delivered_cb
+
+    @on_delivered_event.setter
+    def on_delivered_event(self, callback: Callable[[simpy.Event], None] | None) -> None:
+        self._delivered_cb = self._token_delivered if callback is None else callback
 
     @property
     def active(self) -> int:
@@ -176,6 +186,8 @@ class FairShareNetwork:
         key = tuple(resources) if route is None else route
         if key not in self._routes:
             self._routes[key] = tuple(resources)
+            if type(key) is not int:
+                self._odd_routes += 1
         self.add_flow(token, float(nbytes), key, float(latency))
 
     def add_flow(self, token: int, nbytes: float, route: object, latency: float) -> None:
@@ -187,8 +199,6 @@ class FairShareNetwork:
         self._flows[token] = [nbytes, route, latency, 0.0, float("inf")]
         mult = self._mult
         mult[route] = mult.get(route, 0) + 1
-        if type(route) is not int:
-            self._odd_keys += 1
         self._dirty = True
         wakeup = self._wakeup
         if wakeup._value is PENDING:
@@ -222,36 +232,43 @@ class FairShareNetwork:
             return done
         return [token for token, f in flows.items() if f[4] <= limit]
 
-    def _finish(self, token: int) -> list:
-        """Remove a flow that has sent its bytes; return its state."""
-        f = self._flows.pop(token)
-        key = f[1]
-        mult = self._mult
-        left = mult[key] - 1
-        if left:
-            mult[key] = left
-        else:
-            del mult[key]
-        if type(key) is not int:
-            self._odd_keys -= 1
-        return f
+    def _deliver_done(self, done: list[int]) -> None:
+        """Remove the flows ``done`` (tokens, in start order), which have sent their bytes, and
+        deliver each after its latency."""
+        flows, mult = self._flows, self._mult
+        timeout = self.env.timeout
+        delivered_cb = self._delivered_cb
+        for token in done:
+            f = flows.pop(token)
+            key = f[1]
+            left = mult[key] - 1
+            if left:
+                mult[key] = left
+            else:
+                del mult[key]
+            latency = f[2]
+            if latency <= 0:
+                self.on_delivered(token)  # may start new flows (sets _dirty)
+            else:
+                timeout(latency, token).callbacks.append(delivered_cb)
 
     def _rates(self) -> tuple[dict, tuple[int, ...]]:
         """Rate (bytes/s) of each active route and the resources in use, memoised by the
-        multiset of active routes."""
+        multiset of active routes (a frozenset of ``(route, flows)``: no sorting on a hit)."""
         self.recomputes += 1
-        items = self._mult.items()
-        key = tuple(sorted(items, key=_route_order) if self._odd_keys else sorted(items))
+        mult = self._mult
+        key = frozenset(mult.items())
         entry = self._cache.get(key)
         if entry is not None:
             self.cache_hits += 1
             return entry
+        order = sorted(mult.items(), key=_route_order) if self._odd_routes else sorted(mult.items())
         routes = self._routes
-        rates = _grouped_rates([(routes[k], m) for k, m in key], self.capacity)
+        rates = _grouped_rates([(routes[k], m) for k, m in order], self.capacity)
         used: set[int] = set()
-        for k, _ in key:
+        for k in mult:
             used.update(routes[k])
-        entry = ({k: rate for (k, _), rate in zip(key, rates)}, tuple(used))
+        entry = ({k: rate for (k, _), rate in zip(order, rates)}, tuple(used))
         if len(self._cache) >= self._CACHE_LIMIT:
             self._cache.clear()
         self._cache[key] = entry
@@ -301,7 +318,6 @@ class FairShareNetwork:
         env = self.env
         timeout = env.timeout
         event = env.event
-        on_delivered = self.on_delivered
         inf = float("inf")
         while True:
             yield self._wakeup
@@ -309,14 +325,7 @@ class FairShareNetwork:
             now = env._now
             done = self._advance(now, now + abs(now) * _EPS + 1e-18)
             if done:
-                finish = self._finish
-                delivered_cb = self._delivered_cb
-                for token in done:
-                    latency = finish(token)[2]
-                    if latency <= 0:
-                        on_delivered(token)  # may start new flows (sets _dirty)
-                    else:
-                        timeout(latency, token).callbacks.append(delivered_cb)
+                self._deliver_done(done)
             elif not self._dirty:
                 continue
             self._dirty = False
