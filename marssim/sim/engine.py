@@ -165,7 +165,7 @@ class _Simulation:
             if w == 0:
                 ready(t)
         self.env.run()
-        unfinished = sum(1 for e in self.end if e != e)
+        unfinished = int(np.isnan(np.asarray(self.end)).sum())
         if unfinished:
             raise RuntimeError(f"{unfinished} tasks never ran: the task graph has a cycle or an unreachable dependency")
 

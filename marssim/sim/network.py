@@ -22,6 +22,7 @@ from simpy.events import PENDING
 __all__ = ["FairShareNetwork", "max_min_rates"]
 
 _EPS = 1e-12
+_INF = float("inf")
 
 
 def max_min_rates(flow_resources: Sequence[Sequence[int]], capacity: Sequence[float]) -> list[float]:
@@ -196,7 +197,7 @@ class FairShareNetwork:
 
         Flows already running are advanced lazily, when the network process wakes at this same
         instant: the new flow's rate is 0 until then, so advancing it changes nothing."""
-        self._flows[token] = [nbytes, route, latency, 0.0, float("inf")]
+        self._flows[token] = [nbytes, route, latency, 0.0, _INF]
         mult = self._mult
         mult[route] = mult.get(route, 0) + 1
         self._dirty = True
@@ -277,7 +278,7 @@ class FairShareNetwork:
     def _recompute(self, now: float) -> float:
         """Give every flow its max-min rate from ``now`` (s); return the earliest finish time."""
         by_route, self._used = self._rates()
-        nxt = float("inf")
+        nxt = _INF
         for f in self._flows.values():
             rate = by_route[f[1]]
             f[3] = rate
@@ -286,7 +287,7 @@ class FairShareNetwork:
                 if finish < nxt:
                     nxt = finish
             else:
-                f[4] = float("inf")
+                f[4] = _INF
         if self.record:
             self._record(now, by_route)
         return nxt
