@@ -161,7 +161,8 @@ class FairShareNetwork:
         self.on_delivered_event = on_delivered_event
         self.recomputes = 0
         self.cache_hits = 0
-        env.process(self._run())
+        self._process = self._run()
+        env.process(self._process)
 
     @property
     def on_delivered_event(self) -> Callable[[simpy.Event], None] | None:
@@ -171,6 +172,14 @@ class FairShareNetwork:
     @on_delivered_event.setter
     def on_delivered_event(self, callback: Callable[[simpy.Event], None] | None) -> None:
         self._delivered_cb = self._token_delivered if callback is None else callback
+
+    def close(self) -> None:
+        """Stop the network process and drop the delivery callbacks (the run is over): this
+        breaks the reference cycles through them, so that the network and its caller are freed
+        by reference counting instead of waiting for the cyclic garbage collector."""
+        self._process.close()
+        self.on_delivered = _undeliverable
+        self._delivered_cb = _undeliverable
 
     @property
     def active(self) -> int:
@@ -341,6 +350,10 @@ class FairShareNetwork:
             self._timer_at = float("inf")
             if not self._wakeup.triggered:
                 self._wakeup.succeed()
+
+
+def _undeliverable(_: object) -> None:
+    raise RuntimeError("the network is closed")
 
 
 def _route_order(item: tuple) -> tuple:
