@@ -190,6 +190,19 @@ def test_queue_order_of_producers_without_scoreboard():
     assert ok.ok  # both scoreboarded
 
 
+
+def test_queue_order_of_operand_reads_behind_a_read_scoreboard():
+    # ptxas sets a read scoreboard (SB4) only on the last of four LDSM from R0; the IMAD.HI that
+    # overwrites R0 waits on SB4 alone. Moving the last LDSM above the third would leave the third
+    # one's read of R0 unguarded: on an H100 that swap changed 16,384 output elements.
+    v = verdict("attention_fwd.sm_90a.cubin", 0x2F40, "LDSM.16.M88.4 R28, [R0+0x800]",
+                "LDSM.16.M88.4 R4, [R0+0xc00]")
+    assert (v.ok, v.reason) == (False, "queue")
+    lst = listing("attention_fwd.sm_90a.cubin")
+    assert lst.instructions[0x2F50 // 16].control.read_sb == 4
+    assert 4 in lst.instructions[0x2F60 // 16].control.waits and "R0" in lst.instructions[0x2F60 // 16].writes
+
+
 # ---------------------------------------------------------------- stall counts of fixed-latency producers
 def test_fixed_latency_consumer_keeps_its_stall_distance():
     # ULDC UR7 (stall 1), S2R (stall 1), IMAD.U32 reads UR7: 2 cycles; swapping the last two

@@ -20,7 +20,12 @@ Rules (the ``reason`` strings returned):
                  uses: a consumer may not move above its wait.
 ``queue``        a variable-latency producer without a scoreboard (its completion is observed
                  through a later instruction's scoreboard, relying on in-order completion) may
-                 not trade places with another variable-latency instruction.
+                 not trade places with another variable-latency instruction. The same for
+                 operand reads: a variable-latency reader without a read scoreboard may not
+                 trade places with a variable-latency instruction that sets one, because a later
+                 overwriter of the first one's sources may wait on the second one's read
+                 scoreboard, relying on in-order operand reads (ptxas sets a read scoreboard
+                 only on the last of several shared-memory loads from one address register).
 ``latency``      a fixed-latency producer would be followed by its consumer sooner than
                  ``min(original distance, latency)`` stall cycles; the same for a scoreboard's
                  setter and its first waiter (``SCOREBOARD_SETUP_CYCLES``), and for a
@@ -145,6 +150,14 @@ class Legality:
         """A variable-latency instruction writing registers without setting a write scoreboard."""
         return self.is_variable(ins) and ins.control.write_sb is None and bool(ins.writes)
 
+    def unscoreboarded_reader(self, ins: Instruction) -> bool:
+        """A variable-latency instruction reading registers without setting a read scoreboard."""
+        return self.is_variable(ins) and ins.control.read_sb is None and bool(ins.reads)
+
+    def read_sb_setter(self, ins: Instruction) -> bool:
+        """A variable-latency instruction that sets a read scoreboard."""
+        return self.is_variable(ins) and ins.control.read_sb is not None
+
     def latency(self, ins: Instruction) -> int:
         """Stall cycles consumers of ``ins`` (a producer without write scoreboard) may need."""
         if self.is_variable(ins):
@@ -182,6 +195,9 @@ class Legality:
             return Verdict(False, "guarded", guarded)
         if (self.no_sb_producer(a) and self.is_variable(b)) or (self.no_sb_producer(b) and self.is_variable(a)):
             return Verdict(False, "queue", "in-order completion of a producer without scoreboard")
+        if self.unscoreboarded_reader(a) and self.read_sb_setter(b) or \
+                self.unscoreboarded_reader(b) and self.read_sb_setter(a):
+            return Verdict(False, "queue", "in-order operand reads: a reader without read scoreboard and one with")
         if pos > 0 and self.block_of[pos - 1] == self.block_of[pos] and self.insns[order[pos - 1]].control.reuse:
             return Verdict(False, "reuse", "the previous instruction caches operands for the upper one")
         if ca.reuse or cb.reuse:
