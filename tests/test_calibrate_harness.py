@@ -53,6 +53,7 @@ def fake_cuda(monkeypatch):
 
     monkeypatch.setattr(torch.cuda, "Event", Event)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: None)
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda *a: None)
     monkeypatch.setattr(harness, "device_info", lambda index=0: INFO)
     monkeypatch.setattr(harness, "_sm_clock", lambda index: "1755")
@@ -86,17 +87,29 @@ def _tasks(kinds=("gemm", "elementwise"), workloads=("bert-base",)):
     return [Task(p, impl, 0.01, i) for i, p in enumerate(points) for impl in kernels_for(p, triton=False)]
 
 
-def test_time_kernel_reports_the_median_of_at_least_20_repetitions(fake_cuda):
+def test_time_kernel_reports_the_median_of_at_least_20_repetitions(fake_cuda, monkeypatch):
     flush = torch.empty(1 << 10, dtype=torch.int8)
     plan = TimingPlan(warmup=2, min_reps=20, max_reps=50, target_s=1e-3)
 
     def kernel():
         fake_cuda.tick()
 
+    holds = []
+    monkeypatch.setattr(harness, "_hold_gpu", lambda s: holds.append((s, fake_cuda.launches)))
     stats = time_kernel(kernel, flush, plan)
     # 1 ms target / 20 us per launch = 50 repetitions; every one lasts exactly 20 us
     assert stats.samples == 50 and stats.median == pytest.approx(2e-5) and stats.iqr == pytest.approx(0, abs=1e-12)
     assert fake_cuda.launches == 2 + 3 + 50  # warm-up, the probe for the repetition count, the repetitions
+    # the GPU is held once, after the warm-up and the probe, before the first repetition
+    assert len(holds) == 1 and holds[0][1] == 2 + 3
+    assert holds[0][0] >= 2 * 50 * harness.HOST_OVERHEAD_S
+
+
+def test_the_hold_covers_the_host_enqueueing_every_repetition():
+    # 100 repetitions of a kernel whose launch takes the host 200 us: 100 * (200 + 30) us * 2
+    assert harness.hold_seconds(100, 200e-6) == pytest.approx(0.046)
+    assert harness.hold_seconds(20, 0.0) == pytest.approx(1.2e-3)
+    assert harness.hold_seconds(1, 0.0) == 1e-3 and harness.hold_seconds(100, 1.0) == harness.MAX_HOLD_S
 
 
 def test_measure_writes_rows_resumes_and_keeps_fused_apart(fake_cuda, tmp_path):

@@ -3,7 +3,9 @@
 Per kernel (:func:`time_kernel`): ``warmup`` untimed runs; a rough per-run time from a few
 more decides the repetitions (``TimingPlan.reps``: at least 20); then each repetition writes a
 buffer larger than the L2 cache (twice its size, at least 256 MiB) so the kernel starts with
-a cold L2, and a pair of CUDA events brackets the kernel alone. The row records the median of
+a cold L2, and a pair of CUDA events brackets the kernel alone. Before the repetitions are
+enqueued the GPU is kept busy by a spinning kernel long enough for the host to enqueue them all
+(:func:`hold_seconds`), so that host-side launch work never shows in a kernel's time. The row records the median of
 the repetitions and their inter-quartile range. Inputs are random (never zeros) with a seed
 per point; the output's shape is checked against the op's and its values must be finite.
 
@@ -101,6 +103,33 @@ def _sm_clock(index: int) -> str:
         return ""
 
 
+#: host seconds to enqueue one repetition's L2 flush and two event records, on top of the kernel's
+#: own launch (a generous bound: these take a few microseconds each)
+HOST_OVERHEAD_S = 30e-6
+#: longest hold before the repetitions, seconds
+MAX_HOLD_S = 1.0
+
+
+def hold_seconds(reps: int, host_per_call_s: float) -> float:
+    """Seconds the GPU is kept busy before ``reps`` repetitions are enqueued: twice the host time
+    to enqueue them (``host_per_call_s`` per kernel launch plus :data:`HOST_OVERHEAD_S`), at least
+    1 ms, at most :data:`MAX_HOLD_S`."""
+    return min(MAX_HOLD_S, max(1e-3, 2.0 * reps * (host_per_call_s + HOST_OVERHEAD_S)))
+
+
+def _hold_gpu(seconds: float) -> None:
+    """Enqueue a kernel that spins for about ``seconds`` (counted at 2 GHz, an upper bound on the
+    SM clocks of the GPUs calibrated), so that the host enqueues the repetitions behind it and
+    no start event waits for the host to launch its kernel: otherwise a launch that takes the
+    host longer than the L2 flush before it (cuDNN convolutions, small kernels) is timed too.
+    Spinning also brings the SM clock up from idle before the first repetition."""
+    import torch
+
+    sleep = getattr(torch.cuda, "_sleep", None)
+    if sleep is not None:
+        sleep(int(seconds * 2e9))
+
+
 def time_kernel(fn: Callable[[], Any], flush: Any, plan: TimingPlan = TimingPlan()) -> TimingStats:
     """Seconds per run of ``fn`` on the current CUDA stream (see the module docstring):
     ``flush`` is a device buffer larger than L2, written before each timed repetition."""
@@ -110,14 +139,17 @@ def time_kernel(fn: Callable[[], Any], flush: Any, plan: TimingPlan = TimingPlan
         fn()
     torch.cuda.synchronize()
     probe_start, probe_end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    host_start = time.perf_counter()
     probe_start.record()
     for _ in range(3):
         fn()
     probe_end.record()
+    host_per_call = (time.perf_counter() - host_start) / 3
     probe_end.synchronize()
     reps = plan.reps(probe_start.elapsed_time(probe_end) * 1e-3 / 3)
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    _hold_gpu(hold_seconds(reps, host_per_call))
     for i in range(reps):
         flush.zero_()
         starts[i].record()
