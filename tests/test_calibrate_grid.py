@@ -10,9 +10,10 @@ import pytest
 
 from marssim.calibrate.grid import (
     FUSED_ATTENTION, TimingPlan, build_grid, estimate_seconds, grid_from_graphs, parse_list, split_chunks,
-    split_workloads, sweep_variants, tile_neighbours,
+    shard_variants, split_workloads, sweep_variants, tile_neighbours,
 )
 from marssim.errors import InputError
+from marssim.cli import main
 from marssim.workload import OpKind, load_workload
 
 KIND_OF = {OpKind.CONV: "conv", OpKind.GEMM: "gemm", OpKind.MATMUL: "attention", OpKind.ELTWISE: "elementwise",
@@ -149,3 +150,34 @@ def test_flag_parsing_names_the_flag():
         build_grid(("no-such-model",), ("gemm",), ("fp16",))
     pools = build_grid(("resnet50",), ("pool",), ("fp16",), sweep=False)
     assert [p.origin for p in pools] == ["resnet50:maxpool", "resnet50:avgpool"]
+
+
+def test_shards_split_each_strategy_loop_into_the_sizes_a_mapping_uses():
+    query = load_workload("bert-base").op("encoder.layer.0.attention.self.query")  # B=1 M=128 N=768 K=768
+    views = {label: op.gemm_view() for op, label in shard_variants(query, (2, 3, 8))}
+    # output channels (N), input channels (K) and tokens (M): 768 / 2, 3, 8 and 128 / 2, 3 (43 + 43 + 42), 8
+    assert views == {
+        "oc/2 N=384": (1, 128, 384, 768), "oc/3 N=256": (1, 128, 256, 768), "oc/8 N=96": (1, 128, 96, 768),
+        "ic/2 K=384": (1, 128, 768, 384), "ic/3 K=256": (1, 128, 768, 256), "ic/8 K=96": (1, 128, 768, 96),
+        "seq/2 M=64": (1, 64, 768, 768), "seq/3 M=43": (1, 43, 768, 768), "seq/3 M=42": (1, 42, 768, 768),
+        "seq/8 M=16": (1, 16, 768, 768)}
+    # a batch of 1 cannot be split: no batch shards
+    conv = load_workload("resnet50").op("layer1.0.conv2")  # 3x3, 64 -> 64, 56x56 output
+    spatial = [op for op, label in shard_variants(conv, (3,)) if label.startswith("spatial")]
+    assert [op.gemm_view()[1] for op in spatial] == [19 * 56, 18 * 56]
+    assert sum(op.flops for op in spatial) + 19 * 56 * 64 * 576 * 2 == conv.flops  # 19 + 19 + 18 rows
+
+
+def test_shard_points_join_the_grid_after_the_sweep_and_are_unique():
+    base = build_grid(("bert-base",), ("gemm",), ("bf16",), sweep=False)
+    sharded = build_grid(("bert-base",), ("gemm",), ("bf16",), sweep=False, shards=(2, 8))
+    assert [p.key for p in sharded][:len(base)] == [p.key for p in base]
+    assert len({p.key for p in sharded}) == len(sharded) > len(base)
+    query = load_workload("bert-base").op("encoder.layer.0.attention.self.query")
+    assert expected_key(query.with_loops(N=96), "bf16") in {p.key for p in sharded}
+
+
+def test_shards_flag_is_checked(capsys):
+    assert main(["calibrate", "grid", "--workloads", "bert-base", "--kinds", "gemm", "--no-sweep",
+                 "--shards", "2,1"]) == 2
+    assert "--shards" in capsys.readouterr().err

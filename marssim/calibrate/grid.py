@@ -23,7 +23,12 @@ How the grid is built (:func:`build_grid`):
      powers of two just below and above the value and the multiples of the 128-wide tile just
      below and above it (values equal to the original or below 1 dropped).
 
-3. Points with the same :func:`shape_key` (per measure kind) are kept once, the first seen.
+3. With ``shards`` (split counts such as 2, 4, 8), the shards of each such op as the mappings
+   cut them (:func:`shard_variants`): for every sharding strategy legal for the op
+   (:func:`marssim.mapping.sharding.legal_strategies`), the op with the strategy's loop split
+   into that many parts (:func:`~marssim.mapping.sharding.split_sizes`; each distinct part size
+   once). A model-parallel mapping asks the cost model for exactly these shapes.
+4. Points with the same :func:`shape_key` (per measure kind) are kept once, the first seen.
 
 :func:`estimate_seconds` predicts how long the harness spends on a point (kernel time from the
 analytical GPU roofline of a design, plus the L2 flush, warm-up and a fixed set-up cost per
@@ -46,7 +51,7 @@ from marssim.workload.op import DTYPE_BYTES
 
 __all__ = ["MEASURE_KINDS", "DEFAULT_KINDS", "FUSED_ATTENTION", "MEASURE_DTYPES", "DEFAULT_WORKLOADS",
            "GridPoint", "TimingPlan", "build_grid", "grid_from_graphs", "load_graphs", "split_workloads",
-           "parse_list", "sweep_variants", "estimate_seconds", "split_chunks", "tile_neighbours"]
+           "parse_list", "sweep_variants", "shard_variants", "estimate_seconds", "split_chunks", "tile_neighbours"]
 
 FUSED_ATTENTION = "fused-attention"
 MEASURE_KINDS = ("gemm", "conv", "attention", "elementwise", "norm", "softmax", "pool", "embedding", FUSED_ATTENTION)
@@ -185,6 +190,31 @@ def sweep_variants(op: Op, max_batch_factor: int = 32) -> list[tuple[Op, str]]:
     return out
 
 
+def shard_variants(op: Op, shards: Sequence[int]) -> list[tuple[Op, str]]:
+    """The shards of ``op`` split ``n`` ways for each ``n`` in ``shards``, by every legal sharding
+    strategy that splits a loop: ``(shard op, label)``, label ``"model_k/8 K=96"`` (strategy,
+    split count, the split loop and its size). Each distinct shape once, in strategy order, then
+    split count, then size (larger first)."""
+    from marssim.mapping.sharding import legal_strategies, split_dim, split_sizes
+
+    out: list[tuple[Op, str]] = []
+    seen: set[tuple[str, int]] = set()
+    for strategy in legal_strategies(op):
+        dim = split_dim(op, strategy)
+        if dim is None:
+            continue
+        total = op.dim(dim)
+        for parts in shards:
+            if parts < 2 or parts > total:
+                continue
+            for size in dict.fromkeys(split_sizes(total, parts)):
+                if (dim, size) in seen:
+                    continue
+                seen.add((dim, size))
+                out.append((op.with_loops(**{dim: size}), f"{strategy}/{parts} {dim}={size}"))
+    return out
+
+
 # ----------------------------------------------------------------------------- points
 def _point(op: Op, measure_kind: str, origin: str) -> GridPoint | None:
     x = op_features(op)
@@ -220,9 +250,9 @@ def _candidates(op: Op, measure_kind: str) -> bool:
 
 def grid_from_graphs(graphs: Sequence[Graph], kinds: Sequence[str] = DEFAULT_KINDS,
                      dtypes: Sequence[str] = ("bf16", "fp16", "fp32"), *, sweep: bool = True,
-                     max_batch_factor: int = 32) -> tuple[GridPoint, ...]:
+                     max_batch_factor: int = 32, shards: Sequence[int] = ()) -> tuple[GridPoint, ...]:
     """The grid of ``graphs`` (see the module docstring), ordered by kind, dtype, then the
-    workloads' own shapes before the sweep's. Pure and deterministic."""
+    workloads' own shapes, the sweep's, then the shards'. Pure and deterministic."""
     for kind in kinds:
         if kind not in MEASURE_KINDS:
             raise ValueError(f"unknown kind {kind!r}; expected some of {', '.join(MEASURE_KINDS)}")
@@ -258,14 +288,21 @@ def grid_from_graphs(graphs: Sequence[Graph], kinds: Sequence[str] = DEFAULT_KIN
                         continue
                     for variant, label in sweep_variants(op, max_batch_factor):
                         add(_point(variant, measure_kind, f"{origin} {label}"))
+            if shards:
+                for op, origin in bases:
+                    if _point(op, measure_kind, origin) is None:
+                        continue
+                    for variant, label in shard_variants(op, shards):
+                        add(_point(variant, measure_kind, f"{origin} {label}"))
     return tuple(points)
 
 
 def build_grid(workloads: Sequence[str] = DEFAULT_WORKLOADS, kinds: Sequence[str] = DEFAULT_KINDS,
                dtypes: Sequence[str] = ("bf16", "fp16", "fp32"), *, sweep: bool = True,
-               max_batch_factor: int = 32) -> tuple[GridPoint, ...]:
+               max_batch_factor: int = 32, shards: Sequence[int] = ()) -> tuple[GridPoint, ...]:
     """:func:`grid_from_graphs` of the workloads named by ``workloads`` (zoo specs, ONNX files)."""
-    return grid_from_graphs(load_graphs(workloads), kinds, dtypes, sweep=sweep, max_batch_factor=max_batch_factor)
+    return grid_from_graphs(load_graphs(workloads), kinds, dtypes, sweep=sweep, max_batch_factor=max_batch_factor,
+                            shards=shards)
 
 
 # ----------------------------------------------------------------------------- time estimate

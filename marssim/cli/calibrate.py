@@ -35,10 +35,25 @@ def _grid_args(p: argparse.ArgumentParser) -> None:
                    help="only the workloads' own layer shapes, no sweep around them")
     p.add_argument("--max-batch-factor", type=positive_int, default=32,
                    help="the sweep scales each layer's batch by 2, 4, ... up to this (default 32)")
+    p.add_argument("--shards", default="",
+                   help="also the shards of each layer split this many ways by every legal sharding strategy, "
+                        "comma-separated counts >= 2 (e.g. 2,4,8: the shapes model-parallel mappings ask for)")
     p.add_argument("--chunk-seconds", type=float, default=240.0,
                    help="estimated harness seconds per chunk (default 240: a chunk fits a 10-minute run with "
                         "a 2.5x margin)")
     p.add_argument("--no-triton", dest="triton", action="store_false", help="leave out the Triton GEMM")
+
+
+def _shard_counts(text: str) -> tuple[int, ...]:
+    """``--shards``: comma-separated split counts, each an integer >= 2 (empty: none)."""
+    out = []
+    for item in (t.strip() for t in text.split(",")):
+        if not item:
+            continue
+        if not item.isdigit() or int(item) < 2:
+            raise InputError(None, "--shards", f"expected comma-separated integers >= 2, got {item!r}")
+        out.append(int(item))
+    return tuple(out)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -111,7 +126,8 @@ def _grid(args: argparse.Namespace):
     if not args.chunk_seconds > 0:
         raise InputError(None, "--chunk-seconds", f"expected seconds > 0, got {args.chunk_seconds}")
     specs = split_workloads(args.workloads)
-    points = build_grid(specs, kinds, dtypes, sweep=args.sweep, max_batch_factor=args.max_batch_factor)
+    points = build_grid(specs, kinds, dtypes, sweep=args.sweep, max_batch_factor=args.max_batch_factor,
+                        shards=_shard_counts(args.shards))
     impls = [kernels_for(p, triton=args.triton) for p in points]
     per_point = estimate_seconds(points, [len(k) for k in impls])
     tasks = []
