@@ -98,3 +98,13 @@ def test_triton_gemm_matches_torch_in_the_interpreter():
     done = subprocess.run([sys.executable, "-c", _TRITON_SCRIPT], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.count("ok ") == 2
+
+
+def test_spatial_shards_of_strided_convs_get_the_output_the_op_says():
+    # the shards a spatial split cuts carry their halo; strided, padded layers included
+    points = build_grid(("resnet50", "mobilenetv2"), ("conv",), ("fp32",), sweep=False, shards=(2, 3, 8))
+    spatial = [p for p in points if " spatial/" in p.origin]
+    assert len(spatial) > 50
+    for p in spatial:
+        built = kernels_for(p)[0].build(p, "cpu", 0)
+        assert tuple(built.fn().shape) == tuple(p.op.out_shape), p.describe()

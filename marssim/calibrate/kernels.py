@@ -172,6 +172,19 @@ def triton_specialization(point: GridPoint) -> tuple:
     return (point.dtype, *((v == 1, v % 16 == 0) for v in (m, n, k)))
 
 
+def _shard_padding(size: int, out: int, kernel: int, stride: int, dilation: int, lo: int,
+                   hi: int) -> tuple[int, int, int]:
+    """(low pad, high pad, input size) that give ``out`` output positions along one spatial
+    axis: the op's padding when it does (a whole layer), else the padding ``out`` still needs,
+    low side first, with the input cut when even none is too much (a spatial shard)."""
+    need = (out - 1) * stride + dilation * (kernel - 1) + 1 - size
+    if need == lo + hi:
+        return lo, hi, size
+    if need <= 0:
+        return 0, 0, size + need
+    return min(lo, need), need - min(lo, need), size
+
+
 def _conv(point: GridPoint, device, seed: int) -> Built:
     import torch
 
@@ -183,6 +196,10 @@ def _conv(point: GridPoint, device, seed: int) -> Built:
     sh, sw = op.param("stride", (1, 1))
     top, left, bottom, right = op.param("pad", (0, 0, 0, 0))
     dilation = op.param("dilation", 1)
+    # a spatial shard reads its rows with the halo from the neighbouring shards: only the padding
+    # its output still needs is kept (none for an inner shard)
+    top, bottom, h = _shard_padding(h, op.out_shape[2], r, sh, dilation, top, bottom)
+    left, right, w = _shard_padding(w, op.out_shape[3], s, sw, dilation, left, right)
     x = _random((n, c_in, h, w), point.dtype, device, gen)
     if (top, left) != (bottom, right):
         x = torch.nn.functional.pad(x, (left, right, top, bottom))  # once, outside the timed kernel
