@@ -3,8 +3,9 @@
 :func:`fit_report` fits every ``(device, kind, dtype, tuning)`` group of a table twice with
 :func:`marssim.cost.calibrated.fit_group`: once on all rows -- the parameters the cost model
 uses, since :class:`marssim.cost.DataflowCost` fits the same rows the same way -- and once on
-80 % of the group's distinct shapes, to predict the other 20 % (the held-out error). The
-held-out shapes are chosen by the SHA-256 of each shape's :func:`~marssim.cost.calibrated.shape_key`
+80 % of the group's distinct shapes, to predict the other 20 % (the held-out error; the
+curve and its residual correction are both fitted on those 80 %, so a held-out row never
+enters its own prediction; the curve's error alone is reported beside it). The held-out shapes are chosen by the SHA-256 of each shape's :func:`~marssim.cost.calibrated.shape_key`
 (the ``round(0.2 x shapes)`` smallest digests): deterministic, independent of row order and
 of which other shapes the table holds, and all rows of one shape are on the same side.
 (:func:`marssim.cost.calibrated.holdout_errors` holds out every n-th row in table order and

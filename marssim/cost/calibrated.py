@@ -4,21 +4,29 @@ A calibrated GPU model predicts the time of a kernel of any shape from measured 
 kernels of a few shapes: for every (device, kernel kind, dtype, tuning) group of a table it fits
 the four parameters of the GPU efficiency curve of :mod:`marssim.cost.gpu` (``rate``,
 ``bandwidth``, ``k_half``, ``launch``; wave quantisation and tile padding use the device's SM
-count and the tile) by least squares on log time (``scipy.optimize.least_squares``). Prediction
-is the fitted curve, also between and beyond the measured shapes: not a nearest-neighbour
-lookup. Kinds without data fall back to the analytical curve, and say so (the ``model`` of
+count and the tile) by least squares on log time (``scipy.optimize.least_squares``). The curve
+captures the physics (roofline, waves, tile padding, short K) but not what a kernel library
+does between shapes (algorithm and tile switches, misaligned N or K, fp32 on CUDA cores), which
+on a real H100 table leaves 10-50 % errors. So the prediction for an unmeasured shape is the
+curve times a local residual correction (:mod:`marssim.cost.residual`): the tricube-weighted
+mean of ``ln(measured / curve)`` over the nearest measured shapes of the group in a scaled
+log-shape space, shrunk toward 0 by a prior weight, exactly 0 (the curve alone) when no
+measured shape lies within the group's radius, so extrapolation falls back to the curve. The
+settings are chosen per group by leave-one-out on the group's rows (no correction at all
+where that is not clearly better than the curve, e.g. a table the curve explains up to
+noise). Kinds without data fall back to the analytical curve, and say so (the ``model`` of
 their :class:`~marssim.cost.base.OpCost` is ``gpu-roofline``; see
 :meth:`marssim.cost.DataflowCost.coverage`).
 
 Measured shapes are used as measured. A kernel whose shape is in the table takes the table's
-median time, not the curve's value there (``OpCost.model == "measured"``): a user who measured
-a layer expects the simulator to charge what was measured, and the curve's error at a measured
-point (a few percent) would only add noise. The shape is :func:`shape_key`: GEMM-class kinds by
+median time, not the model's value there (``OpCost.model == "measured"``): a user who measured
+a layer expects the simulator to charge what was measured. The shape is :func:`shape_key`: GEMM-class kinds by
 ``(kind, dtype, batch, m, n, k)`` -- the GEMM the kernel computes, whatever the convolution's
 stride or padding -- and streaming kinds by ``(kind, dtype, flops, bytes)``. Among rows of
 one shape the most tuned tuning wins (as for the fits), then the fastest median (a framework
 that measured several kernels for a shape runs the fastest). The curve still times every other
-shape; ``DataflowCost(measured=False)`` uses the curve everywhere.
+shape; ``DataflowCost(measured=False)`` uses the model (curve x correction) everywhere and
+``DataflowCost(correction=False)`` the curve alone for unmeasured shapes.
 
 CSV schema
 ----------
@@ -52,7 +60,8 @@ note        optional: free text
 Bad rows raise :class:`~marssim.errors.InputError` naming the file, the line and the column.
 
 API: :func:`load_table` / :func:`load_tables` read tables; :func:`fit` fits every group of a
-table and returns :class:`KernelFit` values; :func:`predict` evaluates a fit on shapes;
+table and returns :class:`KernelFit` values (curve parameters and correction); :func:`predict`
+evaluates a fit on shapes;
 :func:`holdout_errors` fits on part of a table and reports the prediction error on the rest.
 """
 
