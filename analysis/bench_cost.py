@@ -187,7 +187,62 @@ def main() -> None:
                      f"{100 * h.median_rel_error:>9.2f}% {100 * h.max_rel_error:>7.2f}%")
     lines.append("(held out: every 4th row of each group, fitted on the other rows; the synthetic table is the curve "
                  "itself plus 0.5% noise, so this checks the fit, not the curve against real GPUs)")
+    lines += h100_correction_cost()
     print("\n".join(lines))
+
+
+H100_TABLE = Path(__file__).resolve().parents[1] / "traces" / "calibration" / "H100.csv"
+N_GPU_SHAPES = 20_000
+
+
+def h100_correction_cost() -> list[str]:
+    """Cost of the residual correction on the measured H100 table: cold evaluations of distinct
+    GPU shapes (none measured) on dgx-h100's GPU, correction on vs off, scalar and vectorised,
+    and the fit (curve + leave-one-out choice of the correction) of the whole table."""
+    from marssim.cost import CalibratedCost, fit as fit_table
+
+    if not H100_TABLE.is_file():
+        return []
+    table = load_table(H100_TABLE)
+    t0 = time.perf_counter()
+    fit_table(table, correct=False)
+    curve_fit_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    fit_table(table)
+    full_fit_s = time.perf_counter() - t0
+    design = load_system("dgx-h100").design("gpu0", "h100")
+    ops = [op for op in distinct_ops(N_GPU_SHAPES, seed=1) if op.dtype in ("bf16", "fp16", "fp32")]
+    out = ["", f"calibrated model on the MEASURED table {H100_TABLE.name} ({len(table)} rows), dgx-h100 GPU, "
+               f"{len(ops):,} distinct shapes, cold (fresh model, fits done before timing)"]
+    out.append(f"{'evaluation':<44} {'correction off':>15} {'on':>12}  time on / off")
+    results = {}
+    for correction in (False, True):
+        def scalar():
+            m = CalibratedCost(table, correction=correction)
+            m.fits_for("h100")
+            m._did(design)
+            t = time.perf_counter()
+            for op in ops:
+                m.op_cost(op, design)
+            return time.perf_counter() - t
+
+        def vector():
+            m = CalibratedCost(table, correction=correction)
+            m.fits_for("h100")
+            m._did(design)
+            t = time.perf_counter()
+            m.op_times(ops, [design] * len(ops))
+            return time.perf_counter() - t
+
+        results[correction] = (min(scalar() for _ in range(2)), min(vector() for _ in range(2)))
+    for i, name in enumerate(("scalar op_cost evals/s", "op_times evals/s (distinct shapes)")):
+        off, on = len(ops) / results[False][i], len(ops) / results[True][i]
+        out.append(f"{name:<44} {off:>15,.0f} {on:>12,.0f}  {off / on:.1f}x")
+    out.append(f"{'fit of the whole table, s':<44} {curve_fit_s:>15.2f} {full_fit_s:>12.2f}  "
+               f"{full_fit_s / curve_fit_s:.1f}x")
+    out.append("(memo hits and repeated shapes cost the same with or without the correction: it is computed once "
+               "per distinct shape and design)")
+    return out
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """Report on a measured calibration table: the fit's held-out error per kernel kind and dtype,
-and ResNet-50 / BERT-base simulated on the 8x H100 topology with it -- do the simulated
+the error on the batch sweep's x2 and x32 variants of each layer predicted from the other rows
+(a proxy for the shard shapes a simulation asks for that the table lacks), and ResNet-50 / BERT-base simulated on the 8x H100 topology with it -- do the simulated
 per-layer times equal the measured ones for the shapes in the table, and how far is the fitted
 curve from them?
 
@@ -49,7 +50,7 @@ def simulate_layers(table_path: Path, system_name: str, workload: str, lines: li
     design = system.design(aset.devices[0], aset.design)
     device = design.gpu.calibration or ""
     model = DataflowCost(calibration=table_path)
-    curve = CalibratedCost(table_path, measured=False)
+    curve = CalibratedCost(table_path, measured=False, correction=False)
     tg = lower(graph, system, mapping, model)
     result = simulate(tg, system)
     measured = {}
@@ -86,6 +87,47 @@ def simulate_layers(table_path: Path, system_name: str, workload: str, lines: li
                      f"{100 * max(e):.3g} % over {len(e)} intervals")
 
 
+def batch_variant_errors(table, factor: int, lines: list[str]) -> None:
+    """Proxy for the shapes the simulator asks for but the table lacks (a layer's shard at a
+    batch or split between or beyond the measured ones): per group, hold out every row whose
+    note ends in ``x{factor} N`` / ``x{factor} B`` (the batch sweep's variant of a layer at
+    ``factor`` times its batch) together with any row of the same shape, fit curve and
+    correction on the rest, and predict the held-out rows. ``factor`` 2 interpolates (x1 and
+    x4 of the same layer are fitting rows), 32 extrapolates (x16 is the largest left)."""
+    from marssim.calibrate.fitting import TARGETS
+    from marssim.cost.calibrated import fit_group, predict, shape_key
+    from marssim.system.describe import format_table
+
+    suffixes = (f" x{factor} N", f" x{factor} B")
+    rows_out = []
+    for key, rows in sorted(table.groups().items()):
+        held_keys = {shape_key(r.kind, r.dtype, r.batch, r.m, r.n, r.k, r.flops, r.bytes)
+                     for r in rows if r.note.endswith(suffixes)}
+        held = [r for r in rows if shape_key(r.kind, r.dtype, r.batch, r.m, r.n, r.k, r.flops, r.bytes) in held_keys]
+        train = [r for r in rows if shape_key(r.kind, r.dtype, r.batch, r.m, r.n, r.k, r.flops, r.bytes)
+                 not in held_keys]
+        if not held or len(train) < 4:
+            continue
+        f = fit_group(train)
+        args = dict(batch=[r.batch for r in held], m=[r.m for r in held], n=[r.n for r in held],
+                    k=[r.k for r in held], flops=[r.flops for r in held], nbytes=[r.bytes for r in held])
+        t = np.array([r.median_s for r in held])
+        cells = []
+        for corrected in (False, True):
+            e = np.abs(predict(f, key[1], corrected=corrected, **args) / t - 1)
+            cells += [f"{100 * np.median(e):.3g} %", f"{100 * np.percentile(e, 90):.3g} %"]
+        cells.append(f"{100 * e.max():.3g} %")
+        target = TARGETS.get(key[1])
+        met = "" if target is None else ("met" if np.median(e) <= target[0] and np.percentile(e, 90) <= target[1]
+                                         else "MISSED")
+        rows_out.append([*key, str(len(train)), str(len(held)), *cells, met])
+    lines.append(f"batch-sweep x{factor} variants predicted from the other rows of their group "
+                 f"({'interpolation: x1 and x4 of each layer remain' if factor == 2 else 'extrapolation: x16 is the largest left'}):")
+    lines.extend(format_table(["device", "kind", "dtype", "tuning", "fit rows", "held", "curve median", "curve p90",
+                               "median", "p90", "max", "target"], rows_out, indent="  "))
+    lines.append("")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("table", type=Path)
@@ -104,6 +146,8 @@ def main(argv: list[str] | None = None) -> int:
     lines.append("")
     lines.append(format_report(fit_report(table)))
     lines.append("")
+    for factor in (2, 32):
+        batch_variant_errors(table, factor, lines)
     from marssim.calibrate.grid import split_workloads
 
     for spec in split_workloads(args.workloads) if args.workloads.strip() else ():

@@ -9,7 +9,8 @@ Modules of the measurement harness (``marssim calibrate``), in data-flow order:
   cuDNN, PyTorch's own kernels, fused attention), built with random inputs;
 * :mod:`.harness` -- CUDA-event timing with the L2 flushed before every repetition, device
   and library provenance, progress, resumable runs (needs torch and a GPU);
-* :mod:`.fitting` -- the efficiency-curve fit of a table, its held-out error and ``.fit.json``;
+* :mod:`.fitting` -- the efficiency-curve fit (with its local residual correction) of a table,
+  its held-out error and ``.fit.json``;
 * :mod:`.coverage` -- what a table covers, per kind and dtype and per workload layer.
 
 Shared with :mod:`.sip`: :mod:`.table` (calibration rows, merging, device names),

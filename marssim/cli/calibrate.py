@@ -96,8 +96,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     f = s.add_parser("fit", help="fit the GPU efficiency curves to a table; report the held-out error",
                      description="Fit the cost model's GPU efficiency curve per (device, kind, dtype, tuning) to "
-                                 "TABLE, write the parameters to TABLE's .fit.json beside it, and report the error "
-                                 "on 20 %% of each group's shapes held out of a second fit (median, p90, max).")
+                                 "TABLE with its local residual correction from measured neighbours, write the parameters "
+                                 "to TABLE's .fit.json beside it, and report the error on 20 %% of each group's shapes "
+                                 "held out of a second fit (median, p90, max; and the curve's alone).")
     f.add_argument("table", metavar="TABLE.csv")
     f.add_argument("--json", metavar="FILE", help="write the fitted parameters here instead")
     f.set_defaults(func=run_fit)

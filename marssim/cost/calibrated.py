@@ -4,21 +4,29 @@ A calibrated GPU model predicts the time of a kernel of any shape from measured 
 kernels of a few shapes: for every (device, kernel kind, dtype, tuning) group of a table it fits
 the four parameters of the GPU efficiency curve of :mod:`marssim.cost.gpu` (``rate``,
 ``bandwidth``, ``k_half``, ``launch``; wave quantisation and tile padding use the device's SM
-count and the tile) by least squares on log time (``scipy.optimize.least_squares``). Prediction
-is the fitted curve, also between and beyond the measured shapes: not a nearest-neighbour
-lookup. Kinds without data fall back to the analytical curve, and say so (the ``model`` of
+count and the tile) by least squares on log time (``scipy.optimize.least_squares``). The curve
+captures the physics (roofline, waves, tile padding, short K) but not what a kernel library
+does between shapes (algorithm and tile switches, misaligned N or K, fp32 on CUDA cores), which
+on a real H100 table leaves 10-50 % errors. So the prediction for an unmeasured shape is the
+curve times a local residual correction (:mod:`marssim.cost.residual`): the tricube-weighted
+mean of ``ln(measured / curve)`` over the nearest measured shapes of the group in a scaled
+log-shape space, shrunk toward 0 by a prior weight, exactly 0 (the curve alone) when no
+measured shape lies within the group's radius, so extrapolation falls back to the curve. The
+settings are chosen per group by leave-one-out on the group's rows (no correction at all
+where that is not clearly better than the curve, e.g. a table the curve explains up to
+noise). Kinds without data fall back to the analytical curve, and say so (the ``model`` of
 their :class:`~marssim.cost.base.OpCost` is ``gpu-roofline``; see
 :meth:`marssim.cost.DataflowCost.coverage`).
 
 Measured shapes are used as measured. A kernel whose shape is in the table takes the table's
-median time, not the curve's value there (``OpCost.model == "measured"``): a user who measured
-a layer expects the simulator to charge what was measured, and the curve's error at a measured
-point (a few percent) would only add noise. The shape is :func:`shape_key`: GEMM-class kinds by
+median time, not the model's value there (``OpCost.model == "measured"``): a user who measured
+a layer expects the simulator to charge what was measured. The shape is :func:`shape_key`: GEMM-class kinds by
 ``(kind, dtype, batch, m, n, k)`` -- the GEMM the kernel computes, whatever the convolution's
 stride or padding -- and streaming kinds by ``(kind, dtype, flops, bytes)``. Among rows of
 one shape the most tuned tuning wins (as for the fits), then the fastest median (a framework
 that measured several kernels for a shape runs the fastest). The curve still times every other
-shape; ``DataflowCost(measured=False)`` uses the curve everywhere.
+shape; ``DataflowCost(measured=False)`` uses the model (curve x correction) everywhere and
+``DataflowCost(correction=False)`` the curve alone for unmeasured shapes.
 
 CSV schema
 ----------
@@ -52,7 +60,8 @@ note        optional: free text
 Bad rows raise :class:`~marssim.errors.InputError` naming the file, the line and the column.
 
 API: :func:`load_table` / :func:`load_tables` read tables; :func:`fit` fits every group of a
-table and returns :class:`KernelFit` values; :func:`predict` evaluates a fit on shapes;
+table and returns :class:`KernelFit` values (curve parameters and correction); :func:`predict`
+evaluates a fit on shapes;
 :func:`holdout_errors` fits on part of a table and reports the prediction error on the rest.
 """
 
@@ -63,7 +72,7 @@ import datetime as _dt
 import math
 import os
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -72,6 +81,7 @@ from marssim.errors import InputError
 
 from .features import DTYPES, KERNEL_KINDS, N_GEMM_KERNELS
 from .gpu import TILE_K, CurveParams, gemm_curve, stream_curve
+from .residual import ResidualCorrection, fit_correction
 
 __all__ = [
     "REQUIRED_COLUMNS", "OPTIONAL_COLUMNS", "TUNINGS", "KernelTiming", "KernelTable", "KernelFit", "FitKey",
@@ -321,7 +331,10 @@ class KernelFit:
     """The fitted curve of one (device, kind, dtype, tuning) group and how well it fits.
 
     ``rms_log_error``: root mean square of ``ln(predicted / measured)`` over the fitting points;
-    ``median_rel_error``/``max_rel_error``: of ``|predicted / measured - 1|`` over them."""
+    ``median_rel_error``/``max_rel_error``: of ``|predicted / measured - 1|`` over them (all
+    three of the curve alone). ``correction``: the local residual correction from the fitting
+    rows (:mod:`marssim.cost.residual`), None where leave-one-out found none better than the
+    curve alone."""
 
     device: str
     kind: str
@@ -332,6 +345,7 @@ class KernelFit:
     rms_log_error: float
     median_rel_error: float
     max_rel_error: float
+    correction: ResidualCorrection | None = field(default=None, compare=False, repr=False)
 
     @property
     def key(self) -> FitKey:
@@ -354,29 +368,44 @@ def _arrays(rows: Sequence[KernelTiming]):
 
 
 def predict(fit_or_params: KernelFit | CurveParams, kind: str, *, batch=1, m=1, n=1, k=1, flops=0.0,
-            nbytes=0.0) -> np.ndarray:
-    """Seconds of ``kind`` kernels of the given shapes (numbers or arrays) under a fitted curve;
-    ``nbytes`` is the ``bytes`` column. For GEMM-class kinds ``flops`` defaults to ``2*batch*m*n*k``."""
+            nbytes=0.0, corrected: bool = True) -> np.ndarray:
+    """Seconds of ``kind`` kernels of the given shapes (numbers or arrays) under a fit: the
+    curve times the fit's local residual correction (with ``corrected`` and a fit that has
+    one; see :mod:`marssim.cost.residual`), else the curve alone. ``nbytes`` is the ``bytes``
+    column. For GEMM-class kinds ``flops`` defaults to ``2*batch*m*n*k``. Measured shapes are
+    not looked up here (the cost model does that)."""
     p = fit_or_params.params if isinstance(fit_or_params, KernelFit) else fit_or_params
     g, m_, n_, k_ = (np.asarray(v, dtype=np.int64) for v in (batch, m, n, k))
     nbytes = np.asarray(nbytes, dtype=np.float64)
     if kind in GEMM_KINDS:
         fl = np.asarray(flops, dtype=np.float64)
         fl = np.where(fl > 0, fl, 2.0 * g * m_ * n_ * k_)
-        return gemm_curve(g, m_, n_, k_, fl, nbytes, *p.as_row(), np.maximum, np.minimum)[0]
-    if kind not in KERNEL_KINDS:
+        t = gemm_curve(g, m_, n_, k_, fl, nbytes, *p.as_row(), np.maximum, np.minimum)[0]
+    elif kind not in KERNEL_KINDS:
         raise ValueError(f"unknown kernel kind {kind!r}; expected one of {', '.join(KERNEL_KINDS)}")
-    return stream_curve(np.asarray(flops, dtype=np.float64), nbytes, p.rate, p.bandwidth, p.launch, np.maximum)[0]
+    else:
+        fl = np.asarray(flops, dtype=np.float64)
+        t = stream_curve(fl, nbytes, p.rate, p.bandwidth, p.launch, np.maximum)[0]
+    corr = fit_or_params.correction if isinstance(fit_or_params, KernelFit) and corrected else None
+    if corr is None:
+        return t
+    shape = np.shape(t)
+    g, m_, n_, k_, fl, nb = np.broadcast_arrays(g, m_, n_, k_, fl, nbytes)
+    factors = corr.factors(corr.features(g.ravel(), m_.ravel(), n_.ravel(), k_.ravel(), fl.ravel(), nb.ravel()))
+    return t * np.asarray(factors, dtype=np.float64).reshape(shape)
 
 
 def fit_group(rows: Sequence[KernelTiming], *, tile_m: int = 128, tile_n: int = 128,
-              tile_k: int = TILE_K) -> KernelFit:
-    """Fit the curve of one group (rows of a single device, kind, dtype and tuning).
+              tile_k: int = TILE_K, correct: bool = True) -> KernelFit:
+    """Fit the curve of one group (rows of a single device, kind, dtype and tuning), then,
+    with ``correct``, the local residual correction from the same rows.
 
     GEMM-class kinds fit ``rate, bandwidth, k_half, launch``; streaming kinds ``bandwidth,
     launch`` (their compute term is dropped: ``rate = inf``). Minimises the squared log error
-    with ``scipy.optimize.least_squares`` from a few starting points and keeps the best.
-    Raises ValueError for a mixed group or too few rows."""
+    with ``scipy.optimize.least_squares`` from a few starting points and keeps the best. The
+    correction (:func:`marssim.cost.residual.fit_correction`) takes per distinct shape the
+    residual ``ln(measured / curve)`` of its fastest median. Raises ValueError for a mixed
+    group or too few rows."""
     from scipy.optimize import least_squares
 
     if not rows:
@@ -434,19 +463,36 @@ def fit_group(rows: Sequence[KernelTiming], *, tile_m: int = 128, tile_n: int = 
     params = params_of(best.x)
     err = residual(best.x)
     rel = np.abs(np.expm1(err))
+    correction = _correction(rows, err, gemm) if correct else None
     return KernelFit(first.device, first.kind, first.dtype, first.tuning, params, len(rows),
-                     float(np.sqrt(np.mean(err ** 2))), float(np.median(rel)), float(rel.max()))
+                     float(np.sqrt(np.mean(err ** 2))), float(np.median(rel)), float(rel.max()), correction)
+
+
+def _correction(rows: Sequence[KernelTiming], log_error: np.ndarray, gemm: bool) -> ResidualCorrection | None:
+    """The residual correction of one fitted group: per distinct shape (first seen order), the
+    residual ``ln(measured / curve)`` of its fastest row."""
+    best: dict[tuple, int] = {}
+    for i, r in enumerate(rows):
+        key = shape_key(r.kind, r.dtype, r.batch, r.m, r.n, r.k, r.flops, r.bytes)
+        j = best.get(key)
+        if j is None or r.median_s < rows[j].median_s:
+            best[key] = i
+    idx = list(best.values())
+    pick = [rows[i] for i in idx]
+    return fit_correction(gemm, [r.batch for r in pick], [r.m for r in pick], [r.n for r in pick],
+                          [r.k for r in pick], [r.flops for r in pick], [r.bytes for r in pick],
+                          -log_error[idx])
 
 
 def fit(table: KernelTable, *, tile_m: int = 128, tile_n: int = 128, tile_k: int = TILE_K,
-        strict: bool = False) -> dict[FitKey, KernelFit]:
-    """Fit every (device, kind, dtype, tuning) group of ``table``. Groups with too few rows are
-    left out (the cost model then falls back to the analytical curve for them), or, with
-    ``strict``, raise ValueError."""
+        strict: bool = False, correct: bool = True) -> dict[FitKey, KernelFit]:
+    """Fit every (device, kind, dtype, tuning) group of ``table`` (with ``correct``, also its
+    residual correction). Groups with too few rows are left out (the cost model then falls
+    back to the analytical curve for them), or, with ``strict``, raise ValueError."""
     out: dict[FitKey, KernelFit] = {}
     for key, rows in table.groups().items():
         try:
-            out[key] = fit_group(rows, tile_m=tile_m, tile_n=tile_n, tile_k=tile_k)
+            out[key] = fit_group(rows, tile_m=tile_m, tile_n=tile_n, tile_k=tile_k, correct=correct)
         except ValueError:
             if strict:
                 raise

@@ -56,8 +56,10 @@ import numpy as np
 from marssim.system import Design
 
 from .features import (
-    DTYPES, F_FLOPS, F_G, F_KK, F_M, F_NN, F_TRAFFIC, KERNEL_KINDS, N_GEMM_KERNELS,
+    CLASS_NONE, DTYPES, F_CLASS, F_DTYPE, F_FLOPS, F_G, F_KERNEL, F_KK, F_M, F_NN, F_TRAFFIC, KERNEL_KINDS,
+    N_GEMM_KERNELS,
 )
+from .residual import ResidualCorrection
 
 __all__ = ["CurveParams", "KindEfficiency", "DEFAULT_EFFICIENCY", "TILE_K", "gemm_curve", "stream_curve",
            "dtype_peak", "default_curve", "GpuTable"]
@@ -192,16 +194,22 @@ class GpuTable:
     """Curve parameters of one GPU design for every (kernel kind, dtype): nested tuples for the
     scalar path (``rows[kind][dtype]``), arrays of shape ``(kinds, dtypes)`` for the vectorised
     path (``arrays[i]`` is parameter ``i`` of :meth:`CurveParams.as_row`), the name of the
-    model behind each entry (``models[kind][dtype]``), and measured kernel times (s) by shape
+    model behind each entry (``models[kind][dtype]``), measured kernel times (s) by shape
     code ``(kernel kind index, dtype index, batch, m, n, k, flops, bytes)`` (see
-    :func:`marssim.cost.calibrated.shape_key`; index codes instead of names)."""
+    :func:`marssim.cost.calibrated.shape_key`; index codes instead of names), and the local
+    residual corrections of the fitted curves (``corrections[kind][dtype]``, None where there
+    is none; see :mod:`marssim.cost.residual`)."""
 
-    __slots__ = ("rows", "arrays", "models", "peaks", "measured")
+    __slots__ = ("rows", "arrays", "models", "peaks", "measured", "corrections", "any_correction")
 
     def __init__(self, design: Design, overrides: dict[tuple[str, str], CurveParams] | None = None,
                  override_model: str = "calibrated",
-                 measured: dict[tuple[int, ...], float] | None = None) -> None:
+                 measured: dict[tuple[int, ...], float] | None = None,
+                 corrections: dict[tuple[str, str], ResidualCorrection] | None = None) -> None:
         self.measured = dict(measured or {})
+        corrections = corrections or {}
+        self.corrections = tuple(tuple(corrections.get((kind, dt)) for dt in DTYPES) for kind in KERNEL_KINDS)
+        self.any_correction = bool(corrections)
         overrides = overrides or {}
         rows, models = [], []
         for kind in KERNEL_KINDS:
@@ -219,3 +227,29 @@ class GpuTable:
             np.array([[r[i] for r in row] for row in rows], dtype=np.float64 if i < 4 else np.int64)
             for i in range(8))
         self.peaks = tuple(dtype_peak(design, dt) for dt in DTYPES)
+
+    def correction_factors(self, xs: list[tuple[int, ...]]) -> np.ndarray:
+        """Multipliers of the curve times of the GPU ops with feature tuples ``xs``: the local
+        residual correction of their (kind, dtype), 1.0 where none applies. Each shape's value
+        is independent of the others in ``xs`` (bit for bit), so the scalar path calls this
+        with one tuple and the vectorised path with many."""
+        out = np.ones(len(xs), dtype=np.float64)
+        if not self.any_correction or not xs:
+            return out
+        groups: dict[tuple[int, int], list[int]] = {}
+        for i, x in enumerate(xs):
+            corr = self.corrections[x[F_KERNEL]][x[F_DTYPE]]
+            if corr is None or x[F_CLASS] == CLASS_NONE:
+                continue
+            if (x[F_G] > 0 and x[F_M] > 0 and x[F_NN] > 0 and x[F_KK] > 0) if corr.gemm else x[F_TRAFFIC] > 0:
+                groups.setdefault((x[F_KERNEL], x[F_DTYPE]), []).append(i)
+        for (kernel, dt), idx in groups.items():
+            corr = self.corrections[kernel][dt]
+            sel = [xs[i] for i in idx]
+            if corr.gemm:
+                feats = corr.features([x[F_G] for x in sel], [x[F_M] for x in sel], [x[F_NN] for x in sel],
+                                      [x[F_KK] for x in sel])
+            else:
+                feats = corr.features(flops=[x[F_FLOPS] for x in sel], nbytes=[x[F_TRAFFIC] for x in sel])
+            out[idx] = corr.factors(feats)
+        return out

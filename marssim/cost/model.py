@@ -102,15 +102,17 @@ class DataflowCost:
     A GPU design uses the rows whose ``device`` (or file name) equals its ``gpu.calibration``;
     per (kernel kind, dtype) the most tuned group present wins (``tuning``: most preferred first).
     With ``measured`` (the default) an op whose kernel shape is in the table takes the measured
-    median (``OpCost.model == "measured"``), every other shape the fitted curve; see
-    :mod:`marssim.cost.calibrated`.
+    median (``OpCost.model == "measured"``), every other shape the fitted curve times, with
+    ``correction`` (the default), the local residual correction from the measured shapes near
+    it (:mod:`marssim.cost.residual`); see :mod:`marssim.cost.calibrated`.
     """
 
     dataflows: tuple[str, ...] = DATAFLOWS
     """Dataflows this model accepts (subclasses restrict it)."""
 
     def __init__(self, *, calibration: str | Path | KernelTable | Mapping[FitKey, KernelFit] | None = None,
-                 tuning: Sequence[str] = tuple(reversed(TUNINGS)), measured: bool = True) -> None:
+                 tuning: Sequence[str] = tuple(reversed(TUNINGS)), measured: bool = True,
+                 correction: bool = True) -> None:
         self._source: Path | None = None
         self._table: KernelTable | None = None
         self._given_fits: dict[FitKey, KernelFit] | None = None
@@ -125,6 +127,7 @@ class DataflowCost:
                 raise ValueError(f"unknown tuning {t!r}; expected some of {', '.join(TUNINGS)}")
         self.tuning = tuple(tuning)
         self.measured = bool(measured)
+        self.correction = bool(correction)
         self._device_fits: dict[str, dict[tuple[str, str], KernelFit]] = {}
         self._device_measured: dict[str, dict[tuple[int, ...], KernelTiming]] = {}
         self._reset()
@@ -142,11 +145,12 @@ class DataflowCost:
         self._matrix: np.ndarray = np.zeros((N_FEATURES, 0), dtype=np.int64)
         self._matrix_n = 0
         self._measured_cols: dict[int, np.ndarray] = {}
+        self._factor_cols: dict[int, np.ndarray] = {}
 
     def __getstate__(self) -> dict:
         return {"source": self._source, "table": self._table, "given_fits": self._given_fits,
                 "tuning": self.tuning, "device_fits": self._device_fits, "measured": self.measured,
-                "device_measured": self._device_measured}
+                "device_measured": self._device_measured, "correction": self.correction}
 
     def __setstate__(self, state: dict) -> None:
         self._source = state["source"]
@@ -156,6 +160,7 @@ class DataflowCost:
         self._device_fits = state["device_fits"]
         self.measured = state.get("measured", True)
         self._device_measured = state.get("device_measured", {})
+        self.correction = state.get("correction", True)
         self._reset()
 
     def clear_cache(self) -> None:
@@ -282,7 +287,10 @@ class DataflowCost:
         fits = self.fits_for(name) if name else {}
         measured = {code: r.median_s for code, r in self.measured_for(name).items()} \
             if name and self.measured else None
-        return GpuTable(design, {key: f.params for key, f in fits.items()}, measured=measured)
+        corrections = {key: f.correction for key, f in fits.items() if f.correction is not None} \
+            if self.correction else None
+        return GpuTable(design, {key: f.params for key, f in fits.items()}, measured=measured,
+                        corrections=corrections)
 
     def measured_time(self, op: Op, design: Design) -> float | None:
         """The measured median (s) the table holds for ``op``'s kernel shape on the GPU-class
@@ -294,8 +302,9 @@ class DataflowCost:
         return None if row is None else row.median_s
 
     def curve_cost(self, op: Op, design: Design) -> OpCost:
-        """``op`` on ``design`` by the fitted (or analytical) curve alone, measured shapes
-        ignored; for comparing the curve with the measurement. Not memoised."""
+        """``op`` on ``design`` by the fitted (or analytical) curve alone, measured shapes and
+        the residual correction ignored; for comparing the curve with the measurement. Not
+        memoised."""
         did = self._did(design)
         return self._compute(op_features(op), self._dparams[did], use_measured=False)
 
@@ -366,10 +375,12 @@ class DataflowCost:
             p = d.gpu.rows[kernel][dt]
             t, c, m, cyc, sram_b, dram_b = (gpu_gemm if cls == CLASS_GEMM else gpu_stream)(x, p, max, min)
             model = d.gpu.models[kernel][dt]
-            if use_measured and d.gpu.measured:
-                t_measured = d.gpu.measured.get(_measured_code(x))
+            if use_measured:
+                t_measured = d.gpu.measured.get(_measured_code(x)) if d.gpu.measured else None
                 if t_measured is not None:  # the curve's compute/memory split is kept as the breakdown
                     t, model = t_measured, "measured"
+                elif d.gpu.any_correction and d.gpu.corrections[kernel][dt] is not None:
+                    t = t * float(d.gpu.correction_factors([x])[0])
             peak = 0.5 * d.gpu.peaks[dt]
         else:
             if cls == CLASS_STREAM:
@@ -432,6 +443,8 @@ class DataflowCost:
                 out[:] = t
             else:
                 out[mask] = t
+        if code == 6 and d.gpu.any_correction:
+            out *= self._factor_column(did)[fids]
         if code == 6 and d.gpu.measured:
             measured = self._measured_column(did)[fids]
             hit = ~np.isnan(measured)
@@ -449,6 +462,18 @@ class DataflowCost:
             new = np.array([table.get(_measured_code(x), np.nan) for x in self._rows[done:n]], dtype=np.float64)
             col = new if col is None else np.concatenate([col, new])
             self._measured_cols[did] = col
+        return col
+
+    def _factor_column(self, did: int) -> np.ndarray:
+        """Residual-correction multipliers of every interned shape on GPU design ``did`` (1.0:
+        none applies), extended as shapes are interned."""
+        col = self._factor_cols.get(did)
+        n = len(self._rows)
+        done = 0 if col is None else len(col)
+        if done < n:
+            new = self._dparams[did].gpu.correction_factors(self._rows[done:n])
+            col = new if col is None else np.concatenate([col, new])
+            self._factor_cols[did] = col
         return col
 
     @staticmethod
@@ -595,7 +620,8 @@ class CalibratedCost(DataflowCost):
     dataflows = ("gpu",)
 
     def __init__(self, calibration: str | Path | KernelTable | Mapping[FitKey, KernelFit], *,
-                 tuning: Sequence[str] = tuple(reversed(TUNINGS)), measured: bool = True) -> None:
+                 tuning: Sequence[str] = tuple(reversed(TUNINGS)), measured: bool = True,
+                 correction: bool = True) -> None:
         if calibration is None:
             raise ValueError("CalibratedCost needs a calibration table, directory or fits")
-        super().__init__(calibration=calibration, tuning=tuning, measured=measured)
+        super().__init__(calibration=calibration, tuning=tuning, measured=measured, correction=correction)

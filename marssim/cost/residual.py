@@ -1,0 +1,224 @@
+"""Local residual correction of a fitted efficiency curve from measured neighbours.
+
+The four-parameter curve of :mod:`marssim.cost.gpu` cannot follow what a real kernel library
+does between shapes: cuBLAS/cuDNN switch algorithms and tile configurations with the shape,
+Triton GEMMs fall off a cliff when ``N`` or ``K`` is not a multiple of the tile, fp32 without
+TF32 runs on CUDA cores. Those effects are local in shape space, and the table measures shapes
+close to most of the ones a simulation asks for (the same layer at another batch or another
+model-parallel split). So a kernel of shape ``x`` not in the table is predicted as::
+
+    pred(x) = curve(x) * exp( sum_i w_i r_i / (sum_i w_i + prior) )
+    r_i     = ln(measured_i / curve(x_i))                 residual of measured shape i
+    w_i     = (1 - (d_i / radius)^3)^3  for d_i < radius, else 0   (tricube weight)
+
+over the ``neighbours`` nearest measured shapes of the same (device, kind, dtype, tuning)
+group, ``d_i`` the Euclidean distance in a scaled log-feature space:
+
+* GEMM-class kinds: ``s_m ln batch, s_m ln m, ln n, ln k, s_a a(n), s_a a(k)`` where ``a(x)``
+  is ``log2`` of the largest power of two dividing ``x`` (capped at 128): the alignment that
+  decides vectorised loads and tile fit; ``s_m`` < 1 makes the batch-like dimensions (scaled
+  by batch size and data-parallel splits) cheaper to cross than the channel-like ones, along
+  which libraries change algorithm.
+* streaming kinds: ``ln(1 + flops), ln bytes``.
+
+With no measured shape within ``radius`` the correction is exactly 0 and the prediction is
+the curve (extrapolation falls back to the fitted physics); ``prior`` shrinks the correction
+toward 0 when the neighbours are few or far. The hyperparameters (``s_m``, ``s_a``,
+``neighbours``, ``radius``, ``prior``, or no correction at all) are chosen per group by
+leave-one-out cross-validation on the group's own fitting rows (:func:`fit_correction`):
+each distinct shape is predicted from the others, and the setting with the smallest mean
+``|ln(pred / measured)|`` wins (ties: the earlier in :data:`GRID` order), provided it is at
+least :data:`MIN_GAIN` below the curve alone's; otherwise the group keeps the curve.
+
+Determinism and speed: :meth:`ResidualCorrection.log_factors` evaluates many shapes with a
+KD-tree query (``scipy.spatial.cKDTree``; each query independent of the others) and only
+exactly rounded arithmetic per query, so one shape alone and the same shape in a batch give
+the same bits. :meth:`ResidualCorrection.factors` turns them into multipliers with
+``math.exp`` per shape.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+__all__ = ["ResidualCorrection", "fit_correction", "gemm_features", "stream_features", "GRID", "ALIGN_CAP"]
+
+ALIGN_CAP = 128
+"""Largest power of two the alignment features distinguish."""
+
+GRID = {
+    "m_scale": (0.25, 0.5, 1.0),
+    "align_scale": (0.0, 0.25, 0.5, 1.0),
+    "neighbours": (1, 2, 4, 8, 16),
+    "radius": (0.25, 0.5, 1.0, 2.0, 3.0),
+    "prior": (0.0, 0.05, 0.2),
+}
+"""Hyperparameters tried by leave-one-out (``m_scale``/``align_scale``: GEMM-class kinds only)."""
+
+MIN_SHAPES = 4
+"""Fewest distinct shapes a group needs before a correction is considered."""
+
+MIN_GAIN = 0.1
+"""Relative reduction of the leave-one-out error a correction must bring over the curve alone
+to be used: the best of the ~900 settings of :data:`GRID` on a group whose curve is already
+exact up to noise still looks a little better than the curve by chance; this keeps such
+groups on the curve."""
+
+
+def _align(x: np.ndarray) -> np.ndarray:
+    x = np.asarray(x, dtype=np.int64)
+    return np.log2(np.minimum(x & -x, ALIGN_CAP).astype(np.float64))
+
+
+def gemm_features(batch, m, n, k, m_scale: float, align_scale: float) -> np.ndarray:
+    """Scaled log features ``[shapes, 6]`` of GEMM-class shapes (see the module docstring)."""
+    b, m_, n_, k_ = (np.atleast_1d(np.asarray(v, dtype=np.int64)) for v in (batch, m, n, k))
+    return np.ascontiguousarray(np.stack([
+        m_scale * np.log(b.astype(np.float64)), m_scale * np.log(m_.astype(np.float64)),
+        np.log(n_.astype(np.float64)), np.log(k_.astype(np.float64)),
+        align_scale * _align(n_), align_scale * _align(k_)], axis=1))
+
+
+def stream_features(flops, nbytes) -> np.ndarray:
+    """Log features ``[shapes, 2]`` of streaming shapes: ``ln(1 + flops), ln bytes``."""
+    f = np.atleast_1d(np.asarray(flops, dtype=np.float64))
+    b = np.atleast_1d(np.asarray(nbytes, dtype=np.float64))
+    return np.ascontiguousarray(np.stack([np.log1p(f), np.log(b)], axis=1))
+
+
+def _weights(d: np.ndarray, radius: float) -> np.ndarray:
+    """Tricube weights of distances ``d`` (0 at and beyond ``radius``; inf -> 0)."""
+    u = np.minimum(d / radius, 1.0)
+    v = 1.0 - u * u * u
+    return v * v * v
+
+
+def _combine(d: np.ndarray, r: np.ndarray, radius: float, prior: float) -> np.ndarray:
+    """Correction of each row from its neighbours' distances ``d`` and residuals ``r``
+    (``[rows, neighbours]``), summed column by column (fixed order)."""
+    w = _weights(d, radius)
+    num = np.zeros(d.shape[0])
+    den = np.zeros(d.shape[0])
+    for j in range(d.shape[1]):
+        num += w[:, j] * r[:, j]
+        den += w[:, j]
+    den += prior
+    return np.where(den > 0, num / np.where(den > 0, den, 1.0), 0.0)
+
+
+@dataclass(frozen=True, eq=False)
+class ResidualCorrection:
+    """The correction of one group: settings, the measured shapes (scaled features) and their
+    residuals ``ln(measured / curve)``. ``loo_error``/``curve_error``: mean ``|ln(pred /
+    measured)|`` over the fitting shapes, leave-one-out with the correction and for the curve
+    alone."""
+
+    gemm: bool
+    m_scale: float
+    align_scale: float
+    neighbours: int
+    radius: float
+    prior: float
+    points: np.ndarray = field(repr=False)
+    residuals: np.ndarray = field(repr=False)
+    loo_error: float = 0.0
+    curve_error: float = 0.0
+    _tree: list = field(default_factory=list, repr=False)
+
+    def __getstate__(self) -> dict:
+        state = {f: getattr(self, f) for f in self.__dataclass_fields__ if f != "_tree"}
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        for k, v in state.items():
+            object.__setattr__(self, k, v)
+        object.__setattr__(self, "_tree", [])
+
+    def features(self, batch=1, m=1, n=1, k=1, flops=0.0, nbytes=1.0) -> np.ndarray:
+        if self.gemm:
+            return gemm_features(batch, m, n, k, self.m_scale, self.align_scale)
+        return stream_features(flops, nbytes)
+
+    def _kdtree(self):
+        if not self._tree:
+            from scipy.spatial import cKDTree
+
+            self._tree.append(cKDTree(self.points))
+        return self._tree[0]
+
+    def log_factors(self, x: np.ndarray) -> np.ndarray:
+        """Corrections ``ln(pred / curve)`` of shapes with features ``x`` ``[shapes, dims]``."""
+        x = np.ascontiguousarray(np.atleast_2d(x), dtype=np.float64)
+        kk = min(self.neighbours, len(self.points))
+        d, i = self._kdtree().query(x, k=kk, distance_upper_bound=self.radius)
+        d = np.asarray(d, dtype=np.float64).reshape(len(x), kk)
+        i = np.asarray(i).reshape(len(x), kk)
+        found = np.isfinite(d)
+        r = np.where(found, self.residuals[np.where(found, i, 0)], 0.0)
+        return _combine(np.where(found, d, self.radius), r, self.radius, self.prior)
+
+    def factors(self, x: np.ndarray) -> list[float]:
+        """Multipliers ``pred / curve`` of shapes with features ``x``: exactly 1.0 where no
+        measured shape lies within ``radius``."""
+        return [math.exp(v) for v in self.log_factors(x).tolist()]
+
+    def describe(self) -> dict:
+        """The settings as a JSON-ready dict (the points and residuals are the table's rows)."""
+        out: dict = {"kernel": "tricube", "neighbours": self.neighbours, "radius": self.radius,
+                     "prior_weight": self.prior, "points": int(len(self.points)),
+                     "loo_mean_abs_log_error": self.loo_error, "curve_mean_abs_log_error": self.curve_error}
+        if self.gemm:
+            out["features"] = ["m_scale*ln(batch)", "m_scale*ln(m)", "ln(n)", "ln(k)",
+                               "align_scale*log2(pow2(n))", "align_scale*log2(pow2(k))"]
+            out["m_scale"] = self.m_scale
+            out["align_scale"] = self.align_scale
+        else:
+            out["features"] = ["ln(1+flops)", "ln(bytes)"]
+        return out
+
+
+def _loo_neighbours(x: np.ndarray, kmax: int) -> tuple[np.ndarray, np.ndarray]:
+    """Distances and indices of the ``kmax`` nearest other points of each point."""
+    d2 = np.zeros((len(x), len(x)))
+    for j in range(x.shape[1]):
+        diff = x[:, j][:, None] - x[:, j][None, :]
+        d2 += diff * diff
+    np.fill_diagonal(d2, np.inf)
+    kk = min(kmax, len(x) - 1)
+    order = np.argsort(d2, axis=1, kind="stable")[:, :kk]
+    return np.sqrt(np.take_along_axis(d2, order, axis=1)), order
+
+
+def fit_correction(gemm: bool, batch, m, n, k, flops, nbytes, residuals,
+                   grid: dict | None = None) -> ResidualCorrection | None:
+    """Choose and build the correction of one group from its distinct measured shapes and
+    their residuals ``ln(measured / curve)`` (arrays of equal length, one entry per distinct
+    shape) by leave-one-out (see the module docstring). None when no setting beats the curve
+    alone by :data:`MIN_GAIN`, or with fewer than :data:`MIN_SHAPES` shapes."""
+    grid = GRID if grid is None else grid
+    r = np.asarray(residuals, dtype=np.float64)
+    if len(r) < MIN_SHAPES:
+        return None
+    curve_error = float(np.mean(np.abs(r)))
+    best_error, best = curve_error * (1.0 - MIN_GAIN), None
+    metrics = [(ms, sa) for ms in grid["m_scale"] for sa in grid["align_scale"]] if gemm else [(1.0, 0.0)]
+    kmax = max(grid["neighbours"])
+    for ms, sa in metrics:
+        x = gemm_features(batch, m, n, k, ms, sa) if gemm else stream_features(flops, nbytes)
+        d, idx = _loo_neighbours(x, kmax)
+        rn = r[idx]
+        for kk in grid["neighbours"]:
+            kk = min(kk, d.shape[1])
+            for radius in grid["radius"]:
+                for prior in grid["prior"]:
+                    c = _combine(d[:, :kk], rn[:, :kk], radius, prior)
+                    error = float(np.mean(np.abs(r - c)))
+                    if error < best_error:
+                        best_error, best = error, (ms, sa, kk, radius, prior, x)
+    if best is None:
+        return None
+    ms, sa, kk, radius, prior, x = best
+    return ResidualCorrection(gemm, ms, sa, kk, radius, prior, x, r.copy(), best_error, curve_error)
