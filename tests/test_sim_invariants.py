@@ -113,6 +113,19 @@ def test_spill_policy_moves_the_buffer_over_the_host_link():
     assert back["end"] <= reader["start"] + 1e-15
 
 
+
+def test_a_spilled_buffer_nobody_reads_is_not_written_to_the_host():
+    # a compute output and a received transfer, each larger than its device's memory and read by
+    # no task: both spill (placed in host memory), and neither costs a write-back over the host link
+    system = make_system(2, topology="chain", capacity="1 MiB", bandwidth="10 GB/s")
+    b = TaskGraphBuilder(system)
+    b.compute("acc0", 1e-5, out_bytes=2 * 1024 * 1024, op="unread-output")
+    b.transfer("acc0", "acc1", 2.0 * 1024 * 1024, op="unread-transfer")
+    r = simulate(b.build(), system, memory_policy="spill")
+    assert r.meta["spills"] == 0
+    assert set(r.intervals["kind"]) == {"compute", "transfer"}
+    assert r.makespan == pytest.approx(max(1e-5, r.intervals.loc[r.intervals.kind == "transfer", "end"].max()))
+
 def test_weights_that_do_not_fit_are_rejected_at_the_start():
     system = make_system(1, topology="chain", capacity="1 MiB")
     b = TaskGraphBuilder(system)

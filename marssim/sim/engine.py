@@ -277,12 +277,10 @@ class _Simulation:
                     if nb > 0:
                         pool_of[p].release(nb)
             nexts = succ[t]
-            if not nexts:
+            if not nexts:  # nobody reads its buffer: freed at once, never written to the host
                 nb = mem_bytes[t]
                 if nb > 0:
                     pool_of[t].release(nb)
-                if spilled[t] and not is_compute[t]:
-                    self._spill_out(t)
                 return
             if spilled[t]:
                 self._spill_out(t)
