@@ -16,6 +16,8 @@
 #   traces/fused-attention/<GPU>.csv      fused attention (torch SDPA) timings, for comparison
 #   analysis/results/calibration_<GPU>.txt  held-out error per kind/dtype; ResNet-50 and BERT-base
 #                                         simulated on dgx-h100 against the measured layer times
+#   traces/held-out/<GPU>-shards.csv      bf16/fp32 layer shards kept out of the table
+#   analysis/results/shard_prediction.txt the model's error on them (H100)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -66,17 +68,28 @@ for ((i = 1; i <= CHUNKS; i++)); do
   done
 done
 
+# the fp16 shards of the GEMM-class layers (the zoo's dtype) go into the table, so that
+# model-parallel mappings are charged measured times for 2-, 4- and 8-way splits; the bf16 and
+# fp32 shards are kept apart, to test the model on shapes it never saw (shard_prediction.py)
+SHARDS=(--workloads "$WORKLOADS" --kinds gemm,conv,attention --no-sweep --shards 2,4,8)
+HELD_OUT="traces/held-out/$GPU-shards.csv"
+mkdir -p traces/held-out
+timeout 600 marssim calibrate measure "${SHARDS[@]}" --dtype fp16 --out "$TABLE" --max-seconds 540
+timeout 600 marssim calibrate measure "${SHARDS[@]}" --dtype bf16,fp32 --out "$HELD_OUT" --max-seconds 540
+
 marssim calibrate check "$TABLE" --workloads resnet50,bert-base
 marssim calibrate fit "$TABLE"
 if [ "$GPU" = H100 ]; then
   python analysis/calibration_report.py "$TABLE" > "$REPORT"
+  python analysis/shard_prediction.py --table "$TABLE" --held-out "$HELD_OUT" > analysis/results/shard_prediction.txt
 else  # the shipped dgx-h100 design reads H100: for another GPU, report the fit only
   python analysis/calibration_report.py "$TABLE" --workloads "" > "$REPORT"
 fi
 cat "$REPORT"
 
 if [ "$COMMIT" = 1 ]; then
-  git add "$TABLE" "${TABLE%.csv}.fit.json" "$REPORT"
+  git add "$TABLE" "${TABLE%.csv}.fit.json" "$REPORT" "$HELD_OUT"
+  if [ "$GPU" = H100 ]; then git add analysis/results/shard_prediction.txt; fi
   [ -f "$FUSED" ] && git add "$FUSED"
   git commit -m "Calibration tables measured on $GPU, fitted, with the held-out error report"
 fi
