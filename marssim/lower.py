@@ -32,6 +32,8 @@ from marssim.mapping.sharding import (
     BATCH_DIM, Box, box_elems, full_box, intersect, shard_regions, split_dim, split_sizes,
 )
 from marssim.system import System
+from marssim.taskblocks import TransferBlock, collective_block, emit_collective, emit_flows, flow_block
+from marssim.taskblocks import unique as _unique
 from marssim.taskgraph import Collective, TaskGraph, TaskGraphBuilder
 from marssim.workload import Graph, Op, OpKind
 
@@ -65,13 +67,16 @@ class _Layout:
 class _Sharded:
     """An op split over a set: per shard ``(device, seconds, flops, energy, output bytes, output
     box)``, whether shards hold partial sums, the needs ``(device, region)`` of each input slot,
-    the layout signature of the output and the weight bytes per shard ``(device, bytes)``."""
+    the layout signature of the output and the weight bytes per shard ``(device, bytes)``;
+    ``columns``: the rows as the arguments of :meth:`TaskGraphBuilder.computes` (node indices,
+    seconds, FLOPs, joules, output bytes)."""
 
     rows: tuple
     partial: bool
     needs: tuple
     sig: tuple
     weights: tuple
+    columns: tuple
 
 
 class LoweringCache:
@@ -212,18 +217,24 @@ class _Lowering:
                       for slot in range(len(op.inputs)))
         rows = tuple((dev, seconds, shard.flops, energy, box_elems(out_box) * op.dtype_bytes, out_box)
                      for dev, shard, out_box, _, seconds, energy in out)
+        node = self.system.node_index
+        columns = (tuple(node[r[0]] for r in rows), tuple(float(r[1]) for r in rows), tuple(float(r[2]) for r in rows),
+                   tuple(float(r[3]) for r in rows), tuple(float(r[4]) for r in rows))
         result = _Sharded(rows, partial and len(parts) > 1, needs, tuple((dev, out_box) for dev, _, out_box, *_ in out),
-                          tuple((dev, shard.weight_bytes) for dev, shard, *_ in out))
+                          tuple((dev, shard.weight_bytes) for dev, shard, *_ in out), columns)
         self._shard_cache[key] = result
         return result
 
-    def choose(self, devices: tuple[str, ...], kind: str, chunks: list[float]):
-        """:func:`choose_algorithm` for the mapping's requested algorithm, memoised."""
+    def choose(self, devices: tuple[str, ...], kind: str, chunks: list[float]) -> tuple[str, int, TransferBlock]:
+        """:func:`choose_algorithm` for the mapping's requested algorithm, memoised: the
+        algorithm, its number of steps and its transfers (see :func:`collective_block`)."""
         requested = self.mapping.collective_algorithm
         key = (devices, kind, tuple(chunks), requested)
         hit = self.cache.collectives.get(key)
         if hit is None:
-            hit = self.cache.collectives[key] = choose_algorithm(self.system, devices, kind, chunks, requested)
+            algo, steps = choose_algorithm(self.system, devices, kind, chunks, requested)
+            block = collective_block(self.system, devices, steps, gather=kind != "reduce_scatter")
+            hit = self.cache.collectives[key] = (algo, len(steps), block)
         return hit
 
     # ------------------------------------------------------------------ main loop
@@ -231,46 +242,15 @@ class _Lowering:
         g, m = self.graph, self.mapping
         layouts: dict[tuple[int, int], _Layout] = {}
         weights: dict[str, float] = {}
+        starts: list[tuple[int, int]] = []  # (first task, first collective) of each micro-batch
         for mb in range(m.micro_batches):
-            for gi, base in enumerate(g.ops):
-                op, size = self.op_for_mb(gi, mb)
-                if base.kind == OpKind.INPUT:
-                    consumers = g.succs[gi]
-                    first_set = m.sets[m.op_set[self.position[consumers[0]]]] if consumers else m.sets[0]
-                    host = self.host_for(first_set.devices[0])
-                    # the host streams an input micro-batch by micro-batch: micro-batch mb leaves once
-                    # micro-batch mb-1 has been sent (a DMA queue), so the first stage is not starved
-                    sent = tuple(self._input_sent.get((gi, mb - 1), ()))
-                    layouts[(gi, mb)] = _Layout((_Holder(host, full_box(op.out_shape), sent),), op.out_shape,
-                                                4 if g.succs[gi] and g.ops[g.succs[gi][0]].kind == OpKind.EMBEDDING
-                                                else op.dtype_bytes)
-                    continue
-                k = self.position[gi]
-                aset = m.sets[m.op_set[k]]
-                strategy = m.op_sharding[k]
-                sharded = self.shards(gi, size, op, strategy, aset.devices, aset.design)
-                if mb == 0:
-                    for dev, nbytes in sharded.weights:
-                        weights[dev] = weights.get(dev, 0.0) + nbytes
-                # inputs: what each shard needs from each producer
-                deps: dict[str, list[int]] = {row[0]: [] for row in sharded.rows}
-                for slot, src in enumerate(g.preds[gi]):
-                    got = self.redistribute((src, mb), layouts[(src, mb)], sharded.needs[slot], base.name, mb)
-                    for dev, tasks in got.items():
-                        deps[dev].extend(tasks)
-                holders = []
-                priority = mb * self.n_ops + gi
-                compute = self.b.compute
-                for dev, seconds, flops, energy, out_bytes, out_box in sharded.rows:
-                    t = compute(dev, seconds, preds=_unique(deps[dev]), flops=flops, energy=energy,
-                                out_bytes=out_bytes, priority=priority, op=base.name, micro_batch=mb)
-                    holders.append(_Holder(dev, out_box, (t,)))
-                layouts[(gi, mb)] = _Layout(tuple(holders), op.out_shape, op.dtype_bytes, partial=sharded.partial,
-                                            sig=sharded.sig)
-            for gi in g.outputs:
-                layout = layouts[(gi, mb)]
-                host = self.host_for(layout.holders[0].device)
-                self.redistribute((gi, mb), layout, ((host, full_box(layout.shape)),), g.ops[gi].name, mb)
+            if mb == 2 and self._repeats(starts):
+                # micro-batches 2.. are micro-batch 1 again, one period later each
+                self.b.repeat_tail(starts[1][0], m.micro_batches - 2, priority_step=self.n_ops,
+                                   collectives_from=starts[1][1])
+                break
+            starts.append((len(self.b), len(self.b.collectives)))
+            self._micro_batch(mb, layouts, weights)
         for dev in sorted(weights, key=self.system.node_index.__getitem__):
             if weights[dev] > 0:
                 self.b.resident[dev] = weights[dev]
@@ -287,6 +267,58 @@ class _Lowering:
             "device_design": {d: s.design for s in m.sets for d in s.devices},
         }
         return self.b.build(meta)
+
+    def _repeats(self, starts: list[tuple[int, int]]) -> bool:
+        """True when every micro-batch after the first two gives the tasks of micro-batch 1
+        again, shifted by one micro-batch's tasks: every op has the same batch size in each
+        micro-batch (so lowers the same), and micro-batches 0 and 1 added as many tasks and
+        collectives (micro-batch 1 differs from 0 only in waiting for the inputs of 0, as every
+        later one waits for those of the one before)."""
+        b = self.b
+        return (starts[1][0] - starts[0][0] == len(b) - starts[1][0]
+                and starts[1][1] - starts[0][1] == len(b.collectives) - starts[1][1]
+                and _even_micro_batches(self.graph, self.mapping.micro_batches))
+
+    def _micro_batch(self, mb: int, layouts: dict[tuple[int, int], _Layout], weights: dict[str, float]) -> None:
+        """Add the tasks of micro-batch ``mb``: each op's shards after what they need of their
+        producers (``layouts``: where each ``(op, micro-batch)`` output lives, filled in), then the
+        graph outputs' return to a host. Micro-batch 0 adds each shard's weight bytes to
+        ``weights`` (per device)."""
+        g, m = self.graph, self.mapping
+        for gi, base in enumerate(g.ops):
+            op, size = self.op_for_mb(gi, mb)
+            if base.kind == OpKind.INPUT:
+                consumers = g.succs[gi]
+                first_set = m.sets[m.op_set[self.position[consumers[0]]]] if consumers else m.sets[0]
+                host = self.host_for(first_set.devices[0])
+                # the host streams an input micro-batch by micro-batch: micro-batch mb leaves once
+                # micro-batch mb-1 has been sent (a DMA queue), so the first stage is not starved
+                sent = tuple(self._input_sent.get((gi, mb - 1), ()))
+                layouts[(gi, mb)] = _Layout((_Holder(host, full_box(op.out_shape), sent),), op.out_shape,
+                                            4 if g.succs[gi] and g.ops[g.succs[gi][0]].kind == OpKind.EMBEDDING
+                                            else op.dtype_bytes)
+                continue
+            k = self.position[gi]
+            aset = m.sets[m.op_set[k]]
+            sharded = self.shards(gi, size, op, m.op_sharding[k], aset.devices, aset.design)
+            if mb == 0:
+                for dev, nbytes in sharded.weights:
+                    weights[dev] = weights.get(dev, 0.0) + nbytes
+            # inputs: what each shard needs from each producer
+            deps: dict[str, list[int]] = {row[0]: [] for row in sharded.rows}
+            for slot, src in enumerate(g.preds[gi]):
+                got = self.redistribute((src, mb), layouts[(src, mb)], sharded.needs[slot], base.name, mb)
+                for dev, tasks in got.items():
+                    deps[dev].extend(tasks)
+            first = self.b.computes(*sharded.columns, [_unique(ts) for ts in deps.values()],
+                                    priority=mb * self.n_ops + gi, op=base.name, micro_batch=mb)
+            holders = tuple(_Holder(dev, out_box, (first + i,)) for i, (dev, out_box) in enumerate(sharded.sig))
+            layouts[(gi, mb)] = _Layout(holders, op.out_shape, op.dtype_bytes, partial=sharded.partial,
+                                        sig=sharded.sig)
+        for gi in g.outputs:
+            layout = layouts[(gi, mb)]
+            host = self.host_for(layout.holders[0].device)
+            self.redistribute((gi, mb), layout, ((host, full_box(layout.shape)),), g.ops[gi].name, mb)
 
     # ------------------------------------------------------------------ data movement
     def redistribute(self, key: tuple[int, int], layout: _Layout, needs: tuple[tuple[str, Box], ...], op_name: str,
@@ -311,10 +343,13 @@ class _Lowering:
                 sent.extend(tasks)
         return result
 
-    def _emit(self, kind: str, algorithm: str, devices: tuple[str, ...], steps, initial: list[tuple[int, ...]],
-              total_bytes: float, op_name: str, mb: int, gather: bool) -> list[tuple[int, ...]]:
-        return expand_collective(self.b, kind, algorithm, devices, steps, initial, total_bytes, op=op_name,
-                                 micro_batch=mb, gather=gather)
+    def _emit(self, kind: str, devices: tuple[str, ...], chunks: list[float], initial: list[tuple[int, ...]],
+              total_bytes: float, op_name: str, mb: int) -> list[tuple[int, ...]]:
+        """Add collective ``kind`` of ``chunks`` (bytes per rank) on ``devices``; returns per rank
+        the tasks after which its result is ready."""
+        algo, n_steps, block = self.choose(devices, kind, chunks)
+        coll = self.b.add_collective(Collective(kind, algo, devices, float(total_bytes), op_name, n_steps))
+        return emit_collective(self.b, block, initial, coll, op_name, mb)
 
     def _reduce(self, layout: _Layout, needs, op_name: str, mb: int):
         """Resolve partial sums. Returns ``(new layout, None)`` or ``(layout, finished deps)``."""
@@ -327,14 +362,12 @@ class _Lowering:
         same = set(need_devs) == set(devices) and len(need_devs) == len(devices)
         if same and all(box == full for _, box in needs):
             chunks = [float(s * eb) for s in split_sizes(box_elems(full), len(devices))]
-            algo, steps = self.choose(devices, "all_reduce", chunks)
-            ready = self._emit("all_reduce", algo, devices, steps, initial, total, op_name, mb, gather=True)
+            ready = self._emit("all_reduce", devices, chunks, initial, total, op_name, mb)
             return layout, {d: ready[i] for i, d in enumerate(devices)}
         if same and _disjoint_cover(needs, full):
             need_of = dict(needs)
             chunks = [float(box_elems(need_of[d]) * eb) for d in devices]
-            algo, steps = self.choose(devices, "reduce_scatter", chunks)
-            ready = self._emit("reduce_scatter", algo, devices, steps, initial, total, op_name, mb, gather=False)
+            ready = self._emit("reduce_scatter", devices, chunks, initial, total, op_name, mb)
             return layout, {d: ready[i] for i, d in enumerate(devices)}
         # Reduce-scatter along the longest axis into an even split, then move as usual.
         axis = max(range(4), key=lambda a: (layout.shape[a], -a))
@@ -347,8 +380,7 @@ class _Lowering:
             boxes.append(tuple(parts))
             lo += size
         chunks = [float(box_elems(b) * eb) for b in boxes]
-        algo, steps = self.choose(devices, "reduce_scatter", chunks)
-        ready = self._emit("reduce_scatter", algo, devices, steps, initial, total, op_name, mb, gather=False)
+        ready = self._emit("reduce_scatter", devices, chunks, initial, total, op_name, mb)
         holders = tuple(_Holder(d, boxes[i], ready[i]) for i, d in enumerate(devices) if box_elems(boxes[i]) > 0)
         return _Layout(holders, layout.shape, eb), None
 
@@ -357,34 +389,31 @@ class _Lowering:
         key = (layout.signature(), layout.shape, layout.elem_bytes, layout.replicated, needs)
         plan = self.cache.moves.get(key)
         if plan is None:
-            plan = self.cache.moves[key] = _move_plan(layout, needs, self.latency)
+            plan = self.cache.moves[key] = _move_plan(layout, needs, self.latency, self.system)
         if plan[0] == "all_gather":
             _, holder_devs, chunks, total = plan
-            algo, steps = self.choose(holder_devs, "all_gather", chunks)
-            ready = self._emit("all_gather", algo, holder_devs, steps, [h.ready for h in holders], total, op_name, mb,
-                               gather=True)
+            ready = self._emit("all_gather", holder_devs, chunks, [h.ready for h in holders], total, op_name, mb)
             return {d: ready[i] for i, d in enumerate(holder_devs)}
-        _, order, local, flows, kind, devices, total, any_flow = plan
+        _, order, local, flows, kind, devices, total, any_flow, block = plan
         result: dict[str, list[int]] = {dev: [] for dev in order}
         for dev, hi in local:
             result[dev].extend(holders[hi].ready)
         if any_flow:
             coll = self.b.add_collective(Collective(kind, "direct", devices, total, op_name, 1))
-            transfer = self.b.transfer
-            for hi, dst, nbytes in flows:
-                h = holders[hi]
-                result[dst].append(transfer(h.device, dst, nbytes, preds=h.ready, collective=coll, op=op_name,
-                                            micro_batch=mb))
+            if flows:
+                first = emit_flows(self.b, block, [h.ready for h in holders], coll, op_name, mb)
+                for k, (_, dst, _) in enumerate(flows):
+                    result[dst].append(first + k)
         return {d: _unique(v) for d, v in result.items()}
 
 
-def _move_plan(layout: _Layout, needs, latency) -> tuple:
+def _move_plan(layout: _Layout, needs, latency, system: System) -> tuple:
     """How to bring each needed region from ``layout`` to its device, as indices into the
     holders (so one plan serves every lowering with the same layout and needs):
     ``("all_gather", devices, chunks, total bytes)`` when a split tensor is needed whole by
     exactly its holders; else ``("direct", need devices in order, local deps (device, holder),
     flows of more than 0 bytes (holder, destination, bytes), collective kind, devices, total
-    bytes, whether there was any flow)``."""
+    bytes, whether there was any flow, the flows as a :class:`TransferBlock`)``."""
     eb = layout.elem_bytes
     full = full_box(layout.shape)
     holders = layout.holders
@@ -421,8 +450,9 @@ def _move_plan(layout: _Layout, needs, latency) -> tuple:
         kind = _classify(holders, needs, full)
         devices = tuple(dict.fromkeys([holders[i].device for i, _, _ in flows] + [dst for _, dst, _ in flows]))
         total = float(sum(nbytes for _, _, nbytes in flows))
-    return ("direct", tuple(order), tuple(local), tuple(f for f in flows if f[2] > 0), kind, devices, total,
-            bool(flows))
+    moved = tuple(f for f in flows if f[2] > 0)
+    return ("direct", tuple(order), tuple(local), moved, kind, devices, total, bool(flows),
+            flow_block(system, holder_devs, moved))
 
 
 def expand_collective(builder: TaskGraphBuilder, kind: str, algorithm: str, devices: tuple[str, ...], steps,
@@ -434,36 +464,14 @@ def expand_collective(builder: TaskGraphBuilder, kind: str, algorithm: str, devi
     sends of step ``k-1``. Returns, per rank, the tasks after which its result is ready: with
     ``gather`` (all-gather, all-reduce) every piece it received; otherwise (reduce-scatter) its own
     reduced piece. Zero-byte flows are skipped."""
-    n = len(devices)
     coll = builder.add_collective(Collective(kind, algorithm, tuple(devices), float(total_bytes), op, len(steps)))
-    last_recv: list[list[int]] = [[] for _ in range(n)]
-    last_send: list[list[int]] = [[] for _ in range(n)]
-    for step in steps:
-        recv: list[list[int]] = [[] for _ in range(n)]
-        send: list[list[int]] = [[] for _ in range(n)]
-        for src, dst, nbytes in step:
-            if nbytes <= 0:
-                continue
-            preds = (*initial[src], *last_recv[src], *last_send[src])
-            t = builder.transfer(devices[src], devices[dst], nbytes, preds=_unique(preds), collective=coll, op=op,
-                                 micro_batch=micro_batch)
-            recv[dst].append(t)
-            send[src].append(t)
-        for i in range(n):
-            if recv[i]:
-                last_recv[i] = recv[i]
-            if send[i]:
-                last_send[i] = send[i]
-    if gather:
-        return [_unique((*initial[i], *last_recv[i], *last_send[i])) for i in range(n)]
-    return [_unique((*initial[i], *last_recv[i])) for i in range(n)]
+    block = collective_block(builder.system, devices, steps, gather)
+    return emit_collective(builder, block, initial, coll, op, micro_batch)
 
 
-def _unique(items) -> tuple[int, ...]:
-    """Items in first-seen order without repeats."""
-    if len(items) < 2:
-        return tuple(items)
-    return tuple(dict.fromkeys(items))
+def _even_micro_batches(graph: Graph, micro_batches: int) -> bool:
+    """True when every op's batch dimension splits into ``micro_batches`` equal parts."""
+    return all(op.dim(BATCH_DIM[op.kind]) % micro_batches == 0 for op in graph.ops)
 
 
 def _disjoint_cover(needs, full: Box) -> bool:
