@@ -140,7 +140,7 @@ def lower(graph: Graph, system: System, mapping: Mapping, cost: CostModel | None
 
 class _Lowering:
     def __init__(self, graph: Graph, system: System, mapping: Mapping, cost: CostModel,
-                 cache: LoweringCache) -> None:
+                 cache: LoweringCache, repeat: bool = True) -> None:
         self.graph = graph
         self.system = system
         self.mapping = mapping
@@ -149,6 +149,7 @@ class _Lowering:
         self.position = {gi: k for k, gi in enumerate(graph.compute_ops)}
         self.n_ops = len(graph.ops)
         self.cache = cache
+        self.repeat = repeat  # copy micro-batches after the first when they lower alike (same tasks)
         self._designs = cache.designs
         self._shard_cache = cache.shards
         self._redistributed: dict[tuple, dict[str, tuple[int, ...]]] = {}
@@ -242,14 +243,13 @@ class _Lowering:
         g, m = self.graph, self.mapping
         layouts: dict[tuple[int, int], _Layout] = {}
         weights: dict[str, float] = {}
-        starts: list[tuple[int, int]] = []  # (first task, first collective) of each micro-batch
         for mb in range(m.micro_batches):
-            if mb == 2 and self._repeats(starts):
-                # micro-batches 2.. are micro-batch 1 again, one period later each
-                self.b.repeat_tail(starts[1][0], m.micro_batches - 2, priority_step=self.n_ops,
-                                   collectives_from=starts[1][1])
+            if mb == 1 and self.repeat and _even_micro_batches(g, m.micro_batches):
+                # every later micro-batch is micro-batch 0 again, one period later, its inputs
+                # leaving after those of the micro-batch before
+                self.b.repeat_tail(0, m.micro_batches - 1, priority_step=self.n_ops, collectives_from=0,
+                                   carried=self._carried_inputs())
                 break
-            starts.append((len(self.b), len(self.b.collectives)))
             self._micro_batch(mb, layouts, weights)
         for dev in sorted(weights, key=self.system.node_index.__getitem__):
             if weights[dev] > 0:
@@ -268,16 +268,15 @@ class _Lowering:
         }
         return self.b.build(meta)
 
-    def _repeats(self, starts: list[tuple[int, int]]) -> bool:
-        """True when every micro-batch after the first two gives the tasks of micro-batch 1
-        again, shifted by one micro-batch's tasks: every op has the same batch size in each
-        micro-batch (so lowers the same), and micro-batches 0 and 1 added as many tasks and
-        collectives (micro-batch 1 differs from 0 only in waiting for the inputs of 0, as every
-        later one waits for those of the one before)."""
-        b = self.b
-        return (starts[1][0] - starts[0][0] == len(b) - starts[1][0]
-                and starts[1][1] - starts[0][1] == len(b.collectives) - starts[1][1]
-                and _even_micro_batches(self.graph, self.mapping.micro_batches))
+    def _carried_inputs(self) -> dict[int, tuple[int, ...]]:
+        """After micro-batch 0: its tasks whose copy in micro-batch 1 waits for something else,
+        the sends of each graph input (micro-batch 1 of an input leaves once micro-batch 0 has
+        been sent), each mapped to the tasks its copy waits for."""
+        carried: dict[int, tuple[int, ...]] = {}
+        for sent in self._input_sent.values():
+            for t in sent:
+                carried[t] = tuple(sent)
+        return carried
 
     def _micro_batch(self, mb: int, layouts: dict[tuple[int, int], _Layout], weights: dict[str, float]) -> None:
         """Add the tasks of micro-batch ``mb``: each op's shards after what they need of their

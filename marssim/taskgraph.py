@@ -335,22 +335,28 @@ class TaskGraphBuilder:
         self.collectives.append(info)
         return len(self.collectives) - 1
 
-    def repeat_tail(self, start: int, copies: int, *, priority_step: int, collectives_from: int) -> None:
+    def repeat_tail(self, start: int, copies: int, *, priority_step: int, collectives_from: int,
+                    carried: dict[int, Sequence[int]] | None = None) -> None:
         """Append ``copies`` copies of the tasks from ``start`` on (the last *period*) and of the
         collectives from ``collectives_from`` on. In copy ``c`` (1, 2, ...) every task id and
         every predecessor id is ``c`` periods higher (a task of the period that waits for one of
         the period before waits for the same task of its own period in the copy), a compute
-        task's ``priority`` is ``c * priority_step`` higher (a transfer's is kept), ``micro_batch`` ``c`` higher, and a task of one of the
-        period's collectives belongs to that collective's copy. The rows are copied in
-        :meth:`build`; no task may be added after this."""
+        task's ``priority`` is ``c * priority_step`` higher (a transfer's is kept),
+        ``micro_batch`` ``c`` higher, and a task of one of the period's collectives belongs to
+        that collective's copy. ``carried``: tasks of the period whose copies wait for other
+        tasks than their own shifted predecessors: task ``t``'s first copy waits for
+        ``carried[t]`` (task ids), its copy ``c`` for those ``c - 1`` periods higher. The rows are
+        copied in :meth:`build`; no task may be added after this."""
         if self._repeat is not None:
             raise RuntimeError("repeat_tail was already called")
         n = len(self._preds)
         if not 0 <= start < n or copies < 0:
             raise ValueError(f"cannot repeat tasks {start}.. of {n} {copies} times")
+        if carried and not all(start <= t < n for t in carried):
+            raise ValueError(f"carried tasks must be among the repeated tasks {start}..{n - 1}")
         n_coll = len(self.collectives) - collectives_from
         self.collectives.extend(self.collectives[collectives_from:] * copies)
-        self._repeat = (start, copies, int(priority_step), n_coll, n)
+        self._repeat = (start, copies, int(priority_step), n_coll, n, dict(carried or {}))
 
     def depend(self, before: int, after: int) -> None:
         """Add an edge: ``after`` starts only when ``before`` has ended."""
@@ -365,19 +371,20 @@ class TaskGraphBuilder:
 
     def _repeated(self, cols: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """``cols`` with the copies :meth:`repeat_tail` asked for appended."""
-        start, copies, priority_step, n_coll, end = self._repeat
+        start, copies, priority_step, n_coll, end, carried = self._repeat
         if len(self._preds) != end:
             raise RuntimeError("tasks were added after repeat_tail")
         period = end - start
-        first_pred = int(cols["counts"][:start].sum())
         copy = np.repeat(np.arange(1, copies + 1, dtype=np.int64), period)
-        out = {}
+        counts, preds = self._first_copy_preds(cols["counts"], cols["pred_idx"], start, period, carried)
+        out = {"counts": np.concatenate([cols["counts"], np.tile(counts, copies)]),
+               "pred_idx": np.concatenate([cols["pred_idx"], (np.tile(preds, copies) + np.repeat(
+                   np.arange(copies, dtype=np.int64) * period, len(preds))).astype(np.int32)])}
         for name, col in cols.items():
-            block = col[first_pred:] if name == "pred_idx" else col[start:]
-            tiled = np.tile(block, copies)
-            if name == "pred_idx":
-                tiled = tiled + np.repeat(np.arange(1, copies + 1, dtype=np.int64), len(block)) * period
-            elif name == "priority":
+            if name in out:
+                continue
+            tiled = np.tile(col[start:], copies)
+            if name == "priority":
                 tiled = tiled + copy * priority_step * (np.tile(cols["kind"][start:], copies) == COMPUTE)
             elif name == "micro_batch":
                 tiled = tiled + copy
@@ -385,6 +392,24 @@ class TaskGraphBuilder:
                 tiled = np.where(tiled >= 0, tiled + copy * n_coll, tiled)
             out[name] = np.concatenate([col, tiled.astype(col.dtype)])
         return out
+
+    @staticmethod
+    def _first_copy_preds(counts: np.ndarray, pred_idx: np.ndarray, start: int, period: int,
+                          carried: dict[int, Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
+        """Predecessor counts and ids of the first copy of tasks ``start..start+period-1``: their
+        own predecessors one period later, or ``carried[t]`` for a task ``t`` in ``carried``."""
+        ptr = np.zeros(len(counts) + 1, dtype=np.int64)
+        np.cumsum(counts, out=ptr[1:])
+        block_counts = counts[start:].copy()
+        pieces = []
+        at = int(ptr[start])
+        for t in sorted(carried):
+            pieces.append(pred_idx[at:ptr[t]].astype(np.int64) + period)
+            pieces.append(np.asarray(carried[t], dtype=np.int64))
+            block_counts[t - start] = len(carried[t])
+            at = int(ptr[t + 1])
+        pieces.append(pred_idx[at:].astype(np.int64) + period)
+        return block_counts, np.concatenate(pieces)
 
     def build(self, meta: dict[str, Any] | None = None) -> TaskGraph:
         c = self._arrays()
