@@ -23,6 +23,7 @@ for the run and loaded from the nearest host before it (``TaskGraph.setup``).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from marssim.cost.base import CostModel
 from marssim.gcpause import gc_paused
@@ -40,8 +41,7 @@ from marssim.workload import Graph, Op, OpKind
 __all__ = ["lower", "expand_collective", "LoweringCache"]
 
 
-@dataclass(frozen=True, slots=True)
-class _Holder:
+class _Holder(NamedTuple):
     device: str
     box: Box
     ready: tuple[int, ...]
@@ -49,18 +49,22 @@ class _Holder:
 
 @dataclass(frozen=True, slots=True)
 class _Layout:
-    """Where a tensor lives: each holder holds ``box``; ``partial``: holders hold partial sums of
-    the same box; ``replicated``: every holder holds the whole tensor."""
+    """Where a tensor lives: holder ``i`` is device ``sig[i][0]`` holding region ``sig[i][1]``,
+    ready after tasks ``ready[i]``; ``sig_id``: the number :meth:`LoweringCache.number` gives
+    ``sig`` (plans are keyed by it); ``partial``: holders hold partial sums of the same box;
+    ``replicated``: every holder holds the whole tensor."""
 
-    holders: tuple[_Holder, ...]
+    sig: tuple[tuple[str, Box], ...]
+    ready: tuple[tuple[int, ...], ...]
+    sig_id: int
     shape: tuple[int, int, int, int]
     elem_bytes: int
     partial: bool = False
     replicated: bool = False
-    sig: tuple | None = None  # ((device, box) of each holder): the part of a layout plans depend on
 
-    def signature(self) -> tuple:
-        return self.sig if self.sig is not None else tuple((h.device, h.box) for h in self.holders)
+    @property
+    def holders(self) -> tuple[_Holder, ...]:
+        return tuple(_Holder(d, box, r) for (d, box), r in zip(self.sig, self.ready))
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +73,8 @@ class _Sharded:
     box)``, whether shards hold partial sums, the needs ``(device, region)`` of each input slot,
     the layout signature of the output and the weight bytes per shard ``(device, bytes)``;
     ``columns``: the rows as the arguments of :meth:`TaskGraphBuilder.computes` (node indices,
-    seconds, FLOPs, joules, output bytes)."""
+    seconds, FLOPs, joules, output bytes); ``need_ids``, ``sig_id``: the numbers
+    :meth:`LoweringCache.number` gives each slot's needs and the signature."""
 
     rows: tuple
     partial: bool
@@ -77,6 +82,8 @@ class _Sharded:
     sig: tuple
     weights: tuple
     columns: tuple
+    need_ids: tuple[int, ...]
+    sig_id: int
 
 
 class LoweringCache:
@@ -99,17 +106,27 @@ class LoweringCache:
         self.designs: dict[tuple[str, str], object] = {}
         self.hosts: dict[str, str] = {}
         self.latency: dict[tuple[str, str], float] = {}
+        self.numbers: dict[tuple, int] = {}
+
+    def number(self, value: tuple) -> int:
+        """A small integer standing for ``value`` (equal values, equal numbers) until the cache
+        is cleared: cache keys hold it instead of ``value``, which is slow to hash."""
+        n = self.numbers.get(value)
+        if n is None:
+            n = self.numbers[value] = len(self.numbers)
+        return n
 
     def fits(self, graph: Graph, system: System, cost: CostModel) -> bool:
         """True when this cache was made for exactly these objects."""
         return graph is self.graph and system is self.system and cost is self.cost
 
     def trim(self) -> None:
-        if len(self.shards) + len(self.moves) + len(self.collectives) + len(self.ops) > self.limit:
+        if len(self.shards) + len(self.moves) + len(self.collectives) + len(self.ops) + len(self.numbers) > self.limit:
             self.ops.clear()
             self.shards.clear()
             self.collectives.clear()
             self.moves.clear()
+            self.numbers.clear()  # after everything keyed by the numbers
 
 
 def lower(graph: Graph, system: System, mapping: Mapping, cost: CostModel | None = None, *,
@@ -221,8 +238,11 @@ class _Lowering:
         node = self.system.node_index
         columns = (tuple(node[r[0]] for r in rows), tuple(float(r[1]) for r in rows), tuple(float(r[2]) for r in rows),
                    tuple(float(r[3]) for r in rows), tuple(float(r[4]) for r in rows))
-        result = _Sharded(rows, partial and len(parts) > 1, needs, tuple((dev, out_box) for dev, _, out_box, *_ in out),
-                          tuple((dev, shard.weight_bytes) for dev, shard, *_ in out), columns)
+        sig = tuple((dev, out_box) for dev, _, out_box, *_ in out)
+        number = self.cache.number
+        result = _Sharded(rows, partial and len(parts) > 1, needs, sig,
+                          tuple((dev, shard.weight_bytes) for dev, shard, *_ in out), columns,
+                          tuple(number(n) for n in needs), number(sig))
         self._shard_cache[key] = result
         return result
 
@@ -293,7 +313,8 @@ class _Lowering:
                 # the host streams an input micro-batch by micro-batch: micro-batch mb leaves once
                 # micro-batch mb-1 has been sent (a DMA queue), so the first stage is not starved
                 sent = tuple(self._input_sent.get((gi, mb - 1), ()))
-                layouts[(gi, mb)] = _Layout((_Holder(host, full_box(op.out_shape), sent),), op.out_shape,
+                sig = ((host, full_box(op.out_shape)),)
+                layouts[(gi, mb)] = _Layout(sig, (sent,), self.cache.number(sig), op.out_shape,
                                             4 if g.succs[gi] and g.ops[g.succs[gi][0]].kind == OpKind.EMBEDDING
                                             else op.dtype_bytes)
                 continue
@@ -306,26 +327,28 @@ class _Lowering:
             # inputs: what each shard needs from each producer
             deps: dict[str, list[int]] = {row[0]: [] for row in sharded.rows}
             for slot, src in enumerate(g.preds[gi]):
-                got = self.redistribute((src, mb), layouts[(src, mb)], sharded.needs[slot], base.name, mb)
+                got = self.redistribute((src, mb), layouts[(src, mb)], sharded.needs[slot], sharded.need_ids[slot],
+                                        base.name, mb)
                 for dev, tasks in got.items():
                     deps[dev].extend(tasks)
             first = self.b.computes(*sharded.columns, [_unique(ts) for ts in deps.values()],
                                     priority=mb * self.n_ops + gi, op=base.name, micro_batch=mb)
-            holders = tuple(_Holder(dev, out_box, (first + i,)) for i, (dev, out_box) in enumerate(sharded.sig))
-            layouts[(gi, mb)] = _Layout(holders, op.out_shape, op.dtype_bytes, partial=sharded.partial,
-                                        sig=sharded.sig)
+            ready = tuple([(t,) for t in range(first, first + len(sharded.sig))])
+            layouts[(gi, mb)] = _Layout(sharded.sig, ready, sharded.sig_id, op.out_shape, op.dtype_bytes,
+                                        partial=sharded.partial)
         for gi in g.outputs:
             layout = layouts[(gi, mb)]
-            host = self.host_for(layout.holders[0].device)
-            self.redistribute((gi, mb), layout, ((host, full_box(layout.shape)),), g.ops[gi].name, mb)
+            needs = ((self.host_for(layout.sig[0][0]), full_box(layout.shape)),)
+            self.redistribute((gi, mb), layout, needs, self.cache.number(needs), g.ops[gi].name, mb)
 
     # ------------------------------------------------------------------ data movement
-    def redistribute(self, key: tuple[int, int], layout: _Layout, needs: tuple[tuple[str, Box], ...], op_name: str,
-                     mb: int) -> dict[str, tuple[int, ...]]:
-        """Tasks each needing device must wait for, after moving what it lacks."""
+    def redistribute(self, key: tuple[int, int], layout: _Layout, needs: tuple[tuple[str, Box], ...], needs_id: int,
+                     op_name: str, mb: int) -> dict[str, tuple[int, ...]]:
+        """Tasks each needing device must wait for, after moving what it lacks (``needs``:
+        ``(device, region)`` pairs, numbered ``needs_id`` by :meth:`LoweringCache.number`)."""
         if not needs:
             return {}
-        cache_key = (key, needs)
+        cache_key = (key, needs_id)
         hit = self._redistributed.get(cache_key)
         if hit is not None:
             return hit
@@ -334,7 +357,7 @@ class _Lowering:
             if done is not None:
                 self._redistributed[cache_key] = done
                 return done
-        result = self._move(layout, needs, op_name, mb)
+        result = self._move(layout, needs, needs_id, op_name, mb)
         self._redistributed[cache_key] = result
         if self.graph.ops[key[0]].kind == OpKind.INPUT:
             sent = self._input_sent.setdefault(key, [])
@@ -352,12 +375,12 @@ class _Lowering:
 
     def _reduce(self, layout: _Layout, needs, op_name: str, mb: int):
         """Resolve partial sums. Returns ``(new layout, None)`` or ``(layout, finished deps)``."""
-        devices = tuple(h.device for h in layout.holders)
+        devices = tuple(d for d, _ in layout.sig)
         eb = layout.elem_bytes
-        total = box_elems(layout.holders[0].box) * eb
+        total = box_elems(layout.sig[0][1]) * eb
         need_devs = tuple(d for d, _ in needs)
         full = full_box(layout.shape)
-        initial = [h.ready for h in layout.holders]
+        initial = list(layout.ready)
         same = set(need_devs) == set(devices) and len(need_devs) == len(devices)
         if same and all(box == full for _, box in needs):
             chunks = [float(s * eb) for s in split_sizes(box_elems(full), len(devices))]
@@ -380,27 +403,28 @@ class _Lowering:
             lo += size
         chunks = [float(box_elems(b) * eb) for b in boxes]
         ready = self._emit("reduce_scatter", devices, chunks, initial, total, op_name, mb)
-        holders = tuple(_Holder(d, boxes[i], ready[i]) for i, d in enumerate(devices) if box_elems(boxes[i]) > 0)
-        return _Layout(holders, layout.shape, eb), None
+        kept = [i for i in range(len(devices)) if box_elems(boxes[i]) > 0]
+        sig = tuple((devices[i], boxes[i]) for i in kept)
+        return _Layout(sig, tuple(ready[i] for i in kept), self.cache.number(sig), layout.shape, eb), None
 
-    def _move(self, layout: _Layout, needs, op_name: str, mb: int) -> dict[str, tuple[int, ...]]:
-        holders = layout.holders
-        key = (layout.signature(), layout.shape, layout.elem_bytes, layout.replicated, needs)
+    def _move(self, layout: _Layout, needs, needs_id: int, op_name: str, mb: int) -> dict[str, tuple[int, ...]]:
+        ready = layout.ready
+        key = (layout.sig_id, layout.shape, layout.elem_bytes, layout.replicated, needs_id)
         plan = self.cache.moves.get(key)
         if plan is None:
             plan = self.cache.moves[key] = _move_plan(layout, needs, self.latency, self.system)
         if plan[0] == "all_gather":
             _, holder_devs, chunks, total = plan
-            ready = self._emit("all_gather", holder_devs, chunks, [h.ready for h in holders], total, op_name, mb)
-            return {d: ready[i] for i, d in enumerate(holder_devs)}
+            done = self._emit("all_gather", holder_devs, chunks, list(ready), total, op_name, mb)
+            return {d: done[i] for i, d in enumerate(holder_devs)}
         _, order, local, flows, kind, devices, total, any_flow, block = plan
         result: dict[str, list[int]] = {dev: [] for dev in order}
         for dev, hi in local:
-            result[dev].extend(holders[hi].ready)
+            result[dev].extend(ready[hi])
         if any_flow:
             coll = self.b.add_collective(Collective(kind, "direct", devices, total, op_name, 1))
             if flows:
-                first = emit_flows(self.b, block, [h.ready for h in holders], coll, op_name, mb)
+                first = emit_flows(self.b, block, ready, coll, op_name, mb)
                 for k, (_, dst, _) in enumerate(flows):
                     result[dst].append(first + k)
         return {d: _unique(v) for d, v in result.items()}
