@@ -101,6 +101,7 @@ class LoweringCache:
         self.limit = limit
         self.ops: dict[tuple[int, int, int], tuple[Op, int]] = {}
         self.shards: dict[tuple, tuple] = {}
+        self.pieces: dict[tuple, tuple] = {}
         self.collectives: dict[tuple, tuple] = {}
         self.moves: dict[tuple, tuple] = {}
         self.designs: dict[tuple[str, str], object] = {}
@@ -121,9 +122,12 @@ class LoweringCache:
         return graph is self.graph and system is self.system and cost is self.cost
 
     def trim(self) -> None:
-        if len(self.shards) + len(self.moves) + len(self.collectives) + len(self.ops) + len(self.numbers) > self.limit:
+        sizes = (len(self.shards), len(self.pieces), len(self.moves), len(self.collectives), len(self.ops),
+                 len(self.numbers))
+        if sum(sizes) > self.limit:
             self.ops.clear()
             self.shards.clear()
+            self.pieces.clear()
             self.collectives.clear()
             self.moves.clear()
             self.numbers.clear()  # after everything keyed by the numbers
@@ -215,19 +219,11 @@ class _Lowering:
         if hit is not None:
             return hit
         dim = split_dim(op, strategy)
+        parts = self.pieces(gi, size, op, dim, len(devices))
         out = []
-        if dim is None:
-            parts = [(devices[0], op, *shard_regions(op, None, 0, 0))]
-        else:
-            sizes = split_sizes(op.dim(dim), len(devices))
-            parts = []
-            lo = 0
-            for dev, part in zip(devices, sizes):
-                if part > 0:
-                    parts.append((dev, op.with_loops(**{dim: part}), *shard_regions(op, dim, lo, lo + part)))
-                lo += part
         partial = False
-        for dev, shard, out_box, in_boxes, is_partial in parts:
+        for i, shard, out_box, in_boxes, is_partial in parts:
+            dev = devices[i]
             c = self.cost.op_cost(shard, self.design(dev, design_name))
             out.append((dev, shard, out_box, in_boxes, c.time, c.energy))
             partial = partial or is_partial
@@ -245,6 +241,27 @@ class _Lowering:
                           tuple(number(n) for n in needs), number(sig))
         self._shard_cache[key] = result
         return result
+
+    def pieces(self, gi: int, size: int, op: Op, dim: str | None, n: int) -> tuple:
+        """Op ``gi`` at batch ``size`` (``op``) with loop ``dim`` split into ``n`` parts (None:
+        whole, on the first device): per non-empty part ``(index of the part, shard op, output
+        region, input regions, partial)`` (see :func:`shard_regions`); memoised, as every set of
+        ``n`` devices and every design splits alike."""
+        key = (gi, size, dim, n)
+        hit = self.cache.pieces.get(key)
+        if hit is not None:
+            return hit
+        if dim is None:
+            parts = [(0, op, *shard_regions(op, None, 0, 0))]
+        else:
+            parts = []
+            lo = 0
+            for i, part in enumerate(split_sizes(op.dim(dim), n)):
+                if part > 0:
+                    parts.append((i, op.with_loops(**{dim: part}), *shard_regions(op, dim, lo, lo + part)))
+                lo += part
+        hit = self.cache.pieces[key] = tuple(parts)
+        return hit
 
     def choose(self, devices: tuple[str, ...], kind: str, chunks: list[float]) -> tuple[str, int, TransferBlock]:
         """:func:`choose_algorithm` for the mapping's requested algorithm, memoised: the
