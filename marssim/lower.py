@@ -47,8 +47,7 @@ class _Holder(NamedTuple):
     ready: tuple[int, ...]
 
 
-@dataclass(frozen=True, slots=True)
-class _Layout:
+class _Layout(NamedTuple):
     """Where a tensor lives: holder ``i`` is device ``sig[i][0]`` holding region ``sig[i][1]``,
     ready after tasks ``ready[i]``; ``sig_id``: the number :meth:`LoweringCache.number` gives
     ``sig`` (plans are keyed by it); ``partial``: holders hold partial sums of the same box;
@@ -108,6 +107,19 @@ class LoweringCache:
         self.hosts: dict[str, str] = {}
         self.latency: dict[tuple[str, str], float] = {}
         self.numbers: dict[tuple, int] = {}
+        self._graph_meta: dict[str, dict[str, str]] | None = None
+
+    def graph_meta(self) -> dict[str, dict[str, str]]:
+        """The TaskGraph metadata that depends on the graph alone: each op's model, kind and
+        loops (``"N=8 K=64 ..."``), by op name."""
+        if self._graph_meta is None:
+            ops = self.graph.ops
+            self._graph_meta = {
+                "op_model": {op.name: op.model for op in ops},
+                "op_kind": {op.name: op.kind.value for op in ops},
+                "op_loops": {op.name: " ".join(f"{k}={v}" for k, v in op.loops) for op in ops},
+            }
+        return self._graph_meta
 
     def number(self, value: tuple) -> int:
         """A small integer standing for ``value`` (equal values, equal numbers) until the cache
@@ -297,9 +309,7 @@ class _Lowering:
             "mapping": m.key[:12], "n_stages": m.n_stages,
             "op_sharding": {g.ops[gi].name: m.op_sharding[k] for k, gi in enumerate(g.compute_ops)},
             "op_set": {g.ops[gi].name: m.op_set[k] for k, gi in enumerate(g.compute_ops)},
-            "op_model": {op.name: op.model for op in g.ops},
-            "op_kind": {op.name: op.kind.value for op in g.ops},
-            "op_loops": {op.name: " ".join(f"{k}={v}" for k, v in op.loops) for op in g.ops},
+            **{name: dict(values) for name, values in self.cache.graph_meta().items()},
             "set_design": [s.design for s in m.sets],
             "device_design": {d: s.design for s in m.sets for d in s.devices},
         }
