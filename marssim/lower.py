@@ -68,14 +68,14 @@ class _Layout(NamedTuple):
 
 @dataclass(frozen=True, slots=True)
 class _Sharded:
-    """An op split over a set: per shard ``(device, seconds, flops, energy, output bytes, output
-    box)``, whether shards hold partial sums, the needs ``(device, region)`` of each input slot,
-    the layout signature of the output and the weight bytes per shard ``(device, bytes)``;
-    ``columns``: the rows as the arguments of :meth:`TaskGraphBuilder.computes` (node indices,
+    """An op split over a set: the device of each shard, whether shards hold partial sums, the
+    needs ``(device, region)`` of each input slot, the layout signature ``(device, output
+    region)`` of the output and the weight bytes per shard ``(device, bytes)``; ``columns``: the
+    shards' compute tasks as the arguments of :meth:`TaskGraphBuilder.computes` (node indices,
     seconds, FLOPs, joules, output bytes); ``need_ids``, ``sig_id``: the numbers
     :meth:`LoweringCache.number` gives each slot's needs and the signature."""
 
-    rows: tuple
+    devices: tuple[str, ...]
     partial: bool
     needs: tuple
     sig: tuple
@@ -134,9 +134,14 @@ class LoweringCache:
         return graph is self.graph and system is self.system and cost is self.cost
 
     def trim(self) -> None:
-        sizes = (len(self.shards), len(self.pieces), len(self.moves), len(self.collectives), len(self.ops),
-                 len(self.numbers))
-        if sum(sizes) > self.limit:
+        """Clear what has grown past the limit: the shard ops (which nothing else refers to)
+        past ``limit / 40`` splits (each holds an op per shard, about 2 kB each); everything past
+        ``limit`` entries, a collective counting one per transfer of its schedule."""
+        if len(self.pieces) > self.limit // 40:
+            self.pieces.clear()
+        held = (len(self.shards) + len(self.moves) + len(self.ops) + len(self.numbers)
+                + sum(len(block) for _, _, block in self.collectives.values()))
+        if held > self.limit:
             self.ops.clear()
             self.shards.clear()
             self.pieces.clear()
@@ -241,14 +246,13 @@ class _Lowering:
             partial = partial or is_partial
         needs = tuple(tuple((dev, in_boxes[slot]) for dev, _, _, in_boxes, _, _ in out if box_elems(in_boxes[slot]) > 0)
                       for slot in range(len(op.inputs)))
-        rows = tuple((dev, seconds, shard.flops, energy, box_elems(out_box) * op.dtype_bytes, out_box)
-                     for dev, shard, out_box, _, seconds, energy in out)
         node = self.system.node_index
-        columns = (tuple(node[r[0]] for r in rows), tuple(float(r[1]) for r in rows), tuple(float(r[2]) for r in rows),
-                   tuple(float(r[3]) for r in rows), tuple(float(r[4]) for r in rows))
+        columns = (tuple(node[dev] for dev, *_ in out), tuple(float(seconds) for *_, seconds, _ in out),
+                   tuple(float(shard.flops) for _, shard, *_ in out), tuple(float(energy) for *_, energy in out),
+                   tuple(float(box_elems(out_box) * op.dtype_bytes) for _, _, out_box, *_ in out))
         sig = tuple((dev, out_box) for dev, _, out_box, *_ in out)
         number = self.cache.number
-        result = _Sharded(rows, partial and len(parts) > 1, needs, sig,
+        result = _Sharded(tuple(dev for dev, *_ in out), partial and len(parts) > 1, needs, sig,
                           tuple((dev, shard.weight_bytes) for dev, shard, *_ in out), columns,
                           tuple(number(n) for n in needs), number(sig))
         self._shard_cache[key] = result
@@ -352,7 +356,7 @@ class _Lowering:
                 for dev, nbytes in sharded.weights:
                     weights[dev] = weights.get(dev, 0.0) + nbytes
             # inputs: what each shard needs from each producer
-            deps: dict[str, list[int]] = {row[0]: [] for row in sharded.rows}
+            deps: dict[str, list[int]] = {dev: [] for dev in sharded.devices}
             for slot, src in enumerate(g.preds[gi]):
                 got = self.redistribute((src, mb), layouts[(src, mb)], sharded.needs[slot], sharded.need_ids[slot],
                                         base.name, mb)

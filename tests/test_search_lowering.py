@@ -145,3 +145,16 @@ def test_a_ring_all_gather_waits_as_the_schedule_says():
     assert tg.nbytes[3:].tolist() == [1.0, 2.0, 3.0, 3.0, 1.0]
     # ready: initial data, last receives, last sends (rank 2 sent nothing in step 1: its step-0 send)
     assert ready == [(0, 5, 6), (1, 6, 7), (2, 7, 5)]
+
+
+def test_a_cache_cleared_between_lowerings_changes_no_taskgraph():
+    """A cache small enough to be cleared before most lowerings (its numbered signatures
+    included) still gives the TaskGraph a fresh lowering gives."""
+    graph, sys_, cost = load_workload("resnet50:batch=2"), system(4), RooflineCost()
+    space = MappingSpace(graph, sys_)
+    rng = np.random.default_rng(3)
+    mappings = [space.decode(space.random(rng)) for _ in range(6)]
+    cache = LoweringCache(graph, sys_, cost, limit=80)
+    for m in mappings + mappings[:2]:
+        assert_same_taskgraph(lower(graph, sys_, m, cost, cache=cache), lower(graph, sys_, m, cost))
+        assert len(cache.pieces) + len(cache.shards) > 0
