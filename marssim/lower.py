@@ -18,6 +18,12 @@ consumer that needs the same regions. Graph inputs come from the host nearest th
 micro-batch after micro-batch (micro-batch ``m`` of an input leaves once micro-batch ``m-1`` has
 been sent, as a DMA queue streams them); graph outputs return to the host nearest their set. Weights of each device's shards are resident
 for the run and loaded from the nearest host before it (``TaskGraph.setup``).
+
+Speed: a collective or a re-distribution is added as a precomputed block of transfers
+(:mod:`marssim.taskblocks`), memoised with everything else a search's lowerings share in a
+:class:`LoweringCache`. When every op's batch splits evenly, micro-batches are alike: only
+micro-batch 0 is lowered, and the others are copies of its tasks one period later each
+(:meth:`TaskGraphBuilder.repeat_tail`), the same tasks a lowering of each would add.
 """
 
 from __future__ import annotations
