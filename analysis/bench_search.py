@@ -29,7 +29,7 @@ import numpy as np
 
 from marssim.cost import default_cost_model
 from marssim.search import SearchSettings, run_algorithm
-from marssim.search.evaluate import Evaluator, Problem
+from marssim.search.evaluate import Evaluator, Problem, estimate_evaluation, evaluate_mapping
 from marssim.search.parallel import open_executor
 from marssim.search.space import MappingSpace
 from marssim.system import load_system
@@ -40,11 +40,21 @@ SYSTEM = ROOT / "topologies" / "mars-adaptive-16.yaml"
 WORKLOAD = "resnet50:batch=8"
 
 
+def _warm_worker(graph, system, cost, mapping) -> None:
+    """Run in each worker as it starts: estimate and simulate ``mapping`` once, so every worker
+    has imported everything and loaded the compiled estimate before the clock starts."""
+    problem = Problem(graph, system, cost)
+    estimate_evaluation(problem, mapping)
+    evaluate_mapping(problem, mapping)
+
+
 def throughput(graph, system, cost, mappings, warmup, workers: int, kind: str) -> tuple[float, float]:
     """(seconds, evaluations per second) to evaluate ``mappings`` once, after the workers have
-    started and both simulated and estimated the ``warmup`` mappings (so start-up, imports and
-    loading the compiled estimate are not counted)."""
-    with ProcessPoolExecutor(workers) if workers > 1 else contextlib.nullcontext() as pool:
+    started, each evaluated a mapping, and the pool both simulated and estimated the ``warmup``
+    mappings (so start-up, imports and loading the compiled estimate are not counted)."""
+    context = (ProcessPoolExecutor(workers, initializer=_warm_worker, initargs=(graph, system, cost, warmup[0]))
+               if workers > 1 else contextlib.nullcontext())
+    with context as pool:
         warm = Evaluator(Problem(graph, system, cost), pool)
         warm.simulate(warmup)
         warm.estimate(warmup)

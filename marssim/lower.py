@@ -18,11 +18,18 @@ consumer that needs the same regions. Graph inputs come from the host nearest th
 micro-batch after micro-batch (micro-batch ``m`` of an input leaves once micro-batch ``m-1`` has
 been sent, as a DMA queue streams them); graph outputs return to the host nearest their set. Weights of each device's shards are resident
 for the run and loaded from the nearest host before it (``TaskGraph.setup``).
+
+Speed: a collective or a re-distribution is added as a precomputed block of transfers
+(:mod:`marssim.taskblocks`), memoised with everything else a search's lowerings share in a
+:class:`LoweringCache`. When every op's batch splits evenly, micro-batches are alike: only
+micro-batch 0 is lowered, and the others are copies of its tasks one period later each
+(:meth:`TaskGraphBuilder.repeat_tail`), the same tasks a lowering of each would add.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from marssim.cost.base import CostModel
 from marssim.gcpause import gc_paused
@@ -32,46 +39,56 @@ from marssim.mapping.sharding import (
     BATCH_DIM, Box, box_elems, full_box, intersect, shard_regions, split_dim, split_sizes,
 )
 from marssim.system import System
+from marssim.taskblocks import TransferBlock, collective_block, emit_collective, emit_flows, flow_block
+from marssim.taskblocks import unique as _unique
 from marssim.taskgraph import Collective, TaskGraph, TaskGraphBuilder
 from marssim.workload import Graph, Op, OpKind
 
 __all__ = ["lower", "expand_collective", "LoweringCache"]
 
 
-@dataclass(frozen=True, slots=True)
-class _Holder:
+class _Holder(NamedTuple):
     device: str
     box: Box
     ready: tuple[int, ...]
 
 
-@dataclass(frozen=True, slots=True)
-class _Layout:
-    """Where a tensor lives: each holder holds ``box``; ``partial``: holders hold partial sums of
-    the same box; ``replicated``: every holder holds the whole tensor."""
+class _Layout(NamedTuple):
+    """Where a tensor lives: holder ``i`` is device ``sig[i][0]`` holding region ``sig[i][1]``,
+    ready after tasks ``ready[i]``; ``sig_id``: the number :meth:`LoweringCache.number` gives
+    ``sig`` (plans are keyed by it); ``partial``: holders hold partial sums of the same box;
+    ``replicated``: every holder holds the whole tensor."""
 
-    holders: tuple[_Holder, ...]
+    sig: tuple[tuple[str, Box], ...]
+    ready: tuple[tuple[int, ...], ...]
+    sig_id: int
     shape: tuple[int, int, int, int]
     elem_bytes: int
     partial: bool = False
     replicated: bool = False
-    sig: tuple | None = None  # ((device, box) of each holder): the part of a layout plans depend on
 
-    def signature(self) -> tuple:
-        return self.sig if self.sig is not None else tuple((h.device, h.box) for h in self.holders)
+    @property
+    def holders(self) -> tuple[_Holder, ...]:
+        return tuple(_Holder(d, box, r) for (d, box), r in zip(self.sig, self.ready))
 
 
 @dataclass(frozen=True, slots=True)
 class _Sharded:
-    """An op split over a set: per shard ``(device, seconds, flops, energy, output bytes, output
-    box)``, whether shards hold partial sums, the needs ``(device, region)`` of each input slot,
-    the layout signature of the output and the weight bytes per shard ``(device, bytes)``."""
+    """An op split over a set: the device of each shard, whether shards hold partial sums, the
+    needs ``(device, region)`` of each input slot, the layout signature ``(device, output
+    region)`` of the output and the weight bytes per shard ``(device, bytes)``; ``columns``: the
+    shards' compute tasks as the arguments of :meth:`TaskGraphBuilder.computes` (node indices,
+    seconds, FLOPs, joules, output bytes); ``need_ids``, ``sig_id``: the numbers
+    :meth:`LoweringCache.number` gives each slot's needs and the signature."""
 
-    rows: tuple
+    devices: tuple[str, ...]
     partial: bool
     needs: tuple
     sig: tuple
     weights: tuple
+    columns: tuple
+    need_ids: tuple[int, ...]
+    sig_id: int
 
 
 class LoweringCache:
@@ -89,22 +106,54 @@ class LoweringCache:
         self.limit = limit
         self.ops: dict[tuple[int, int, int], tuple[Op, int]] = {}
         self.shards: dict[tuple, tuple] = {}
+        self.pieces: dict[tuple, tuple] = {}
         self.collectives: dict[tuple, tuple] = {}
         self.moves: dict[tuple, tuple] = {}
         self.designs: dict[tuple[str, str], object] = {}
         self.hosts: dict[str, str] = {}
         self.latency: dict[tuple[str, str], float] = {}
+        self.numbers: dict[tuple, int] = {}
+        self._graph_meta: dict[str, dict[str, str]] | None = None
+
+    def graph_meta(self) -> dict[str, dict[str, str]]:
+        """The TaskGraph metadata that depends on the graph alone: each op's model, kind and
+        loops (``"N=8 K=64 ..."``), by op name."""
+        if self._graph_meta is None:
+            ops = self.graph.ops
+            self._graph_meta = {
+                "op_model": {op.name: op.model for op in ops},
+                "op_kind": {op.name: op.kind.value for op in ops},
+                "op_loops": {op.name: " ".join(f"{k}={v}" for k, v in op.loops) for op in ops},
+            }
+        return self._graph_meta
+
+    def number(self, value: tuple) -> int:
+        """A small integer standing for ``value`` (equal values, equal numbers) until the cache
+        is cleared: cache keys hold it instead of ``value``, which is slow to hash."""
+        n = self.numbers.get(value)
+        if n is None:
+            n = self.numbers[value] = len(self.numbers)
+        return n
 
     def fits(self, graph: Graph, system: System, cost: CostModel) -> bool:
         """True when this cache was made for exactly these objects."""
         return graph is self.graph and system is self.system and cost is self.cost
 
     def trim(self) -> None:
-        if len(self.shards) + len(self.moves) + len(self.collectives) + len(self.ops) > self.limit:
+        """Clear what has grown past the limit: the shard ops (which nothing else refers to)
+        past ``limit / 40`` splits (each holds an op per shard, about 2 kB each); everything past
+        ``limit`` entries, a collective counting one per transfer of its schedule."""
+        if len(self.pieces) > self.limit // 40:
+            self.pieces.clear()
+        held = (len(self.shards) + len(self.moves) + len(self.ops) + len(self.numbers)
+                + sum(len(block) for _, _, block in self.collectives.values()))
+        if held > self.limit:
             self.ops.clear()
             self.shards.clear()
+            self.pieces.clear()
             self.collectives.clear()
             self.moves.clear()
+            self.numbers.clear()  # after everything keyed by the numbers
 
 
 def lower(graph: Graph, system: System, mapping: Mapping, cost: CostModel | None = None, *,
@@ -135,7 +184,7 @@ def lower(graph: Graph, system: System, mapping: Mapping, cost: CostModel | None
 
 class _Lowering:
     def __init__(self, graph: Graph, system: System, mapping: Mapping, cost: CostModel,
-                 cache: LoweringCache) -> None:
+                 cache: LoweringCache, repeat: bool = True) -> None:
         self.graph = graph
         self.system = system
         self.mapping = mapping
@@ -144,6 +193,7 @@ class _Lowering:
         self.position = {gi: k for k, gi in enumerate(graph.compute_ops)}
         self.n_ops = len(graph.ops)
         self.cache = cache
+        self.repeat = repeat  # copy micro-batches after the first when they lower alike (same tasks)
         self._designs = cache.designs
         self._shard_cache = cache.shards
         self._redistributed: dict[tuple, dict[str, tuple[int, ...]]] = {}
@@ -192,38 +242,59 @@ class _Lowering:
         if hit is not None:
             return hit
         dim = split_dim(op, strategy)
+        parts = self.pieces(gi, size, op, dim, len(devices))
         out = []
-        if dim is None:
-            parts = [(devices[0], op, *shard_regions(op, None, 0, 0))]
-        else:
-            sizes = split_sizes(op.dim(dim), len(devices))
-            parts = []
-            lo = 0
-            for dev, part in zip(devices, sizes):
-                if part > 0:
-                    parts.append((dev, op.with_loops(**{dim: part}), *shard_regions(op, dim, lo, lo + part)))
-                lo += part
         partial = False
-        for dev, shard, out_box, in_boxes, is_partial in parts:
+        for i, shard, out_box, in_boxes, is_partial in parts:
+            dev = devices[i]
             c = self.cost.op_cost(shard, self.design(dev, design_name))
             out.append((dev, shard, out_box, in_boxes, c.time, c.energy))
             partial = partial or is_partial
         needs = tuple(tuple((dev, in_boxes[slot]) for dev, _, _, in_boxes, _, _ in out if box_elems(in_boxes[slot]) > 0)
                       for slot in range(len(op.inputs)))
-        rows = tuple((dev, seconds, shard.flops, energy, box_elems(out_box) * op.dtype_bytes, out_box)
-                     for dev, shard, out_box, _, seconds, energy in out)
-        result = _Sharded(rows, partial and len(parts) > 1, needs, tuple((dev, out_box) for dev, _, out_box, *_ in out),
-                          tuple((dev, shard.weight_bytes) for dev, shard, *_ in out))
+        node = self.system.node_index
+        columns = (tuple(node[dev] for dev, *_ in out), tuple(float(seconds) for *_, seconds, _ in out),
+                   tuple(float(shard.flops) for _, shard, *_ in out), tuple(float(energy) for *_, energy in out),
+                   tuple(float(box_elems(out_box) * op.dtype_bytes) for _, _, out_box, *_ in out))
+        sig = tuple((dev, out_box) for dev, _, out_box, *_ in out)
+        number = self.cache.number
+        result = _Sharded(tuple(dev for dev, *_ in out), partial and len(parts) > 1, needs, sig,
+                          tuple((dev, shard.weight_bytes) for dev, shard, *_ in out), columns,
+                          tuple(number(n) for n in needs), number(sig))
         self._shard_cache[key] = result
         return result
 
-    def choose(self, devices: tuple[str, ...], kind: str, chunks: list[float]):
-        """:func:`choose_algorithm` for the mapping's requested algorithm, memoised."""
+    def pieces(self, gi: int, size: int, op: Op, dim: str | None, n: int) -> tuple:
+        """Op ``gi`` at batch ``size`` (``op``) with loop ``dim`` split into ``n`` parts (None:
+        whole, on the first device): per non-empty part ``(index of the part, shard op, output
+        region, input regions, partial)`` (see :func:`shard_regions`); memoised, as every set of
+        ``n`` devices and every design splits alike."""
+        key = (gi, size, dim, n)
+        hit = self.cache.pieces.get(key)
+        if hit is not None:
+            return hit
+        if dim is None:
+            parts = [(0, op, *shard_regions(op, None, 0, 0))]
+        else:
+            parts = []
+            lo = 0
+            for i, part in enumerate(split_sizes(op.dim(dim), n)):
+                if part > 0:
+                    parts.append((i, op.with_loops(**{dim: part}), *shard_regions(op, dim, lo, lo + part)))
+                lo += part
+        hit = self.cache.pieces[key] = tuple(parts)
+        return hit
+
+    def choose(self, devices: tuple[str, ...], kind: str, chunks: list[float]) -> tuple[str, int, TransferBlock]:
+        """:func:`choose_algorithm` for the mapping's requested algorithm, memoised: the
+        algorithm, its number of steps and its transfers (see :func:`collective_block`)."""
         requested = self.mapping.collective_algorithm
         key = (devices, kind, tuple(chunks), requested)
         hit = self.cache.collectives.get(key)
         if hit is None:
-            hit = self.cache.collectives[key] = choose_algorithm(self.system, devices, kind, chunks, requested)
+            algo, steps = choose_algorithm(self.system, devices, kind, chunks, requested)
+            block = collective_block(self.system, devices, steps, gather=kind != "reduce_scatter")
+            hit = self.cache.collectives[key] = (algo, len(steps), block)
         return hit
 
     # ------------------------------------------------------------------ main loop
@@ -232,45 +303,13 @@ class _Lowering:
         layouts: dict[tuple[int, int], _Layout] = {}
         weights: dict[str, float] = {}
         for mb in range(m.micro_batches):
-            for gi, base in enumerate(g.ops):
-                op, size = self.op_for_mb(gi, mb)
-                if base.kind == OpKind.INPUT:
-                    consumers = g.succs[gi]
-                    first_set = m.sets[m.op_set[self.position[consumers[0]]]] if consumers else m.sets[0]
-                    host = self.host_for(first_set.devices[0])
-                    # the host streams an input micro-batch by micro-batch: micro-batch mb leaves once
-                    # micro-batch mb-1 has been sent (a DMA queue), so the first stage is not starved
-                    sent = tuple(self._input_sent.get((gi, mb - 1), ()))
-                    layouts[(gi, mb)] = _Layout((_Holder(host, full_box(op.out_shape), sent),), op.out_shape,
-                                                4 if g.succs[gi] and g.ops[g.succs[gi][0]].kind == OpKind.EMBEDDING
-                                                else op.dtype_bytes)
-                    continue
-                k = self.position[gi]
-                aset = m.sets[m.op_set[k]]
-                strategy = m.op_sharding[k]
-                sharded = self.shards(gi, size, op, strategy, aset.devices, aset.design)
-                if mb == 0:
-                    for dev, nbytes in sharded.weights:
-                        weights[dev] = weights.get(dev, 0.0) + nbytes
-                # inputs: what each shard needs from each producer
-                deps: dict[str, list[int]] = {row[0]: [] for row in sharded.rows}
-                for slot, src in enumerate(g.preds[gi]):
-                    got = self.redistribute((src, mb), layouts[(src, mb)], sharded.needs[slot], base.name, mb)
-                    for dev, tasks in got.items():
-                        deps[dev].extend(tasks)
-                holders = []
-                priority = mb * self.n_ops + gi
-                compute = self.b.compute
-                for dev, seconds, flops, energy, out_bytes, out_box in sharded.rows:
-                    t = compute(dev, seconds, preds=_unique(deps[dev]), flops=flops, energy=energy,
-                                out_bytes=out_bytes, priority=priority, op=base.name, micro_batch=mb)
-                    holders.append(_Holder(dev, out_box, (t,)))
-                layouts[(gi, mb)] = _Layout(tuple(holders), op.out_shape, op.dtype_bytes, partial=sharded.partial,
-                                            sig=sharded.sig)
-            for gi in g.outputs:
-                layout = layouts[(gi, mb)]
-                host = self.host_for(layout.holders[0].device)
-                self.redistribute((gi, mb), layout, ((host, full_box(layout.shape)),), g.ops[gi].name, mb)
+            if mb == 1 and self.repeat and _even_micro_batches(g, m.micro_batches):
+                # every later micro-batch is micro-batch 0 again, one period later, its inputs
+                # leaving after those of the micro-batch before
+                self.b.repeat_tail(0, m.micro_batches - 1, priority_step=self.n_ops, collectives_from=0,
+                                   carried=self._carried_inputs())
+                break
+            self._micro_batch(mb, layouts, weights)
         for dev in sorted(weights, key=self.system.node_index.__getitem__):
             if weights[dev] > 0:
                 self.b.resident[dev] = weights[dev]
@@ -280,21 +319,73 @@ class _Lowering:
             "mapping": m.key[:12], "n_stages": m.n_stages,
             "op_sharding": {g.ops[gi].name: m.op_sharding[k] for k, gi in enumerate(g.compute_ops)},
             "op_set": {g.ops[gi].name: m.op_set[k] for k, gi in enumerate(g.compute_ops)},
-            "op_model": {op.name: op.model for op in g.ops},
-            "op_kind": {op.name: op.kind.value for op in g.ops},
-            "op_loops": {op.name: " ".join(f"{k}={v}" for k, v in op.loops) for op in g.ops},
+            **{name: dict(values) for name, values in self.cache.graph_meta().items()},
             "set_design": [s.design for s in m.sets],
             "device_design": {d: s.design for s in m.sets for d in s.devices},
         }
         return self.b.build(meta)
 
+    def _carried_inputs(self) -> dict[int, tuple[int, ...]]:
+        """After micro-batch 0: its tasks whose copy in micro-batch 1 waits for something else,
+        the sends of each graph input (micro-batch 1 of an input leaves once micro-batch 0 has
+        been sent), each mapped to the tasks its copy waits for."""
+        carried: dict[int, tuple[int, ...]] = {}
+        for sent in self._input_sent.values():
+            for t in sent:
+                carried[t] = tuple(sent)
+        return carried
+
+    def _micro_batch(self, mb: int, layouts: dict[tuple[int, int], _Layout], weights: dict[str, float]) -> None:
+        """Add the tasks of micro-batch ``mb``: each op's shards after what they need of their
+        producers (``layouts``: where each ``(op, micro-batch)`` output lives, filled in), then the
+        graph outputs' return to a host. Micro-batch 0 adds each shard's weight bytes to
+        ``weights`` (per device)."""
+        g, m = self.graph, self.mapping
+        for gi, base in enumerate(g.ops):
+            op, size = self.op_for_mb(gi, mb)
+            if base.kind == OpKind.INPUT:
+                consumers = g.succs[gi]
+                first_set = m.sets[m.op_set[self.position[consumers[0]]]] if consumers else m.sets[0]
+                host = self.host_for(first_set.devices[0])
+                # the host streams an input micro-batch by micro-batch: micro-batch mb leaves once
+                # micro-batch mb-1 has been sent (a DMA queue), so the first stage is not starved
+                sent = tuple(self._input_sent.get((gi, mb - 1), ()))
+                sig = ((host, full_box(op.out_shape)),)
+                layouts[(gi, mb)] = _Layout(sig, (sent,), self.cache.number(sig), op.out_shape,
+                                            4 if g.succs[gi] and g.ops[g.succs[gi][0]].kind == OpKind.EMBEDDING
+                                            else op.dtype_bytes)
+                continue
+            k = self.position[gi]
+            aset = m.sets[m.op_set[k]]
+            sharded = self.shards(gi, size, op, m.op_sharding[k], aset.devices, aset.design)
+            if mb == 0:
+                for dev, nbytes in sharded.weights:
+                    weights[dev] = weights.get(dev, 0.0) + nbytes
+            # inputs: what each shard needs from each producer
+            deps: dict[str, list[int]] = {dev: [] for dev in sharded.devices}
+            for slot, src in enumerate(g.preds[gi]):
+                got = self.redistribute((src, mb), layouts[(src, mb)], sharded.needs[slot], sharded.need_ids[slot],
+                                        base.name, mb)
+                for dev, tasks in got.items():
+                    deps[dev].extend(tasks)
+            first = self.b.computes(*sharded.columns, [_unique(ts) for ts in deps.values()],
+                                    priority=mb * self.n_ops + gi, op=base.name, micro_batch=mb)
+            ready = tuple([(t,) for t in range(first, first + len(sharded.sig))])
+            layouts[(gi, mb)] = _Layout(sharded.sig, ready, sharded.sig_id, op.out_shape, op.dtype_bytes,
+                                        partial=sharded.partial)
+        for gi in g.outputs:
+            layout = layouts[(gi, mb)]
+            needs = ((self.host_for(layout.sig[0][0]), full_box(layout.shape)),)
+            self.redistribute((gi, mb), layout, needs, self.cache.number(needs), g.ops[gi].name, mb)
+
     # ------------------------------------------------------------------ data movement
-    def redistribute(self, key: tuple[int, int], layout: _Layout, needs: tuple[tuple[str, Box], ...], op_name: str,
-                     mb: int) -> dict[str, tuple[int, ...]]:
-        """Tasks each needing device must wait for, after moving what it lacks."""
+    def redistribute(self, key: tuple[int, int], layout: _Layout, needs: tuple[tuple[str, Box], ...], needs_id: int,
+                     op_name: str, mb: int) -> dict[str, tuple[int, ...]]:
+        """Tasks each needing device must wait for, after moving what it lacks (``needs``:
+        ``(device, region)`` pairs, numbered ``needs_id`` by :meth:`LoweringCache.number`)."""
         if not needs:
             return {}
-        cache_key = (key, needs)
+        cache_key = (key, needs_id)
         hit = self._redistributed.get(cache_key)
         if hit is not None:
             return hit
@@ -303,7 +394,7 @@ class _Lowering:
             if done is not None:
                 self._redistributed[cache_key] = done
                 return done
-        result = self._move(layout, needs, op_name, mb)
+        result = self._move(layout, needs, needs_id, op_name, mb)
         self._redistributed[cache_key] = result
         if self.graph.ops[key[0]].kind == OpKind.INPUT:
             sent = self._input_sent.setdefault(key, [])
@@ -311,30 +402,31 @@ class _Lowering:
                 sent.extend(tasks)
         return result
 
-    def _emit(self, kind: str, algorithm: str, devices: tuple[str, ...], steps, initial: list[tuple[int, ...]],
-              total_bytes: float, op_name: str, mb: int, gather: bool) -> list[tuple[int, ...]]:
-        return expand_collective(self.b, kind, algorithm, devices, steps, initial, total_bytes, op=op_name,
-                                 micro_batch=mb, gather=gather)
+    def _emit(self, kind: str, devices: tuple[str, ...], chunks: list[float], initial: list[tuple[int, ...]],
+              total_bytes: float, op_name: str, mb: int) -> list[tuple[int, ...]]:
+        """Add collective ``kind`` of ``chunks`` (bytes per rank) on ``devices``; returns per rank
+        the tasks after which its result is ready."""
+        algo, n_steps, block = self.choose(devices, kind, chunks)
+        coll = self.b.add_collective(Collective(kind, algo, devices, float(total_bytes), op_name, n_steps))
+        return emit_collective(self.b, block, initial, coll, op_name, mb)
 
     def _reduce(self, layout: _Layout, needs, op_name: str, mb: int):
         """Resolve partial sums. Returns ``(new layout, None)`` or ``(layout, finished deps)``."""
-        devices = tuple(h.device for h in layout.holders)
+        devices = tuple(d for d, _ in layout.sig)
         eb = layout.elem_bytes
-        total = box_elems(layout.holders[0].box) * eb
+        total = box_elems(layout.sig[0][1]) * eb
         need_devs = tuple(d for d, _ in needs)
         full = full_box(layout.shape)
-        initial = [h.ready for h in layout.holders]
+        initial = list(layout.ready)
         same = set(need_devs) == set(devices) and len(need_devs) == len(devices)
         if same and all(box == full for _, box in needs):
             chunks = [float(s * eb) for s in split_sizes(box_elems(full), len(devices))]
-            algo, steps = self.choose(devices, "all_reduce", chunks)
-            ready = self._emit("all_reduce", algo, devices, steps, initial, total, op_name, mb, gather=True)
+            ready = self._emit("all_reduce", devices, chunks, initial, total, op_name, mb)
             return layout, {d: ready[i] for i, d in enumerate(devices)}
         if same and _disjoint_cover(needs, full):
             need_of = dict(needs)
             chunks = [float(box_elems(need_of[d]) * eb) for d in devices]
-            algo, steps = self.choose(devices, "reduce_scatter", chunks)
-            ready = self._emit("reduce_scatter", algo, devices, steps, initial, total, op_name, mb, gather=False)
+            ready = self._emit("reduce_scatter", devices, chunks, initial, total, op_name, mb)
             return layout, {d: ready[i] for i, d in enumerate(devices)}
         # Reduce-scatter along the longest axis into an even split, then move as usual.
         axis = max(range(4), key=lambda a: (layout.shape[a], -a))
@@ -347,44 +439,41 @@ class _Lowering:
             boxes.append(tuple(parts))
             lo += size
         chunks = [float(box_elems(b) * eb) for b in boxes]
-        algo, steps = self.choose(devices, "reduce_scatter", chunks)
-        ready = self._emit("reduce_scatter", algo, devices, steps, initial, total, op_name, mb, gather=False)
-        holders = tuple(_Holder(d, boxes[i], ready[i]) for i, d in enumerate(devices) if box_elems(boxes[i]) > 0)
-        return _Layout(holders, layout.shape, eb), None
+        ready = self._emit("reduce_scatter", devices, chunks, initial, total, op_name, mb)
+        kept = [i for i in range(len(devices)) if box_elems(boxes[i]) > 0]
+        sig = tuple((devices[i], boxes[i]) for i in kept)
+        return _Layout(sig, tuple(ready[i] for i in kept), self.cache.number(sig), layout.shape, eb), None
 
-    def _move(self, layout: _Layout, needs, op_name: str, mb: int) -> dict[str, tuple[int, ...]]:
-        holders = layout.holders
-        key = (layout.signature(), layout.shape, layout.elem_bytes, layout.replicated, needs)
+    def _move(self, layout: _Layout, needs, needs_id: int, op_name: str, mb: int) -> dict[str, tuple[int, ...]]:
+        ready = layout.ready
+        key = (layout.sig_id, layout.shape, layout.elem_bytes, layout.replicated, needs_id)
         plan = self.cache.moves.get(key)
         if plan is None:
-            plan = self.cache.moves[key] = _move_plan(layout, needs, self.latency)
+            plan = self.cache.moves[key] = _move_plan(layout, needs, self.latency, self.system)
         if plan[0] == "all_gather":
             _, holder_devs, chunks, total = plan
-            algo, steps = self.choose(holder_devs, "all_gather", chunks)
-            ready = self._emit("all_gather", algo, holder_devs, steps, [h.ready for h in holders], total, op_name, mb,
-                               gather=True)
-            return {d: ready[i] for i, d in enumerate(holder_devs)}
-        _, order, local, flows, kind, devices, total, any_flow = plan
+            done = self._emit("all_gather", holder_devs, chunks, list(ready), total, op_name, mb)
+            return {d: done[i] for i, d in enumerate(holder_devs)}
+        _, order, local, flows, kind, devices, total, any_flow, block = plan
         result: dict[str, list[int]] = {dev: [] for dev in order}
         for dev, hi in local:
-            result[dev].extend(holders[hi].ready)
+            result[dev].extend(ready[hi])
         if any_flow:
             coll = self.b.add_collective(Collective(kind, "direct", devices, total, op_name, 1))
-            transfer = self.b.transfer
-            for hi, dst, nbytes in flows:
-                h = holders[hi]
-                result[dst].append(transfer(h.device, dst, nbytes, preds=h.ready, collective=coll, op=op_name,
-                                            micro_batch=mb))
+            if flows:
+                first = emit_flows(self.b, block, ready, coll, op_name, mb)
+                for k, (_, dst, _) in enumerate(flows):
+                    result[dst].append(first + k)
         return {d: _unique(v) for d, v in result.items()}
 
 
-def _move_plan(layout: _Layout, needs, latency) -> tuple:
+def _move_plan(layout: _Layout, needs, latency, system: System) -> tuple:
     """How to bring each needed region from ``layout`` to its device, as indices into the
     holders (so one plan serves every lowering with the same layout and needs):
     ``("all_gather", devices, chunks, total bytes)`` when a split tensor is needed whole by
     exactly its holders; else ``("direct", need devices in order, local deps (device, holder),
     flows of more than 0 bytes (holder, destination, bytes), collective kind, devices, total
-    bytes, whether there was any flow)``."""
+    bytes, whether there was any flow, the flows as a :class:`TransferBlock`)``."""
     eb = layout.elem_bytes
     full = full_box(layout.shape)
     holders = layout.holders
@@ -421,8 +510,9 @@ def _move_plan(layout: _Layout, needs, latency) -> tuple:
         kind = _classify(holders, needs, full)
         devices = tuple(dict.fromkeys([holders[i].device for i, _, _ in flows] + [dst for _, dst, _ in flows]))
         total = float(sum(nbytes for _, _, nbytes in flows))
-    return ("direct", tuple(order), tuple(local), tuple(f for f in flows if f[2] > 0), kind, devices, total,
-            bool(flows))
+    moved = tuple(f for f in flows if f[2] > 0)
+    return ("direct", tuple(order), tuple(local), moved, kind, devices, total, bool(flows),
+            flow_block(system, holder_devs, moved))
 
 
 def expand_collective(builder: TaskGraphBuilder, kind: str, algorithm: str, devices: tuple[str, ...], steps,
@@ -434,36 +524,14 @@ def expand_collective(builder: TaskGraphBuilder, kind: str, algorithm: str, devi
     sends of step ``k-1``. Returns, per rank, the tasks after which its result is ready: with
     ``gather`` (all-gather, all-reduce) every piece it received; otherwise (reduce-scatter) its own
     reduced piece. Zero-byte flows are skipped."""
-    n = len(devices)
     coll = builder.add_collective(Collective(kind, algorithm, tuple(devices), float(total_bytes), op, len(steps)))
-    last_recv: list[list[int]] = [[] for _ in range(n)]
-    last_send: list[list[int]] = [[] for _ in range(n)]
-    for step in steps:
-        recv: list[list[int]] = [[] for _ in range(n)]
-        send: list[list[int]] = [[] for _ in range(n)]
-        for src, dst, nbytes in step:
-            if nbytes <= 0:
-                continue
-            preds = (*initial[src], *last_recv[src], *last_send[src])
-            t = builder.transfer(devices[src], devices[dst], nbytes, preds=_unique(preds), collective=coll, op=op,
-                                 micro_batch=micro_batch)
-            recv[dst].append(t)
-            send[src].append(t)
-        for i in range(n):
-            if recv[i]:
-                last_recv[i] = recv[i]
-            if send[i]:
-                last_send[i] = send[i]
-    if gather:
-        return [_unique((*initial[i], *last_recv[i], *last_send[i])) for i in range(n)]
-    return [_unique((*initial[i], *last_recv[i])) for i in range(n)]
+    block = collective_block(builder.system, devices, steps, gather)
+    return emit_collective(builder, block, initial, coll, op, micro_batch)
 
 
-def _unique(items) -> tuple[int, ...]:
-    """Items in first-seen order without repeats."""
-    if len(items) < 2:
-        return tuple(items)
-    return tuple(dict.fromkeys(items))
+def _even_micro_batches(graph: Graph, micro_batches: int) -> bool:
+    """True when every op's batch dimension splits into ``micro_batches`` equal parts."""
+    return all(op.dim(BATCH_DIM[op.kind]) % micro_batches == 0 for op in graph.ops)
 
 
 def _disjoint_cover(needs, full: Box) -> bool:

@@ -17,6 +17,7 @@ ready tasks on one device: lower first. Units: seconds, bytes, FLOPs, joules.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -30,6 +31,12 @@ __all__ = ["COMPUTE", "TRANSFER", "Collective", "TaskGraph", "TaskGraphBuilder"]
 
 COMPUTE = 0
 TRANSFER = 1
+
+_DTYPES = {"kind": np.int8, "device": np.int32, "duration": np.float64, "src": np.int32, "dst": np.int32,
+           "nbytes": np.float64, "route": np.int32, "flops": np.float64, "energy": np.float64, "mem_node": np.int32,
+           "mem_bytes": np.float64, "priority": np.int64, "op": np.int32, "micro_batch": np.int32,
+           "collective": np.int32}
+"""The dtype of each column of a :class:`TaskGraph`."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,8 +188,12 @@ class TaskGraphBuilder:
         self.op_names: list[str] = []
         self.resident: dict[str, float] = {}
         self.setup: list[tuple[str, str, float]] = []
+        self._repeat: tuple[int, int, int, int, int] | None = None  # see repeat_tail
 
     def __len__(self) -> int:
+        if self._repeat is not None:
+            start, copies, _, _, end = self._repeat
+            return end + copies * (end - start)
         return len(self._preds)
 
     def _op_index(self, op: str | None) -> int:
@@ -257,32 +268,164 @@ class TaskGraphBuilder:
                          d if hold and nbytes > 0 else -1, float(nbytes) if hold else 0.0, int(priority),
                          self._op_index(op), int(micro_batch), collective, preds)
 
+    def computes(self, devices: Sequence[int], durations: Sequence[float], flops: Sequence[float],
+                 energies: Sequence[float], out_bytes: Sequence[float], preds: Sequence[Sequence[int]], *,
+                 priority: int = 0, op: str | None = None, micro_batch: int = 0) -> int:
+        """Add one compute task per entry, as :meth:`compute` would one by one; returns the id of
+        the first (the others follow it). ``devices`` are node indices; durations in s, FLOPs,
+        energies in J (NaN: unknown), output bytes (a buffer on the task's device when > 0)."""
+        n = len(devices)
+        if n and min(durations) < 0:
+            raise ValueError(f"negative duration {min(durations)} for {op}")
+        first = len(self._preds)
+        c = self._cols
+        c["kind"].extend([COMPUTE] * n)
+        c["device"].extend(devices)
+        c["duration"].extend(durations)
+        c["src"].extend([-1] * n)
+        c["dst"].extend([-1] * n)
+        c["nbytes"].extend([0.0] * n)
+        c["route"].extend([-1] * n)
+        c["flops"].extend(flops)
+        c["energy"].extend(energies)
+        c["mem_node"].extend([d if b > 0 else -1 for d, b in zip(devices, out_bytes)])
+        c["mem_bytes"].extend(out_bytes)
+        c["priority"].extend([int(priority)] * n)
+        c["op"].extend([self._op_index(op)] * n)
+        c["micro_batch"].extend([int(micro_batch)] * n)
+        c["collective"].extend([-1] * n)
+        self._preds.extend(map(list, preds))
+        return first
+
+    def transfers(self, pairs: Sequence[tuple[str, str]], pair_of: Sequence[int], src: Sequence[int],
+                  dst: Sequence[int], nbytes: Sequence[float], preds: Sequence[Sequence[int]], *,
+                  collective: int = -1, op: str | None = None, micro_batch: int = 0) -> int:
+        """Add one held transfer per entry, as :meth:`transfer` would one by one (priority 0);
+        returns the id of the first (the others follow it). Transfer ``i`` moves ``nbytes[i]``
+        bytes (> 0) from node index ``src[i]`` to ``dst[i]`` along the route of
+        ``pairs[pair_of[i]]`` (node names); ``pairs`` are listed in the order the transfers first
+        use them, so routes are numbered as one-by-one calls number them."""
+        n = len(src)
+        if n and min(nbytes) <= 0:
+            raise ValueError(f"transfer size {min(nbytes)} in a block of transfers; expected > 0 bytes")
+        if any(map(int.__eq__, src, dst)):
+            raise ValueError("transfer from a node to itself")
+        ids = [self.route_index(a, b) for a, b in pairs]
+        first = len(self._preds)
+        c = self._cols
+        c["kind"].extend([TRANSFER] * n)
+        c["device"].extend([-1] * n)
+        c["duration"].extend([0.0] * n)
+        c["src"].extend(src)
+        c["dst"].extend(dst)
+        c["nbytes"].extend(nbytes)
+        c["route"].extend([ids[k] for k in pair_of])
+        c["flops"].extend([0.0] * n)
+        c["energy"].extend([0.0] * n)
+        c["mem_node"].extend(dst)
+        c["mem_bytes"].extend(nbytes)
+        c["priority"].extend([0] * n)
+        c["op"].extend([self._op_index(op)] * n)
+        c["micro_batch"].extend([int(micro_batch)] * n)
+        c["collective"].extend([collective] * n)
+        self._preds.extend(map(list, preds))
+        return first
+
     def add_collective(self, info: Collective) -> int:
         self.collectives.append(info)
         return len(self.collectives) - 1
+
+    def repeat_tail(self, start: int, copies: int, *, priority_step: int, collectives_from: int,
+                    carried: dict[int, Sequence[int]] | None = None) -> None:
+        """Append ``copies`` copies of the tasks from ``start`` on (the last *period*) and of the
+        collectives from ``collectives_from`` on. In copy ``c`` (1, 2, ...) every task id and
+        every predecessor id is ``c`` periods higher (a task of the period that waits for one of
+        the period before waits for the same task of its own period in the copy), a compute
+        task's ``priority`` is ``c * priority_step`` higher (a transfer's is kept),
+        ``micro_batch`` ``c`` higher, and a task of one of the period's collectives belongs to
+        that collective's copy. ``carried``: tasks of the period whose copies wait for other
+        tasks than their own shifted predecessors: task ``t``'s first copy waits for
+        ``carried[t]`` (task ids), its copy ``c`` for those ``c - 1`` periods higher. The rows are
+        copied in :meth:`build`; no task may be added after this."""
+        if self._repeat is not None:
+            raise RuntimeError("repeat_tail was already called")
+        n = len(self._preds)
+        if not 0 <= start < n or copies < 0:
+            raise ValueError(f"cannot repeat tasks {start}.. of {n} {copies} times")
+        if carried and not all(start <= t < n for t in carried):
+            raise ValueError(f"carried tasks must be among the repeated tasks {start}..{n - 1}")
+        n_coll = len(self.collectives) - collectives_from
+        self.collectives.extend(self.collectives[collectives_from:] * copies)
+        self._repeat = (start, copies, int(priority_step), n_coll, n, dict(carried or {}))
 
     def depend(self, before: int, after: int) -> None:
         """Add an edge: ``after`` starts only when ``before`` has ended."""
         self._preds[after].append(before)
 
+    def _arrays(self) -> dict[str, np.ndarray]:
+        """The columns and ``counts``/``pred_idx`` (predecessors) of the tasks added so far."""
+        cols = {name: np.asarray(values, dtype=_DTYPES[name]) for name, values in self._cols.items()}
+        cols["counts"] = np.fromiter(map(len, self._preds), dtype=np.int64, count=len(self._preds))
+        cols["pred_idx"] = np.fromiter(itertools.chain.from_iterable(self._preds), dtype=np.int32)
+        return cols
+
+    def _repeated(self, cols: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """``cols`` with the copies :meth:`repeat_tail` asked for appended."""
+        start, copies, priority_step, n_coll, end, carried = self._repeat
+        if len(self._preds) != end:
+            raise RuntimeError("tasks were added after repeat_tail")
+        period = end - start
+        copy = np.repeat(np.arange(1, copies + 1, dtype=np.int64), period)
+        counts, preds = self._first_copy_preds(cols["counts"], cols["pred_idx"], start, period, carried)
+        out = {"counts": np.concatenate([cols["counts"], np.tile(counts, copies)]),
+               "pred_idx": np.concatenate([cols["pred_idx"], (np.tile(preds, copies) + np.repeat(
+                   np.arange(copies, dtype=np.int64) * period, len(preds))).astype(np.int32)])}
+        for name, col in cols.items():
+            if name in out:
+                continue
+            tiled = np.tile(col[start:], copies)
+            if name == "priority":
+                tiled = tiled + copy * priority_step * (np.tile(cols["kind"][start:], copies) == COMPUTE)
+            elif name == "micro_batch":
+                tiled = tiled + copy
+            elif name == "collective":
+                tiled = np.where(tiled >= 0, tiled + copy * n_coll, tiled)
+            out[name] = np.concatenate([col, tiled.astype(col.dtype)])
+        return out
+
+    @staticmethod
+    def _first_copy_preds(counts: np.ndarray, pred_idx: np.ndarray, start: int, period: int,
+                          carried: dict[int, Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
+        """Predecessor counts and ids of the first copy of tasks ``start..start+period-1``: their
+        own predecessors one period later, or ``carried[t]`` for a task ``t`` in ``carried``."""
+        ptr = np.zeros(len(counts) + 1, dtype=np.int64)
+        np.cumsum(counts, out=ptr[1:])
+        block_counts = counts[start:].copy()
+        pieces = []
+        at = int(ptr[start])
+        for t in sorted(carried):
+            pieces.append(pred_idx[at:ptr[t]].astype(np.int64) + period)
+            pieces.append(np.asarray(carried[t], dtype=np.int64))
+            block_counts[t - start] = len(carried[t])
+            at = int(ptr[t + 1])
+        pieces.append(pred_idx[at:].astype(np.int64) + period)
+        return block_counts, np.concatenate(pieces)
+
     def build(self, meta: dict[str, Any] | None = None) -> TaskGraph:
-        c = self._cols
-        counts = np.fromiter((len(p) for p in self._preds), dtype=np.int64, count=len(self._preds))
-        pred_ptr = np.zeros(len(self._preds) + 1, dtype=np.int64)
-        np.cumsum(counts, out=pred_ptr[1:])
-        flat = [t for p in self._preds for t in p]
-        pred_idx = np.asarray(flat, dtype=np.int32)
-        if len(flat) and (pred_idx.min() < 0 or pred_idx.max() >= len(self._preds)):
+        c = self._arrays()
+        if self._repeat is not None:
+            c = self._repeated(c)
+        n = len(c["counts"])
+        pred_ptr = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(c["counts"], out=pred_ptr[1:])
+        pred_idx = c["pred_idx"]
+        if len(pred_idx) and (pred_idx.min() < 0 or pred_idx.max() >= n):
             raise ValueError("a dependency refers to a task that does not exist")
         tg = TaskGraph(
-            kind=np.asarray(c["kind"], dtype=np.int8), device=np.asarray(c["device"], dtype=np.int32),
-            duration=np.asarray(c["duration"], dtype=float), src=np.asarray(c["src"], dtype=np.int32),
-            dst=np.asarray(c["dst"], dtype=np.int32), nbytes=np.asarray(c["nbytes"], dtype=float),
-            route=np.asarray(c["route"], dtype=np.int32), flops=np.asarray(c["flops"], dtype=float),
-            energy=np.asarray(c["energy"], dtype=float), mem_node=np.asarray(c["mem_node"], dtype=np.int32),
-            mem_bytes=np.asarray(c["mem_bytes"], dtype=float), priority=np.asarray(c["priority"], dtype=np.int64),
-            op=np.asarray(c["op"], dtype=np.int32), micro_batch=np.asarray(c["micro_batch"], dtype=np.int32),
-            collective=np.asarray(c["collective"], dtype=np.int32), pred_ptr=pred_ptr, pred_idx=pred_idx,
+            kind=c["kind"], device=c["device"], duration=c["duration"], src=c["src"], dst=c["dst"],
+            nbytes=c["nbytes"], route=c["route"], flops=c["flops"], energy=c["energy"], mem_node=c["mem_node"],
+            mem_bytes=c["mem_bytes"], priority=c["priority"], op=c["op"], micro_batch=c["micro_batch"],
+            collective=c["collective"], pred_ptr=pred_ptr, pred_idx=pred_idx,
             node_names=self.system.nodes, op_names=tuple(self.op_names), routes=tuple(self._routes),
             collectives=tuple(self.collectives), resident=dict(self.resident), setup=tuple(self.setup),
             meta=dict(meta or {}),
