@@ -232,15 +232,8 @@ class _Simulation:
                     idle.pop().succeed()
                 return
             start[t] = env._now
-            nb = mem_bytes[t]
-            if nb > 0:
-                if spill:
-                    allocate(t)
-                else:
-                    try:
-                        pool_of[t].allocate(nb)
-                    except CapacityError as err:
-                        self._overflow(t, err)
+            if mem_bytes[t] > 0:
+                allocate(t)
             if is_flow[t]:
                 add_flow(t, nbytes[t], route[t], latency[t])
             else:
@@ -285,11 +278,7 @@ class _Simulation:
             if spilled[t]:
                 self._spill_out(t)
                 return
-            for s in nexts:
-                w = waiting[s] - 1
-                waiting[s] = w
-                if w == 0:
-                    ready(s)
+            complete(t)
 
         self._allocate, self._dispatch, self._ready = allocate, dispatch, ready
         self._complete, self._finish = complete, finish
@@ -299,8 +288,6 @@ class _Simulation:
         time; when there are none, wait on an event appended to ``idle``."""
         env = self.env
         by_rank, duration, start, mem_bytes = self.by_rank, self.duration, self.start, self.mem_bytes
-        pool_of = self.pool_of
-        spill = self.spill
         allocate, finish = self._allocate, self._finish
         timeout, event, heappop = env.timeout, env.event, heapq.heappop
         while True:
@@ -311,15 +298,8 @@ class _Simulation:
                 continue
             t = by_rank[heappop(heap)]
             start[t] = env._now
-            nb = mem_bytes[t]
-            if nb > 0:
-                if spill:
-                    allocate(t)
-                else:
-                    try:
-                        pool_of[t].allocate(nb)
-                    except CapacityError as err:
-                        self._overflow(t, err)
+            if mem_bytes[t] > 0:
+                allocate(t)
             ev = timeout(duration[t], t)
             yield ev
             finish(ev)
