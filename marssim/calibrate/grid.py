@@ -38,7 +38,7 @@ point), :func:`split_chunks` cuts a grid into consecutive chunks under a time bu
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from marssim.cost.calibrated import shape_key
@@ -261,6 +261,11 @@ def grid_from_graphs(graphs: Sequence[Graph], kinds: Sequence[str] = DEFAULT_KIN
             raise ValueError(f"unknown dtype {dt!r}")
     points: list[GridPoint] = []
     seen: set[tuple] = set()
+    derived: list[Callable[[Op], list[tuple[Op, str]]]] = []
+    if sweep:
+        derived.append(lambda op: sweep_variants(op, max_batch_factor))
+    if shards:
+        derived.append(lambda op: shard_variants(op, shards))
 
     def add(p: GridPoint | None) -> None:
         if p is None:
@@ -282,17 +287,11 @@ def grid_from_graphs(graphs: Sequence[Graph], kinds: Sequence[str] = DEFAULT_KIN
                     bases.append((typed, f"{g.spec}:{op.name}"))
             for op, origin in bases:
                 add(_point(op, measure_kind, origin))
-            if sweep:
+            for variants_of in derived:  # the sweep's variants of every base, then the shards
                 for op, origin in bases:
                     if _point(op, measure_kind, origin) is None:
                         continue
-                    for variant, label in sweep_variants(op, max_batch_factor):
-                        add(_point(variant, measure_kind, f"{origin} {label}"))
-            if shards:
-                for op, origin in bases:
-                    if _point(op, measure_kind, origin) is None:
-                        continue
-                    for variant, label in shard_variants(op, shards):
+                    for variant, label in variants_of(op):
                         add(_point(variant, measure_kind, f"{origin} {label}"))
     return tuple(points)
 
