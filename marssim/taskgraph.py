@@ -188,11 +188,12 @@ class TaskGraphBuilder:
         self.op_names: list[str] = []
         self.resident: dict[str, float] = {}
         self.setup: list[tuple[str, str, float]] = []
-        self._repeat: tuple[int, int, int, int, int] | None = None  # see repeat_tail
+        # (start, copies, priority step, collectives per period, end, carried): see repeat_tail
+        self._repeat: tuple[int, int, int, int, int, dict[int, Sequence[int]]] | None = None
 
     def __len__(self) -> int:
         if self._repeat is not None:
-            start, copies, _, _, end = self._repeat
+            start, copies, _, _, end, _ = self._repeat
             return end + copies * (end - start)
         return len(self._preds)
 
@@ -212,13 +213,6 @@ class TaskGraphBuilder:
             idx = self._route_id[key] = len(self._routes)
             self._routes.append(self.system.route(src, dst))
         return idx
-
-    def _append(self, **values: Any) -> int:
-        cols = self._cols
-        for key, col in cols.items():
-            col.append(values[key])
-        self._preds.append(list(values["preds"]))
-        return len(self._preds) - 1
 
     def _row(self, kind, device, duration, src, dst, nbytes, route, flops, energy, mem_node, mem_bytes, priority, op,
              micro_batch, collective, preds) -> int:
@@ -277,25 +271,11 @@ class TaskGraphBuilder:
         n = len(devices)
         if n and min(durations) < 0:
             raise ValueError(f"negative duration {min(durations)} for {op}")
-        first = len(self._preds)
-        c = self._cols
-        c["kind"].extend([COMPUTE] * n)
-        c["device"].extend(devices)
-        c["duration"].extend(durations)
-        c["src"].extend([-1] * n)
-        c["dst"].extend([-1] * n)
-        c["nbytes"].extend([0.0] * n)
-        c["route"].extend([-1] * n)
-        c["flops"].extend(flops)
-        c["energy"].extend(energies)
-        c["mem_node"].extend([d if b > 0 else -1 for d, b in zip(devices, out_bytes)])
-        c["mem_bytes"].extend(out_bytes)
-        c["priority"].extend([int(priority)] * n)
-        c["op"].extend([self._op_index(op)] * n)
-        c["micro_batch"].extend([int(micro_batch)] * n)
-        c["collective"].extend([-1] * n)
-        self._preds.extend(map(list, preds))
-        return first
+        return self._extend(n, preds, kind=COMPUTE, device=devices, duration=durations, src=-1, dst=-1,
+                            nbytes=0.0, route=-1, flops=flops, energy=energies,
+                            mem_node=[d if b > 0 else -1 for d, b in zip(devices, out_bytes)], mem_bytes=out_bytes,
+                            priority=int(priority), op=self._op_index(op), micro_batch=int(micro_batch),
+                            collective=-1)
 
     def transfers(self, pairs: Sequence[tuple[str, str]], pair_of: Sequence[int], src: Sequence[int],
                   dst: Sequence[int], nbytes: Sequence[float], preds: Sequence[Sequence[int]], *,
@@ -311,23 +291,18 @@ class TaskGraphBuilder:
         if any(map(int.__eq__, src, dst)):
             raise ValueError("transfer from a node to itself")
         ids = [self.route_index(a, b) for a, b in pairs]
+        return self._extend(n, preds, kind=TRANSFER, device=-1, duration=0.0, src=src, dst=dst, nbytes=nbytes,
+                            route=[ids[k] for k in pair_of], flops=0.0, energy=0.0, mem_node=dst, mem_bytes=nbytes,
+                            priority=0, op=self._op_index(op), micro_batch=int(micro_batch),
+                            collective=collective)
+
+    def _extend(self, n: int, preds: Sequence[Sequence[int]], **columns: Any) -> int:
+        """Append ``n`` tasks: each column a sequence of ``n`` values or one number for all;
+        returns the id of the first."""
         first = len(self._preds)
-        c = self._cols
-        c["kind"].extend([TRANSFER] * n)
-        c["device"].extend([-1] * n)
-        c["duration"].extend([0.0] * n)
-        c["src"].extend(src)
-        c["dst"].extend(dst)
-        c["nbytes"].extend(nbytes)
-        c["route"].extend([ids[k] for k in pair_of])
-        c["flops"].extend([0.0] * n)
-        c["energy"].extend([0.0] * n)
-        c["mem_node"].extend(dst)
-        c["mem_bytes"].extend(nbytes)
-        c["priority"].extend([0] * n)
-        c["op"].extend([self._op_index(op)] * n)
-        c["micro_batch"].extend([int(micro_batch)] * n)
-        c["collective"].extend([collective] * n)
+        for name, col in self._cols.items():
+            values = columns[name]
+            col.extend([values] * n if isinstance(values, (int, float)) else values)
         self._preds.extend(map(list, preds))
         return first
 
