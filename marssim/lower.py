@@ -200,6 +200,7 @@ class _Lowering:
         self._input_sent: dict[tuple[int, int], list[int]] = {}  # (input op, micro-batch) -> its transfers
         self._host_of = cache.hosts
         self._latency = cache.latency
+        self._resident_inputs: set[int] = set()
 
     # ------------------------------------------------------------------ helpers
     def design(self, device: str, name: str):
@@ -253,13 +254,15 @@ class _Lowering:
         needs = tuple(tuple((dev, in_boxes[slot]) for dev, _, _, in_boxes, _, _ in out if box_elems(in_boxes[slot]) > 0)
                       for slot in range(len(op.inputs)))
         node = self.system.node_index
+        out_bytes = 0 if op.param("view") else op.dtype_bytes  # a view holds no buffer of its own
         columns = (tuple(node[dev] for dev, *_ in out), tuple(float(seconds) for *_, seconds, _ in out),
                    tuple(float(shard.flops) for _, shard, *_ in out), tuple(float(energy) for *_, energy in out),
-                   tuple(float(box_elems(out_box) * op.dtype_bytes) for _, _, out_box, *_ in out))
+                   tuple(float(box_elems(out_box) * out_bytes) for _, _, out_box, *_ in out))
         sig = tuple((dev, out_box) for dev, _, out_box, *_ in out)
         number = self.cache.number
+        owns = not op.param("shares")  # an op reading another op's weights adds none of its own
         result = _Sharded(tuple(dev for dev, *_ in out), partial and len(parts) > 1, needs, sig,
-                          tuple((dev, shard.weight_bytes) for dev, shard, *_ in out), columns,
+                          tuple((dev, shard.weight_bytes if owns else 0) for dev, shard, *_ in out), columns,
                           tuple(number(n) for n in needs), number(sig))
         self._shard_cache[key] = result
         return result
@@ -314,6 +317,8 @@ class _Lowering:
             if weights[dev] > 0:
                 self.b.resident[dev] = weights[dev]
                 self.b.setup.append((self.host_for(dev), dev, weights[dev]))
+        for dev, nbytes in self._resident_bytes().items():  # KV caches: resident, not loaded from a host
+            self.b.resident[dev] = self.b.resident.get(dev, 0.0) + nbytes
         meta = {
             "system": self.system.name, "workload": g.spec, "batch": g.batch, "micro_batches": m.micro_batches,
             "mapping": m.key[:12], "n_stages": m.n_stages,
@@ -343,6 +348,9 @@ class _Lowering:
         g, m = self.graph, self.mapping
         for gi, base in enumerate(g.ops):
             op, size = self.op_for_mb(gi, mb)
+            if base.kind == OpKind.INPUT and base.param("resident"):
+                layouts[(gi, mb)] = self._resident_layout(gi, op)
+                continue
             if base.kind == OpKind.INPUT:
                 consumers = g.succs[gi]
                 first_set = m.sets[m.op_set[self.position[consumers[0]]]] if consumers else m.sets[0]
@@ -377,6 +385,41 @@ class _Lowering:
             layout = layouts[(gi, mb)]
             needs = ((self.host_for(layout.sig[0][0]), full_box(layout.shape)),)
             self.redistribute((gi, mb), layout, needs, self.cache.number(needs), g.ops[gi].name, mb)
+
+    def _resident_layout(self, gi: int, op: Op) -> _Layout:
+        """A device-resident input (a KV cache): held whole by every device of the sets that
+        read it, ready from the start; the bytes each device reads are resident memory."""
+        g, m = self.graph, self.mapping
+        devices = tuple(dict.fromkeys(d for s in g.succs[gi] for d in m.sets[m.op_set[self.position[s]]].devices))
+        box = full_box(op.out_shape)
+        sig = tuple((d, box) for d in devices)
+        self._resident_inputs.add(gi)
+        return _Layout(sig, ((),) * len(devices), self.cache.number(sig), op.out_shape, op.dtype_bytes,
+                       replicated=True)
+
+    def _resident_bytes(self) -> dict[str, float]:
+        """Bytes of device-resident inputs per device: per input, the bounding box of the regions
+        its readers on the device need (every micro-batch holds its own part)."""
+        out: dict[str, float] = {}
+        m = self.mapping
+        for gi in sorted(self._resident_inputs):
+            boxes: dict[str, list] = {}
+            for s in self.graph.succs[gi]:
+                k = self.position[s]
+                aset = m.sets[m.op_set[k]]
+                op, size = self.op_for_mb(s, 0)
+                sharded = self.shards(s, size, op, m.op_sharding[k], aset.devices, aset.design)
+                for slot, src in enumerate(self.graph.preds[s]):
+                    if src != gi:
+                        continue
+                    for dev, need in sharded.needs[slot]:
+                        cur = boxes.get(dev)
+                        boxes[dev] = list(need) if cur is None else [
+                            (min(a[0], b[0]), max(a[1], b[1])) for a, b in zip(cur, need)]
+            eb = self.graph.ops[gi].dtype_bytes
+            for dev, box in boxes.items():
+                out[dev] = out.get(dev, 0.0) + box_elems(tuple(box)) * eb * m.micro_batches
+        return out
 
     # ------------------------------------------------------------------ data movement
     def redistribute(self, key: tuple[int, int], layout: _Layout, needs: tuple[tuple[str, Box], ...], needs_id: int,

@@ -24,17 +24,47 @@ def run(args: argparse.Namespace) -> int:
 
     rows = []
     entries = zoo_entries()
-    for name in sorted(entries, key=lambda n: (entries[n].multi_model, n)):
-        entry = entries[name]
+    zoo = {n: e for n, e in entries.items() if e.group == "zoo"}
+    for name in sorted(zoo, key=lambda n: (zoo[n].multi_model, n)):
+        entry = zoo[name]
         graph = load_workload(name)
         params = ", ".join(f"{k}={_text(v)}" for k, v in entry.defaults.items())
         rows.append([name, params, f"{graph.macs / 1e9:.4g}", str(len(graph)), entry.description])
     print("\n".join(format_table(["name", "parameters (defaults)", "GMACs", "ops", "description"], rows, indent="")))
-    print(f"\n{len(rows)} workloads. Give parameters after a colon: `bert-base:seq=512,batch=4`; GMACs are at "
-          "the defaults and scale with batch.\nAn ONNX file is accepted wherever a workload is: `model.onnx` or "
+    print()
+    print(_llm_table(entries))
+    print(f"\n{len(entries)} workloads. Give parameters after a colon: `bert-base:seq=512,batch=4`; GMACs are at "
+          "the defaults and scale with batch.\nLLM families and presets take every dimension above as a parameter "
+          "and a mode: `llama3-70b:mode=train,seq=4096,recompute=selective`, `gpt3-175b:mode=serve,prompt=512,"
+          "generate=128,batch=8`, `llama3-8b:mode=decode,context=2048,batch=32`, `gpt:layers=96,hidden=12288,"
+          "heads=96,seq=2048,vocab=51200,batch=8`.\nAn ONNX file is accepted wherever a workload is: `model.onnx` or "
           "`model.onnx:batch=8` (needs the onnx package: pip install 'marssim[onnx]').\n"
           "`marssim show SPEC` describes one, layer by layer.")
     return 0
+
+
+def _llm_table(entries) -> str:
+    """Families and presets of large language models: dimensions and parameter counts."""
+    from marssim.system.describe import format_table
+    from marssim.workload.llm import FAMILY_DEFAULTS, MODES, TransformerConfig
+    from marssim.workload.llm.footprint import footprint
+
+    rows = []
+    for name, entry in entries.items():
+        if entry.group != "llm":
+            continue
+        graph = entry.build(**{**entry.defaults, "seq": 1, "mode": "forward"})
+        cfg: TransformerConfig = graph.meta["transformer"]
+        f = footprint(graph)
+        dims = f"{cfg.layers} x {cfg.hidden}, {cfg.heads}/{cfg.kv} heads, ffn {cfg.ffn_size}, vocab {cfg.vocab}"
+        if cfg.is_moe:
+            dims += f", {cfg.experts} experts top-{cfg.top_k}"
+        params = f"{f.parameters / 1e9:.4g}" + (f" ({f.active_parameters / 1e9:.3g} active)" if cfg.is_moe else "")
+        kind = "family" if name in FAMILY_DEFAULTS else "preset"
+        rows.append([name, kind, dims, params, entry.description])
+    table = format_table(["name", "kind", "layers x hidden, heads/kv, ffn, vocab", "params (B)", "defaults / source"],
+                         rows, indent="")
+    return ("Large language models (modes: " + ", ".join(MODES) + ")\n" + "\n".join(table))
 
 
 def _text(value: object) -> str:

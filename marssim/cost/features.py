@@ -21,8 +21,11 @@ matmul     B*H, 1, N, K, M, 1, 1, 1              (B*H, M, N, K)
 =========  ====================================  ======================================
 
 Traffic: ``F_TRAFFIC`` is the op's compulsory off-chip traffic in bytes, ``op.bytes_moved``
-(inputs + weights + output), except for embeddings, which read only the gathered rows of their
-table: ids + 2 x output bytes (rows read, output written).
+(inputs + weights + output + extra bytes such as dropout masks), except for embeddings, which
+read only the gathered rows of their table: ids + 2 x output bytes (rows read, output written).
+Training graphs add two GEMM views: a weight-gradient GEMM (``grad=weight``) is ``K x N`` by a
+contraction over its ``B*M`` tokens, and a grouped GEMM (MoE experts) is ``B`` GEMMs of
+``M x N x K`` with their own weights. Views (``view``) and graph inputs cost nothing.
 """
 
 from __future__ import annotations
@@ -89,7 +92,15 @@ def op_features(op: Op) -> tuple[int, ...]:
             n, k, c, p, q, r, s = lm("N"), lm("K") // g, lm("C"), lm("P"), lm("Q"), lm("R"), lm("S")
             conv = 1
         elif kind == OpKind.GEMM:
-            g, n, k, c, p, q, r, s = 1, lm("B"), lm("N"), lm("K"), lm("M"), 1, 1, 1
+            grouped = op.param("grouped", False)
+            if op.param("grad") == "weight":  # dW = X^T dY: rows K, columns N, contraction over the tokens
+                g, n, k, c, p = (lm("B"), 1, lm("N"), lm("M"), lm("K")) if grouped else \
+                    (1, 1, lm("N"), lm("B") * lm("M"), lm("K"))
+            elif grouped:  # one GEMM per expert
+                g, n, k, c, p = lm("B"), 1, lm("N"), lm("K"), lm("M")
+            else:
+                g, n, k, c, p = 1, lm("B"), lm("N"), lm("K"), lm("M")
+            q, r, s = 1, 1, 1
             conv = 0
         else:
             g, n, k, c, p, q, r, s = lm("B") * lm("H"), 1, lm("N"), lm("K"), lm("M"), 1, 1, 1
@@ -97,7 +108,8 @@ def op_features(op: Op) -> tuple[int, ...]:
         m_, nn, kk = n * p * q, k, c * r * s
         macs = g * m_ * nn * kk
         ae = math.prod(op.in_shapes[0]) if op.in_shapes else 0
-        be = op.weight_elems if kind != OpKind.MATMUL else math.prod(op.in_shapes[1])
+        # the B operand: the weights, or the second input of an activation x activation product
+        be = math.prod(op.in_shapes[1]) if len(op.in_shapes) > 1 else op.weight_elems
         oe = math.prod(op.out_shape)
         if conv:
             sx, sy, st = p, q, n * k * c * r * s
@@ -107,7 +119,7 @@ def op_features(op: Op) -> tuple[int, ...]:
         cls = CLASS_GEMM if macs > 0 else CLASS_STREAM
         return (cls, code, kernel, dt, eb, g, n, k, c, p, q, r, s, m_, nn, kk, macs, op.flops,
                 ae, be, oe, ae * eb, be * eb, oe * eb, traffic, conv, sx, sy, st)
-    if kind == OpKind.INPUT:
+    if kind == OpKind.INPUT or op.param("view", False):  # graph inputs and views cost nothing
         cls, traffic = CLASS_NONE, 0
     elif kind == OpKind.EMBEDDING:
         cls, traffic = CLASS_STREAM, op.input_bytes + 2 * op.output_bytes

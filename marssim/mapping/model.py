@@ -192,6 +192,10 @@ def mapping_problems(mapping: Mapping, graph: Graph, system: System) -> list[tup
         problems.append(("micro_batches", f"expected a positive integer, got {mapping.micro_batches}"))
     elif mapping.micro_batches > graph.batch:
         problems.append(("micro_batches", f"expected at most the batch ({graph.batch}), got {mapping.micro_batches}"))
+    elif mapping.micro_batches > 1 and graph.training:
+        problems.append(("micro_batches", "a training step takes 1 in a per-op mapping (its optimizer runs once); "
+                                          f"got {mapping.micro_batches}: give a parallel configuration for "
+                                          "gradient accumulation over micro-batches"))
     if mapping.collective_algorithm not in ALGORITHMS:
         problems.append(("collective_algorithm", f"expected one of {', '.join(ALGORITHMS)}, got {mapping.collective_algorithm!r}"))
     return problems

@@ -63,8 +63,17 @@ def _token_shaped(op: Op) -> bool:
     return op.out_shape[3] == 1
 
 
+_FIXED_RESHAPES = frozenset({"dispatch", "combine", "dispatch_grad", "combine_grad", "gate_grad", "grad_buffer"})
+"""Re-layouts whose output is not indexed by the samples of their input (MoE routing, gradient
+buffers): they run whole on one device."""
+
+
 @lru_cache(maxsize=None)
-def _strategy_dims(kind: OpKind, depthwise: bool, groups: int, token: bool, norm: str) -> dict[str, str]:
+def _strategy_dims(kind: OpKind, depthwise: bool, groups: int, token: bool, norm: str, variant: str = "") -> dict[str, str]:
+    if variant == "fixed":
+        return {}
+    if variant == "a_t":  # a product reading its first operand transposed (attention gradients)
+        return {"dp": "B", "head": "H"}
     if kind == OpKind.CONV:
         dims = {"dp": "N", "spatial": "P"}
         if groups == 1 or depthwise:
@@ -92,9 +101,17 @@ def _strategy_dims(kind: OpKind, depthwise: bool, groups: int, token: bool, norm
     return {}
 
 
+def _variant(op: Op) -> str:
+    if op.kind == OpKind.MATMUL and op.param("a_t"):
+        return "a_t"
+    if op.kind == OpKind.RESHAPE and op.param("what") in _FIXED_RESHAPES:
+        return "fixed"
+    return ""
+
+
 def _dims_of(op: Op) -> dict[str, str]:
     return _strategy_dims(op.kind, bool(op.param("depthwise", False)), int(op.param("groups", 1)),
-                          _token_shaped(op), str(op.param("norm", "")))
+                          _token_shaped(op), str(op.param("norm", "")), _variant(op))
 
 
 def legal_strategies(op: Op) -> tuple[str, ...]:
@@ -164,6 +181,24 @@ def shard_regions(op: Op, dim: str | None, lo: int, hi: int) -> tuple[Box, tuple
         return out, tuple(ins), False
     kind = op.kind
     partial = False
+    if kind == OpKind.GEMM and op.param("grad") == "weight":
+        # dW (B?, N, K) = X (B, K, M)^T dY (B, N, M): a split of the samples or tokens gives partial sums
+        if dim == "B":
+            ins = [_with(b, 0, (lo, hi)) for b in ins]
+            if op.param("grouped", False):
+                out = _with(out, 0, (lo, hi))
+            else:
+                partial = True
+        elif dim == "M":
+            ins = [_with(b, 2, (lo, hi)) for b in ins]
+            partial = True
+        elif dim == "N":
+            out = _with(out, 1, (lo, hi))
+            ins[1] = _with(ins[1], 1, (lo, hi))
+        elif dim == "K":
+            out = _with(out, 2, (lo, hi))
+            ins[0] = _with(ins[0], 1, (lo, hi))
+        return out, tuple(ins), partial
     if dim == BATCH_DIM[kind]:
         out = _with(out, 0, (lo, hi))
         ins = [_with(b, 0, (lo, hi)) for b in ins]
@@ -191,9 +226,12 @@ def shard_regions(op: Op, dim: str | None, lo: int, hi: int) -> tuple[Box, tuple
         n_, k_ = op.dim("N"), op.dim("K")
         if dim == "H":
             fb = k_ if op.param("b_feature", "K") == "K" else n_
-            out = _with(out, 1, (lo * n_, hi * n_))
-            ins[0] = _with(ins[0], 1, (lo * k_, hi * k_))
-            ins[1] = _with(ins[1], 1, (lo * fb, hi * fb))
+            fa = op.dim("M") if op.param("a_t") else k_
+            g_in, g_out = op.param("kv_group", 1), op.param("out_group", 1)
+            out = _with(out, 1, (lo // g_out * n_, -(-hi // g_out) * n_))
+            partial = g_out > 1 and (lo % g_out != 0 or hi % g_out != 0)
+            ins[0] = _with(ins[0], 1, (lo * fa, hi * fa))
+            ins[1] = _with(ins[1], 1, (lo // g_in * fb, -(-hi // g_in) * fb))
         elif dim == "M":
             out = _with(out, 2, (lo, hi))
             ins[0] = _with(ins[0], 2, (lo, hi))

@@ -98,7 +98,9 @@ class MappingSpace:
         self.n_layers = len(self.layers)
         limit = len(self.accelerators)
         self.max_sets = max(1, min(max_sets or limit, limit))
-        self.micro_batch_choices = tuple(sorted({int(m) for m in micro_batch_choices if 1 <= m <= graph.batch})) or (1,)
+        # a training step pipelines micro-batches through a parallel configuration, not a per-op mapping
+        self.micro_batch_choices = (1,) if graph.training else (
+            tuple(sorted({int(m) for m in micro_batch_choices if 1 <= m <= graph.batch})) or (1,))
         self.strategies = tuple(strategies) if strategies is not None else None
         self.collective_algorithm = collective_algorithm
         self._position = {gi: k for k, gi in enumerate(graph.compute_ops)}

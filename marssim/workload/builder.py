@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .graph import Graph
-from .op import DTYPE_BYTES, Op, OpKind, Shape
+from .op import DTYPE_BYTES, Op, OpKind, Shape, norm_weight_elems
 
 __all__ = ["GraphBuilder", "T"]
 
@@ -70,26 +70,71 @@ class GraphBuilder:
         self.dtype = dtype
         self.model = model or name
         self.spec = spec
+        self.tags: dict = {}
+        """Parameters added to every op built from now on (``layer``, ``phase``...); an op's own
+        parameters win over them."""
         self._ops: list[Op] = []
         self._names: set[str] = set()
 
     def _add(self, name: str, kind: OpKind, loops: dict[str, int], inputs: list[T], out: Shape,
-             params: dict | None = None, weight_elems: int = 0) -> T:
+             params: dict | None = None, weight_elems: int = 0, dtype: str | None = None) -> T:
         if name in self._names:
             raise ValueError(f"duplicate op name {name!r}")
         self._names.add(name)
+        merged = {**self.tags, **(params or {})} if self.tags else (params or {})
         op = Op(name=name, kind=kind, loops=tuple(loops.items()), inputs=tuple(t.op for t in inputs),
                 in_shapes=tuple(t.shape for t in inputs), out_shape=tuple(int(v) for v in out),  # type: ignore[arg-type]
-                params=tuple(sorted((params or {}).items())), weight_elems=int(weight_elems), dtype=self.dtype,
+                params=tuple(sorted(merged.items())), weight_elems=int(weight_elems), dtype=dtype or self.dtype,
                 model=self.model)
         self._ops.append(op)
         return T(name, op.out_shape)
 
+    def op(self, name: str, kind: OpKind, loops: dict[str, int], inputs: list[T], out: Shape, *,
+           params: dict | None = None, weight_elems: int = 0, dtype: str | None = None) -> T:
+        """Any op, its shapes given by the caller (training-graph construction; no inference)."""
+        return self._add(name, kind, loops, inputs, out, params, weight_elems, dtype)
+
+    @property
+    def ops(self) -> tuple[Op, ...]:
+        """The ops added so far, in order."""
+        return tuple(self._ops)
+
+    def annotate_last(self, **params) -> None:
+        """Add ``params`` to the op added last (before anything refers to it)."""
+        from dataclasses import replace
+
+        op = self._ops[-1]
+        merged = dict(op.params)
+        merged.update(params)
+        self._ops[-1] = replace(op, params=tuple(sorted(merged.items())))
+
+    def share_weights(self, owner_of) -> None:
+        """Ops that hold weights and for which ``owner_of(name)`` gives a name read those
+        weights instead of owning them (decode steps reuse the prefill's weights)."""
+        from dataclasses import replace
+
+        for i, op in enumerate(self._ops):
+            if op.weight_elems and not op.param("shares"):
+                owner = owner_of(op.name)
+                if owner:
+                    merged = dict(op.params)
+                    merged["shares"] = owner
+                    self._ops[i] = replace(op, params=tuple(sorted(merged.items())))
+
+    def last(self, name: str) -> Op:
+        """The op called ``name`` added so far (KeyError if none)."""
+        for op in reversed(self._ops):
+            if op.name == name:
+                return op
+        raise KeyError(name)
+
     # ------------------------------------------------------------------ ops
-    def input(self, name: str, c: int, h: int = 1, w: int = 1, n: int | None = None) -> T:
-        """A graph input of shape ``(batch, c, h, w)``, resident on a host."""
+    def input(self, name: str, c: int, h: int = 1, w: int = 1, n: int | None = None, resident: bool = False) -> T:
+        """A graph input of shape ``(batch, c, h, w)``, resident on a host (``resident``: in the
+        memory of the devices that read it, like a KV cache)."""
         n = self.batch if n is None else n
-        return self._add(name, OpKind.INPUT, {"N": n, "C": c, "H": h, "W": w}, [], (n, c, h, w))
+        return self._add(name, OpKind.INPUT, {"N": n, "C": c, "H": h, "W": w}, [], (n, c, h, w),
+                         {"resident": True} if resident else None)
 
     def conv(self, name: str, x: T, out_channels: int, kernel: int | tuple[int, int], stride: int | tuple[int, int] = 1,
              pad: int | tuple[int, int] | tuple[int, int, int, int] | None = None, groups: int = 1, bias: bool = False,
@@ -120,39 +165,61 @@ class GraphBuilder:
         weights = out_channels * c_per_group * r * s + (out_channels if bias else 0)
         return self._add(name, OpKind.CONV, loops, [x], (n, out_channels, p, q), params, weights)
 
-    def linear(self, name: str, x: T, out_features: int, bias: bool = True) -> T:
-        """Fully connected layer over the feature axis: ``(n, K, tokens, 1) -> (n, N, tokens, 1)``."""
+    def linear(self, name: str, x: T, out_features: int, bias: bool = True, grouped: bool = False,
+               shares: str | None = None) -> T:
+        """Fully connected layer over the feature axis: ``(n, K, tokens, 1) -> (n, N, tokens, 1)``.
+
+        ``grouped``: ``n`` indexes independent weight matrices (MoE experts, each over its
+        ``tokens``), ``n * K * N`` weights. ``shares``: the op whose weights this one reads
+        (tied embeddings): they are counted as traffic, not as parameters."""
         n, c, h, w = x.shape
         if w != 1:
             raise ValueError(f"{name}: linear expects (n, features, tokens, 1); flatten {x.shape} first")
         loops = {"B": n, "M": h, "N": out_features, "K": c}
-        weights = c * out_features + (out_features if bias else 0)
-        return self._add(name, OpKind.GEMM, loops, [x], (n, out_features, h, 1), {"bias": bias}, weights)
+        weights = (n if grouped else 1) * c * out_features + (out_features if bias else 0)
+        params: dict = {"bias": bias}
+        if grouped:
+            params["grouped"] = True
+        if shares:
+            params["shares"] = shares
+        return self._add(name, OpKind.GEMM, loops, [x], (n, out_features, h, 1), params, weights)
 
-    def matmul(self, name: str, a: T, b: T, heads: int, b_feature: str = "K") -> T:
+    def matmul(self, name: str, a: T, b: T, heads: int, b_feature: str = "K", kv_group: int = 1,
+               causal: bool = False) -> T:
         """Batched activation x activation product per sample and head.
 
         ``a`` is ``(n, heads*K, M, 1)``. With ``b_feature='K'`` (like ``Q @ K^T``), ``b`` is
         ``(n, heads*K, N, 1)``; with ``'N'`` (like ``P @ V``), ``b`` is ``(n, heads*N, K, 1)``.
-        The output is ``(n, heads*N, M, 1)``."""
+        The output is ``(n, heads*N, M, 1)``. ``kv_group``: each head of ``b`` serves that many
+        heads of ``a`` (grouped-query attention), so ``b`` has ``heads / kv_group`` heads.
+        ``causal`` marks attention products under a causal mask (recorded; the work counted is
+        the full product, see :mod:`marssim.workload.llm`)."""
         n, ac, m, aw = a.shape
         if ac % heads:
             raise ValueError(f"{name}: features {ac} not divisible by heads {heads}")
+        if kv_group < 1 or heads % kv_group:
+            raise ValueError(f"{name}: {heads} heads cannot share key/value heads in groups of {kv_group}")
+        kv = heads // kv_group
         k = ac // heads
         if b_feature == "K":
-            if b.c != ac:
-                raise ValueError(f"{name}: operand features {a.c} and {b.c} differ")
+            if b.c != kv * k:
+                raise ValueError(f"{name}: operand features {a.c} and {b.c} do not match ({kv} key heads of {k})")
             nn = b.h
         elif b_feature == "N":
             if b.h != k:
                 raise ValueError(f"{name}: contraction {k} does not match rows {b.h} of the second operand")
-            if b.c % heads:
-                raise ValueError(f"{name}: features {b.c} not divisible by heads {heads}")
-            nn = b.c // heads
+            if b.c % kv:
+                raise ValueError(f"{name}: features {b.c} not divisible by {kv} value heads")
+            nn = b.c // kv
         else:
             raise ValueError(f"{name}: b_feature must be 'K' or 'N', got {b_feature!r}")
         loops = {"B": n, "H": heads, "M": m, "N": nn, "K": k}
-        return self._add(name, OpKind.MATMUL, loops, [a, b], (n, heads * nn, m, 1), {"b_feature": b_feature})
+        params: dict = {"b_feature": b_feature}
+        if kv_group > 1:
+            params["kv_group"] = kv_group
+        if causal:
+            params["causal"] = True
+        return self._add(name, OpKind.MATMUL, loops, [a, b], (n, heads * nn, m, 1), params)
 
     def pool(self, name: str, x: T, kernel: int | tuple[int, int], stride: int | tuple[int, int] | None = None,
              pad: int | tuple[int, int, int, int] = 0, mode: str = "max", ceil_mode: bool = False) -> T:
@@ -191,12 +258,13 @@ class GraphBuilder:
                          weight_elems)
 
     def norm(self, name: str, x: T, norm: str = "batch") -> T:
-        """Batch norm (inference: per-channel scale and shift), layer norm (over the features) or
-        local response norm (``lrn``: over a window of neighbouring channels, no parameters)."""
-        if norm not in ("batch", "layer", "lrn"):
-            raise ValueError(f"{name}: norm must be 'batch', 'layer' or 'lrn', got {norm!r}")
+        """Batch norm (inference: per-channel scale and shift), layer norm (over the features),
+        RMS norm (``rms``: over the features, scale only) or local response norm (``lrn``: over a
+        window of neighbouring channels, no parameters)."""
+        if norm not in ("batch", "layer", "rms", "lrn"):
+            raise ValueError(f"{name}: norm must be 'batch', 'layer', 'rms' or 'lrn', got {norm!r}")
         n, c, h, w = x.shape
-        weights = 0 if norm == "lrn" else 2 * c
+        weights = norm_weight_elems(norm, c)
         return self._add(name, OpKind.NORM, {"N": n, "C": c, "H": h, "W": w}, [x], x.shape, {"norm": norm}, weights)
 
     def softmax(self, name: str, x: T, heads: int) -> T:

@@ -12,7 +12,7 @@ from marssim.units import fmt_bytes
 from .graph import Graph
 from .op import Op, OpKind
 
-__all__ = ["describe_graph", "op_shape_text", "fmt_count"]
+__all__ = ["describe_graph", "describe_transformer", "op_shape_text", "fmt_count"]
 
 _KIND_ORDER = [OpKind.INPUT, OpKind.CONV, OpKind.GEMM, OpKind.MATMUL, OpKind.POOL, OpKind.ELTWISE, OpKind.NORM,
                OpKind.SOFTMAX, OpKind.EMBEDDING, OpKind.RESHAPE]
@@ -81,6 +81,9 @@ def describe_graph(graph: Graph, *, max_rows: int = 60) -> str:
     a line says how many were left out."""
     ops = graph.ops
     lines = [f"Workload {graph.name}  (spec {graph.spec})"]
+    transformer = graph.meta.get("transformer")
+    if transformer is not None:
+        lines += describe_transformer(graph)
     dtypes = sorted({op.dtype for op in ops})
     models = graph.models
     model_text = ", ".join(models) if len(models) > 1 else models[0] if models else "-"
@@ -90,9 +93,13 @@ def describe_graph(graph: Graph, *, max_rows: int = 60) -> str:
     lines.append(f"  {fmt_count(graph.macs, 'MACs')} ({graph.macs:,} MACs), {fmt_count(graph.flops, 'FLOP')} "
                  f"({fmt_count(gemm_flops, 'FLOP')} in conv/gemm/matmul, "
                  f"{fmt_count(graph.flops - gemm_flops, 'FLOP')} in the other ops)")
-    activation = sum(op.output_bytes for op in ops)
-    largest = max(ops, key=lambda o: o.output_bytes)
-    lines.append(f"  weights {fmt_bytes(graph.weight_bytes)} ({sum(op.weight_elems for op in ops):,} parameters); "
+    written = [op for op in ops if not op.param("view")]  # a view writes nothing
+    activation = sum(op.output_bytes for op in written)
+    largest = max(written, key=lambda o: o.output_bytes)
+    owned = sum(op.weight_bytes for op in ops if op.param("phase", "fwd") == "fwd" and not op.param("shares"))
+    state = graph.weight_bytes - owned - sum(op.weight_bytes for op in ops if op.param("shares"))
+    state_text = f"; optimizer state read {fmt_bytes(state)}" if state > 0 else ""
+    lines.append(f"  weights {fmt_bytes(owned)} ({graph.parameters:,} parameters){state_text}; "
                  f"activations {fmt_bytes(activation)} written in all (largest {fmt_bytes(largest.output_bytes)}, "
                  f"{largest.name})")
 
@@ -138,3 +145,39 @@ def describe_graph(graph: Graph, *, max_rows: int = 60) -> str:
     lines.append(title)
     lines += table
     return "\n".join(lines)
+
+
+def describe_transformer(graph: Graph) -> list[str]:
+    """The lines ``marssim show`` prints for an LLM graph: configuration, parameters, FLOPs per
+    phase and the bytes one step holds (see :mod:`marssim.workload.llm.footprint`)."""
+    from .llm.footprint import footprint
+
+    cfg = graph.meta["transformer"]
+    f = footprint(graph)
+    kv = f"{cfg.kv} kv heads" if cfg.kv != cfg.heads else "multi-head"
+    arch = (f"  {cfg.family}: {cfg.layers} layers, hidden {cfg.hidden}, {cfg.heads} heads of {cfg.d_head} ({kv}), "
+            f"{'SwiGLU' if cfg.activation == 'swiglu' else 'GeLU'} MLP {cfg.ffn_size}, vocabulary {cfg.vocab}, "
+            f"{'RMSNorm' if cfg.norm == 'rms' else 'LayerNorm'}, {cfg.positions} positions")
+    if cfg.is_moe:
+        arch += f", {cfg.experts} experts top-{cfg.top_k} (capacity {cfg.expert_capacity} tokens per expert)"
+    run = {"forward": f"forward over {cfg.seq} tokens", "train": f"training step over {cfg.seq} tokens",
+           "prefill": f"prefill of {cfg.seq} tokens", "decode": f"decode step over a cache of {cfg.context} tokens",
+           "serve": f"prefill of {cfg.prompt} tokens + {cfg.generate} decode steps"}[cfg.mode]
+    extra = f", recompute {cfg.recompute}" if cfg.training else ""
+    lines = [arch, f"  mode {cfg.mode}: {run}, batch {cfg.batch}, {cfg.dtype}{extra}"]
+    active = f" ({f.active_parameters / 1e9:.4g} B active per token)" if f.active_parameters != f.parameters else ""
+    lines.append(f"  parameters {f.parameters:,} = {f.parameters / 1e9:.4g} B{active}")
+    phases = [(name, f.flops.get(key, 0.0)) for key, name in
+              (("fwd", "forward"), ("bwd", "backward"), ("recompute", "recompute"), ("opt", "optimizer")) if f.flops.get(key)]
+    lines.append("  FLOPs per step: " + ", ".join(f"{name} {fmt_count(v, 'FLOP')}" for name, v in phases)
+                 + (f"; model FLOPs {fmt_count(f.model_flops, 'FLOP')}" if cfg.training else ""))
+    held = [f"weights {fmt_bytes(f.weight_bytes)}"]
+    if cfg.training:
+        per_layer = [v for k, v in f.activation_bytes_per_layer.items() if 0 <= k < cfg.layers]
+        block = f", {fmt_bytes(max(per_layer))} per block" if per_layer else ""
+        held += [f"gradients {fmt_bytes(f.gradient_bytes)} (fp32)", f"optimizer state {fmt_bytes(f.optimizer_bytes)} "
+                 "(fp32 master + 2 moments)", f"activations kept for backward {fmt_bytes(f.activation_bytes)}{block}"]
+    if f.kv_cache_bytes:
+        held.append(f"KV cache {fmt_bytes(f.kv_cache_bytes)}")
+    lines.append("  bytes (unsharded): " + "; ".join(held))
+    return lines

@@ -20,10 +20,13 @@ class Graph:
     built from (recorded in mapping files so they can be re-evaluated alone).
     """
 
-    def __init__(self, name: str, ops: Sequence[Op], *, batch: int, spec: str = "") -> None:
+    def __init__(self, name: str, ops: Sequence[Op], *, batch: int, spec: str = "", meta: dict | None = None) -> None:
         self.name = name
         self.batch = batch
         self.spec = spec or name
+        self.meta: dict = dict(meta or {})
+        """What the builder knows beyond the ops (an LLM's :class:`~marssim.workload.llm.TransformerConfig`
+        under ``"transformer"``)."""
         self.ops: tuple[Op, ...] = _topological(ops)
         self.index: dict[str, int] = {op.name: i for i, op in enumerate(self.ops)}
         preds: list[tuple[int, ...]] = []
@@ -59,8 +62,22 @@ class Graph:
 
     @cached_property
     def outputs(self) -> tuple[int, ...]:
-        """Indices of ops whose results leave the graph (no consumers)."""
-        return tuple(i for i in self.compute_ops if not self.succs[i])
+        """Indices of ops whose results leave the graph (no consumers; ops marked ``keep``, like
+        a KV-cache write, keep theirs on the device)."""
+        return tuple(i for i in self.compute_ops if not self.succs[i] and not self.ops[i].param("keep"))
+
+    @cached_property
+    def training(self) -> bool:
+        """True for a training step (the graph holds backward ops)."""
+        return any(op.param("phase") == "bwd" for op in self.ops)
+
+    @property
+    def parameters(self) -> int:
+        """Learned parameters of the model: weight elements of forward ops that own them
+        (backward and recomputed ops read the forward weights; optimizer state is not a
+        parameter)."""
+        return sum(op.weight_elems for op in self.ops
+                   if op.param("phase", "fwd") == "fwd" and not op.param("shares"))
 
     def to_networkx(self) -> nx.DiGraph:
         """The graph as a networkx DiGraph with the :class:`Op` under node attribute ``op``."""

@@ -23,6 +23,39 @@ kind          loops                           meaning
 ``reshape``   N C H W                         memory-only (flatten, transpose, concat, ...)
 ``input``     N C H W                         a graph input, resident on a host
 ============  ==============================  =======================================================
+
+Parameters that training and serving graphs add (all optional; see :mod:`marssim.workload.llm`):
+
+================  ==================================================================================
+param             meaning
+================  ==================================================================================
+``phase``         ``fwd``, ``bwd``, ``recompute`` (a forward op re-run in backward) or ``opt``
+``layer``         transformer block index (``-1``: before the first block, ``layers``: after the last)
+``grad``          ``input`` (a GEMM computing the gradient of its forward op's input: an ordinary
+                  GEMM reading the forward weights) or ``weight`` (a GEMM computing the gradient of
+                  the forward weights; see below)
+``shares``        the op whose weights this op reads (tied embeddings, backward GEMMs): its
+                  ``weight_elems`` are traffic, not parameters of the model
+``grouped``       a ``gemm`` whose ``B`` indexes independent weight matrices (MoE experts):
+                  ``B * K * N`` weights, ``B`` GEMMs of ``M x K`` by ``K x N``
+``kv_group``      a ``matmul`` whose second operand has fewer heads (grouped-query attention): each of
+                  its heads is shared by ``kv_group`` query heads, so its features are
+                  ``ceil(H / kv_group) * K`` (or ``* N``)
+``out_group``     a ``matmul`` whose output sums over groups of that many heads (the key/value
+                  gradients of grouped-query attention): ``ceil(H / out_group) * N`` features
+``a_t``           a ``matmul`` reading its first operand transposed, ``(n, H*M, K, 1)`` (the key and
+                  value gradients of attention)
+``view``          a ``reshape`` that only re-labels its input (no copy, no new buffer)
+``extra_per_elem`` bytes read or written per output element beyond inputs, weights and output
+                  (dropout masks, optimizer state write-back)
+``resident``      an ``input`` that lives in device memory (a KV cache), not on a host
+================  ==================================================================================
+
+A weight-gradient GEMM (``grad=weight``) keeps the loops of its forward GEMM -- ``B`` samples
+(experts when grouped), ``M`` tokens, ``N`` out and ``K`` in features -- so its MACs equal the
+forward's; it reads the forward input ``(B, K, M, 1)`` and the output gradient ``(B, N, M, 1)``
+and writes the weight gradient ``(1, N, K, 1)`` (``(B, N, K, 1)`` when grouped). Its GEMM view is
+``(1, K, N, B*M)``: the token loops are the contraction.
 """
 
 from __future__ import annotations
@@ -68,9 +101,28 @@ GEMM_LIKE = frozenset({OpKind.CONV, OpKind.GEMM, OpKind.MATMUL})
 
 # FLOPs per output element of the non-MAC ops, by function name (documented approximations).
 ELTWISE_FLOPS = {"relu": 1, "relu6": 2, "add": 1, "mul": 1, "sub": 1, "div": 1, "gelu": 8, "sigmoid": 4,
-                 "silu": 5, "tanh": 4, "leaky_relu": 2, "clip": 2, "identity": 0}
-NORM_FLOPS = {"batch": 2, "layer": 8, "lrn": 8}  # inference BN is scale+shift; LN computes mean/var too;
-# LRN sums squares over a window of channels, then scales, raises to a power and divides
+                 "silu": 5, "tanh": 4, "leaky_relu": 2, "clip": 2, "identity": 0,
+                 # training and serving graphs (per output element; documented approximations)
+                 "dropout": 2,             # compare a random number, scale
+                 "dropout_grad": 1,        # scale by the saved mask
+                 "gelu_grad": 12,          # tanh-GeLU derivative times the incoming gradient
+                 "swiglu": 6,              # silu(gate) * up
+                 "swiglu_gate_grad": 9,    # d/dgate of silu(gate) * up, times the gradient
+                 "swiglu_up_grad": 6,      # silu(gate) * gradient
+                 "rope": 3,                # x*cos + rotate(x)*sin
+                 "rope_grad": 3,
+                 "softmax_grad": 4,        # y * (dy - sum(dy * y))
+                 "cross_entropy_grad": 2,  # (p - onehot) / tokens
+                 "embedding_grad": 1,      # scatter-add of gradient rows
+                 "grad_accumulate": 1,     # sum of two gradient contributions
+                 "router": 2,              # top-k selection and gate normalisation
+                 "combine": 2,             # gate-weighted sum of the expert outputs
+                 "sample": 1,              # next-token choice (argmax) over the logits
+                 "adam": 14}               # AdamW update per parameter (moments, bias correction, decay)
+NORM_FLOPS = {"batch": 2, "layer": 8, "lrn": 8, "rms": 4, "layer_grad": 14, "rms_grad": 8}
+# inference BN is scale+shift; LN computes mean/var too; RMSNorm only the mean square;
+# LRN sums squares over a window of channels, then scales, raises to a power and divides;
+# norm gradients recompute the statistics and reduce twice over the features
 SOFTMAX_FLOPS = 5  # max, sub, exp, sum, div per element
 
 
@@ -179,9 +231,16 @@ class Op:
         return self.out_elems * self.dtype_bytes
 
     @property
+    def extra_bytes(self) -> int:
+        """Bytes moved beyond inputs, weights and output (``extra_per_elem`` x output elements):
+        dropout masks, optimizer state written back."""
+        per = self._param_map.get("extra_per_elem", 0)
+        return int(round(per * self.out_elems)) if per else 0
+
+    @property
     def bytes_moved(self) -> int:
-        """Compulsory traffic: inputs + weights + output, in bytes."""
-        return self.input_bytes + self.weight_bytes + self.output_bytes
+        """Compulsory traffic: inputs + weights + output (+ :attr:`extra_bytes`), in bytes."""
+        return self.input_bytes + self.weight_bytes + self.output_bytes + self.extra_bytes
 
     def gemm_view(self) -> tuple[int, int, int, int]:
         """``(batch, M, N, K)``: the op as ``batch`` independent GEMMs of ``M x K`` times ``K x N``.
@@ -198,6 +257,11 @@ class Op:
                 return m["K"], m["N"] * m["P"] * m["Q"], 1, m["C"] * m["R"] * m["S"]
             return groups, m["N"] * m["P"] * m["Q"], m["K"] // groups, m["C"] * m["R"] * m["S"]
         if self.kind == OpKind.GEMM:
+            grouped = self.param("grouped", False)
+            if self.param("grad") == "weight":
+                return (m["B"], m["K"], m["N"], m["M"]) if grouped else (1, m["K"], m["N"], m["B"] * m["M"])
+            if grouped:
+                return m["B"], m["M"], m["N"], m["K"]
             return 1, m["B"] * m["M"], m["N"], m["K"]
         if self.kind == OpKind.MATMUL:
             return m["B"] * m["H"], m["M"], m["N"], m["K"]
@@ -245,14 +309,22 @@ def _reshape(op: Op, loops: dict[str, int]) -> Op:
         weight = k * c * r * s + bias
     elif kind == OpKind.GEMM:
         b, m, nn, kk = (loops[d] for d in "BMNK")
-        in_shapes[0] = (b, kk, m, 1)
-        out = (b, nn, m, 1)
-        weight = kk * nn + (nn if op.param("bias", False) else 0)
+        grouped = op.param("grouped", False)
+        if op.param("grad") == "weight":
+            in_shapes[0] = (b, kk, m, 1)
+            in_shapes[1] = (b, nn, m, 1)
+            out = (b if grouped else 1, nn, kk, 1)
+            weight = 0
+        else:
+            in_shapes[0] = (b, kk, m, 1)
+            out = (b, nn, m, 1)
+            weight = (b if grouped else 1) * kk * nn + (nn if op.param("bias", False) else 0)
     elif kind == OpKind.MATMUL:
         b, h, m, nn, kk = (loops[d] for d in "BHMNK")
-        in_shapes[0] = (b, h * kk, m, 1)
-        in_shapes[1] = (b, h * kk, nn, 1) if op.param("b_feature", "K") == "K" else (b, h * nn, kk, 1)
-        out = (b, h * nn, m, 1)
+        in_shapes[0] = (b, h * m, kk, 1) if op.param("a_t") else (b, h * kk, m, 1)
+        kv = kv_heads_of(h, op.param("kv_group", 1))
+        in_shapes[1] = (b, kv * kk, nn, 1) if op.param("b_feature", "K") == "K" else (b, kv * nn, kk, 1)
+        out = (b, kv_heads_of(h, op.param("out_group", 1)) * nn, m, 1)
     elif kind == OpKind.POOL:
         n, c, p, q, r, s = (loops[d] for d in "NCPQRS")
         stride_h, stride_w = op.param("stride", (1, 1))
@@ -264,7 +336,7 @@ def _reshape(op: Op, loops: dict[str, int]) -> Op:
         if any(loops[d] != old[d] for d in "CHW"):
             raise ValueError(f"reshape op {op.name} can only be split along N")
         n = loops["N"]
-        in_shapes = [(n, *sh[1:]) for sh in in_shapes]
+        in_shapes = [(n if sh[0] == old["N"] else sh[0], *sh[1:]) for sh in in_shapes]
         out = (n, *op.out_shape[1:])
     elif kind in (OpKind.ELTWISE, OpKind.NORM, OpKind.INPUT):
         n, c, h, w = (loops[d] for d in "NCHW")
@@ -272,7 +344,7 @@ def _reshape(op: Op, loops: dict[str, int]) -> Op:
         in_shapes = [(n, c if sh[1] == old["C"] else sh[1], h if sh[2] == old["H"] else sh[2],
                       w if sh[3] == old["W"] else sh[3]) for sh in in_shapes]
         if kind == OpKind.NORM:
-            weight = 0 if op.param("norm") == "lrn" else 2 * c
+            weight = norm_weight_elems(op.param("norm", "batch"), c)
     elif kind == OpKind.SOFTMAX:
         n, a, h, l_ = (loops[d] for d in "NAHL")
         out = (n, a * l_, h, 1)
@@ -285,3 +357,18 @@ def _reshape(op: Op, loops: dict[str, int]) -> Op:
     else:  # pragma: no cover - every kind is handled above
         raise ValueError(f"unknown op kind {kind}")
     return replace(op, loops=tuple(loops.items()), in_shapes=tuple(in_shapes), out_shape=out, weight_elems=weight)
+
+
+def norm_weight_elems(norm: str, channels: int) -> int:
+    """Learned elements of a norm over ``channels`` features: scale and shift (batch, layer),
+    scale only (rms), none (lrn); a norm gradient reads its forward's."""
+    base = norm[:-5] if norm.endswith("_grad") else norm
+    if base == "lrn":
+        return 0
+    return channels if base == "rms" else 2 * channels
+
+
+def kv_heads_of(heads: int, group: int) -> int:
+    """Key/value heads that ``heads`` consecutive query heads read when each key/value head is
+    shared by ``group`` query heads (grouped-query attention; ``group`` 1 is multi-head)."""
+    return -(-heads // group) if heads else 0

@@ -27,16 +27,18 @@ class ZooEntry:
     defaults: dict[str, Any] = field(default_factory=dict)
     description: str = ""
     multi_model: bool = False
+    group: str = "zoo"  # "zoo" (the CNN/BERT models) or "llm" (transformer families and presets)
 
 
 _ZOO: dict[str, ZooEntry] = {}
 
 
-def register(name: str, *, description: str, multi_model: bool = False, **defaults: Any) -> Callable:
+def register(name: str, *, description: str, multi_model: bool = False, group: str = "zoo",
+             **defaults: Any) -> Callable:
     """Decorator registering ``fn(**params) -> Graph`` as zoo workload ``name``."""
 
     def wrap(fn: Callable[..., Graph]) -> Callable[..., Graph]:
-        _ZOO[name] = ZooEntry(name, fn, dict(defaults), description, multi_model)
+        _ZOO[name] = ZooEntry(name, fn, dict(defaults), description, multi_model, group)
         return fn
 
     return wrap
@@ -44,7 +46,7 @@ def register(name: str, *, description: str, multi_model: bool = False, **defaul
 
 def zoo_entries() -> dict[str, ZooEntry]:
     """All registered zoo workloads by name (imports the zoo on first use)."""
-    from . import zoo  # noqa: F401  (registers the models)
+    from . import llm, zoo  # noqa: F401  (registers the models)
 
     return dict(_ZOO)
 
@@ -88,6 +90,14 @@ def _coerce(spec: str, key: str, raw: str, default: Any) -> Any:
         if value <= 0:
             raise InputError(spec, key, f"expected a positive integer, got {raw!r}")
         return value
+    if isinstance(default, float):
+        try:
+            number = float(raw)
+        except ValueError:
+            raise InputError(spec, key, f"expected a number, got {raw!r}") from None
+        if not number >= 0 or number == float("inf"):
+            raise InputError(spec, key, f"expected a finite non-negative number, got {raw!r}")
+        return number
     return raw
 
 

@@ -1,0 +1,268 @@
+"""Decoder-transformer configurations: every dimension a parameter, published models as presets.
+
+A :class:`TransformerConfig` holds the architecture (``family`` ``gpt``, ``llama`` or ``moe``),
+the run (batch, tokens, data type) and the mode (``forward``, ``train``, ``prefill``,
+``decode``, ``serve``). Spec strings set any field by name (``gpt3-175b:mode=train,batch=1``);
+:func:`check_config` reports the first inconsistent field by its name.
+
+Presets and their sources:
+
+* GPT-3 (Brown et al. 2020, "Language Models are Few-Shot Learners", Table 2.1): 125M ... 175B;
+  context 2,048, the GPT-2 byte-level BPE vocabulary of 50,257 tokens, learned positions,
+  pre-LayerNorm blocks with a GeLU MLP of 4 x hidden, biases, dropout 0.1 (GPT-2's), the output
+  projection tied to the token embedding. Table 2.1 gives GPT-3 13B ``d_model`` 5,140 with 40
+  heads of 128; 40 x 128 = 5,120, which is what the released 13B-class models (and
+  Megatron's GPT-3 13B configuration) use: the preset takes 5,120. Likewise GPT-3 XL is listed
+  with 24 heads of 128 for ``d_model`` 2,048; the preset takes 16 heads of 128 (the parameter
+  count does not depend on the number of heads).
+* Llama 3 (Meta, "The Llama 3 Herd of Models", 2024, Table 3; the released ``config.json``
+  files): vocabulary 128,256, RMSNorm, SwiGLU MLP, rotary positions, grouped-query attention
+  with 8 key/value heads, no biases, untied output projection, no dropout. 8B: 32 layers,
+  hidden 4,096, 32 heads, FFN 14,336; 70B: 80 layers, 8,192, 64 heads, 28,672; 405B: 126
+  layers, 16,384, 128 heads, 53,248.
+* Mixtral (Jiang et al. 2024, "Mixtral of Experts"; the released ``config.json`` files):
+  Llama-style attention with 8 key/value heads, 8 SwiGLU experts per layer, top-2 routing,
+  vocabulary 32,000 (8x7B) / 32,768 (8x22B). 8x7B: 32 layers, hidden 4,096, 32 heads, FFN
+  14,336; 8x22B: 56 layers, 6,144, 48 heads, 16,384.
+
+Sizes are exact integers; ``dropout`` and ``capacity_factor`` are real numbers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Any
+
+from marssim.errors import InputError
+
+__all__ = ["TransformerConfig", "PRESETS", "FAMILY_DEFAULTS", "MODES", "RECOMPUTE", "check_config", "config_from"]
+
+MODES = ("forward", "train", "prefill", "decode", "serve")
+"""``forward``: one forward pass over ``seq`` tokens (logits for every token); ``train``: one
+training step of one (micro-)batch (forward, loss, backward, optimizer); ``prefill``: a prompt of
+``seq`` tokens written to the KV cache, logits of the last token; ``decode``: one token per
+sequence attending over a KV cache of ``context`` tokens; ``serve``: a prefill of ``prompt``
+tokens and ``generate`` decode steps."""
+
+RECOMPUTE = ("none", "selective", "full")
+"""Activation recomputation (Korthikanti et al. 2022): ``selective`` re-runs the attention core
+(Q K^T, softmax, dropout, P V) in backward instead of keeping its activations; ``full`` keeps
+each block's input only and re-runs the whole block in backward."""
+
+
+@dataclass(frozen=True)
+class TransformerConfig:
+    """One decoder transformer and the run it takes part in. Units: counts of tokens,
+    features, heads; bytes follow from ``dtype``."""
+
+    family: str  # gpt | llama | moe
+    layers: int
+    hidden: int
+    heads: int
+    vocab: int
+    ffn: int = 0  # MLP width (0: 4 x hidden)
+    kv_heads: int = 0  # key/value heads (0: heads, i.e. multi-head attention)
+    head_dim: int = 0  # 0: hidden / heads
+    seq: int = 2048
+    batch: int = 1
+    max_positions: int = 2048  # learned position table (gpt)
+    dtype: str = "bf16"
+    mode: str = "forward"
+    recompute: str = "none"
+    dropout: float = 0.0
+    bias: bool = False
+    tie_embeddings: bool = False
+    norm: str = "layer"  # layer | rms
+    activation: str = "gelu"  # gelu | swiglu
+    positions: str = "learned"  # learned | rotary
+    experts: int = 0  # moe
+    top_k: int = 0
+    capacity_factor: float = 1.0
+    context: int = 0  # decode: tokens in the KV cache
+    prompt: int = 0  # serve
+    generate: int = 0  # serve
+    name: str = ""
+    extras: dict = field(default_factory=dict, compare=False)
+
+    # ------------------------------------------------------------------ derived
+    @property
+    def ffn_size(self) -> int:
+        return self.ffn or 4 * self.hidden
+
+    @property
+    def kv(self) -> int:
+        """Key/value heads."""
+        return self.kv_heads or self.heads
+
+    @property
+    def d_head(self) -> int:
+        return self.head_dim or self.hidden // self.heads
+
+    @property
+    def kv_group(self) -> int:
+        """Query heads per key/value head."""
+        return self.heads // self.kv
+
+    @property
+    def is_moe(self) -> bool:
+        return self.experts > 0
+
+    @property
+    def training(self) -> bool:
+        return self.mode == "train"
+
+    @property
+    def tokens(self) -> int:
+        """Tokens of one forward pass (batch x seq; decode: one per sequence)."""
+        return self.batch * (1 if self.mode == "decode" else self.seq)
+
+    @property
+    def expert_capacity(self) -> int:
+        """Tokens each expert processes per forward pass: ``ceil(capacity_factor * top_k *
+        tokens / experts)`` (uniform routing; capacity factor 1 is dropless with a perfect balance)."""
+        if not self.is_moe:
+            return 0
+        import math
+
+        return max(1, math.ceil(self.capacity_factor * self.top_k * self.tokens / self.experts))
+
+    def params_dict(self) -> dict[str, Any]:
+        """Every field but the name and extras (what a spec string can set)."""
+        out = asdict(self)
+        out.pop("name")
+        out.pop("extras")
+        return out
+
+
+def _gpt(layers: int, hidden: int, heads: int) -> dict[str, Any]:
+    return dict(family="gpt", layers=layers, hidden=hidden, heads=heads, vocab=50257, seq=2048, max_positions=2048,
+                norm="layer", activation="gelu", positions="learned", dropout=0.1, bias=True, tie_embeddings=True)
+
+
+def _llama(layers: int, hidden: int, heads: int, ffn: int, kv_heads: int = 8, vocab: int = 128256) -> dict[str, Any]:
+    return dict(family="llama", layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, ffn=ffn, vocab=vocab,
+                seq=8192, max_positions=131072, norm="rms", activation="swiglu", positions="rotary", dropout=0.0,
+                bias=False, tie_embeddings=False)
+
+
+def _mixtral(layers: int, hidden: int, heads: int, ffn: int, vocab: int) -> dict[str, Any]:
+    return dict(_llama(layers, hidden, heads, ffn, 8, vocab), family="moe", experts=8, top_k=2, capacity_factor=1.0,
+                seq=4096, max_positions=65536)
+
+
+PRESETS: dict[str, tuple[dict[str, Any], str]] = {
+    "gpt3-125m": (_gpt(12, 768, 12), "GPT-3 Small (Brown et al. 2020, Table 2.1)"),
+    "gpt3-350m": (_gpt(24, 1024, 16), "GPT-3 Medium (Brown et al. 2020, Table 2.1)"),
+    "gpt3-760m": (_gpt(24, 1536, 16), "GPT-3 Large (Brown et al. 2020, Table 2.1)"),
+    "gpt3-1.3b": (_gpt(24, 2048, 16), "GPT-3 XL (Brown et al. 2020, Table 2.1; 16 heads of 128 = hidden 2,048)"),
+    "gpt3-2.7b": (_gpt(32, 2560, 32), "GPT-3 2.7B (Brown et al. 2020, Table 2.1)"),
+    "gpt3-6.7b": (_gpt(32, 4096, 32), "GPT-3 6.7B (Brown et al. 2020, Table 2.1)"),
+    "gpt3-13b": (_gpt(40, 5120, 40), "GPT-3 13B (Brown et al. 2020, Table 2.1; hidden 5,120 = 40 x 128)"),
+    "gpt3-175b": (_gpt(96, 12288, 96), "GPT-3 175B (Brown et al. 2020, Table 2.1)"),
+    "llama3-8b": (_llama(32, 4096, 32, 14336), "Llama 3 8B (Meta 2024; config.json)"),
+    "llama3-70b": (_llama(80, 8192, 64, 28672), "Llama 3 70B (Meta 2024; config.json)"),
+    "llama3-405b": (_llama(126, 16384, 128, 53248), "Llama 3.1 405B (Meta 2024; config.json)"),
+    "mixtral-8x7b": (_mixtral(32, 4096, 32, 14336, 32000), "Mixtral 8x7B (Jiang et al. 2024; config.json)"),
+    "mixtral-8x22b": (_mixtral(56, 6144, 48, 16384, 32768), "Mixtral 8x22B (Mistral AI 2024; config.json)"),
+}
+"""Published models: (configuration, source)."""
+
+FAMILY_DEFAULTS: dict[str, tuple[dict[str, Any], str]] = {
+    "gpt": (PRESETS["gpt3-125m"][0], "GPT-3-style decoder (learned positions, LayerNorm, GeLU MLP of 4 x hidden, "
+                                     "biases, tied embeddings); defaults: GPT-3 125M"),
+    "llama": (PRESETS["llama3-8b"][0], "Llama-style decoder (RMSNorm, SwiGLU, rotary positions, grouped-query "
+                                       "attention with kv_heads, no biases); defaults: Llama 3 8B"),
+    "moe": (PRESETS["mixtral-8x7b"][0], "Mixture-of-experts decoder (Llama-style attention, experts x SwiGLU MLPs, "
+                                        "top_k routing with a capacity factor); defaults: Mixtral 8x7B"),
+}
+"""The parameterised families: defaults (a published model) and a description."""
+
+_SPEC_FIELDS = {f.name for f in fields(TransformerConfig)} - {"name", "extras", "family"}
+
+
+def config_from(base: dict[str, Any], name: str, **params: Any) -> TransformerConfig:
+    """A checked configuration: ``base`` (a preset or family default) with ``params`` over it."""
+    cfg = TransformerConfig(name=name, **{**base, **params})
+    check_config(cfg)
+    return cfg
+
+
+def _fail(key: str, message: str) -> None:
+    raise InputError(None, key, message)
+
+
+def check_config(cfg: TransformerConfig) -> None:
+    """Raise InputError naming the first field that cannot work, and what it expected."""
+    for key in ("layers", "hidden", "heads", "vocab", "seq", "batch", "max_positions"):
+        value = getattr(cfg, key)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            _fail(key, f"expected a positive integer, got {value!r}")
+    for key in ("ffn", "kv_heads", "head_dim", "experts", "top_k", "context", "prompt", "generate"):
+        value = getattr(cfg, key)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            _fail(key, f"expected a positive integer, got {value!r}")
+    if cfg.family not in FAMILY_DEFAULTS:
+        _fail("family", f"expected one of {', '.join(FAMILY_DEFAULTS)}, got {cfg.family!r}")
+    if cfg.mode not in MODES:
+        _fail("mode", f"expected one of {', '.join(MODES)}, got {cfg.mode!r}")
+    if cfg.recompute not in RECOMPUTE:
+        _fail("recompute", f"expected one of {', '.join(RECOMPUTE)}, got {cfg.recompute!r}")
+    if cfg.recompute != "none" and cfg.mode != "train":
+        _fail("recompute", f"activation recomputation applies to mode=train only, got mode={cfg.mode}")
+    if cfg.dtype not in ("fp32", "bf16", "fp16", "fp8"):
+        _fail("dtype", f"expected one of fp32, bf16, fp16, fp8, got {cfg.dtype!r}")
+    if cfg.norm not in ("layer", "rms"):
+        _fail("norm", f"expected layer or rms, got {cfg.norm!r}")
+    if cfg.activation not in ("gelu", "swiglu"):
+        _fail("activation", f"expected gelu or swiglu, got {cfg.activation!r}")
+    if cfg.positions not in ("learned", "rotary"):
+        _fail("positions", f"expected learned or rotary, got {cfg.positions!r}")
+    if not cfg.head_dim and cfg.hidden % cfg.heads:
+        _fail("heads", f"expected a divisor of hidden ({cfg.hidden}), got {cfg.heads}")
+    if cfg.kv_heads and (cfg.kv_heads > cfg.heads or cfg.heads % cfg.kv_heads):
+        _fail("kv_heads", f"expected a divisor of heads ({cfg.heads}), got {cfg.kv_heads}")
+    if not 0.0 <= cfg.dropout < 1.0:
+        _fail("dropout", f"expected a probability in [0, 1), got {cfg.dropout!r}")
+    if cfg.family == "moe" or cfg.experts:
+        if cfg.experts < 1:
+            _fail("experts", f"expected a positive number of experts, got {cfg.experts}")
+        if cfg.top_k < 1:
+            _fail("top_k", f"expected a positive integer, got {cfg.top_k}")
+        if cfg.top_k > cfg.experts:
+            _fail("top_k", f"expected at most experts ({cfg.experts}), got {cfg.top_k}")
+        if not cfg.capacity_factor > 0:
+            _fail("capacity_factor", f"expected a positive number, got {cfg.capacity_factor!r}")
+    elif cfg.top_k:
+        _fail("top_k", "applies to mixture-of-experts models (set experts)")
+    if cfg.mode == "decode":
+        if not cfg.context:
+            _fail("context", "mode=decode needs context=C, the tokens already in the KV cache")
+        if cfg.context > cfg.max_positions and cfg.positions == "learned":
+            _fail("context", f"expected at most max_positions ({cfg.max_positions}), got {cfg.context}")
+    elif cfg.context:
+        _fail("context", f"applies to mode=decode, got mode={cfg.mode}")
+    if cfg.mode == "serve":
+        if not cfg.prompt:
+            _fail("prompt", "mode=serve needs prompt=P, the tokens of each prompt")
+        if not cfg.generate:
+            _fail("generate", "mode=serve needs generate=G, the decode steps after the prefill")
+        if cfg.positions == "learned" and cfg.prompt + cfg.generate > cfg.max_positions:
+            _fail("generate", f"prompt + generate ({cfg.prompt + cfg.generate}) exceeds max_positions "
+                              f"({cfg.max_positions})")
+    else:
+        for key in ("prompt", "generate"):
+            if getattr(cfg, key):
+                _fail(key, f"applies to mode=serve, got mode={cfg.mode}")
+    if cfg.mode in ("forward", "train", "prefill") and cfg.positions == "learned" and cfg.seq > cfg.max_positions:
+        _fail("seq", f"expected at most max_positions ({cfg.max_positions}, the position table), got {cfg.seq}")
+
+
+def with_overrides(cfg: TransformerConfig, **changes: Any) -> TransformerConfig:
+    """A checked copy with some fields changed."""
+    out = replace(cfg, **changes)
+    check_config(out)
+    return out
+
+
+SPEC_FIELDS = frozenset(_SPEC_FIELDS)
+"""Fields a spec string may set."""

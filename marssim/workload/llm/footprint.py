@@ -1,0 +1,125 @@
+"""What one step of a transformer graph costs: parameters, FLOPs per phase, bytes held.
+
+Everything is read off the graph's ops (not a separate formula), so it agrees with what the
+evaluators see:
+
+* parameters: weight elements of the forward ops that own them; for mixture-of-experts models
+  the *active* parameters per token count ``top_k`` of the ``experts`` expert matrices;
+* FLOPs per phase: forward, backward, recomputation, optimizer; *model FLOPs* are forward plus
+  backward without recomputation (what model-FLOPs utilisation divides by);
+* weights at the model's element type; for training, fp32 gradients (Megatron-LM accumulates
+  them in fp32 ``main_grad`` buffers) and the optimizer state (fp32 master weights and the two
+  Adam moments: 12 B per parameter), before any sharding;
+* activations kept for backward: every forward output some backward (or recomputation) op
+  reads, plus the one-byte dropout masks, counted once each, per block; this is what
+  Korthikanti et al. 2022 count (section 4: ``s*b*h*(34 + 5*a*s/h)`` bytes per block with
+  16-bit activations, ``34*s*b*h`` with selective recomputation, ``2*s*b*h`` with full);
+* the KV cache of serving graphs: ``2 * layers * kv_heads * head_dim * tokens * batch`` elements.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from marssim.workload.graph import Graph
+from marssim.workload.op import DTYPE_BYTES, OpKind
+
+__all__ = ["Footprint", "footprint", "saved_tensors"]
+
+GRAD_BYTES = 4
+"""Bytes per parameter of the gradient buffers (fp32 main gradients)."""
+OPTIMIZER_BYTES = 12
+"""Bytes per parameter of the optimizer state (fp32 master weights, Adam's two moments)."""
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """One step of a graph. Counts, FLOPs and bytes (no sharding)."""
+
+    parameters: int
+    active_parameters: int
+    flops: dict[str, float]  # by phase: fwd, bwd, recompute, opt
+    weight_bytes: int
+    gradient_bytes: int
+    optimizer_bytes: int
+    activation_bytes: int
+    activation_bytes_per_layer: dict[int, int] = field(default_factory=dict)
+    kv_cache_bytes: int = 0
+
+    @property
+    def model_flops(self) -> float:
+        """Forward and backward FLOPs without recomputation (model-FLOPs utilisation's numerator)."""
+        return self.flops.get("fwd", 0.0) + self.flops.get("bwd", 0.0)
+
+    @property
+    def total_flops(self) -> float:
+        return float(sum(self.flops.values()))
+
+
+def saved_tensors(graph: Graph) -> dict[tuple[str, str], tuple[int, int]]:
+    """The activations a training graph keeps for backward: ``(op name, "out" or "mask") ->
+    (bytes, layer)``. A forward output is kept when a backward or recomputation op reads it
+    (its layer: the smallest layer among those readers); a dropout mask (one byte per
+    element) when the backward reads the mask of a forward (not recomputed) dropout."""
+    index = graph.index
+    ops = graph.ops
+    out: dict[tuple[str, str], tuple[int, int]] = {}
+    for op in ops:
+        phase = op.param("phase")
+        if phase not in ("bwd", "recompute"):
+            continue
+        layer = op.param("layer")
+        for src in op.inputs:
+            producer = ops[index[src]]
+            if producer.kind == OpKind.INPUT or producer.param("phase", "fwd") != "fwd":
+                continue
+            key = (src, "out")
+            size = producer.output_bytes
+            if key in out:
+                size, seen = out[key]
+                layer = min(layer, seen) if layer is not None else seen
+            out[key] = (size, layer)
+        mask = op.param("mask_of")
+        if mask is not None:
+            producer = ops[index[mask]]
+            if producer.param("phase", "fwd") == "fwd":
+                out[(mask, "mask")] = (producer.out_elems, layer)
+    return out
+
+
+def footprint(graph: Graph) -> Footprint:
+    """The :class:`Footprint` of ``graph`` (any workload; the training and serving terms are
+    zero where the graph has none)."""
+    cfg = graph.meta.get("transformer")
+    flops: dict[str, float] = defaultdict(float)
+    params = 0
+    expert_params = 0
+    weight_bytes = 0
+    for op in graph.ops:
+        flops[op.param("phase", "fwd")] += op.flops
+        if op.param("phase", "fwd") == "fwd" and op.weight_elems and not op.param("shares"):
+            params += op.weight_elems
+            weight_bytes += op.weight_bytes
+            if op.param("grouped"):
+                expert_params += op.weight_elems
+    active = params
+    if cfg is not None and cfg.is_moe and expert_params:
+        active = params - expert_params + expert_params * cfg.top_k // cfg.experts
+    training = graph.training
+    per_layer: dict[int, int] = defaultdict(int)
+    if training:
+        for size, layer in saved_tensors(graph).values():
+            per_layer[layer] += size
+    kv = 0
+    for op in graph.ops:
+        if op.kind == OpKind.INPUT and op.param("resident"):
+            kv += op.output_bytes
+    if not kv and cfg is not None and cfg.mode == "prefill":
+        kv = 2 * cfg.layers * cfg.kv * cfg.d_head * cfg.seq * cfg.batch * DTYPE_BYTES[cfg.dtype]
+    return Footprint(
+        parameters=params, active_parameters=active, flops=dict(flops), weight_bytes=weight_bytes,
+        gradient_bytes=GRAD_BYTES * params if training else 0,
+        optimizer_bytes=OPTIMIZER_BYTES * params if training else 0,
+        activation_bytes=sum(per_layer.values()), activation_bytes_per_layer=dict(sorted(per_layer.items())),
+        kv_cache_bytes=kv)

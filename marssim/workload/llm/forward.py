@@ -1,0 +1,190 @@
+"""The forward pass of a decoder transformer as ops with exact shapes.
+
+Tensors follow the ``(n, c, h, w)`` convention of :mod:`marssim.workload.op`: token tensors
+``[batch, tokens, features]`` are ``(batch, features, tokens, 1)``; attention scores of ``H``
+heads, ``M`` queries and ``N`` keys are ``(batch, H*N, M, 1)``; the tokens routed to ``E``
+experts are ``(E, features, capacity, 1)``.
+
+One block (pre-norm, as GPT-2/3, Llama and Mixtral)::
+
+    input_norm -> attn.qkv (one fused projection, as Megatron-LM's linear_qkv) -> attn.q/k/v (views)
+      [-> attn.q_rope, attn.k_rope]  -> attn.qk -> attn.softmax [-> attn.dropout] -> attn.pv
+      -> attn.proj [-> attn.proj_dropout] -> attn.residual
+    post_norm -> MLP -> mlp.residual
+
+    MLP, gpt:    mlp.fc1 -> mlp.act (GeLU) -> mlp.fc2 [-> mlp.dropout]
+    MLP, llama:  mlp.gate, mlp.up -> mlp.act (SwiGLU: silu(gate) * up) -> mlp.down
+    MLP, moe:    moe.router -> moe.topk -> moe.dispatch -> moe.gate, moe.up (grouped GEMMs over the
+                 experts) -> moe.act -> moe.down -> moe.combine
+
+The attention core (``attn.qk``, ``attn.softmax``, ``attn.dropout``, ``attn.pv``) carries
+``core=True``. FLOPs of the causal attention products count the full ``M x N`` product (the
+convention of Narayanan et al. 2021 and of the model-FLOPs utilisation of Chowdhery et al.
+2022, so published formulas match exactly); the mask is applied in the softmax and the products
+are marked ``causal`` for cost models that skip masked blocks.
+
+Every op carries ``layer`` (``-1`` for the embedding, ``layers`` for the final norm, head and
+loss) and ``phase`` (``fwd``).
+"""
+
+from __future__ import annotations
+
+from marssim.workload.builder import GraphBuilder, T
+from marssim.workload.op import OpKind
+
+from .config import TransformerConfig
+
+__all__ = ["Decoder", "HEAD_LAYER"]
+
+HEAD_LAYER = "head"
+"""Name of the group after the last block (final norm, output projection, loss)."""
+
+
+class Decoder:
+    """Adds the ops of one forward pass of ``cfg`` to ``builder``; ``prefix`` prepends every op
+    name (decode steps of a serving graph)."""
+
+    def __init__(self, cfg: TransformerConfig, builder: GraphBuilder, prefix: str = "") -> None:
+        self.cfg = cfg
+        self.b = builder
+        self.prefix = prefix
+
+    def _tag(self, layer: int, **extra) -> None:
+        self.b.tags = {"layer": layer, "phase": "fwd", **extra}
+
+    def n(self, name: str) -> str:
+        return f"{self.prefix}{name}"
+
+    # ------------------------------------------------------------------ embedding and head
+    def embed(self, ids: T) -> T:
+        """Token embedding of ``ids`` ``(n, 1, tokens, 1)``; with learned positions, the position
+        table looked up at the tokens' positions (ids from the host) and added (Megatron-LM's
+        ``LanguageModelEmbedding``)."""
+        cfg, b = self.cfg, self.b
+        self._tag(-1)
+        x = b.embedding(self.n("embed.tokens"), ids, vocab=cfg.vocab, hidden=cfg.hidden)
+        if cfg.positions == "learned":
+            pos = b.input(self.n("position_ids"), c=1, h=ids.h)
+            pe = b.embedding(self.n("embed.positions"), pos, vocab=cfg.max_positions, hidden=cfg.hidden)
+            x = b.eltwise(self.n("embed.add"), x, pe, fn="add")
+        if cfg.dropout and cfg.training:
+            x = self._dropout(self.n("embed.dropout"), x)
+        return x
+
+    def head(self, x: T, last_token: bool = False) -> T:
+        """Final norm and the output projection (logits ``(n, vocab, tokens, 1)``); with
+        ``last_token`` only the last position's logits (serving)."""
+        cfg, b = self.cfg, self.b
+        self._tag(cfg.layers)
+        x = b.norm(self.n("final_norm"), x, norm=cfg.norm)
+        if last_token and x.h > 1:
+            x = b.reshape(self.n("last_token"), x, shape=(x.n, x.c, 1, 1), what="slice")
+            b.annotate_last(view=True)
+        return b.linear(self.n("output"), x, cfg.vocab, bias=False,
+                        shares=self.n("embed.tokens") if cfg.tie_embeddings else None)
+
+    # ------------------------------------------------------------------ blocks
+    def block(self, i: int, x: T, cache: tuple[T, T] | None = None, cache_len: int = 0,
+              cache_write: bool = False, cache_after: tuple[str, ...] = ()) -> T:
+        """Block ``i`` on ``x``. ``cache``: the resident K and V cache inputs a decode step reads
+        (``cache_len`` tokens of them, this step's own key and value included);
+        ``cache_write``: a prefill writes its keys and values to the cache (``attn.kv_write``);
+        ``cache_after``: ops the cache views wait for (the prefill's writes)."""
+        cfg, b = self.cfg, self.b
+        p = self.n(f"layers.{i}.")
+        self._tag(i)
+        h = b.norm(p + "input_norm", x, norm=cfg.norm)
+        q, k, v = self._qkv(p, h)
+        if cfg.positions == "rotary":
+            q = b.eltwise(p + "attn.q_rope", q, fn="rope")
+            k = b.eltwise(p + "attn.k_rope", k, fn="rope")
+        if cache_write:
+            kv = b.reshape(p + "attn.kv_write", k, v, shape=(k.n, k.c + v.c, k.h, 1), what="kv_write")
+            b.annotate_last(keep=True)
+            del kv
+        if cache is not None:
+            k_cache, v_cache = cache
+            k = self._cache_view(p + "attn.k_cache", k_cache, k, cache_len, cache_after)
+            v = self._cache_view(p + "attn.v_cache", v_cache, v, cache_len, cache_after)
+        ctx = self._core(p, q, k, v)
+        y = b.linear(p + "attn.proj", ctx, cfg.hidden, bias=cfg.bias)
+        if cfg.dropout and cfg.training:
+            y = self._dropout(p + "attn.proj_dropout", y)
+        x = b.eltwise(p + "attn.residual", y, x, fn="add")
+        h = b.norm(p + "post_norm", x, norm=cfg.norm)
+        y = self._moe(p, h) if cfg.is_moe else self._mlp(p, h)
+        if cfg.dropout and cfg.training:
+            y = self._dropout(p + "mlp.dropout", y)
+        return b.eltwise(p + "mlp.residual", y, x, fn="add")
+
+    def _qkv(self, p: str, h: T) -> tuple[T, T, T]:
+        cfg, b = self.cfg, self.b
+        d = cfg.d_head
+        q_feat, kv_feat = cfg.heads * d, cfg.kv * d
+        qkv = b.linear(p + "attn.qkv", h, q_feat + 2 * kv_feat, bias=cfg.bias)
+        parts = []
+        for part, feat in (("q", q_feat), ("k", kv_feat), ("v", kv_feat)):
+            t = b.reshape(p + f"attn.{part}", qkv, shape=(h.n, feat, h.h, 1), what="split")
+            b.annotate_last(view=True)
+            parts.append(t)
+        return parts[0], parts[1], parts[2]
+
+    def _cache_view(self, name: str, cache: T, new: T, length: int, after: tuple[str, ...]) -> T:
+        """The first ``length`` tokens of a resident cache, once this step's ``new`` token (and
+        the ops ``after``) are in it: a view (no copy, no new buffer)."""
+        b = self.b
+        ins = [T(cache.op, (cache.n, cache.c, length, 1)), new] + [T(o, b.last(o).out_shape) for o in after]
+        t = b.op(name, OpKind.RESHAPE, {"N": new.n, "C": new.c, "H": length, "W": 1}, ins, (new.n, new.c, length, 1),
+                 params={"what": "cache", "view": True})
+        return t
+
+    def _core(self, p: str, q: T, k: T, v: T) -> T:
+        cfg, b = self.cfg, self.b
+        b.tags = {**b.tags, "core": True}
+        causal = cfg.mode != "decode"
+        s = b.matmul(p + "attn.qk", q, k, heads=cfg.heads, b_feature="K", kv_group=cfg.kv_group, causal=causal)
+        s = b.softmax(p + "attn.softmax", s, heads=cfg.heads)
+        if cfg.dropout and cfg.training:
+            s = self._dropout(p + "attn.dropout", s)
+        ctx = b.matmul(p + "attn.pv", s, v, heads=cfg.heads, b_feature="N", kv_group=cfg.kv_group, causal=causal)
+        b.tags = {k_: v_ for k_, v_ in b.tags.items() if k_ != "core"}
+        return ctx
+
+    def _mlp(self, p: str, h: T) -> T:
+        cfg, b = self.cfg, self.b
+        if cfg.activation == "gelu":
+            y = b.linear(p + "mlp.fc1", h, cfg.ffn_size, bias=cfg.bias)
+            y = b.eltwise(p + "mlp.act", y, fn="gelu")
+            return b.linear(p + "mlp.fc2", y, cfg.hidden, bias=cfg.bias)
+        gate = b.linear(p + "mlp.gate", h, cfg.ffn_size, bias=cfg.bias)
+        up = b.linear(p + "mlp.up", h, cfg.ffn_size, bias=cfg.bias)
+        y = b.eltwise(p + "mlp.act", gate, up, fn="swiglu")
+        return b.linear(p + "mlp.down", y, cfg.hidden, bias=cfg.bias)
+
+    def _moe(self, p: str, h: T) -> T:
+        """Router, top-k gating, dispatch of each token to ``top_k`` experts (``capacity`` tokens
+        per expert), grouped expert GEMMs, gate-weighted combine."""
+        cfg, b = self.cfg, self.b
+        e, cap = cfg.experts, cfg.expert_capacity
+        logits = b.linear(p + "moe.router", h, e, bias=False)
+        gates = b.eltwise(p + "moe.topk", logits, fn="router")
+        routed = b.op(p + "moe.dispatch", OpKind.RESHAPE, {"N": e, "C": cfg.hidden, "H": cap, "W": 1}, [h, gates],
+                      (e, cfg.hidden, cap, 1), params={"what": "dispatch"})
+        act = cfg.activation
+        if act == "swiglu":
+            gate = b.linear(p + "moe.gate", routed, cfg.ffn_size, bias=False, grouped=True)
+            up = b.linear(p + "moe.up", routed, cfg.ffn_size, bias=False, grouped=True)
+            y = b.eltwise(p + "moe.act", gate, up, fn="swiglu")
+        else:
+            y = b.linear(p + "moe.fc1", routed, cfg.ffn_size, bias=False, grouped=True)
+            y = b.eltwise(p + "moe.act", y, fn="gelu")
+        y = b.linear(p + "moe.down", y, cfg.hidden, bias=False, grouped=True)
+        return b.op(p + "moe.combine", OpKind.RESHAPE, {"N": h.n, "C": h.c, "H": h.h, "W": 1}, [y, gates], h.shape,
+                    params={"what": "combine"})
+
+    def _dropout(self, name: str, x: T) -> T:
+        """Dropout: keeps a one-byte mask per element for backward."""
+        t = self.b.eltwise(name, x, fn="dropout")
+        self.b.annotate_last(p=self.cfg.dropout, extra_per_elem=1)
+        return t
+
