@@ -91,6 +91,8 @@ def _busiest_work(tg: TaskGraph, system: System, streams: int) -> float:
         res_bytes = np.zeros(len(system.resource_capacity))
         for r, nbytes in enumerate(route_bytes):
             if nbytes:
-                res_bytes[list(tg.routes[r].resources)] += nbytes
+                route = tg.routes[r]
+                np.add.at(res_bytes, list(route.resources),
+                          nbytes * (np.asarray(route.weights) if route.weights else 1.0))
         work = max(work, float((res_bytes / system.resource_capacity).max(initial=0.0)))
     return max(work, np.finfo(float).tiny)

@@ -9,6 +9,11 @@ Python objects. A task is either
   (an index into :attr:`TaskGraph.routes`); a collective is several transfers sharing a
   ``collective`` index.
 
+A transfer with ``steps`` k > 1 (the optional column; absent: 1) is k back-to-back steps over
+its route, each serialising ``nbytes / k`` bytes and then taking the route's latency: a ring
+collective's steps when every rank of the ring is one folded class (see
+:mod:`marssim.parallel.fold`), whose steps follow each other without waiting for anyone else.
+
 Every task may allocate an output buffer of ``mem_bytes`` bytes on node ``mem_node`` when it
 starts; the buffer is freed when the last of the task's successors ends (or when the task itself
 ends if it has none). Weights are resident from the start (``resident``). ``priority`` orders
@@ -54,6 +59,7 @@ class Collective:
     nbytes: float
     op: str = ""
     steps: int = 0
+    group: str = ""  # the parallel dimension it serves: tp, dp, pp, ep, emb (empty: a per-op mapping's)
 
 
 @dataclass(frozen=True, eq=False)
@@ -84,6 +90,7 @@ class TaskGraph:
     resident: dict[str, float] = field(default_factory=dict)  # weights resident per node, bytes
     setup: tuple[tuple[str, str, float], ...] = ()  # weight loads before the run: (src, dst, bytes)
     meta: dict[str, Any] = field(default_factory=dict)
+    steps: np.ndarray | None = None  # int32 per task, None: all 1; see below
 
     @property
     def n_tasks(self) -> int:

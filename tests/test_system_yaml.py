@@ -76,7 +76,7 @@ def _gpu_without_section(d: dict) -> None:
 # (case id, change to BASE, key path of the problem, words the message must contain)
 CASES = [
     ("unknown top-level key", _set("colour", "red"), "colour",
-     "unknown key; expected one of: name, description, source, designs, accelerators, hosts, switches, links"),
+     "unknown key; expected one of: name, description, source, designs, cluster, accelerators, hosts, switches, links"),
     ("unknown link key", _set("links.1.speed", "1 GB/s"), "links[1].speed",
      "unknown key; expected one of: between, pattern, nodes, hub"),
     ("unknown design key", _set("designs.os16.rows", 16), "designs.os16.rows",

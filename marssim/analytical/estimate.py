@@ -52,22 +52,28 @@ def _route_arrays(taskgraph: TaskGraph, system: System):
     latency = np.zeros(n + 1)
     res_idx: list[int] = []
     res_route: list[int] = []
+    res_weight: list[float] = []
     for r, route in enumerate(taskgraph.routes):
         hit = cache.get(route)
         if hit is None:
             res = tuple(route.resources)
-            hit = cache[route] = (float(cap[list(res)].min()) if res else np.inf, float(route.latency), res)
-        bottleneck[r], latency[r], res = hit
+            w = tuple(route.weights) if route.weights else (1.0,) * len(res)
+            # a folded flow shares each resource with the flows it stands for there
+            hit = cache[route] = (float((cap[list(res)] / np.asarray(w)).min()) if res else np.inf,
+                                  float(route.latency), res, w)
+        bottleneck[r], latency[r], res, w = hit
         res_idx.extend(res)
         res_route.extend([r] * len(res))
-    return bottleneck, latency, np.asarray(res_idx, dtype=np.int64), np.asarray(res_route, dtype=np.int64)
+        res_weight.extend(w)
+    return (bottleneck, latency, np.asarray(res_idx, dtype=np.int64), np.asarray(res_route, dtype=np.int64),
+            np.asarray(res_weight, dtype=np.float64))
 
 
 def transfer_durations(taskgraph: TaskGraph, system: System) -> np.ndarray:
     """Contention-free duration (s) of every task: the compute duration, or for a transfer its
     route latency plus ``nbytes`` over the route's bottleneck capacity (latency alone for an
     empty transfer or a route that holds no resource, as in the simulator)."""
-    bottleneck, latency, _, _ = _route_arrays(taskgraph, system)
+    bottleneck, latency, _, _, _ = _route_arrays(taskgraph, system)
     return _durations(taskgraph, bottleneck, latency)
 
 
@@ -79,7 +85,8 @@ def _durations(tg: TaskGraph, bottleneck: np.ndarray, latency: np.ndarray) -> np
         nbytes = tg.nbytes[is_transfer]
         with np.errstate(divide="ignore", invalid="ignore"):
             serial = np.where(nbytes > 0, nbytes / bottleneck[route], 0.0)
-        duration[is_transfer] = serial + latency[route]
+        steps = tg.steps[is_transfer] if tg.steps is not None else 1
+        duration[is_transfer] = serial + latency[route] * steps
     return duration
 
 
@@ -201,7 +208,7 @@ def estimate(taskgraph: TaskGraph, system: System, *, backend: str = "auto") -> 
     tg = taskgraph
     n = tg.n_tasks
     n_nodes = len(tg.node_names)
-    bottleneck, latency, res_idx, res_route = _route_arrays(tg, system)
+    bottleneck, latency, res_idx, res_route, res_weight = _route_arrays(tg, system)
     duration = _durations(tg, bottleneck, latency)
     is_compute = tg.kind == COMPUTE
     if n == 0:
@@ -222,7 +229,7 @@ def estimate(taskgraph: TaskGraph, system: System, *, backend: str = "auto") -> 
     makespan = float(end.max())
     busy = np.bincount(dev_nodes, weights=duration[is_compute], minlength=n_nodes)
     _, cp_end = earliest_schedule(duration, succ_ptr, succ_idx, n_pred, backend=backend)
-    res_load = _resource_bytes(tg, system, res_idx, res_route) / system.resource_capacity
+    res_load = _resource_bytes(tg, system, res_idx, res_route, res_weight) / system.resource_capacity
     bounds = {"critical_path": float(cp_end.max()), "device_work": float(busy.max(initial=0.0)),
               "resource_load": float(res_load.max(initial=0.0))}
     return Estimate(makespan=makespan, start=start, ready=ready, end=end, duration=duration, busy=busy,
@@ -263,14 +270,15 @@ def critical_path(taskgraph: TaskGraph, start: np.ndarray, end: np.ndarray) -> n
 
 def resource_bytes(taskgraph: TaskGraph, system: System) -> np.ndarray:
     """Bytes every bandwidth resource of ``system`` carries over the whole TaskGraph."""
-    _, _, res_idx, res_route = _route_arrays(taskgraph, system)
-    return _resource_bytes(taskgraph, system, res_idx, res_route)
+    _, _, res_idx, res_route, res_weight = _route_arrays(taskgraph, system)
+    return _resource_bytes(taskgraph, system, res_idx, res_route, res_weight)
 
 
-def _resource_bytes(tg: TaskGraph, system: System, res_idx: np.ndarray, res_route: np.ndarray) -> np.ndarray:
+def _resource_bytes(tg: TaskGraph, system: System, res_idx: np.ndarray, res_route: np.ndarray,
+                    res_weight: np.ndarray) -> np.ndarray:
     out = np.zeros(len(system.resource_names))
     is_transfer = tg.kind != COMPUTE
     if is_transfer.any() and len(res_idx):
         route_bytes = np.bincount(tg.route[is_transfer], weights=tg.nbytes[is_transfer], minlength=len(tg.routes))
-        np.add.at(out, res_idx, route_bytes[res_route])
+        np.add.at(out, res_idx, route_bytes[res_route] * res_weight)
     return out

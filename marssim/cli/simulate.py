@@ -24,8 +24,19 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="without --mapping: sharding preference list, first legal wins (default dp)")
     p.add_argument("--micro-batches", dest="micro_batches", type=positive_int, default=1,
                    help="without --mapping: micro-batches (default 1)")
-    p.add_argument("--memory-policy", choices=("error", "spill"), default="error",
-                   help="what happens when a memory overflows (default: error)")
+    p.add_argument("--parallel", metavar="CONFIG",
+                   help="an LLM workload's parallel configuration, e.g. tp=8,pp=2,dp=8,sp=true,schedule=1f1b,"
+                        "micro_batch=1,global_batch=512,recompute=selective,zero=1 (see docs/parallelism.md); "
+                        "micro_batch defaults to the workload's batch")
+    p.add_argument("--no-fold", dest="fold", action="store_false",
+                   help="with --parallel: simulate every GPU, not one per class of identical GPUs (same result, slower)")
+    p.add_argument("--trace-gpus", metavar="IDS",
+                   help="with --parallel: GPUs to show in the trace and interval log (e.g. gpu[0-15],gpu512); "
+                        "default: one per class of identical GPUs")
+    p.add_argument("--estimate", action="store_true",
+                   help="with --parallel: also print the analytical estimate's report")
+    p.add_argument("--memory-policy", choices=("error", "spill", "ignore"), default="error",
+                   help="what happens when a memory overflows (default: error; ignore: simulate and report the peak)")
     p.add_argument("--streams", type=positive_int, default=1, help="concurrent compute tasks per device")
     add_output_args(p)
     p.set_defaults(func=run)
@@ -36,11 +47,64 @@ def run(args: argparse.Namespace) -> int:
     from marssim.lower import lower
     from marssim.sim import simulate
 
+    if getattr(args, "parallel", None):
+        return _run_parallel(args)
     mapping, graph, system = load_inputs(args)
     tg = lower(graph, system, mapping, default_cost_model())
     result = simulate(tg, system, memory_policy=args.memory_policy, streams=args.streams)
     result.meta["mapping_file"] = args.mapping or ""
     print(result.summary())
+    lines = write_outputs(result, args)
+    if lines:
+        print()
+        print("\n".join(lines))
+    return 0
+
+
+def _run_parallel(args: argparse.Namespace) -> int:
+    """``--parallel``: lower the LLM workload under the configuration, simulate, report."""
+    from marssim.cost import default_cost_model
+    from marssim.errors import InputError
+    from marssim.mapping import Mapping
+    from marssim.parallel import lower_parallel, parse_parallel
+    from marssim.parallel.run import check_memory, report_of, unfold_result
+    from marssim.sim import simulate
+    from marssim.system import expand_ids, load_system
+    from marssim.workload import load_workload
+
+    if args.mapping:
+        raise InputError(None, "--parallel", "give either --mapping or --parallel (a mapping file may hold a "
+                                             "'parallel:' section itself)")
+    if not args.system or not args.workload:
+        raise InputError(None, "--parallel", "needs --system and --workload")
+    system = load_system(args.system)
+    graph = load_workload(args.workload, batch=args.batch)
+    cfg = parse_parallel(args.parallel)
+    if "micro_batch" not in args.parallel:
+        cfg = cfg.with_(micro_batch=graph.batch)
+    mapping = Mapping.from_parallel(graph, system, cfg)
+    if args.memory_policy == "error":
+        check_memory(graph, system, cfg)
+    tg = lower_parallel(graph, system, mapping.parallel, default_cost_model(), folding=args.fold)
+    policy = "ignore" if args.memory_policy == "ignore" else args.memory_policy
+    result = simulate(tg, system, memory_policy=policy, streams=args.streams)
+    report = report_of(tg, system, result)
+    result.meta["parallel_report"] = report.to_dict()
+    print(f"{graph.spec} on {system.spec} with {cfg.text()}: {tg.n_tasks:,} tasks, "
+          f"{tg.meta['fold_classes']} classes of identical GPUs simulated")
+    print("\n".join(report.lines()))
+    if args.estimate:
+        from marssim.analytical import estimate
+
+        est = report_of(tg, system, estimate(tg, system))
+        print(f"analytical estimate: iteration {est.iteration_s * 1e3:.3f} ms, MFU {est.mfu:.1%}, bubble "
+              f"{est.bubble_share:.1%} (no link contention)")
+    if args.trace_gpus:
+        try:
+            gpus = expand_ids([g.strip() for g in args.trace_gpus.split(",") if g.strip()])
+        except ValueError as err:
+            raise InputError(None, "--trace-gpus", str(err)) from None
+        result = unfold_result(result, gpus)
     lines = write_outputs(result, args)
     if lines:
         print()

@@ -40,7 +40,8 @@ __all__ = ["mapping_from_dict", "mapping_to_dict", "load_mapping", "save_mapping
            "canonical_system_ref"]
 
 _TOP_KEYS = {"system", "workload", "micro_batches", "collective_algorithm", "sets", "assign", "sharding", "name",
-             "description", "batch"}
+             "description", "batch", "parallel"}
+_PARALLEL_KEYS = {"system", "workload", "name", "description", "parallel"}
 
 
 def _op_selection(spec: Any, graph: Graph, where: str, problems: list[tuple[str, str]]) -> list[int]:
@@ -87,6 +88,15 @@ def mapping_from_dict(data: Any, graph: Graph, system: System, file: str | None 
     every problem with its key path."""
     if not isinstance(data, dict):
         raise InputError.expected(file, "", "a mapping with keys sets and assign", data)
+    if "parallel" in data:  # a parallel configuration: the per-op decisions follow from it
+        from marssim.parallel import parse_parallel
+
+        extra = [k for k in data if k not in _PARALLEL_KEYS]
+        if extra:
+            raise InputError(file or "<mapping>", problems=[(str(k), "not with 'parallel:'; a parallel configuration "
+                                                                     "decides sets and shardings itself") for k in extra])
+        config = parse_parallel(data["parallel"], file or "<mapping>")
+        return Mapping.from_parallel(graph, system, config, where=file or "<mapping>")
     problems: list[tuple[str, str]] = []
     for key in data:
         if key not in _TOP_KEYS:
@@ -207,7 +217,11 @@ def mapping_from_dict(data: Any, graph: Graph, system: System, file: str | None 
 
 
 def mapping_to_dict(mapping: Mapping, graph: Graph) -> dict[str, Any]:
-    """The canonical YAML-ready form: runs of ops with the same set and sharding as ranges."""
+    """The canonical YAML-ready form: runs of ops with the same set and sharding as ranges (a
+    parallel configuration: the configuration alone)."""
+    if mapping.parallel is not None:
+        return {"system": mapping.system, "workload": mapping.workload or graph.spec,
+                "parallel": mapping.parallel.to_dict()}
     names = [graph.ops[gi].name for gi in graph.compute_ops]
     set_names = list(mapping.set_names) if len(mapping.set_names) == len(mapping.sets) else []
     assign = []
@@ -241,7 +255,7 @@ def canonical_system_ref(system: System) -> str:
     path = Path(system.path).resolve()
     for shipped in shipped_systems():
         if shipped.resolve() == path:
-            return shipped.stem
+            return system.spec if system.spec.split(":")[0] == shipped.stem else shipped.stem
     return str(path)
 
 

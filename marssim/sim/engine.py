@@ -39,7 +39,8 @@ def simulate(taskgraph: TaskGraph, system: System, *, memory_policy: str = "erro
              record: bool = True, setup: bool = True) -> Result:
     """Simulate ``taskgraph`` on ``system`` and return the :class:`Result`.
 
-    ``memory_policy``: ``error`` (raise CapacityError on overflow) or ``spill`` (to host DRAM).
+    ``memory_policy``: ``error`` (raise CapacityError on overflow), ``spill`` (to host DRAM) or
+    ``ignore`` (never overflow; the peak is still reported).
     ``streams``: compute tasks a device may run at once. ``record``: keep the memory and link
     timelines (traces need them; searches do not). ``setup``: also simulate the weight loads
     to report ``Result.setup_time``."""
@@ -107,7 +108,10 @@ class _Simulation:
         self.is_compute = is_compute.tolist()
         self.device = tg.device.tolist()
         self.duration = tg.duration.tolist()
-        self.nbytes = tg.nbytes.tolist()
+        steps = tg.steps
+        # a stepped transfer (see TaskGraph.steps) sends nbytes / steps per step
+        self.nbytes = (tg.nbytes / np.maximum(steps, 1)).tolist() if steps is not None else tg.nbytes.tolist()
+        self.steps_left = np.maximum(steps.astype(np.int64) - 1, 0).tolist() if steps is not None else None
         self.mem_node = tg.mem_node.tolist()
         self.mem_bytes = tg.mem_bytes.tolist()
         succ_ptr, succ_idx = tg.successors
@@ -135,7 +139,7 @@ class _Simulation:
         self.spills: list[tuple[str, int, int, float, float, float]] = []  # kind, node, task, start, end, bytes
         self._spill_tokens: dict[int, tuple] = {}
         self.net = FairShareNetwork(env, system.resource_capacity, self._delivered, record=record,
-                                    routes=route_res)
+                                    routes=route_res, weights=[r.weights for r in tg.routes])
 
         nodes = tg.node_names
         self.pools: dict[int, MemoryPool] = {}
@@ -143,8 +147,8 @@ class _Simulation:
         used_nodes.update(system.node_index[d] for d in tg.resident)
         for node in sorted(used_nodes):
             name = nodes[node]
-            self.pools[node] = MemoryPool(env, name, system.memory_capacity(name), tg.resident.get(name, 0.0),
-                                          record=record)
+            capacity = float("inf") if policy == "ignore" else system.memory_capacity(name)
+            self.pools[node] = MemoryPool(env, name, capacity, tg.resident.get(name, 0.0), record=record)
         # the pool holding each task's output buffer (its host's once the buffer has spilled)
         self.pool_of: list[MemoryPool | None] = list(map(self.pools.get, self.mem_node))
         self.host_of: dict[int, int] = {}
@@ -156,7 +160,7 @@ class _Simulation:
         self.heap_of = list(map(heaps.get, self.device))
         self.idle_of = list(map(idles.get, self.device))
         self._bind()
-        self.net.on_delivered_event = self._finish
+        self.net.on_delivered_event = self._finish_step if self.steps_left is not None else self._finish
         self._streams: list = []  # the device processes' generators
         for d in compute_devices:
             for _ in range(streams):
@@ -312,7 +316,22 @@ class _Simulation:
 
     def _delivered(self, token: int) -> None:
         """A flow delivered without latency (``token``: its task, or a spill flow's)."""
-        self._finish(_Arrival(token))
+        if self.steps_left is not None:
+            self._finish_step(_Arrival(token))
+        else:
+            self._finish(_Arrival(token))
+
+    def _finish_step(self, event) -> None:
+        """A step of a transfer has arrived: start its next step, or finish the task."""
+        t = event._value
+        if t < self.n and self.steps_left[t] > 0:
+            self.steps_left[t] -= 1
+            if self.is_flow[t]:
+                self.net.add_flow(t, self.nbytes[t], self.route[t], self.latency[t])
+            else:
+                self.net._deliver(t, self.latency[t])
+            return
+        self._finish(event)
 
     def _spill_arrived(self, token: int) -> None:
         """A spill flow has arrived: its reader may start, or its writer's successors."""
@@ -432,8 +451,9 @@ class _Simulation:
         np.add.at(route_bytes, tg.route[is_transfer], tg.nbytes[is_transfer])
         for r, b in enumerate(route_bytes):
             if b:
-                for res in tg.routes[r].resources:
-                    res_bytes[res] += b
+                weights = tg.routes[r].weights
+                for i, res in enumerate(tg.routes[r].resources):
+                    res_bytes[res] += b * (weights[i] if weights else 1.0)
         for kind, node, t, s, e_, nbytes in self.spills:
             host = names[self.host_of[node]]
             src, dst = (names[node], host) if kind == "spill_out" else (host, names[node])

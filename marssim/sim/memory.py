@@ -22,7 +22,9 @@ from marssim.errors import CapacityError
 
 __all__ = ["MemoryPool", "POLICIES"]
 
-POLICIES = ("error", "spill")
+POLICIES = ("error", "spill", "ignore")
+"""``ignore``: buffers always fit (the peak is still recorded), for runs whose peak is reported
+against the capacity rather than enforced."""
 
 
 class MemoryPool:

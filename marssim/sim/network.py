@@ -77,9 +77,14 @@ def max_min_rates(flow_resources: Sequence[Sequence[int]], capacity: Sequence[fl
     return rates
 
 
-def _grouped_rates(groups: Sequence[tuple[Sequence[int], int]], capacity: Sequence[float]) -> list[float]:
+def _grouped_rates(groups: Sequence[tuple[Sequence[int], int]], capacity: Sequence[float],
+                   weights: Sequence[Sequence[float] | None] | None = None) -> list[float]:
     """Max-min rates for flow *groups*: ``(resources, multiplicity)``; flows with identical routes
-    always get identical rates, so each group is filled once, counting ``multiplicity`` flows."""
+    always get identical rates, so each group is filled once, counting ``multiplicity`` flows.
+    ``weights[g]`` (optional): per resource of group ``g``, the flows each of its flows stands
+    for there (a folded flow, see :mod:`marssim.parallel.fold`)."""
+    if weights is not None and any(w for w in weights):
+        return _weighted_rates(groups, capacity, weights)
     users: dict[int, list[int]] = {}
     count: dict[int, int] = {}
     for g, (res, mult) in enumerate(groups):
@@ -120,6 +125,52 @@ def _grouped_rates(groups: Sequence[tuple[Sequence[int], int]], capacity: Sequen
     return rates
 
 
+def _weighted_rates(groups, capacity, weights) -> list[float]:
+    """:func:`_grouped_rates` with per-resource weights: group ``g`` puts ``mult * w`` flows on a
+    resource it crosses with weight ``w``; progressive filling over those counts."""
+    users: dict[int, list[tuple[int, float]]] = {}
+    count: dict[int, float] = {}
+    for g, (res, mult) in enumerate(groups):
+        w = weights[g]
+        for i, r in enumerate(res):
+            n = mult * (w[i] if w else 1.0)
+            u = users.get(r)
+            if u is None:
+                users[r] = [(g, n)]
+                count[r] = n
+            else:
+                u.append((g, n))
+                count[r] += n
+    left = {r: float(capacity[r]) for r in users}
+    heap = [(left[r] / count[r], r) for r in users]
+    heapq.heapify(heap)
+    rates = [-1.0] * len(groups)
+    todo = len(groups)
+    while todo and heap:
+        share, r = heapq.heappop(heap)
+        c = count[r]
+        if c <= 1e-12:
+            continue
+        current = left[r] / c
+        if current != share:
+            heapq.heappush(heap, (current, r))
+            continue
+        if share < 0.0:
+            share = 0.0
+        for g, _ in users[r]:
+            if rates[g] >= 0.0:
+                continue
+            rates[g] = share
+            todo -= 1
+            res, mult = groups[g]
+            w = weights[g]
+            for i, q in enumerate(res):
+                n = mult * (w[i] if w else 1.0)
+                left[q] -= share * n
+                count[q] -= n
+    return rates
+
+
 class FairShareNetwork:
     """Flows over shared resources; calls ``on_delivered(token)`` when a flow has arrived.
 
@@ -138,7 +189,8 @@ class FairShareNetwork:
     def __init__(self, env: simpy.Environment, capacity: Sequence[float],
                  on_delivered: Callable[[int], None], *, record: bool = False,
                  routes: Sequence[Sequence[int]] = (),
-                 on_delivered_event: Callable[[simpy.Event], None] | None = None) -> None:
+                 on_delivered_event: Callable[[simpy.Event], None] | None = None,
+                 weights: Sequence[Sequence[float]] = ()) -> None:
         self.env = env
         self.capacity = [float(c) for c in capacity]
         self.on_delivered = on_delivered
@@ -147,6 +199,7 @@ class FairShareNetwork:
         self.busy = [0.0] * len(self.capacity)  # seconds each resource carried at least one flow
         self._flows: dict[int, list] = {}  # token -> [remaining bytes, route key, latency, rate, finish time]
         self._routes: dict[object, tuple[int, ...]] = {i: tuple(r) for i, r in enumerate(routes)}
+        self._weights: dict[object, tuple[float, ...]] = {i: tuple(w) for i, w in enumerate(weights) if w}
         self._mult: dict[object, int] = {}  # route key -> active flows on it
         self._odd_routes = 0  # registered route keys that are not ints (then sorted by _route_order)
         self._cache: dict[frozenset, tuple[dict, tuple[int, ...]]] = {}
@@ -274,7 +327,9 @@ class FairShareNetwork:
             return entry
         order = sorted(mult.items(), key=_route_order) if self._odd_routes else sorted(mult.items())
         routes = self._routes
-        rates = _grouped_rates([(routes[k], m) for k, m in order], self.capacity)
+        weights = self._weights
+        rates = _grouped_rates([(routes[k], m) for k, m in order], self.capacity,
+                               [weights.get(k) for k, _ in order] if weights else None)
         used: set[int] = set()
         for k in mult:
             used.update(routes[k])
@@ -310,10 +365,12 @@ class FairShareNetwork:
         totals: dict[int, list] = {}
         for k, m in mult.items():
             rate = by_route[k]
-            for r in self._routes[k]:
+            w = self._weights.get(k)
+            for i, r in enumerate(self._routes[k]):
+                n = m * w[i] if w else m
                 t = totals.setdefault(r, [0.0, 0])
-                t[0] += rate * m
-                t[1] += m
+                t[0] += rate * n
+                t[1] += n
         prev = self._prev_rate
         for r in sorted(set(prev) | set(totals)):
             cur = tuple(totals.get(r, (0.0, 0)))

@@ -34,8 +34,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from marssim.errors import InputError
 from marssim.schema import problems_from_validation, read_yaml
 
+from .cluster import ClusterSpec, expand_cluster
 from .design import Design
 from .model import Accelerator, Host, Link, Memory, Switch, System
+from .params import apply_parameters, format_system_spec, split_system_spec
 from .quantities import Bandwidth, Seconds
 
 __all__ = ["load_system", "system_from_dict", "expand_ids", "topologies_dir", "shipped_systems", "resolve_system"]
@@ -132,10 +134,12 @@ class _SystemFile(BaseModel):
     description: str = ""
     source: str | list[str] = ""
     designs: dict[str, dict[str, Any]] = Field(min_length=1)
-    accelerators: list[_AcceleratorSpec] = Field(min_length=1)
-    hosts: list[_HostSpec] = Field(min_length=1)
+    cluster: ClusterSpec | None = None
+    accelerators: list[_AcceleratorSpec] = Field(default_factory=list)
+    hosts: list[_HostSpec] = Field(default_factory=list)
     switches: list[_SwitchSpec] = Field(default_factory=list)
-    links: list[_LinkSpec] = Field(min_length=1)
+    links: list[_LinkSpec] = Field(default_factory=list)
+
 
 
 # ----------------------------------------------------------------------------- expansion
@@ -165,17 +169,28 @@ def _pattern_pairs(spec: _LinkSpec, nodes: list[str]) -> list[tuple[str, str]]:
     return pairs
 
 
-def system_from_dict(data: Any, file: str | None = None) -> System:
+def system_from_dict(data: Any, file: str | None = None, spec: str = "") -> System:
     """Validate a parsed system file and build the :class:`System`; raises InputError listing
-    every problem with its key path (``links[3].bandwidth: expected a bandwidth ...``)."""
+    every problem with its key path (``links[3].bandwidth: expected a bandwidth ...``).
+    ``spec``: how the system was named (kept as ``System.spec``)."""
+    if isinstance(data, dict) and "parameters" in data:
+        data, _ = apply_parameters(data, {}, file or "<system>", file or "<system>")
     if not isinstance(data, dict):
         raise InputError.expected(file, "", "a mapping with keys name, designs, accelerators, hosts, links", data)
     try:
+        spec_arg = spec
         spec = _SystemFile.model_validate(data)
     except ValidationError as exc:
         raise InputError(file, problems=problems_from_validation(exc, (), _SystemFile)) from None
 
     problems: list[tuple[str, str]] = []
+    spec_name = spec_arg
+    if spec.cluster is None:
+        for key in ("accelerators", "hosts", "links"):
+            if not getattr(spec, key):
+                problems.append((key, "list should have at least 1 item (or give a 'cluster:' section)"))
+        if problems:
+            raise InputError(file, problems=problems)
 
     designs: dict[str, Design] = {}
     for name, body in spec.designs.items():
@@ -217,6 +232,19 @@ def system_from_dict(data: Any, file: str | None = None) -> System:
             problems.append(item)
 
     accelerators: list[Accelerator] = []
+    hosts: list[Host] = []
+    switches: list[Switch] = []
+    links: list[Link] = []
+    router = None
+    if spec.cluster is not None:
+        for j, group in enumerate(spec.cluster.node_groups):
+            if group.design not in spec.designs:
+                problems.append((f"cluster.node_groups[{j}].design",
+                                 f"unknown design {group.design!r}; expected one of: {', '.join(spec.designs)}"))
+        if not problems:
+            accelerators, hosts, switches, links, router = expand_cluster(spec.cluster)
+            for node in [a.id for a in accelerators] + [h.id for h in hosts] + [s_.id for s_ in switches]:
+                seen[node] = "cluster"
     for i, a in enumerate(spec.accelerators):
         allowed = tuple(a.designs if a.designs is not None else [a.design])  # type: ignore[list-item]
         for j, d in enumerate(allowed):
@@ -233,20 +261,17 @@ def system_from_dict(data: Any, file: str | None = None) -> System:
             if claim(acc_id, f"accelerators[{i}].id"):
                 accelerators.append(Accelerator(id=acc_id, designs=allowed, memory=a.memory))
 
-    hosts: list[Host] = []
     for i, h in enumerate(spec.hosts):
         for host_id in ids_of(h.id, f"hosts[{i}].id"):
             if claim(host_id, f"hosts[{i}].id"):
                 hosts.append(Host(id=host_id, dram=h.dram))
 
-    switches: list[Switch] = []
     for i, s in enumerate(spec.switches):
         for sw_id in ids_of(s.id, f"switches[{i}].id"):
             if claim(sw_id, f"switches[{i}].id"):
                 switches.append(Switch(id=sw_id, latency=s.latency, bandwidth=s.bandwidth))
 
-    links: list[Link] = []
-    pairs_seen: dict[frozenset[str], str] = {}
+    pairs_seen: dict[frozenset[str], str] = {frozenset((ln.a, ln.b)): "cluster" for ln in links}
     for i, spec_link in enumerate(spec.links):
         where = f"links[{i}]"
         if spec_link.between is not None:
@@ -293,7 +318,7 @@ def system_from_dict(data: Any, file: str | None = None) -> System:
         raise InputError(file, problems=problems)
 
     system = System(spec.name, designs, tuple(accelerators), tuple(hosts), tuple(switches), tuple(links),
-                    path=file, description=spec.description)
+                    path=file, description=spec.description, router=router, spec=spec_name or spec.name)
     _check_connected(system, file, spec)
     return system
 
@@ -347,7 +372,12 @@ def resolve_system(name_or_path: str | Path) -> Path:
 
 
 def load_system(name_or_path: str | Path) -> System:
-    """Load and validate a system file (a path, or the stem of a shipped topology)."""
-    path = resolve_system(name_or_path)
+    """Load and validate a system file (a path, or the stem of a shipped topology), with
+    parameters after a colon where the file declares them (``dgx-h100-cluster:nodes=128``)."""
+    text = str(name_or_path)
+    name, given = (text, {}) if Path(text).exists() else split_system_spec(text)
+    path = resolve_system(name)
     data = read_yaml(path)
-    return system_from_dict(data, str(path))
+    data, changed = apply_parameters(data, given, str(path), text)
+    stem = path.stem if any(p.resolve() == path.resolve() for p in shipped_systems()) else str(path)
+    return system_from_dict(data, str(path), spec=format_system_spec(stem, changed))

@@ -80,11 +80,17 @@ ResourceKind = Literal["link", "switch", "memory"]
 
 @dataclass(frozen=True, slots=True)
 class Route:
-    """The path of a transfer: node ids, the resources it holds, and its latency in seconds."""
+    """The path of a transfer: node ids, the resources it holds, and its latency in seconds.
+
+    ``weights`` (empty: one each) says how many flows a transfer on this route stands for on
+    each of its resources: a transfer that represents a class of identical transfers of
+    symmetric devices (see :mod:`marssim.parallel.fold`) loads each resource of its route by
+    that many flows' worth."""
 
     nodes: tuple[str, ...]
     resources: tuple[int, ...]
     latency: float
+    weights: tuple[float, ...] = ()
 
 
 class System:
@@ -101,10 +107,15 @@ class System:
         *,
         path: str | None = None,
         description: str = "",
+        router: object | None = None,
+        spec: str = "",
     ) -> None:
         self.name = name
         self.path = path
         self.description = description
+        self.spec = spec or name
+        """How the system was named: ``dgx-h100-cluster:nodes=128`` for a parameterised one."""
+        self._router = router
         self.designs = dict(designs)
         self.accelerators = tuple(accelerators)
         self.hosts = tuple(hosts)
@@ -158,6 +169,9 @@ class System:
             names.append(f"{host.id}:dram")
             kinds.append("memory")
             caps.append(host.dram.bandwidth)
+        self._links_by_pair: dict[tuple[str, str], Link] = {}
+        for link in self.links:
+            self._links_by_pair[(link.a, link.b)] = self._links_by_pair[(link.b, link.a)] = link
         self.resource_names: tuple[str, ...] = tuple(names)
         self.resource_kinds: tuple[str, ...] = tuple(kinds)
         self.resource_capacity: np.ndarray = np.asarray(caps, dtype=float)
@@ -210,7 +224,12 @@ class System:
         return self.designs[design_name].with_dram_bandwidth(acc.memory.bandwidth)
 
     def nearest_host(self, node: str) -> str:
-        """The host with the lowest-latency route to ``node`` (ties: first declared)."""
+        """The host with the lowest-latency route to ``node`` (ties: first declared; a cluster's
+        GPU: its node's host)."""
+        if self._router is not None:
+            host = self._router.nearest_host(node)
+            if host is not None:
+                return host
         return min(self.hosts, key=lambda h: (self.route(h.id, node).latency, len(self.route(h.id, node).nodes))).id
 
     # ----------------------------------------------------------------------------- routing
@@ -223,14 +242,16 @@ class System:
         if src == dst:
             route = Route((src,), (), 0.0)
         else:
-            nodes = self._shortest_path(src, dst)
+            nodes = self._router.path(src, dst) if self._router is not None else None
+            if nodes is None:
+                nodes = self._shortest_path(src, dst)
             res: list[int] = []
             latency = 0.0
             mem = self._memory_res.get(src)
             if mem is not None:
                 res.append(mem)
             for u, v in zip(nodes[:-1], nodes[1:]):
-                link: Link = self.graph.edges[u, v]["link"]
+                link: Link = self._links_by_pair[(u, v)]
                 res.append(self._link_res[(u, v)])
                 latency += link.latency
             for mid in nodes[1:-1]:

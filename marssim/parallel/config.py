@@ -1,0 +1,250 @@
+"""The parallel configuration of a Megatron-LM-style run: how a transformer's training or serving
+step is split over a GPU cluster.
+
+=================  ===============================================================================
+field              meaning (Megatron-LM's name)
+=================  ===============================================================================
+tp                 tensor parallelism (``--tensor-model-parallel-size``): column- then row-parallel
+                   GEMM pairs in attention and MLP, one all-reduce per pair in forward and backward
+sp                 sequence parallelism (``--sequence-parallel``): the all-reduces become
+                   reduce-scatter + all-gather, norms and dropouts split along the sequence
+pp                 pipeline parallelism (``--pipeline-model-parallel-size``)
+dp                 data parallelism: gradients all-reduced (or reduce-scattered, ``zero``) in buckets
+ep                 expert parallelism (``--expert-model-parallel-size``): experts split over ``ep``
+                   ranks of the data-parallel group, all-to-all around them
+schedule           ``gpipe``, ``1f1b`` or ``interleaved`` (``--num-layers-per-virtual-pipeline-stage``
+                   via ``virtual_stages``)
+micro_batch        sequences per micro-batch (``--micro-batch-size``)
+global_batch       sequences per iteration (``--global-batch-size``); micro-batches per pipeline =
+                   global / (micro_batch x dp)
+recompute          ``none``, ``selective`` or ``full`` (``--recompute-granularity``)
+zero               0: gradients all-reduced; 1 or 2: the optimizer state (1) and gradients (2) sharded
+                   over dp (reduce-scatter of gradients, all-gather of parameters: Megatron's
+                   distributed optimizer); 3: parameters sharded too, all-gathered before each layer
+layers_per_stage   layers of each pipeline stage (default: balanced; the embedding lives on the first
+                   stage, the output layer and the loss on the last)
+order              rank placement, innermost first: ``tp-pp-dp`` puts the tensor-parallel ranks of a
+                   group on consecutive GPUs (inside a node), then the pipeline stages, then the
+                   data-parallel replicas
+bucket             parameters per data-parallel gradient bucket (Megatron-LM's default: 40 M)
+=================  ===============================================================================
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any
+
+from marssim.errors import InputError
+
+__all__ = ["ParallelConfig", "SCHEDULES", "ORDERS", "parse_parallel", "parallel_problems", "check_parallel"]
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved")
+ORDERS = ("tp-pp-dp", "tp-dp-pp", "pp-tp-dp", "dp-tp-pp", "pp-dp-tp", "dp-pp-tp")
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    """A parallel configuration (see the module docstring). Immutable and hashable."""
+
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    sp: bool = False
+    ep: int = 1
+    schedule: str = "1f1b"
+    virtual_stages: int = 1
+    micro_batch: int = 1
+    global_batch: int = 0  # 0: one micro-batch per data-parallel replica
+    recompute: str = "none"
+    zero: int = 0
+    layers_per_stage: tuple[int, ...] = ()
+    order: str = "tp-pp-dp"
+    bucket: int = 40_000_000
+    overlap_grad_reduce: bool = True
+
+    @property
+    def gpus(self) -> int:
+        return self.tp * self.pp * self.dp
+
+    @property
+    def batch(self) -> int:
+        """Sequences per iteration."""
+        return self.global_batch or self.micro_batch * self.dp
+
+    @property
+    def micro_batches(self) -> int:
+        """Micro-batches each pipeline runs per iteration (gradient accumulation steps)."""
+        return max(1, self.batch // (self.micro_batch * self.dp))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields that differ from the defaults (what a mapping file stores)."""
+        default = ParallelConfig()
+        out = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value != getattr(default, f.name):
+                out[f.name] = list(value) if isinstance(value, tuple) else value
+        return out
+
+    def text(self) -> str:
+        """``tp=8,pp=2,dp=8,...``: the non-default fields."""
+        parts = []
+        for key, value in self.to_dict().items():
+            if isinstance(value, list):
+                value = "/".join(str(v) for v in value)
+            elif isinstance(value, bool):
+                value = str(value).lower()
+            parts.append(f"{key}={value}")
+        return ",".join(parts) or "tp=1"
+
+    def with_(self, **changes: Any) -> "ParallelConfig":
+        return replace(self, **changes)
+
+
+_INT_FIELDS = ("tp", "pp", "dp", "ep", "virtual_stages", "micro_batch", "global_batch", "zero", "bucket")
+_BOOL_FIELDS = ("sp", "overlap_grad_reduce")
+
+
+def _bool(value: Any, where: str, key: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise InputError(where, key, f"expected true or false, got {value!r}")
+
+
+def parse_parallel(data: Any, where: str = "--parallel", base: ParallelConfig | None = None) -> ParallelConfig:
+    """A :class:`ParallelConfig` from a mapping (YAML) or a string ``tp=8,pp=2,dp=8,sp=true``
+    (``layers_per_stage`` as ``10/12/12/14``). Raises InputError naming the key."""
+    if isinstance(data, str):
+        items: dict[str, Any] = {}
+        for part in data.split(","):
+            if not part.strip():
+                continue
+            key, eq, value = part.partition("=")
+            if not eq or not key.strip() or not value.strip():
+                raise InputError(where, part.strip(), "expected key=value pairs like tp=8,pp=2,dp=8")
+            if key.strip() in items:
+                raise InputError(where, key.strip(), "given twice")
+            items[key.strip()] = value.strip()
+        data = items
+    if not isinstance(data, dict):
+        raise InputError(where, "", f"expected a mapping like {{tp: 8, pp: 2, dp: 8}}, got {data!r}")
+    names = {f.name for f in fields(ParallelConfig)}
+    values: dict[str, Any] = asdict(base) if base is not None else {}
+    for key, value in data.items():
+        key = str(key)
+        if key not in names:
+            raise InputError(where, key, f"unknown parallel setting; expected one of: {', '.join(sorted(names))}")
+        if key in _INT_FIELDS:
+            if isinstance(value, bool) or isinstance(value, float) and not value.is_integer():
+                raise InputError(where, key, f"expected an integer, got {value!r}")
+            try:
+                number = int(value)
+            except (TypeError, ValueError):
+                raise InputError(where, key, f"expected an integer, got {value!r}") from None
+            low = 0 if key in ("global_batch", "zero") else 1
+            if number < low:
+                raise InputError(where, key, f"expected an integer >= {low}, got {value!r}")
+            values[key] = number
+        elif key in _BOOL_FIELDS:
+            values[key] = _bool(value, where, key)
+        elif key == "layers_per_stage":
+            parts = value if isinstance(value, (list, tuple)) else str(value).replace(" ", "").split("/")
+            try:
+                stages = tuple(int(v) for v in parts)
+            except (TypeError, ValueError):
+                raise InputError(where, key, f"expected layer counts like 10/12/12/14, got {value!r}") from None
+            if any(v < 0 for v in stages):
+                raise InputError(where, key, f"expected non-negative layer counts, got {value!r}")
+            values[key] = stages
+        else:
+            values[key] = str(value).strip()
+    cfg = ParallelConfig(**values)
+    if cfg.schedule not in SCHEDULES:
+        raise InputError(where, "schedule", f"expected one of {', '.join(SCHEDULES)}, got {cfg.schedule!r}")
+    if cfg.order not in ORDERS:
+        raise InputError(where, "order", f"expected a placement like tp-pp-dp (innermost first), got {cfg.order!r}")
+    if cfg.recompute not in ("none", "selective", "full"):
+        raise InputError(where, "recompute", f"expected none, selective or full, got {cfg.recompute!r}")
+    if cfg.zero not in (0, 1, 2, 3):
+        raise InputError(where, "zero", f"expected 0, 1, 2 or 3, got {cfg.zero}")
+    return cfg
+
+
+def parallel_problems(cfg: ParallelConfig, transformer, gpus: int) -> list[tuple[str, str]]:
+    """Every reason ``cfg`` cannot run ``transformer`` (a
+    :class:`~marssim.workload.llm.TransformerConfig`) on ``gpus`` GPUs, as ``(key, message)``."""
+    t = transformer
+    out: list[tuple[str, str]] = []
+    if cfg.gpus != gpus:
+        out.append(("tp", f"tp x pp x dp = {cfg.tp} x {cfg.pp} x {cfg.dp} = {cfg.gpus}; expected the system's "
+                          f"{gpus} GPUs"))
+    if t.heads % cfg.tp:
+        out.append(("tp", f"expected a divisor of the {t.heads} attention heads, got {cfg.tp}"))
+    elif t.kv % cfg.tp and cfg.tp % t.kv:
+        out.append(("tp", f"expected a divisor or multiple of the {t.kv} key/value heads, got {cfg.tp}"))
+    if t.ffn_size % cfg.tp:
+        out.append(("tp", f"expected a divisor of the MLP width {t.ffn_size}, got {cfg.tp}"))
+    if cfg.sp and cfg.tp == 1:
+        out.append(("sp", "sequence parallelism splits along the tensor-parallel group; needs tp > 1"))
+    if cfg.sp and t.mode != "decode" and (t.seq % cfg.tp):
+        out.append(("sp", f"the sequence ({t.seq}) must split evenly over tp={cfg.tp}"))
+    layers = t.layers
+    chunks = cfg.pp * (cfg.virtual_stages if cfg.schedule == "interleaved" else 1)
+    if cfg.layers_per_stage:
+        if len(cfg.layers_per_stage) != cfg.pp:
+            out.append(("layers_per_stage", f"expected {cfg.pp} layer counts (one per stage), got "
+                                            f"{len(cfg.layers_per_stage)}"))
+        elif sum(cfg.layers_per_stage) != layers:
+            out.append(("layers_per_stage", f"expected counts summing to the {layers} layers, got "
+                                            f"{sum(cfg.layers_per_stage)}"))
+        if cfg.schedule == "interleaved":
+            out.append(("layers_per_stage", "is not supported with the interleaved schedule (its chunks are even)"))
+    elif cfg.pp > layers:
+        out.append(("pp", f"expected at most the {layers} layers, got {cfg.pp}"))
+    elif cfg.schedule == "interleaved" and layers % chunks:
+        out.append(("virtual_stages", f"the {layers} layers must split into pp x virtual_stages = {chunks} chunks"))
+    if cfg.schedule == "interleaved":
+        if cfg.virtual_stages < 2:
+            out.append(("virtual_stages", "the interleaved schedule needs virtual_stages >= 2"))
+        if cfg.pp < 2:
+            out.append(("pp", "the interleaved schedule needs pp >= 2"))
+    elif cfg.virtual_stages != 1:
+        out.append(("virtual_stages", f"applies to schedule=interleaved, got schedule={cfg.schedule}"))
+    if t.training:
+        if cfg.global_batch and cfg.global_batch % (cfg.micro_batch * cfg.dp):
+            out.append(("global_batch", f"expected a multiple of micro_batch x dp = {cfg.micro_batch * cfg.dp}, "
+                                        f"got {cfg.global_batch}"))
+        if cfg.schedule == "interleaved" and cfg.micro_batches % cfg.pp:
+            out.append(("global_batch", f"the interleaved schedule needs micro-batches ({cfg.micro_batches}) "
+                                        f"divisible by pp={cfg.pp}"))
+    if t.batch != cfg.micro_batch:
+        out.append(("micro_batch", f"the workload's batch ({t.batch}) is one micro-batch; expected micro_batch="
+                                   f"{t.batch}"))
+    if cfg.ep > 1:
+        if not t.is_moe:
+            out.append(("ep", "expert parallelism needs a mixture-of-experts model"))
+        elif t.experts % cfg.ep:
+            out.append(("ep", f"expected a divisor of the {t.experts} experts, got {cfg.ep}"))
+        if cfg.dp % cfg.ep:
+            out.append(("ep", f"expert-parallel ranks come from the data-parallel group: expected a divisor of "
+                              f"dp={cfg.dp}, got {cfg.ep}"))
+    if cfg.zero and not t.training:
+        out.append(("zero", "applies to training"))
+    if cfg.recompute != "none" and not t.training:
+        out.append(("recompute", "applies to training"))
+    return out
+
+
+def check_parallel(cfg: ParallelConfig, transformer, gpus: int, where: str = "--parallel") -> None:
+    """Raise one InputError listing every problem of ``cfg`` (see :func:`parallel_problems`)."""
+    problems = parallel_problems(cfg, transformer, gpus)
+    if problems:  # one line: the first problem, then the others
+        key, message = problems[0]
+        rest = "".join(f"; {k}: {m}" for k, m in problems[1:])
+        raise InputError(where, key, message + rest)

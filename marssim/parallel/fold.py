@@ -1,0 +1,168 @@
+"""Simulating one GPU for each class of identical GPUs, exactly.
+
+In a data-, tensor- and pipeline-parallel run, the tensor-parallel ranks of a group and the
+data-parallel replicas do the same work at the same times: on a symmetric cluster their
+schedules are identical. :func:`fold` finds classes of GPUs that are interchangeable for a given
+set of communication *patterns* (each a map from a GPU to the peer it sends to, e.g. "the next
+tensor-parallel rank") and lets the lowering emit tasks for one representative per class:
+
+* a class starts as the GPUs with the same role (pipeline stage, design, memory) and is split
+  until it is *equitable*: every member's peers under every pattern (and the GPUs whose peer it
+  is) fall in the same classes, and every member's route to its peer crosses the same number of
+  resources of each resource class with the same latency, where two resources are in one class
+  when the members of every (class, pattern) put the same number of flows on each and their
+  capacities are equal;
+* a representative's flow then stands for one flow per member of its class: on each resource of
+  class ``R`` it crosses ``h`` times, it puts ``h * |class| / |R|`` flows (a route *weight*), the
+  load every resource of ``R`` carries from that class. Max-min fair rates of the folded network
+  are the rates of the full one: the full allocation assigns equal rates to the flows of a class
+  (the progressive-filling steps treat the resources of a class alike), so it satisfies the
+  bottleneck condition of the folded network and vice versa, and that allocation is unique.
+
+With ``fold=False`` every GPU is its own class (the full simulation), which the tests compare
+with the folded one.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from marssim.system import Route, System
+
+__all__ = ["Folding", "fold", "identity_folding"]
+
+Peer = Callable[[int], int | None]
+"""A pattern: the GPU (node index) a GPU sends to, or None."""
+
+
+@dataclass
+class Folding:
+    """Classes of interchangeable GPUs (node indices) and the folded routes between them."""
+
+    class_of: dict[int, int]  # GPU node index -> class id
+    members: list[list[int]]  # per class, its GPUs (node indices, ascending)
+    system: System
+    resource_class: list[int] = field(default_factory=list)  # resource index -> class id
+    resource_members: list[list[int]] = field(default_factory=list)
+    _routes: dict[tuple[int, int], Route] = field(default_factory=dict)
+
+    @property
+    def reps(self) -> list[int]:
+        """The representative (first GPU) of every class."""
+        return [m[0] for m in self.members]
+
+    def rep(self, gpu: int) -> int:
+        """The representative of ``gpu``'s class."""
+        return self.members[self.class_of[gpu]][0]
+
+    def size(self, gpu: int) -> int:
+        return len(self.members[self.class_of[gpu]])
+
+    @property
+    def folded(self) -> bool:
+        return any(len(m) > 1 for m in self.members)
+
+    def route(self, src: int, dst: int) -> Route:
+        """The route of the flow ``src`` -> ``dst`` standing for the flows of every member of
+        ``src``'s class to its peers: the concrete route with each resource replaced by its
+        class's representative and weighted by the flows it stands for."""
+        key = (src, dst)
+        hit = self._routes.get(key)
+        if hit is not None:
+            return hit
+        names = self.system.nodes
+        concrete = self.system.route(names[src], names[dst])
+        if not self.folded:
+            self._routes[key] = concrete
+            return concrete
+        n_flows = self.size(src)
+        hops = Counter(self.resource_class[r] for r in concrete.resources)
+        resources, weights = [], []
+        for cls, count in sorted(hops.items(), key=lambda kv: self.resource_members[kv[0]][0]):
+            resources.append(self.resource_members[cls][0])
+            weights.append(count * n_flows / len(self.resource_members[cls]))
+        route = Route(concrete.nodes, tuple(resources), concrete.latency, tuple(weights))
+        self._routes[key] = route
+        return route
+
+
+def identity_folding(system: System, gpus: Sequence[int]) -> Folding:
+    """Every GPU its own class (no folding)."""
+    gpus = sorted(gpus)
+    return Folding({g: i for i, g in enumerate(gpus)}, [[g] for g in gpus], system)
+
+
+def fold(system: System, gpus: Sequence[int], role: dict[int, object], patterns: dict[str, Peer],
+         max_rounds: int = 64) -> Folding:
+    """The coarsest equitable classes of ``gpus`` that refine ``role`` (see the module
+    docstring). ``patterns``: name -> peer map (node index -> node index or None)."""
+    gpus = sorted(gpus)
+    names = system.nodes
+    routes: dict[tuple[int, int], Route] = {}
+    sends: list[tuple[str, int, int]] = []  # (pattern, src, dst)
+    inverse: dict[str, dict[int, int]] = {}
+    for pname, peer in sorted(patterns.items()):
+        inv = inverse.setdefault(pname, {})
+        for g in gpus:
+            p = peer(g)
+            if p is None or p == g:
+                continue
+            sends.append((pname, g, p))
+            inv[p] = g
+            if (g, p) not in routes:
+                routes[(g, p)] = system.route(names[g], names[p])
+    capacity = system.resource_capacity
+    first = {}
+    cls = {}
+    for g in gpus:
+        key = repr(role[g])
+        cls[g] = first.setdefault(key, len(first))
+    res_class: list[int] = []
+    for _ in range(max_rounds):
+        # resource classes: the flows each (GPU class, pattern) puts on them, and their capacity
+        load: dict[int, Counter] = {}
+        for pname, g, p in sends:
+            tag = (cls[g], pname)
+            for r in routes[(g, p)].resources:
+                c = load.get(r)
+                if c is None:
+                    c = load[r] = Counter()
+                c[tag] += 1
+        signature_of_res: dict[tuple, int] = {}
+        res_class = []
+        for r in range(len(capacity)):
+            sig = (float(capacity[r]), tuple(sorted(load.get(r, Counter()).items())))
+            res_class.append(signature_of_res.setdefault(sig, len(signature_of_res)))
+        # GPU signatures: class, peers' classes both ways, route shapes
+        sig_of: dict[int, list] = {g: [cls[g]] for g in gpus}
+        for pname, peer in sorted(patterns.items()):
+            inv = inverse[pname]
+            for g in gpus:
+                p = peer(g)
+                if p is None or p == g:
+                    sig_of[g].append((pname, None))
+                else:
+                    route = routes[(g, p)]
+                    shape = tuple(sorted(Counter(res_class[r] for r in route.resources).items()))
+                    sig_of[g].append((pname, cls[p], shape, route.latency))
+                q = inv.get(g)
+                sig_of[g].append((pname, "from", None if q is None else cls[q]))
+        new: dict[int, int] = {}
+        index: dict[tuple, int] = {}
+        for g in gpus:
+            new[g] = index.setdefault(tuple(map(repr, sig_of[g])), len(index))
+        if len(index) == len(set(cls.values())):
+            cls = new
+            break
+        cls = new
+    members: dict[int, list[int]] = {}
+    for g in gpus:
+        members.setdefault(cls[g], []).append(g)
+    ordered = sorted(members.values(), key=lambda m: m[0])
+    class_of = {g: i for i, m in enumerate(ordered) for g in m}
+    res_members: dict[int, list[int]] = {}
+    for r, c in enumerate(res_class):
+        res_members.setdefault(c, []).append(r)
+    return Folding(class_of, ordered, system, res_class, [res_members[c] for c in range(len(res_members))])

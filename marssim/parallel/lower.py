@@ -1,0 +1,753 @@
+"""Lower a transformer graph under a parallel configuration to the TaskGraph both evaluators read.
+
+What a Megatron-LM run does, task by task, on one GPU per class of identical GPUs
+(:mod:`.fold`):
+
+* every op of a model chunk runs on its stage's GPUs, split by its tensor-parallel rule
+  (:mod:`.roles`) and timed by the cost model on the GPU's design; the collectives that convert
+  layouts between ops (all-reduce, reduce-scatter, all-gather over the tensor-parallel group;
+  all-to-all over the expert-parallel group) are ring (direct for all-to-all) point-to-point
+  steps over the system's routes;
+* an activation crossing pipeline stages is a point-to-point transfer to the next stage (its
+  gradient back to the previous one), held in the receiver's memory until its last reader ends;
+* each GPU runs its units (chunk, micro-batch, forward or backward) in the order of the
+  schedule (:mod:`.schedule`), one kernel after another on one stream; communication runs beside
+  it and a kernel waits only for the data it reads;
+* after its last backward, each chunk reduces its gradients over the data-parallel group in
+  buckets of ``bucket`` parameters (later layers first, overlapping the rest of the backward when
+  ``overlap_grad_reduce``), reduce-scattered with ``zero`` >= 1 (then the optimizer updates a
+  ``1/dp`` shard and the parameters are all-gathered); ZeRO-3 also all-gathers each chunk's
+  parameters before each of its units; then the optimizer steps;
+* weights, gradients and optimizer state are resident (:mod:`.memory`); activations are buffers
+  from their producer's start to their last reader's end.
+
+Units: seconds, bytes. Pure and deterministic.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from marssim.cost.base import CostModel
+from marssim.errors import InputError
+from marssim.gcpause import gc_paused
+from marssim.system import Route, System
+from marssim.taskgraph import COMPUTE, TRANSFER, Collective, TaskGraph
+from marssim.workload import Graph, Op, OpKind
+
+from .config import ParallelConfig, check_parallel
+from .fold import Folding, fold, identity_folding
+from .memory import static_bytes
+from .placement import Placement, place
+from .roles import Rule, rule_for
+from .schedule import stage_units
+
+__all__ = ["lower_parallel", "chunk_layers", "prepare_graph"]
+
+Ref = tuple  # ("u", rep, unit key, rel task, "same" | "last")
+
+
+def chunk_layers(layers: int, cfg: ParallelConfig) -> list[list[int]]:
+    """The layers of each model chunk: ``pp * virtual_stages`` chunks (``layers_per_stage`` when
+    given), balanced with the larger ones first; chunk 0 also holds the embedding (layer -1), the
+    last the head (layer ``layers``)."""
+    n = cfg.pp * (cfg.virtual_stages if cfg.schedule == "interleaved" else 1)
+    sizes = list(cfg.layers_per_stage) if cfg.layers_per_stage else \
+        [layers // n + (1 if i < layers % n else 0) for i in range(n)]
+    out, at = [], 0
+    for size in sizes:
+        out.append(list(range(at, at + size)))
+        at += size
+    out[0].insert(0, -1)
+    out[-1].append(layers)
+    return out
+
+
+def prepare_graph(graph: Graph, cfg: ParallelConfig) -> Graph:
+    """``graph`` rebuilt (when needed) for one micro-batch of ``cfg`` with its recomputation."""
+    from marssim.workload.llm import build_transformer
+    from marssim.workload.llm.config import with_overrides
+
+    t = graph.meta.get("transformer")
+    if t is None:
+        raise InputError(graph.spec, "", "a parallel configuration needs an LLM workload (gpt, llama, moe or a "
+                                         "preset such as llama3-70b)")
+    changes = {}
+    if t.batch != cfg.micro_batch:
+        changes["batch"] = cfg.micro_batch
+    if t.training and t.recompute != cfg.recompute:
+        changes["recompute"] = cfg.recompute
+    if not changes:
+        return graph
+    try:
+        rebuilt = with_overrides(t, **changes)
+    except InputError as err:
+        raise InputError(graph.spec, problems=err.problems) from None
+    return build_transformer(rebuilt, spec=graph.spec)
+
+
+@dataclass
+class _Template:
+    """The tasks of one unit of one representative GPU, ids relative to the unit's first task."""
+
+    cols: dict[str, list] = field(default_factory=lambda: defaultdict(list))
+    preds: list[list[int]] = field(default_factory=list)
+    ext: list[tuple[int, Ref]] = field(default_factory=list)  # (task, reference outside the unit)
+    colls: list[Collective] = field(default_factory=list)
+    produced: dict[str, tuple[str, tuple]] = field(default_factory=dict)  # tensor -> (layout, refs)
+    converted: dict[tuple[str, str], tuple] = field(default_factory=dict)
+    last_compute: int = -1
+    first_compute: int = -1
+    arrays: dict[str, np.ndarray] | None = None
+
+    def __len__(self) -> int:
+        return len(self.preds)
+
+
+_COLUMNS = ("kind", "device", "duration", "src", "dst", "nbytes", "route", "flops", "energy", "mem_node",
+            "mem_bytes", "op", "collective", "steps")
+
+
+class _Lowering:
+    def __init__(self, graph: Graph, system: System, cfg: ParallelConfig, cost: CostModel, folding: Folding,
+                 where: Placement) -> None:
+        self.graph = graph
+        self.system = system
+        self.cfg = cfg
+        self.cost = cost
+        self.fold = folding
+        self.place = where
+        self.t = graph.meta["transformer"]
+        self.H = "S" if cfg.sp else "R"
+        self.training = self.t.training
+        self.micro_batches = cfg.micro_batches if self.training else 1
+        self.chunks = chunk_layers(self.t.layers, cfg)
+        self.chunk_of_layer = {layer: c for c, layers in enumerate(self.chunks) for layer in layers}
+        self.op_index = {op.name: i for i, op in enumerate(graph.ops)}
+        self.routes: list[Route] = []
+        self.route_id: dict[tuple[int, int], int] = {}
+        self.templates: dict[tuple[int, tuple], _Template] = {}
+        self.shard_cache: dict[tuple[str, str], tuple[float, float, float, float]] = {}
+        self.designs: dict[int, object] = {}
+        self._rules()
+        self._units()
+
+    # ------------------------------------------------------------------ the graph, once
+    def _rules(self) -> None:
+        """Every op's tensor-parallel rule and output layout, in graph order."""
+        cfg = self.cfg
+        layouts: dict[str, str] = {}
+        self.rules: dict[str, Rule] = {}
+        for op in self.graph.ops:
+            if op.kind == OpKind.INPUT:
+                layouts[op.name] = "R"
+                continue
+            rule = rule_for(op, layouts, cfg.tp, cfg.sp, cfg.ep)
+            if op.kind == OpKind.RESHAPE and op.param("what") in ("dispatch", "combine", "dispatch_grad",
+                                                                  "combine_grad", "gate_grad"):
+                rule = Rule(rule.split, tuple("D" if w == "E" else w for w in rule.want),
+                            "D" if rule.out == "E" else rule.out, scale=cfg.tp)
+            self.rules[op.name] = rule
+            layouts[op.name] = rule.out
+        self.layouts = layouts
+
+    def _units(self) -> None:
+        """Ops of each (chunk, F/B/O) unit, in graph order."""
+        self.unit_ops: dict[tuple[int, str], list[Op]] = defaultdict(list)
+        self.unit_of: dict[str, tuple[int, str]] = {}
+        for op in self.graph.ops:
+            if op.kind == OpKind.INPUT:
+                continue
+            phase = op.param("phase", "fwd")
+            direction = {"fwd": "F", "bwd": "B", "recompute": "B", "opt": "O"}[phase]
+            key = (self.chunk_of_layer[op.param("layer")], direction)
+            self.unit_ops[key].append(op)
+            self.unit_of[op.name] = key
+
+    def stage_of_chunk(self, chunk: int) -> int:
+        return chunk % self.cfg.pp
+
+    def gpu_on_stage(self, gpu: int, stage: int) -> int:
+        dp, _, tp = self.place.coords[gpu]
+        return self.place.at(dp, stage, tp)
+
+    # ------------------------------------------------------------------ routes and shards
+    def route(self, src: int, dst: int) -> int:
+        key = (src, dst)
+        r = self.route_id.get(key)
+        if r is None:
+            r = self.route_id[key] = len(self.routes)
+            self.routes.append(self.fold.route(src, dst))
+        return r
+
+    def design(self, gpu: int):
+        d = self.designs.get(gpu)
+        if d is None:
+            name = self.system.nodes[gpu]
+            d = self.designs[gpu] = self.system.design(name, self.system.accelerator(name).designs[0])
+        return d
+
+    def shard(self, op: Op, gpu: int) -> tuple[float, float, float, float]:
+        """``(seconds, FLOPs, joules, output bytes)`` of ``op``'s part on ``gpu``."""
+        d = self.design(gpu)
+        key = (op.name, d.name)
+        hit = self.shard_cache.get(key)
+        if hit is not None:
+            return hit
+        rule = self.rules[op.name]
+        sizes = {}
+        for loop, num, den in rule.split:
+            if op.has_dim(loop) and (num != 1 or den != 1):
+                sizes[loop] = max(1, -(-op.dim(loop) * num // den))
+        if op.param("fn") == "adam":  # the rank's parameters of the group (a 1/dp shard with ZeRO)
+            share = self.cfg.dp if self.cfg.zero >= 1 else 1
+            sizes["C"] = max(1, -(-self.rank_params.get(op.param("layer"), 0) // share))
+        part = op.with_loops(**sizes) if sizes else op
+        c = self.cost.op_cost(part, d)
+        seconds, flops, energy = c.time, float(part.flops), c.energy
+        out_bytes = 0.0 if op.param("keep") and op.param("fn") == "adam" else float(part.output_bytes)
+        if rule.scale > 1:
+            seconds, flops, energy, out_bytes = seconds / rule.scale, flops / rule.scale, energy / rule.scale, \
+                out_bytes / rule.scale
+        hit = self.shard_cache[key] = (float(seconds), flops, float(energy), out_bytes)
+        return hit
+
+    def layout_bytes(self, name: str, layout: str) -> float:
+        """Bytes of tensor ``name`` one rank holds in ``layout``."""
+        op = self.graph.ops[self.op_index[name]]
+        full = float(op.output_bytes)
+        tp, ep = self.cfg.tp, self.cfg.ep
+        if op.kind == OpKind.INPUT:
+            return full
+        if layout in ("S", "F"):
+            return full / tp
+        if layout in ("E", "D"):
+            return full / tp
+        return full
+
+    # ------------------------------------------------------------------ templates
+    def template(self, rep: int, key: tuple[int, str]) -> _Template:
+        hit = self.templates.get((rep, key))
+        if hit is None:
+            hit = self.templates[(rep, key)] = _Builder(self, rep, key).build()
+        return hit
+
+
+class _Builder:
+    """Builds the :class:`_Template` of one unit of one representative GPU."""
+
+    def __init__(self, low: _Lowering, rep: int, key: tuple[int, str]) -> None:
+        self.low = low
+        self.rep = rep
+        self.key = key
+        self.t = _Template()
+        self.node_names = low.system.nodes
+
+    # ------------------------------------------------------------------ rows
+    def _row(self, kind: int, device: int, duration: float, src: int, dst: int, nbytes: float, route: int,
+             flops: float, energy: float, mem_node: int, mem_bytes: float, op: int, coll: int, deps,
+             steps: int = 1) -> int:
+        t = self.t
+        rel = len(t.preds)
+        c = t.cols
+        c["kind"].append(kind)
+        c["device"].append(device)
+        c["duration"].append(duration)
+        c["src"].append(src)
+        c["dst"].append(dst)
+        c["nbytes"].append(nbytes)
+        c["route"].append(route)
+        c["flops"].append(flops)
+        c["energy"].append(energy)
+        c["mem_node"].append(mem_node)
+        c["mem_bytes"].append(mem_bytes)
+        c["op"].append(op)
+        c["collective"].append(coll)
+        c["steps"].append(steps)
+        local = []
+        for ref in dict.fromkeys(deps):
+            if ref[1] == self.rep and ref[2] == self.key and ref[4] == "same":
+                local.append(ref[3])
+            else:
+                t.ext.append((rel, ref))
+        t.preds.append(local)
+        return rel
+
+    def me(self, rel: int) -> Ref:
+        return ("u", self.rep, self.key, rel, "same")
+
+    def compute(self, op: Op, deps) -> int:
+        seconds, flops, energy, out_bytes = self.low.shard(op, self.rep)
+        t = self.t
+        if t.last_compute >= 0:
+            deps = tuple(deps) + (self.me(t.last_compute),)
+        rel = self._row(COMPUTE, self.rep, seconds, -1, -1, 0.0, -1, flops, energy,
+                        self.rep if out_bytes > 0 else -1, out_bytes, self.low.op_index[op.name], -1, deps)
+        if t.first_compute < 0:
+            t.first_compute = rel
+        t.last_compute = rel
+        return rel
+
+    def flow(self, src: int, dst: int, nbytes: float, op: str, coll: int, deps, hold: bool, steps: int = 1) -> int:
+        """A transfer of ``nbytes`` (in ``steps`` back-to-back steps) from ``src`` to ``dst``;
+        ``hold``: the receiver keeps the bytes until the transfer's readers end."""
+        low = self.low
+        route = low.route(src, dst)
+        receiver = low.fold.rep(dst) if dst in low.fold.class_of else dst
+        return self._row(TRANSFER, -1, 0.0, src, dst, nbytes, route, 0.0, 0.0, receiver if hold else -1,
+                         nbytes if hold else 0.0, low.op_index[op], coll, deps, steps)
+
+    # ------------------------------------------------------------------ collectives
+    def _collective(self, kind: str, group: str, pattern: str, nbytes: float, op: str, steps: int,
+                    algorithm: str = "ring") -> int:
+        low = self.low
+        members = self._group(pattern)
+        coll = Collective(kind, algorithm, tuple(self.node_names[g] for g in members), float(nbytes), op, steps, group)
+        self.t.colls.append(coll)
+        return len(self.t.colls) - 1
+
+    def _group(self, pattern: str) -> list[int]:
+        peer = self.low.place.patterns().get(pattern) if pattern else None
+        out = [self.rep]
+        if peer is None:
+            return out
+        g = peer(self.rep)
+        while g != self.rep and g not in out and len(out) < 4096:
+            out.append(g)
+            g = peer(g)
+        return out
+
+    def ring(self, kind: str, group: str, pattern: str, size: float, n: int, op: str, deps) -> tuple:
+        """A ring collective over ``n`` ranks of ``size`` bytes (the whole tensor per rank):
+        all-reduce 2(n-1) steps, reduce-scatter and all-gather n-1, each sending size/n.
+        Returns the refs after which this rank's result is ready."""
+        if n <= 1 or size <= 0:
+            return tuple(deps)
+        steps = 2 * (n - 1) if kind == "all_reduce" else n - 1
+        chunk = size / n
+        low = self.low
+        peer = low.place.patterns()[pattern]
+        inverse = {v: k for k, v in ((g, peer(g)) for g in self._group(pattern))}
+        nxt = peer(self.rep)
+        prv = inverse.get(self.rep, self.rep)
+        prv_rep = low.fold.rep(prv)
+        coll = self._collective(kind, group, pattern, size, op, steps)
+        if prv_rep == self.rep:
+            # the whole ring is this GPU's class: every rank's steps follow each other in lockstep,
+            # so the steps are one transfer of `steps` back-to-back steps (exact, see TaskGraph.steps)
+            rel = self.flow(self.rep, nxt, chunk * steps, op, coll, tuple(deps), hold=False, steps=steps)
+            return (self.me(rel),)
+        last = None
+        for k in range(steps):
+            if last is None:
+                step_deps = tuple(deps)
+            else:
+                step_deps = (self.me(last), ("u", prv_rep, self.key, last, "same"))
+            last = self.flow(self.rep, nxt, chunk, op, coll, step_deps, hold=False)
+        return tuple(dict.fromkeys((self.me(last), ("u", prv_rep, self.key, last, "same"))))
+
+    def all_to_all(self, size: float, op: str, deps) -> tuple:
+        """Direct all-to-all over the expert-parallel group: 1/ep of ``size`` to each peer."""
+        low = self.low
+        ep = low.cfg.ep
+        if ep <= 1 or size <= 0:
+            return tuple(deps)
+        patterns = low.place.patterns()
+        coll = self._collective("all_to_all", "ep", "ep+1", size, op, 1, "direct")
+        ready = []
+        for k in range(1, ep):
+            peer = patterns[f"ep+{k}"]
+            rel = self.flow(self.rep, peer(self.rep), size / ep, op, coll, deps, hold=False)
+            ready.append(self.me(rel))
+            source = patterns[f"ep+{ep - k}"](self.rep)  # who sends to this rank in the same step
+            ready.append(("u", low.fold.rep(source), self.key, rel, "same"))
+        return tuple(dict.fromkeys(ready))
+
+    # ------------------------------------------------------------------ tensors
+    def tensor(self, name: str, want: str, op_name: str) -> tuple:
+        """Refs to wait for before reading tensor ``name`` in layout ``want`` (adding the
+        transfers and collectives that bring it here)."""
+        low = self.low
+        producer = low.graph.ops[low.op_index[name]]
+        if producer.kind == OpKind.INPUT:
+            return ()
+        t = self.t
+        hit = t.converted.get((name, want))
+        if hit is not None:
+            return hit
+        have, refs = self.locate(name)
+        refs = self.convert(name, have, want, refs, op_name)
+        t.converted[(name, want)] = refs
+        return refs
+
+    def locate(self, name: str) -> tuple[str, tuple]:
+        """Where tensor ``name`` is, as (layout, refs): produced in this unit, in another unit of
+        this GPU, or on another stage (then a point-to-point transfer brings it here)."""
+        low = self.low
+        t = self.t
+        if name in t.produced:
+            return t.produced[name]
+        key = low.unit_of[name]
+        mode = "last" if self.key[1] == "O" and key[1] != "O" else "same"
+        stage = low.stage_of_chunk(key[0])
+        here = low.stage_of_chunk(self.key[0])
+        if stage == here:
+            other = low.template(self.rep, key)
+            layout, refs = other.produced[name]
+            return layout, tuple(r if r[4] == "last" else (*r[:4], mode) for r in refs)
+        peer = low.gpu_on_stage(self.rep, stage)
+        sender = low.fold.rep(peer)
+        other = low.template(sender, key)
+        layout, refs = other.produced[name]
+        refs = tuple(r if r[4] == "last" else (*r[:4], mode) for r in refs)
+        nbytes = low.layout_bytes(name, layout)
+        coll = self._collective("p2p", "emb" if self.key[1] == "O" else "pp", "", nbytes, name, 1, "direct")
+        rel = self.flow(peer, self.rep, nbytes, name, coll, refs, hold=True)
+        result = (layout, (self.me(rel),) + tuple(r for r in refs if r[1] == self.rep))
+        t.produced[name] = result
+        return result
+
+    def convert(self, name: str, have: str, want: str, refs: tuple, op_name: str) -> tuple:
+        low = self.low
+        if have == want or want == "*":
+            return refs
+        tp = low.cfg.tp
+        full = low.layout_bytes(name, "R")
+        if {have, want} == {"D", "E"}:
+            return refs + self.all_to_all(low.layout_bytes(name, have), name, refs)
+        if have == "P" and want in ("R", "S", "F"):
+            kind = "reduce_scatter" if want in ("S", "F") else "all_reduce"
+            return refs + self.ring(kind, "tp", "tp+1", full, tp, name, refs)
+        if have in ("S", "F") and want == "R":
+            return refs + self.ring("all_gather", "tp", "tp+1", full, tp, name, refs)
+        if have == "S" and want == "F":
+            return refs + self.ring("all_gather", "tp", "tp+1", full, tp, name, refs)
+        return refs  # R -> S/F/D/E, D/E among themselves without ep, F -> S: local slices
+
+    # ------------------------------------------------------------------ the unit
+    def build(self) -> _Template:
+        low = self.low
+        chunk, direction = self.key
+        t = self.t
+        if direction == "O":
+            self._optimizer()
+        else:
+            if low.cfg.zero == 3 and low.training:
+                self._gather_params()
+            for op in low.unit_ops.get(self.key, []):
+                self.op(op)
+        t.arrays = {name: np.asarray(t.cols[name]) for name in _COLUMNS}
+        return t
+
+    def op(self, op: Op) -> None:
+        low = self.low
+        rule = low.rules[op.name]
+        deps: list = []
+        for name, want in zip(op.inputs, rule.want):
+            deps.extend(self.tensor(name, want, op.name))
+        if self._param_deps:
+            deps.extend(self._param_deps)
+        if rule.alias:
+            self.t.produced[op.name] = (rule.out, tuple(dict.fromkeys(deps)))
+            return
+        rel = self.compute(op, deps)
+        refs: tuple = (self.me(rel),)
+        if rule.loss_reduce:  # vocabulary-parallel cross-entropy: max, target logit, sum of exponentials
+            t = low.t
+            refs = refs + self.ring("all_reduce", "tp", "tp+1", 3 * 4.0 * t.batch * t.seq, low.cfg.tp, op.name, refs)
+        self.t.produced[op.name] = (rule.out, refs)
+
+    _param_deps: tuple = ()
+
+    def _gather_params(self) -> None:
+        """ZeRO-3: all-gather this chunk's parameter shards before the unit."""
+        low = self.low
+        params = low.chunk_params[self.key[0]]
+        first = low.unit_ops.get(self.key, [])
+        if not first or params <= 0:
+            return
+        eb = low.param_bytes
+        self._param_deps = self.ring("all_gather", "dp", "dp+1", params * eb, low.cfg.dp, first[0].name, ())
+
+    def _optimizer(self) -> None:
+        """Data-parallel gradient reduction in buckets, the optimizer step, ZeRO's parameter
+        all-gather."""
+        low = self.low
+        cfg = low.cfg
+        ops = low.unit_ops.get(self.key, [])
+        if not ops:
+            return
+        eb = low.param_bytes
+        buffers = [op for op in ops if op.param("what") == "grad_buffer"]
+        adams = {op.param("layer"): op for op in ops if op.param("fn") == "adam"}
+        # buckets in the order gradients complete: the chunk's later layers first
+        buckets: list[list[Op]] = []
+        size = 0
+        for buf in sorted(buffers, key=lambda o: -o.param("layer")):
+            if not buckets or size >= cfg.bucket:
+                buckets.append([])
+                size = 0
+            buckets[-1].append(buf)
+            size += low.rank_params.get(buf.param("layer"), 0)
+        kind = "reduce_scatter" if cfg.zero >= 1 else "all_reduce"
+        ready_of: dict[int, tuple] = {}
+        for bucket in buckets:
+            deps: list = []
+            dense = expert = 0.0
+            for buf in bucket:
+                for name in buf.inputs:
+                    deps.extend(self.tensor(name, "*", buf.name))
+                dense += low.rank_params.get(buf.param("layer"), 0) - low.rank_expert_params.get(buf.param("layer"), 0)
+                expert += low.rank_expert_params.get(buf.param("layer"), 0)
+            if not cfg.overlap_grad_reduce:
+                deps.append(("u", self.rep, ("last-backward", 0), 0, "last"))
+            name = bucket[0].name
+            ready = self.ring(kind, "dp", "dp+1", dense * eb, cfg.dp, name, tuple(deps))
+            if expert and cfg.ep > 1:
+                ready = ready + self.ring(kind, "dp", "edp+1", expert * eb, cfg.dp // cfg.ep, name, tuple(deps))
+            elif expert:
+                ready = ready + self.ring(kind, "dp", "dp+1", expert * eb, cfg.dp, name, tuple(deps))
+            for buf in bucket:
+                ready_of[buf.param("layer")] = tuple(dict.fromkeys(ready))
+        for layer, adam in sorted(adams.items(), key=lambda kv: -kv[0]):
+            rel = self.compute(adam, ready_of.get(layer, ()))
+            self.t.produced[adam.name] = ("R", (self.me(rel),))
+            if cfg.zero >= 1 and cfg.dp > 1:
+                params = low.rank_params.get(layer, 0)
+                self.ring("all_gather", "dp", "dp+1", params * eb, cfg.dp, adam.name, (self.me(rel),))
+
+
+def lower_parallel(graph: Graph, system: System, cfg: ParallelConfig, cost: CostModel | None = None, *,
+                   folding: bool = True, where: str = "--parallel") -> TaskGraph:
+    """Lower ``graph`` (an LLM workload) under ``cfg`` on ``system`` (see the module docstring).
+
+    ``folding``: simulate one GPU per class of identical GPUs (exact, :mod:`.fold`); False: every
+    GPU. Raises InputError when the configuration cannot run the workload on the system."""
+    if cost is None:
+        from marssim.cost import default_cost_model
+
+        cost = default_cost_model()
+    t = graph.meta.get("transformer")
+    if t is None:
+        raise InputError(where, "", "a parallel configuration needs an LLM workload (gpt, llama, moe or a preset)")
+    check_parallel(cfg, t, len(system.accelerators), where)
+    graph = prepare_graph(graph, cfg)
+    with gc_paused():
+        return _lower(graph, system, cfg, cost, folding)
+
+
+def _lower(graph: Graph, system: System, cfg: ParallelConfig, cost: CostModel, folding: bool) -> TaskGraph:
+    import time
+
+    wall = time.perf_counter()
+    where = place(system, cfg)
+    patterns = where.patterns()
+    if folding:
+        role = {}
+        for g in where.gpus:
+            acc = system.accelerator(system.nodes[g])
+            role[g] = (where.stage(g), acc.designs, acc.memory.capacity)
+        folded = fold(system, where.gpus, role, patterns)
+    else:
+        folded = identity_folding(system, where.gpus)
+    low = _Lowering(graph, system, cfg, cost, folded, where)
+    _parameters(low)
+    reps = folded.reps
+    # every representative's units in schedule order, then its chunks' optimizer units
+    order: list[tuple[int, tuple[int, str], int]] = []
+    for rep in reps:
+        stage = where.stage(rep)
+        units = stage_units(cfg.schedule, stage, cfg.pp, low.micro_batches,
+                            cfg.virtual_stages if cfg.schedule == "interleaved" else 1,
+                            forward_only=not low.training)
+        for chunk, mb, direction in units:
+            if (chunk, direction) in low.unit_ops:
+                order.append((rep, (chunk, direction), mb))
+        if low.training:
+            for chunk in range(len(low.chunks)):
+                if low.stage_of_chunk(chunk) == stage and (chunk, "O") in low.unit_ops:
+                    order.append((rep, (chunk, "O"), low.micro_batches - 1))
+    build_wall = time.perf_counter()
+    for rep, key, _ in order:
+        low.template(rep, key)
+    tg = _assemble(low, order)
+    tg.meta["wall_lower_s"] = time.perf_counter() - wall
+    tg.meta["wall_templates_s"] = time.perf_counter() - build_wall
+    return tg
+
+
+def _parameters(low: _Lowering) -> None:
+    """Per layer group: the parameters one rank of the group holds (and of them the experts'),
+    and per chunk the parameters of its layers; the bytes of a parameter."""
+    from .memory import rank_parameters
+
+    per_layer, experts = rank_parameters(low.graph, low.cfg, low.rules)
+    low.rank_params = per_layer
+    low.rank_expert_params = experts
+    low.chunk_params = [sum(per_layer.get(layer, 0) for layer in layers) for layers in low.chunks]
+    low.param_bytes = float(low.graph.ops[0].dtype_bytes if low.graph.ops else 2)
+    from marssim.workload.op import DTYPE_BYTES
+
+    low.param_bytes = float(DTYPE_BYTES[low.t.dtype])
+
+
+def _template_edges(tpl: _Template) -> None:
+    """Precompute a template's internal edges and its references grouped by target unit."""
+    counts = np.fromiter(map(len, tpl.preds), dtype=np.int64, count=len(tpl.preds))
+    tpl.edge_dst = np.repeat(np.arange(len(tpl.preds), dtype=np.int64), counts)
+    tpl.edge_src = np.fromiter((p for ps in tpl.preds for p in ps), dtype=np.int64, count=int(counts.sum()))
+    groups: dict[tuple, tuple[list[int], list[int]]] = {}
+    for rel, ref in tpl.ext:
+        _, r_rep, r_key, r_rel, mode = ref
+        g = groups.setdefault((r_rep, r_key, mode), ([], []))
+        g[0].append(rel)
+        g[1].append(r_rel)
+    tpl.ext_groups = [(k, np.asarray(a, dtype=np.int64), np.asarray(b, dtype=np.int64)) for k, (a, b) in groups.items()]
+
+
+def _assemble(low: _Lowering, order: list[tuple[int, tuple[int, str], int]]) -> TaskGraph:
+    """Copy the templates into one TaskGraph: unit instances at their offsets, references
+    resolved, each GPU's kernels chained in schedule order."""
+    base: dict[tuple[int, tuple[int, str], int], int] = {}
+    last_of: dict[tuple[int, tuple[int, str]], int] = {}
+    at = 0
+    for rep, key, mb in order:
+        base[(rep, key, mb)] = at
+        last_of[(rep, key)] = max(mb, last_of.get((rep, key), -1))
+        at += len(low.templates[(rep, key)])
+    n = at
+    for tpl in low.templates.values():
+        if not hasattr(tpl, "edge_dst"):
+            _template_edges(tpl)
+    cols: dict[str, list] = {name: [] for name in _COLUMNS}
+    micro = []
+    coll_list: list[Collective] = []
+    dst_parts: list[np.ndarray] = []
+    src_parts: list[np.ndarray] = []
+    prev_compute: dict[int, int] = {}
+    last_backward: dict[int, int] = {}
+    chain_dst: list[int] = []
+    chain_src: list[int] = []
+    for rep, key, mb in order:
+        tpl = low.templates[(rep, key)]
+        b = base[(rep, key, mb)]
+        arrays = tpl.arrays
+        size = len(tpl)
+        if not size:
+            continue
+        for name in _COLUMNS:
+            col = arrays[name]
+            if name == "collective" and coll_list:
+                col = np.where(col >= 0, col + len(coll_list), -1)
+            cols[name].append(col)
+        coll_list.extend(tpl.colls)
+        micro.append(np.full(size, mb, dtype=np.int32))
+        if len(tpl.edge_dst):
+            dst_parts.append(tpl.edge_dst + b)
+            src_parts.append(tpl.edge_src + b)
+        for (r_rep, r_key, mode), rels, r_rels in tpl.ext_groups:
+            if r_key == ("last-backward", 0):
+                target = last_backward.get(rep)
+                if target is None:
+                    continue
+                dst_parts.append(rels + b)
+                src_parts.append(np.full(len(rels), target, dtype=np.int64))
+                continue
+            r_mb = last_of.get((r_rep, r_key), 0) if mode == "last" else mb
+            target = base.get((r_rep, r_key, r_mb))
+            if target is None:
+                continue
+            dst_parts.append(rels + b)
+            src_parts.append(r_rels + target)
+        if tpl.first_compute >= 0:
+            prev = prev_compute.get(rep)
+            if prev is not None:
+                chain_dst.append(b + tpl.first_compute)
+                chain_src.append(prev)
+            prev_compute[rep] = b + tpl.last_compute
+            if key[1] == "B":
+                last_backward[rep] = b + tpl.last_compute
+    dst_parts.append(np.asarray(chain_dst, dtype=np.int64))
+    src_parts.append(np.asarray(chain_src, dtype=np.int64))
+    dst = np.concatenate(dst_parts)
+    src = np.concatenate(src_parts)
+    order_edges = np.argsort(dst, kind="stable")
+    pred_idx = src[order_edges].astype(np.int32)
+    pred_ptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(dst, minlength=n), out=pred_ptr[1:])
+    c = {name: np.concatenate(parts) if parts else np.zeros(0) for name, parts in cols.items()}
+    kind = c["kind"].astype(np.int8)
+    priority = np.arange(n, dtype=np.int64)
+    resident, setup = _memory(low)
+    meta = _meta(low)
+    steps = c["steps"].astype(np.int32)
+    tg = TaskGraph(
+        kind=kind, device=c["device"].astype(np.int32), duration=c["duration"].astype(np.float64),
+        src=c["src"].astype(np.int32), dst=c["dst"].astype(np.int32), nbytes=c["nbytes"].astype(np.float64),
+        route=c["route"].astype(np.int32), flops=c["flops"].astype(np.float64),
+        energy=c["energy"].astype(np.float64), mem_node=c["mem_node"].astype(np.int32),
+        mem_bytes=c["mem_bytes"].astype(np.float64), priority=priority, op=c["op"].astype(np.int32),
+        micro_batch=np.concatenate(micro) if micro else np.zeros(0, dtype=np.int32),
+        collective=c["collective"].astype(np.int32), pred_ptr=pred_ptr, pred_idx=pred_idx,
+        node_names=low.system.nodes, op_names=tuple(op.name for op in low.graph.ops), routes=tuple(low.routes),
+        collectives=tuple(coll_list), resident=resident, setup=setup, meta=meta,
+        steps=steps if (steps > 1).any() else None)
+    for name in ("kind", "device", "duration", "src", "dst", "nbytes", "route", "flops", "energy", "mem_node",
+                 "mem_bytes", "priority", "op", "micro_batch", "collective", "pred_ptr", "pred_idx"):
+        getattr(tg, name).setflags(write=False)
+    return tg
+
+
+def _memory(low: _Lowering) -> tuple[dict[str, float], tuple[tuple[str, str, float], ...]]:
+    """Resident bytes of each representative (weights, gradients, optimizer state, KV cache) and
+    the weight loads of every GPU from its node's host."""
+    names = low.system.nodes
+    resident: dict[str, float] = {}
+    setup = []
+    per_stage = {}
+    for stage in range(low.cfg.pp):
+        per_stage[stage] = static_bytes(low.graph, low.cfg, stage, low.rules)
+    for g in low.place.gpus:
+        stage = low.place.stage(g)
+        total = per_stage[stage].total
+        if g in low.fold.reps:
+            resident[names[g]] = total
+        setup.append((low.system.nearest_host(names[g]), names[g], per_stage[stage].weights))
+    return resident, tuple(setup)
+
+
+def _model_flops(low: _Lowering) -> tuple[float, float]:
+    """Model FLOPs of one iteration (all GPUs) and a GPU's peak FLOP/s for the model's type."""
+    from marssim.workload.llm.footprint import footprint
+
+    f = footprint(low.graph)
+    per_replica = f.model_flops if low.training else f.flops.get("fwd", 0.0)
+    total = per_replica * low.micro_batches * low.cfg.dp
+    design = low.design(low.fold.reps[0])
+    peak = 0.0
+    if design.gpu is not None:
+        peaks = design.gpu.peak_flops
+        peak = float(peaks.get(low.t.dtype) or peaks.get("bf16") or peaks.get("fp16") or max(peaks.values()))
+    else:
+        peak = 2.0 * design.peak_macs_per_s
+    return total, peak
+
+
+def _meta(low: _Lowering) -> dict:
+    names = low.system.nodes
+    cfg = low.cfg
+    model_flops, peak = _model_flops(low)
+    fold_map = {names[g]: names[low.fold.rep(g)] for g in low.place.gpus}
+    return {
+        "system": low.system.spec, "workload": low.graph.spec, "batch": cfg.batch, "micro_batches": low.micro_batches,
+        "parallel": cfg.text(), "mapping": cfg.text(), "n_stages": cfg.pp,
+        "fold": fold_map, "fold_classes": len(low.fold.members),
+        "stage_of": {names[g]: low.place.stage(g) for g in low.place.gpus},
+        "device_design": {names[g]: low.system.accelerator(names[g]).designs[0] for g in low.place.gpus},
+        "op_model": {op.name: op.model for op in low.graph.ops},
+        "op_kind": {op.name: op.kind.value for op in low.graph.ops},
+        "model_flops": model_flops, "peak_flops": peak,
+    }

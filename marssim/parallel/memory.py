@@ -1,0 +1,171 @@
+"""Memory per GPU under a parallel configuration, in closed form (before any simulation).
+
+Per rank of pipeline stage ``s``, for the layers of the stage's chunks (:func:`rank_parameters`
+splits each op's weights by its tensor- and expert-parallel rule):
+
+* weights: the rank's parameters at the model's element type (ZeRO-3: ``1/dp`` of them);
+* gradients: 4 B per parameter (fp32 main gradients; ZeRO-2 and 3: ``1/dp``);
+* optimizer state: 12 B per parameter (fp32 master weights and Adam's two moments; ZeRO-1 and
+  above: ``1/dp``); the last stage of a pipeline with tied embeddings keeps a copy of the word
+  embedding (and its gradient and optimizer state), as Megatron-LM does;
+* activations: per micro-batch, the forward outputs and dropout masks the backward reads
+  (:func:`marssim.workload.llm.footprint.saved_tensors`) of the stage's layers, each divided by
+  its tensor-parallel split, times the micro-batches in flight: all ``m`` under GPipe,
+  ``min(pp - s, m)`` under 1F1B, ``min((pp - s - 1) * 2 + (v - 1) * pp + 1, m v)`` chunks of
+  ``1/v`` of the stage under the interleaved schedule;
+* KV cache (serving): the stage's layers' caches, split over the tensor-parallel ranks by key and
+  value heads.
+
+The simulation reports the peak it observes (the same static bytes as a resident floor plus
+every buffer while it lives); this closed form is what a search uses to reject a configuration
+before lowering it.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+from marssim.workload import Graph, OpKind
+from marssim.workload.op import DTYPE_BYTES
+
+from .config import ParallelConfig
+
+__all__ = ["StaticMemory", "MemoryEstimate", "rank_parameters", "static_bytes", "memory_estimate"]
+
+
+@dataclass(frozen=True)
+class StaticMemory:
+    """Bytes one rank of a stage holds for the whole run."""
+
+    weights: float
+    gradients: float
+    optimizer: float
+    kv_cache: float
+
+    @property
+    def total(self) -> float:
+        return self.weights + self.gradients + self.optimizer + self.kv_cache
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """The peak one rank of each stage reaches: static bytes plus activations in flight."""
+
+    static: dict[int, StaticMemory]
+    activations: dict[int, float]  # per stage, bytes of the micro-batches in flight
+    capacity: float
+
+    def peak(self, stage: int) -> float:
+        return self.static[stage].total + self.activations.get(stage, 0.0)
+
+    @property
+    def worst_stage(self) -> int:
+        return max(self.static, key=self.peak)
+
+    @property
+    def fits(self) -> bool:
+        return all(self.peak(s) <= self.capacity for s in self.static)
+
+    def terms(self, stage: int) -> dict[str, float]:
+        st = self.static[stage]
+        return {"weights": st.weights, "gradients": st.gradients, "optimizer state": st.optimizer,
+                "KV cache": st.kv_cache, "activations": self.activations.get(stage, 0.0)}
+
+
+def _shard_weights(op, rule, cfg: ParallelConfig) -> int:
+    sizes = {}
+    for loop, num, den in rule.split:
+        if op.has_dim(loop) and den > 1 and loop in ("N", "K", "B", "C"):
+            sizes[loop] = max(1, -(-op.dim(loop) * num // den))
+    if op.kind == OpKind.EMBEDDING and rule.out == "P":  # vocabulary-parallel: padded to tp equal parts
+        return -(-op.param("vocab") // cfg.tp) * op.dim("C")
+    part = op.with_loops(**sizes) if sizes else op
+    return part.weight_elems
+
+
+def rank_parameters(graph: Graph, cfg: ParallelConfig, rules) -> tuple[dict[int, int], dict[int, int]]:
+    """Per layer group (``layer`` of the ops): parameters one rank holds, and how many of them
+    are expert weights."""
+    per: dict[int, int] = defaultdict(int)
+    experts: dict[int, int] = defaultdict(int)
+    for op in graph.ops:
+        if op.param("phase", "fwd") != "fwd" or not op.weight_elems or op.param("shares"):
+            continue
+        n = _shard_weights(op, rules[op.name], cfg)
+        per[op.param("layer")] += n
+        if op.param("grouped"):
+            experts[op.param("layer")] += n
+    return dict(per), dict(experts)
+
+
+def _stage_layers(graph: Graph, cfg: ParallelConfig, stage: int) -> set[int]:
+    from .lower import chunk_layers
+
+    t = graph.meta["transformer"]
+    chunks = chunk_layers(t.layers, cfg)
+    return {layer for c, layers in enumerate(chunks) if c % cfg.pp == stage for layer in layers}
+
+
+def static_bytes(graph: Graph, cfg: ParallelConfig, stage: int, rules) -> StaticMemory:
+    """The static bytes of one rank of ``stage`` (see the module docstring)."""
+    t = graph.meta["transformer"]
+    layers = _stage_layers(graph, cfg, stage)
+    per, _ = rank_parameters(graph, cfg, rules)
+    params = sum(per.get(layer, 0) for layer in layers)
+    if t.tie_embeddings and cfg.pp > 1 and stage == cfg.pp - 1 and t.training:
+        params += -(-t.vocab // cfg.tp) * t.hidden  # the last stage's copy of the word embedding
+    eb = DTYPE_BYTES[t.dtype]
+    dp = cfg.dp
+    weights = params * eb / (dp if cfg.zero >= 3 else 1)
+    grads = opt = 0.0
+    if t.training:
+        grads = params * 4.0 / (dp if cfg.zero >= 2 else 1)
+        opt = params * 12.0 / (dp if cfg.zero >= 1 else 1)
+    kv = 0.0
+    for op in graph.ops:
+        if op.kind == OpKind.INPUT and op.param("resident") and op.param("layer") in layers:
+            heads = t.kv
+            kv += op.output_bytes * (-(-heads // cfg.tp)) / heads
+    return StaticMemory(float(weights), float(grads), float(opt), float(kv))
+
+
+def _in_flight(cfg: ParallelConfig, stage: int, micro_batches: int) -> float:
+    """Micro-batches (in units of a whole stage's layers) whose activations a stage holds at once."""
+    m, p = micro_batches, cfg.pp
+    if cfg.schedule == "gpipe":
+        return float(m)
+    if cfg.schedule == "1f1b":
+        return float(min(p - stage, m))
+    v = cfg.virtual_stages
+    return min((p - stage - 1) * 2 + (v - 1) * p + 1, m * v) / v
+
+
+def memory_estimate(graph: Graph, cfg: ParallelConfig, capacity: float, rules=None) -> MemoryEstimate:
+    """Static and activation bytes per stage for one rank (``graph``: one micro-batch, prepared
+    for ``cfg``); ``capacity``: bytes of a GPU's memory."""
+    from marssim.workload.llm.footprint import saved_tensors
+
+    from .roles import rule_for
+
+    if rules is None:
+        rules, layouts = {}, {}
+        for op in graph.ops:
+            if op.kind == OpKind.INPUT:
+                layouts[op.name] = "R"
+                continue
+            rules[op.name] = rule_for(op, layouts, cfg.tp, cfg.sp, cfg.ep)
+            layouts[op.name] = rules[op.name].out
+    static = {s: static_bytes(graph, cfg, s, rules) for s in range(cfg.pp)}
+    acts: dict[int, float] = {}
+    t = graph.meta["transformer"]
+    if t.training:
+        per_layer: dict[int, float] = defaultdict(float)
+        for (name, what), (size, layer) in saved_tensors(graph).items():
+            rule = rules.get(name)
+            split = cfg.tp if rule is not None and rule.out in ("S", "F", "E", "D") else 1
+            per_layer[layer] += size / split
+        for s in range(cfg.pp):
+            layers = _stage_layers(graph, cfg, s)
+            acts[s] = sum(per_layer.get(layer, 0.0) for layer in layers) * _in_flight(cfg, s, cfg.micro_batches)
+    return MemoryEstimate(static, acts, capacity)

@@ -1,0 +1,139 @@
+"""How each op of a transformer graph is split over a tensor-parallel group (Megatron-LM's
+recipe, Shoeybi et al. 2019; sequence parallelism, Korthikanti et al. 2022).
+
+Tensors carry one of four *layouts* over the ``tp`` ranks of a group:
+
+====  ===================================================================================
+R     replicated: every rank holds the whole tensor
+S     split along the tokens (sequence parallelism)
+F     split along the features: attention heads, MLP columns, vocabulary entries
+P     partial sums: every rank holds the whole shape, the tensor is their sum
+E     routed to experts: the tokens each expert-parallel rank's experts process (MoE)
+====  ===================================================================================
+
+An op wants a layout for each input and gives one for its output (:class:`Rule`); where the
+producer's layout differs, the lowering inserts the collective that converts it:
+``P -> R`` all-reduce, ``P -> S`` reduce-scatter, ``S -> R`` all-gather (and the
+expert-parallel all-to-all ``S <-> E``); ``R -> S`` and ``R -> F`` are local slices. The rules:
+
+* column-parallel GEMMs (Q/K/V, MLP up/gate/fc1, the output layer over the vocabulary) split
+  their output features: ``R -> F``; row-parallel GEMMs (attention output, MLP down/fc2) split
+  their input features: ``F -> P``; their input-gradient GEMMs swap the two, weight-gradient
+  GEMMs keep the forward's split; the MoE router is replicated;
+* attention products, softmax and the ops on attention scores or MLP activations split heads or
+  features (``F``); the vocabulary-parallel loss splits the vocabulary and all-reduces three
+  numbers per token (max, target logit, sum of exponentials);
+* norms, residual adds and dropouts on the hidden state are ``R``, or ``S`` under sequence
+  parallelism; the vocabulary-parallel embedding gives partial sums ``P``;
+* MoE experts (grouped GEMMs) are split over ``ep`` ranks; a group's tokens are split over its
+  ``tp`` ranks in the MoE block (Megatron-LM requires sequence parallelism for MoE with tp > 1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from marssim.workload import Op, OpKind
+
+__all__ = ["Rule", "rule_for", "COLUMN", "ROW"]
+
+COLUMN = ("attn.qkv", "mlp.fc1", "mlp.gate", "mlp.up", "moe.gate", "moe.up", "moe.fc1", "output")
+ROW = ("attn.proj", "mlp.fc2", "mlp.down", "moe.down")
+
+
+@dataclass(frozen=True)
+class Rule:
+    """``split``: ``(loop, num, den)``: the loop's size becomes ``ceil(size * num / den)`` on a
+    rank; ``want``: layout per input; ``out``: layout of the output; ``alias``: a view (no
+    task); ``loss_reduce``: the vocabulary-parallel loss's small all-reduce follows; ``scale``:
+    the rank does ``1/scale`` of the op where no loop names its share."""
+
+    split: tuple[tuple[str, int, int], ...]
+    want: tuple[str, ...]
+    out: str
+    alias: bool = False
+    loss_reduce: bool = False
+    scale: int = 1  # a rank does 1/scale of the op (MoE re-layouts, whose shards no loop names)
+
+
+def _base_name(name: str) -> str:
+    """The forward op an op derives from: strip gradient and recomputation suffixes."""
+    parts = name.split(".")
+    while parts and parts[-1] in ("dgrad", "wgrad", "recompute"):
+        parts.pop()
+    return ".".join(parts)
+
+
+def _suffix(name: str) -> str:
+    """``decode.3.layers.3.attn.qkv`` -> ``attn.qkv``; ``prefill.embed.tokens`` -> ``embed.tokens``."""
+    parts = name.split(".")
+    if "layers" in parts:
+        return ".".join(parts[parts.index("layers") + 2:])
+    for i, part in enumerate(parts):
+        if part in ("embed", "output", "final_norm", "loss", "sample", "last_token"):
+            return ".".join(parts[i:])
+    return name
+
+
+def rule_for(op: Op, layouts: dict[str, str], tp: int, sp: bool, ep: int) -> Rule:
+    """The rule of ``op`` given its producers' output ``layouts`` (by op name)."""
+    H = "S" if sp else "R"
+    seq = (("H", 1, tp),) if sp else ()
+    n_in = len(op.inputs)
+    kind = op.kind
+    name = op.name
+    ins = [layouts.get(i, H) for i in op.inputs]
+    if op.param("view"):
+        return Rule((), tuple(ins), ins[0] if ins else H, alias=True)
+    if kind == OpKind.GEMM:
+        grad = op.param("grad")
+        if op.param("grouped"):  # experts over ep ranks, each receiving ep ranks' tokens, split over tp
+            return Rule((("B", 1, ep), ("M", ep, tp)), tuple("E" for _ in range(n_in)), "E")
+        suffix = _suffix(_base_name(name))
+        column = suffix in COLUMN
+        row = suffix in ROW
+        if not (column or row):  # the MoE router: replicated weights, the tokens as they come
+            return Rule((("M", 1, tp),) if sp else (), tuple(H for _ in range(n_in)), H)
+        if grad is None:
+            return Rule((("N", 1, tp),), ("R",), "F") if column else Rule((("K", 1, tp),), ("F",), "P")
+        if grad == "input":
+            return Rule((("K", 1, tp),), ("F",), "P") if column else Rule((("N", 1, tp),), ("R",), "F")
+        # weight gradient: X (forward input), dY
+        return Rule((("N", 1, tp),), ("R", "F"), "F") if column else Rule((("K", 1, tp),), ("F", "R"), "F")
+    if kind == OpKind.MATMUL:
+        return Rule((("H", 1, tp),), tuple("F" for _ in range(n_in)), "F")
+    if kind == OpKind.SOFTMAX:
+        if op.param("fn") == "cross_entropy":
+            return Rule((("L", 1, tp),), ("F",), "F", loss_reduce=tp > 1)
+        return Rule((("A", 1, tp),), ("F",), "F")
+    if kind == OpKind.EMBEDDING:
+        if _suffix(name) == "embed.tokens":
+            return Rule((), ("R",), "P" if tp > 1 else "R")
+        return Rule(seq, ("R",), H)
+    if kind == OpKind.NORM:
+        return Rule(seq, tuple(H for _ in range(n_in)), H)
+    if kind == OpKind.RESHAPE:
+        what = op.param("what")
+        if what in ("dispatch", "combine_grad"):
+            return Rule((), tuple(H for _ in range(n_in)), "E")
+        if what in ("combine", "dispatch_grad"):
+            return Rule((), ("E",) + tuple(H for _ in range(n_in - 1)), H)
+        if what == "gate_grad":
+            return Rule((), (H, "E"), H)
+        if what == "sample":
+            return Rule((), ("R",), "R")
+        if what == "kv_write":  # each rank writes its heads' keys and values
+            return Rule((), ("F", "F"), "F", scale=tp)
+        return Rule((), tuple(ins), ins[0] if ins else H)
+    if kind == OpKind.ELTWISE:
+        fn = op.param("fn")
+        if fn == "adam":
+            return Rule((), ("R",), "R")
+        if fn == "embedding_grad" and _suffix(_base_name(name)).startswith("embed.tokens"):
+            return Rule((), ("R",), "F")
+        if "F" in ins:
+            return Rule((("C", 1, tp),), tuple("F" for _ in ins), "F")
+        if "E" in ins:
+            return Rule((("N", 1, ep), ("H", ep, tp)), tuple("E" for _ in ins), "E")
+        return Rule(seq, tuple(H for _ in ins), H)
+    return Rule((), tuple(ins), H)
