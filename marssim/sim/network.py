@@ -176,9 +176,17 @@ class FairShareNetwork:
 
     ``capacity``: bytes/s per resource. Each flow names its route by a hashable ``route`` key
     (flows with the same key cross the same resources); ``routes[i]`` pre-registers the resources
-    of the integer key ``i`` for :meth:`add_flow`. Rates depend only on the multiset of active
-    routes, so they are memoised by it. With ``record``, every change of a resource's total rate
-    is appended to ``timeline`` as ``(time, resource, rate, flows)``.
+    of the integer key ``i`` for :meth:`add_flow` (``weights[i]``, optional: the flows each of
+    its flows stands for on each resource, see :mod:`marssim.parallel.fold`). With ``record``,
+    every change of a resource's total rate is appended to ``timeline`` as ``(time, resource,
+    rate, flows)``.
+
+    Max-min fair rates decompose over the connected components of the graph of active routes
+    and the resources they share: when flows start or end, only the components they touch are
+    recomputed (memoised by the multiset of their routes), and only the flows whose rate changes
+    are touched. A flow's state is its bytes left at the time of its last rate change; its
+    finish time sits in a heap. So an event costs in proportion to the component it changes,
+    not to every flow in the network.
 
     ``on_delivered_event`` (settable after construction), if not None, is called instead of
     ``on_delivered`` for flows delivered after a latency, with the SimPy timeout whose ``value``
@@ -197,19 +205,24 @@ class FairShareNetwork:
         self.record = record
         self.timeline: list[tuple[float, int, float, int]] = []
         self.busy = [0.0] * len(self.capacity)  # seconds each resource carried at least one flow
-        self._flows: dict[int, list] = {}  # token -> [remaining bytes, route key, latency, rate, finish time]
+        # token -> [bytes left at t0, t0, rate, route key, latency, finish time, version, sequence]
+        self._flows: dict[int, list] = {}
         self._routes: dict[object, tuple[int, ...]] = {i: tuple(r) for i, r in enumerate(routes)}
         self._weights: dict[object, tuple[float, ...]] = {i: tuple(w) for i, w in enumerate(weights) if w}
         self._mult: dict[object, int] = {}  # route key -> active flows on it
+        self._route_flows: dict[object, dict[int, None]] = {}  # route key -> its active flows, in start order
+        self._res_routes: dict[int, dict[object, None]] = {}  # resource -> active route keys
+        self._busy_since: dict[int, float] = {}
         self._odd_routes = 0  # registered route keys that are not ints (then sorted by _route_order)
-        self._cache: dict[frozenset, tuple[dict, tuple[int, ...]]] = {}
-        self._used: tuple[int, ...] = ()
-        self._last = 0.0  # time (s) up to which the flows' remaining bytes are counted
+        self._cache: dict[frozenset, dict] = {}
+        self._heap: list[tuple[float, int, int, int]] = []  # (finish, sequence, token, version)
+        self._seq = 0
+        self._dirty: dict[int, None] = {}  # resources whose routes changed since the last recompute
+        self._bound: dict[object, dict[int, tuple[float, float]]] = {}
         self._wakeup = env.event()
         self._timer: simpy.Event | None = None
         self._timer_at = float("inf")
-        self._dirty = False
-        self._prev_rate: dict[int, tuple[float, int]] = {}
+        self._prev_rate: dict[int, tuple[float, float]] = {}
         self._delivered_cb: Callable[[simpy.Event], None] = self._token_delivered
         self.on_delivered_event = on_delivered_event
         self.recomputes = 0
@@ -255,14 +268,29 @@ class FairShareNetwork:
 
     def add_flow(self, token: int, nbytes: float, route: object, latency: float) -> None:
         """Begin a flow of ``nbytes`` > 0 bytes (float) on the registered ``route``, delivered
-        ``latency`` seconds (float) after it has been serialised.
-
-        Flows already running are advanced lazily, when the network process wakes at this same
-        instant: the new flow's rate is 0 until then, so advancing it changes nothing."""
-        self._flows[token] = [nbytes, route, latency, 0.0, _INF]
+        ``latency`` seconds (float) after it has been serialised. Its rate is 0 until the
+        network process recomputes the rates at this same instant."""
+        now = self.env._now
+        self._seq += 1
+        self._flows[token] = [nbytes, now, 0.0, route, latency, _INF, 0, self._seq]
         mult = self._mult
-        mult[route] = mult.get(route, 0) + 1
-        self._dirty = True
+        m = mult.get(route, 0)
+        mult[route] = m + 1
+        if m:
+            self._route_flows[route][token] = None
+        else:
+            self._route_flows[route] = {token: None}
+            res_routes = self._res_routes
+            for r in self._routes[route]:
+                rr = res_routes.get(r)
+                if rr is None:
+                    res_routes[r] = {route: None}
+                    self._busy_since[r] = now
+                else:
+                    rr[route] = None
+        dirty = self._dirty
+        for r in self._routes[route]:
+            dirty[r] = None
         wakeup = self._wakeup
         if wakeup._value is PENDING:
             wakeup.succeed()
@@ -277,93 +305,155 @@ class FairShareNetwork:
     def _token_delivered(self, event: simpy.Event) -> None:
         self.on_delivered(event._value)
 
-    def _advance(self, now: float, limit: float) -> list[int]:
-        """Move every flow forward to ``now`` (s) at its current rate; return the tokens of the
-        flows whose finish time is at or before ``limit`` (s), in start order."""
-        flows = self._flows
-        dt = now - self._last
-        self._last = now
-        if dt > 0 and flows:
-            done = []
-            for token, f in flows.items():
-                f[0] -= f[3] * dt
-                if f[4] <= limit:
-                    done.append(token)
-            busy = self.busy
-            for r in self._used:
-                busy[r] += dt
-            return done
-        return [token for token, f in flows.items() if f[4] <= limit]
+    def _finished(self, limit: float) -> list[int]:
+        """Tokens of the flows whose finish time is at or before ``limit`` (s), in start order."""
+        heap, flows = self._heap, self._flows
+        out = []
+        while heap and heap[0][0] <= limit:
+            _, seq, token, version = heapq.heappop(heap)
+            f = flows.get(token)
+            if f is not None and f[6] == version:
+                out.append((seq, token))
+        out.sort()
+        return [token for _, token in out]
 
-    def _deliver_done(self, done: list[int]) -> None:
-        """Remove the flows ``done`` (tokens, in start order), which have sent their bytes, and
-        deliver each after its latency."""
-        flows, mult = self._flows, self._mult
-        timeout = self.env.timeout
-        delivered_cb = self._delivered_cb
-        for token in done:
-            f = flows.pop(token)
-            key = f[1]
-            left = mult[key] - 1
-            if left:
-                mult[key] = left
-            else:
-                del mult[key]
-            latency = f[2]
-            if latency <= 0:
-                self.on_delivered(token)  # may start new flows (sets _dirty)
-            else:
-                timeout(latency, token).callbacks.append(delivered_cb)
+    def _remove(self, token: int, now: float) -> list:
+        """Take a finished flow out of the network; returns its state."""
+        f = self._flows.pop(token)
+        key = f[3]
+        left = self._mult[key] - 1
+        dirty = self._dirty
+        for r in self._routes[key]:
+            dirty[r] = None
+        if left:
+            self._mult[key] = left
+            del self._route_flows[key][token]
+        else:
+            del self._mult[key]
+            del self._route_flows[key]
+            res_routes, busy, since = self._res_routes, self.busy, self._busy_since
+            for r in self._routes[key]:
+                rr = res_routes.get(r)
+                if rr is None:
+                    continue
+                rr.pop(key, None)
+                if not rr:
+                    del res_routes[r]
+                    busy[r] += now - since.pop(r)
+        return f
 
-    def _rates(self) -> tuple[dict, tuple[int, ...]]:
-        """Rate (bytes/s) of each active route and the resources in use, memoised by the
-        multiset of active routes (a frozenset of ``(route, flows)``: no sorting on a hit)."""
+    def _bounds(self, key: object) -> dict[int, tuple[float, float]]:
+        """Per resource ``r`` of a route: ``(flows each of its flows puts on r, the most bytes/s
+        the flow can get from the route's other resources)``."""
+        b = self._bound.get(key)
+        if b is None:
+            res = self._routes[key]
+            w = self._weights.get(key) or (1.0,) * len(res)
+            caps = [self.capacity[r] / w[i] for i, r in enumerate(res)]
+            b = self._bound[key] = {r: (w[i], min((c for j, c in enumerate(caps) if j != i), default=_INF))
+                                    for i, r in enumerate(res)}
+        return b
+
+    def _binding(self, r: int) -> bool:
+        """Whether resource ``r`` could limit a flow: the flows on it, each at the most its other
+        resources allow, would need more than its capacity. A resource that cannot bind does not
+        couple the rates of the flows that cross it (they are max-min fair without it)."""
+        load = 0.0
+        mult = self._mult
+        for key in self._res_routes.get(r, ()):
+            w, bound = self._bounds(key)[r]
+            load += mult[key] * w * bound
+            if load > self.capacity[r]:
+                return True
+        return False
+
+    def _component(self) -> list:
+        """The active routes whose rates the changes since the last recompute may alter: the
+        routes on the changed resources and those connected to them through resources that can
+        bind (see :meth:`_binding`)."""
+        res_routes, routes = self._res_routes, self._routes
+        found: dict[object, None] = {}
+        stack = []
+        dirty = self._dirty
+        self._dirty = {}
+        for r in dirty:
+            for key in res_routes.get(r, ()):
+                if key not in found:
+                    found[key] = None
+                    stack.append(key)
+        seen: set[int] = set(dirty)
+        binding = self._binding
+        while stack:
+            key = stack.pop()
+            for q in routes[key]:
+                if q in seen:
+                    continue
+                seen.add(q)
+                if not binding(q):
+                    continue
+                for other in res_routes[q]:
+                    if other not in found:
+                        found[other] = None
+                        stack.append(other)
+        return list(found)
+
+    def _rates(self, keys: list) -> dict:
+        """Rate (bytes/s) of each route of one set of components, memoised by the multiset of
+        their routes."""
         self.recomputes += 1
         mult = self._mult
-        key = frozenset(mult.items())
-        entry = self._cache.get(key)
+        items = [(k, mult[k]) for k in keys]
+        memo_key = frozenset(items)
+        entry = self._cache.get(memo_key)
         if entry is not None:
             self.cache_hits += 1
             return entry
-        order = sorted(mult.items(), key=_route_order) if self._odd_routes else sorted(mult.items())
-        routes = self._routes
-        weights = self._weights
+        order = sorted(items, key=_route_order) if self._odd_routes else sorted(items)
+        routes, weights = self._routes, self._weights
         rates = _grouped_rates([(routes[k], m) for k, m in order], self.capacity,
                                [weights.get(k) for k, _ in order] if weights else None)
-        used: set[int] = set()
-        for k in mult:
-            used.update(routes[k])
-        entry = ({k: rate for (k, _), rate in zip(order, rates)}, tuple(used))
+        entry = {k: rate for (k, _), rate in zip(order, rates)}
         if len(self._cache) >= self._CACHE_LIMIT:
             self._cache.clear()
-        self._cache[key] = entry
+        self._cache[memo_key] = entry
         return entry
 
-    def _recompute(self, now: float) -> float:
-        """Give every flow its max-min rate from ``now`` (s); return the earliest finish time."""
-        by_route, self._used = self._rates()
-        nxt = _INF
-        for f in self._flows.values():
-            rate = by_route[f[1]]
-            f[3] = rate
-            if rate > 0:
-                finish = f[4] = now + f[0] / rate
-                if finish < nxt:
-                    nxt = finish
-            else:
-                f[4] = _INF
+    def _recompute(self, now: float) -> None:
+        """New rates for the components that changed; flows whose rate changes get their bytes
+        left counted up to ``now`` (s) and a new finish time."""
+        keys = self._component()
+        if not keys:
+            return
+        by_route = self._rates(keys)
+        flows, route_flows, heap = self._flows, self._route_flows, self._heap
+        push = heapq.heappush
+        for key in keys:
+            rate = by_route[key]
+            for token in route_flows[key]:
+                f = flows[token]
+                old = f[2]
+                if old == rate and f[5] != _INF:
+                    continue
+                if old:
+                    f[0] -= old * (now - f[1])
+                f[1] = now
+                f[2] = rate
+                f[6] += 1
+                if rate > 0:
+                    finish = f[5] = now + f[0] / rate
+                    push(heap, (finish, f[7], token, f[6]))
+                else:
+                    f[5] = _INF
         if self.record:
-            self._record(now, by_route)
-        return nxt
+            self._record(now, keys, by_route)
 
-    def _record(self, now: float, by_route: dict) -> None:
-        """Append the resources whose total rate or flow count changed to ``timeline``."""
-        mult: dict[object, int] = {}
-        for f in self._flows.values():  # routes in the order of their first active flow
-            k = f[1]
-            mult[k] = mult.get(k, 0) + 1
+    def _record(self, now: float, keys: list, by_route: dict) -> None:
+        """Append the resources of the recomputed components whose total rate or flow count
+        changed to ``timeline``."""
         totals: dict[int, list] = {}
-        for k, m in mult.items():
+        touched: set[int] = set()
+        for k in keys:
+            m = self._mult.get(k, 0)
             rate = by_route[k]
             w = self._weights.get(k)
             for i, r in enumerate(self._routes[k]):
@@ -371,8 +461,9 @@ class FairShareNetwork:
                 t = totals.setdefault(r, [0.0, 0])
                 t[0] += rate * n
                 t[1] += n
+                touched.add(r)
         prev = self._prev_rate
-        for r in sorted(set(prev) | set(totals)):
+        for r in sorted(touched | {r for r in prev if r not in self._res_routes}):
             cur = tuple(totals.get(r, (0.0, 0)))
             if prev.get(r, (0.0, 0)) != cur:
                 self.timeline.append((now, r, cur[0], cur[1]))
@@ -385,19 +476,32 @@ class FairShareNetwork:
         env = self.env
         timeout = env.timeout
         event = env.event
-        inf = float("inf")
+        heap = self._heap
+        flows = self._flows
         while True:
             yield self._wakeup
             self._wakeup = event()
             now = env._now
-            done = self._advance(now, now + abs(now) * _EPS + 1e-18)
+            done = self._finished(now + abs(now) * _EPS + 1e-18)
             if done:
-                self._deliver_done(done)
-            elif not self._dirty:
-                continue
-            self._dirty = False
-            nxt = self._recompute(now)
-            if nxt < inf and nxt != self._timer_at:
+                delivered_cb = self._delivered_cb
+                for token in done:
+                    f = self._remove(token, now)
+                    latency = f[4]
+                    if latency <= 0:
+                        self.on_delivered(token)  # may start new flows
+                    else:
+                        timeout(latency, token).callbacks.append(delivered_cb)
+            if self._dirty:
+                self._recompute(now)
+            while heap:
+                top = heap[0]
+                f = flows.get(top[2])
+                if f is not None and f[6] == top[3]:
+                    break
+                heapq.heappop(heap)
+            nxt = heap[0][0] if heap else _INF
+            if nxt < _INF and nxt != self._timer_at:
                 self._timer_at = nxt
                 self._timer = timeout(max(0.0, nxt - now))
                 self._timer.callbacks.append(self._timer_cb)
