@@ -19,7 +19,7 @@ from pathlib import Path
 
 from marssim.calibrate.sip.cubin import read_cubin
 from marssim.calibrate.sip.deps import FIXED_LATENCY_CYCLES, NEVER_SHRINK, TIGHTEN_AT_MIN
-from marssim.calibrate.sip.latency import minima, observe
+from marssim.calibrate.sip.latency import minima, observe, tightening
 from marssim.calibrate.sip.sass import disassemble, nvdisasm_version
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -64,18 +64,19 @@ def main() -> None:
           f"{len(observed)} keys, {len(table)} seen at least {AT_LEAST} times")
     print(f"{'family':6s} {'producer':26s} {'consumer':9s} {'operand':13s} {'min':>4s} {'n':>4s} {'at min':>6s} "
           f"{'table':>5s}  default bound")
-    raised = 0
+    tight = {fam: tightening(table, fam, FIXED_LATENCY_CYCLES, TIGHTEN_AT_MIN) for fam in ("sm_80", "sm_90")}
     for k, (d, n, at) in table.items():
         t = FIXED_LATENCY_CYCLES.get(k.producer.split(".")[0], NEVER_SHRINK)
         mark = "" if t == NEVER_SHRINK or t == d else (" < table" if d < t else " > table")
-        tighten = t != NEVER_SHRINK and d > t and at >= TIGHTEN_AT_MIN
-        raised += tighten
+        raised = tight.get(k.family, {}).get((k.producer.split(".")[0], k.consumer, k.role, k.slot))
         print(f"{k.family:6s} {k.producer:26s} {k.consumer:9s} {k.role + '[' + k.slot + ']':13s} {d:4d} {n:4d} {at:6d} "
-              f"{'-' if t == NEVER_SHRINK else t:>5}{mark}{'  raised to min' if tighten else ''}")
+              f"{'-' if t == NEVER_SHRINK else t:>5}{mark}{f'  raised to {raised}' if raised else ''}")
     print(f"min: smallest stall distance ptxas left for the key; at min: how often exactly that; table: "
-          f"FIXED_LATENCY_CYCLES ('-': never shrinks). The default bound is the table's, raised to min where min "
-          f"exceeds it and ptxas left exactly min at least {TIGHTEN_AT_MIN} times ({raised} keys); with "
-          f"latency=observed the bound is min wherever the key is in the table.")
+          f"FIXED_LATENCY_CYCLES ('-': never shrinks). The default bound is the table's, raised where, over all "
+          f"mnemonics of the opcode, the smallest distance for that consumer operand exceeds it and ptxas left "
+          f"exactly that at least {TIGHTEN_AT_MIN} times ({sum(len(v) for v in tight.values())} opcode groups: "
+          + "; ".join(f"{fam} {op} -> {c} {r}[{sl}] {b}" for fam, v in tight.items() for (op, c, r, sl), b in v.items())
+          + "); with latency=observed the bound is min(min, default bound) wherever the key is in the table.")
 
 
 if __name__ == "__main__":

@@ -42,9 +42,10 @@ Rules (the ``reason`` strings returned):
 Options (:class:`LegalityOptions`). The defaults are the model verified on an H100 (random walks
 of legal moves on both paper kernels, outputs compared bit for bit), with one tightening: the
 stall distance a fixed-latency producer keeps to a consumer is at least the smallest distance
-ptxas leaves for that producer mnemonic and consumer operand in the reference cubins
-(:mod:`.latency_table`) where that exceeds the 6-cycle table and ptxas packs the consumer at
-exactly that distance at least :data:`TIGHTEN_AT_MIN` times -- a requirement, not slack: ptxas
+ptxas leaves for that producer opcode and consumer operand in the reference cubins
+(:mod:`.latency_table`, :func:`.latency.tightening`) where that exceeds the 6-cycle table and
+ptxas packs the consumer at exactly that distance at least :data:`TIGHTEN_AT_MIN` times -- a
+requirement, not slack: ptxas
 places a guarded instruction, a branch or a memory instruction's predicate operand 13 cycles
 after the compare that sets the predicate (ISETP.GT.U32.AND -> guard: 22 of 23 times exactly 13
 on sm_90), where the table alone allowed 6. Three widenings, each
@@ -78,7 +79,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from functools import cached_property
 
-from .latency import LatencyKey, arch_family, consumer_key
+from .latency import LatencyKey, arch_family, consumer_key, tightening
 from .sass import Instruction, Listing
 
 __all__ = ["Legality", "LegalityOptions", "check_swap", "reuse_cleared", "RULES", "FIXED_LATENCY_CYCLES",
@@ -192,24 +193,14 @@ class Legality:
         from .latency_table import OBSERVED
 
         # the default's tightening, per producer opcode (all its mnemonics together) and consumer
-        # operand: the smallest distance ptxas leaves, where it exceeds the table and ptxas leaves
-        # exactly that at least TIGHTEN_AT_MIN times
-        groups: dict[tuple[str, str, str, str], list[tuple[int, int]]] = {}
-        self._observed: dict[LatencyKey, int] = {}
-        for k, (least, _n, at_least) in OBSERVED.items():
-            if k.family != self.family or options.latency == "table-only":
-                continue
-            groups.setdefault((k.producer.split(".")[0], k.consumer, k.role, k.slot), []).append((least, at_least))
-            if options.latency == "observed":
-                self._observed[k] = least
-        self._tight: dict[tuple[str, str, str, str], int] = {}
+        # operand; with latency="observed", the smallest distance per producer mnemonic
+        table_only = options.latency == "table-only"
+        self._tight = {} if table_only else tightening(OBSERVED, self.family, FIXED_LATENCY_CYCLES, TIGHTEN_AT_MIN)
         self._tight_any: dict[str, int] = {}
-        for (opcode, *rest), seen in groups.items():
-            least = min(d for d, _ in seen)
-            table = FIXED_LATENCY_CYCLES.get(opcode, NEVER_SHRINK)
-            if table != NEVER_SHRINK and least > table and sum(a for d, a in seen if d == least) >= TIGHTEN_AT_MIN:
-                self._tight[(opcode, *rest)] = least
-                self._tight_any[opcode] = max(self._tight_any.get(opcode, 0), least)
+        for (opcode, *_rest), bound in self._tight.items():
+            self._tight_any[opcode] = max(self._tight_any.get(opcode, 0), bound)
+        self._observed: dict[LatencyKey, int] = {k: v[0] for k, v in OBSERVED.items() if k.family == self.family} \
+            if options.latency == "observed" else {}
 
     @cached_property
     def counted_scoreboards(self) -> frozenset[int]:

@@ -43,7 +43,8 @@ from dataclasses import dataclass
 
 from .sass import Instruction, Listing, _PRED_ONLY_DST
 
-__all__ = ["LatencyKey", "observe", "minima", "producer_defs", "consumer_key", "arch_family", "MMA_OPCODES"]
+__all__ = ["LatencyKey", "observe", "minima", "tightening", "producer_defs", "consumer_key", "arch_family",
+           "MMA_OPCODES"]
 
 MMA_OPCODES = frozenset({"HMMA", "IMMA", "DMMA", "BMMA", "HGMMA", "IGMMA", "QGMMA", "BGMMA"})
 
@@ -187,3 +188,23 @@ def minima(observed: dict[LatencyKey, list[int]], at_least: int = 2) -> dict[Lat
     """``{key: (smallest distance, observations, observations at the smallest distance)}`` for
     keys observed at least ``at_least`` times."""
     return {k: (min(v), len(v), v.count(min(v))) for k, v in sorted(observed.items()) if len(v) >= at_least}
+
+
+def tightening(table: dict[LatencyKey, tuple[int, int, int]], family: str, fixed: dict[str, int],
+               at_least: int) -> dict[tuple[str, str, str, str], int]:
+    """Where ptxas shows a fixed-latency producer needs more than ``fixed`` (opcode -> cycles)
+    allows: ``{(opcode, consumer category, role, slot): cycles}`` over the mnemonics of each
+    opcode of ``family``, for the groups whose smallest distance exceeds the opcode's ``fixed``
+    value and occurs exactly at least ``at_least`` times (a requirement ptxas packs to again and
+    again, not slack)."""
+    groups: dict[tuple[str, str, str, str], list[tuple[int, int]]] = {}
+    for k, (least, _n, at_min) in table.items():
+        if k.family == family:
+            groups.setdefault((k.producer.split(".")[0], k.consumer, k.role, k.slot), []).append((least, at_min))
+    out = {}
+    for key, seen in groups.items():
+        least = min(d for d, _ in seen)
+        bound = fixed.get(key[0])
+        if bound is not None and least > bound and sum(a for d, a in seen if d == least) >= at_least:
+            out[key] = least
+    return out
