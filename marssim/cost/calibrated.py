@@ -38,7 +38,12 @@ is corrected from its neighbours in a space that includes the geometry
 Only rows of ``phase`` ``fwd`` are fitted and looked up: the workloads' ops are forward
 kernels; rows of other phases (the input- and weight-gradient GEMMs of training, attention
 backward, optimizer steps) are read, checked and written like any other, for the models that
-will charge them.
+will charge them. The kinds cover the kernels of transformer training and inference without new
+columns: a GEMM's gradients are ``gemm`` rows of phase ``dgrad``/``wgrad``; fused attention
+(forward, backward, decode over a KV cache: one query row) is ``attention`` with ``backend``
+naming the implementation (``flash``, ``efficient``, ...) and phase ``fwd``/``bwd``; RMSNorm and
+LayerNorm are ``norm``, SwiGLU and GeLU ``elementwise``, an optimizer step ``elementwise`` of
+phase ``update``, a token lookup ``embedding``.
 
 CSV schema
 ----------
