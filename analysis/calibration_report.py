@@ -31,9 +31,8 @@ def machine() -> str:
 
 
 def simulate_layers(table_path: Path, system_name: str, workload: str, lines: list[str]) -> None:
-    from marssim.calibrate.coverage import op_shape_key
+    from marssim.calibrate.coverage import measured_key
     from marssim.cost import CalibratedCost, DataflowCost, load_table
-    from marssim.cost.calibrated import shape_key
     from marssim.lower import lower
     from marssim.mapping import Mapping
     from marssim.mapping.sharding import split_dim, split_sizes
@@ -55,9 +54,8 @@ def simulate_layers(table_path: Path, system_name: str, workload: str, lines: li
     result = simulate(tg, system)
     measured = {}
     for r in table.rows:
-        if r.device.lower() == device.lower() or table_path.stem.lower() == device.lower():
-            key = shape_key(r.kind, r.dtype, r.batch, r.m, r.n, r.k, r.flops, r.bytes)
-            measured.setdefault(key, []).append(r.median_s)
+        if (r.device.lower() == device.lower() or table_path.stem.lower() == device.lower()) and r.phase == "fwd":
+            measured.setdefault(r.shape, []).append(r.median_s)
     position = {gi: k for k, gi in enumerate(graph.compute_ops)}
     equal = total = 0
     missing: dict[str, int] = defaultdict(int)
@@ -69,8 +67,8 @@ def simulate_layers(table_path: Path, system_name: str, workload: str, lines: li
         shard = op if dim is None else op.with_loops(
             **{dim: split_sizes(op.dim(dim), len(aset.devices))[aset.devices.index(dev)]})
         total += 1
-        key = op_shape_key(shard)
-        times = measured.get(key)
+        key = measured_key(shard, measured)
+        times = measured.get(key) if key is not None else None
         if times is None:
             missing[shard.kind.value] += 1
             continue
@@ -95,32 +93,36 @@ def batch_variant_errors(table, factor: int, lines: list[str]) -> None:
     correction on the rest, and predict the held-out rows. ``factor`` 2 interpolates (x1 and
     x4 of the same layer are fitting rows), 32 extrapolates (x16 is the largest left)."""
     from marssim.calibrate.fitting import TARGETS
-    from marssim.cost.calibrated import fit_group, predict, shape_key
+    from marssim.cost.calibrated import fit_group, geometry_array, predict
     from marssim.system.describe import format_table
 
     suffixes = (f" x{factor} N", f" x{factor} B")
     rows_out = []
     for key, rows in sorted(table.groups().items()):
-        held_keys = {shape_key(r.kind, r.dtype, r.batch, r.m, r.n, r.k, r.flops, r.bytes)
-                     for r in rows if r.note.endswith(suffixes)}
-        held = [r for r in rows if shape_key(r.kind, r.dtype, r.batch, r.m, r.n, r.k, r.flops, r.bytes) in held_keys]
-        train = [r for r in rows if shape_key(r.kind, r.dtype, r.batch, r.m, r.n, r.k, r.flops, r.bytes)
-                 not in held_keys]
+        # held out by GEMM shape: a variant's rows and any row of the same GEMM shape (geometry aside)
+        held_keys = {r.shape[:-1] for r in rows if r.note.endswith(suffixes)}
+        held = [r for r in rows if r.shape[:-1] in held_keys]
+        train = [r for r in rows if r.shape[:-1] not in held_keys]
         if not held or len(train) < 4:
             continue
-        f = fit_group(train)
         args = dict(batch=[r.batch for r in held], m=[r.m for r in held], n=[r.n for r in held],
-                    k=[r.k for r in held], flops=[r.flops for r in held], nbytes=[r.bytes for r in held])
+                    k=[r.k for r in held], flops=[r.flops for r in held], nbytes=[r.bytes for r in held],
+                    geometry=geometry_array(held))
         t = np.array([r.median_s for r in held])
-        cells = []
-        for corrected in (False, True):
-            e = np.abs(predict(f, key[1], corrected=corrected, **args) / t - 1)
-            cells += [f"{100 * np.median(e):.3g} %", f"{100 * np.percentile(e, 90):.3g} %"]
-        cells.append(f"{100 * e.max():.3g} %")
-        target = TARGETS.get(key[1])
-        met = "" if target is None else ("met" if np.median(e) <= target[0] and np.percentile(e, 90) <= target[1]
-                                         else "MISSED")
-        rows_out.append([*key, str(len(train)), str(len(held)), *cells, met])
+        # convolutions with their geometry: also the correction by the GEMM view alone, for comparison
+        for label, by_geometry in ((key[1], True), (f"{key[1]} (GEMM view)", False)):
+            if not by_geometry and geometry_array(rows) is None:
+                continue
+            f = fit_group(train, geometry=by_geometry)
+            cells = []
+            for corrected in (False, True):
+                e = np.abs(predict(f, key[1], corrected=corrected, **args) / t - 1)
+                cells += [f"{100 * np.median(e):.3g} %", f"{100 * np.percentile(e, 90):.3g} %"]
+            cells.append(f"{100 * e.max():.3g} %")
+            target = TARGETS.get(key[1])
+            met = "" if target is None else ("met" if np.median(e) <= target[0] and np.percentile(e, 90) <= target[1]
+                                             else "MISSED")
+            rows_out.append([key[0], label, key[2], key[3], str(len(train)), str(len(held)), *cells, met])
     lines.append(f"batch-sweep x{factor} variants predicted from the other rows of their group "
                  f"({'interpolation: x1 and x4 of each layer remain' if factor == 2 else 'extrapolation: x16 is the largest left'}):")
     lines.extend(format_table(["device", "kind", "dtype", "tuning", "fit rows", "held", "curve median", "curve p90",

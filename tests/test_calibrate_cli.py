@@ -26,10 +26,16 @@ def test_grid_writes_one_row_per_distinct_layer_shape(tmp_path, capsys):
     assert "chunk 1:" in text and "kernels" in text
     rows = list(csv.DictReader(out.open()))
     graph = load_workload("resnet50")
-    convs = {op.gemm_view() for op in graph.ops if op.kind == OpKind.CONV}
+    convs = {(op.gemm_view(), (op.in_shapes[0][1], *op.in_shapes[0][2:], op.dim("K"), op.dim("R"), op.dim("S"),
+                               op.param("stride")[0], op.param("pad")[0]))
+             for op in graph.ops if op.kind == OpKind.CONV}
     conv_rows = [r for r in rows if r["kind"] == "conv"]
-    assert {(int(r["batch"]), int(r["m"]), int(r["n"]), int(r["k"])) for r in conv_rows} == convs
-    assert len(conv_rows) == len(convs)
+    # one row per distinct convolution (23), not per distinct im2col GEMM (20): the geometry columns tell them apart
+    assert {((int(r["batch"]), int(r["m"]), int(r["n"]), int(r["k"])),
+             tuple(int(r[c]) for c in ("conv_c", "conv_h", "conv_w", "conv_k", "conv_r", "conv_s", "conv_stride",
+                                       "conv_pad"))) for r in conv_rows} == convs
+    assert len(conv_rows) == len(convs) == 23
+    assert len({op.gemm_view() for op in graph.ops if op.kind == OpKind.CONV}) == 20
     gemm = [r for r in rows if r["kind"] == "gemm"]  # the fc layer, by cuBLAS and by the Triton GEMM
     assert sorted(r["kernel"] for r in gemm) == ["torch.matmul", "triton.gemm"]
     assert {r["chunk"] for r in rows} == {"1"}

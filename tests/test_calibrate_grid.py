@@ -20,14 +20,27 @@ KIND_OF = {OpKind.CONV: "conv", OpKind.GEMM: "gemm", OpKind.MATMUL: "attention",
            OpKind.NORM: "norm", OpKind.SOFTMAX: "softmax", OpKind.POOL: "pool", OpKind.EMBEDDING: "embedding"}
 
 
+def layer_geometry(op) -> tuple:
+    """A whole conv layer's geometry as lookups compare it, from the Op API (symmetric
+    padding): input and output channels, kernel, strides, padding, dilation, groups, output
+    rows and columns."""
+    n, c, h, w = op.in_shapes[0]
+    top, left, bottom, right = op.param("pad")
+    assert (top, left) == (bottom, right)
+    groups = op.dim("K") if op.param("depthwise", False) else op.param("groups", 1)
+    return (c, op.dim("K"), op.dim("R"), op.dim("S"), *op.param("stride"), top, left, op.param("dilation", 1),
+            groups, op.dim("P"), op.dim("Q"))
+
+
 def expected_key(op, dtype: str) -> tuple:
-    """The lookup key of a layer, from the Op API: GEMM-like ops by their GEMM view, streaming
-    ops by FLOPs and traffic (embeddings read only the gathered rows: ids + 2 x output)."""
+    """The lookup key of a layer, from the Op API: GEMM-like ops by their GEMM view (convolutions
+    with their geometry), streaming ops by FLOPs and traffic (embeddings read only the gathered
+    rows: ids + 2 x output)."""
     kind = KIND_OF[op.kind]
     if op.is_gemm_like:
-        return (kind, dtype, *op.gemm_view(), 0, 0)
+        return (kind, dtype, *op.gemm_view(), 0, 0, layer_geometry(op) if op.kind == OpKind.CONV else ())
     traffic = op.input_bytes + 2 * op.output_bytes if op.kind == OpKind.EMBEDDING else op.bytes_moved
-    return (kind, dtype, 0, 0, 0, 0, op.flops, traffic)
+    return (kind, dtype, 0, 0, 0, 0, op.flops, traffic, ())
 
 
 def test_tile_neighbours_by_hand():
@@ -58,8 +71,9 @@ def test_resnet50_conv_shapes_and_dtype_bytes():
     graph = load_workload("resnet50")
     fp16 = grid_from_graphs([graph], ("conv",), ("fp16",), sweep=False)
     fp32 = grid_from_graphs([graph], ("conv",), ("fp32",), sweep=False)
-    distinct = {op.gemm_view() for op in graph.ops if op.kind == OpKind.CONV}
-    assert len(fp16) == len(distinct) == 20  # 53 convs, 20 distinct GEMMs
+    distinct = {(op.gemm_view(), layer_geometry(op)) for op in graph.ops if op.kind == OpKind.CONV}
+    assert len({g for g, _ in distinct}) == 20
+    assert len(fp16) == len(distinct) == 23  # 53 convs, 23 distinct convolutions with 20 distinct GEMMs
     conv1 = next(p for p in fp16 if p.origin.endswith(":conv1"))
     # 7x7/2 conv of 3x224x224 to 64x112x112: M = 112*112, N = 64, K = 3*7*7
     assert (conv1.batch, conv1.m, conv1.n, conv1.k) == (1, 112 * 112, 64, 147)

@@ -57,7 +57,8 @@ def synthetic_rows(points, seed: int = 7) -> list[CalibrationRow]:
         t *= math.exp(rng.normal(0.0, 0.01))
         rows.append(CalibrationRow(p.kind, p.dtype, p.batch, p.m, p.n, p.k, float(p.flops), float(p.bytes), "H100",
                                    SMS, "synthetic", "synthetic", "vendor", t, 0.01 * t, 20, "2025-01-01",
-                                   "synthetic", "SYNTHETIC: generated from a known curve; not a measurement"))
+                                   "synthetic", "SYNTHETIC: generated from a known curve; not a measurement",
+                                   conv=p.conv))
     return rows
 
 
@@ -80,10 +81,20 @@ def h100_env(traces, monkeypatch):
 
 
 def _by_shape(table) -> dict[tuple, float]:
+    """Measured medians by shape: GEMM-class rows by their GEMM view, convolutions also by
+    their channels, kernel, stride, padding and output size (from the geometry columns)."""
     out = {}
     for r in table.rows:
-        key = (r.kind, r.dtype, r.batch, r.m, r.n, r.k) if r.kind in ("gemm", "conv", "attention") else \
-            (r.kind, r.dtype, round(r.flops), round(r.bytes))
+        if r.kind in ("gemm", "conv", "attention"):
+            key = (r.kind, r.dtype, r.batch, r.m, r.n, r.k)
+            if r.conv is not None:
+                g = r.conv
+                p = (g.h + 2 * g.pad_h - g.dilation * (g.r - 1) - 1) // g.stride_h + 1
+                q = (g.w + 2 * g.pad_w - g.dilation * (g.s - 1) - 1) // g.stride_w + 1
+                key += (g.c, g.k, g.r, g.s, g.stride_h, g.stride_w, g.pad_h, g.pad_w, p, q)
+        else:
+            key = (r.kind, r.dtype, round(r.flops), round(r.bytes))
+        assert key not in out, key  # one row per shape in this table
         out[key] = r.median_s
     return out
 
@@ -92,6 +103,12 @@ def _shape_of(op) -> tuple | None:
     if op.kind in (OpKind.INPUT, OpKind.RESHAPE):
         return None
     kind = KIND_OF[op.kind]
+    if op.kind == OpKind.CONV:  # whole layers (data parallel splits only the batch): their own padding
+        top, left, bottom, right = op.param("pad")
+        assert (top, left) == (bottom, right)
+        c = op.in_shapes[0][1]
+        return (kind, op.dtype, *op.gemm_view(), c, op.dim("K"), op.dim("R"), op.dim("S"), *op.param("stride"), top,
+                left, op.dim("P"), op.dim("Q"))
     if op.is_gemm_like:
         return (kind, op.dtype, *op.gemm_view())
     traffic = op.input_bytes + 2 * op.output_bytes if op.kind == OpKind.EMBEDDING else op.bytes_moved

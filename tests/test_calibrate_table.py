@@ -4,6 +4,8 @@ No GPU: the harness's row builder is fed a device description and timing summary
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from marssim.calibrate.grid import FUSED_ATTENTION, grid_from_graphs
@@ -11,7 +13,7 @@ from marssim.calibrate.harness import DeviceInfo, Task, _row
 from marssim.calibrate.kernels import KERNELS, kernels_for
 from marssim.calibrate.stats import summarize
 from marssim.calibrate.table import (
-    COLUMNS, CalibrationRow, format_note, merge_rows, parse_note, read_comments, read_rows, row_key,
+    COLUMNS, format_note, merge_rows, parse_note, read_comments, read_rows, row_key,
     short_device_name,
 )
 from marssim.cost.calibrated import REQUIRED_COLUMNS, load_table
@@ -80,7 +82,7 @@ def test_merge_replaces_same_measurement_and_keeps_comments(tmp_path):
     points = grid_from_graphs([load_workload("resnet50")], ("conv",), ("fp16",), sweep=False)[:3]
     first = _rows_for(points)
     merge_rows(path, first, "run 1")
-    again = [CalibrationRow(**{**{c: getattr(r, c) for c in COLUMNS}, "median_s": 2 * r.median_s}) for r in first[:1]]
+    again = [dataclasses.replace(r, median_s=2 * r.median_s) for r in first[:1]]
     merge_rows(path, again, "# run 2")
     merge_rows(path, [], "run 1")  # the same comment is not repeated
     assert read_comments(path) == ["# run 1", "# run 2"]

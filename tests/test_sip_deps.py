@@ -211,9 +211,28 @@ def test_fixed_latency_consumer_keeps_its_stall_distance():
     assert lst.instructions[0x40 // 16].text == "ULDC UR7, c[0x0][0x22c]"
     v = verdict("tiled_gemm.sm_90.cubin", 0x50, "S2R R0, SR_TID.Y", "IMAD.U32 R9, RZ, RZ, UR7")
     assert (v.ok, v.reason) == (False, "latency") and "UR7" in v.detail
-    # ISETP (stall 7) then a consumer-free IADD3: moving the IADD3 up is fine
-    ok = verdict("attention_fwd.sm_90a.cubin", 0x290, "ISETP.GE.AND P2, PT, R0, RZ, PT", "@P0 IADD3 R10, R10, 0x1, RZ")
+    # LOP3.LUT R8 at 0x560 is 8 cycles above its consumer; CS2R (stall 2) in between may go: 6 >= min(8, 6)
+    lst = listing("attention_fwd.sm_90a.cubin")
+    assert lst.instructions[0x560 // 16].text == "LOP3.LUT R8, R0, 0xff0, RZ, 0xc0, !PT"
+    ok = verdict("attention_fwd.sm_90a.cubin", 0x590, "CS2R R64, SRZ", "LOP3.LUT R8, R8, 0x70, R3, 0x78, !PT")
     assert ok.ok
+
+
+def test_a_guard_predicate_keeps_the_13_cycles_ptxas_always_leaves():
+    """ISETP.GE.U32.AND P0 at 0x260 is 13 cycles above the ``@P0 IADD3`` at 0x2a0 (2+2+2+7).
+    Moving the IADD3 above the ISETP P2 (stall 7) would leave 6 cycles: the 6-cycle table allowed
+    it, but ptxas never leaves less than 13 cycles between a compare and an instruction guarded
+    by its predicate (22 of 23 ISETP.GT.U32.AND -> guard pairs of the sm_90 cubins are exactly 13
+    apart), so the model now keeps them 13 apart, in every mode."""
+    from marssim.calibrate.sip.deps import LegalityOptions
+
+    lst = listing("attention_fwd.sm_90a.cubin")
+    assert lst.instructions[0x260 // 16].text == "ISETP.GE.U32.AND P0, PT, R0, R5, PT"
+    assert sum(lst.instructions[k].control.stall for k in range(0x260 // 16, 0x2A0 // 16)) == 13
+    for options in (LegalityOptions(), LegalityOptions(latency="observed")):
+        lg = Legality(lst, options)
+        v = lg.check(tuple(range(len(lst))), 0x290 // 16)
+        assert (v.ok, v.reason) == (False, "latency") and "P0: ISETP.GE.U32.AND -> IADD3" in v.detail
 
 
 def test_scoreboard_waiter_keeps_its_distance_to_the_setter():

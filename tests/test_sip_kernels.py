@@ -14,6 +14,7 @@ from marssim.calibrate.sip.cubin import read_cubin
 from marssim.calibrate.sip.gpu import outputs_match, summarize
 from marssim.calibrate.sip.kernels import KERNELS, get_kernel, parse_shape
 from marssim.errors import InputError
+from marssim.cost.calibrated import OPTIONAL_COLUMNS
 
 DATA = Path(__file__).parent / "data" / "sip"
 
@@ -112,7 +113,7 @@ def test_calibration_rows_merge_and_replace(tmp_path):
     lines = path.read_text().splitlines()
     assert lines[0].startswith("#")
     header = next(csv.reader([lines[1]]))
-    assert set(COST_TABLE_COLUMNS) <= set(header) and set(header) - set(COST_TABLE_COLUMNS) <= {"kernel", "note"}
+    assert set(COST_TABLE_COLUMNS) <= set(header) and set(header) - set(COST_TABLE_COLUMNS) <= set(OPTIONAL_COLUMNS)
     data = next(csv.DictReader(lines[1:]))
     assert float(data["flops"]) == 2 * int(data["batch"]) * int(data["m"]) * int(data["n"]) * int(data["k"])
 

@@ -13,13 +13,14 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from marssim.cost.calibrated import GEMM_KINDS, MIN_POINTS, KernelTable, shape_key
+from marssim.cost.calibrated import GEMM_KINDS, MIN_POINTS, KernelTable, lookup_keys, shape_key
 from marssim.cost.features import (
-    CLASS_GEMM, CLASS_NONE, F_CLASS, F_FLOPS, F_G, F_KERNEL, F_KK, F_M, F_NN, F_TRAFFIC, KERNEL_KINDS, op_features,
+    CLASS_GEMM, CLASS_NONE, F_CLASS, F_FLOPS, F_G, F_KERNEL, F_KK, F_M, F_NN, F_TRAFFIC, KERNEL_KINDS,
+    conv_geometry_key, op_features,
 )
 from marssim.workload import Graph, Op
 
-__all__ = ["KindCoverage", "table_coverage", "format_coverage", "op_shape_key", "workload_coverage"]
+__all__ = ["KindCoverage", "table_coverage", "format_coverage", "op_shape_key", "measured_key", "workload_coverage"]
 
 
 @dataclass(frozen=True)
@@ -49,7 +50,7 @@ def table_coverage(table: KernelTable) -> list[KindCoverage]:
         tunings = Counter(r.tuning for r in rows)
         kernels = Counter(r.kernel or "-" for r in rows)
         need = MIN_POINTS[kind in GEMM_KINDS]
-        shapes = {shape_key(r.kind, r.dtype, r.batch, r.m, r.n, r.k, r.flops, r.bytes) for r in rows}
+        shapes = {r.shape for r in rows}
         fittable = tuple(t for t, n in sorted(tunings.items()) if n >= need)
         out.append(KindCoverage(device, kind, dtype, len(rows), len(shapes), tuple(sorted(tunings.items())),
                                 tuple(sorted(kernels.items())), fittable, min(r.flops for r in rows),
@@ -70,29 +71,38 @@ def format_coverage(rows: Sequence[KindCoverage]) -> str:
 
 def op_shape_key(op: Op) -> tuple | None:
     """The :func:`~marssim.cost.calibrated.shape_key` the cost model looks ``op`` up by (None
-    for graph inputs)."""
+    for graph inputs; a convolution's with its geometry, see
+    :func:`~marssim.cost.calibrated.lookup_keys`)."""
     x = op_features(op)
     if x[F_CLASS] == CLASS_NONE:
         return None
     kind = KERNEL_KINDS[x[F_KERNEL]]
     if x[F_CLASS] == CLASS_GEMM:
-        return shape_key(kind, op.dtype, x[F_G], x[F_M], x[F_NN], x[F_KK], 0, 0)
+        return shape_key(kind, op.dtype, x[F_G], x[F_M], x[F_NN], x[F_KK], 0, 0, conv_geometry_key(x) or None)
     return shape_key(kind, op.dtype, 0, 0, 0, 0, x[F_FLOPS], x[F_TRAFFIC])
+
+
+def measured_key(op: Op, keys: set | dict) -> tuple | None:
+    """The key among ``keys`` (shape keys of measured rows) under which the cost model finds
+    ``op``'s measured time, or None."""
+    key = op_shape_key(op)
+    if key is None:
+        return None
+    return next((k for k in lookup_keys(key) if k in keys), None)
 
 
 def workload_coverage(table: KernelTable, graphs: Sequence[Graph]) -> list[str]:
     """One line per (workload, device): how many compute ops have a measured shape, by op kind."""
     lines = []
     for device in table.devices():
-        keys = {shape_key(r.kind, r.dtype, r.batch, r.m, r.n, r.k, r.flops, r.bytes)
-                for r in table.rows if r.device == device}
+        keys = {r.shape for r in table.rows if r.device == device and r.phase == "fwd"}
         for g in graphs:
             total: Counter = Counter()
             hit: Counter = Counter()
             for i in g.compute_ops:
                 op = g.ops[i]
                 total[op.kind.value] += 1
-                if op_shape_key(op) in keys:
+                if measured_key(op, keys) is not None:
                     hit[op.kind.value] += 1
             parts = ", ".join(f"{k} {hit[k]}/{n}" for k, n in sorted(total.items()))
             lines.append(f"  {g.spec} on {device}: {sum(hit.values())} of {sum(total.values())} compute ops have a "

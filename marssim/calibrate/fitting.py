@@ -5,9 +5,14 @@
 uses, since :class:`marssim.cost.DataflowCost` fits the same rows the same way -- and once on
 80 % of the group's distinct shapes, to predict the other 20 % (the held-out error; the
 curve and its residual correction are both fitted on those 80 %, so a held-out row never
-enters its own prediction; the curve's error alone is reported beside it). The held-out shapes are chosen by the SHA-256 of each shape's :func:`~marssim.cost.calibrated.shape_key`
-(the ``round(0.2 x shapes)`` smallest digests): deterministic, independent of row order and
-of which other shapes the table holds, and all rows of one shape are on the same side.
+enters its own prediction; the curve's error alone is reported beside it). The held-out shapes
+are chosen by the SHA-256 of each shape's GEMM-view :func:`~marssim.cost.calibrated.shape_key`
+(without a convolution's geometry; the ``round(0.2 x shapes)`` smallest digests):
+deterministic, independent of row order and of which other shapes the table holds, all rows
+of one GEMM shape on the same side (convolutions of the same im2col GEMM too), and the same
+split for a table before and after its geometry columns were filled. For convolution groups
+whose rows carry their geometry the correction is fitted on it, and the same split is also
+predicted with the correction by the GEMM view alone (``gemm_view_holdout``), for comparison.
 (:func:`marssim.cost.calibrated.holdout_errors` holds out every n-th row in table order and
 reports no p90, hence this module's own split.)
 
@@ -30,7 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from marssim.cost.calibrated import (
-    FitKey, KernelFit, KernelTable, KernelTiming, fit_group, load_table, predict, shape_key,
+    FitKey, KernelFit, KernelTable, KernelTiming, fit_group, geometry_array, load_table, predict, shape_key,
 )
 from marssim.fsutil import atomic_file
 
@@ -66,6 +71,9 @@ class GroupReport:
     reason: str = ""
     curve_holdout: HoldoutStats | None = None
     """The held-out errors of the curve alone (no residual correction), for comparison."""
+    gemm_view_holdout: HoldoutStats | None = None
+    """Convolutions with their geometry: the held-out errors with the correction fitted on the
+    GEMM view alone (geometry ignored), for comparison."""
 
 
 def _digest(key: tuple) -> str:
@@ -80,21 +88,27 @@ def holdout_split(rows: Sequence[KernelTiming], fraction: float = HOLDOUT_FRACTI
         raise ValueError("fraction must be between 0 and 1")
     keys = {}
     for r in rows:
-        key = shape_key(r.kind, r.dtype, r.batch, r.m, r.n, r.k, r.flops, r.bytes)
+        key = _split_key(r)
         keys.setdefault(key, _digest(key))
     n_held = int(round(fraction * len(keys)))
     held = set(sorted(keys, key=keys.get)[:n_held])
     fit_rows, held_rows = [], []
     for r in rows:
-        key = shape_key(r.kind, r.dtype, r.batch, r.m, r.n, r.k, r.flops, r.bytes)
-        (held_rows if key in held else fit_rows).append(r)
+        (held_rows if _split_key(r) in held else fit_rows).append(r)
     return fit_rows, held_rows
+
+
+def _split_key(r: KernelTiming) -> tuple:
+    """The GEMM-view shape key the split hashes: :func:`shape_key` without its geometry
+    element, ``(kind, dtype, batch, m, n, k, flops, bytes)`` as it was before tables had
+    geometry columns (so the split, and the errors reported on it, stay comparable)."""
+    return shape_key(r.kind, r.dtype, r.batch, r.m, r.n, r.k, r.flops, r.bytes)[:8]
 
 
 def _errors(f: KernelFit, rows: Sequence[KernelTiming], corrected: bool = True) -> np.ndarray:
     pred = predict(f, f.kind, batch=[r.batch for r in rows], m=[r.m for r in rows], n=[r.n for r in rows],
                    k=[r.k for r in rows], flops=[r.flops for r in rows], nbytes=[r.bytes for r in rows],
-                   corrected=corrected)
+                   corrected=corrected, geometry=geometry_array(rows))
     measured = np.array([r.median_s for r in rows])
     return np.abs(np.asarray(pred) / measured - 1.0)
 
@@ -104,7 +118,7 @@ def fit_report(table: KernelTable, fraction: float = HOLDOUT_FRACTION) -> list[G
     by device, kind, dtype and tuning."""
     out = []
     for key, rows in sorted(table.groups().items()):
-        n_shapes = len({shape_key(r.kind, r.dtype, r.batch, r.m, r.n, r.k, r.flops, r.bytes) for r in rows})
+        n_shapes = len({r.shape for r in rows})
         try:
             full = fit_group(rows)
         except ValueError as err:
@@ -119,9 +133,13 @@ def fit_report(table: KernelTable, fraction: float = HOLDOUT_FRACTION) -> list[G
         except ValueError as err:
             out.append(GroupReport(key, len(rows), n_shapes, full, None, f"held-out fit: {err}"))
             continue
+        errors = [_errors(partial, held_rows, c) for c in (True, False)]
+        if geometry_array(rows) is not None:  # the same split, corrected by the GEMM view alone
+            errors.append(_errors(fit_group(fit_rows, geometry=False), held_rows))
         stats = [HoldoutStats(len(fit_rows), len(held_rows), float(np.median(e)), float(np.percentile(e, 90)),
-                              float(e.max())) for e in (_errors(partial, held_rows, c) for c in (True, False))]
-        out.append(GroupReport(key, len(rows), n_shapes, full, stats[0], curve_holdout=stats[1]))
+                              float(e.max())) for e in errors]
+        out.append(GroupReport(key, len(rows), n_shapes, full, stats[0], curve_holdout=stats[1],
+                               gemm_view_holdout=stats[2] if len(stats) > 2 else None))
     return out
 
 
@@ -175,6 +193,10 @@ def write_fit_json(table_path: str | Path, reports: Sequence[GroupReport], out: 
             h = r.curve_holdout
             entry["holdout_curve_alone"] = {"median_rel_error": h.median, "p90_rel_error": h.p90,
                                             "max_rel_error": h.max}
+        if r.gemm_view_holdout is not None:
+            h = r.gemm_view_holdout
+            entry["holdout_correction_by_gemm_view"] = {"median_rel_error": h.median, "p90_rel_error": h.p90,
+                                                        "max_rel_error": h.max}
         if r.reason:
             entry["note"] = r.reason
         groups.append(entry)
@@ -224,6 +246,16 @@ def format_report(reports: Sequence[GroupReport]) -> str:
         lines.append([device, kind, dtype, tuning, str(r.n_rows), str(r.n_shapes), fit_rms, *cells])
     out = format_table(headers, lines, indent="")
     targets = "; ".join(f"{k}: median <= {100 * m:.0f} %, p90 <= {100 * p:.0f} %" for k, (m, p) in TARGETS.items())
+    by_view = [r for r in reports if r.gemm_view_holdout is not None and r.holdout is not None]
+    if by_view:
+        out.append("")
+        out.append("convolutions with their geometry: held-out error with the correction by the GEMM view alone (as "
+                   "for tables without geometry) and by the geometry, on the same split:")
+        rows = [[*r.key, str(r.holdout.n_held), _pct(r.gemm_view_holdout.median), _pct(r.gemm_view_holdout.p90),
+                 _pct(r.gemm_view_holdout.max), _pct(r.holdout.median), _pct(r.holdout.p90), _pct(r.holdout.max)]
+                for r in by_view]
+        out.extend(format_table(["device", "kind", "dtype", "tuning", "held out", "GEMM view median", "p90", "max",
+                                 "geometry median", "p90", "max"], rows, indent="  "))
     out.append("")
     out.append(f"held-out error: |predicted / measured - 1| on {HOLDOUT_FRACTION:.0%} of each group's shapes, fitted "
                f"on the rest (curve and residual correction alike); median/p90/max: the model (curve x local residual "

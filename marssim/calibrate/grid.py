@@ -29,6 +29,8 @@ How the grid is built (:func:`build_grid`):
    into that many parts (:func:`~marssim.mapping.sharding.split_sizes`; each distinct part size
    once). A model-parallel mapping asks the cost model for exactly these shapes.
 4. Points with the same :func:`shape_key` (per measure kind) are kept once, the first seen.
+   Convolutions are keyed by their geometry too, so two layers with the same im2col GEMM but
+   different channels, kernel size or stride are two points.
 
 :func:`estimate_seconds` predicts how long the harness spends on a point (kernel time from the
 analytical GPU roofline of a design, plus the L2 flush, warm-up and a fixed set-up cost per
@@ -42,6 +44,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from marssim.cost.calibrated import shape_key
+from marssim.cost.convgeom import ConvGeometry, conv_geometry
 from marssim.cost.features import (
     CLASS_GEMM, CLASS_NONE, F_CLASS, F_FLOPS, F_G, F_KERNEL, F_KK, F_M, F_NN, F_TRAFFIC, KERNEL_KINDS, op_features,
 )
@@ -73,7 +76,9 @@ class GridPoint:
     kind); ``kind``, ``dtype``, ``batch``, ``m``, ``n``, ``k``, ``flops``, ``bytes``: the
     calibration-table columns (FLOPs, bytes); ``op``: the op whose kernel is timed (for fused
     attention: the block's ``Q K^T`` product); ``origin``: where it came from
-    (``resnet50:layer1.0.conv1``, or ``... x4 N`` for a sweep variant)."""
+    (``resnet50:layer1.0.conv1``, or ``... x4 N`` for a sweep variant); ``conv``: a
+    convolution's geometry (the ``conv_*`` columns, :func:`marssim.cost.convgeom.conv_geometry`),
+    None for other kinds; ``phase``: the table's ``phase`` column."""
 
     measure_kind: str
     kind: str
@@ -86,11 +91,15 @@ class GridPoint:
     bytes: int
     op: Op
     origin: str
+    conv: ConvGeometry | None = None
+    phase: str = "fwd"
 
     @property
     def key(self) -> tuple:
-        """:func:`~marssim.cost.calibrated.shape_key` of the point."""
-        return shape_key(self.kind, self.dtype, self.batch, self.m, self.n, self.k, self.flops, self.bytes)
+        """:func:`~marssim.cost.calibrated.shape_key` of the point (with its phase when not
+        ``fwd``)."""
+        key = shape_key(self.kind, self.dtype, self.batch, self.m, self.n, self.k, self.flops, self.bytes, self.conv)
+        return key if self.phase == "fwd" else (*key, self.phase)
 
     @property
     def fused(self) -> bool:
@@ -98,7 +107,11 @@ class GridPoint:
 
     def describe(self) -> str:
         """Short text: ``conv bf16 1x12544x64x147 (resnet50:conv1)``."""
-        if self.kind in _GEMM_CLASS:
+        if self.conv is not None:
+            g = self.conv
+            shape = (f"{self.batch}x{self.m}x{self.n}x{self.k} = C{g.c} {g.h}x{g.w} K{g.k} {g.r}x{g.s}"
+                     f"/{g.stride_h}" + (f" g{g.groups}" if g.groups > 1 else ""))
+        elif self.kind in _GEMM_CLASS:
             shape = f"{self.batch}x{self.m}x{self.n}x{self.k}"
         else:
             shape = f"{self.flops:.3g} FLOP {self.bytes:.3g} B"
@@ -231,7 +244,9 @@ def _point(op: Op, measure_kind: str, origin: str) -> GridPoint | None:
     if kind != measure_kind:
         return None
     if x[F_CLASS] == CLASS_GEMM:
-        return GridPoint(kind, kind, op.dtype, x[F_G], x[F_M], x[F_NN], x[F_KK], x[F_FLOPS], x[F_TRAFFIC], op, origin)
+        conv = conv_geometry(op) if kind == "conv" else None
+        return GridPoint(kind, kind, op.dtype, x[F_G], x[F_M], x[F_NN], x[F_KK], x[F_FLOPS], x[F_TRAFFIC], op, origin,
+                         conv)
     if kind in _GEMM_CLASS:  # a GEMM-like op without MACs: nothing to time
         return None
     return GridPoint(kind, kind, op.dtype, 0, 0, 0, 0, x[F_FLOPS], x[F_TRAFFIC], op, origin)

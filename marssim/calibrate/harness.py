@@ -9,8 +9,9 @@ enqueued the GPU is kept busy by a spinning kernel long enough for the host to e
 the repetitions and their inter-quartile range. Inputs are random (never zeros) with a seed
 per point; the output's shape is checked against the op's and its values must be finite.
 
-Every row records the device's short name (the table's file name, what ``gpu.calibration``
-matches), its SM count, the NVIDIA driver, the CUDA runtime and, in ``note``, the full GPU
+Every row records the shape as the grid gives it (for a convolution also its geometry, the
+``conv_*`` columns, which the grid knows from the layer), the device's short name (the table's
+file name, what ``gpu.calibration`` matches), its SM count, the NVIDIA driver, the CUDA runtime and, in ``note``, the full GPU
 name, the SM clock read after timing (``torch.cuda.clock_rate`` where NVML is available, else
 ``nvidia-smi`` at the start), the memory clock, the power limit, the torch, cuBLAS, cuDNN and
 Triton versions, and where the shape came from. The file also gets one comment line per run.
@@ -202,7 +203,7 @@ class MeasureReport:
 
 
 def _row(task: Task, info: DeviceInfo, stats: TimingStats, kernel: str, note: dict[str, str], sm_clock: str,
-         date: str) -> CalibrationRow:
+         date: str, backend: str = "") -> CalibrationRow:
     p = task.point
     fields_ = info.note_fields()
     if sm_clock:
@@ -213,21 +214,24 @@ def _row(task: Task, info: DeviceInfo, stats: TimingStats, kernel: str, note: di
                           bytes=float(p.bytes), device=info.short, sms=info.sms, driver=info.driver or "unknown",
                           cuda=info.cuda or "unknown", tuning=task.impl.tuning, median_s=stats.median,
                           spread_s=stats.iqr, samples=stats.samples, date=date, kernel=kernel,
-                          note=format_note(fields_))
+                          note=format_note(fields_), phase=p.phase, backend=backend, conv=p.conv)
 
 
 def _done_keys(path: Path | None, device: str) -> set[tuple]:
-    """Shapes (with tuning) the table already holds for ``device``. Kernel families of one
-    measure kind differ in their tuning (checked by the tests), so tuning names the family."""
+    """Shapes (with convolution geometry, phase and tuning) the table already holds for
+    ``device``. Kernel families of one measure kind differ in their tuning (checked by the
+    tests), so tuning names the family."""
     if path is None or not path.exists():
         return set()
-    return {(r.kind, r.dtype, r.batch, r.m, r.n, r.k, round(r.flops), round(r.bytes), r.tuning)
+    return {(r.kind, r.dtype, r.batch, r.m, r.n, r.k, round(r.flops), round(r.bytes),
+             r.conv.match_key if r.conv is not None else (), r.phase, r.tuning)
             for r in read_rows(path) if r.device == device}
 
 
 def _task_key(task: Task) -> tuple:
     p = task.point
-    return (p.kind, p.dtype, p.batch, p.m, p.n, p.k, p.flops, p.bytes, task.impl.tuning)
+    return (p.kind, p.dtype, p.batch, p.m, p.n, p.k, p.flops, p.bytes, p.conv.match_key if p.conv is not None else (),
+            p.phase, task.impl.tuning)
 
 
 def measure(tasks: Sequence[Task], options: MeasureOptions, *, progress: bool = True) -> MeasureReport:
@@ -294,7 +298,8 @@ def measure(tasks: Sequence[Task], options: MeasureOptions, *, progress: bool = 
                 if out.is_floating_point() and not bool(torch.isfinite(out).all()):
                     raise ValueError("non-finite output values")
                 clock = _sm_clock(options.device_index) or sm_clock_start
-                pending[p.fused].append(_row(task, info, stats, built.kernel, built.note, clock, date))
+                pending[p.fused].append(_row(task, info, stats, built.kernel, built.note, clock, date,
+                                             built.backend))
                 report.measured += 1
             except torch.cuda.OutOfMemoryError:
                 built = out = None

@@ -59,12 +59,14 @@ _TORCH_DTYPE_NAMES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", 
 class Built:
     """A kernel ready to run: ``fn()`` launches it once and returns its output; ``expected``
     is the output shape the op says it has (checked after the first run); ``kernel`` the name
-    recorded in the table; ``note`` extra ``key=value`` facts (layout, backend)."""
+    recorded in the table; ``note`` extra ``key=value`` facts (layout, tiles); ``backend`` the
+    table's ``backend`` column (which of a call's implementations ran; empty when one)."""
 
     fn: Callable[[], Any]
     expected: tuple[int, ...]
     kernel: str
     note: dict[str, str] = field(default_factory=dict)
+    backend: str = ""
 
 
 @dataclass(frozen=True)
@@ -172,46 +174,29 @@ def triton_specialization(point: GridPoint) -> tuple:
     return (point.dtype, *((v == 1, v % 16 == 0) for v in (m, n, k)))
 
 
-def _shard_padding(size: int, out: int, kernel: int, stride: int, dilation: int, lo: int,
-                   hi: int) -> tuple[int, int, int]:
-    """(low pad, high pad, input size) that give ``out`` output positions along one spatial
-    axis: the op's padding when it does (a whole layer), else the padding ``out`` still needs,
-    low side first, with the input cut when even none is too much (a spatial shard)."""
-    need = (out - 1) * stride + dilation * (kernel - 1) + 1 - size
-    if need == lo + hi:
-        return lo, hi, size
-    if need <= 0:
-        return 0, 0, size + need
-    return min(lo, need), need - min(lo, need), size
-
-
 def _conv(point: GridPoint, device, seed: int) -> Built:
     import torch
 
+    from marssim.cost.convgeom import conv_launch
+
     op = point.op
     gen = _generator(device, seed)
-    n, c_in, h, w = op.in_shapes[0]
-    k, c, r, s = op.dim("K"), op.dim("C"), op.dim("R"), op.dim("S")
-    groups = k if op.param("depthwise", False) else op.param("groups", 1)
-    sh, sw = op.param("stride", (1, 1))
-    top, left, bottom, right = op.param("pad", (0, 0, 0, 0))
-    dilation = op.param("dilation", 1)
-    # a spatial shard reads its rows with the halo from the neighbouring shards: only the padding
-    # its output still needs is kept (none for an inner shard)
-    top, bottom, h = _shard_padding(h, op.out_shape[2], r, sh, dilation, top, bottom)
-    left, right, w = _shard_padding(w, op.out_shape[3], s, sw, dilation, left, right)
-    x = _random((n, c_in, h, w), point.dtype, device, gen)
-    if (top, left) != (bottom, right):
-        x = torch.nn.functional.pad(x, (left, right, top, bottom))  # once, outside the timed kernel
-        padding: tuple[int, int] = (0, 0)
-    else:
-        padding = (top, left)
+    # the geometry the row records: a spatial shard keeps only the padding its output still needs
+    # (its rows come with the halo from the neighbouring shards); asymmetric padding is applied
+    # to the input once, outside the timed kernel
+    launch = conv_launch(op)
+    geo = launch.geometry
+    x = _random((launch.n, geo.c, launch.rows, launch.cols), point.dtype, device, gen)
+    if any(launch.pre_pad):
+        x = torch.nn.functional.pad(x, launch.pre_pad)
     x = x.contiguous(memory_format=torch.channels_last)
-    weight = _random((k, c, r, s), point.dtype, device, gen).contiguous(memory_format=torch.channels_last)
-    bias = _random((k,), point.dtype, device, gen) if op.param("bias", False) else None
+    weight = _random((geo.k, geo.c // geo.groups, geo.r, geo.s), point.dtype, device,
+                     gen).contiguous(memory_format=torch.channels_last)
+    bias = _random((geo.k,), point.dtype, device, gen) if op.param("bias", False) else None
+    stride, padding = (geo.stride_h, geo.stride_w), (geo.pad_h, geo.pad_w)
 
     def fn():
-        return torch.nn.functional.conv2d(x, weight, bias, (sh, sw), padding, dilation, groups)
+        return torch.nn.functional.conv2d(x, weight, bias, stride, padding, geo.dilation, geo.groups)
 
     return Built(fn, tuple(op.out_shape), "torch.conv2d", {"layout": "NHWC"})
 

@@ -3,11 +3,14 @@
 Shared by the measurement harness (``marssim calibrate measure``) and the SIP tuner
 (``marssim sip tune``). The columns are those of the calibrated cost model's table format
 (:mod:`marssim.cost.calibrated`): ``kind, dtype, batch, m, n, k, flops, bytes, device, sms,
-driver, cuda, tuning, median_s, spread_s, samples, date, kernel, note``; times in seconds,
-``spread_s`` the inter-quartile range, ``date`` ``YYYY-MM-DD``.
+driver, cuda, tuning, median_s, spread_s, samples, date, kernel, phase, backend``, the
+convolution geometry ``conv_c ... conv_groups`` and ``note``; times in seconds, ``spread_s`` the
+inter-quartile range, ``date`` ``YYYY-MM-DD``. Tables written before the optional columns
+existed are read as they are (the columns empty) and written back with them.
 
 Writing merges into an existing file: a row with the same device, kind, dtype, shape, flops,
-bytes, kernel and tuning is replaced; the file is rewritten atomically. Comment lines (``#``)
+bytes, convolution geometry, phase, kernel, backend and tuning is replaced; the file is
+rewritten atomically. Comment lines (``#``)
 already in the file are kept and a new one is added when it differs from all of them, so a
 table measured in several runs keeps one provenance line per run. Re-running is idempotent.
 
@@ -19,10 +22,12 @@ from __future__ import annotations
 
 import csv
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
-from marssim.cost.calibrated import OPTIONAL_COLUMNS, REQUIRED_COLUMNS, KernelTiming
+from marssim.cost.calibrated import (
+    CONV_COLUMNS, OPTIONAL_COLUMNS, PHASES, REQUIRED_COLUMNS, KernelTiming, conv_cells, parse_conv_cells,
+)
 from marssim.errors import InputError
 from marssim.fsutil import atomic_file
 
@@ -40,7 +45,7 @@ COLUMNS = REQUIRED_COLUMNS + OPTIONAL_COLUMNS
 def row_key(row: KernelTiming) -> tuple:
     """What makes two rows the same measurement (a later one replaces an earlier one)."""
     return (row.device, row.kind, row.dtype, row.batch, row.m, row.n, row.k, round(row.flops), round(row.bytes),
-            row.kernel, row.tuning)
+            row.conv.key if row.conv is not None else (), row.phase, row.kernel, row.backend, row.tuning)
 
 
 _FLOATS = {"flops", "bytes", "median_s", "spread_s"}
@@ -109,33 +114,47 @@ def read_rows(path: str | Path) -> list[CalibrationRow]:
     if not numbered:
         raise InputError(name, "header", f"expected a header line with the columns {', '.join(COLUMNS)}")
     reader = csv.DictReader([ln for _, ln in numbered])
-    missing = [c for c in COLUMNS if c not in (reader.fieldnames or ())]
+    missing = [c for c in REQUIRED_COLUMNS if c not in (reader.fieldnames or ())]
     if missing:
         raise InputError(name, f"line {numbered[0][0]}", f"missing columns: {', '.join(missing)}")
     rows = []
+    plain = [c for c in COLUMNS if c not in CONV_COLUMNS]
     for (lineno, _), raw in zip(numbered[1:], reader):
         values: dict[str, object] = {}
-        for col in COLUMNS:
+        for col in plain:
             text = (raw.get(col) or "").strip()
             try:
                 values[col] = float(text) if col in _FLOATS else int(text) if col in _INTS else text
             except ValueError:
                 raise InputError(name, f"line {lineno}: {col}", f"expected a number, got {text!r}") from None
+        values["phase"] = values["phase"] or "fwd"
+        if values["phase"] not in PHASES:
+            raise InputError(name, f"line {lineno}: phase", f"expected one of {', '.join(PHASES)}, "
+                                                            f"got {values['phase']!r}")
+        try:
+            values["conv"] = parse_conv_cells(raw)
+        except ValueError as err:
+            column, message = err.args
+            raise InputError(name, f"line {lineno}: {column}", message) from None
         rows.append(CalibrationRow(**values))  # type: ignore[arg-type]
     return rows
 
 
 def _sort_key(r: CalibrationRow) -> tuple:
-    return (r.device, r.kind, r.dtype, r.kernel, r.batch, r.m, r.n, r.k, r.flops, r.bytes, r.tuning)
+    return (r.device, r.kind, r.dtype, r.kernel, r.batch, r.m, r.n, r.k, r.flops, r.bytes,
+            r.conv.key if r.conv is not None else (), r.phase, r.backend, r.tuning)
 
 
-def merge_rows(path: str | Path, new: Iterable[CalibrationRow], comment: str = "") -> list[CalibrationRow]:
+def merge_rows(path: str | Path, new: Iterable[CalibrationRow], comment: str = "", *,
+               replace_all: bool = False, comments: Sequence[str] | None = None) -> list[CalibrationRow]:
     """Add ``new`` rows to the CSV at ``path`` (created if absent), replacing rows with the same
-    :meth:`~CalibrationRow.key`; keep the file's comment lines and add ``comment`` (one line,
-    ``# `` prepended when missing) unless already there; write atomically; return the rows."""
+    :func:`row_key` (with ``replace_all``, the file's rows are dropped and ``new`` is the whole
+    table); keep the file's comment lines (or start from ``comments``) and add ``comment`` (one
+    line, ``# `` prepended when missing) unless already there; write atomically; return the
+    rows."""
     p = Path(path)
-    existing = read_rows(p) if p.exists() else []
-    comments = read_comments(p) if p.exists() else []
+    existing = read_rows(p) if p.exists() and not replace_all else []
+    comments = list(comments) if comments is not None else read_comments(p) if p.exists() else []
     if comment:
         line = comment if comment.startswith("#") else f"# {comment}"
         if "\n" in line:
@@ -152,7 +171,8 @@ def merge_rows(path: str | Path, new: Iterable[CalibrationRow], comment: str = "
         writer = csv.DictWriter(fh, fieldnames=list(COLUMNS), lineterminator="\n")
         writer.writeheader()
         for r in ordered:
-            d = {col: getattr(r, col) for col in COLUMNS}
+            d = {col: getattr(r, col) for col in COLUMNS if col not in CONV_COLUMNS}
+            d.update(conv_cells(r.conv))
             for col in ("median_s", "spread_s"):
                 d[col] = f"{d[col]:.6e}"
             d["flops"] = f"{r.flops:.0f}"

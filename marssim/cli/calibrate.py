@@ -4,7 +4,9 @@ Subcommands: ``grid`` (the shapes to time, derived from zoo workloads, with the 
 harness time and its split into chunks), ``measure`` (time them on a CUDA device into
 ``traces/calibration/<device>.csv``; ``--dry-run`` runs anywhere), ``fit`` (fit the efficiency
 curves of a table, write ``<table>.fit.json`` and report the held-out error), ``check``
-(validate tables and report what they cover). All but ``measure`` run without a GPU.
+(validate tables and report what they cover), ``backfill`` (add the convolution geometry
+columns to conv rows measured without them, from the layer each row's note names). All but
+``measure`` run without a GPU.
 """
 
 from __future__ import annotations
@@ -110,6 +112,24 @@ def register(sub: argparse._SubParsersAction) -> None:
     c.add_argument("tables", metavar="TABLE.csv", nargs="+")
     c.add_argument("--workloads", help="zoo specs or ONNX files: report the share of their layers the tables hold")
     c.set_defaults(func=run_check)
+
+    from marssim.cost.convgeom import PADDING_RULES
+
+    b = s.add_parser("backfill", help="add the convolution geometry columns to conv rows measured without them",
+                     description="Rebuild the layer each conv row's note names (origin=spec:layer and variant), "
+                                 "check that its GEMM shape, FLOPs and bytes equal the row's, and write its "
+                                 "geometry (conv_c ... conv_groups) into OUT. Rows that do not rebuild exactly "
+                                 "keep empty geometry columns (matched by their GEMM shape, as before). Runs "
+                                 "anywhere.")
+    b.add_argument("table", metavar="TABLE.csv")
+    b.add_argument("--out", required=True, metavar="OUT.csv", help="converted table to write (may be TABLE itself)")
+    b.add_argument("--padding", choices=PADDING_RULES, default="current",
+                   help="padding rule of the harness that measured the table (default current; tables measured "
+                        "before spatial shards were: layer)")
+    b.add_argument("--shard-padding", dest="shard_padding", choices=PADDING_RULES, default=None,
+                   help="padding rule of the harness that measured the table's shard rows, when another "
+                        "(default: --padding)")
+    b.set_defaults(func=run_backfill)
     p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
 
 
@@ -173,6 +193,7 @@ def _summary(points, tasks, chunks, chunk_seconds: float) -> list[str]:
 def run_grid(args: argparse.Namespace) -> int:
     import csv
 
+    from marssim.cost.calibrated import CONV_COLUMNS, conv_cells
     from marssim.fsutil import atomic_file
 
     if args.out and not args.out.endswith(".csv"):
@@ -191,14 +212,16 @@ def run_grid(args: argparse.Namespace) -> int:
     if args.out:
         with atomic_file(args.out, newline="") as fh:
             w = csv.writer(fh, lineterminator="\n")
-            w.writerow(["chunk", "measure_kind", "kind", "dtype", "batch", "m", "n", "k", "flops", "bytes", "kernel",
-                        "tuning", "estimate_s", "op_kind", "loops", "origin"])
+            w.writerow(["chunk", "measure_kind", "kind", "dtype", "batch", "m", "n", "k", "flops", "bytes",
+                        *CONV_COLUMNS, "kernel", "tuning", "estimate_s", "op_kind", "loops", "origin"])
             chunk_of = {i: c for c, (a, b) in enumerate(chunks, 1) for i in range(a, b)}
             for i, t in enumerate(tasks):
                 p = t.point
                 loops = " ".join(f"{d}={v}" for d, v in p.op.loops)
+                geometry = conv_cells(p.conv)
                 w.writerow([chunk_of[i], p.measure_kind, p.kind, p.dtype, p.batch, p.m, p.n, p.k, p.flops, p.bytes,
-                            t.impl.name, t.impl.tuning, f"{t.estimate_s:.4g}", p.op.kind.value, loops, p.origin])
+                            *(geometry[c] for c in CONV_COLUMNS), t.impl.name, t.impl.tuning,
+                            f"{t.estimate_s:.4g}", p.op.kind.value, loops, p.origin])
         print(f"grid      {args.out}")
     return 0
 
@@ -304,4 +327,23 @@ def run_check(args: argparse.Namespace) -> int:
             graphs = load_graphs(split_workloads(args.workloads))
             for line in workload_coverage(table, graphs):
                 print(line)
+    return 0
+
+
+# ----------------------------------------------------------------------------- backfill
+def run_backfill(args: argparse.Namespace) -> int:
+    from marssim.calibrate.backfill import backfill_conv_geometry
+    from marssim.calibrate.table import merge_rows, read_comments, read_rows
+    from marssim.cost.calibrated import load_table
+
+    if not args.out.endswith(".csv"):
+        raise InputError(args.out, "--out", "expected a file name ending in .csv")
+    load_table(args.table)  # the full schema check before anything is written
+    rows, report = backfill_conv_geometry(read_rows(args.table), args.padding, args.shard_padding)
+    rules = args.padding + (f", shard rows {args.shard_padding}" if args.shard_padding else "")
+    comment = (f"# conv geometry columns back-filled by `marssim calibrate backfill` (padding rule {rules}) from "
+               f"each row's origin: {report.describe()}")
+    merge_rows(args.out, rows, comment, replace_all=True, comments=read_comments(args.table))
+    load_table(args.out)
+    print(f"{args.out}: {report.describe()}")
     return 0

@@ -1,9 +1,14 @@
 """``marssim sip``: SASS instruction-schedule tuning (stochastic instruction perturbation).
 
-Subcommands: ``inspect`` (decode a cubin: kernels, blocks, control codes, legal moves), ``apply``
-(re-apply a schedule file to its cubin), ``verify`` (re-check a schedule's legality and the
-nvdisasm round trip of the patched cubin), ``tune`` (anneal on a CUDA device). All but ``tune``
-run on any machine.
+Subcommands: ``inspect`` (decode a cubin: kernels, blocks, control codes, legal moves and the
+rules that refuse the others), ``apply`` (re-apply a schedule file to its cubin), ``verify``
+(re-check a schedule's legality and the nvdisasm round trip of the patched cubin), ``build``
+(compile a registered Triton kernel to a cubin offline, for its ``sm_90a`` or ``sm_80`` code
+path), ``tune`` (anneal on a CUDA device). All but ``tune`` run on any machine.
+
+``--widen`` (``inspect``, ``tune``) turns on widenings of the legality model that are argued
+but not yet verified on a GPU (:class:`marssim.calibrate.sip.deps.LegalityOptions`):
+``latency=observed``, ``reuse=clear``, ``commit_group`` or ``all``.
 """
 
 from __future__ import annotations
@@ -30,7 +35,21 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--kernel-name", help="only this kernel (default: all)")
     q.add_argument("--instructions", action="store_true",
                    help="list every instruction with its control code (stall, yield, scoreboards, waits, reuse)")
+    q.add_argument("--widen", default="", metavar="WIDENINGS",
+                   help="legality widenings, not verified on a GPU: latency=observed,reuse=clear,commit_group or all")
     q.set_defaults(func=run_inspect)
+
+    b = s.add_parser("build", help="compile a registered Triton kernel to a cubin offline (needs triton, no GPU)",
+                     description="Compile --kernel with Triton for its --target code path (sm_90a: Hopper; sm_80: "
+                                 "Ampere, the SIP paper's setting) and write the cubin. A cubin runs only on GPUs "
+                                 "of its own major version: --sass sm_90 assembles the sm_80 path for an H100.")
+    b.add_argument("--kernel", required=True, help="gemm_leaky_relu, gemm or attention_fwd")
+    b.add_argument("--shape", help="KEY=INT,... (only compile-time dims matter, e.g. HEAD_DIM)")
+    b.add_argument("--target", choices=("sm_90a", "sm_80"), default="sm_90a", help="Triton code path (default sm_90a)")
+    b.add_argument("--sass", default=None, metavar="SM", help="SASS architecture to assemble for (default: the target's; "
+                                                              "sm_90 runs the sm_80 path on an H100)")
+    b.add_argument("-o", "--out", required=True, metavar="FILE", help="cubin to write (atomically)")
+    b.set_defaults(func=run_build)
 
     a = s.add_parser("apply", help="apply a schedule file to the cubin it was tuned on")
     a.add_argument("schedule", metavar="SCHEDULE.json")
@@ -56,6 +75,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--t-min", dest="t_min", type=float, default=0.05, help="stop temperature (default 0.05)")
     t.add_argument("--move", choices=("sip", "swap"), default="sip",
                    help="sip: a memory instruction one slot up/down (default); swap: any adjacent pair")
+    t.add_argument("--target", choices=("sm_90a", "sm_80"), default="sm_90a",
+                   help="Triton code path to tune: sm_90a (Hopper, default) or sm_80 (Ampere: the SIP paper's "
+                        "A100 setting; on an H100 its PTX is assembled for sm_90, as a cubin runs only on GPUs of "
+                        "its major version)")
+    t.add_argument("--widen", default="", metavar="WIDENINGS",
+                   help="legality widenings NOT verified on a GPU (latency=observed,reuse=clear,commit_group or "
+                        "all); every accepted schedule is still checked bit for bit on random inputs")
     t.add_argument("--repeats", type=positive_int, default=20, help="timed launches per candidate (median)")
     t.add_argument("--final-repeats", type=positive_int, default=200, help="timed launches of the final comparison")
     t.add_argument("--verify-launches", type=positive_int, default=8,
@@ -82,24 +108,42 @@ def _listings(path: str, kernel: str | None):
         raise InputError(path, "nvdisasm", str(err)) from None
 
 
+def _widen(text: str):
+    from marssim.calibrate.sip.deps import LegalityOptions
+
+    try:
+        return LegalityOptions.parse(text)
+    except ValueError as err:
+        raise InputError(None, "--widen", str(err)) from None
+
+
 def run_inspect(args: argparse.Namespace) -> int:
     from marssim.calibrate.sip.deps import Legality
-    from marssim.calibrate.sip.perturb import legal_swaps, sip_moves
+    from marssim.calibrate.sip.perturb import legal_swaps, sip_move_reasons, sip_moves
 
+    options = _widen(args.widen)
     cubin, listings = _listings(args.cubin, args.kernel_name)
     print(f"{args.cubin}: {cubin.arch}, {len(cubin.kernels)} kernel(s), sha256 {cubin.sha256[:16]}...")
+    if options.widened:
+        print(f"legality widened (not verified on a GPU): {', '.join(options.widened)}")
     for name, lst in listings.items():
-        lg = Legality(lst)
+        lg = Legality(lst, options)
         order = tuple(range(len(lst)))
         cats = Counter(i.category for i in lst.instructions)
         swaps = legal_swaps(lg, order)
         moves = sip_moves(lg, order)
         reasons = Counter(lg.check(order, p).reason or "legal" for p in range(len(lst) - 1))
+        refused = sip_move_reasons(lg, order)
+        any_rule = Counter(r for rules in refused for r in rules)
+        sole = Counter(rules[0] for rules in refused if len(rules) == 1)
         print(f"\nkernel {name}: {len(lst)} instructions in {len(lst.blocks)} basic blocks; "
               f"{cats['memory']} memory, {cats['variable']} variable-latency, {cats['fixed']} fixed-latency, "
               f"{cats['fence']} fences; {len(lst.pinned)} pinned by .nv.info/relocations")
-        print(f"  legal adjacent swaps {len(swaps)}, legal SIP moves {len(moves)}")
+        print(f"  legal adjacent swaps {len(swaps)}, legal SIP moves {len(moves)} of {len(moves) + len(refused)}")
         print("  swaps refused by rule: " + ", ".join(f"{r} {n}" for r, n in sorted(reasons.items()) if r != "legal"))
+        print("  SIP moves refused, by every rule that refuses them: "
+              + ", ".join(f"{r} {n}" for r, n in any_rule.most_common()))
+        print("  SIP moves refused by one rule alone: " + ", ".join(f"{r} {n}" for r, n in sole.most_common()))
         print("  blocks: " + " ".join(f"[{b.start}-{b.end - 1}]" for b in lst.blocks))
         if args.instructions:
             block_of = lst.block_of()
@@ -122,10 +166,14 @@ def run_verify(args: argparse.Namespace) -> int:
     from marssim.calibrate.sip.perturb import roundtrip_mismatches
     from marssim.calibrate.sip.schedule_file import apply_schedule, load_schedule
 
+    from marssim.calibrate.sip.deps import reuse_cleared
+
     schedule = load_schedule(args.schedule)
     cubin, listings = _listings(args.cubin, None)
     data = apply_schedule(schedule, cubin, None, args.schedule)
-    problems = roundtrip_mismatches(listings[schedule.kernel], data, schedule.kernel, schedule.order)
+    listing = listings[schedule.kernel]
+    cleared = reuse_cleared(listing, schedule.order) if schedule.legality.reuse == "clear" else frozenset()
+    problems = roundtrip_mismatches(listing, data, schedule.kernel, schedule.order, cleared)
     if problems:
         print(f"{args.schedule}: the patched cubin does not read back as the same instructions:", file=sys.stderr)
         for line in problems[:20]:
@@ -134,6 +182,9 @@ def run_verify(args: argparse.Namespace) -> int:
     prov = schedule.provenance
     print(f"{args.schedule}: ok: sha256 matches, {len(schedule.swaps)} swaps legal, nvdisasm reads the patched "
           f"{schedule.kernel} back as the same {schedule.instructions} instructions ({schedule.moved()} moved)")
+    if schedule.legality.widened:
+        print(f"  legality widened (not verified on a GPU): {', '.join(schedule.legality.widened)}"
+              + (f"; {len(cleared)} reuse flags cleared" if cleared else ""))
     if prov:
         print(f"  tuned on {prov.get('device', '?')}: verified on {prov.get('verified_elements', '?')} output "
               f"elements, {prov.get('mismatches', '?')} mismatches")
@@ -162,6 +213,7 @@ def run_tune(args: argparse.Namespace) -> int:
     spec = get_kernel(args.kernel)
     shape = parse_shape(spec, args.shape)
     seeds = _parse_seeds(args.seeds)
+    legality = _widen(args.widen)
     try:
         config = AnnealConfig(args.t0, args.cooling, args.t_min, args.move, args.steps)
     except ValueError as err:
@@ -186,9 +238,12 @@ def run_tune(args: argparse.Namespace) -> int:
     if calibration is None:
         calibration = ("traces/fused-attention/sip.csv" if spec.name.startswith("attention")
                        else "traces/calibration/sip.csv")
+    if legality.widened:
+        print(f"marssim sip tune: legality widened, NOT verified on a GPU: {', '.join(legality.widened)}; every "
+              "accepted schedule is still checked bit for bit against the original", file=sys.stderr)
     options = TuneOptions(spec, shape, seeds, config, args.repeats, 1, args.final_repeats, args.verify_launches,
                           Path(args.out), Path(calibration) if calibration else None, cubin,
-                          shared_bytes=args.shared_bytes or 0)
+                          shared_bytes=args.shared_bytes or 0, legality=legality, target=args.target)
     report = tune(options, progress=lambda line: print(line, file=sys.stderr, flush=True))
     b, t = report.baseline, report.tuned
     print(f"{report.kernel} {shape} on {report.device}")
@@ -200,3 +255,25 @@ def run_tune(args: argparse.Namespace) -> int:
     for name, path in report.files.items():
         print(f"  {name:9s} {path}")
     return 0 if report.mismatches == 0 else 1
+
+
+def run_build(args: argparse.Namespace) -> int:
+    from marssim.calibrate.sip.kernels import compile_cubin, get_kernel, parse_shape
+    from marssim.fsutil import atomic_file
+
+    spec = get_kernel(args.kernel)
+    shape = parse_shape(spec, args.shape)
+    if args.sass is not None and not (args.sass.startswith("sm_") and args.sass[3:5].isdigit()):
+        raise InputError(None, "--sass", f"expected an SM architecture like sm_90, got {args.sass!r}")
+    import importlib.util
+
+    if importlib.util.find_spec("triton") is None:
+        print("marssim sip build: error: needs triton (pip install 'marssim[gpu]' or triton alone; no GPU needed)",
+              file=sys.stderr)
+        return 2
+    data, meta = compile_cubin(spec, shape, arch=int(args.target[3:5]), sass_arch=args.sass)
+    with atomic_file(args.out, "wb") as fh:
+        fh.write(data)
+    print(f"wrote {args.out}: {meta['kernel']} ({args.target} code path, SASS {meta['arch']}), "
+          f"{meta['num_warps']} warps, {meta['shared_bytes']} bytes of shared memory, Triton {meta['triton']}")
+    return 0

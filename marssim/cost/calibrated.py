@@ -20,13 +20,30 @@ their :class:`~marssim.cost.base.OpCost` is ``gpu-roofline``; see
 
 Measured shapes are used as measured. A kernel whose shape is in the table takes the table's
 median time, not the model's value there (``OpCost.model == "measured"``): a user who measured
-a layer expects the simulator to charge what was measured. The shape is :func:`shape_key`: GEMM-class kinds by
-``(kind, dtype, batch, m, n, k)`` -- the GEMM the kernel computes, whatever the convolution's
-stride or padding -- and streaming kinds by ``(kind, dtype, flops, bytes)``. Among rows of
-one shape the most tuned tuning wins (as for the fits), then the fastest median (a framework
-that measured several kernels for a shape runs the fastest). The curve still times every other
-shape; ``DataflowCost(measured=False)`` uses the model (curve x correction) everywhere and
-``DataflowCost(correction=False)`` the curve alone for unmeasured shapes.
+a layer expects the simulator to charge what was measured. The shape is :func:`shape_key`:
+GEMM-class kinds by ``(kind, dtype, batch, m, n, k)`` -- the GEMM the kernel computes -- and,
+for a convolution row with the ``conv_*`` geometry columns, by that geometry too
+(:mod:`marssim.cost.convgeom`: channels, input size, kernel, stride, padding, dilation,
+groups), so a convolution matches only a row of its own geometry, not another convolution
+with the same im2col GEMM; streaming kinds by ``(kind, dtype, flops, bytes)``. A convolution
+row without geometry (tables measured before the columns existed) matches any convolution of
+its GEMM shape, as it always did. Among rows of one shape the most tuned tuning wins (as for
+the fits), then the fastest median (a framework that measured several kernels for a shape
+runs the fastest). The curve still times every other shape; ``DataflowCost(measured=False)``
+uses the model (curve x correction) everywhere and ``DataflowCost(correction=False)`` the
+curve alone for unmeasured shapes. A group of convolution rows that all carry their geometry
+is corrected from its neighbours in a space that includes the geometry
+(:mod:`marssim.cost.residual`).
+
+Only rows of ``phase`` ``fwd`` are fitted and looked up: the workloads' ops are forward
+kernels; rows of other phases (the input- and weight-gradient GEMMs of training, attention
+backward, optimizer steps) are read, checked and written like any other, for the models that
+will charge them. The kinds cover the kernels of transformer training and inference without new
+columns: a GEMM's gradients are ``gemm`` rows of phase ``dgrad``/``wgrad``; fused attention
+(forward, backward, decode over a KV cache: one query row) is ``attention`` with ``backend``
+naming the implementation (``flash``, ``efficient``, ...) and phase ``fwd``/``bwd``; RMSNorm and
+LayerNorm are ``norm``, SwiGLU and GeLU ``elementwise``, an optimizer step ``elementwise`` of
+phase ``update``, a token lookup ``embedding``.
 
 CSV schema
 ----------
@@ -54,6 +71,19 @@ spread_s    inter-quartile range (p75 - p25) of the samples, seconds, >= 0
 samples     number of timed runs, integer >= 1
 date        date of the measurement, ISO ``YYYY-MM-DD``
 kernel      optional: kernel name or source
+phase       optional: ``fwd`` (the default when empty or absent), ``dgrad`` (gradient of the input),
+            ``wgrad`` (gradient of the weights), ``bwd`` (a fused backward kernel computing all
+            gradients, e.g. attention backward), ``update`` (an optimizer step)
+backend     optional: the implementation a framework chose among several for the same call
+            (``flash``, ``efficient``, ``cudnn``, ``math`` for scaled-dot-product attention; free
+            text); rows differing only in backend are different kernels of one shape
+conv_c      optional, ``conv`` rows only: input channels (all groups); with conv_h, conv_w (input
+            rows and columns the kernel reads), conv_k (output channels), conv_r, conv_s (kernel
+            rows and columns), conv_stride, conv_pad (an integer, or ``HxW`` when the axes differ),
+            conv_dilation and conv_groups: the convolution's geometry
+            (:mod:`marssim.cost.convgeom`). All empty, or all given and consistent with
+            ``batch, m, n, k`` (``batch = groups``, ``n = conv_k / groups``, ``k = conv_c / groups
+            x conv_r x conv_s``, ``m`` a multiple of the output plane)
 note        optional: free text
 ==========  =======================================================================================
 
@@ -79,19 +109,25 @@ import numpy as np
 
 from marssim.errors import InputError
 
+from .convgeom import ConvGeometry, format_pair, parse_pair
 from .features import DTYPES, KERNEL_KINDS, N_GEMM_KERNELS
 from .gpu import TILE_K, CurveParams, gemm_curve, stream_curve
 from .residual import ResidualCorrection, fit_correction
 
 __all__ = [
-    "REQUIRED_COLUMNS", "OPTIONAL_COLUMNS", "TUNINGS", "KernelTiming", "KernelTable", "KernelFit", "FitKey",
-    "load_table", "load_tables", "fit", "fit_group", "predict", "holdout_errors", "traces_dir", "calibration_dir",
-    "shape_key",
+    "REQUIRED_COLUMNS", "OPTIONAL_COLUMNS", "CONV_COLUMNS", "PHASES", "TUNINGS", "KernelTiming", "KernelTable",
+    "KernelFit", "FitKey", "load_table", "load_tables", "fit", "fit_group", "predict", "holdout_errors",
+    "traces_dir", "calibration_dir", "shape_key", "lookup_keys", "conv_cells", "parse_conv_cells", "geometry_array",
 ]
 
 REQUIRED_COLUMNS = ("kind", "dtype", "batch", "m", "n", "k", "flops", "bytes", "device", "sms", "driver", "cuda",
                     "tuning", "median_s", "spread_s", "samples", "date")
-OPTIONAL_COLUMNS = ("kernel", "note")
+CONV_COLUMNS = ("conv_c", "conv_h", "conv_w", "conv_k", "conv_r", "conv_s", "conv_stride", "conv_pad",
+                "conv_dilation", "conv_groups")
+"""The convolution geometry columns (see the module docstring), in written order."""
+OPTIONAL_COLUMNS = ("kernel", "phase", "backend", *CONV_COLUMNS, "note")
+PHASES = ("fwd", "dgrad", "wgrad", "bwd", "update")
+"""Accepted ``phase`` values (empty means ``fwd``)."""
 TUNINGS = ("none", "vendor", "triton-autotune", "sip")
 """Accepted ``tuning`` values, least to most tuned."""
 GEMM_KINDS = KERNEL_KINDS[:N_GEMM_KERNELS]
@@ -114,13 +150,66 @@ def calibration_dir() -> Path:
 
 
 def shape_key(kind: str, dtype: str, batch: int, m: int, n: int, k: int, flops: float,
-              nbytes: float) -> tuple[str, str, int, int, int, int, int, int]:
+              nbytes: float, conv: ConvGeometry | tuple[int, ...] | None = None) -> tuple:
     """The shape by which a measured kernel time is looked up (see the module docstring):
-    ``(kind, dtype, batch, m, n, k, 0, 0)`` for GEMM-class kinds, ``(kind, dtype, 0, 0, 0, 0,
-    flops, bytes)`` for streaming kinds (numbers rounded to integers)."""
+    ``(kind, dtype, batch, m, n, k, 0, 0, geometry)`` for GEMM-class kinds, ``geometry`` the
+    convolution's :attr:`~marssim.cost.convgeom.ConvGeometry.match_key` (``()`` when not given
+    or not a convolution), and ``(kind, dtype, 0, 0, 0, 0, flops, bytes, ())`` for streaming kinds
+    (numbers rounded to integers)."""
     if kind in GEMM_KINDS:
-        return (kind, dtype, int(batch), int(m), int(n), int(k), 0, 0)
-    return (kind, dtype, 0, 0, 0, 0, int(round(flops)), int(round(nbytes)))
+        geometry = () if conv is None or kind != "conv" else \
+            tuple(conv.match_key if isinstance(conv, ConvGeometry) else conv)
+        return (kind, dtype, int(batch), int(m), int(n), int(k), 0, 0, geometry)
+    return (kind, dtype, 0, 0, 0, 0, int(round(flops)), int(round(nbytes)), ())
+
+
+def lookup_keys(key: tuple) -> tuple[tuple, ...]:
+    """The :func:`shape_key` values under which a kernel of shape ``key`` finds its measured row,
+    in order: its own, then, for a convolution with geometry, its GEMM shape without geometry
+    (rows of tables measured before the geometry columns existed)."""
+    return (key, (*key[:-1], ())) if key[-1] else (key,)
+
+
+def conv_cells(conv: ConvGeometry | None) -> dict[str, str]:
+    """The :data:`CONV_COLUMNS` cells of a geometry (all empty for None)."""
+    if conv is None:
+        return {c: "" for c in CONV_COLUMNS}
+    return {"conv_c": str(conv.c), "conv_h": str(conv.h), "conv_w": str(conv.w), "conv_k": str(conv.k),
+            "conv_r": str(conv.r), "conv_s": str(conv.s), "conv_stride": format_pair(conv.stride_h, conv.stride_w),
+            "conv_pad": format_pair(conv.pad_h, conv.pad_w), "conv_dilation": str(conv.dilation),
+            "conv_groups": str(conv.groups)}
+
+
+def parse_conv_cells(cells: dict[str, str]) -> ConvGeometry | None:
+    """The geometry in the :data:`CONV_COLUMNS` cells (absent columns count as empty): None
+    when all are empty; ValueError ``(column, message)`` when some are missing or a value is not
+    a geometry ``conv2d`` accepts."""
+    texts = {c: (cells.get(c) or "").strip() for c in CONV_COLUMNS}
+    given = [c for c in CONV_COLUMNS if texts[c]]
+    if not given:
+        return None
+    missing = [c for c in CONV_COLUMNS if not texts[c]]
+    if missing:
+        raise ValueError(missing[0], f"expected all of {', '.join(CONV_COLUMNS)} or none; {', '.join(missing)} empty")
+    ints = {}
+    for c in ("conv_c", "conv_h", "conv_w", "conv_k", "conv_r", "conv_s", "conv_dilation", "conv_groups"):
+        try:
+            ints[c] = _int(texts[c], "an integer >= 1", 1)
+        except ValueError as err:
+            raise ValueError(c, str(err)) from None
+    pairs = {}
+    for c in ("conv_stride", "conv_pad"):
+        try:
+            pairs[c] = parse_pair(texts[c])
+        except ValueError as err:
+            raise ValueError(c, str(err)) from None
+    geo = ConvGeometry(ints["conv_c"], ints["conv_h"], ints["conv_w"], ints["conv_k"], ints["conv_r"], ints["conv_s"],
+                       *pairs["conv_stride"], *pairs["conv_pad"], ints["conv_dilation"], ints["conv_groups"])
+    try:
+        geo.check()
+    except ValueError as err:
+        raise ValueError("conv_c", str(err)) from None
+    return geo
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +236,14 @@ class KernelTiming:
     kernel: str = ""
     note: str = ""
     source: str = ""  # "file:line"
+    phase: str = "fwd"
+    backend: str = ""
+    conv: ConvGeometry | None = None
+
+    @property
+    def shape(self) -> tuple:
+        """The row's :func:`shape_key`."""
+        return shape_key(self.kind, self.dtype, self.batch, self.m, self.n, self.k, self.flops, self.bytes, self.conv)
 
 
 @dataclass(frozen=True)
@@ -172,10 +269,12 @@ class KernelTable:
         return tuple(dict.fromkeys(r.device for r in self.rows))
 
     def groups(self) -> dict[FitKey, list[KernelTiming]]:
-        """Rows by ``(device, kind, dtype, tuning)``, in table order."""
+        """Forward rows (``phase`` ``fwd``) by ``(device, kind, dtype, tuning)``, in table order:
+        the groups that are fitted (rows of other phases are not; see the module docstring)."""
         out: dict[FitKey, list[KernelTiming]] = {}
         for r in self.rows:
-            out.setdefault((r.device, r.kind, r.dtype, r.tuning), []).append(r)
+            if r.phase == "fwd":
+                out.setdefault((r.device, r.kind, r.dtype, r.tuning), []).append(r)
         return out
 
     def __add__(self, other: "KernelTable") -> "KernelTable":
@@ -261,10 +360,27 @@ def _row(cells: dict[str, str], source: str) -> KernelTiming:
         _dt.date.fromisoformat(date)
     except ValueError:
         raise _Cell("date", f"expected an ISO date like 2025-03-14, got {date!r}") from None
+    phase = (cells.get("phase") or "").strip() or "fwd"
+    if phase not in PHASES:
+        raise _Cell("phase", f"expected one of {', '.join(PHASES)} or nothing, got {phase!r}")
+    try:
+        conv = parse_conv_cells(cells)
+    except ValueError as err:
+        raise _Cell(*err.args) from None
+    if conv is not None:
+        if kind != "conv":
+            raise _Cell("conv_c", f"only conv rows carry a convolution geometry, this row is {kind!r}")
+        images = conv.images(dims[1])
+        got = (dims[0], dims[1], dims[2], dims[3])
+        if images is None or conv.gemm_view(images) != got:
+            p, q = conv.out_size
+            raise _Cell("conv_c", f"the geometry ({p}x{q} outputs, GEMM per image "
+                                  f"{conv.gemm_view(1)[0]}x{p * q}x{conv.gemm_view(1)[2]}x{conv.gemm_view(1)[3]}) "
+                                  f"does not give batch, m, n, k = {got}")
     return KernelTiming(kind, dtype, *dims, values["flops"], values["bytes"], strings["device"], ints["sms"],
                         strings["driver"], strings["cuda"], tuning, values["median_s"], values["spread_s"],
-                        ints["samples"], date, cells.get("kernel", "").strip(), cells.get("note", "").strip(),
-                        source)
+                        ints["samples"], date, (cells.get("kernel") or "").strip(), (cells.get("note") or "").strip(),
+                        source, phase, (cells.get("backend") or "").strip(), conv)
 
 
 class _Cell(Exception):
@@ -367,13 +483,23 @@ def _arrays(rows: Sequence[KernelTiming]):
     return g, m, n, k, flops, nbytes, t
 
 
+def geometry_array(rows: Sequence[KernelTiming]) -> np.ndarray | None:
+    """The convolution geometry of ``rows`` as :mod:`marssim.cost.residual` reads it (int array
+    ``[rows, len(GEOMETRY_FIELDS)]``: image count, then the geometry key), or None unless every
+    row is a convolution with its geometry."""
+    if not rows or any(r.kind != "conv" or r.conv is None or r.conv.images(r.m) is None for r in rows):
+        return None
+    return np.array([(r.conv.images(r.m), *r.conv.match_key) for r in rows], dtype=np.int64)
+
+
 def predict(fit_or_params: KernelFit | CurveParams, kind: str, *, batch=1, m=1, n=1, k=1, flops=0.0,
-            nbytes=0.0, corrected: bool = True) -> np.ndarray:
+            nbytes=0.0, corrected: bool = True, geometry=None) -> np.ndarray:
     """Seconds of ``kind`` kernels of the given shapes (numbers or arrays) under a fit: the
     curve times the fit's local residual correction (with ``corrected`` and a fit that has
     one; see :mod:`marssim.cost.residual`), else the curve alone. ``nbytes`` is the ``bytes``
-    column. For GEMM-class kinds ``flops`` defaults to ``2*batch*m*n*k``. Measured shapes are
-    not looked up here (the cost model does that)."""
+    column. For GEMM-class kinds ``flops`` defaults to ``2*batch*m*n*k``. ``geometry``: the
+    convolutions' geometry (:func:`geometry_array`), required by a correction fitted on it.
+    Measured shapes are not looked up here (the cost model does that)."""
     p = fit_or_params.params if isinstance(fit_or_params, KernelFit) else fit_or_params
     g, m_, n_, k_ = (np.asarray(v, dtype=np.int64) for v in (batch, m, n, k))
     nbytes = np.asarray(nbytes, dtype=np.float64)
@@ -391,14 +517,17 @@ def predict(fit_or_params: KernelFit | CurveParams, kind: str, *, batch=1, m=1, 
         return t
     shape = np.shape(t)
     g, m_, n_, k_, fl, nb = np.broadcast_arrays(g, m_, n_, k_, fl, nbytes)
-    factors = corr.factors(corr.features(g.ravel(), m_.ravel(), n_.ravel(), k_.ravel(), fl.ravel(), nb.ravel()))
+    factors = corr.factors(corr.features(g.ravel(), m_.ravel(), n_.ravel(), k_.ravel(), fl.ravel(), nb.ravel(),
+                                         geometry))
     return t * np.asarray(factors, dtype=np.float64).reshape(shape)
 
 
 def fit_group(rows: Sequence[KernelTiming], *, tile_m: int = 128, tile_n: int = 128,
-              tile_k: int = TILE_K, correct: bool = True) -> KernelFit:
+              tile_k: int = TILE_K, correct: bool = True, geometry: bool = True) -> KernelFit:
     """Fit the curve of one group (rows of a single device, kind, dtype and tuning), then,
-    with ``correct``, the local residual correction from the same rows.
+    with ``correct``, the local residual correction from the same rows -- for convolution rows
+    that all carry their geometry, with ``geometry``, in the space that includes it (else by
+    the GEMM view alone, as for tables without geometry).
 
     GEMM-class kinds fit ``rate, bandwidth, k_half, launch``; streaming kinds ``bandwidth,
     launch`` (their compute term is dropped: ``rate = inf``). Minimises the squared log error
@@ -463,17 +592,20 @@ def fit_group(rows: Sequence[KernelTiming], *, tile_m: int = 128, tile_n: int = 
     params = params_of(best.x)
     err = residual(best.x)
     rel = np.abs(np.expm1(err))
-    correction = _correction(rows, err, gemm) if correct else None
+    correction = _correction(rows, err, gemm, geometry) if correct else None
     return KernelFit(first.device, first.kind, first.dtype, first.tuning, params, len(rows),
                      float(np.sqrt(np.mean(err ** 2))), float(np.median(rel)), float(rel.max()), correction)
 
 
-def _correction(rows: Sequence[KernelTiming], log_error: np.ndarray, gemm: bool) -> ResidualCorrection | None:
-    """The residual correction of one fitted group: per distinct shape (first seen order), the
-    residual ``ln(measured / curve)`` of its fastest row."""
+def _correction(rows: Sequence[KernelTiming], log_error: np.ndarray, gemm: bool,
+                geometry: bool = True) -> ResidualCorrection | None:
+    """The residual correction of one fitted group: per distinct shape (first seen order; with
+    the convolutions' geometry when every row has one and ``geometry``), the residual
+    ``ln(measured / curve)`` of its fastest row."""
+    use_geometry = geometry and geometry_array(rows) is not None
     best: dict[tuple, int] = {}
     for i, r in enumerate(rows):
-        key = shape_key(r.kind, r.dtype, r.batch, r.m, r.n, r.k, r.flops, r.bytes)
+        key = r.shape if use_geometry else shape_key(r.kind, r.dtype, r.batch, r.m, r.n, r.k, r.flops, r.bytes)
         j = best.get(key)
         if j is None or r.median_s < rows[j].median_s:
             best[key] = i
@@ -481,7 +613,7 @@ def _correction(rows: Sequence[KernelTiming], log_error: np.ndarray, gemm: bool)
     pick = [rows[i] for i in idx]
     return fit_correction(gemm, [r.batch for r in pick], [r.m for r in pick], [r.n for r in pick],
                           [r.k for r in pick], [r.flops for r in pick], [r.bytes for r in pick],
-                          -log_error[idx])
+                          -log_error[idx], geometry=geometry_array(pick) if use_geometry else None)
 
 
 def fit(table: KernelTable, *, tile_m: int = 128, tile_n: int = 128, tile_k: int = TILE_K,
@@ -527,7 +659,7 @@ def holdout_errors(table: KernelTable, *, every: int = 4, tile_m: int = 128, til
         except ValueError:
             continue
         g, m, n, k, flops, nbytes, t = _arrays(held)
-        pred = predict(f, key[1], batch=g, m=m, n=n, k=k, flops=flops, nbytes=nbytes)
+        pred = predict(f, key[1], batch=g, m=m, n=n, k=k, flops=flops, nbytes=nbytes, geometry=geometry_array(held))
         rel = np.abs(pred / t - 1.0)
         out.append(HoldoutError(key, len(train), len(held), float(np.median(rel)), float(rel.max())))
     return out

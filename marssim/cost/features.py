@@ -36,9 +36,11 @@ from marssim.system import Design
 from marssim.workload import Op, OpKind
 from marssim.workload.op import DTYPE_BYTES, GEMM_LIKE
 
+from .convgeom import conv_geometry
+
 __all__ = [
     "op_features", "design_key", "DesignParams", "DTYPES", "KIND_CODES", "DATAFLOW_CODES", "N_FEATURES",
-    "CLASS_NONE", "CLASS_GEMM", "CLASS_STREAM", "KERNEL_KINDS", "KERNEL_KIND_OF",
+    "CLASS_NONE", "CLASS_GEMM", "CLASS_STREAM", "KERNEL_KINDS", "KERNEL_KIND_OF", "conv_geometry_key",
 ]
 
 DTYPES: tuple[str, ...] = tuple(DTYPE_BYTES)
@@ -68,13 +70,17 @@ CLASS_STREAM = 2  # everything else: bandwidth-bound streaming formulas
 
 # feature indices
 (F_CLASS, F_KIND, F_KERNEL, F_DTYPE, F_EB, F_G, F_N, F_K, F_C, F_P, F_Q, F_R, F_S, F_M, F_NN, F_KK,
- F_MACS, F_FLOPS, F_AE, F_BE, F_OE, F_AB, F_BB, F_OB, F_TRAFFIC, F_CONV, F_SX, F_SY, F_ST) = range(29)
-N_FEATURES = 29
+ F_MACS, F_FLOPS, F_AE, F_BE, F_OE, F_AB, F_BB, F_OB, F_TRAFFIC, F_CONV, F_SX, F_SY, F_ST,
+ F_SH, F_SW, F_PH, F_PW, F_DIL) = range(34)
+N_FEATURES = 34
 """Length of a feature tuple. ``F_AE/F_BE/F_OE``: elements of the A operand (first input),
 B operand (weights, or the second input of a matmul) and output; ``F_AB/F_BB/F_OB``: the same in
 bytes. ``F_SX, F_SY, F_ST``: the output plane an output-pixel-parallel array spreads over its
 rows and columns, and the loop count per output (ShiDianNao-like; conv: P, Q, N*K*C*R*S per
-group; gemm/matmul: M, N, K)."""
+group; gemm/matmul: M, N, K). ``F_SH, F_SW, F_PH, F_PW, F_DIL``: convolutions only (0
+otherwise), the rest of the kernel's geometry (:func:`marssim.cost.convgeom.conv_geometry`:
+strides, the padding the kernel applies, dilation), which with ``G, N, K, C, P, Q, R, S``
+above names the convolution kernel (:func:`conv_geometry_key`)."""
 
 
 def op_features(op: Op) -> tuple[int, ...]:
@@ -113,12 +119,15 @@ def op_features(op: Op) -> tuple[int, ...]:
         oe = math.prod(op.out_shape)
         if conv:
             sx, sy, st = p, q, n * k * c * r * s
+            geo = conv_geometry(op)
+            tail = (geo.stride_h, geo.stride_w, geo.pad_h, geo.pad_w, geo.dilation)
         else:
             sx, sy, st = m_, nn, kk
+            tail = _NO_GEOMETRY
         traffic = op.bytes_moved
         cls = CLASS_GEMM if macs > 0 else CLASS_STREAM
         return (cls, code, kernel, dt, eb, g, n, k, c, p, q, r, s, m_, nn, kk, macs, op.flops,
-                ae, be, oe, ae * eb, be * eb, oe * eb, traffic, conv, sx, sy, st)
+                ae, be, oe, ae * eb, be * eb, oe * eb, traffic, conv, sx, sy, st, *tail)
     if kind == OpKind.INPUT or op.param("view", False):  # graph inputs and views cost nothing
         cls, traffic = CLASS_NONE, 0
     elif kind == OpKind.EMBEDDING:
@@ -127,7 +136,20 @@ def op_features(op: Op) -> tuple[int, ...]:
         cls, traffic = CLASS_STREAM, op.bytes_moved
     oe = math.prod(op.out_shape)
     return (cls, code, kernel, dt, eb, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, op.flops,
-            0, 0, oe, 0, 0, oe * eb, traffic, 0, 0, 0, 0)
+            0, 0, oe, 0, 0, oe * eb, traffic, 0, 0, 0, 0, *_NO_GEOMETRY)
+
+
+_NO_GEOMETRY = (0, 0, 0, 0, 0)
+
+
+def conv_geometry_key(x: tuple[int, ...]) -> tuple[int, ...]:
+    """The :attr:`~marssim.cost.convgeom.ConvGeometry.match_key` of the convolution with
+    feature tuple ``x`` (``c, k, r, s, stride_h, stride_w, pad_h, pad_w, dilation, groups, P,
+    Q``), or ``()`` for any other op."""
+    if not x[F_CONV]:
+        return ()
+    g = x[F_G]
+    return (x[F_C] * g, x[F_K] * g, x[F_R], x[F_S], x[F_SH], x[F_SW], x[F_PH], x[F_PW], x[F_DIL], g, x[F_P], x[F_Q])
 
 
 # ----------------------------------------------------------------------------- designs

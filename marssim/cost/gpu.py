@@ -56,8 +56,8 @@ import numpy as np
 from marssim.system import Design
 
 from .features import (
-    CLASS_NONE, DTYPES, F_CLASS, F_DTYPE, F_FLOPS, F_G, F_KERNEL, F_KK, F_M, F_NN, F_TRAFFIC, KERNEL_KINDS,
-    N_GEMM_KERNELS,
+    CLASS_NONE, DTYPES, F_CLASS, F_DTYPE, F_FLOPS, F_G, F_KERNEL, F_KK, F_M, F_N, F_NN, F_TRAFFIC, KERNEL_KINDS,
+    N_GEMM_KERNELS, conv_geometry_key,
 )
 from .residual import ResidualCorrection
 
@@ -247,8 +247,9 @@ class GpuTable:
             corr = self.corrections[kernel][dt]
             sel = [xs[i] for i in idx]
             if corr.gemm:
+                geometry = [(x[F_N], *conv_geometry_key(x)) for x in sel] if corr.geometry else None
                 feats = corr.features([x[F_G] for x in sel], [x[F_M] for x in sel], [x[F_NN] for x in sel],
-                                      [x[F_KK] for x in sel])
+                                      [x[F_KK] for x in sel], geometry=geometry)
             else:
                 feats = corr.features(flops=[x[F_FLOPS] for x in sel], nbytes=[x[F_TRAFFIC] for x in sel])
             out[idx] = corr.factors(feats)

@@ -50,10 +50,10 @@ from marssim.workload import Op
 
 from .bandwidth import stream_op
 from .base import OpCost
-from .calibrated import TUNINGS, FitKey, KernelFit, KernelTable, KernelTiming, fit, load_table, shape_key
+from .calibrated import TUNINGS, FitKey, KernelFit, KernelTable, KernelTiming, fit, load_table
 from .features import (
     CLASS_GEMM, CLASS_NONE, CLASS_STREAM, DTYPES, F_CLASS, F_DTYPE, F_FLOPS, F_G, F_KERNEL, F_KK, F_M, F_MACS,
-    F_NN, F_TRAFFIC, KERNEL_KINDS, N_FEATURES, DesignParams, design_key, op_features,
+    F_NN, F_TRAFFIC, KERNEL_KINDS, N_FEATURES, DesignParams, conv_geometry_key, design_key, op_features,
 )
 from .gpu import GpuTable, gpu_gemm, gpu_stream
 from .loopmap import nvdla_gemm, rs_gemm, shidiannao_gemm
@@ -257,11 +257,11 @@ class DataflowCost:
         self._device_fits[name] = chosen
         return chosen
 
-    def measured_for(self, device: str) -> dict[tuple[int, ...], KernelTiming]:
-        """The measured rows a GPU design with ``gpu.calibration == device`` uses directly, by
-        shape code ``(kernel kind index, dtype index, batch, m, n, k, flops, bytes)`` (see
-        :func:`~marssim.cost.calibrated.shape_key`): per shape, the row of the most preferred
-        tuning, then the smallest median. Empty when built from fits alone."""
+    def measured_for(self, device: str) -> dict[tuple, KernelTiming]:
+        """The measured forward rows a GPU design with ``gpu.calibration == device`` uses
+        directly, by shape code ``(kernel kind index, dtype index, batch, m, n, k, flops, bytes,
+        geometry)`` (see :func:`~marssim.cost.calibrated.shape_key`): per shape, the row of the
+        most preferred tuning, then the smallest median. Empty when built from fits alone."""
         name = device.lower()
         got = self._device_measured.get(name)
         if got is not None:
@@ -272,9 +272,9 @@ class DataflowCost:
             kind_index = {k: i for i, k in enumerate(KERNEL_KINDS)}
             dtype_index = {d: i for i, d in enumerate(DTYPES)}
             for r in self._device_rows(name):
-                if r.tuning not in rank:
+                if r.tuning not in rank or r.phase != "fwd":
                     continue
-                key = shape_key(r.kind, r.dtype, r.batch, r.m, r.n, r.k, r.flops, r.bytes)
+                key = r.shape
                 code = (kind_index[key[0]], dtype_index[key[1]], *key[2:])
                 current = chosen.get(code)
                 if current is None or (rank[r.tuning], r.median_s) < (rank[current.tuning], current.median_s):
@@ -298,7 +298,7 @@ class DataflowCost:
         the ``measured`` switch."""
         if design.dataflow != "gpu" or not design.gpu.calibration:
             return None
-        row = self.measured_for(design.gpu.calibration).get(_measured_code(op_features(op)))
+        row = _lookup(self.measured_for(design.gpu.calibration), op_features(op))
         return None if row is None else row.median_s
 
     def curve_cost(self, op: Op, design: Design) -> OpCost:
@@ -376,7 +376,7 @@ class DataflowCost:
             t, c, m, cyc, sram_b, dram_b = (gpu_gemm if cls == CLASS_GEMM else gpu_stream)(x, p, max, min)
             model = d.gpu.models[kernel][dt]
             if use_measured:
-                t_measured = d.gpu.measured.get(_measured_code(x)) if d.gpu.measured else None
+                t_measured = _lookup(d.gpu.measured, x) if d.gpu.measured else None
                 if t_measured is not None:  # the curve's compute/memory split is kept as the breakdown
                     t, model = t_measured, "measured"
                 elif d.gpu.any_correction and d.gpu.corrections[kernel][dt] is not None:
@@ -459,7 +459,7 @@ class DataflowCost:
         done = 0 if col is None else len(col)
         if done < n:
             table = self._dparams[did].gpu.measured
-            new = np.array([table.get(_measured_code(x), np.nan) for x in self._rows[done:n]], dtype=np.float64)
+            new = np.array([_lookup(table, x, np.nan) for x in self._rows[done:n]], dtype=np.float64)
             col = new if col is None else np.concatenate([col, new])
             self._measured_cols[did] = col
         return col
@@ -578,12 +578,24 @@ class DataflowCost:
         return f"{type(self).__name__}(calibration={src!s})"
 
 
-def _measured_code(x: tuple[int, ...]) -> tuple[int, ...]:
+def _measured_code(x: tuple[int, ...]) -> tuple:
     """The shape code of feature tuple ``x`` in :attr:`GpuTable.measured`
-    (:func:`~marssim.cost.calibrated.shape_key` with index codes)."""
+    (:func:`~marssim.cost.calibrated.shape_key` with index codes; a convolution's with its
+    geometry)."""
     if x[F_CLASS] == CLASS_GEMM:
-        return (x[F_KERNEL], x[F_DTYPE], x[F_G], x[F_M], x[F_NN], x[F_KK], 0, 0)
-    return (x[F_KERNEL], x[F_DTYPE], 0, 0, 0, 0, x[F_FLOPS], x[F_TRAFFIC])
+        return (x[F_KERNEL], x[F_DTYPE], x[F_G], x[F_M], x[F_NN], x[F_KK], 0, 0, conv_geometry_key(x))
+    return (x[F_KERNEL], x[F_DTYPE], 0, 0, 0, 0, x[F_FLOPS], x[F_TRAFFIC], ())
+
+
+def _lookup(measured: dict, x: tuple[int, ...], default=None):
+    """``measured``'s entry for feature tuple ``x``: the row of its own shape code, else, for a
+    convolution, a row of its GEMM shape without geometry (tables measured before the geometry
+    columns), else ``default``."""
+    code = _measured_code(x)
+    got = measured.get(code)
+    if got is None and code[-1]:
+        got = measured.get((*code[:-1], ()))
+    return default if got is None else got
 
 
 class SystolicCost(DataflowCost):

@@ -19,11 +19,17 @@ group, ``d_i`` the Euclidean distance in a scaled log-feature space:
   decides vectorised loads and tile fit; ``s_m`` < 1 makes the batch-like dimensions (scaled
   by batch size and data-parallel splits) cheaper to cross than the channel-like ones, along
   which libraries change algorithm.
+* convolutions whose rows all carry their geometry (:mod:`marssim.cost.convgeom`): the GEMM
+  features and ``s_g ln(R S), s_g ln(stride_h stride_w), s_g s_m ln(images)``: the kernel
+  window (a 1x1 convolution is a plain GEMM, a 3x3 one an implicit GEMM with another
+  algorithm), the stride (the input access pattern) and how the GEMM's ``m = images x P x Q``
+  splits into images and output plane -- what tells apart convolutions with the same im2col
+  GEMM. ``s_g = 0`` is the GEMM view alone.
 * streaming kinds: ``ln(1 + flops), ln bytes``.
 
 With no measured shape within ``radius`` the correction is exactly 0 and the prediction is
 the curve (extrapolation falls back to the fitted physics); ``prior`` shrinks the correction
-toward 0 when the neighbours are few or far. The hyperparameters (``s_m``, ``s_a``,
+toward 0 when the neighbours are few or far. The hyperparameters (``s_m``, ``s_a``, ``s_g``,
 ``neighbours``, ``radius``, ``prior``, or no correction at all) are chosen per group by
 leave-one-out cross-validation on the group's own fitting rows (:func:`fit_correction`):
 each distinct shape is predicted from the others, and the setting with the smallest mean
@@ -44,7 +50,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["ResidualCorrection", "fit_correction", "gemm_features", "stream_features", "GRID", "ALIGN_CAP"]
+__all__ = ["ResidualCorrection", "fit_correction", "gemm_features", "conv_features", "stream_features", "GRID",
+           "ALIGN_CAP", "GEOMETRY_FIELDS"]
 
 ALIGN_CAP = 128
 """Largest power of two the alignment features distinguish."""
@@ -55,8 +62,15 @@ GRID = {
     "neighbours": (1, 2, 4, 8, 16),
     "radius": (0.25, 0.5, 1.0, 2.0, 3.0),
     "prior": (0.0, 0.05, 0.2),
+    "geom_scale": (0.0, 0.5, 1.0, 2.0),
 }
-"""Hyperparameters tried by leave-one-out (``m_scale``/``align_scale``: GEMM-class kinds only)."""
+"""Hyperparameters tried by leave-one-out (``m_scale``/``align_scale``: GEMM-class kinds only;
+``geom_scale``: convolutions with their geometry only)."""
+
+GEOMETRY_FIELDS = ("images", "c", "k", "r", "s", "stride_h", "stride_w", "pad_h", "pad_w", "dilation", "groups",
+                   "p", "q")
+"""Columns of the geometry arrays :func:`conv_features` reads: the image count of the GEMM's
+``m`` and the :attr:`~marssim.cost.convgeom.ConvGeometry.match_key`."""
 
 MIN_SHAPES = 50
 """Fewest distinct shapes a group needs before a correction is considered: choosing among the
@@ -82,6 +96,18 @@ def gemm_features(batch, m, n, k, m_scale: float, align_scale: float) -> np.ndar
         m_scale * np.log(b.astype(np.float64)), m_scale * np.log(m_.astype(np.float64)),
         np.log(n_.astype(np.float64)), np.log(k_.astype(np.float64)),
         align_scale * _align(n_), align_scale * _align(k_)], axis=1))
+
+
+def conv_features(batch, m, n, k, geometry, m_scale: float, align_scale: float, geom_scale: float) -> np.ndarray:
+    """Scaled log features ``[shapes, 9]`` of convolutions with their geometry (integer array
+    ``[shapes, len(GEOMETRY_FIELDS)]``): :func:`gemm_features` and the geometry terms of the
+    module docstring."""
+    g = np.atleast_2d(np.asarray(geometry, dtype=np.int64))
+    col = {name: g[:, i].astype(np.float64) for i, name in enumerate(GEOMETRY_FIELDS)}
+    extra = np.stack([geom_scale * np.log(col["r"] * col["s"]),
+                      geom_scale * np.log(col["stride_h"] * col["stride_w"]),
+                      geom_scale * (m_scale * np.log(col["images"]))], axis=1)
+    return np.ascontiguousarray(np.concatenate([gemm_features(batch, m, n, k, m_scale, align_scale), extra], axis=1))
 
 
 def stream_features(flops, nbytes) -> np.ndarray:
@@ -128,6 +154,8 @@ class ResidualCorrection:
     residuals: np.ndarray = field(repr=False)
     loo_error: float = 0.0
     curve_error: float = 0.0
+    geometry: bool = False
+    geom_scale: float = 0.0
     _tree: list = field(default_factory=list, repr=False)
 
     def __getstate__(self) -> dict:
@@ -139,7 +167,13 @@ class ResidualCorrection:
             object.__setattr__(self, k, v)
         object.__setattr__(self, "_tree", [])
 
-    def features(self, batch=1, m=1, n=1, k=1, flops=0.0, nbytes=1.0) -> np.ndarray:
+    def features(self, batch=1, m=1, n=1, k=1, flops=0.0, nbytes=1.0, geometry=None) -> np.ndarray:
+        """Scaled features of shapes; ``geometry`` (``[shapes, len(GEOMETRY_FIELDS)]``) is
+        required by a correction fitted with the convolutions' geometry (ValueError without)."""
+        if self.geometry:
+            if geometry is None:
+                raise ValueError("this correction was fitted on convolution geometry: pass the shapes' geometry")
+            return conv_features(batch, m, n, k, geometry, self.m_scale, self.align_scale, self.geom_scale)
         if self.gemm:
             return gemm_features(batch, m, n, k, self.m_scale, self.align_scale)
         return stream_features(flops, nbytes)
@@ -177,40 +211,83 @@ class ResidualCorrection:
                                "align_scale*log2(pow2(n))", "align_scale*log2(pow2(k))"]
             out["m_scale"] = self.m_scale
             out["align_scale"] = self.align_scale
+            if self.geometry:
+                out["features"] += ["geom_scale*ln(R*S)", "geom_scale*ln(stride_h*stride_w)",
+                                    "geom_scale*m_scale*ln(images)"]
+                out["geom_scale"] = self.geom_scale
         else:
             out["features"] = ["ln(1+flops)", "ln(bytes)"]
         return out
 
 
-def _loo_neighbours(x: np.ndarray, kmax: int) -> tuple[np.ndarray, np.ndarray]:
-    """Distances and indices of the ``kmax`` nearest other points of each point."""
-    d2 = np.zeros((len(x), len(x)))
+def _square_distances(x: np.ndarray, start: np.ndarray | None = None) -> np.ndarray:
+    """Squared Euclidean distances between the rows of ``x``, summed column by column (fixed
+    order) onto a copy of ``start`` (the sum over earlier columns) when given."""
+    d2 = np.zeros((len(x), len(x))) if start is None else start.copy()
     for j in range(x.shape[1]):
         diff = x[:, j][:, None] - x[:, j][None, :]
         d2 += diff * diff
+    return d2
+
+
+def _loo_neighbours(x: np.ndarray, kmax: int, d2: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Distances and indices of the ``kmax`` nearest other points of each point (``d2``: the
+    squared distances of ``x`` when already computed)."""
+    d2 = _square_distances(x) if d2 is None else d2
     np.fill_diagonal(d2, np.inf)
     kk = min(kmax, len(x) - 1)
-    order = np.argsort(d2, axis=1, kind="stable")[:, :kk]
+    order = _nearest(d2, kk)
     return np.sqrt(np.take_along_axis(d2, order, axis=1)), order
 
 
+def _nearest(d2: np.ndarray, kk: int) -> np.ndarray:
+    """Per row, the column indices of the ``kk`` smallest values, smallest first, ties by
+    index: exactly ``argsort(d2, kind="stable")[:, :kk]``, in linear time per row (a partial
+    selection, then a sort of the ``kk`` chosen; rows with ties at the ``kk``-th value are
+    sorted in full)."""
+    n = d2.shape[1]
+    if kk >= n or kk <= 0:
+        return np.argsort(d2, axis=1, kind="stable")[:, :max(kk, 0)]
+    part = np.argpartition(d2, kk - 1, axis=1)[:, :kk]
+    vals = np.take_along_axis(d2, part, axis=1)
+    kth = vals.max(axis=1)
+    order = np.lexsort((part, vals), axis=1)  # by value, then by index
+    out = np.take_along_axis(part, order, axis=1)
+    tied = np.flatnonzero(np.count_nonzero(d2 <= kth[:, None], axis=1) > kk)
+    if len(tied):
+        out[tied] = np.argsort(d2[tied], axis=1, kind="stable")[:, :kk]
+    return out
+
+
 def fit_correction(gemm: bool, batch, m, n, k, flops, nbytes, residuals,
-                   grid: dict | None = None) -> ResidualCorrection | None:
+                   grid: dict | None = None, geometry=None) -> ResidualCorrection | None:
     """Choose and build the correction of one group from its distinct measured shapes and
     their residuals ``ln(measured / curve)`` (arrays of equal length, one entry per distinct
-    shape) by leave-one-out (see the module docstring). None when no setting beats the curve
-    alone by :data:`MIN_GAIN`, or with fewer than :data:`MIN_SHAPES` shapes."""
+    shape) by leave-one-out (see the module docstring); with ``geometry`` (convolutions:
+    ``[shapes, len(GEOMETRY_FIELDS)]``) in the space that includes it. None when no setting
+    beats the curve alone by :data:`MIN_GAIN`, or with fewer than :data:`MIN_SHAPES` shapes."""
     grid = GRID if grid is None else grid
     r = np.asarray(residuals, dtype=np.float64)
     if len(r) < MIN_SHAPES:
         return None
+    use_geometry = gemm and geometry is not None
     curve_error = float(np.mean(np.abs(r)))
     best_error, best = curve_error * (1.0 - MIN_GAIN), None
-    metrics = [(ms, sa) for ms in grid["m_scale"] for sa in grid["align_scale"]] if gemm else [(1.0, 0.0)]
+    scales = grid.get("geom_scale", (0.0,)) if use_geometry else (0.0,)
+    metrics = [(ms, sa, gs) for ms in grid["m_scale"] for sa in grid["align_scale"] for gs in scales] if gemm \
+        else [(1.0, 0.0, 0.0)]
     kmax = max(grid["neighbours"])
-    for ms, sa in metrics:
-        x = gemm_features(batch, m, n, k, ms, sa) if gemm else stream_features(flops, nbytes)
-        d, idx = _loo_neighbours(x, kmax)
+    gemm_d2: dict[tuple[float, float], np.ndarray] = {}
+    for ms, sa, gs in metrics:
+        if use_geometry:  # the GEMM columns' distances once per (ms, sa), then the geometry's added
+            x = conv_features(batch, m, n, k, geometry, ms, sa, gs)
+            n_gemm = x.shape[1] - 3
+            if (ms, sa) not in gemm_d2:
+                gemm_d2 = {(ms, sa): _square_distances(x[:, :n_gemm])}
+            d, idx = _loo_neighbours(x, kmax, _square_distances(x[:, n_gemm:], gemm_d2[(ms, sa)]))
+        else:
+            x = gemm_features(batch, m, n, k, ms, sa) if gemm else stream_features(flops, nbytes)
+            d, idx = _loo_neighbours(x, kmax)
         rn = r[idx]
         for kk in grid["neighbours"]:
             kk = min(kk, d.shape[1])
@@ -219,8 +296,8 @@ def fit_correction(gemm: bool, batch, m, n, k, flops, nbytes, residuals,
                     c = _combine(d[:, :kk], rn[:, :kk], radius, prior)
                     error = float(np.mean(np.abs(r - c)))
                     if error < best_error:
-                        best_error, best = error, (ms, sa, kk, radius, prior, x)
+                        best_error, best = error, (ms, sa, gs, kk, radius, prior, x)
     if best is None:
         return None
-    ms, sa, kk, radius, prior, x = best
-    return ResidualCorrection(gemm, ms, sa, kk, radius, prior, x, r.copy(), best_error, curve_error)
+    ms, sa, gs, kk, radius, prior, x = best
+    return ResidualCorrection(gemm, ms, sa, kk, radius, prior, x, r.copy(), best_error, curve_error, use_geometry, gs)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import io
 import struct
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -242,14 +242,25 @@ def read_cubin(path: str | Path) -> Cubin:
     return parse_cubin(data, str(path))
 
 
-def permute_text(cubin: Cubin, kernel: str, order: Sequence[int]) -> bytes:
+#: bits 122-125 of an instruction (the operand-reuse flags) are bits 2-5 of its last byte
+REUSE_BYTE_MASK = 0x3C
+
+
+def permute_text(cubin: Cubin, kernel: str, order: Sequence[int], clear_reuse: Collection[int] = ()) -> bytes:
     """The cubin's bytes with kernel ``kernel``'s instructions reordered: slot ``i`` of the new
-    ``.text`` holds the instruction that was at slot ``order[i]``. ``order`` must be a
-    permutation of ``range(count)``; every byte outside the section is unchanged."""
+    ``.text`` holds the instruction that was at slot ``order[i]``, with the operand-reuse flags
+    (bits 122-125) cleared on the instructions whose original index is in ``clear_reuse``.
+    ``order`` must be a permutation of ``range(count)``; every byte outside the section is
+    unchanged."""
     k = cubin.kernel(kernel)
     if sorted(order) != list(range(k.count)):
         raise ValueError(f"order is not a permutation of the {k.count} instructions of {kernel}")
     start = k.file_offset
     old = cubin.data[start:start + k.size]
-    new = b"".join(old[i * INSTRUCTION_BYTES:(i + 1) * INSTRUCTION_BYTES] for i in order)
-    return cubin.data[:start] + new + cubin.data[start + k.size:]
+    words = []
+    for i in order:
+        word = old[i * INSTRUCTION_BYTES:(i + 1) * INSTRUCTION_BYTES]
+        if i in clear_reuse:
+            word = word[:-1] + bytes([word[-1] & ~REUSE_BYTE_MASK & 0xFF])
+        words.append(word)
+    return cubin.data[:start] + b"".join(words) + cubin.data[start + k.size:]

@@ -22,7 +22,8 @@ from marssim.calibrate.stats import TimingStats, summarize
 from .cubin import parse_cubin
 from .kernels import LaunchPlan
 
-__all__ = ["cuda_device_available", "GpuSession", "LoadedKernel", "TimingStats", "summarize", "outputs_match"]
+__all__ = ["cuda_device_available", "device_capability", "GpuSession", "LoadedKernel", "TimingStats", "summarize",
+           "outputs_match"]
 
 _NP_TO_CTYPE = {"i32": ctypes.c_int32, "i64": ctypes.c_int64, "fp32": ctypes.c_float, "u32": ctypes.c_uint32}
 
@@ -54,6 +55,26 @@ def cuda_device_available() -> tuple[bool, str]:
         return True, name.split(b"\0", 1)[0].decode()
     except Exception as exc:  # noqa: BLE001 - any driver failure means "no usable device"
         return False, f"CUDA driver unusable: {exc}"
+
+
+def device_capability(index: int = 0) -> tuple[int, int] | None:
+    """(major, minor) compute capability of CUDA device ``index``, None without one."""
+    try:
+        drv = _driver()
+        (err,) = drv.cuInit(0)
+        if err != drv.CUresult.CUDA_SUCCESS:
+            return None
+        err, dev = drv.cuDeviceGet(index)
+        if err != drv.CUresult.CUDA_SUCCESS:
+            return None
+        attrs = drv.CUdevice_attribute
+        err1, major = drv.cuDeviceGetAttribute(attrs.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev)
+        err2, minor = drv.cuDeviceGetAttribute(attrs.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev)
+        if err1 != drv.CUresult.CUDA_SUCCESS or err2 != drv.CUresult.CUDA_SUCCESS:
+            return None
+        return int(major), int(minor)
+    except Exception:  # noqa: BLE001 - no driver, no device
+        return None
 
 
 def _check(result):

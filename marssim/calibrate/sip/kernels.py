@@ -25,7 +25,7 @@ import numpy as np
 from marssim.errors import InputError
 
 __all__ = ["KernelSpec", "KERNELS", "get_kernel", "parse_shape", "LaunchPlan", "compile_cubin",
-           "reference_output"]
+           "reference_output", "TARGETS", "sass_arch_for"]
 
 
 @dataclass(frozen=True)
@@ -229,13 +229,43 @@ def parse_shape(spec: KernelSpec, text: str | None) -> dict[str, int]:
     return shape
 
 
-def compile_cubin(spec: KernelSpec, shape: Mapping[str, int], arch: int = 90) -> tuple[bytes, dict[str, Any]]:
-    """Compile ``spec`` with Triton for ``sm_<arch>`` (``sm_90a`` for 90) without a GPU.
+TARGETS = ("sm_90a", "sm_80")
+"""Triton code paths a kernel is compiled for: ``sm_90a`` (Hopper: warpgroup MMA, TMA where
+Triton uses them) and ``sm_80`` (Ampere: ``mma.sync``, ``cp.async``; the SIP paper's A100
+setting)."""
+
+
+def sass_arch_for(target: str, capability: tuple[int, int] | None) -> str:
+    """The SASS architecture a ``target`` code path is assembled for on a GPU of compute
+    ``capability`` (None: the target's own). A cubin runs only on GPUs of its own major
+    version, so the ``sm_80`` path runs on a Hopper GPU as its PTX assembled for ``sm_90``;
+    ``sm_90a`` needs a Hopper GPU."""
+    if target not in TARGETS:
+        raise InputError(None, "--target", f"expected one of {', '.join(TARGETS)}, got {target!r}")
+    if capability is None:
+        return target
+    major, minor = capability
+    if target == "sm_90a":
+        if major != 9:
+            raise InputError(None, "--target", f"sm_90a code runs on compute capability 9.x, this GPU is {major}.{minor}")
+        return "sm_90a"
+    if major < 8:
+        raise InputError(None, "--target", f"the sm_80 path needs compute capability >= 8.0, this GPU is {major}.{minor}")
+    return f"sm_{major}{minor}"
+
+
+def compile_cubin(spec: KernelSpec, shape: Mapping[str, int], arch: int = 90,
+                  sass_arch: str | None = None) -> tuple[bytes, dict[str, Any]]:
+    """Compile ``spec`` with Triton for its ``sm_<arch>`` code path without a GPU: ``sm_90a``
+    for 90, ``sm_80`` for 80 (see :data:`TARGETS`). With ``sass_arch`` (e.g. ``"sm_90"`` for the
+    ``sm_80`` path on an H100) Triton's PTX is assembled by ptxas for that architecture instead,
+    with the options Triton gives ptxas.
 
     Returns the cubin and a metadata dict: kernel name, shared memory bytes, warps, Triton
-    version. The cubin depends on the shape only through ``spec.shape_constexprs`` (e.g. the
-    attention head dimension); other dims are runtime arguments. Pointer and shape arguments are
-    declared 16-divisible, as Triton's own launcher does for aligned inputs."""
+    version, ``arch`` (the SASS architecture) and ``target`` (the code path). The cubin depends on
+    the shape only through ``spec.shape_constexprs`` (e.g. the attention head dimension); other
+    dims are runtime arguments. Pointer and shape arguments are declared 16-divisible, as
+    Triton's own launcher does for aligned inputs."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -251,13 +281,36 @@ def compile_cubin(spec: KernelSpec, shape: Mapping[str, int], arch: int = 90) ->
                               options={"num_warps": spec.num_warps, "num_stages": spec.num_stages,
                                        "enable_fp_fusion": True})  # Triton <= 3.9's default, made explicit
     meta = compiled.metadata
-    return bytes(compiled.asm["cubin"]), {
+    target = f"sm_{arch}{'a' if arch == 90 else ''}"  # Triton targets sm_90a on Hopper
+    cubin = bytes(compiled.asm["cubin"])
+    if sass_arch is not None and sass_arch != target:
+        cubin = _assemble(compiled.asm["ptx"], sass_arch)
+    return cubin, {
         "kernel": meta.name, "shared_bytes": int(meta.shared), "num_warps": int(meta.num_warps),
         "num_stages": int(meta.num_stages), "triton": triton.__version__,
-        "arch": f"sm_{arch}{'a' if arch == 90 else ''}",  # Triton targets sm_90a on Hopper
+        "arch": sass_arch or target, "target": target,
         "global_scratch_size": int(getattr(meta, "global_scratch_size", 0) or 0),
         "profile_scratch_size": int(getattr(meta, "profile_scratch_size", 0) or 0),
     }
+
+
+def _assemble(ptx: str, sass_arch: str) -> bytes:
+    """``ptx`` assembled by Triton's ptxas for ``sass_arch``, with the options Triton uses."""
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    ptxas = get_ptxas(int("".join(ch for ch in sass_arch if ch.isdigit()))).path
+    with tempfile.TemporaryDirectory() as tmp:
+        src, out = Path(tmp) / "kernel.ptx", Path(tmp) / "kernel.cubin"
+        src.write_text(ptx)
+        proc = subprocess.run([ptxas, "-lineinfo", "--regAllocOptLevel=2", f"--gpu-name={sass_arch}", str(src),
+                               "-o", str(out)], capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"ptxas --gpu-name={sass_arch} failed: {proc.stderr.strip()[:500]}")
+        return out.read_bytes()
 
 
 def reference_output(spec: KernelSpec, plan: LaunchPlan) -> dict[str, np.ndarray]:

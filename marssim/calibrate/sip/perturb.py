@@ -7,8 +7,10 @@ Two moves, both an adjacent swap checked by :class:`~.deps.Legality`:
 * a general adjacent swap of any two instructions.
 
 A schedule is a tuple ``order`` (``order[slot]`` = original index). :func:`patch` writes the
-cubin with that order; :func:`roundtrip_mismatches` checks with ``nvdisasm`` that the patched
-cubin reads back as the same instructions in the new order.
+cubin with that order (under ``reuse="clear"``, :func:`patch_for` also clears the operand-reuse
+flags the new order invalidates); :func:`roundtrip_mismatches` checks with ``nvdisasm`` that the
+patched cubin reads back as the same instructions in the new order (without ``.reuse`` on
+those).
 """
 
 from __future__ import annotations
@@ -17,13 +19,15 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .cubin import Cubin, permute_text
-from .deps import Legality
-from .sass import Listing, disassemble
-from .cubin import parse_cubin
+from collections.abc import Collection
 
-__all__ = ["Move", "MOVE_KINDS", "apply_swap", "legal_swaps", "sip_moves", "random_move", "patch",
-           "roundtrip_mismatches", "replay"]
+from .cubin import Cubin, parse_cubin, permute_text
+from .deps import Legality, reuse_cleared
+from .sass import Listing, disassemble
+
+__all__ = ["Move", "MOVE_KINDS", "apply_swap", "legal_swaps", "sip_moves", "sip_move_reasons", "random_move", "patch",
+           "patch_for",
+           "cleared_for", "roundtrip_mismatches", "replay"]
 
 MOVE_KINDS = ("sip", "swap")
 
@@ -67,6 +71,22 @@ def sip_moves(legality: Legality, order: Sequence[int]) -> list[Move]:
     return out
 
 
+def sip_move_reasons(legality: Legality, order: Sequence[int]) -> list[tuple[str, ...]]:
+    """For every refused SIP move of ``order`` (a memory instruction one slot up or down), the
+    names of all the rules that refuse it (:meth:`~.deps.Legality.reasons`)."""
+    insns = legality.insns
+    out = []
+    for slot, idx in enumerate(order):
+        if insns[idx].mem is None:
+            continue
+        for pos in (slot - 1, slot):
+            if 0 <= pos < len(order) - 1:
+                rules = tuple(dict.fromkeys(v.reason for v in legality.reasons(order, pos)))
+                if rules:
+                    out.append(rules)
+    return out
+
+
 def random_move(rng: random.Random, legality: Legality, order: Sequence[int], kind: str = "sip") -> Move | None:
     """A uniformly chosen legal move of ``kind`` (``sip`` or ``swap``), or None if there is none.
 
@@ -99,20 +119,36 @@ def replay(legality: Legality, swaps: Sequence[int], start: Sequence[int] | None
     return order
 
 
-def patch(cubin: Cubin, kernel: str, order: Sequence[int]) -> bytes:
-    """The cubin's bytes with ``kernel``'s instructions in ``order`` (see :func:`permute_text`)."""
-    return permute_text(cubin, kernel, order)
+def patch(cubin: Cubin, kernel: str, order: Sequence[int], clear_reuse: Collection[int] = ()) -> bytes:
+    """The cubin's bytes with ``kernel``'s instructions in ``order``, the reuse flags of the
+    instructions in ``clear_reuse`` cleared (see :func:`permute_text`)."""
+    return permute_text(cubin, kernel, order, clear_reuse)
 
 
-def roundtrip_mismatches(original: Listing, patched: bytes, kernel: str, order: Sequence[int]) -> list[str]:
+def cleared_for(legality: Legality, order: Sequence[int]) -> frozenset[int]:
+    """The instructions whose reuse flags ``order`` needs cleared: none unless the legality model
+    allows separating reuse pairs (``reuse="clear"``), then :func:`~.deps.reuse_cleared`."""
+    return reuse_cleared(legality.listing, order) if legality.options.reuse == "clear" else frozenset()
+
+
+def patch_for(legality: Legality, cubin: Cubin, order: Sequence[int]) -> bytes:
+    """:func:`patch` of ``legality``'s kernel with the reuse flags its options require cleared."""
+    return patch(cubin, legality.listing.kernel, order, cleared_for(legality, order))
+
+
+def roundtrip_mismatches(original: Listing, patched: bytes, kernel: str, order: Sequence[int],
+                         clear_reuse: Collection[int] = ()) -> list[str]:
     """Disassemble ``patched`` and compare: slot ``i`` must print exactly the text of original
-    instruction ``order[i]``. Returns one line per difference (empty = identical up to order)."""
+    instruction ``order[i]`` (without ``.reuse`` when it is in ``clear_reuse``). Returns one line
+    per difference (empty = identical up to order)."""
     new = disassemble(parse_cubin(patched), kernel)[kernel]
     problems = []
     if len(new) != len(original):
         return [f"{len(new)} instructions after patching, {len(original)} before"]
     for slot, idx in enumerate(order):
         got, want = new.instructions[slot].text, original.instructions[idx].text
+        if idx in clear_reuse:
+            want = want.replace(".reuse", "")
         if got != want:
             problems.append(f"slot {slot}: {got!r} != original {idx}: {want!r}")
     return problems

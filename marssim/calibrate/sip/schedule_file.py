@@ -1,9 +1,12 @@
 """The tuned-schedule file: a small JSON document that re-applies a schedule to the same cubin.
 
 It names the cubin by SHA-256, the kernel, the architecture and the instruction count, and holds
-the swaps (slot positions, applied in turn from the original order, each legal when applied) and
-the resulting permutation. ``provenance`` records how it was found: tool versions, device,
-seeds, steps, annealing parameters, measured times and the number of samples verified.
+the swaps (slot positions, applied in turn from the original order, each legal when applied),
+the resulting permutation and the legality options the swaps were checked under (``legality``;
+absent in files written before the options existed, which are replayed under the model they
+were tuned with, ``latency="table-only"``). ``provenance`` records
+how it was found: tool versions, device, seeds, steps, annealing parameters, measured times and
+the number of samples verified.
 
 :func:`apply_schedule` checks the hash, the kernel and every swap's legality before writing the
 patched cubin atomically.
@@ -21,8 +24,8 @@ from marssim.errors import InputError
 from marssim.fsutil import atomic_file
 
 from .cubin import Cubin, read_cubin
-from .deps import Legality
-from .perturb import patch, replay
+from .deps import Legality, LegalityOptions
+from .perturb import patch_for, replay
 from .sass import disassemble
 
 __all__ = ["ScheduleFile", "load_schedule", "save_schedule", "apply_schedule", "FORMAT"]
@@ -42,11 +45,12 @@ class ScheduleFile:
     swaps: tuple[int, ...]
     order: tuple[int, ...]
     provenance: Mapping[str, Any] = field(default_factory=dict)
+    legality: LegalityOptions = LegalityOptions()
 
     def to_json(self) -> dict[str, Any]:
         return {"format": FORMAT, "version": VERSION, "cubin_sha256": self.cubin_sha256, "kernel": self.kernel,
                 "arch": self.arch, "instructions": self.instructions, "swaps": list(self.swaps),
-                "order": list(self.order), "provenance": dict(self.provenance)}
+                "order": list(self.order), "legality": self.legality.to_json(), "provenance": dict(self.provenance)}
 
     def moved(self) -> int:
         """How many instructions are not in their original slot."""
@@ -90,9 +94,16 @@ def load_schedule(path: str | Path) -> ScheduleFile:
             raise InputError.expected(p, ("swaps", i), f"a slot in 0..{n - 2}", s)
     if sorted(order) != list(range(n)) or not all(isinstance(x, int) for x in order):
         raise InputError(p, "order", f"expected a permutation of 0..{n - 1}")
+    legality = doc.get("legality", {"latency": "table-only"})
+    try:
+        options = LegalityOptions(**legality) if isinstance(legality, dict) else None
+    except (TypeError, ValueError) as err:
+        raise InputError(p, "legality", f"expected latency, reuse and commit_group options: {err}") from None
+    if options is None:
+        raise InputError.expected(p, "legality", "an object", legality)
     return ScheduleFile(_expect(doc, "cubin_sha256", str, p), _expect(doc, "kernel", str, p),
                         _expect(doc, "arch", str, p), n, tuple(swaps), tuple(order),
-                        dict(doc.get("provenance") or {}))
+                        dict(doc.get("provenance") or {}), options)
 
 
 def check_against(schedule: ScheduleFile, cubin: Cubin, schedule_path: str = "") -> None:
@@ -111,13 +122,14 @@ def apply_schedule(schedule: ScheduleFile, cubin: Cubin, out: str | Path | None 
     the stored order, and return the patched bytes (also written atomically to ``out``)."""
     check_against(schedule, cubin, schedule_path)
     listing = disassemble(cubin, schedule.kernel)[schedule.kernel]
+    legality = Legality(listing, schedule.legality)
     try:
-        order = replay(Legality(listing), schedule.swaps)
+        order = replay(legality, schedule.swaps)
     except ValueError as err:
         raise InputError(schedule_path, "swaps", str(err)) from None
     if order != schedule.order:
         raise InputError(schedule_path, "order", "the swaps do not lead to the stored order")
-    data = patch(cubin, schedule.kernel, order)
+    data = patch_for(legality, cubin, order)
     if out is not None:
         with atomic_file(out, "wb") as fh:
             fh.write(data)
@@ -132,7 +144,7 @@ def apply_file(schedule_path: str | Path, cubin_path: str | Path, out: str | Pat
 
 
 def new_schedule(cubin: Cubin, kernel: str, swaps: Sequence[int], order: Sequence[int],
-                 provenance: Mapping[str, Any]) -> ScheduleFile:
+                 provenance: Mapping[str, Any], legality: LegalityOptions = LegalityOptions()) -> ScheduleFile:
     """A :class:`ScheduleFile` for ``kernel`` of ``cubin``."""
     return ScheduleFile(cubin.sha256, kernel, cubin.arch, cubin.kernel(kernel).count, tuple(swaps), tuple(order),
-                        dict(provenance))
+                        dict(provenance), legality)

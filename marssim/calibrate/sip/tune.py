@@ -30,9 +30,9 @@ from marssim.fsutil import atomic_file
 from .anneal import AnnealConfig, anneal_seeds
 from .calibration import CalibrationRow, gemm_class_shape, merge_rows
 from .cubin import Cubin, parse_cubin
-from .deps import Legality
-from .kernels import KernelSpec, compile_cubin
-from .perturb import patch, roundtrip_mismatches
+from .deps import Legality, LegalityOptions
+from .kernels import KernelSpec, compile_cubin, sass_arch_for
+from .perturb import cleared_for, patch_for, roundtrip_mismatches
 from .sass import disassemble, nvdisasm_version
 from .schedule_file import new_schedule, save_schedule
 
@@ -57,6 +57,8 @@ class TuneOptions:
     cubin: bytes | None = None
     input_seed: int = 12345
     shared_bytes: int = 0
+    legality: LegalityOptions = LegalityOptions()
+    target: str = "sm_90a"
 
 
 @dataclass
@@ -94,7 +96,10 @@ def tune(options: TuneOptions, progress: Callable[[str], None] = lambda line: No
 
     spec, shape = options.spec, dict(options.shape)
     if options.cubin is None:
-        cubin_bytes, meta = compile_cubin(spec, shape)
+        from .gpu import device_capability
+
+        sass = sass_arch_for(options.target, device_capability())
+        cubin_bytes, meta = compile_cubin(spec, shape, arch=int(options.target[3:5]), sass_arch=sass)
     else:
         cubin_bytes, meta = options.cubin, {"kernel": None, "shared_bytes": options.shared_bytes, "triton": "",
                                             "arch": ""}
@@ -104,7 +109,7 @@ def tune(options: TuneOptions, progress: Callable[[str], None] = lambda line: No
     cubin: Cubin = parse_cubin(cubin_bytes)
     kname = cubin.kernel(meta.get("kernel")).name
     listing = disassemble(cubin, kname)[kname]
-    legality = Legality(listing)
+    legality = Legality(listing, options.legality)
     rng = np.random.default_rng(options.input_seed)
     plan = spec.plan(shape, rng)
 
@@ -125,14 +130,14 @@ def tune(options: TuneOptions, progress: Callable[[str], None] = lambda line: No
             gpu.refill(plan)
 
         def measure(order) -> float:
-            k = gpu.load(patch(cubin, kname, order), kname, meta.get("shared_bytes", 0))
+            k = gpu.load(patch_for(legality, cubin, order), kname, meta.get("shared_bytes", 0))
             try:
                 return float(np.median(gpu.time(k, plan, options.repeats, warmup=2)))
             finally:
                 gpu.unload(k)
 
         def check(order) -> bool:
-            k = gpu.load(patch(cubin, kname, order), kname, meta.get("shared_bytes", 0))
+            k = gpu.load(patch_for(legality, cubin, order), kname, meta.get("shared_bytes", 0))
             try:
                 for _ in range(options.check_launches):
                     fresh_inputs()
@@ -152,7 +157,7 @@ def tune(options: TuneOptions, progress: Callable[[str], None] = lambda line: No
         best = result.best
 
         # final: interleaved timing of original and tuned, then verification on fresh inputs
-        tuned_bytes = patch(cubin, kname, best.best_order)
+        tuned_bytes = patch_for(legality, cubin, best.best_order)
         tuned = gpu.load(tuned_bytes, kname, meta.get("shared_bytes", 0))
         base_times, tuned_times = [], []
         for _ in range(10):
@@ -179,19 +184,24 @@ def tune(options: TuneOptions, progress: Callable[[str], None] = lambda line: No
         "best_seed": best.seed, "steps": [r.steps for r in result.runs], "baseline": base, "tuned": tun,
         "verified_launches": options.verify_launches, "verified_elements": elements, "mismatches": mismatches,
         "loader": "cuda-python cuModuleLoadData + cuLaunchKernel",
+        "target": meta.get("target", options.target), "sass_arch": meta.get("arch", ""),
+        "legality": options.legality.to_json(),
+        "unverified_widenings": list(options.legality.widened),
     }
     out = Path(options.out_dir)
-    stem = f"{spec.name}." + "_".join(f"{k}{v}" for k, v in shape.items())
+    stem = f"{spec.name}." + "_".join(f"{k}{v}" for k, v in shape.items()) \
+        + ("" if options.target == "sm_90a" else f".{options.target}")
     files = {"original": str(out / f"{stem}.original.cubin"), "tuned": str(out / f"{stem}.sip.cubin"),
              "schedule": str(out / f"{stem}.schedule.json"), "result": str(out / f"{stem}.result.json")}
-    problems = roundtrip_mismatches(listing, tuned_bytes, kname, best.best_order)
+    problems = roundtrip_mismatches(listing, tuned_bytes, kname, best.best_order,
+                                    cleared_for(legality, best.best_order))
     if problems:
         raise RuntimeError(f"patched cubin does not read back: {problems[:3]}")
     with atomic_file(files["original"], "wb") as fh:
         fh.write(cubin_bytes)
     with atomic_file(files["tuned"], "wb") as fh:
         fh.write(tuned_bytes)
-    schedule = new_schedule(cubin, kname, best.best_swaps, best.best_order, provenance)
+    schedule = new_schedule(cubin, kname, best.best_swaps, best.best_order, provenance, options.legality)
     save_schedule(schedule, files["schedule"])
     report = TuneReport(spec.name, shape, device, driver, base, tun, base["median_s"] / tun["median_s"],
                         1.0 - tun["median_s"] / base["median_s"], elements, options.verify_launches, mismatches,
@@ -203,13 +213,16 @@ def tune(options: TuneOptions, progress: Callable[[str], None] = lambda line: No
         json.dump(asdict(report), fh, indent=1, default=str)
         fh.write("\n")
     if options.calibration_csv is not None and mismatches == 0:
+        # the code path is the backend: the sm_90a and sm_80 builds of one shape are two kernels
         common = dict(dtype="fp16", device=short_device_name(device), sms=sms, driver=driver, cuda=cuda, date=date[:10],
-                      kernel=spec.name, **gemm_class_shape(spec.name, shape))
+                      kernel=spec.name, backend=f"triton-{meta.get('target', options.target)}",
+                      **gemm_class_shape(spec.name, shape))
         merge_rows(options.calibration_csv, [
             CalibrationRow(tuning="none", median_s=base["median_s"], spread_s=base["iqr_s"],
                            samples=int(base["samples"]), note=f"compiler schedule on {device}", **common),
             CalibrationRow(tuning="sip", median_s=tun["median_s"], spread_s=tun["iqr_s"], samples=int(tun["samples"]),
-                           note=f"schedule {Path(files['schedule']).name}; verified on {elements} output elements",
-                           **common),
+                           note=f"schedule {Path(files['schedule']).name}; verified on {elements} output elements"
+                                + (f"; legality widened ({', '.join(options.legality.widened)})"
+                                   if options.legality.widened else ""), **common),
         ])
     return report

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Regenerate the test cubins of marssim.calibrate.sip. Needs nvcc (CUDA 12.x/13.x) and, for the
-# Triton kernels, the `triton` wheel (it compiles sm_90a cubins without a GPU):
+# Triton kernels, the `triton` wheel (it compiles sm_90a and sm_80 cubins without a GPU; the sm_80
+# code path is also assembled for sm_90, what an H100 runs):
 #   bash tests/data/sip/build.sh            (from the repository root)
 # TRITON_PYTHONPATH may point at a directory holding triton (pip install --target DIR triton).
 # Records the tool versions in VERSIONS. CI never runs this: the cubins are committed.
@@ -21,5 +22,9 @@ TRITON_DEFAULT_FP_FUSION=1 PYTHONPATH="$root${TRITON_PYTHONPATH:+:$TRITON_PYTHON
     nvcc --version | tail -n 2 | head -n 1
     TRITON_DEFAULT_FP_FUSION=1 PYTHONPATH="$root${TRITON_PYTHONPATH:+:$TRITON_PYTHONPATH}" \
         python -c "import triton; print('triton', triton.__version__)"
+    TRITON_DEFAULT_FP_FUSION=1 PYTHONPATH="$root${TRITON_PYTHONPATH:+:$TRITON_PYTHONPATH}" \
+        python -c "from triton.backends.nvidia.compiler import get_ptxas; print('triton ptxas: sm_80', get_ptxas(80).version, '| sm_90 and later', get_ptxas(90).version)"
 } > VERSIONS
+# the latency table the legality model reads is derived from these cubins
+PYTHONPATH="$root" python "$root/analysis/sip_latencies.py" --write > "$root/analysis/results/sip_latencies.txt"
 ls -l ./*.cubin
