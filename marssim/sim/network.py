@@ -219,6 +219,7 @@ class FairShareNetwork:
         self._seq = 0
         self._dirty: dict[int, None] = {}  # resources whose routes changed since the last recompute
         self._bound: dict[object, dict[int, tuple[float, float]]] = {}
+        self._changed: dict[int, None] = {}  # the resources the last recompute started from
         self._wakeup = env.event()
         self._timer: simpy.Event | None = None
         self._timer_at = float("inf")
@@ -376,6 +377,7 @@ class FairShareNetwork:
         stack = []
         dirty = self._dirty
         self._dirty = {}
+        self._changed = dirty
         for r in dirty:
             for key in res_routes.get(r, ()):
                 if key not in found:
@@ -423,6 +425,8 @@ class FairShareNetwork:
         left counted up to ``now`` (s) and a new finish time."""
         keys = self._component()
         if not keys:
+            if self.record:
+                self._record(now, keys, {})
             return
         by_route = self._rates(keys)
         flows, route_flows, heap = self._flows, self._route_flows, self._heap
@@ -451,19 +455,21 @@ class FairShareNetwork:
         """Append the resources of the recomputed components whose total rate or flow count
         changed to ``timeline``."""
         totals: dict[int, list] = {}
-        touched: set[int] = set()
+        touched = set(self._changed)
         for k in keys:
-            m = self._mult.get(k, 0)
-            rate = by_route[k]
-            w = self._weights.get(k)
-            for i, r in enumerate(self._routes[k]):
-                n = m * w[i] if w else m
+            touched.update(self._routes[k])
+        flows, route_flows = self._flows, self._route_flows
+        for r in touched:  # every active route on the resource, in or out of the recomputed components
+            for k in self._res_routes.get(r, ()):
+                m = self._mult[k]
+                rate = by_route[k] if k in by_route else flows[next(iter(route_flows[k]))][2]
+                w = self._weights.get(k)
+                n = m * w[self._routes[k].index(r)] if w else m
                 t = totals.setdefault(r, [0.0, 0])
                 t[0] += rate * n
                 t[1] += n
-                touched.add(r)
         prev = self._prev_rate
-        for r in sorted(touched | {r for r in prev if r not in self._res_routes}):
+        for r in sorted(touched):
             cur = tuple(totals.get(r, (0.0, 0)))
             if prev.get(r, (0.0, 0)) != cur:
                 self.timeline.append((now, r, cur[0], cur[1]))
