@@ -49,7 +49,7 @@ def _us(seconds: float) -> str:
 
 def format_costs(result, workload: str, system_name: str, *, energy: bool = False) -> str:
     """The text table of a :class:`~marssim.cost.report.DesignCosts`."""
-    from marssim.system.describe import format_table
+    from marssim.tables import format_table
 
     names = list(result.design_names)
     headers = ["layer", "kind", "MxNxK", "GFLOP", *[f"{n} us" for n in names], "best"]
@@ -129,7 +129,7 @@ def measured_vs_modelled(model, result) -> dict[str, list[tuple[int, float, floa
 
 def format_measured(result, comparison: dict[str, list[tuple[int, float, float]]]) -> str:
     """The measured-vs-modelled table of each GPU design (see :func:`measured_vs_modelled`)."""
-    from marssim.system.describe import format_table
+    from marssim.tables import format_table
 
     lines = []
     for name, pairs in comparison.items():

@@ -141,7 +141,7 @@ def _progress_bar(args: argparse.Namespace, total: int, objective: str):
 
 def run(args: argparse.Namespace) -> int:
     from marssim.search import run_algorithm
-    from marssim.search.report import describe_mapping, fitness_display, write_search_outputs
+    from marssim.search.report import describe_mapping, fitness_display
 
     graph, system, cost, settings = load_case(args)
     bar, update = _progress_bar(args, settings.config.generations, settings.objective)
@@ -161,3 +161,39 @@ def run(args: argparse.Namespace) -> int:
         print()
         print("\n".join(write_search_outputs(result, graph, system, cost, args.out)))
     return 0
+
+
+def write_search_outputs(result, graph, system, cost, out: str) -> list[str]:
+    """Write into ``out`` atomically (it appears whole or not at all): ``best_mapping.yaml``,
+    ``search.json`` (summary), ``history.csv``, ``convergence.png``/``.svg``, ``result/`` (the
+    best mapping's full simulation, :meth:`Result.save`) and ``trace.json`` (Perfetto). Returns
+    one line per file for the user."""
+    import json
+    from pathlib import Path
+
+    from marssim.fsutil import staged_dir
+    from marssim.lower import lower
+    from marssim.mapping import save_mapping
+    from marssim.search.report import plot_convergence, search_summary
+    from marssim.sim import simulate
+    from marssim.trace import write_chrome_trace
+
+    out_dir = Path(out)
+    lines: list[str] = []
+    sim = simulate(lower(graph, system, result.best, cost), system)
+    if sim.makespan != result.evaluation.makespan:  # the search's number is a simulation, never an estimate
+        raise RuntimeError(f"the best mapping simulates to {sim.makespan} s, the search reported "
+                           f"{result.evaluation.makespan} s")
+    with staged_dir(out_dir) as tmp:
+        save_mapping(result.best, graph, tmp / "best_mapping.yaml")
+        lines.append(f"mapping      {out_dir / 'best_mapping.yaml'} (marssim simulate --mapping ...)")
+        (tmp / "search.json").write_text(json.dumps(search_summary(result, graph), indent=2, sort_keys=True) + "\n")
+        result.history.to_csv(tmp / "history.csv", index=False)
+        lines.append(f"history      {out_dir / 'history.csv'} ({len(result.history)} rows)")
+        for p in plot_convergence(result, tmp / "convergence.png"):
+            lines.append(f"figure       {out_dir / p.name}")
+        sim.save(tmp / "result")
+        lines.append(f"result       {out_dir / 'result'}/ (marssim simulate --out format)")
+        write_chrome_trace(sim, tmp / "trace.json")
+        lines.append(f"trace        {out_dir / 'trace.json'} (open in https://ui.perfetto.dev)")
+    return lines

@@ -42,7 +42,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from marssim.system import load_system
-    from marssim.validate import load_mapping_dir, read_estimates, sample_mappings, validate
+    from marssim.search.sample import sample_mappings
+    from marssim.validate import load_mapping_dir, read_estimates, validate
     from marssim.workload import load_workload
 
     system = load_system(args.system)
