@@ -321,11 +321,14 @@ def _check_connected(system: System, file: str | None, spec: _SystemFile) -> Non
 
 # ----------------------------------------------------------------------------- files and names
 def topologies_dir() -> Path:
-    """Directory of the shipped system files: ``$MARSSIM_TOPOLOGIES`` or the checkout's ``topologies/``."""
+    """Directory of the shipped system files: ``$MARSSIM_TOPOLOGIES``, else the ``topologies/``
+    that ships with marssim (package data; :func:`marssim.data.topologies`)."""
     env = os.environ.get("MARSSIM_TOPOLOGIES")
     if env:
         return Path(env)
-    return Path(__file__).resolve().parents[2] / "topologies"
+    from marssim.data import topologies
+
+    return topologies()
 
 
 def shipped_systems() -> list[Path]:
