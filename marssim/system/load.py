@@ -1,6 +1,7 @@
 """Read a system from YAML, validate it, and report every problem with its key path.
 
-File layout (all values accept unit strings or bare SI numbers)::
+File layout (every dimensioned value takes its unit: ``"450 GB/s"``, ``"80 GiB"``, ``"0.5 us"``,
+``"1.83 GHz"``, ``"1.5 pJ"``; a bare number is refused unless it is 0)::
 
     name: mars-adaptive-16
     description: ...
@@ -16,7 +17,10 @@ File layout (all values accept unit strings or bare SI numbers)::
       - {between: [host0, sw0], bandwidth: 32 GB/s, latency: 1 us}
       - {pattern: ring, nodes: "acc[0-7]", bandwidth: 50 GB/s, latency: 500 ns}
       - {pattern: mesh, nodes: "chip[0-15]", rows: 4, cols: 4, bandwidth: 100 GB/s}
-      - {pattern: star, hub: sw0, nodes: "acc[0-15]", bandwidth: 25 GB/s}
+      - {pattern: star, hub: sw0, nodes: "acc[0-15]", bandwidth: 25 GB/s, energy_per_byte: 8 pJ/B}
+
+A link's optional ``energy_per_byte`` (``"8 pJ/B"``, ``"1 pJ/bit"``) is what carrying one byte
+across it costs; transfers are charged it per link they cross (communication energy).
 
 Link patterns: ``ring`` (closed), ``chain`` (open), ``mesh`` (rows x cols, row-major; ``wrap:
 true`` for a torus), ``star`` (every node to ``hub``), ``full`` (every pair).
@@ -36,11 +40,13 @@ from marssim.schema import problems_from_validation, read_yaml
 
 from .design import Design
 from .model import Accelerator, Host, Link, Memory, Switch, System
-from .quantities import Bandwidth, Seconds
+from .quantities import FILE_CONTEXT, Bandwidth, EnergyPerByte, Seconds
 
 __all__ = ["load_system", "system_from_dict", "expand_ids", "topologies_dir", "shipped_systems", "resolve_system"]
 
 _STRICT = ConfigDict(extra="forbid", frozen=True)
+MAX_RANGE = 100_000
+"""The most nodes an id range (``acc[0-99]``) or a ``count`` may name."""
 _RANGE = re.compile(r"^(?P<pre>[^\[\]]*)\[(?P<lo>\d+)-(?P<hi>\d+)\](?P<post>[^\[\]]*)$")
 
 
@@ -64,6 +70,9 @@ def expand_ids(spec: str | list[str]) -> list[str]:
     lo, hi = int(m["lo"]), int(m["hi"])
     if hi < lo:
         raise ValueError(f"range {spec!r} is empty (upper bound below lower bound)")
+    if hi - lo + 1 > MAX_RANGE:
+        raise ValueError(f"range {spec!r} names {hi - lo + 1:,} nodes; expected at most {MAX_RANGE:,} (a system that "
+                         "large would take hours to lower and simulate)")
     width = len(m["lo"]) if m["lo"].startswith("0") and len(m["lo"]) > 1 else 0
     return [f"{m['pre']}{i:0{width}d}{m['post']}" for i in range(lo, hi + 1)]
 
@@ -75,7 +84,7 @@ class _AcceleratorSpec(BaseModel):
     design: str | None = None
     designs: list[str] | None = None
     memory: Memory
-    count: int | None = Field(None, gt=0)
+    count: int | None = Field(None, gt=0, le=MAX_RANGE)
 
     @model_validator(mode="after")
     def _one_design_key(self) -> "_AcceleratorSpec":
@@ -111,6 +120,7 @@ class _LinkSpec(BaseModel):
     bandwidth: Bandwidth
     latency: Seconds = 0.0
     duplex: Literal["full", "half"] = "full"
+    energy_per_byte: EnergyPerByte | None = None
 
     @model_validator(mode="after")
     def _form(self) -> "_LinkSpec":
@@ -165,13 +175,17 @@ def _pattern_pairs(spec: _LinkSpec, nodes: list[str]) -> list[tuple[str, str]]:
     return pairs
 
 
-def system_from_dict(data: Any, file: str | None = None) -> System:
+def system_from_dict(data: Any, file: str | None = None, *, require_units: bool = True) -> System:
     """Validate a parsed system file and build the :class:`System`; raises InputError listing
-    every problem with its key path (``links[3].bandwidth: expected a bandwidth ...``)."""
+    every problem with its key path (``links[3].bandwidth: expected a bandwidth ...``).
+
+    ``require_units``: every dimensioned value needs its unit, as in a file (a bare number other
+    than 0 is refused); False takes bare numbers as SI, for dicts built by Python code."""
+    context = FILE_CONTEXT if require_units else None
     if not isinstance(data, dict):
         raise InputError.expected(file, "", "a mapping with keys name, designs, accelerators, hosts, links", data)
     try:
-        spec = _SystemFile.model_validate(data)
+        spec = _SystemFile.model_validate(data, context=context)
     except ValidationError as exc:
         raise InputError(file, problems=problems_from_validation(exc, (), _SystemFile)) from None
 
@@ -186,7 +200,7 @@ def system_from_dict(data: Any, file: str | None = None) -> System:
             problems.append((f"designs.{name}.name", "unknown key; a design's name is its key under 'designs:'"))
             continue
         try:
-            designs[name] = Design.model_validate({"name": name, **body})
+            designs[name] = Design.model_validate({"name": name, **body}, context=context)
         except ValidationError as exc:
             problems.extend(problems_from_validation(exc, ("designs", name), Design, hidden=("name",)))
 
@@ -287,7 +301,7 @@ def system_from_dict(data: Any, file: str | None = None) -> System:
                 continue
             pairs_seen[pair] = where
             links.append(Link(a=a_id, b=b_id, bandwidth=spec_link.bandwidth, latency=spec_link.latency,
-                              duplex=spec_link.duplex))
+                              duplex=spec_link.duplex, energy_per_byte=spec_link.energy_per_byte))
 
     if problems:
         raise InputError(file, problems=problems)
