@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-__all__ = ["InputError", "MarssimError", "CapacityError", "format_path"]
+__all__ = ["InputError", "MarssimError", "CapacityError", "format_path", "summarise_names"]
 
 
 class MarssimError(Exception):
@@ -28,6 +28,17 @@ def format_path(path: Iterable[str | int]) -> str:
         else:
             out = str(part)
     return out
+
+
+def summarise_names(names: Sequence[str], *, contiguous: bool = False, limit: int = 4) -> str:
+    """Many names in one phrase: ``first .. last`` when they are ``contiguous`` (a run in the
+    file's order; two names are joined by a comma), else the first ``limit`` and how many more."""
+    names = list(names)
+    if len(names) <= 2 or (len(names) <= limit and not contiguous):
+        return ", ".join(names)
+    if contiguous:
+        return f"{names[0]} .. {names[-1]}"
+    return f"{', '.join(names[:limit])} and {len(names) - limit} more"
 
 
 class InputError(MarssimError, ValueError):

@@ -51,7 +51,8 @@ _RANGE = re.compile(r"^(?P<pre>[^\[\]]*)\[(?P<lo>\d+)-(?P<hi>\d+)\](?P<post>[^\[
 
 
 def expand_ids(spec: str | list[str]) -> list[str]:
-    """Expand ``"acc[0-3]"`` to ``["acc0", "acc1", "acc2", "acc3"]``; lists expand item by item.
+    """Expand ``"acc[0-3]"`` to ``["acc0", "acc1", "acc2", "acc3"]``; lists (and comma-separated
+    strings, ``"acc[0-3], acc12"``) expand item by item.
 
     Zero padding follows the lower bound's width (``"c[00-11]"`` gives ``c00 .. c11``).
     Raises ValueError for a malformed range."""
@@ -60,8 +61,14 @@ def expand_ids(spec: str | list[str]) -> list[str]:
         for item in spec:
             out.extend(expand_ids(item))
         return out
-    if not isinstance(spec, str) or not spec:
+    if not isinstance(spec, str) or not spec.strip():
         raise ValueError(f"expected an id or a range like 'acc[0-15]', got {spec!r}")
+    if "," in spec:  # "acc[0-3], acc12": a list written as one string
+        return expand_ids([part.strip() for part in spec.split(",")])
+    spec = spec.strip()
+    if any(c.isspace() for c in spec):
+        raise ValueError(f"expected an id or a range like 'acc[0-15]' (ids have no spaces; separate several with "
+                         f"commas), got {spec!r}")
     if "[" not in spec and "]" not in spec:
         return [spec]
     m = _RANGE.match(spec)
@@ -313,24 +320,52 @@ def system_from_dict(data: Any, file: str | None = None, *, require_units: bool 
 
 
 def _check_connected(system: System, file: str | None, spec: _SystemFile) -> None:
+    """One problem per group of nodes cut off from the rest: every node must reach every other
+    (the part with the most accelerators, then the first host, is the system; each other
+    connected part is reported once, with the key that declares its first node)."""
     import networkx as nx
 
-    problems = []
-    root = system.hosts[0].id
-    reachable = nx.node_connected_component(system.graph, root)
-    index_of = {}
+    from .describe import compress_ids
+
+    parts = [set(c) for c in nx.connected_components(system.graph)]
+    if len(parts) == 1:
+        return
+    order = {n: i for i, n in enumerate(system.nodes)}
+    first_host = system.hosts[0].id
+
+    def size(part: set) -> tuple:
+        return (-sum(system.is_accelerator(n) for n in part), first_host not in part, min(order[n] for n in part))
+
+    main, *rest = sorted(parts, key=size)
+    rest = [p for p in rest if any(system.is_accelerator(n) or system.is_host(n) for n in p)]  # a lone switch is unused
+    if not rest:
+        return
+    where: dict[str, str] = {}
     for i, a in enumerate(spec.accelerators):
         for acc_id in (expand_ids(a.id) if a.count is None else []):
-            index_of[acc_id] = i
-    for acc in system.accelerators:
-        if acc.id not in reachable:
-            i = index_of.get(acc.id, 0)
-            problems.append((f"accelerators[{i}].id", f"accelerator {acc.id!r} is not connected to host {root!r} by any link"))
-    for i, h in enumerate(system.hosts):
-        if h.id not in reachable:
-            problems.append((f"hosts[{i}].id", f"host {h.id!r} is not connected to host {root!r} by any link"))
-    if problems:
-        raise InputError(file, problems=problems)
+            where.setdefault(acc_id, f"accelerators[{i}].id")
+    for i, h in enumerate(spec.hosts):
+        for host_id in expand_ids(h.id):
+            where.setdefault(host_id, f"hosts[{i}].id")
+    for i, sw in enumerate(spec.switches):
+        for sw_id in expand_ids(sw.id):
+            where.setdefault(sw_id, f"switches[{i}].id")
+    problems = []
+    for part in rest:
+        nodes = sorted(part, key=order.__getitem__)
+        groups = []
+        for label, test in (("accelerator", system.is_accelerator), ("host", system.is_host),
+                            ("switch", lambda n: not system.is_accelerator(n) and not system.is_host(n))):
+            ids = [n for n in nodes if test(n)]
+            if ids:
+                plural = label + ("es" if label == "switch" else "s") if len(ids) > 1 else label
+                groups.append(f"{plural} {compress_ids(ids)}")
+        verb = "is" if len(nodes) == 1 else "are"
+        reach = compress_ids(sorted(main, key=order.__getitem__))
+        problems.append((where.get(nodes[0], "links"),
+                         f"{' and '.join(groups)} {verb} not connected by any link to the rest of the system "
+                         f"({reach})"))
+    raise InputError(file, problems=problems)
 
 
 # ----------------------------------------------------------------------------- files and names
