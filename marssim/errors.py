@@ -10,7 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-__all__ = ["InputError", "MarssimError", "CapacityError", "format_path", "summarise_names"]
+__all__ = ["InputError", "InputWarning", "MarssimError", "CapacityError", "format_path", "summarise_names",
+           "warn_input"]
 
 
 class MarssimError(Exception):
@@ -79,6 +80,18 @@ class InputError(MarssimError, ValueError):
     def expected(cls, file: str | None, path: Sequence[str | int] | str, what: str, got: Any) -> "InputError":
         """``file: path: expected WHAT, got GOT`` — the usual shape of an input error."""
         return cls(file, path, f"expected {what}, got {got!r}")
+
+
+class InputWarning(UserWarning):
+    """Input that is accepted but most likely not what was meant (a set that gets no ops, a
+    fallback asked for); the CLI prints it on one line as ``marssim VERB: warning: ...``."""
+
+
+def warn_input(file: str | None, message: str) -> None:
+    """Issue an :class:`InputWarning` naming ``file`` (when given)."""
+    import warnings
+
+    warnings.warn(InputWarning(f"{file}: {message}" if file else message), stacklevel=3)
 
 
 class CapacityError(MarssimError):

@@ -69,13 +69,18 @@ def load_inputs(args: argparse.Namespace):
 
     batch = getattr(args, "batch", None)
     if getattr(args, "mapping", None):
+        for flag, value in (("--strategy", getattr(args, "strategy", None)),
+                            ("--micro-batches", getattr(args, "micro_batches", None))):
+            if value is not None:
+                raise InputError(None, flag, "applies only without --mapping (the mapping file sets each op's sharding "
+                                             "and the micro-batches); drop it, or drop --mapping")
         return load_mapping(args.mapping, system=args.system, workload=args.workload, batch=batch)
     if not args.system or not args.workload:
         raise InputError(None, "arguments", "give --mapping FILE, or --system and --workload (a data-parallel "
                                             "mapping over all accelerators is used)")
     system = load_system(args.system)
     graph = load_workload(args.workload, batch=batch)
-    strategy = tuple(s.strip() for s in getattr(args, "strategy", "dp").split(","))
+    strategy = tuple(s.strip() for s in (getattr(args, "strategy", None) or "dp").split(","))
     from marssim.mapping.sharding import STRATEGIES
 
     for s in strategy:

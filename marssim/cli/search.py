@@ -139,10 +139,29 @@ def _progress_bar(args: argparse.Namespace, total: int, objective: str):
     return bar, update
 
 
+_GA_FLAGS = (("--generations", "generations"), ("--population", "population"), ("--time-limit", "time_limit"),
+             ("--no-seed", "seed_baseline"))
+
+
+def _refuse_unused_flags(args: argparse.Namespace) -> None:
+    """InputError for a flag the chosen algorithm would ignore (only mars runs generations; only
+    mars and random spend a budget)."""
+    if args.algorithm == "mars":
+        return
+    flags = [flag for flag, dest in _GA_FLAGS if getattr(args, dest) not in (None, True)]
+    if args.algorithm != "random" and args.budget is not None:
+        flags.append("--budget")
+    if flags:
+        raise InputError(None, flags[0], f"{', '.join(flags)} {'does' if len(flags) == 1 else 'do'} not apply to "
+                                         f"--algorithm {args.algorithm} and would be ignored (generations, population, "
+                                         "time limit and seeding are the GA's; only mars and random spend a budget)")
+
+
 def run(args: argparse.Namespace) -> int:
     from marssim.search import run_algorithm
     from marssim.search.report import describe_mapping, fitness_display
 
+    _refuse_unused_flags(args)
     graph, system, cost, settings = load_case(args)
     bar, update = _progress_bar(args, settings.config.generations, settings.objective)
     with open_executor(args) as executor, bar:

@@ -20,9 +20,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--system", metavar="SYSTEM", help="system YAML or shipped name (overrides the mapping's)")
     p.add_argument("--workload", metavar="SPEC", help="zoo spec like resnet50:batch=8 or an .onnx file")
     p.add_argument("--batch", type=positive_int, help="override the workload's batch")
-    p.add_argument("--strategy", default="dp",
+    p.add_argument("--strategy",
                    help="without --mapping: sharding preference list, first legal wins (default dp)")
-    p.add_argument("--micro-batches", dest="micro_batches", type=positive_int, default=1,
+    p.add_argument("--micro-batches", dest="micro_batches", type=positive_int,
                    help="without --mapping: micro-batches (default 1)")
     p.add_argument("--memory-policy", choices=("error", "spill"), default="error",
                    help="what happens when a memory overflows (default: error)")

@@ -27,7 +27,7 @@ from typing import Any
 
 import yaml
 
-from marssim.errors import InputError, summarise_names
+from marssim.errors import InputError, summarise_names, warn_input
 from marssim.fsutil import atomic_file
 from marssim.system import System, expand_ids, load_system, shipped_systems
 from marssim.schema import read_yaml
@@ -174,22 +174,27 @@ def mapping_from_dict(data: Any, graph: Graph, system: System, file: str | None 
                 chosen = "none"
             op_shard[k] = chosen
         if twice:
-            names = [graph.ops[graph.compute_ops[k]].name for k, _ in twice]
+            ops = [graph.ops[graph.compute_ops[k]].name for k, _ in twice]
             earlier = ", ".join(dict.fromkeys(by for _, by in twice))
-            what = f"op {names[0]!r} is" if len(names) == 1 else \
-                f"{len(names)} ops ({summarise_names(names, contiguous=_run(twice))}) are"
+            what = f"op {ops[0]!r} is" if len(ops) == 1 else \
+                f"{len(ops)} ops ({summarise_names(ops, contiguous=_run(twice))}) are"
             problems.append((f"{where}.ops", f"{what} already assigned by {earlier}; each op belongs to exactly one set"))
         if illegal and len(prefs) == 1:
-            names = [graph.ops[graph.compute_ops[k]].name for k in illegal]
+            ops = [graph.ops[graph.compute_ops[k]].name for k in illegal]
             legal = legal_strategies(graph.ops[graph.compute_ops[illegal[0]]])
-            whose = f"op {names[0]!r}" if len(names) == 1 else \
-                f"{len(names)} ops ({summarise_names(names, contiguous=_run([(k, '') for k in illegal]))})"
+            whose = f"op {ops[0]!r}" if len(ops) == 1 else \
+                f"{len(ops)} ops ({summarise_names(ops, contiguous=_run([(k, '') for k in illegal]))})"
             problems.append((f"{where}.sharding", f"sharding {prefs[0]!r} is illegal for {whose}; legal for "
-                                                  f"{names[0]}: {', '.join(legal)} (give a list to fall back)"))
+                                                  f"{ops[0]}: {', '.join(legal)} (give a list to fall back)"))
     missing = [graph.ops[graph.compute_ops[k]].name for k in range(n) if assigned_by[k] is None]
     if missing and raw_assign:
         more = f" and {len(missing) - 8} more" if len(missing) > 8 else ""
         problems.append(("assign", f"{len(missing)} ops are not assigned to any set: {', '.join(missing[:8])}{more}"))
+    if raw_assign and not missing and not problems:
+        idle = [f"sets[{i}] ({name})" for i, name in enumerate(names) if i not in op_set]
+        if idle:
+            warn_input(file or "<mapping>", f"{', '.join(idle)} {'gets' if len(idle) == 1 else 'get'} no ops: "
+                                            "its devices stay idle")
 
     overrides = data.get("sharding") or {}
     if not isinstance(overrides, dict):

@@ -62,6 +62,9 @@ def _parse_params(spec: str, rest: str) -> dict[str, str]:
             key, eq, value = item.partition("=")
             if not eq or not key.strip() or not value.strip():
                 raise InputError(spec, key.strip() or item, "expected parameters like 'name:batch=8,seq=512'")
+            if key.strip() in params:
+                raise InputError(spec, key.strip(), f"given twice ({params[key.strip()]} and {value.strip()}); "
+                                                    "expected each parameter once")
             params[key.strip()] = value.strip()
     return params
 
