@@ -82,6 +82,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             devnull = os.open(os.devnull, os.O_WRONLY)
             os.dup2(devnull, sys.stdout.fileno())
             return 141
+        except OSError as err:  # a file that vanished or cannot be written after the checks
+            where = f": {err.filename}" if err.filename else ""
+            print(f"marssim {args.verb}: error: {err.strerror or err}{where}", file=sys.stderr)
+            return 1
+
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())

@@ -12,6 +12,8 @@ import argparse
 import time
 from pathlib import Path
 
+from ._common import check_output_dir
+
 VERB = "demo"
 ORDER = 5
 
@@ -73,6 +75,7 @@ def run(args: argparse.Namespace) -> int:
     from marssim.trace import plot_result, write_chrome_trace
     from marssim.workload import load_workload
 
+    check_output_dir(args.out)
     t_start = time.perf_counter()
     system = load_system(args.system)
     graph = load_workload(args.workload)

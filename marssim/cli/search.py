@@ -8,7 +8,7 @@ from dataclasses import replace
 
 from marssim.errors import InputError
 
-from ._common import positive_int
+from ._common import check_output_dir, positive_int
 
 VERB = "search"
 ORDER = 50
@@ -161,6 +161,7 @@ def run(args: argparse.Namespace) -> int:
     from marssim.search import run_algorithm
     from marssim.search.report import describe_mapping, fitness_display
 
+    check_output_dir(args.out)
     _refuse_unused_flags(args)
     graph, system, cost, settings = load_case(args)
     bar, update = _progress_bar(args, settings.config.generations, settings.objective)

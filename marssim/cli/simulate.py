@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ._common import add_output_args, load_inputs, positive_int, write_outputs
+from ._common import add_output_args, check_outputs, load_inputs, positive_int, write_outputs
 
 VERB = "simulate"
 ORDER = 40
@@ -36,6 +36,7 @@ def run(args: argparse.Namespace) -> int:
     from marssim.lower import lower
     from marssim.sim import simulate
 
+    check_outputs(args)
     mapping, graph, system = load_inputs(args)
     tg = lower(graph, system, mapping, default_cost_model())
     result = simulate(tg, system, memory_policy=args.memory_policy, streams=args.streams)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ._common import positive_int
+from ._common import check_output_dir, positive_int
 
 VERB = "validate"
 ORDER = 60
@@ -46,6 +46,7 @@ def run(args: argparse.Namespace) -> int:
     from marssim.validate import load_mapping_dir, read_estimates, validate
     from marssim.workload import load_workload
 
+    check_output_dir(args.out)
     system = load_system(args.system)
     graph = load_workload(args.workload, batch=args.batch)
     estimates = read_estimates(args.estimates) if args.estimates else None
