@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from dataclasses import replace
 
@@ -50,6 +51,8 @@ def add_search_args(p: argparse.ArgumentParser) -> None:
                    help="evaluate candidates on N processes (default: the CPU count; 1: serially)")
     p.add_argument("--dask", metavar="ADDRESS",
                    help="evaluate candidates on a Dask cluster (scheduler address; needs marssim[dask])")
+    p.add_argument("--dask-timeout", dest="dask_timeout", type=positive_float, default=10.0, metavar="SECONDS",
+                   help="seconds to wait for the Dask scheduler to answer (default 10)")
     p.add_argument("--seed", type=int, default=0, help="random seed (same seed, same result; default 0)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
@@ -112,13 +115,19 @@ def default_cost():
     return default_cost_model()
 
 
+@contextlib.contextmanager
 def open_executor(args: argparse.Namespace):
+    """The executor the flags ask for; an unreachable or missing Dask is one InputError line."""
     from marssim.search.parallel import open_executor as _open
 
     try:
-        return _open(args.workers, args.dask)
-    except ImportError as exc:
+        opened = _open(args.workers, args.dask, dask_timeout=args.dask_timeout)
+        executor = opened.__enter__()
+    except (ImportError, ConnectionError) as exc:
         raise InputError(None, "--dask", str(exc)) from None
+    with contextlib.ExitStack() as stack:
+        stack.push(opened)
+        yield executor
 
 
 def _progress_bar(args: argparse.Namespace, total: int, objective: str):
