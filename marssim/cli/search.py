@@ -130,20 +130,38 @@ def open_executor(args: argparse.Namespace):
         yield executor
 
 
-def _progress_bar(args: argparse.Namespace, total: int, objective: str):
-    """A tqdm bar on stderr (generation, best so far, evaluations/s) and its update callback."""
+def progress_plan(cfg) -> tuple[int, str]:
+    """What the progress bar counts toward: the budget that will end the GA, ``(total, unit)``:
+    its simulations when a simulation budget is set, else its evaluations (simulations and
+    analytical estimates) when an evaluation budget is set, else its generations. (Patience may
+    still end it sooner; the bar then stops short.)"""
+    if cfg.max_simulations is not None:
+        return cfg.max_simulations, "simulations"
+    if cfg.max_evaluations is not None:
+        return cfg.max_evaluations, "evaluations"
+    return cfg.generations, "generations"
+
+
+def _progress_bar(args: argparse.Namespace, cfg, objective: str):
+    """A tqdm bar on stderr counting toward the budget that ends the search (see
+    :func:`progress_plan`), with the generation, the best so far and evaluations/s; and its
+    update callback (one call per generation)."""
     from tqdm import tqdm
 
     from marssim.search.report import fitness_display
 
-    bar = tqdm(total=total, desc="generation", unit="gen", file=sys.stderr,
-               disable=args.quiet or not sys.stderr.isatty(), leave=False)
+    total, unit = progress_plan(cfg)
+    bar = tqdm(total=total, desc=unit, unit="", file=sys.stderr, disable=args.quiet or not sys.stderr.isatty(),
+               leave=False, bar_format="{desc}: {n}/{total} |{bar}| {elapsed}<{remaining}{postfix}")
 
     def update(row: dict) -> None:
         label, value = fitness_display(objective, row["best_fitness"])
-        bar.update(1)
-        bar.set_postfix_str(f"best {value:.4g} {label.split('(')[-1].rstrip(')')}, "
-                            f"{row['evaluations_per_s']:.1f} eval/s")
+        done = {"simulations": row["simulations"], "evaluations": row["simulations"] + row["estimates"],
+                "generations": row["generation"] + 1}[unit]
+        bar.n = min(done, total)
+        bar.set_postfix_str(f"generation {row['generation'] + 1}/{cfg.generations}, best {value:.4g} "
+                            f"{label.split('(')[-1].rstrip(')')}, {row['evaluations_per_s']:.1f} eval/s", refresh=False)
+        bar.refresh()
 
     return bar, update
 
@@ -169,17 +187,21 @@ def _refuse_unused_flags(args: argparse.Namespace) -> None:
 def run(args: argparse.Namespace) -> int:
     from marssim.search import run_algorithm
     from marssim.search.report import describe_mapping, fitness_display
+    from marssim.search.result import SearchInterrupted
 
     check_output_dir(args.out)
     _refuse_unused_flags(args)
     graph, system, cost, settings = load_case(args)
-    bar, update = _progress_bar(args, settings.config.generations, settings.objective)
+    bar, update = _progress_bar(args, settings.ga_config(), settings.objective)
     with open_executor(args) as executor, bar:
         try:
             result = run_algorithm(args.algorithm, graph, system, cost, settings, executor=executor,
                                    progress=update)
         except ValueError as exc:
             raise InputError(None, "--algorithm", str(exc)) from None
+        except SearchInterrupted as stop:
+            bar.close()
+            return _keep_interrupted(stop.result, graph, args)
     label, value = fitness_display(result.objective, result.fitness)
     print(result.summary())
     print(f"best {label}: {value:.6g}")
@@ -190,6 +212,36 @@ def run(args: argparse.Namespace) -> int:
         print()
         print("\n".join(write_search_outputs(result, graph, system, cost, args.out)))
     return 0
+
+
+INTERRUPTED_FILE = "interrupted-best-mapping.yaml"
+"""Where an interrupted search without --out leaves its best mapping (working directory)."""
+
+
+def _keep_interrupted(result, graph, args: argparse.Namespace) -> int:
+    """Ctrl-C: write the best mapping found so far (``--out DIR/best_mapping.yaml`` with
+    ``history.csv`` and ``search.json``, else :data:`INTERRUPTED_FILE`), say where; exit 130."""
+    import json
+    from pathlib import Path
+
+    from marssim.fsutil import staged_dir
+    from marssim.mapping import save_mapping
+    from marssim.search.report import search_summary
+
+    if args.out:
+        with staged_dir(Path(args.out)) as tmp:
+            save_mapping(result.best, graph, tmp / "best_mapping.yaml")
+            result.history.to_csv(tmp / "history.csv", index=False)
+            (tmp / "search.json").write_text(json.dumps(search_summary(result, graph), indent=2, sort_keys=True)
+                                             + "\n")
+        path = Path(args.out) / "best_mapping.yaml"
+    else:
+        path = Path(INTERRUPTED_FILE)
+        save_mapping(result.best, graph, path)
+    print(f"interrupted after {len(result.history)} generations ({result.simulations} simulations, "
+          f"{result.estimates} estimates): the best mapping so far ({result.makespan * 1e3:.4f} ms, simulated) "
+          f"is in {path}; `marssim simulate --mapping {path}` evaluates it", file=sys.stderr)
+    return 130
 
 
 def write_search_outputs(result, graph, system, cost, out: str) -> list[str]:
