@@ -27,7 +27,7 @@ import numpy as np
 
 from marssim.system import Route, System
 
-__all__ = ["COMPUTE", "TRANSFER", "Collective", "TaskGraph", "TaskGraphBuilder"]
+__all__ = ["COMPUTE", "TRANSFER", "Collective", "OpInfo", "TaskGraph", "TaskGraphBuilder"]
 
 COMPUTE = 0
 TRANSFER = 1
@@ -54,6 +54,26 @@ class Collective:
     nbytes: float
     op: str = ""
     steps: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class OpInfo:
+    """What the evaluations report about one op of the workload (the lowering fills it in).
+
+    ``kind``: conv, gemm, matmul, ...; ``model``: the workload model it belongs to (several in a
+    multi-model mix); ``loops``: its loop nest (``"N=8 K=64 ..."``); ``sharding``: the strategy
+    that split it; ``set``: the index of the accelerator set that ran it; ``cost_model``: the cost
+    model that timed its shards (``OpCost.model``: ``systolic-os``, ``gpu-roofline``,
+    ``calibrated``, ``measured``...; several joined by ``+`` when its shards were timed by
+    different ones)."""
+
+    name: str
+    kind: str = ""
+    model: str = ""
+    loops: str = ""
+    sharding: str = ""
+    set: int = -1
+    cost_model: str = ""
 
 
 @dataclass(frozen=True, eq=False)
@@ -83,7 +103,10 @@ class TaskGraph:
     collectives: tuple[Collective, ...]
     resident: dict[str, float] = field(default_factory=dict)  # weights resident per node, bytes
     setup: tuple[tuple[str, str, float], ...] = ()  # weight loads before the run: (src, dst, bytes)
-    meta: dict[str, Any] = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)  # descriptive labels (system, workload, mapping...)
+    ops: tuple[OpInfo, ...] = ()  # the workload's compute ops in graph order
+    device_design: dict[str, str] = field(default_factory=dict)  # the design each used device takes
+    batch: int = 0  # samples of the whole run (throughput); 0: unknown
 
     @property
     def n_tasks(self) -> int:
@@ -386,7 +409,10 @@ class TaskGraphBuilder:
         pieces.append(pred_idx[at:].astype(np.int64) + period)
         return block_counts, np.concatenate(pieces)
 
-    def build(self, meta: dict[str, Any] | None = None) -> TaskGraph:
+    def build(self, meta: dict[str, Any] | None = None, *, ops: Sequence[OpInfo] = (),
+              device_design: dict[str, str] | None = None, batch: int = 0) -> TaskGraph:
+        """Freeze the tasks into a :class:`TaskGraph` with its labels (``meta``), its ops in graph
+        order, the design of each device and the batch (samples)."""
         c = self._arrays()
         if self._repeat is not None:
             c = self._repeated(c)
@@ -403,7 +429,7 @@ class TaskGraphBuilder:
             collective=c["collective"], pred_ptr=pred_ptr, pred_idx=pred_idx,
             node_names=self.system.nodes, op_names=tuple(self.op_names), routes=tuple(self._routes),
             collectives=tuple(self.collectives), resident=dict(self.resident), setup=tuple(self.setup),
-            meta=dict(meta or {}),
+            meta=dict(meta or {}), ops=tuple(ops), device_design=dict(device_design or {}), batch=int(batch),
         )
         for name in ("kind", "device", "duration", "src", "dst", "nbytes", "route", "flops", "energy", "mem_node",
                      "mem_bytes", "priority", "op", "micro_batch", "collective", "pred_ptr", "pred_idx"):

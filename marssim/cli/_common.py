@@ -8,8 +8,23 @@ from pathlib import Path
 
 from marssim.errors import InputError
 
-__all__ = ["positive_int", "add_output_args", "write_outputs", "load_inputs", "check_outputs", "check_output_dir",
-           "check_output_file"]
+__all__ = ["positive_int", "add_cost_args", "cost_model", "add_output_args", "write_outputs", "load_inputs",
+           "check_outputs", "check_output_dir", "check_output_file"]
+
+
+def add_cost_args(p: argparse.ArgumentParser) -> None:
+    """--allow-uncalibrated: what happens when a GPU design names a calibration table that
+    cannot be found."""
+    p.add_argument("--allow-uncalibrated", dest="allow_uncalibrated", action="store_true",
+                   help="time GPU designs whose calibration table cannot be found by the analytical roofline "
+                        "(with a warning) instead of stopping with an error")
+
+
+def cost_model(args: argparse.Namespace):
+    """The default cost model, with the fallback --allow-uncalibrated asks for."""
+    from marssim.cost import default_cost_model
+
+    return default_cost_model(allow_uncalibrated=getattr(args, "allow_uncalibrated", False))
 
 
 def positive_int(text: str) -> int:

@@ -13,7 +13,7 @@ import argparse
 import time
 from pathlib import Path
 
-from ._common import check_output_dir
+from ._common import add_cost_args, check_output_dir, cost_model
 
 VERB = "demo"
 ORDER = 5
@@ -47,6 +47,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "every machine")
     p.add_argument("--seed", type=int, default=0, help="search seed (default 0)")
     p.add_argument("--workers", type=positive_int, default=1, help="processes evaluating candidates (default 1)")
+    add_cost_args(p)
     p.set_defaults(func=run)
 
 
@@ -62,7 +63,6 @@ def run(args: argparse.Namespace) -> int:
     from concurrent.futures import ProcessPoolExecutor
 
     from marssim.analytical import estimate
-    from marssim.cost import default_cost_model
     from marssim.fsutil import staged_dir
     from marssim.lower import lower
     from marssim.mapping import load_mapping, save_mapping
@@ -78,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
     t_start = time.perf_counter()
     system = load_system(args.system)
     graph = load_workload(args.workload)
-    cost = default_cost_model()
+    cost = cost_model(args)
     print(f"system    {system.name}: {len(system.accelerators)} accelerators, {len(system.designs)} designs "
           f"({', '.join(system.designs)})")
     print(f"workload  {graph.spec}: {graph.macs / 1e9:.3f} GMACs in {len(graph.compute_ops)} ops, "

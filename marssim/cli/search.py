@@ -9,7 +9,7 @@ from dataclasses import replace
 
 from marssim.errors import InputError
 
-from ._common import check_output_dir, positive_int
+from ._common import add_cost_args, check_output_dir, cost_model, positive_int
 
 VERB = "search"
 ORDER = 50
@@ -55,6 +55,7 @@ def add_search_args(p: argparse.ArgumentParser) -> None:
                    help="seconds to wait for the Dask scheduler to answer (default 10)")
     p.add_argument("--seed", type=int, default=0, help="random seed (same seed, same result; default 0)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_cost_args(p)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -104,15 +105,7 @@ def load_case(args: argparse.Namespace):
     cfg = replace(cfg, **changes)
     settings = SearchSettings(objective=args.objective, budget=args.budget, config=cfg, seed=args.seed,
                               seed_with=SEED_BASELINES if getattr(args, "seed_baseline", True) else ())
-    return graph, system, default_cost(), settings
-
-
-def default_cost():
-    try:
-        from marssim.cost import default_cost_model
-    except ImportError as exc:  # pragma: no cover - until the cost package provides it
-        raise InputError(None, "cost", f"no default cost model in this version of marssim ({exc})") from None
-    return default_cost_model()
+    return graph, system, cost_model(args), settings
 
 
 @contextlib.contextmanager
