@@ -136,6 +136,7 @@ class DataflowCost:
         self.measured = bool(measured)
         self.correction = bool(correction)
         self.allow_uncalibrated = bool(allow_uncalibrated)
+        self._calibrated = calibration is not None  # None: the analytical roofline, by choice
         self._device_fits: dict[str, dict[tuple[str, str], KernelFit]] = {}
         self._device_measured: dict[str, dict[tuple[int, ...], KernelTiming]] = {}
         self._reset()
@@ -160,7 +161,7 @@ class DataflowCost:
         return {"source": self._source, "table": self._table, "given_fits": self._given_fits,
                 "tuning": self.tuning, "device_fits": self._device_fits, "measured": self.measured,
                 "device_measured": self._device_measured, "correction": self.correction,
-                "allow_uncalibrated": self.allow_uncalibrated}
+                "allow_uncalibrated": self.allow_uncalibrated, "calibrated": self._calibrated}
 
     def __setstate__(self, state: dict) -> None:
         self._source = state["source"]
@@ -172,6 +173,7 @@ class DataflowCost:
         self._device_measured = state.get("device_measured", {})
         self.correction = state.get("correction", True)
         self.allow_uncalibrated = state.get("allow_uncalibrated", False)
+        self._calibrated = state.get("calibrated", True)
         self._reset()
 
     def clear_cache(self) -> None:
@@ -325,7 +327,7 @@ class DataflowCost:
     def _gpu_table(self, design: Design) -> GpuTable:
         name = design.gpu.calibration
         fits = self.fits_for(name) if name else {}
-        if name and (self._source is not None or self._table is not None or self._given_fits is not None):
+        if name and self._calibrated:
             self._check_calibration(design, fits, name)
         measured = {code: r.median_s for code, r in self.measured_for(name).items()} \
             if name and self.measured else None
@@ -663,7 +665,8 @@ class CalibratedCost(DataflowCost):
 
     def __init__(self, calibration: str | Path | KernelTable | Mapping[FitKey, KernelFit], *,
                  tuning: Sequence[str] = tuple(reversed(TUNINGS)), measured: bool = True,
-                 correction: bool = True) -> None:
+                 correction: bool = True, allow_uncalibrated: bool = False) -> None:
         if calibration is None:
             raise ValueError("CalibratedCost needs a calibration table, directory or fits")
-        super().__init__(calibration=calibration, tuning=tuning, measured=measured, correction=correction)
+        super().__init__(calibration=calibration, tuning=tuning, measured=measured, correction=correction,
+                         allow_uncalibrated=allow_uncalibrated)
