@@ -25,7 +25,7 @@ def case(tmp_path, monkeypatch):
     path.write_text(yaml.safe_dump(system_dict(3)))
     monkeypatch.setitem(registry._ZOO, "two-small", registry.ZooEntry(
         "two-small", lambda batch: two_models(batch), {"batch": 4}, "CNN and MLP side by side (tests)", True))
-    monkeypatch.setattr(marssim.cost, "default_cost_model", lambda: RooflineCost(), raising=False)
+    monkeypatch.setattr(marssim.cost, "default_cost_model", lambda **_: RooflineCost(), raising=False)
     return ["--system", str(path), "--workload", "two-small"]
 
 

@@ -268,7 +268,7 @@ def _system_file(tmp_path: Path) -> Path:
 def cli_env(tmp_path, monkeypatch):
     import marssim.cost
 
-    monkeypatch.setattr(marssim.cost, "default_cost_model", lambda: RooflineCost(), raising=False)
+    monkeypatch.setattr(marssim.cost, "default_cost_model", lambda **_: RooflineCost(), raising=False)
     return _system_file(tmp_path)
 
 
