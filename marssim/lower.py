@@ -200,7 +200,7 @@ class _Lowering:
         self._input_sent: dict[tuple[int, int], list[int]] = {}  # (input op, micro-batch) -> its transfers
         self._host_of = cache.hosts
         self._latency = cache.latency
-        self._cost_models: list[dict[str, None]] = [{} for _ in graph.compute_ops]  # per compute op
+        self._cost_models: list[tuple[str, ...] | None] = [None] * len(graph.compute_ops)  # per compute op
 
     # ------------------------------------------------------------------ helpers
     def design(self, device: str, name: str):
@@ -321,8 +321,9 @@ class _Lowering:
             "system": self.system.name, "workload": g.spec, "batch": g.batch, "micro_batches": m.micro_batches,
             "mapping": m.key[:12], "n_stages": m.n_stages, "set_design": [s.design for s in m.sets],
         }
-        ops = tuple(OpInfo(name, kind, model, loops, m.op_sharding[k], m.op_set[k], "+".join(self._cost_models[k]))
-                    for k, (name, kind, model, loops) in enumerate(self.cache.op_labels()))
+        ops = tuple(OpInfo(name, kind, model, loops, shard, where, "+".join(timed or ()))
+                    for (name, kind, model, loops), shard, where, timed
+                    in zip(self.cache.op_labels(), m.op_sharding, m.op_set, self._cost_models))
         return self.b.build(meta, ops=ops, device_design={d: s.design for s in m.sets for d in s.devices},
                             batch=g.batch)
 
@@ -360,8 +361,8 @@ class _Lowering:
             aset = m.sets[m.op_set[k]]
             sharded = self.shards(gi, size, op, m.op_sharding[k], aset.devices, aset.design)
             timed = self._cost_models[k]
-            for model in sharded.models:
-                timed.setdefault(model, None)
+            if timed is not sharded.models:
+                self._cost_models[k] = sharded.models if timed is None else _union(timed, sharded.models)
             if mb == 0:
                 for dev, nbytes in sharded.weights:
                     weights[dev] = weights.get(dev, 0.0) + nbytes
@@ -531,6 +532,11 @@ def expand_collective(builder: TaskGraphBuilder, kind: str, algorithm: str, devi
     coll = builder.add_collective(Collective(kind, algorithm, tuple(devices), float(total_bytes), op, len(steps)))
     block = collective_block(builder.system, devices, steps, gather)
     return emit_collective(builder, block, initial, coll, op, micro_batch)
+
+
+def _union(a: tuple[str, ...], b: tuple[str, ...]) -> tuple[str, ...]:
+    """``a`` then the items of ``b`` not in it (first appearance order)."""
+    return a + tuple(x for x in b if x not in a) if a != b else a
 
 
 def _even_micro_batches(graph: Graph, micro_batches: int) -> bool:

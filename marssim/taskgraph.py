@@ -21,7 +21,7 @@ import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -56,8 +56,7 @@ class Collective:
     steps: int = 0
 
 
-@dataclass(frozen=True, slots=True)
-class OpInfo:
+class OpInfo(NamedTuple):
     """What the evaluations report about one op of the workload (the lowering fills it in).
 
     ``kind``: conv, gemm, matmul, ...; ``model``: the workload model it belongs to (several in a
@@ -65,7 +64,7 @@ class OpInfo:
     that split it; ``set``: the index of the accelerator set that ran it; ``cost_model``: the cost
     model that timed its shards (``OpCost.model``: ``systolic-os``, ``gpu-roofline``,
     ``calibrated``, ``measured``...; several joined by ``+`` when its shards were timed by
-    different ones)."""
+    different ones). A named tuple: a lowering makes one per op, cheaply."""
 
     name: str
     kind: str = ""
