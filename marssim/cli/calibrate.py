@@ -147,7 +147,7 @@ def _grid(args: argparse.Namespace):
 
 
 def _summary(points, tasks, chunks, chunk_seconds: float) -> list[str]:
-    from marssim.tables import format_table
+    from marssim.system.describe import format_table
 
     by_kind = Counter((p.measure_kind, p.dtype) for p in points)
     kernels = Counter((t.point.measure_kind, t.point.dtype) for t in tasks)
