@@ -120,3 +120,9 @@ def test_the_cli_prints_the_unit_problem_on_one_line(tmp_path, capsys):
     assert main(["show", str(path)]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "links[0].bandwidth" in err and str(path) in err
+
+
+def test_the_streams_per_device_are_bounded(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["simulate", "--system", "ring-8", "--workload", "resnet50:batch=2", "--streams", "1000000000"])
+    assert info.value.code == 2 and "at most 1024 streams" in capsys.readouterr().err

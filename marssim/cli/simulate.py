@@ -44,6 +44,19 @@ def print_report(result, args: argparse.Namespace) -> None:
             print(result.layer_report(level=args.group))
 
 
+MAX_STREAMS = 1024
+"""The most compute streams per device: each is a process of the simulation, and no accelerator
+runs more kernels at once than this (a GPU's hardware queues are a few dozen)."""
+
+
+def _streams(text: str) -> int:
+    value = positive_int(text)
+    if value > MAX_STREAMS:
+        raise argparse.ArgumentTypeError(f"expected at most {MAX_STREAMS} streams per device (each is a process of "
+                                         f"the simulation; no accelerator runs more kernels at once), got {value}")
+    return value
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         VERB, help="simulate a mapping event by event and print makespan, bottlenecks and a per-layer report",
@@ -55,7 +68,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_mapping_args(p)
     p.add_argument("--memory-policy", choices=("error", "spill"), default="error",
                    help="what happens when a memory overflows (default: error)")
-    p.add_argument("--streams", type=positive_int, default=1, help="concurrent compute tasks per device")
+    p.add_argument("--streams", type=_streams, default=1,
+                   help=f"concurrent compute tasks per device (default 1, at most {MAX_STREAMS})")
     add_report_args(p)
     add_cost_args(p)
     add_output_args(p)
