@@ -24,7 +24,7 @@ from marssim.analytical import estimate, have_numba
 from marssim.lower import lower
 from marssim.sim import simulate
 from marssim.system import load_system
-from marssim.validate import sample_mappings
+from marssim.search.sample import sample_mappings
 from marssim.workload import load_workload
 
 PAIRS = [("mars-adaptive-16", "resnet50:batch=8"), ("dgx-h100", "bert-base:batch=8"),

@@ -135,7 +135,7 @@ def scaled_system(n: int) -> System:
                           "memory": {"capacity": "64 GiB", "bandwidth": "77 GB/s"}}],
         "hosts": [{"id": "host0", "dram": {"capacity": "512 GiB", "bandwidth": "204.8 GB/s"}}],
         "switches": [{"id": "eth0", "latency": "500 ns"}], "links": links,
-    }, f"<scaled-{n}>")
+    }, f"<scaled-{n}>", require_units=False)
 
 
 def table(rows: list[dict], columns: list[tuple[str, str, str]]) -> str:

@@ -23,7 +23,8 @@ from pathlib import Path
 from marssim.cost import default_cost_model
 from marssim.fsutil import atomic_file
 from marssim.system import load_system
-from marssim.validate import sample_mappings, validate
+from marssim.search.sample import sample_mappings
+from marssim.validate import validate
 from marssim.workload import load_workload
 
 PAIRS = [("mars-adaptive-16", "resnet50:batch=8"), ("dgx-h100", "bert-base:batch=8"),

@@ -10,7 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-__all__ = ["InputError", "MarssimError", "CapacityError", "format_path"]
+__all__ = ["InputError", "InputWarning", "MarssimError", "CapacityError", "format_path", "summarise_names",
+           "warn_input"]
 
 
 class MarssimError(Exception):
@@ -28,6 +29,17 @@ def format_path(path: Iterable[str | int]) -> str:
         else:
             out = str(part)
     return out
+
+
+def summarise_names(names: Sequence[str], *, contiguous: bool = False, limit: int = 4) -> str:
+    """Many names in one phrase: ``first .. last`` when they are ``contiguous`` (a run in the
+    file's order; two names are joined by a comma), else the first ``limit`` and how many more."""
+    names = list(names)
+    if len(names) <= 2 or (len(names) <= limit and not contiguous):
+        return ", ".join(names)
+    if contiguous:
+        return f"{names[0]} .. {names[-1]}"
+    return f"{', '.join(names[:limit])} and {len(names) - limit} more"
 
 
 class InputError(MarssimError, ValueError):
@@ -68,6 +80,18 @@ class InputError(MarssimError, ValueError):
     def expected(cls, file: str | None, path: Sequence[str | int] | str, what: str, got: Any) -> "InputError":
         """``file: path: expected WHAT, got GOT`` — the usual shape of an input error."""
         return cls(file, path, f"expected {what}, got {got!r}")
+
+
+class InputWarning(UserWarning):
+    """Input that is accepted but most likely not what was meant (a set that gets no ops, a
+    fallback asked for); the CLI prints it on one line as ``marssim VERB: warning: ...``."""
+
+
+def warn_input(file: str | None, message: str) -> None:
+    """Issue an :class:`InputWarning` naming ``file`` (when given)."""
+    import warnings
+
+    warnings.warn(InputWarning(f"{file}: {message}" if file else message), stacklevel=3)
 
 
 class CapacityError(MarssimError):

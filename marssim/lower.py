@@ -41,7 +41,7 @@ from marssim.mapping.sharding import (
 from marssim.system import System
 from marssim.taskblocks import TransferBlock, collective_block, emit_collective, emit_flows, flow_block
 from marssim.taskblocks import unique as _unique
-from marssim.taskgraph import Collective, TaskGraph, TaskGraphBuilder
+from marssim.taskgraph import Collective, OpInfo, TaskGraph, TaskGraphBuilder
 from marssim.workload import Graph, Op, OpKind
 
 __all__ = ["lower", "expand_collective", "LoweringCache"]
@@ -79,7 +79,8 @@ class _Sharded:
     region)`` of the output and the weight bytes per shard ``(device, bytes)``; ``columns``: the
     shards' compute tasks as the arguments of :meth:`TaskGraphBuilder.computes` (node indices,
     seconds, FLOPs, joules, output bytes); ``need_ids``, ``sig_id``: the numbers
-    :meth:`LoweringCache.number` gives each slot's needs and the signature."""
+    :meth:`LoweringCache.number` gives each slot's needs and the signature; ``models``: the cost
+    models that timed the shards (``OpCost.model``, in shard order, each once)."""
 
     devices: tuple[str, ...]
     partial: bool
@@ -89,6 +90,7 @@ class _Sharded:
     columns: tuple
     need_ids: tuple[int, ...]
     sig_id: int
+    models: tuple[str, ...] = ()
 
 
 class LoweringCache:
@@ -113,19 +115,17 @@ class LoweringCache:
         self.hosts: dict[str, str] = {}
         self.latency: dict[tuple[str, str], float] = {}
         self.numbers: dict[tuple, int] = {}
-        self._graph_meta: dict[str, dict[str, str]] | None = None
+        self._op_labels: tuple[tuple[str, str, str, str], ...] | None = None
 
-    def graph_meta(self) -> dict[str, dict[str, str]]:
-        """The TaskGraph metadata that depends on the graph alone: each op's model, kind and
-        loops (``"N=8 K=64 ..."``), by op name."""
-        if self._graph_meta is None:
+    def op_labels(self) -> tuple[tuple[str, str, str, str], ...]:
+        """What the TaskGraph reports of each compute op that depends on the graph alone, in
+        graph order: ``(name, kind, model, loops)`` (loops as ``"N=8 K=64 ..."``)."""
+        if self._op_labels is None:
             ops = self.graph.ops
-            self._graph_meta = {
-                "op_model": {op.name: op.model for op in ops},
-                "op_kind": {op.name: op.kind.value for op in ops},
-                "op_loops": {op.name: " ".join(f"{k}={v}" for k, v in op.loops) for op in ops},
-            }
-        return self._graph_meta
+            self._op_labels = tuple((ops[gi].name, ops[gi].kind.value, ops[gi].model,
+                                     " ".join(f"{k}={v}" for k, v in ops[gi].loops))
+                                    for gi in self.graph.compute_ops)
+        return self._op_labels
 
     def number(self, value: tuple) -> int:
         """A small integer standing for ``value`` (equal values, equal numbers) until the cache
@@ -206,6 +206,7 @@ class _Lowering:
         self._host_of = cache.hosts
         self._latency = cache.latency
         self._resident_inputs: set[int] = set()
+        self._cost_models: list[tuple[str, ...] | None] = [None] * len(graph.compute_ops)  # per compute op
 
     # ------------------------------------------------------------------ helpers
     def design(self, device: str, name: str):
@@ -251,10 +252,12 @@ class _Lowering:
         parts = self.pieces(gi, size, op, dim, len(devices))
         out = []
         partial = False
+        models: dict[str, None] = {}
         for i, shard, out_box, in_boxes, is_partial in parts:
             dev = devices[i]
             c = self.cost.op_cost(shard, self.design(dev, design_name))
             out.append((dev, shard, out_box, in_boxes, c.time, c.energy))
+            models[c.model] = None
             partial = partial or is_partial
         needs = tuple(tuple((dev, in_boxes[slot]) for dev, _, _, in_boxes, _, _ in out if box_elems(in_boxes[slot]) > 0)
                       for slot in range(len(op.inputs)))
@@ -268,7 +271,7 @@ class _Lowering:
         owns = not op.param("shares")  # an op reading another op's weights adds none of its own
         result = _Sharded(tuple(dev for dev, *_ in out), partial and len(parts) > 1, needs, sig,
                           tuple((dev, shard.weight_bytes if owns else 0) for dev, shard, *_ in out), columns,
-                          tuple(number(n) for n in needs), number(sig))
+                          tuple(number(n) for n in needs), number(sig), tuple(models))
         self._shard_cache[key] = result
         return result
 
@@ -326,14 +329,13 @@ class _Lowering:
             self.b.resident[dev] = self.b.resident.get(dev, 0.0) + nbytes
         meta = {
             "system": self.system.name, "workload": g.spec, "batch": g.batch, "micro_batches": m.micro_batches,
-            "mapping": m.key[:12], "n_stages": m.n_stages,
-            "op_sharding": {g.ops[gi].name: m.op_sharding[k] for k, gi in enumerate(g.compute_ops)},
-            "op_set": {g.ops[gi].name: m.op_set[k] for k, gi in enumerate(g.compute_ops)},
-            **{name: dict(values) for name, values in self.cache.graph_meta().items()},
-            "set_design": [s.design for s in m.sets],
-            "device_design": {d: s.design for s in m.sets for d in s.devices},
+            "mapping": m.key[:12], "n_stages": m.n_stages, "set_design": [s.design for s in m.sets],
         }
-        return self.b.build(meta)
+        ops = tuple(OpInfo(name, kind, model, loops, shard, where, "+".join(timed or ()))
+                    for (name, kind, model, loops), shard, where, timed
+                    in zip(self.cache.op_labels(), m.op_sharding, m.op_set, self._cost_models))
+        return self.b.build(meta, ops=ops, device_design={d: s.design for s in m.sets for d in s.devices},
+                            batch=g.batch)
 
     def _carried_inputs(self) -> dict[int, tuple[int, ...]]:
         """After micro-batch 0: its tasks whose copy in micro-batch 1 waits for something else,
@@ -371,6 +373,9 @@ class _Lowering:
             k = self.position[gi]
             aset = m.sets[m.op_set[k]]
             sharded = self.shards(gi, size, op, m.op_sharding[k], aset.devices, aset.design)
+            timed = self._cost_models[k]
+            if timed is not sharded.models:
+                self._cost_models[k] = sharded.models if timed is None else _union(timed, sharded.models)
             if mb == 0:
                 for dev, nbytes in sharded.weights:
                     weights[dev] = weights.get(dev, 0.0) + nbytes
@@ -575,6 +580,11 @@ def expand_collective(builder: TaskGraphBuilder, kind: str, algorithm: str, devi
     coll = builder.add_collective(Collective(kind, algorithm, tuple(devices), float(total_bytes), op, len(steps)))
     block = collective_block(builder.system, devices, steps, gather)
     return emit_collective(builder, block, initial, coll, op, micro_batch)
+
+
+def _union(a: tuple[str, ...], b: tuple[str, ...]) -> tuple[str, ...]:
+    """``a`` then the items of ``b`` not in it (first appearance order)."""
+    return a + tuple(x for x in b if x not in a) if a != b else a
 
 
 def _even_micro_batches(graph: Graph, micro_batches: int) -> bool:

@@ -26,13 +26,13 @@ import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from marssim.system import Route, System
 
-__all__ = ["COMPUTE", "TRANSFER", "Collective", "TaskGraph", "TaskGraphBuilder"]
+__all__ = ["COMPUTE", "TRANSFER", "Collective", "OpInfo", "TaskGraph", "TaskGraphBuilder"]
 
 COMPUTE = 0
 TRANSFER = 1
@@ -62,6 +62,25 @@ class Collective:
     group: str = ""  # the parallel dimension it serves: tp, dp, pp, ep, emb (empty: a per-op mapping's)
 
 
+class OpInfo(NamedTuple):
+    """What the evaluations report about one op of the workload (the lowering fills it in).
+
+    ``kind``: conv, gemm, matmul, ...; ``model``: the workload model it belongs to (several in a
+    multi-model mix); ``loops``: its loop nest (``"N=8 K=64 ..."``); ``sharding``: the strategy
+    that split it; ``set``: the index of the accelerator set that ran it; ``cost_model``: the cost
+    model that timed its shards (``OpCost.model``: ``systolic-os``, ``gpu-roofline``,
+    ``calibrated``, ``measured``...; several joined by ``+`` when its shards were timed by
+    different ones). A named tuple: a lowering makes one per op, cheaply."""
+
+    name: str
+    kind: str = ""
+    model: str = ""
+    loops: str = ""
+    sharding: str = ""
+    set: int = -1
+    cost_model: str = ""
+
+
 @dataclass(frozen=True, eq=False)
 class TaskGraph:
     """An immutable task DAG in columnar form. Build it with :class:`TaskGraphBuilder`."""
@@ -89,7 +108,10 @@ class TaskGraph:
     collectives: tuple[Collective, ...]
     resident: dict[str, float] = field(default_factory=dict)  # weights resident per node, bytes
     setup: tuple[tuple[str, str, float], ...] = ()  # weight loads before the run: (src, dst, bytes)
-    meta: dict[str, Any] = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)  # descriptive labels (system, workload, mapping...)
+    ops: tuple[OpInfo, ...] = ()  # the workload's compute ops in graph order
+    device_design: dict[str, str] = field(default_factory=dict)  # the design each used device takes
+    batch: int = 0  # samples of the whole run (throughput); 0: unknown
     steps: np.ndarray | None = None  # int32 per task, None: all 1; see below
 
     @property
@@ -393,7 +415,10 @@ class TaskGraphBuilder:
         pieces.append(pred_idx[at:].astype(np.int64) + period)
         return block_counts, np.concatenate(pieces)
 
-    def build(self, meta: dict[str, Any] | None = None) -> TaskGraph:
+    def build(self, meta: dict[str, Any] | None = None, *, ops: Sequence[OpInfo] = (),
+              device_design: dict[str, str] | None = None, batch: int = 0) -> TaskGraph:
+        """Freeze the tasks into a :class:`TaskGraph` with its labels (``meta``), its ops in graph
+        order, the design of each device and the batch (samples)."""
         c = self._arrays()
         if self._repeat is not None:
             c = self._repeated(c)
@@ -410,7 +435,7 @@ class TaskGraphBuilder:
             collective=c["collective"], pred_ptr=pred_ptr, pred_idx=pred_idx,
             node_names=self.system.nodes, op_names=tuple(self.op_names), routes=tuple(self._routes),
             collectives=tuple(self.collectives), resident=dict(self.resident), setup=tuple(self.setup),
-            meta=dict(meta or {}),
+            meta=dict(meta or {}), ops=tuple(ops), device_design=dict(device_design or {}), batch=int(batch),
         )
         for name in ("kind", "device", "duration", "src", "dst", "nbytes", "route", "flops", "energy", "mem_node",
                      "mem_bytes", "priority", "op", "micro_batch", "collective", "pred_ptr", "pred_idx"):

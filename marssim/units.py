@@ -12,12 +12,14 @@ import math
 import re
 from typing import Literal
 
-__all__ = ["Kind", "parse", "UnitError", "fmt_bytes", "fmt_time", "fmt_rate"]
+__all__ = ["Kind", "parse", "UnitError", "MAXIMA", "fmt_bytes", "fmt_time", "fmt_rate"]
 
-Kind = Literal["bytes", "bandwidth", "time", "frequency", "energy", "flops", "flop_rate", "power"]
+Kind = Literal["bytes", "bandwidth", "time", "frequency", "energy", "flops", "flop_rate", "power",
+               "energy_per_byte"]
 
-_DECIMAL = {"": 1.0, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15}
-_BINARY = {"Ki": 2.0**10, "Mi": 2.0**20, "Gi": 2.0**30, "Ti": 2.0**40, "Pi": 2.0**50}
+_DECIMAL = {"": 1.0, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18, "Z": 1e21, "Y": 1e24}
+_BINARY = {"Ki": 2.0**10, "Mi": 2.0**20, "Gi": 2.0**30, "Ti": 2.0**40, "Pi": 2.0**50, "Ei": 2.0**60,
+           "Zi": 2.0**70}
 _SMALL = {"": 1.0, "m": 1e-3, "u": 1e-6, "\u00b5": 1e-6, "\u03bc": 1e-6, "n": 1e-9, "p": 1e-12, "f": 1e-15}
 # micro is accepted as "u", the micro sign U+00B5 and the Greek letter mu U+03BC (both are typed as "µ")
 
@@ -42,6 +44,9 @@ _UNITS: dict[str, tuple[str, float, str]] = {
     "FLOPS": ("flop_rate", 1.0, "big"),
     "OP/s": ("flop_rate", 1.0, "big"),
     "OPS": ("flop_rate", 1.0, "big"),
+    "J/B": ("energy_per_byte", 1.0, "small"),
+    "J/bit": ("energy_per_byte", 8.0, "small"),
+    "J/b": ("energy_per_byte", 8.0, "small"),
 }
 
 _EXAMPLES: dict[str, str] = {
@@ -53,7 +58,27 @@ _EXAMPLES: dict[str, str] = {
     "flops": '"4.1 GFLOP"',
     "flop_rate": '"989 TFLOP/s"',
     "power": '"700 W"',
+    "energy_per_byte": '"8 pJ/B"',
 }
+
+_SI_UNIT: dict[str, str] = {
+    "bytes": "B", "bandwidth": "B/s", "time": "s", "frequency": "Hz", "energy": "J", "flops": "FLOP",
+    "flop_rate": "FLOP/s", "power": "W", "energy_per_byte": "J/B",
+}
+
+MAXIMA: dict[str, tuple[float, str, str]] = {
+    "bytes": (2.0**70, "1 ZiB", "a thousand times the largest memories built"),
+    "bandwidth": (1e18, "1 EB/s", "a thousand times the fastest on-chip memories"),
+    "time": (86400.0, "1 day", "no latency or kernel overhead comes near it"),
+    "frequency": (1e12, "1 THz", "two hundred times the fastest clocks of digital logic"),
+    "energy": (1.0, "1 J", "per event: a million times the energy of a DRAM access"),
+    "flops": (1e24, "1 YFLOP", "far beyond any workload's operations"),
+    "flop_rate": (1e21, "1 ZFLOP/s", "a thousand times the fastest supercomputers"),
+    "power": (1e6, "1 MW", "per accelerator: a thousand times the hungriest chips"),
+    "energy_per_byte": (1e-6, "1 uJ/B", "a thousand times the energy of moving a byte off-chip"),
+}
+"""The largest value accepted per kind (SI), as written, and why: a larger one is most likely a
+typo (a unit prefix too many), and sizes past them overflow the exact counts the models keep."""
 
 _NUMBER = r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?"
 _PATTERN = re.compile(rf"^\s*({_NUMBER})\s*([A-Za-z\u00b5\u03bc/]*)\s*$")
@@ -86,23 +111,33 @@ def _split_unit(unit: str) -> tuple[str, float]:
     raise KeyError(unit)
 
 
-def parse(value: object, kind: Kind, *, allow_zero: bool = False) -> float:
+def parse(value: object, kind: Kind, *, allow_zero: bool = False, require_unit: bool = False,
+          bounded: bool = False) -> float:
     """Convert ``value`` (a number in SI units, or a string with a unit) to a float in SI units.
 
     ``kind`` is the quantity the key expects. Raises :class:`UnitError` with a message of the
     form ``expected a bandwidth like "400 GB/s", got 'fast'`` when the value does not parse, has
-    the wrong kind of unit, is negative, not finite, or zero where zero is not allowed.
+    the wrong kind of unit, is negative, not finite, zero where zero is not allowed, overflows a
+    64-bit float once scaled, or (with ``bounded``, as every field of a system gets) exceeds the
+    plausible bound of its kind (:data:`MAXIMA`, the reason in the message). With ``require_unit`` (what the YAML files get) a number without a
+    unit is refused unless it is zero, whatever its unit: ``bandwidth: 25`` would be 25 B/s,
+    almost never what was meant.
     """
     what = f"a {kind.replace('_', ' ')} like {_EXAMPLES[kind]}"
     if isinstance(value, bool):
         raise UnitError(f"expected {what}, got {value!r}")
+    unit = ""
     if isinstance(value, (int, float)):
-        number = float(value)
+        try:
+            number = float(value)
+        except OverflowError:  # an int too large for a float
+            number = math.inf
+        literal = number
     elif isinstance(value, str):
         match = _PATTERN.match(value)
         if not match:
             raise UnitError(f"expected {what}, got {value!r}")
-        number = float(match.group(1))
+        number = literal = float(match.group(1))
         unit = match.group(2)
         if unit:
             try:
@@ -114,8 +149,22 @@ def parse(value: object, kind: Kind, *, allow_zero: bool = False) -> float:
             number *= factor
     else:
         raise UnitError(f"expected {what}, got {value!r}")
+    if require_unit and not unit and math.isfinite(literal) and literal != 0:
+        shown = value if isinstance(value, str) else repr(value)
+        raise UnitError(f"expected {what} with its unit, got the bare number {shown} (a number without a unit "
+                        f"would be read as {_SI_UNIT[kind]}; write \"{str(value).strip()} {_SI_UNIT[kind]}\" if "
+                        "that is meant)")
+    if math.isinf(number) and math.isfinite(literal):
+        raise UnitError(f"expected {what}, got {value!r}, which overflows a 64-bit float (about 1.8e308 "
+                        f"{_SI_UNIT[kind]}) once in {_SI_UNIT[kind]}")
     if not math.isfinite(number) or number < 0 or (number == 0 and not allow_zero):
+        if math.isinf(number) and not isinstance(value, float):
+            raise UnitError(f"expected {what}, got {value!r}, which is too large for a 64-bit float")
         raise UnitError(f"expected {what} that is {'non-negative' if allow_zero else 'positive'}, got {value!r}")
+    limit, written, reason = MAXIMA[kind]
+    if bounded and number > limit:
+        raise UnitError(f"expected {what} of at most {written} ({reason}; a larger value is most likely a typo), "
+                        f"got {value!r}")
     return number
 
 

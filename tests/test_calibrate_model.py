@@ -17,6 +17,8 @@ import pickle
 import numpy as np
 import pytest
 
+from marssim.errors import InputError, InputWarning
+
 from marssim.calibrate.fitting import fit_report
 from marssim.calibrate.grid import build_grid
 from marssim.calibrate.table import CalibrationRow, merge_rows, read_comments
@@ -148,11 +150,14 @@ def test_table_is_labelled_synthetic_and_resolves_for_dgx_h100(h100_env):
     assert "measured shapes used as measured" in cov["conv"] and "calibrated (vendor" in cov["gemm"]
 
 
-def test_without_a_table_dgx_h100_is_the_roofline(tmp_path, monkeypatch):
+def test_without_a_table_dgx_h100_is_an_error_or_the_roofline_when_asked(tmp_path, monkeypatch):
     monkeypatch.setenv("MARSSIM_TRACES", str(tmp_path))
     design = load_system("dgx-h100").design("gpu0", "h100")
     op = load_workload("bert-base").op("encoder.layer.0.attention.self.query")
-    assert default_cost_model().op_cost(op, design).model == "gpu-roofline"
+    with pytest.raises(InputError, match="no calibration table 'H100'"):
+        default_cost_model().op_cost(op, design)
+    with pytest.warns(InputWarning):
+        assert default_cost_model(allow_uncalibrated=True).op_cost(op, design).model == "gpu-roofline"
 
 
 @pytest.mark.parametrize("workload", ["resnet50:batch=8", "bert-base:batch=8"])

@@ -15,7 +15,7 @@ import pytest
 from marssim.cost import (
     CalibratedCost, CurveParams, KernelTable, default_cost_model, fit, fit_group, holdout_errors, load_table, predict,
 )
-from marssim.errors import InputError
+from marssim.errors import InputError, InputWarning
 from marssim.system import Design
 from marssim.workload import GraphBuilder
 
@@ -115,8 +115,12 @@ def test_calibrated_model_uses_fits_and_falls_back_per_kind(table, fits):
     assert model.op_cost(g.op("sm"), d).model == "gpu-roofline"  # no softmax rows: analytical
     cov = model.coverage(d, dtypes=("bf16",))
     assert cov["gemm"].startswith("bf16: calibrated") and "gpu-roofline" in cov["softmax"]
-    # a design naming no table, or another device, is analytical throughout
-    assert model.op_cost(g.op("fc"), _h100("A100")).model == "gpu-roofline"
+    # a design naming another device is an error, or analytical throughout when that is asked for
+    with pytest.raises(InputError, match="no calibration table 'A100'"):
+        model.op_cost(g.op("fc"), _h100("A100"))
+    lax = CalibratedCost(table, measured=False, allow_uncalibrated=True)
+    with pytest.warns(InputWarning, match="'A100'"):
+        assert lax.op_cost(g.op("fc"), _h100("A100")).model == "gpu-roofline"
     # by default a measured shape (fc's 1024x3072x768 is a row of the table) takes the table's time
     row = next(r for r in table.rows
                if (r.kind, r.dtype, r.batch, r.m, r.n, r.k) == ("gemm", "bf16", 1, 1024, 3072, 768))
@@ -151,7 +155,8 @@ def test_default_model_reads_tables_under_marssim_traces(tmp_path, monkeypatch):
     op = b.build().op("fc")
     model = default_cost_model()
     assert model.op_cost(op, _h100()).model == "calibrated"
-    assert model.op_cost(op, _h100("H100")).model == "gpu-roofline"
+    with pytest.raises(InputError, match="no calibration table 'H100'"):
+        model.op_cost(op, _h100("H100"))
     # file-name match: a table file named after the calibration device
     shutil.copy(TABLE, tmp_path / "calibration" / "H100.csv")
     assert default_cost_model().op_cost(op, _h100("H100")).model == "calibrated"
@@ -159,7 +164,10 @@ def test_default_model_reads_tables_under_marssim_traces(tmp_path, monkeypatch):
     clone = pickle.loads(pickle.dumps(model))
     assert clone.op_time(op, _h100()) == model.op_time(op, _h100())
     monkeypatch.setenv("MARSSIM_TRACES", str(tmp_path / "missing"))
-    assert default_cost_model().op_cost(op, _h100()).model == "gpu-roofline"
+    with pytest.raises(InputError, match="missing"):
+        default_cost_model().op_cost(op, _h100())
+    with pytest.warns(InputWarning):
+        assert default_cost_model(allow_uncalibrated=True).op_cost(op, _h100()).model == "gpu-roofline"
 
 
 HEADER = ("kind,dtype,batch,m,n,k,flops,bytes,device,sms,driver,cuda,tuning,median_s,spread_s,samples,date\n")

@@ -70,7 +70,9 @@ def test_cost_verb_prints_table_and_writes_csv(toynet, tmp_path, capsys):
 
 def test_cost_verb_gpu_says_when_it_is_uncalibrated(toynet, capsys, monkeypatch, tmp_path):
     monkeypatch.setenv("MARSSIM_TRACES", str(tmp_path))
-    assert main(["cost", toynet + ":batch=4", "--system", "dgx-h100", "--all"]) == 0
+    assert main(["cost", toynet + ":batch=4", "--system", "dgx-h100", "--all"]) == 2  # the table is missing
+    assert "no calibration table 'H100'" in capsys.readouterr().err
+    assert main(["cost", toynet + ":batch=4", "--system", "dgx-h100", "--all", "--allow-uncalibrated"]) == 0
     text = capsys.readouterr().out
     assert "analytical GPU roofline" in text and "bn1" in text
 

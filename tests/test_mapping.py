@@ -356,14 +356,14 @@ FIRST, LAST = GRAPH.ops[GRAPH.compute_ops[0]].name, GRAPH.ops[GRAPH.compute_ops[
 
 
 @pytest.mark.parametrize("change,path,words", [
-    (lambda d: d["sets"][0].update(devices=["acc0", "acc9"]), "sets[0].devices[1]", "unknown device 'acc9'"),
+    (lambda d: d["sets"][0].update(devices=["acc0", "acc9"]), "sets[0].devices", "unknown device 'acc9'"),
     (lambda d: d["sets"][1].update(devices=["acc3"], design="ws16"), "sets[1].design", "not allowed on acc3"),
     (lambda d: d["sets"][0].update(design="tpu"), "sets[0].design", "unknown design 'tpu'"),
-    (lambda d: d["sets"][1].update(devices=["acc2"]), "sets[1].devices[0]", "already in sets[0]"),
+    (lambda d: d["sets"][1].update(devices=["acc2"]), "sets[1].devices", "acc2 already in sets[0]"),
     (lambda d: d["assign"].append({"ops": FIRST, "set": 1}), "assign[2].ops", f"op '{FIRST}' is already assigned"),
     (lambda d: d["assign"].pop(), "assign", "ops are not assigned"),
     (lambda d: d.update(sharding={"relu": "ic"}), "sharding.relu", "expected one of"),
-    (lambda d: d["assign"][1].update(sharding="head"), "assign[1].sharding", "illegal for op"),
+    (lambda d: d["assign"][1].update(sharding="head"), "assign[1].sharding", "sharding 'head' is illegal for"),
     (lambda d: d["assign"][1].update(set="middle"), "assign[1].set", "unknown set 'middle'"),
     (lambda d: d["assign"][0].update(ops=f"{LAST} .. {FIRST}"), "assign[0].ops", "ends before it starts"),
     (lambda d: d["assign"][0].update(ops="conv99"), "assign[0].ops", "unknown op 'conv99'"),

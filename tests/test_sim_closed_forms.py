@@ -196,7 +196,7 @@ def test_pipelined_throughput_never_beats_the_busiest_device():
     a1 = b.compute("acc0", 0.1, micro_batch=1, priority=1)
     b.compute("acc1", 1.0, preds=[a0], micro_batch=0)
     b.compute("acc2", 1.0, preds=[a1], micro_batch=1)
-    r = simulate(b.build({"batch": 8}), system, setup=False)
+    r = simulate(b.build(batch=8), system, setup=False)
     assert math.isclose(r.makespan, 1.2, rel_tol=1e-12)
     assert math.isclose(r.throughput, 8 / 1.0, rel_tol=1e-12)
 
@@ -210,5 +210,5 @@ def test_pipelined_throughput_of_equal_stages_is_one_micro_batch_per_stage_time(
         prev = None
         for s in range(stages):
             prev = b.compute(f"acc{s}", t, preds=[prev] if prev is not None else [], micro_batch=mb, priority=mb)
-    r = simulate(b.build({"batch": 2 * micro}), system, setup=False)
+    r = simulate(b.build(batch=2 * micro), system, setup=False)
     assert math.isclose(r.throughput, 2 / t, rel_tol=1e-12)  # 2 samples per micro-batch, one every t

@@ -105,7 +105,7 @@ CASES = [
     ("disconnected accelerator",
      lambda d: d["accelerators"].append({"id": "acc9", "design": "os16",
                                          "memory": {"capacity": "1 GiB", "bandwidth": "1 GB/s"}}),
-     "accelerators[1].id", "accelerator 'acc9' is not connected to host 'host0' by any link"),
+     "accelerators[1].id", "accelerator acc9 is not connected by any link to the rest of the system"),
     ("duplicate id", lambda d: d["hosts"].append({"id": "acc0", "dram": {"capacity": "1 GiB", "bandwidth": "1 GB/s"}}),
      "hosts[1].id", "duplicate id 'acc0' (already used at accelerators[0].id)"),
     ("empty id range", _set("accelerators.0.id", "acc[3-1]"), "accelerators[0].id",

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from marssim.errors import InputError
-from marssim.sim.result import INTERVAL_COLUMNS
+from marssim.results.result import INTERVAL_COLUMNS
 from marssim.trace import export_intervals, import_intervals, intervals_table
 from marssim.trace.columnar import TABLE_COLUMNS
 from test_trace_chrome import CASES

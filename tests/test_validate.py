@@ -19,9 +19,8 @@ from marssim.mapping import AcceleratorSet, Mapping, save_mapping
 from marssim.search import MappingSpace
 from marssim.sim import simulate
 from marssim.taskgraph import TaskGraphBuilder
-from marssim.validate import (
-    FAMILIES, NamedMapping, attribute, op_times, read_estimates, sample_mappings, validate,
-)
+from marssim.search.sample import FAMILIES, sample_mappings
+from marssim.validate import NamedMapping, attribute, op_times, read_estimates, validate
 from marssim.workload import GraphBuilder
 from support import DESIGN, RooflineCost, make_system
 
@@ -269,7 +268,7 @@ def _system_file(tmp_path: Path) -> Path:
 def cli_env(tmp_path, monkeypatch):
     import marssim.cost
 
-    monkeypatch.setattr(marssim.cost, "default_cost_model", lambda: RooflineCost(), raising=False)
+    monkeypatch.setattr(marssim.cost, "default_cost_model", lambda **_: RooflineCost(), raising=False)
     return _system_file(tmp_path)
 
 

@@ -27,8 +27,13 @@ from typing import Any
 
 import numpy as np
 
+from marssim.results.aggregate import resource_bytes as _aggregate_bytes
+from marssim.results.build import build_result, device_table
+from marssim.results.result import Result
+from marssim.results.schedule import critical_path
+from marssim.results.summary import steady_throughput, total_energy
+from marssim.results.timelines import buffer_timeline, flow_timeline
 from marssim.system import System
-from marssim.summary import steady_throughput
 from marssim.taskgraph import COMPUTE, TaskGraph
 
 from .schedule import BACKENDS, earliest_schedule, list_schedule
@@ -118,32 +123,13 @@ class Estimate:
         """One row per accelerator (like ``Result.devices``): ``design``, ``busy_s``,
         ``utilisation``, ``energy_j`` (NaN unknown), ``flops``, ``tasks``, and ``wait_s``: seconds
         its tasks spent ready but waiting for it."""
-        import pandas as pd
-
         tg = self.taskgraph
-        n_nodes = len(tg.node_names)
         is_compute = tg.kind == COMPUTE
-        dev = tg.device[is_compute]
-        energy = np.zeros(n_nodes)
-        has_energy = np.zeros(n_nodes, dtype=bool)
-        e = tg.energy[is_compute]
-        np.add.at(energy, dev, np.nan_to_num(e))
-        np.logical_or.at(has_energy, dev, ~np.isnan(e))
-        flops = np.bincount(dev, weights=tg.flops[is_compute], minlength=n_nodes)
-        count = np.bincount(dev, minlength=n_nodes)
-        wait = np.bincount(dev, weights=(self.start - self.ready)[is_compute], minlength=n_nodes)
-        design = tg.meta.get("device_design", {})
-        rows = {}
-        for acc in self.system.accelerators:
-            i = self.system.node_index[acc.id]
-            busy = float(self.busy[i])
-            rows[acc.id] = {"design": design.get(acc.id, ""), "busy_s": busy,
-                            "utilisation": busy / self.makespan if self.makespan > 0 else 0.0,
-                            "energy_j": float(energy[i]) if has_energy[i] else np.nan,
-                            "flops": float(flops[i]), "tasks": int(count[i]), "wait_s": float(wait[i])}
-        return pd.DataFrame.from_dict(rows, orient="index",
-                                      columns=["design", "busy_s", "utilisation", "energy_j", "flops", "tasks",
-                                               "wait_s"])
+        wait = np.bincount(tg.device[is_compute], weights=(self.start - self.ready)[is_compute],
+                           minlength=len(tg.node_names))
+        table = device_table(tg, self.system, self.start, self.end, self.makespan)
+        table["wait_s"] = [float(wait[self.system.node_index[acc]]) for acc in table.index]
+        return table
 
     @cached_property
     def links(self):
@@ -171,9 +157,9 @@ class Estimate:
 
     @property
     def energy(self) -> float:
-        """Total compute energy in joules (NaN when no design has energy figures)."""
-        e = self.taskgraph.energy[self.taskgraph.kind == COMPUTE]
-        return float(np.nansum(e)) if (~np.isnan(e)).any() else float("nan")
+        """Joules of the run, as ``Result.energy``: compute and communication energy, each where
+        known (NaN when neither is)."""
+        return total_energy(self.taskgraph, self.system)
 
     @cached_property
     def throughput(self) -> float:
@@ -185,6 +171,21 @@ class Estimate:
         """Task ids of one critical path of the estimated schedule, first to last (see
         :func:`critical_path`)."""
         return critical_path(self.taskgraph, self.start, self.end)
+
+    def result(self, *, level: str = "block") -> Result:
+        """The estimated schedule as a :class:`~marssim.results.Result`, the same tables a
+        simulation gives (interval log, devices, links, memories, the per-op and per-layer
+        report; ``level``: its layer groups), for reports and traces. Memory occupancy and link
+        usage are those of the contention-free schedule (:mod:`marssim.results.timelines`); no
+        buffer is ever spilled."""
+        tg, system = self.taskgraph, self.system
+        bottleneck, latency, _, _, _ = _route_arrays(tg, system)
+        memories, memory_timeline = buffer_timeline(tg, system, self.start, self.end)
+        link_timeline, busy = flow_timeline(tg, system, self.start, self.end, bottleneck, latency)
+        meta = {"evaluator": "analytical", "tasks": tg.n_tasks, "lower_bound_s": self.lower_bound,
+                "bound": max(self.bounds, key=self.bounds.get) if self.bounds else ""}
+        return build_result(tg, system, self.start, self.end, memories=memories, memory_timeline=memory_timeline,
+                            link_timeline=link_timeline, link_busy=busy, meta=meta, level=level)
 
     def summary(self) -> str:
         """A few readable lines: makespan, bounds, busiest devices."""
@@ -229,7 +230,7 @@ def estimate(taskgraph: TaskGraph, system: System, *, backend: str = "auto") -> 
     makespan = float(end.max())
     busy = np.bincount(dev_nodes, weights=duration[is_compute], minlength=n_nodes)
     _, cp_end = earliest_schedule(duration, succ_ptr, succ_idx, n_pred, backend=backend)
-    res_load = _resource_bytes(tg, system, res_idx, res_route, res_weight) / system.resource_capacity
+    res_load = _aggregate_bytes(tg, system, incidence=(res_idx, res_route, res_weight)) / system.resource_capacity
     bounds = {"critical_path": float(cp_end.max()), "device_work": float(busy.max(initial=0.0)),
               "resource_load": float(res_load.max(initial=0.0))}
     return Estimate(makespan=makespan, start=start, ready=ready, end=end, duration=duration, busy=busy,
@@ -237,48 +238,8 @@ def estimate(taskgraph: TaskGraph, system: System, *, backend: str = "auto") -> 
                     meta={"wall_s": time.perf_counter() - wall, "tasks": n})
 
 
-def critical_path(taskgraph: TaskGraph, start: np.ndarray, end: np.ndarray) -> np.ndarray:
-    """Task ids of one critical path of a schedule (``start``/``end`` in seconds, one per task),
-    first to last: from the task that ends last, repeatedly step to whatever it waited for, the
-    predecessor or (for a compute task) the task its device ran just before it, whichever ended
-    latest. Works for estimated and simulated schedules alike."""
-    tg = taskgraph
-    if tg.n_tasks == 0:
-        return np.zeros(0, dtype=np.int64)
-    comp = np.flatnonzero(tg.kind == COMPUTE)
-    order = comp[np.lexsort((comp, start[comp], tg.device[comp]))]
-    prev_on_device = np.full(tg.n_tasks, -1, dtype=np.int64)
-    same = tg.device[order[1:]] == tg.device[order[:-1]]
-    prev_on_device[order[1:][same]] = order[:-1][same]
-    pp = tg.pred_ptr
-    pi = tg.pred_idx
-    path = [int(np.argmax(end))]
-    seen = {path[0]}
-    while start[path[-1]] > 0.0:
-        t = path[-1]
-        candidates = [int(p) for p in pi[pp[t]:pp[t + 1]]]
-        if prev_on_device[t] >= 0:
-            candidates.append(int(prev_on_device[t]))
-        candidates = [c for c in candidates if c not in seen]
-        if not candidates:
-            break
-        best = max(candidates, key=lambda p: (end[p], -p))
-        path.append(best)
-        seen.add(best)
-    return np.asarray(path[::-1], dtype=np.int64)
-
-
 def resource_bytes(taskgraph: TaskGraph, system: System) -> np.ndarray:
-    """Bytes every bandwidth resource of ``system`` carries over the whole TaskGraph."""
+    """Bytes every bandwidth resource of ``system`` carries over the whole TaskGraph
+    (:func:`marssim.results.aggregate.resource_bytes`, with this module's memoised route facts)."""
     _, _, res_idx, res_route, res_weight = _route_arrays(taskgraph, system)
-    return _resource_bytes(taskgraph, system, res_idx, res_route, res_weight)
-
-
-def _resource_bytes(tg: TaskGraph, system: System, res_idx: np.ndarray, res_route: np.ndarray,
-                    res_weight: np.ndarray) -> np.ndarray:
-    out = np.zeros(len(system.resource_names))
-    is_transfer = tg.kind != COMPUTE
-    if is_transfer.any() and len(res_idx):
-        route_bytes = np.bincount(tg.route[is_transfer], weights=tg.nbytes[is_transfer], minlength=len(tg.routes))
-        np.add.at(out, res_idx, route_bytes[res_route] * res_weight)
-    return out
+    return _aggregate_bytes(taskgraph, system, incidence=(res_idx, res_route, res_weight))

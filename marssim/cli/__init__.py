@@ -52,22 +52,40 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    try:
-        return int(args.func(args) or 0)
-    except InputError as err:
-        print(f"marssim {args.verb}: error: {err}", file=sys.stderr)
-        return 2
-    except CapacityError as err:
-        print(f"marssim {args.verb}: the mapping does not fit: {err}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
-    except BrokenPipeError:
-        # the reader went away (`marssim show x | head`): stop quietly, as other Unix tools do
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        return 141
+    import warnings
+
+    from marssim.errors import InputWarning
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if issubclass(category, InputWarning):
+            print(f"marssim {args.verb}: warning: {message}", file=sys.stderr)
+        else:
+            default_show(message, category, filename, lineno, file, line)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always", InputWarning)
+        default_show = warnings.showwarning
+        warnings.showwarning = show
+        try:
+            return int(args.func(args) or 0)
+        except InputError as err:
+            print(f"marssim {args.verb}: error: {err}", file=sys.stderr)
+            return 2
+        except CapacityError as err:
+            print(f"marssim {args.verb}: the mapping does not fit: {err}", file=sys.stderr)
+            return 1
+        except KeyboardInterrupt:
+            print("interrupted", file=sys.stderr)
+            return 130
+        except BrokenPipeError:
+            # the reader went away (`marssim show x | head`): stop quietly, as other Unix tools do
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            return 141
+        except OSError as err:  # a file that vanished or cannot be written after the checks
+            where = f": {err.filename}" if err.filename else ""
+            print(f"marssim {args.verb}: error: {err.strerror or err}{where}", file=sys.stderr)
+            return 1
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -3,11 +3,28 @@
 from __future__ import annotations
 
 import argparse
+import tempfile
 from pathlib import Path
 
 from marssim.errors import InputError
 
-__all__ = ["positive_int", "add_output_args", "write_outputs", "load_inputs"]
+__all__ = ["positive_int", "add_cost_args", "cost_model", "add_output_args", "write_outputs", "load_inputs",
+           "check_outputs", "check_output_dir", "check_output_file"]
+
+
+def add_cost_args(p: argparse.ArgumentParser) -> None:
+    """--allow-uncalibrated: what happens when a GPU design names a calibration table that
+    cannot be found."""
+    p.add_argument("--allow-uncalibrated", dest="allow_uncalibrated", action="store_true",
+                   help="time GPU designs whose calibration table cannot be found by the analytical roofline "
+                        "(with a warning) instead of stopping with an error")
+
+
+def cost_model(args: argparse.Namespace):
+    """The default cost model, with the fallback --allow-uncalibrated asks for."""
+    from marssim.cost import default_cost_model
+
+    return default_cost_model(allow_uncalibrated=getattr(args, "allow_uncalibrated", False))
 
 
 def positive_int(text: str) -> int:
@@ -34,15 +51,67 @@ def _check_suffix(path: str, allowed: tuple[str, ...], flag: str) -> None:
         raise InputError(path, flag, f"expected a file name ending in {' or '.join(allowed)}")
 
 
+def _check_writable_parent(path: Path, flag: str) -> None:
+    """The nearest existing ancestor of ``path`` must be a directory this process can write in."""
+    parent = path.absolute().parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise InputError(str(path), flag, f"{parent} is a file, not a directory; expected a path under a directory")
+    try:  # a real probe: permissions, read-only and special file systems alike
+        with tempfile.TemporaryFile(dir=parent):
+            pass
+    except OSError as err:
+        raise InputError(str(path), flag, f"cannot write in {parent} ({err.strerror or err})") from None
+
+
+def check_output_dir(path: str | None, flag: str = "--out") -> None:
+    """InputError unless ``path`` can be created or written into as a directory (checked before
+    any work, so that a long run never ends in an error about its output)."""
+    if not path:
+        return
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise InputError(path, flag, "exists and is not a directory; expected a directory to write into "
+                                     "(or a new name)")
+    _check_writable_parent(p / "x", flag)
+
+
+def check_output_file(path: str | None, flag: str, suffixes: tuple[str, ...]) -> None:
+    """InputError unless ``path`` ends in one of ``suffixes`` and can be written as a file."""
+    if not path:
+        return
+    _check_suffix(path, suffixes, flag)
+    p = Path(path)
+    if p.is_dir():
+        raise InputError(path, flag, f"is a directory; expected a file name ending in {' or '.join(suffixes)}")
+    _check_writable_parent(p, flag)
+    if path.endswith(".parquet"):
+        import importlib.util
+
+        if importlib.util.find_spec("pyarrow") is None:
+            raise InputError(path, flag, "writing Parquet needs pyarrow: pip install 'marssim[parquet]' (or write .csv)")
+
+
+TRACE_SUFFIXES = (".json", ".json.gz")
+INTERVAL_SUFFIXES = (".parquet", ".csv")
+PLOT_SUFFIXES = (".png",)
+
+
+def check_outputs(args: argparse.Namespace) -> None:
+    """Check every output path of :func:`add_output_args` before any work (see
+    :func:`check_output_dir`, :func:`check_output_file`)."""
+    check_output_dir(getattr(args, "out", None))
+    check_output_file(getattr(args, "trace", None), "--trace", TRACE_SUFFIXES)
+    check_output_file(getattr(args, "intervals", None), "--intervals", INTERVAL_SUFFIXES)
+    check_output_file(getattr(args, "plot", None), "--plot", PLOT_SUFFIXES)
+
+
 def write_outputs(result, args: argparse.Namespace) -> list[str]:
-    """Write what --out/--trace/--plot/--intervals ask for; return lines describing the files."""
+    """Write what --out/--trace/--plot/--intervals ask for (checked by :func:`check_outputs`
+    again); return lines describing the files."""
     lines = []
-    if getattr(args, "trace", None):
-        _check_suffix(args.trace, (".json", ".json.gz"), "--trace")
-    if getattr(args, "intervals", None):
-        _check_suffix(args.intervals, (".parquet", ".csv"), "--intervals")
-    if getattr(args, "plot", None):
-        _check_suffix(args.plot, (".png",), "--plot")
+    check_outputs(args)
     if getattr(args, "out", None):
         result.save(args.out)
         lines.append(f"result    {args.out}/")
@@ -69,13 +138,18 @@ def load_inputs(args: argparse.Namespace):
 
     batch = getattr(args, "batch", None)
     if getattr(args, "mapping", None):
+        for flag, value in (("--strategy", getattr(args, "strategy", None)),
+                            ("--micro-batches", getattr(args, "micro_batches", None))):
+            if value is not None:
+                raise InputError(None, flag, "applies only without --mapping (the mapping file sets each op's sharding "
+                                             "and the micro-batches); drop it, or drop --mapping")
         return load_mapping(args.mapping, system=args.system, workload=args.workload, batch=batch)
     if not args.system or not args.workload:
         raise InputError(None, "arguments", "give --mapping FILE, or --system and --workload (a data-parallel "
                                             "mapping over all accelerators is used)")
     system = load_system(args.system)
     graph = load_workload(args.workload, batch=batch)
-    strategy = tuple(s.strip() for s in getattr(args, "strategy", "dp").split(","))
+    strategy = tuple(s.strip() for s in (getattr(args, "strategy", None) or "dp").split(","))
     from marssim.mapping.sharding import STRATEGIES
 
     for s in strategy:

@@ -15,7 +15,7 @@ import csv
 import math
 import statistics
 
-from ._common import positive_int
+from ._common import add_cost_args, cost_model, positive_int
 
 VERB = "cost"
 ORDER = 30
@@ -33,6 +33,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--all", dest="all_ops", action="store_true", help="list every compute op, not only GEMM-like ones")
     p.add_argument("--energy", action="store_true", help="also print energy per design (uJ) where designs have figures")
     p.add_argument("--csv", metavar="FILE", help="write the table (seconds, joules, model per design) as CSV")
+    add_cost_args(p)
     p.set_defaults(func=run)
 
 
@@ -49,7 +50,7 @@ def _us(seconds: float) -> str:
 
 def format_costs(result, workload: str, system_name: str, *, energy: bool = False) -> str:
     """The text table of a :class:`~marssim.cost.report.DesignCosts`."""
-    from marssim.system.describe import format_table
+    from marssim.tables import format_table
 
     names = list(result.design_names)
     headers = ["layer", "kind", "MxNxK", "GFLOP", *[f"{n} us" for n in names], "best"]
@@ -129,7 +130,7 @@ def measured_vs_modelled(model, result) -> dict[str, list[tuple[int, float, floa
 
 def format_measured(result, comparison: dict[str, list[tuple[int, float, float]]]) -> str:
     """The measured-vs-modelled table of each GPU design (see :func:`measured_vs_modelled`)."""
-    from marssim.system.describe import format_table
+    from marssim.tables import format_table
 
     lines = []
     for name, pairs in comparison.items():
@@ -180,7 +181,6 @@ def write_csv(result, path: str, comparison: dict[str, list[tuple[int, float, fl
 
 
 def run(args: argparse.Namespace) -> int:
-    from marssim.cost import default_cost_model
     from marssim.cost.report import design_costs
     from marssim.errors import InputError
     from marssim.system import load_system
@@ -190,7 +190,7 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(args.csv, "--csv", "expected a file name ending in .csv")
     system = load_system(args.system)
     graph = load_workload(args.workload, batch=args.batch)
-    model = default_cost_model()
+    model = cost_model(args)
     result = design_costs(graph, system, model, all_ops=args.all_ops)
     if not result.designs:
         raise InputError(args.system, "designs", "no accelerator of this system takes any of its designs")

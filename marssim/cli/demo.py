@@ -1,7 +1,8 @@
-"""``marssim demo``: the main job end to end on built-in defaults, in well under a minute.
+"""``marssim demo``: the main job end to end on built-in defaults, in about a minute at most.
 
 ResNet-50 (batch 8) on the adaptive 16-accelerator system: the data-parallel and H2H baselines,
-the hand-written example mapping, a short MARS search seeded with both baselines; the best mapping
+the hand-written example mapping, a short MARS search seeded with both baselines (stopped by a
+count of evaluations, so its result is the same on every machine); the best mapping
 simulated in full, its analytical estimate checked against the simulation, and its trace,
 figures, mapping and result written to ``--out``.
 """
@@ -12,6 +13,8 @@ import argparse
 import time
 from pathlib import Path
 
+from ._common import add_cost_args, check_output_dir, cost_model
+
 VERB = "demo"
 ORDER = 5
 
@@ -19,14 +22,10 @@ DEFAULT_SYSTEM = "mars-adaptive-16"
 DEFAULT_WORKLOAD = "resnet50:batch=8"
 
 
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds like 20, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
-    return value
+DEFAULT_EVALUATIONS = 600
+"""Evaluations (simulations and analytical estimates) after which the demo's MARS search stops,
+at the end of the generation that passes them: three generations of the default case, about
+half a minute on one laptop core. A count, not a time, so every machine finds the same mapping."""
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -42,10 +41,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", metavar="DIR", default="marssim-demo", help="output directory (default marssim-demo)")
     p.add_argument("--system", metavar="SYSTEM", default=DEFAULT_SYSTEM, help=f"default {DEFAULT_SYSTEM}")
     p.add_argument("--workload", metavar="SPEC", default=DEFAULT_WORKLOAD, help=f"default {DEFAULT_WORKLOAD}")
-    p.add_argument("--time-limit", type=_seconds, default=20.0, metavar="S",
-                   help="seconds for the MARS search (default 20)")
+    p.add_argument("--evaluations", type=positive_int, default=DEFAULT_EVALUATIONS, metavar="N",
+                   help="the MARS search stops at the end of the generation that passes N evaluations "
+                        f"(simulations and analytical estimates; default {DEFAULT_EVALUATIONS}): the same mapping on "
+                        "every machine")
     p.add_argument("--seed", type=int, default=0, help="search seed (default 0)")
     p.add_argument("--workers", type=positive_int, default=1, help="processes evaluating candidates (default 1)")
+    add_cost_args(p)
     p.set_defaults(func=run)
 
 
@@ -61,7 +63,6 @@ def run(args: argparse.Namespace) -> int:
     from concurrent.futures import ProcessPoolExecutor
 
     from marssim.analytical import estimate
-    from marssim.cost import default_cost_model
     from marssim.fsutil import staged_dir
     from marssim.lower import lower
     from marssim.mapping import load_mapping, save_mapping
@@ -73,10 +74,11 @@ def run(args: argparse.Namespace) -> int:
     from marssim.trace import plot_result, write_chrome_trace
     from marssim.workload import load_workload
 
+    check_output_dir(args.out)
     t_start = time.perf_counter()
     system = load_system(args.system)
     graph = load_workload(args.workload)
-    cost = default_cost_model()
+    cost = cost_model(args)
     print(f"system    {system.name}: {len(system.accelerators)} accelerators, {len(system.designs)} designs "
           f"({', '.join(system.designs)})")
     print(f"workload  {graph.spec}: {graph.macs / 1e9:.3f} GMACs in {len(graph.compute_ops)} ops, "
@@ -86,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
     rows: list[tuple[str, float, float, str]] = []
     executor = ProcessPoolExecutor(args.workers) if args.workers > 1 else None
     try:
-        settings = SearchSettings(config=GAConfig(time_limit_s=args.time_limit), seed=args.seed)
+        settings = SearchSettings(config=GAConfig(max_evaluations=args.evaluations), seed=args.seed)
         baselines = {}
         for name in ("data_parallel", "h2h"):
             r = baselines[name] = run_algorithm(name, graph, system, cost, settings, executor=executor)
@@ -98,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
             e = Evaluator(Problem(graph, system, cost)).simulate([mapping])[0]
             rows.append(("hand-written", e.makespan, e.throughput, str(example)))
             print(f"{'hand-written':<16}{e.makespan * 1e3:>10.3f} ms   ({example})")
-        print(f"mars            searching for {args.time_limit:g} s ...", flush=True)
+        print(f"mars            searching ({args.evaluations} evaluations) ...", flush=True)
         best = run_algorithm("mars", graph, system, cost, settings, executor=executor, baselines=baselines)
         rows.append(("mars", best.makespan, best.evaluation.throughput,
                      f"{best.simulations} simulations, {best.estimates} estimates"))

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from dataclasses import replace
 
 from marssim.errors import InputError
 
-from ._common import positive_int
+from ._common import add_cost_args, check_output_dir, cost_model, positive_int
 
 VERB = "search"
 ORDER = 50
@@ -50,8 +51,11 @@ def add_search_args(p: argparse.ArgumentParser) -> None:
                    help="evaluate candidates on N processes (default: the CPU count; 1: serially)")
     p.add_argument("--dask", metavar="ADDRESS",
                    help="evaluate candidates on a Dask cluster (scheduler address; needs marssim[dask])")
+    p.add_argument("--dask-timeout", dest="dask_timeout", type=positive_float, default=10.0, metavar="SECONDS",
+                   help="seconds to wait for the Dask scheduler to answer (default 10)")
     p.add_argument("--seed", type=int, default=0, help="random seed (same seed, same result; default 0)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_cost_args(p)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -101,56 +105,96 @@ def load_case(args: argparse.Namespace):
     cfg = replace(cfg, **changes)
     settings = SearchSettings(objective=args.objective, budget=args.budget, config=cfg, seed=args.seed,
                               seed_with=SEED_BASELINES if getattr(args, "seed_baseline", True) else ())
-    return graph, system, default_cost(), settings
+    return graph, system, cost_model(args), settings
 
 
-def default_cost():
-    try:
-        from marssim.cost import default_cost_model
-    except ImportError as exc:  # pragma: no cover - until the cost package provides it
-        raise InputError(None, "cost", f"no default cost model in this version of marssim ({exc})") from None
-    return default_cost_model()
-
-
+@contextlib.contextmanager
 def open_executor(args: argparse.Namespace):
+    """The executor the flags ask for; an unreachable or missing Dask is one InputError line."""
     from marssim.search.parallel import open_executor as _open
 
     try:
-        return _open(args.workers, args.dask)
-    except ImportError as exc:
+        opened = _open(args.workers, args.dask, dask_timeout=args.dask_timeout)
+        executor = opened.__enter__()
+    except (ImportError, ConnectionError) as exc:
         raise InputError(None, "--dask", str(exc)) from None
+    with contextlib.ExitStack() as stack:
+        stack.push(opened)
+        yield executor
 
 
-def _progress_bar(args: argparse.Namespace, total: int, objective: str):
-    """A tqdm bar on stderr (generation, best so far, evaluations/s) and its update callback."""
+def progress_plan(cfg) -> tuple[int, str]:
+    """What the progress bar counts toward: the budget that will end the GA, ``(total, unit)``:
+    its simulations when a simulation budget is set, else its evaluations (simulations and
+    analytical estimates) when an evaluation budget is set, else its generations. (Patience may
+    still end it sooner; the bar then stops short.)"""
+    if cfg.max_simulations is not None:
+        return cfg.max_simulations, "simulations"
+    if cfg.max_evaluations is not None:
+        return cfg.max_evaluations, "evaluations"
+    return cfg.generations, "generations"
+
+
+def _progress_bar(args: argparse.Namespace, cfg, objective: str):
+    """A tqdm bar on stderr counting toward the budget that ends the search (see
+    :func:`progress_plan`), with the generation, the best so far and evaluations/s; and its
+    update callback (one call per generation)."""
     from tqdm import tqdm
 
     from marssim.search.report import fitness_display
 
-    bar = tqdm(total=total, desc="generation", unit="gen", file=sys.stderr,
-               disable=args.quiet or not sys.stderr.isatty(), leave=False)
+    total, unit = progress_plan(cfg)
+    bar = tqdm(total=total, desc=unit, unit="", file=sys.stderr, disable=args.quiet or not sys.stderr.isatty(),
+               leave=False, bar_format="{desc}: {n}/{total} |{bar}| {elapsed}<{remaining}{postfix}")
 
     def update(row: dict) -> None:
         label, value = fitness_display(objective, row["best_fitness"])
-        bar.update(1)
-        bar.set_postfix_str(f"best {value:.4g} {label.split('(')[-1].rstrip(')')}, "
-                            f"{row['evaluations_per_s']:.1f} eval/s")
+        done = {"simulations": row["simulations"], "evaluations": row["simulations"] + row["estimates"],
+                "generations": row["generation"] + 1}[unit]
+        bar.n = min(done, total)
+        bar.set_postfix_str(f"generation {row['generation'] + 1}/{cfg.generations}, best {value:.4g} "
+                            f"{label.split('(')[-1].rstrip(')')}, {row['evaluations_per_s']:.1f} eval/s", refresh=False)
+        bar.refresh()
 
     return bar, update
 
 
+_GA_FLAGS = (("--generations", "generations"), ("--population", "population"), ("--time-limit", "time_limit"),
+             ("--no-seed", "seed_baseline"))
+
+
+def _refuse_unused_flags(args: argparse.Namespace) -> None:
+    """InputError for a flag the chosen algorithm would ignore (only mars runs generations; only
+    mars and random spend a budget)."""
+    if args.algorithm == "mars":
+        return
+    flags = [flag for flag, dest in _GA_FLAGS if getattr(args, dest) not in (None, True)]
+    if args.algorithm != "random" and args.budget is not None:
+        flags.append("--budget")
+    if flags:
+        raise InputError(None, flags[0], f"{', '.join(flags)} {'does' if len(flags) == 1 else 'do'} not apply to "
+                                         f"--algorithm {args.algorithm} and would be ignored (generations, population, "
+                                         "time limit and seeding are the GA's; only mars and random spend a budget)")
+
+
 def run(args: argparse.Namespace) -> int:
     from marssim.search import run_algorithm
-    from marssim.search.report import describe_mapping, fitness_display, write_search_outputs
+    from marssim.search.report import describe_mapping, fitness_display
+    from marssim.search.result import SearchInterrupted
 
+    check_output_dir(args.out)
+    _refuse_unused_flags(args)
     graph, system, cost, settings = load_case(args)
-    bar, update = _progress_bar(args, settings.config.generations, settings.objective)
+    bar, update = _progress_bar(args, settings.ga_config(), settings.objective)
     with open_executor(args) as executor, bar:
         try:
             result = run_algorithm(args.algorithm, graph, system, cost, settings, executor=executor,
                                    progress=update)
         except ValueError as exc:
             raise InputError(None, "--algorithm", str(exc)) from None
+        except SearchInterrupted as stop:
+            bar.close()
+            return _keep_interrupted(stop.result, graph, args)
     label, value = fitness_display(result.objective, result.fitness)
     print(result.summary())
     print(f"best {label}: {value:.6g}")
@@ -161,3 +205,69 @@ def run(args: argparse.Namespace) -> int:
         print()
         print("\n".join(write_search_outputs(result, graph, system, cost, args.out)))
     return 0
+
+
+INTERRUPTED_FILE = "interrupted-best-mapping.yaml"
+"""Where an interrupted search without --out leaves its best mapping (working directory)."""
+
+
+def _keep_interrupted(result, graph, args: argparse.Namespace) -> int:
+    """Ctrl-C: write the best mapping found so far (``--out DIR/best_mapping.yaml`` with
+    ``history.csv`` and ``search.json``, else :data:`INTERRUPTED_FILE`), say where; exit 130."""
+    import json
+    from pathlib import Path
+
+    from marssim.fsutil import staged_dir
+    from marssim.mapping import save_mapping
+    from marssim.search.report import search_summary
+
+    if args.out:
+        with staged_dir(Path(args.out)) as tmp:
+            save_mapping(result.best, graph, tmp / "best_mapping.yaml")
+            result.history.to_csv(tmp / "history.csv", index=False)
+            (tmp / "search.json").write_text(json.dumps(search_summary(result, graph), indent=2, sort_keys=True)
+                                             + "\n")
+        path = Path(args.out) / "best_mapping.yaml"
+    else:
+        path = Path(INTERRUPTED_FILE)
+        save_mapping(result.best, graph, path)
+    print(f"interrupted after {len(result.history)} generations ({result.simulations} simulations, "
+          f"{result.estimates} estimates): the best mapping so far ({result.makespan * 1e3:.4f} ms, simulated) "
+          f"is in {path}; `marssim simulate --mapping {path}` evaluates it", file=sys.stderr)
+    return 130
+
+
+def write_search_outputs(result, graph, system, cost, out: str) -> list[str]:
+    """Write into ``out`` atomically (it appears whole or not at all): ``best_mapping.yaml``,
+    ``search.json`` (summary), ``history.csv``, ``convergence.png``/``.svg``, ``result/`` (the
+    best mapping's full simulation, :meth:`Result.save`) and ``trace.json`` (Perfetto). Returns
+    one line per file for the user."""
+    import json
+    from pathlib import Path
+
+    from marssim.fsutil import staged_dir
+    from marssim.lower import lower
+    from marssim.mapping import save_mapping
+    from marssim.search.report import plot_convergence, search_summary
+    from marssim.sim import simulate
+    from marssim.trace import write_chrome_trace
+
+    out_dir = Path(out)
+    lines: list[str] = []
+    sim = simulate(lower(graph, system, result.best, cost), system)
+    if sim.makespan != result.evaluation.makespan:  # the search's number is a simulation, never an estimate
+        raise RuntimeError(f"the best mapping simulates to {sim.makespan} s, the search reported "
+                           f"{result.evaluation.makespan} s")
+    with staged_dir(out_dir) as tmp:
+        save_mapping(result.best, graph, tmp / "best_mapping.yaml")
+        lines.append(f"mapping      {out_dir / 'best_mapping.yaml'} (marssim simulate --mapping ...)")
+        (tmp / "search.json").write_text(json.dumps(search_summary(result, graph), indent=2, sort_keys=True) + "\n")
+        result.history.to_csv(tmp / "history.csv", index=False)
+        lines.append(f"history      {out_dir / 'history.csv'} ({len(result.history)} rows)")
+        for p in plot_convergence(result, tmp / "convergence.png"):
+            lines.append(f"figure       {out_dir / p.name}")
+        sim.save(tmp / "result")
+        lines.append(f"result       {out_dir / 'result'}/ (marssim simulate --out format)")
+        write_chrome_trace(sim, tmp / "trace.json")
+        lines.append(f"trace        {out_dir / 'trace.json'} (open in https://ui.perfetto.dev)")
+    return lines

@@ -20,7 +20,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from marssim.errors import InputError
     from marssim.system import load_system, shipped_systems, topologies_dir
-    from marssim.system.describe import format_table
+    from marssim.tables import format_table
 
     paths = shipped_systems()
     if not paths:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ._common import _check_suffix, existing_dir, positive_int
+from ._common import INTERVAL_SUFFIXES, PLOT_SUFFIXES, TRACE_SUFFIXES, check_output_file, existing_dir, positive_int
 
 VERB = "trace"
 ORDER = 45
@@ -39,12 +39,9 @@ def run(args: argparse.Namespace) -> int:
 
     if not (args.trace or args.intervals or args.plot):
         raise InputError(None, "arguments", "nothing to write: give --trace FILE, --intervals FILE and/or --plot FILE")
-    if args.trace:
-        _check_suffix(args.trace, (".json", ".json.gz"), "--trace")
-    if args.intervals:
-        _check_suffix(args.intervals, (".parquet", ".csv"), "--intervals")
-    if args.plot:
-        _check_suffix(args.plot, (".png",), "--plot")
+    check_output_file(args.trace, "--trace", TRACE_SUFFIXES)
+    check_output_file(args.intervals, "--intervals", INTERVAL_SUFFIXES)
+    check_output_file(args.plot, "--plot", PLOT_SUFFIXES)
     result = Result.load(existing_dir(args.result))
     title = " / ".join(str(result.meta[k]) for k in ("system", "workload", "mapping") if result.meta.get(k))
     print(f"{title or args.result}: {len(result.intervals)} intervals, makespan {result.makespan * 1e3:.4f} ms")

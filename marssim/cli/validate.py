@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ._common import positive_int
+from ._common import add_cost_args, check_output_dir, cost_model, positive_int
 
 VERB = "validate"
 ORDER = 60
@@ -37,14 +37,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--memory-policy", dest="memory_policy", choices=("error", "spill"), default="error",
                    help="mappings that overflow a memory are left out (error, default) or spill to host DRAM")
     p.add_argument("--quiet", action="store_true", help="no progress line on stderr")
+    add_cost_args(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from marssim.system import load_system
-    from marssim.validate import load_mapping_dir, read_estimates, sample_mappings, validate
+    from marssim.search.sample import sample_mappings
+    from marssim.validate import load_mapping_dir, read_estimates, validate
     from marssim.workload import load_workload
 
+    check_output_dir(args.out)
     system = load_system(args.system)
     graph = load_workload(args.workload, batch=args.batch)
     estimates = read_estimates(args.estimates) if args.estimates else None
@@ -60,11 +63,11 @@ def run(args: argparse.Namespace) -> int:
         from concurrent.futures import ProcessPoolExecutor
 
         with ProcessPoolExecutor(max_workers=args.workers) as pool:
-            report = validate(graph, system, mappings, memory_policy=args.memory_policy, estimates=estimates,
-                              executor=pool, progress=progress, meta=meta)
+            report = validate(graph, system, mappings, cost_model(args), memory_policy=args.memory_policy,
+                              estimates=estimates, executor=pool, progress=progress, meta=meta)
     else:
-        report = validate(graph, system, mappings, memory_policy=args.memory_policy, estimates=estimates,
-                          progress=progress, meta=meta)
+        report = validate(graph, system, mappings, cost_model(args), memory_policy=args.memory_policy,
+                          estimates=estimates, progress=progress, meta=meta)
     paths = report.save(args.out)
     print(report.text())
     print()

@@ -19,7 +19,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from marssim.system.describe import format_table
+    from marssim.tables import format_table
     from marssim.workload import load_workload, zoo_entries
 
     rows = []

@@ -29,9 +29,10 @@ __all__ = [
 ]
 
 
-def default_cost_model() -> DataflowCost:
+def default_cost_model(*, allow_uncalibrated: bool = False) -> DataflowCost:
     """The cost model marssim uses unless told otherwise: :class:`DataflowCost` for every
     dataflow, GPU designs calibrated from the tables in :func:`calibration_dir`
-    (``$MARSSIM_TRACES/calibration`` or ``<repo>/traces/calibration``) whose device matches their
-    ``gpu.calibration``, else the analytical GPU roofline. Picklable."""
-    return DataflowCost(calibration=calibration_dir())
+    (``$MARSSIM_TRACES/calibration``, else the tables that ship with marssim) whose device matches
+    their ``gpu.calibration``. A design that names a table found nowhere is an error, unless
+    ``allow_uncalibrated`` (then the analytical GPU roofline times it, with a warning). Picklable."""
+    return DataflowCost(calibration=calibration_dir(), allow_uncalibrated=allow_uncalibrated)

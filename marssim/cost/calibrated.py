@@ -145,8 +145,13 @@ def traces_dir() -> Path:
 
 
 def calibration_dir() -> Path:
-    """``traces_dir() / "calibration"``: where :func:`marssim.cost.default_cost_model` looks."""
-    return traces_dir() / "calibration"
+    """Where :func:`marssim.cost.default_cost_model` looks: ``$MARSSIM_TRACES/calibration``, else
+    the calibration tables that ship with marssim (package data; :func:`marssim.data.calibration`)."""
+    if os.environ.get("MARSSIM_TRACES"):
+        return traces_dir() / "calibration"
+    from marssim.data import calibration
+
+    return calibration()
 
 
 def shape_key(kind: str, dtype: str, batch: int, m: int, n: int, k: int, flops: float,

@@ -44,6 +44,7 @@ from pathlib import Path
 
 import numpy as np
 
+from marssim.errors import InputError, warn_input
 from marssim.system import Design
 from marssim.system.design import DATAFLOWS, SYSTOLIC_DATAFLOWS
 from marssim.workload import Op
@@ -105,6 +106,12 @@ class DataflowCost:
     median (``OpCost.model == "measured"``), every other shape the fitted curve times, with
     ``correction`` (the default), the local residual correction from the measured shapes near
     it (:mod:`marssim.cost.residual`); see :mod:`marssim.cost.calibrated`.
+
+    A GPU design whose ``gpu.calibration`` names a table that none of the sources holds is an
+    :class:`~marssim.errors.InputError` (naming the table and where it was looked for) when the
+    design is first used, unless ``allow_uncalibrated`` asks for the analytical roofline instead
+    (an :class:`~marssim.errors.InputWarning` then says so). ``calibration=None`` is the roofline
+    by choice. Every :class:`OpCost` names the model that timed it (``OpCost.model``).
     """
 
     dataflows: tuple[str, ...] = DATAFLOWS
@@ -112,7 +119,7 @@ class DataflowCost:
 
     def __init__(self, *, calibration: str | Path | KernelTable | Mapping[FitKey, KernelFit] | None = None,
                  tuning: Sequence[str] = tuple(reversed(TUNINGS)), measured: bool = True,
-                 correction: bool = True) -> None:
+                 correction: bool = True, allow_uncalibrated: bool = False) -> None:
         self._source: Path | None = None
         self._table: KernelTable | None = None
         self._given_fits: dict[FitKey, KernelFit] | None = None
@@ -128,12 +135,15 @@ class DataflowCost:
         self.tuning = tuple(tuning)
         self.measured = bool(measured)
         self.correction = bool(correction)
+        self.allow_uncalibrated = bool(allow_uncalibrated)
+        self._calibrated = calibration is not None  # None: the analytical roofline, by choice
         self._device_fits: dict[str, dict[tuple[str, str], KernelFit]] = {}
         self._device_measured: dict[str, dict[tuple[int, ...], KernelTiming]] = {}
         self._reset()
 
     # ------------------------------------------------------------------ pickling and caches
     def _reset(self) -> None:
+        self._warned: set[str] = set()  # tables reported missing (allow_uncalibrated)
         self._op_ids: dict[int, tuple[Op, int]] = {}
         self._fid_by_op: dict[Op, int] = {}
         self._design_ids: dict[int, tuple[Design, int]] = {}
@@ -150,7 +160,8 @@ class DataflowCost:
     def __getstate__(self) -> dict:
         return {"source": self._source, "table": self._table, "given_fits": self._given_fits,
                 "tuning": self.tuning, "device_fits": self._device_fits, "measured": self.measured,
-                "device_measured": self._device_measured, "correction": self.correction}
+                "device_measured": self._device_measured, "correction": self.correction,
+                "allow_uncalibrated": self.allow_uncalibrated, "calibrated": self._calibrated}
 
     def __setstate__(self, state: dict) -> None:
         self._source = state["source"]
@@ -161,6 +172,8 @@ class DataflowCost:
         self.measured = state.get("measured", True)
         self._device_measured = state.get("device_measured", {})
         self.correction = state.get("correction", True)
+        self.allow_uncalibrated = state.get("allow_uncalibrated", False)
+        self._calibrated = state.get("calibrated", True)
         self._reset()
 
     def clear_cache(self) -> None:
@@ -282,9 +295,40 @@ class DataflowCost:
         self._device_measured[name] = chosen
         return chosen
 
+    def _searched(self) -> str:
+        """Where this model looks for calibration tables, for messages."""
+        if self._source is not None:
+            if self._source.is_dir():
+                files = sorted(p.name for p in self._source.glob("*.csv"))
+                return (f"the *.csv files of {self._source} ({', '.join(files) if files else 'none there'}): "
+                        "rows whose device, or file name, is the table's name")
+            return f"{self._source} ({'rows whose device is the table name' if self._source.is_file() else 'missing'})"
+        if self._table is not None:
+            return f"the KernelTable given (devices: {', '.join(self._table.devices()) or 'none'})"
+        return "the fits given"
+
+    def _check_calibration(self, design: Design, fits: dict, name: str) -> None:
+        """A GPU design names a calibration table that none of this model's sources holds: an
+        InputError naming the table and where it was looked for, unless the roofline fallback
+        was asked for (``allow_uncalibrated``: an InputWarning says so once per table)."""
+        if fits or self.measured_for(name):
+            return
+        where = self._searched()
+        if not self.allow_uncalibrated:
+            raise InputError(None, f"designs.{design.name}.gpu.calibration",
+                             f"no calibration table {name!r} found; looked in {where}. Give the table (set "
+                             "$MARSSIM_TRACES to a directory with calibration/), or pass --allow-uncalibrated to time "
+                             "this design by the analytical GPU roofline")
+        if name.lower() not in self._warned:
+            self._warned.add(name.lower())
+            warn_input(None, f"no calibration table {name!r} for design {design.name!r} (looked in {where}); its "
+                             "ops are timed by the analytical GPU roofline, as asked")
+
     def _gpu_table(self, design: Design) -> GpuTable:
         name = design.gpu.calibration
         fits = self.fits_for(name) if name else {}
+        if name and self._calibrated:
+            self._check_calibration(design, fits, name)
         measured = {code: r.median_s for code, r in self.measured_for(name).items()} \
             if name and self.measured else None
         corrections = {key: f.correction for key, f in fits.items() if f.correction is not None} \
@@ -633,7 +677,8 @@ class CalibratedCost(DataflowCost):
 
     def __init__(self, calibration: str | Path | KernelTable | Mapping[FitKey, KernelFit], *,
                  tuning: Sequence[str] = tuple(reversed(TUNINGS)), measured: bool = True,
-                 correction: bool = True) -> None:
+                 correction: bool = True, allow_uncalibrated: bool = False) -> None:
         if calibration is None:
             raise ValueError("CalibratedCost needs a calibration table, directory or fits")
-        super().__init__(calibration=calibration, tuning=tuning, measured=measured, correction=correction)
+        super().__init__(calibration=calibration, tuning=tuning, measured=measured, correction=correction,
+                         allow_uncalibrated=allow_uncalibrated)

@@ -27,7 +27,7 @@ from typing import Any
 
 import yaml
 
-from marssim.errors import InputError
+from marssim.errors import InputError, summarise_names, warn_input
 from marssim.fsutil import atomic_file
 from marssim.system import System, expand_ids, load_system, shipped_systems
 from marssim.schema import read_yaml
@@ -81,6 +81,11 @@ def _op_selection(spec: Any, graph: Graph, where: str, problems: list[tuple[str,
         problems.append((where, f"unknown op {text!r}; expected an op of {graph.name}"))
         return []
     return [position[text]]
+
+
+def _run(items: list[tuple[int, str]]) -> bool:
+    """True when the positions of ``items`` are consecutive."""
+    return all(b[0] == a[0] + 1 for a, b in zip(items, items[1:]))
 
 
 def mapping_from_dict(data: Any, graph: Graph, system: System, file: str | None = None) -> Mapping:
@@ -164,26 +169,42 @@ def mapping_from_dict(data: Any, graph: Graph, system: System, file: str | None 
             problems.append((f"{where}.sharding", f"expected a strategy or a list of them from {', '.join(STRATEGIES)}, "
                                                   f"got {entry.get('sharding')!r}"))
             prefs = ["none"]
+        twice: list[tuple[int, str]] = []  # (position, entry that assigned it first)
+        illegal: list[int] = []  # positions no preference of this entry is legal for
         for k in positions:
-            name = graph.ops[graph.compute_ops[k]].name
             if assigned_by[k] is not None:
-                problems.append((f"{where}.ops", f"op {name!r} is already assigned by {assigned_by[k]}; "
-                                                 "each op belongs to exactly one set"))
+                twice.append((k, assigned_by[k]))
                 continue
             assigned_by[k] = where
             op_set[k] = s_idx
             legal = legal_strategies(graph.ops[graph.compute_ops[k]])
             chosen = next((p for p in prefs if p in legal), None)
             if chosen is None:
-                if len(prefs) == 1:
-                    problems.append((f"{where}.sharding", f"sharding {prefs[0]!r} is illegal for op {name!r}; legal: "
-                                                          f"{', '.join(legal)} (give a list to fall back)"))
+                illegal.append(k)
                 chosen = "none"
             op_shard[k] = chosen
+        if twice:
+            ops = [graph.ops[graph.compute_ops[k]].name for k, _ in twice]
+            earlier = ", ".join(dict.fromkeys(by for _, by in twice))
+            what = f"op {ops[0]!r} is" if len(ops) == 1 else \
+                f"{len(ops)} ops ({summarise_names(ops, contiguous=_run(twice))}) are"
+            problems.append((f"{where}.ops", f"{what} already assigned by {earlier}; each op belongs to exactly one set"))
+        if illegal and len(prefs) == 1:
+            ops = [graph.ops[graph.compute_ops[k]].name for k in illegal]
+            legal = legal_strategies(graph.ops[graph.compute_ops[illegal[0]]])
+            whose = f"op {ops[0]!r}" if len(ops) == 1 else \
+                f"{len(ops)} ops ({summarise_names(ops, contiguous=_run([(k, '') for k in illegal]))})"
+            problems.append((f"{where}.sharding", f"sharding {prefs[0]!r} is illegal for {whose}; legal for "
+                                                  f"{ops[0]}: {', '.join(legal)} (give a list to fall back)"))
     missing = [graph.ops[graph.compute_ops[k]].name for k in range(n) if assigned_by[k] is None]
     if missing and raw_assign:
         more = f" and {len(missing) - 8} more" if len(missing) > 8 else ""
         problems.append(("assign", f"{len(missing)} ops are not assigned to any set: {', '.join(missing[:8])}{more}"))
+    if raw_assign and not missing and not problems:
+        idle = [f"sets[{i}] ({name})" for i, name in enumerate(names) if i not in op_set]
+        if idle:
+            warn_input(file or "<mapping>", f"{', '.join(idle)} {'gets' if len(idle) == 1 else 'get'} no ops: "
+                                            "its devices stay idle")
 
     overrides = data.get("sharding") or {}
     if not isinstance(overrides, dict):

@@ -11,7 +11,7 @@ import hashlib
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 
-from marssim.errors import InputError
+from marssim.errors import InputError, summarise_names
 from marssim.system import System
 from marssim.workload import Graph
 
@@ -170,20 +170,30 @@ def mapping_problems(mapping: Mapping, graph: Graph, system: System) -> list[tup
     for i, s in enumerate(mapping.sets):
         if not s.devices:
             problems.append((f"sets[{i}].devices", "expected at least one device"))
-        for j, dev in enumerate(s.devices):
-            where = f"sets[{i}].devices[{j}]"
+        unknown: list[str] = []
+        shared: dict[int, list[str]] = {}
+        refused: dict[tuple[str, ...], list[str]] = {}
+        for dev in s.devices:
             if not system.is_accelerator(dev):
-                problems.append((where, f"unknown device {dev!r}; expected an accelerator of {system.name}"))
+                unknown.append(dev)
                 continue
             if dev in owner:
-                problems.append((where, f"device {dev!r} is already in sets[{owner[dev]}]; sets must not overlap"))
+                shared.setdefault(owner[dev], []).append(dev)
             else:
                 owner[dev] = i
-            if s.design not in system.designs:
-                continue
-            if s.design not in system.accelerator(dev).designs:
-                allowed = ", ".join(system.accelerator(dev).designs)
-                problems.append((f"sets[{i}].design", f"design {s.design!r} is not allowed on {dev} (allowed: {allowed})"))
+            if s.design in system.designs and s.design not in system.accelerator(dev).designs:
+                refused.setdefault(tuple(system.accelerator(dev).designs), []).append(dev)
+        if unknown:
+            what = f"device {unknown[0]!r}" if len(unknown) == 1 else \
+                f"{len(unknown)} devices ({summarise_names(unknown)})"
+            problems.append((f"sets[{i}].devices", f"unknown {what}; expected accelerators of {system.name} "
+                                                   f"({summarise_names(system.accelerator_ids, contiguous=True)})"))
+        for other, devs in shared.items():
+            problems.append((f"sets[{i}].devices", f"{summarise_names(devs)} already in sets[{other}]; "
+                                                   "sets must not overlap"))
+        for allowed, devs in refused.items():
+            problems.append((f"sets[{i}].design", f"design {s.design!r} is not allowed on {summarise_names(devs)} "
+                                                  f"(allowed: {', '.join(allowed)})"))
         if s.design not in system.designs:
             problems.append((f"sets[{i}].design", f"unknown design {s.design!r}; expected one of: {', '.join(system.designs)}"))
     n_ops = len(graph.compute_ops)
@@ -191,6 +201,7 @@ def mapping_problems(mapping: Mapping, graph: Graph, system: System) -> list[tup
         problems.append(("assign", f"expected an assignment for each of the {n_ops} ops of {graph.name}, "
                                    f"got {len(mapping.op_set)}"))
         return problems
+    illegal: dict[str, list] = {}  # strategy -> ops that cannot take it
     for k, gi in enumerate(graph.compute_ops):
         op = graph.ops[gi]
         s = mapping.op_set[k]
@@ -200,8 +211,13 @@ def mapping_problems(mapping: Mapping, graph: Graph, system: System) -> list[tup
         if strat not in STRATEGIES:
             problems.append((f"ops.{op.name}.sharding", f"unknown sharding {strat!r}; expected one of: {', '.join(STRATEGIES)}"))
         elif strat not in legal_strategies(op):
-            problems.append((f"ops.{op.name}.sharding", f"sharding {strat!r} is illegal for {op.kind} op {op.name}; "
-                                                         f"legal: {', '.join(legal_strategies(op))}"))
+            illegal.setdefault(strat, []).append(op)
+    for strat, ops in illegal.items():
+        key = f"ops.{ops[0].name}.sharding" if len(ops) == 1 else "ops"
+        whose = f"{ops[0].kind} op {ops[0].name}" if len(ops) == 1 else \
+            f"{len(ops)} ops ({summarise_names([op.name for op in ops])})"
+        problems.append((key, f"sharding {strat!r} is illegal for {whose}; legal for {ops[0].name}: "
+                              f"{', '.join(legal_strategies(ops[0]))}"))
     if mapping.micro_batches < 1:
         problems.append(("micro_batches", f"expected a positive integer, got {mapping.micro_batches}"))
     elif mapping.micro_batches > graph.batch:

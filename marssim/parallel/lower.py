@@ -131,6 +131,7 @@ class _Lowering:
         self.route_id: dict[tuple[int, int], int] = {}
         self.templates: dict[tuple[int, tuple], _Template] = {}
         self.shard_cache: dict[tuple[str, str], tuple[float, float, float, float]] = {}
+        self.cost_models: dict[str, str] = {}  # op -> the cost model that timed it
         self.designs: dict[int, object] = {}
         self._rules()
         self._units()
@@ -207,6 +208,7 @@ class _Lowering:
             sizes["C"] = max(1, -(-self.rank_params.get(op.param("layer"), 0) // share))
         part = op.with_loops(**sizes) if sizes else op
         c = self.cost.op_cost(part, d)
+        self.cost_models.setdefault(op.name, c.model)
         seconds, flops, energy = c.time, float(part.flops), c.energy
         out_bytes = 0.0 if op.param("keep") and op.param("fn") == "adam" else float(part.output_bytes)
         if rule.scale > 1:
@@ -684,6 +686,8 @@ def _assemble(low: _Lowering, order: list[tuple[int, tuple[int, str], int]]) -> 
     resident, setup = _memory(low)
     meta = _meta(low)
     steps = c["steps"].astype(np.int32)
+    ops_info = _op_info(low)
+    names = low.system.nodes
     tg = TaskGraph(
         kind=kind, device=c["device"].astype(np.int32), duration=c["duration"].astype(np.float64),
         src=c["src"].astype(np.int32), dst=c["dst"].astype(np.int32), nbytes=c["nbytes"].astype(np.float64),
@@ -693,8 +697,9 @@ def _assemble(low: _Lowering, order: list[tuple[int, tuple[int, str], int]]) -> 
         micro_batch=np.concatenate(micro) if micro else np.zeros(0, dtype=np.int32),
         collective=c["collective"].astype(np.int32), pred_ptr=pred_ptr, pred_idx=pred_idx,
         node_names=low.system.nodes, op_names=tuple(op.name for op in low.graph.ops), routes=tuple(low.routes),
-        collectives=tuple(coll_list), resident=resident, setup=setup, meta=meta,
-        steps=steps if (steps > 1).any() else None)
+        collectives=tuple(coll_list), resident=resident, setup=setup, meta=meta, ops=ops_info,
+        device_design={names[g]: low.system.accelerator(names[g]).designs[0] for g in low.fold.reps},
+        batch=low.cfg.batch, steps=steps if (steps > 1).any() else None)
     for name in ("kind", "device", "duration", "src", "dst", "nbytes", "route", "flops", "energy", "mem_node",
                  "mem_bytes", "priority", "op", "micro_batch", "collective", "pred_ptr", "pred_idx"):
         getattr(tg, name).setflags(write=False)
@@ -717,6 +722,24 @@ def _memory(low: _Lowering) -> tuple[dict[str, float], tuple[tuple[str, str, flo
             resident[names[g]] = total
         setup.append((low.system.nearest_host(names[g]), names[g], per_stage[stage].weights))
     return resident, tuple(setup)
+
+
+def _op_info(low: _Lowering) -> tuple:
+    """The typed label of every compute op: its tensor-parallel split as a strategy name, its
+    pipeline stage as the set, the cost model that timed it."""
+    from marssim.taskgraph import OpInfo
+
+    from .mapping import strategy_of
+
+    out = []
+    for op in low.graph.ops:
+        if op.kind == OpKind.INPUT:
+            continue
+        rule = low.rules[op.name]
+        stage = low.stage_of_chunk(low.chunk_of_layer[op.param("layer")])
+        out.append(OpInfo(op.name, op.kind.value, op.model, " ".join(f"{k}={v}" for k, v in op.loops),
+                          strategy_of(op, rule), stage, low.cost_models.get(op.name, "")))
+    return tuple(out)
 
 
 def _model_flops(low: _Lowering) -> tuple[float, float]:

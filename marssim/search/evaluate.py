@@ -111,7 +111,7 @@ def estimate_evaluation(problem: Problem, mapping: Mapping, cache: LoweringCache
     same as simulated: it does not depend on the schedule). Memory capacity is not checked."""
     from marssim.analytical import estimate
     from marssim.lower import lower
-    from marssim.summary import summarise
+    from marssim.results.summary import summarise
 
     t0 = time.perf_counter()
     tg = lower(problem.graph, problem.system, mapping, problem.cost, validate=False, cache=cache)

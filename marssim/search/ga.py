@@ -47,7 +47,7 @@ from marssim.system import System
 from marssim.workload import Graph
 
 from .evaluate import OBJECTIVES, Evaluation, Evaluator, Problem, rank_value
-from .result import SearchResult
+from .result import SearchInterrupted, SearchResult
 from .space import Genome, MappingSpace, runs_of
 
 __all__ = ["GAConfig", "mars", "design_table", "analytical_available"]
@@ -189,6 +189,7 @@ class _MARS:
         self.objective = objective
         self.design_names, self.design_times = table
         self.best: tuple[float, Mapping, Evaluation] | None = None
+        self.rows: list[dict] = []  # history, one row per generation
         self.inner_pops: dict[tuple, list[tuple[str, ...]]] = {}
         self.refine: list[_Individual] = []  # elites whose inner search continues next generation
         self._hops: dict[tuple[str, str], tuple[float, float]] = {}
@@ -770,10 +771,33 @@ def mars(graph: Graph, system: System, cost: CostModel | None = None, *, config:
     sims0, est0 = ev.simulations, ev.estimates
     rng = np.random.default_rng(seed)
     state = _MARS(space, ev, cfg, rng, objective, design_table(graph, system, cost))
-    rows = []
     if seeds:
         for m, e in zip(seeds, ev.simulate(list(seeds))):
             state.consider(m, e)
+    try:
+        rows = _generations(state, ev, cfg, seeds, progress, t0, sims0, est0)
+    except KeyboardInterrupt:
+        if state.best is None:
+            raise
+        _, best_mapping, best_eval = state.best
+        partial = SearchResult("mars", objective, best_mapping, best_eval, pd.DataFrame(state.rows),
+                               ev.simulations - sims0, ev.estimates - est0, time.perf_counter() - t0, seed,
+                               notes={"config": cfg, "cache_hits": ev.cache_hits, "interrupted": True,
+                                      "screened": cfg.screen and analytical_available()})
+        raise SearchInterrupted(partial) from None
+    assert state.best is not None
+    _, best_mapping, best_eval = state.best
+    return SearchResult("mars", objective, best_mapping, best_eval, pd.DataFrame(rows),
+                        ev.simulations - sims0, ev.estimates - est0, time.perf_counter() - t0, seed,
+                        notes={"config": cfg, "cache_hits": ev.cache_hits,
+                               "screened": cfg.screen and analytical_available()})
+
+
+def _generations(state: "_MARS", ev: Evaluator, cfg: GAConfig, seeds: Sequence[Mapping],
+                 progress: Callable[[dict], None] | None, t0: float, sims0: int, est0: int) -> list[dict]:
+    """Run the generations of :func:`mars` until a stopping rule holds; the history rows (also
+    kept in ``state.rows``, so that an interrupted search keeps its history)."""
+    rows = state.rows
     pop = state.initial_population(seeds)
     stale = 0
     best_seen = math.inf
@@ -797,12 +821,7 @@ def mars(graph: Graph, system: System, cost: CostModel | None = None, *, config:
         if stale >= cfg.patience or state.out_of_budget() or gen == cfg.generations - 1:
             break
         pop = state.next_generation(pop)
-    assert state.best is not None
-    _, best_mapping, best_eval = state.best
-    return SearchResult("mars", objective, best_mapping, best_eval, pd.DataFrame(rows),
-                        ev.simulations - sims0, ev.estimates - est0, time.perf_counter() - t0, seed,
-                        notes={"config": cfg, "cache_hits": ev.cache_hits,
-                               "screened": cfg.screen and analytical_available()})
+    return rows
 
 
 def _copy(ind: _Individual) -> _Individual:

@@ -10,23 +10,36 @@ import os
 from collections.abc import Iterator
 from concurrent.futures import Executor, ProcessPoolExecutor
 
-__all__ = ["open_executor", "executor_parallelism"]
+__all__ = ["open_executor", "executor_parallelism", "DASK_TIMEOUT"]
+
+
+DASK_TIMEOUT = 10.0
+"""Seconds to wait for a Dask scheduler to answer before giving up."""
 
 
 @contextlib.contextmanager
-def open_executor(workers: int | None = None, dask: str | None = None) -> Iterator[Executor | None]:
+def open_executor(workers: int | None = None, dask: str | None = None, *,
+                  dask_timeout: float = DASK_TIMEOUT) -> Iterator[Executor | None]:
     """Yield the executor to evaluate candidates on, and shut it down afterwards.
 
     ``dask``: a Dask scheduler address (``tcp://host:8786``): the cluster's executor
-    (``distributed.Client(address).get_executor()``; needs the ``[dask]`` extra). Otherwise
-    ``workers`` processes (default: the CPU count); ``workers=1`` yields None (serial, in this
-    process). Raises ImportError naming the extra when ``distributed`` is missing."""
+    (``distributed.Client(address).get_executor()``; needs the ``[dask]`` extra), reached within
+    ``dask_timeout`` seconds. Otherwise ``workers`` processes (default: the CPU count);
+    ``workers=1`` yields None (serial, in this process). Raises ImportError naming the extra when
+    ``distributed`` is missing, ConnectionError (one line: the address and the time waited) when
+    the scheduler does not answer."""
     if dask:
         try:
             import distributed
         except ImportError as exc:  # pragma: no cover - depends on the environment
             raise ImportError("--dask needs the Dask extra: pip install 'marssim[dask]'") from exc
-        with distributed.Client(dask) as client:
+        try:
+            client = distributed.Client(dask, timeout=dask_timeout)
+        except (OSError, TimeoutError, ValueError) as exc:
+            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ConnectionError(f"no Dask scheduler answered at {dask} within {dask_timeout:g} s ({reason}); "
+                                  "check the address, or wait longer with --dask-timeout") from None
+        with client:
             yield client.get_executor()
         return
     n = workers or os.cpu_count() or 1

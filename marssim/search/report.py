@@ -1,21 +1,16 @@
-"""What a search leaves behind: the best mapping (YAML), the history (CSV), a convergence plot,
-and the best mapping's full simulation result and Perfetto trace, written into one directory
-atomically (it appears whole or not at all)."""
+"""How a search's outcome reads: the fitness in a person's units, the best mapping by set, the
+convergence plot, and the summary that ``marssim search --out`` writes as ``search.json``."""
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
-from marssim.cost.base import CostModel
-from marssim.fsutil import staged_dir
-from marssim.system import System
 from marssim.workload import Graph
 
 from .result import SearchResult
 
-__all__ = ["fitness_display", "plot_convergence", "write_search_outputs", "describe_mapping"]
+__all__ = ["fitness_display", "plot_convergence", "describe_mapping", "search_summary"]
 
 
 def fitness_display(objective: str, fitness: float) -> tuple[str, float]:
@@ -78,48 +73,18 @@ def describe_mapping(result: SearchResult, graph: Graph) -> str:
     return "\n".join(lines)
 
 
-def write_search_outputs(result: SearchResult, graph: Graph, system: System, cost: CostModel,
-                         out: str | Path) -> list[str]:
-    """Write into ``out``: ``best_mapping.yaml``, ``search.json`` (summary), ``history.csv``,
-    ``convergence.png``/``.svg``, ``result/`` (the best mapping's full simulation,
-    :meth:`Result.save`) and ``trace.json`` (Perfetto; skipped with a note when
-    :mod:`marssim.trace` is not installed). Returns one line per file for the user."""
-    from marssim.lower import lower
-    from marssim.mapping import save_mapping
-    from marssim.sim import simulate
-
-    out = Path(out)
-    lines: list[str] = []
-    sim = simulate(lower(graph, system, result.best, cost), system)
-    if sim.makespan != result.evaluation.makespan:  # the search's number is a simulation, never an estimate
-        raise RuntimeError(f"the best mapping simulates to {sim.makespan} s, the search reported "
-                           f"{result.evaluation.makespan} s")
-    with staged_dir(out) as tmp:
-        save_mapping(result.best, graph, tmp / "best_mapping.yaml")
-        lines.append(f"mapping      {out / 'best_mapping.yaml'} (marssim simulate --mapping ...)")
-        summary = {
-            "algorithm": result.algorithm, "objective": result.objective, "seed": result.seed,
-            "fitness": result.fitness, "makespan_s": result.makespan,
-            "throughput_samples_per_s": _num(result.evaluation.throughput), "energy_j": _num(result.evaluation.energy),
-            "simulations": result.simulations, "estimates": result.estimates, "wall_s": result.wall_s,
-            "system": result.best.system, "workload": graph.spec, "mapping_key": result.best.key,
-            "notes": {k: str(v) for k, v in result.notes.items()},
-        }
-        (tmp / "search.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
-        result.history.to_csv(tmp / "history.csv", index=False)
-        lines.append(f"history      {out / 'history.csv'} ({len(result.history)} rows)")
-        for p in plot_convergence(result, tmp / "convergence.png"):
-            lines.append(f"figure       {out / p.name}")
-        sim.save(tmp / "result")
-        lines.append(f"result       {out / 'result'}/ (marssim simulate --out format)")
-        try:
-            from marssim.trace import write_chrome_trace
-        except ImportError:
-            lines.append("trace        skipped: marssim.trace is not installed in this version")
-        else:
-            write_chrome_trace(sim, tmp / "trace.json")
-            lines.append(f"trace        {out / 'trace.json'} (open in https://ui.perfetto.dev)")
-    return lines
+def search_summary(result: SearchResult, graph: Graph) -> dict:
+    """What ``search.json`` holds: algorithm, objective, seed, fitness, makespan (s), throughput
+    (samples/s), energy (J), simulations, estimates, wall time (s), system, workload, mapping key
+    and notes (JSON-ready: NaN and infinities become null)."""
+    return {
+        "algorithm": result.algorithm, "objective": result.objective, "seed": result.seed,
+        "fitness": result.fitness, "makespan_s": result.makespan,
+        "throughput_samples_per_s": _num(result.evaluation.throughput), "energy_j": _num(result.evaluation.energy),
+        "simulations": result.simulations, "estimates": result.estimates, "wall_s": result.wall_s,
+        "system": result.best.system, "workload": graph.spec, "mapping_key": result.best.key,
+        "notes": {k: str(v) for k, v in result.notes.items()},
+    }
 
 
 def _num(x: float) -> float | None:

@@ -10,7 +10,7 @@ from marssim.mapping import Mapping
 
 from .evaluate import Evaluation
 
-__all__ = ["SearchResult"]
+__all__ = ["SearchResult", "SearchInterrupted"]
 
 
 @dataclass
@@ -49,3 +49,12 @@ class SearchResult:
         if e.energy == e.energy:
             text += f"; energy {e.energy * 1e3:.4g} mJ"
         return text
+
+
+class SearchInterrupted(KeyboardInterrupt):
+    """Ctrl-C during a search that had found a mapping: ``result`` is the best one so far (its
+    evaluation simulated, ``notes["interrupted"]`` True), for the caller to keep before exiting."""
+
+    def __init__(self, result: SearchResult) -> None:
+        super().__init__(f"interrupted: best so far {result.makespan * 1e3:.4f} ms")
+        self.result = result

@@ -1,11 +1,11 @@
 """The SimPy discrete-event engine: accelerators, max-min fair links, memories."""
 
-from marssim.summary import Summary, summarise
+from marssim.results.summary import Summary, summarise
 
 from .engine import setup_time, simulate, simulate_summary
 from .memory import POLICIES, MemoryPool
 from .network import FairShareNetwork, max_min_rates
-from .result import INTERVAL_COLUMNS, Result
+from marssim.results.result import INTERVAL_COLUMNS, Result
 
 __all__ = ["simulate", "simulate_summary", "summarise", "Summary", "setup_time", "POLICIES", "MemoryPool",
            "FairShareNetwork", "max_min_rates", "INTERVAL_COLUMNS", "Result"]

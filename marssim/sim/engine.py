@@ -26,11 +26,12 @@ from marssim.errors import CapacityError
 from marssim.gcpause import gc_paused
 from marssim.system import System
 from marssim.taskgraph import COMPUTE, TaskGraph
-from marssim.summary import Summary, steady_throughput, summarise
+from marssim.results.build import Spill, build_result
+from marssim.results.summary import Summary, summarise
 
 from .memory import POLICIES, MemoryPool
 from .network import FairShareNetwork
-from .result import INTERVAL_COLUMNS, Result
+from marssim.results.result import Result
 
 __all__ = ["simulate", "simulate_summary", "setup_time"]
 
@@ -378,136 +379,28 @@ class _Simulation:
         return summarise(self.tg, self.system, np.asarray(self.end), self.streams)
 
     def result(self) -> Result:
-        tg = self.tg
-        names = tg.node_names
-        start = np.asarray(self.start)
-        end = np.asarray(self.end)
-        makespan = float(np.nanmax(end)) if self.n else 0.0
-        is_compute = tg.kind == COMPUTE
-        op_names = np.asarray(tg.op_names + ("",), dtype=object)[tg.op]
-        op_model = tg.meta.get("op_model", {})
-        models = np.asarray([op_model.get(o, "") for o in op_names], dtype=object)
-        node_arr = np.asarray(names + ("",), dtype=object)
-        src_names = node_arr[tg.src]
-        dst_names = node_arr[tg.dst]
-        resource = np.where(is_compute, node_arr[tg.device], src_names + "->" + dst_names)
-        coll_kind = np.asarray([c.kind for c in tg.collectives] + [""], dtype=object)[tg.collective]
-        res_names = np.asarray(self.system.resource_names, dtype=object)
-        link_of_route = [";".join(res_names[list(r.resources)]) for r in tg.routes] + [""]
-        links_col = np.asarray(link_of_route, dtype=object)[tg.route]
-        frame = pd.DataFrame({
-            "kind": np.where(is_compute, "compute", "transfer"), "resource": resource,
-            "task": np.arange(self.n), "op": op_names, "model": models, "micro_batch": tg.micro_batch.astype(np.int64),
-            "start": start, "end": end, "bytes": np.where(is_compute, 0.0, tg.nbytes), "flops": tg.flops,
-            "energy": np.where(is_compute, tg.energy, np.nan), "src": np.where(is_compute, "", src_names),
-            "dst": np.where(is_compute, "", dst_names), "collective": coll_kind, "collective_id": tg.collective.astype(np.int64),
-            "links": links_col,
-        })
-        if self.spills:
-            rows = []
-            for kind, node, t, s, e, nbytes in self.spills:
-                host = names[self.host_of[node]]
-                src, dst = (names[node], host) if kind == "spill_out" else (host, names[node])
-                route = self.system.route(src, dst)
-                rows.append({"kind": kind, "resource": f"{src}->{dst}", "task": -1, "op": op_names[t],
-                             "model": models[t], "micro_batch": int(tg.micro_batch[t]), "start": s, "end": e,
-                             "bytes": nbytes, "flops": 0.0, "energy": np.nan, "src": src, "dst": dst,
-                             "collective": "", "collective_id": -1,
-                             "links": ";".join(res_names[list(route.resources)])})
-            frame = pd.concat([frame, pd.DataFrame(rows)], ignore_index=True)
-        frame = frame.sort_values(["start", "kind", "task"], kind="stable").reset_index(drop=True)[list(INTERVAL_COLUMNS)]
-
-        # devices
-        device_design = tg.meta.get("device_design", {})
-        dev_rows = {}
-        busy = np.zeros(len(names))
-        dur = end - start
-        np.add.at(busy, tg.device[is_compute], dur[is_compute])
-        energy = np.zeros(len(names))
-        has_energy = np.zeros(len(names), dtype=bool)
-        e = tg.energy[is_compute]
-        np.add.at(energy, tg.device[is_compute], np.nan_to_num(e))
-        np.logical_or.at(has_energy, tg.device[is_compute], ~np.isnan(e))
-        flops = np.zeros(len(names))
-        np.add.at(flops, tg.device[is_compute], tg.flops[is_compute])
-        count = np.bincount(tg.device[is_compute], minlength=len(names))
-        for acc in self.system.accelerators:
-            i = self.system.node_index[acc.id]
-            if self.streams == 1:
-                busy_i = float(busy[i])
-            else:
-                mask = is_compute & (tg.device == i)
-                busy_i = _union_length(start[mask], end[mask])
-            dev_rows[acc.id] = {"design": device_design.get(acc.id, ""), "busy_s": busy_i,
-                                "utilisation": busy_i / makespan if makespan > 0 else 0.0,
-                                "energy_j": float(energy[i]) if has_energy[i] else np.nan,
-                                "flops": float(flops[i]), "tasks": int(count[i])}
-        devices = pd.DataFrame.from_dict(dev_rows, orient="index")
-
-        # links and other bandwidth resources
-        res_bytes = np.zeros(len(res_names))
-        is_transfer = ~is_compute
-        route_bytes = np.zeros(len(tg.routes))
-        np.add.at(route_bytes, tg.route[is_transfer], tg.nbytes[is_transfer])
-        for r, b in enumerate(route_bytes):
-            if b:
-                weights = tg.routes[r].weights
-                for i, res in enumerate(tg.routes[r].resources):
-                    res_bytes[res] += b * (weights[i] if weights else 1.0)
-        for kind, node, t, s, e_, nbytes in self.spills:
+        """The run as a :class:`~marssim.results.Result` (built by the results layer from the
+        task times and what only the simulation recorded: spills, memory pools, link usage)."""
+        names = self.tg.node_names
+        spills = []
+        for kind, node, t, s_, e_, nbytes in self.spills:
             host = names[self.host_of[node]]
             src, dst = (names[node], host) if kind == "spill_out" else (host, names[node])
-            for res in self.system.route(src, dst).resources:
-                res_bytes[res] += nbytes
-        cap = self.system.resource_capacity
-        links = pd.DataFrame({
-            "kind": list(self.system.resource_kinds), "capacity": cap, "bytes": res_bytes,
-            "busy_s": np.asarray(self.net.busy),
-            "utilisation": res_bytes / (cap * makespan) if makespan > 0 else np.zeros(len(cap)),
-        }, index=pd.Index(res_names, name="resource"))
-
-        mem_rows = {}
-        for node, pool in sorted(self.pools.items()):
-            mem_rows[pool.name] = {"peak_bytes": pool.peak, "capacity_bytes": pool.capacity,
-                                   "resident_bytes": pool.resident}
-        memories = pd.DataFrame.from_dict(mem_rows, orient="index",
-                                          columns=["peak_bytes", "capacity_bytes", "resident_bytes"])
-        mem_tl = [(pool.name, t_, lvl) for pool in self.pools.values() for t_, lvl in pool.timeline]
-        memory_timeline = pd.DataFrame(mem_tl, columns=["node", "time", "bytes"])
+            spills.append(Spill(kind, t, src, dst, s_, e_, nbytes))
+        memories = pd.DataFrame.from_dict(
+            {pool.name: {"peak_bytes": pool.peak, "capacity_bytes": pool.capacity, "resident_bytes": pool.resident}
+             for _, pool in sorted(self.pools.items())},
+            orient="index", columns=["peak_bytes", "capacity_bytes", "resident_bytes"])
+        memory_timeline = pd.DataFrame([(pool.name, t_, lvl) for pool in self.pools.values() for t_, lvl in pool.timeline],
+                                       columns=["node", "time", "bytes"])
+        res_names = self.system.resource_names
         link_timeline = pd.DataFrame([(res_names[r], t_, rate, k) for t_, r, rate, k in self.net.timeline],
                                      columns=["resource", "time", "rate", "flows"])
-
-        throughput = steady_throughput(tg, end, makespan, self.system, self.streams)
-        meta = dict(tg.meta)
-        meta.update({"tasks": self.n, "events": _events_scheduled(self.env), "network_recomputes": self.net.recomputes,
-                     "memory_policy": self.policy, "spills": len(self.spills)})
-        for key in ("op_sharding", "op_set", "op_model", "op_kind", "op_loops", "device_design"):
-            meta.pop(key, None)
-        return Result(makespan=makespan, intervals=frame, devices=devices, links=links, memories=memories,
-                      memory_timeline=memory_timeline, link_timeline=link_timeline, edges=self._edges(),
-                      ops=self._ops(), throughput=throughput, meta=meta)
-
-    def _edges(self) -> pd.DataFrame:
-        tg = self.tg
-        counts = np.diff(tg.pred_ptr)
-        dst = np.repeat(np.arange(tg.n_tasks), counts)
-        src = tg.pred_idx.astype(np.int64)
-        keep = (tg.kind[src] != COMPUTE) | (tg.kind[dst] != COMPUTE)
-        return pd.DataFrame({"src_task": src[keep], "dst_task": dst[keep]})
-
-    def _ops(self) -> pd.DataFrame:
-        meta = self.tg.meta
-        kinds = meta.get("op_kind", {})
-        flops = pd.Series(self.tg.flops).groupby(
-            np.asarray(self.tg.op_names + ("",), dtype=object)[self.tg.op]).sum()
-        rows = {name: {"kind": kind, "model": meta.get("op_model", {}).get(name, ""),
-                       "sharding": meta.get("op_sharding", {}).get(name, ""),
-                       "set": meta.get("op_set", {}).get(name, -1), "loops": meta.get("op_loops", {}).get(name, ""),
-                       "flops": float(flops.get(name, 0.0))}
-                for name, kind in kinds.items() if kind != "input"}
-        frame = pd.DataFrame.from_dict(rows, orient="index", columns=["kind", "model", "sharding", "set", "loops", "flops"])
-        return frame.rename_axis("op")
-
+        meta = {"evaluator": "simulation", "tasks": self.n, "events": _events_scheduled(self.env),
+                "network_recomputes": self.net.recomputes, "memory_policy": self.policy, "spills": len(self.spills)}
+        return build_result(self.tg, self.system, np.asarray(self.start), np.asarray(self.end), streams=self.streams,
+                            memories=memories, memory_timeline=memory_timeline, link_timeline=link_timeline,
+                            link_busy=np.asarray(self.net.busy), spills=spills, meta=meta)
 
 
 class _Arrival:
@@ -528,20 +421,3 @@ def _events_scheduled(env: simpy.Environment) -> int:
     """Number of events SimPy scheduled (its internal event id counter)."""
     counter = getattr(env, "_eid", None)
     return int(next(counter)) if counter is not None else -1
-
-
-def _union_length(starts: np.ndarray, ends: np.ndarray) -> float:
-    """Total length (s) covered by a set of intervals."""
-    if len(starts) == 0:
-        return 0.0
-    order = np.argsort(starts, kind="stable")
-    total = 0.0
-    cur_s, cur_e = float(starts[order[0]]), float(ends[order[0]])
-    for i in order[1:]:
-        s_, e_ = float(starts[i]), float(ends[i])
-        if s_ > cur_e:
-            total += cur_e - cur_s
-            cur_s, cur_e = s_, e_
-        elif e_ > cur_e:
-            cur_e = e_
-    return total + cur_e - cur_s

@@ -9,8 +9,9 @@ from __future__ import annotations
 import os
 import re
 import textwrap
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
+from marssim.tables import format_table
 from marssim.units import fmt_bytes, fmt_rate, fmt_time
 
 from .design import Design
@@ -25,16 +26,6 @@ def _fmt_si(value: float, unit: str) -> str:
         if abs(value) >= scale:
             return f"{value / scale:.4g} {prefix}{unit}"
     return f"{value:.4g} {unit}"
-
-
-def format_table(headers: Sequence[str], rows: Iterable[Sequence[str]], indent: str = "  ") -> list[str]:
-    """Left-aligned columns separated by two spaces; trailing spaces stripped."""
-    rows = [list(map(str, r)) for r in rows]
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
-    out = []
-    for cells in [list(headers), *rows]:
-        out.append((indent + "  ".join(c.ljust(w) for c, w in zip(cells, widths))).rstrip())
-    return out
 
 
 _NUMBERED = re.compile(r"^(.*?)(\d+)$")

@@ -10,7 +10,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from .quantities import Bandwidth, Bytes, FlopRate, Hertz, Joules, Watts
+from .quantities import Bandwidth, Bytes, FlopRate, Hertz, Joules, PeCount, Seconds, SmCount, TileSize, Watts
 
 __all__ = ["Design", "DesignEnergy", "GpuSpec", "DATAFLOWS", "SYSTOLIC_DATAFLOWS"]
 
@@ -49,12 +49,12 @@ class GpuSpec(BaseModel):
     """GPU-class parameters: SM count and peak throughput per data type."""
 
     model_config = _STRICT
-    sms: int = Field(gt=0, description="streaming multiprocessors")
+    sms: SmCount = Field(description="streaming multiprocessors")
     peak_flops: dict[str, FlopRate] = Field(description="dense peak FLOP/s per dtype (fp32, tf32, fp16, bf16, fp8, int8)")
     l2: Bytes | None = Field(None, description="L2 cache size, bytes")
-    tile_m: int = Field(128, gt=0, description="GEMM thread-block tile rows used for padding/wave quantisation")
-    tile_n: int = Field(128, gt=0, description="GEMM thread-block tile columns")
-    launch_overhead: float = Field(3e-6, ge=0, description="per-kernel launch overhead, s")
+    tile_m: TileSize = Field(128, description="GEMM thread-block tile rows used for padding/wave quantisation")
+    tile_n: TileSize = Field(128, description="GEMM thread-block tile columns")
+    launch_overhead: Seconds = Field(3e-6, description="per-kernel launch overhead, s (\"3 us\")")
     calibration: str | None = Field(
         None, description="device name of a calibration table in traces/calibration/ to use when present"
     )
@@ -80,8 +80,8 @@ class Design(BaseModel):
     model_config = _STRICT
     name: str
     dataflow: Dataflow
-    pe_rows: int = Field(0, ge=0)
-    pe_cols: int = Field(0, ge=0)
+    pe_rows: PeCount = 0
+    pe_cols: PeCount = 0
     clock: Hertz
     sram: Bytes = Field(description="on-chip global buffer, bytes")
     sram_bandwidth: Bandwidth = Field(description="on-chip buffer bandwidth, bytes/s")

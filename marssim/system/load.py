@@ -1,6 +1,7 @@
 """Read a system from YAML, validate it, and report every problem with its key path.
 
-File layout (all values accept unit strings or bare SI numbers)::
+File layout (every dimensioned value takes its unit: ``"450 GB/s"``, ``"80 GiB"``, ``"0.5 us"``,
+``"1.83 GHz"``, ``"1.5 pJ"``; a bare number is refused unless it is 0)::
 
     name: mars-adaptive-16
     description: ...
@@ -16,7 +17,10 @@ File layout (all values accept unit strings or bare SI numbers)::
       - {between: [host0, sw0], bandwidth: 32 GB/s, latency: 1 us}
       - {pattern: ring, nodes: "acc[0-7]", bandwidth: 50 GB/s, latency: 500 ns}
       - {pattern: mesh, nodes: "chip[0-15]", rows: 4, cols: 4, bandwidth: 100 GB/s}
-      - {pattern: star, hub: sw0, nodes: "acc[0-15]", bandwidth: 25 GB/s}
+      - {pattern: star, hub: sw0, nodes: "acc[0-15]", bandwidth: 25 GB/s, energy_per_byte: 8 pJ/B}
+
+A link's optional ``energy_per_byte`` (``"8 pJ/B"``, ``"1 pJ/bit"``) is what carrying one byte
+across it costs; transfers are charged it per link they cross (communication energy).
 
 Link patterns: ``ring`` (closed), ``chain`` (open), ``mesh`` (rows x cols, row-major; ``wrap:
 true`` for a torus), ``star`` (every node to ``hub``), ``full`` (every pair).
@@ -38,16 +42,19 @@ from .cluster import ClusterSpec, expand_cluster
 from .design import Design
 from .model import Accelerator, Host, Link, Memory, Switch, System
 from .params import apply_parameters, format_system_spec, split_system_spec
-from .quantities import Bandwidth, Seconds
+from .quantities import FILE_CONTEXT, Bandwidth, EnergyPerByte, Seconds
 
 __all__ = ["load_system", "system_from_dict", "expand_ids", "topologies_dir", "shipped_systems", "resolve_system"]
 
 _STRICT = ConfigDict(extra="forbid", frozen=True)
+MAX_RANGE = 100_000
+"""The most nodes an id range (``acc[0-99]``) or a ``count`` may name."""
 _RANGE = re.compile(r"^(?P<pre>[^\[\]]*)\[(?P<lo>\d+)-(?P<hi>\d+)\](?P<post>[^\[\]]*)$")
 
 
 def expand_ids(spec: str | list[str]) -> list[str]:
-    """Expand ``"acc[0-3]"`` to ``["acc0", "acc1", "acc2", "acc3"]``; lists expand item by item.
+    """Expand ``"acc[0-3]"`` to ``["acc0", "acc1", "acc2", "acc3"]``; lists (and comma-separated
+    strings, ``"acc[0-3], acc12"``) expand item by item.
 
     Zero padding follows the lower bound's width (``"c[00-11]"`` gives ``c00 .. c11``).
     Raises ValueError for a malformed range."""
@@ -56,8 +63,14 @@ def expand_ids(spec: str | list[str]) -> list[str]:
         for item in spec:
             out.extend(expand_ids(item))
         return out
-    if not isinstance(spec, str) or not spec:
+    if not isinstance(spec, str) or not spec.strip():
         raise ValueError(f"expected an id or a range like 'acc[0-15]', got {spec!r}")
+    if "," in spec:  # "acc[0-3], acc12": a list written as one string
+        return expand_ids([part.strip() for part in spec.split(",")])
+    spec = spec.strip()
+    if any(c.isspace() for c in spec):
+        raise ValueError(f"expected an id or a range like 'acc[0-15]' (ids have no spaces; separate several with "
+                         f"commas), got {spec!r}")
     if "[" not in spec and "]" not in spec:
         return [spec]
     m = _RANGE.match(spec)
@@ -66,6 +79,9 @@ def expand_ids(spec: str | list[str]) -> list[str]:
     lo, hi = int(m["lo"]), int(m["hi"])
     if hi < lo:
         raise ValueError(f"range {spec!r} is empty (upper bound below lower bound)")
+    if hi - lo + 1 > MAX_RANGE:
+        raise ValueError(f"range {spec!r} names {hi - lo + 1:,} nodes; expected at most {MAX_RANGE:,} (a system that "
+                         "large would take hours to lower and simulate)")
     width = len(m["lo"]) if m["lo"].startswith("0") and len(m["lo"]) > 1 else 0
     return [f"{m['pre']}{i:0{width}d}{m['post']}" for i in range(lo, hi + 1)]
 
@@ -77,7 +93,7 @@ class _AcceleratorSpec(BaseModel):
     design: str | None = None
     designs: list[str] | None = None
     memory: Memory
-    count: int | None = Field(None, gt=0)
+    count: int | None = Field(None, gt=0, le=MAX_RANGE)
 
     @model_validator(mode="after")
     def _one_design_key(self) -> "_AcceleratorSpec":
@@ -113,6 +129,7 @@ class _LinkSpec(BaseModel):
     bandwidth: Bandwidth
     latency: Seconds = 0.0
     duplex: Literal["full", "half"] = "full"
+    energy_per_byte: EnergyPerByte | None = None
 
     @model_validator(mode="after")
     def _form(self) -> "_LinkSpec":
@@ -169,17 +186,21 @@ def _pattern_pairs(spec: _LinkSpec, nodes: list[str]) -> list[tuple[str, str]]:
     return pairs
 
 
-def system_from_dict(data: Any, file: str | None = None, spec: str = "") -> System:
+def system_from_dict(data: Any, file: str | None = None, spec: str = "", *, require_units: bool = True) -> System:
     """Validate a parsed system file and build the :class:`System`; raises InputError listing
     every problem with its key path (``links[3].bandwidth: expected a bandwidth ...``).
-    ``spec``: how the system was named (kept as ``System.spec``)."""
+
+    ``spec``: how the system was named (kept as ``System.spec``). ``require_units``: every
+    dimensioned value needs its unit, as in a file (a bare number other than 0 is refused);
+    False takes bare numbers as SI, for dicts built by Python code."""
+    context = FILE_CONTEXT if require_units else None
     if isinstance(data, dict) and "parameters" in data:
         data, _ = apply_parameters(data, {}, file or "<system>", file or "<system>")
     if not isinstance(data, dict):
         raise InputError.expected(file, "", "a mapping with keys name, designs, accelerators, hosts, links", data)
     try:
         spec_arg = spec
-        spec = _SystemFile.model_validate(data)
+        spec = _SystemFile.model_validate(data, context=context)
     except ValidationError as exc:
         raise InputError(file, problems=problems_from_validation(exc, (), _SystemFile)) from None
 
@@ -201,7 +222,7 @@ def system_from_dict(data: Any, file: str | None = None, spec: str = "") -> Syst
             problems.append((f"designs.{name}.name", "unknown key; a design's name is its key under 'designs:'"))
             continue
         try:
-            designs[name] = Design.model_validate({"name": name, **body})
+            designs[name] = Design.model_validate({"name": name, **body}, context=context)
         except ValidationError as exc:
             problems.extend(problems_from_validation(exc, ("designs", name), Design, hidden=("name",)))
 
@@ -312,7 +333,7 @@ def system_from_dict(data: Any, file: str | None = None, spec: str = "") -> Syst
                 continue
             pairs_seen[pair] = where
             links.append(Link(a=a_id, b=b_id, bandwidth=spec_link.bandwidth, latency=spec_link.latency,
-                              duplex=spec_link.duplex))
+                              duplex=spec_link.duplex, energy_per_byte=spec_link.energy_per_byte))
 
     if problems:
         raise InputError(file, problems=problems)
@@ -324,33 +345,64 @@ def system_from_dict(data: Any, file: str | None = None, spec: str = "") -> Syst
 
 
 def _check_connected(system: System, file: str | None, spec: _SystemFile) -> None:
+    """One problem per group of nodes cut off from the rest: every node must reach every other
+    (the part with the most accelerators, then the first host, is the system; each other
+    connected part is reported once, with the key that declares its first node)."""
     import networkx as nx
 
-    problems = []
-    root = system.hosts[0].id
-    reachable = nx.node_connected_component(system.graph, root)
-    index_of = {}
+    from .describe import compress_ids
+
+    parts = [set(c) for c in nx.connected_components(system.graph)]
+    if len(parts) == 1:
+        return
+    order = {n: i for i, n in enumerate(system.nodes)}
+    first_host = system.hosts[0].id
+
+    def size(part: set) -> tuple:
+        return (-sum(system.is_accelerator(n) for n in part), first_host not in part, min(order[n] for n in part))
+
+    main, *rest = sorted(parts, key=size)
+    rest = [p for p in rest if any(system.is_accelerator(n) or system.is_host(n) for n in p)]  # a lone switch is unused
+    if not rest:
+        return
+    where: dict[str, str] = {}
     for i, a in enumerate(spec.accelerators):
         for acc_id in (expand_ids(a.id) if a.count is None else []):
-            index_of[acc_id] = i
-    for acc in system.accelerators:
-        if acc.id not in reachable:
-            i = index_of.get(acc.id, 0)
-            problems.append((f"accelerators[{i}].id", f"accelerator {acc.id!r} is not connected to host {root!r} by any link"))
-    for i, h in enumerate(system.hosts):
-        if h.id not in reachable:
-            problems.append((f"hosts[{i}].id", f"host {h.id!r} is not connected to host {root!r} by any link"))
-    if problems:
-        raise InputError(file, problems=problems)
+            where.setdefault(acc_id, f"accelerators[{i}].id")
+    for i, h in enumerate(spec.hosts):
+        for host_id in expand_ids(h.id):
+            where.setdefault(host_id, f"hosts[{i}].id")
+    for i, sw in enumerate(spec.switches):
+        for sw_id in expand_ids(sw.id):
+            where.setdefault(sw_id, f"switches[{i}].id")
+    problems = []
+    for part in rest:
+        nodes = sorted(part, key=order.__getitem__)
+        groups = []
+        for label, test in (("accelerator", system.is_accelerator), ("host", system.is_host),
+                            ("switch", lambda n: not system.is_accelerator(n) and not system.is_host(n))):
+            ids = [n for n in nodes if test(n)]
+            if ids:
+                plural = label + ("es" if label == "switch" else "s") if len(ids) > 1 else label
+                groups.append(f"{plural} {compress_ids(ids)}")
+        verb = "is" if len(nodes) == 1 else "are"
+        reach = compress_ids(sorted(main, key=order.__getitem__))
+        problems.append((where.get(nodes[0], "links"),
+                         f"{' and '.join(groups)} {verb} not connected by any link to the rest of the system "
+                         f"({reach})"))
+    raise InputError(file, problems=problems)
 
 
 # ----------------------------------------------------------------------------- files and names
 def topologies_dir() -> Path:
-    """Directory of the shipped system files: ``$MARSSIM_TOPOLOGIES`` or the checkout's ``topologies/``."""
+    """Directory of the shipped system files: ``$MARSSIM_TOPOLOGIES``, else the ``topologies/``
+    that ships with marssim (package data; :func:`marssim.data.topologies`)."""
     env = os.environ.get("MARSSIM_TOPOLOGIES")
     if env:
         return Path(env)
-    return Path(__file__).resolve().parents[2] / "topologies"
+    from marssim.data import topologies
+
+    return topologies()
 
 
 def shipped_systems() -> list[Path]:

@@ -18,7 +18,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from .design import Design
-from .quantities import Bandwidth, Bytes, Seconds
+from .quantities import Bandwidth, Bytes, EnergyPerByte, Seconds
 
 __all__ = ["Memory", "Accelerator", "Host", "Switch", "Link", "System", "Route", "ResourceKind"]
 
@@ -65,7 +65,8 @@ class Switch(BaseModel):
 
 
 class Link(BaseModel):
-    """A physical channel between two nodes: bandwidth per direction (bytes/s), latency (s)."""
+    """A physical channel between two nodes: bandwidth per direction (bytes/s), latency (s) and,
+    when known, the energy of carrying one byte across it (J/byte; None: unknown)."""
 
     model_config = _STRICT
     a: str
@@ -73,6 +74,7 @@ class Link(BaseModel):
     bandwidth: Bandwidth
     latency: Seconds = 0.0
     duplex: Literal["full", "half"] = "full"
+    energy_per_byte: EnergyPerByte | None = None
 
 
 ResourceKind = Literal["link", "switch", "memory"]
@@ -136,11 +138,14 @@ class System:
         names: list[str] = []
         kinds: list[str] = []
         caps: list[float] = []
+        energies: dict[int, float] = {}
         self._link_res: dict[tuple[str, str], int] = {}
         for link in self.links:
             if link.duplex == "full":
                 for s, d in ((link.a, link.b), (link.b, link.a)):
                     self._link_res[(s, d)] = len(names)
+                    if link.energy_per_byte is not None:
+                        energies[len(names)] = link.energy_per_byte
                     names.append(f"{s}->{d}")
                     kinds.append("link")
                     caps.append(link.bandwidth)
@@ -148,6 +153,8 @@ class System:
                 idx = len(names)
                 self._link_res[(link.a, link.b)] = idx
                 self._link_res[(link.b, link.a)] = idx
+                if link.energy_per_byte is not None:
+                    energies[idx] = link.energy_per_byte
                 names.append(f"{link.a}<->{link.b}")
                 kinds.append("link")
                 caps.append(link.bandwidth)
@@ -176,6 +183,12 @@ class System:
         self.resource_kinds: tuple[str, ...] = tuple(kinds)
         self.resource_capacity: np.ndarray = np.asarray(caps, dtype=float)
         self.resource_capacity.setflags(write=False)
+        # J per byte carried by each resource: the links' figures, 0 where none is given
+        self.resource_energy_per_byte: np.ndarray = np.zeros(len(names))
+        for idx, joules in energies.items():
+            self.resource_energy_per_byte[idx] = joules
+        self.resource_energy_per_byte.setflags(write=False)
+        self.has_link_energy: bool = bool(energies)
 
     @cached_property
     def graph(self) -> nx.Graph:

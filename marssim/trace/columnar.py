@@ -20,7 +20,7 @@ import pandas as pd
 from marssim.csvio import EXACT_FLOATS
 from marssim.errors import InputError
 from marssim.fsutil import atomic_file
-from marssim.sim.result import INTERVAL_COLUMNS
+from marssim.results.result import INTERVAL_COLUMNS
 
 __all__ = ["export_intervals", "import_intervals", "intervals_table", "TABLE_COLUMNS", "SUFFIXES"]
 
@@ -68,7 +68,7 @@ def export_intervals(result, path: str | Path) -> int:
 
 def import_intervals(path: str | Path) -> pd.DataFrame:
     """Read a file written by :func:`export_intervals` back into the interval log's columns
-    (``marssim.sim.result.INTERVAL_COLUMNS``, SI units), identical to the one exported."""
+    (``marssim.results.result.INTERVAL_COLUMNS``, SI units), identical to the one exported."""
     path = Path(path)
     fmt = _format(path)
     if not path.is_file():

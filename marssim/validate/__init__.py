@@ -26,13 +26,12 @@ from marssim.system import System
 from marssim.workload import Graph
 
 from .compare import attribute, compare, op_times
-from .inputs import check_estimates, load_mapping_dir, read_estimates, sample_mappings
-from .records import FAMILIES, Comparison, NamedMapping, UserEstimates
+from .inputs import check_estimates, load_mapping_dir, read_estimates
+from .records import Comparison, NamedMapping, UserEstimates
 from .report import ValidationReport, scatter_plot
 
 __all__ = ["NamedMapping", "Comparison", "UserEstimates", "ValidationReport", "validate", "compare",
-           "sample_mappings", "load_mapping_dir", "read_estimates", "attribute", "op_times", "scatter_plot",
-           "FAMILIES"]
+           "load_mapping_dir", "read_estimates", "attribute", "op_times", "scatter_plot"]
 
 
 def validate(graph: Graph, system: System, mappings: Sequence[NamedMapping], cost=None, *,

@@ -1,5 +1,6 @@
-"""The mappings a validation evaluates (sampled from the mapping space, or read from a directory)
-and a user's own estimates (CSV, per mapping or per layer), checked with precise errors."""
+"""The mappings a validation evaluates when read from a directory (sampled ones come from
+:func:`marssim.search.sample.sample_mappings`) and a user's own estimates (CSV, per mapping or per
+layer), checked with precise errors."""
 
 from __future__ import annotations
 
@@ -8,53 +9,14 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
-import numpy as np
 
 from marssim.errors import InputError
 from marssim.system import System
 from marssim.workload import Graph
 
-from .records import FAMILIES, NamedMapping, UserEstimates, resolve_name
+from .records import NamedMapping, UserEstimates, resolve_name
 
-__all__ = ["sample_mappings", "load_mapping_dir", "read_estimates", "check_estimates"]
-
-
-def sample_mappings(graph: Graph, system: System, n: int, *, seed: int = 0,
-                    families: Sequence[str] = FAMILIES, max_sets: int | None = None,
-                    micro_batch_choices: tuple[int, ...] = (1, 2, 4, 8)) -> list[NamedMapping]:
-    """``n`` distinct mappings drawn with :class:`~marssim.search.MappingSpace` under ``seed``,
-    cycling through ``families`` (see :data:`FAMILIES`). Deterministic."""
-    from dataclasses import replace
-
-    from marssim.search import MappingSpace
-
-    for f in families:
-        if f not in FAMILIES:
-            raise ValueError(f"unknown family {f!r}; expected {', '.join(FAMILIES)}")
-    space = MappingSpace(graph, system, max_sets=max_sets, micro_batch_choices=micro_batch_choices)
-    rng = np.random.default_rng(seed)
-    out: list[NamedMapping] = []
-    seen: set[str] = set()
-    n_acc = len(space.accelerators)
-    collective = tuple(tuple(s for s in opts if s in ("oc", "ic")) or opts for opts in space.layer_strategies)
-    failures = 0
-    while len(out) < n and failures < 20 * n + 100:
-        family = families[len(out) % len(families)]
-        genome = space.random(rng)
-        if family == "pipeline" and space.max_sets >= 2 and n_acc >= 2:
-            k = int(rng.integers(2, space.max_sets + 1))
-            cut_at = set(int(c) for c in rng.choice(n_acc - 1, size=k - 1, replace=False))
-            genome = replace(genome, cuts=tuple(i in cut_at for i in range(n_acc - 1)), boundaries=(),
-                             assignment=(), micro_batches=max(space.micro_batch_choices))
-        elif family == "collective":
-            genome = replace(genome, shardings=tuple(str(rng.choice(opts)) if opts else "none" for opts in collective))
-        mapping = space.decode(genome)
-        if mapping.key in seen:
-            failures += 1
-            continue
-        seen.add(mapping.key)
-        out.append(NamedMapping(f"s{len(out):03d}-{family}", mapping, family))
-    return out
+__all__ = ["load_mapping_dir", "read_estimates", "check_estimates"]
 
 
 def load_mapping_dir(directory: str | Path, graph: Graph, system: System) -> list[NamedMapping]:

@@ -7,28 +7,12 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from marssim.mapping import Mapping
+from marssim.mapping.named import NamedMapping
 
-__all__ = ["NamedMapping", "Comparison", "UserEstimates", "FAMILIES", "resolve_name"]
-
-
-FAMILIES = ("random", "pipeline", "collective")
-"""How sampled mappings are drawn: ``random`` (uniform over the mapping space), ``pipeline``
-(at least two sets, the most micro-batches allowed: devices queue micro-batches and stages share
-links) and ``collective`` (output- or input-channel sharding wherever legal: all-gathers,
-reduce-scatters and all-reduces on every layer)."""
+__all__ = ["NamedMapping", "Comparison", "UserEstimates", "resolve_name"]
 
 
 _TOP = 3  # resources named per mapping
-
-
-@dataclass(frozen=True)
-class NamedMapping:
-    """A mapping with the name it is reported under (file stem or sample id) and its family."""
-
-    name: str
-    mapping: Mapping
-    family: str = "given"
 
 
 @dataclass(frozen=True)

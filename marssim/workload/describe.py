@@ -6,7 +6,7 @@ prefixes (MiB), from the exact counts the graph holds.
 
 from __future__ import annotations
 
-from marssim.system.describe import format_table
+from marssim.tables import format_table
 from marssim.units import fmt_bytes
 
 from .graph import Graph

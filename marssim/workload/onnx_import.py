@@ -8,10 +8,17 @@ that reads them, not ops. Every other node becomes one builder op:
 =============================================  ==============================================
 ONNX                                           marssim
 =============================================  ==============================================
-Conv (2-D; grouped and depthwise)              ``conv``
+Conv (1-D and 2-D; grouped and depthwise)      ``conv`` (1-D: ``R x 1`` kernels over ``(n, c, L, 1)``)
+ConvTranspose (1-D and 2-D)                    ``conv`` of 1x1 kernels making the ``K*R*S`` columns at
+                                               the input's resolution (exactly the transposed
+                                               convolution's MACs), then ``NAME.col2im``, a
+                                               memory-only op scattering them to the output
 Gemm, MatMul with a constant operand           ``gemm`` (a linear layer)
 MatMul of two activations                      ``matmul`` (leading dims after the batch = heads)
-MaxPool, AveragePool, Global{Average,Max}Pool  ``pool``
+MaxPool, AveragePool (1-D and 2-D),            ``pool``
+Global{Average,Max}Pool, ReduceMean over the
+spatial axes of an image (global or partial
+average pooling)
 Relu, Add, Mul, Sigmoid, Clip, Sum, ... (list   ``eltwise`` (broadcast activations are first
 in ``ELEMENTWISE``)                            expanded by a memory-only op ``NAME.expandK``)
 BatchNormalization, LayerNormalization, LRN    ``norm``
@@ -24,7 +31,8 @@ Squeeze, Unsqueeze, Identity, Dropout, ...     op type)
 An unsupported node raises :class:`~marssim.errors.InputError` naming the file, the node and its
 op type; nothing is dropped silently.
 
-Tensor layout: ``[n, c, h, w]`` images are ``(n, c, h, w)``; ``[b, tokens, features]`` is
+Tensor layout: ``[n, c, h, w]`` images are ``(n, c, h, w)``; ``[n, c, L]`` signals of 1-D
+convolutions and pools are ``(n, c, L, 1)``; ``[b, tokens, features]`` is
 ``(b, features, tokens, 1)``; ``[b, features]`` is ``(b, features, 1, 1)``; integer ``[b, tokens]``
 (token ids) is ``(b, 1, tokens, 1)``; 4-D tensors that reach a MatMul or a Softmax are attention
 tensors ``[b, heads, rows, cols]`` -> ``(b, heads*cols, rows, 1)`` (see :mod:`.op`). The batch must be
@@ -66,13 +74,16 @@ _POOLS = {"MaxPool": "max", "AveragePool": "avg"}
 _GLOBAL_POOLS = {"GlobalAveragePool": "avg", "GlobalMaxPool": "max"}
 _NORMS = {"BatchNormalization": "batch", "LayerNormalization": "layer", "LRN": "lrn"}
 _SOFTMAX = ("Softmax", "LogSoftmax")
-SUPPORTED_OPS = frozenset({"Conv", "Gemm", "MatMul", *_POOLS, *_GLOBAL_POOLS, *ELEMENTWISE, *_NORMS, *_SOFTMAX,
-                           *MEMORY_ONLY, "Constant", "ConstantOfShape", "Shape", "Size"})
+SUPPORTED_OPS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul", *_POOLS, *_GLOBAL_POOLS, "ReduceMean",
+                           *ELEMENTWISE, *_NORMS, *_SOFTMAX, *MEMORY_ONLY, "Constant", "ConstantOfShape", "Shape",
+                           "Size"})
 """Every ONNX op type the importer understands (constant-only nodes of any type are folded)."""
 
 # ops that fix the layout of the 4-D tensors they touch
-_IMAGE_OPS = frozenset({"Conv", *_POOLS, *_GLOBAL_POOLS, "BatchNormalization", "LRN", "DepthToSpace", "SpaceToDepth"})
+_IMAGE_OPS = frozenset({"Conv", "ConvTranspose", *_POOLS, *_GLOBAL_POOLS, "BatchNormalization", "LRN", "DepthToSpace",
+                        "SpaceToDepth"})
 _SEQ_OPS = frozenset({"MatMul", "LayerNormalization"})
+_SAME_LAYOUT = frozenset({"ReduceMean"})  # the output is laid out as the input (a reduced image is an image)
 _ALWAYS_CONSTANT = frozenset({"Constant", "Shape", "Size"})  # static shapes make Shape/Size constants
 
 _FLOAT_DTYPES = {1: "fp32", 10: "fp16", 16: "bf16", 11: "fp32"}  # FLOAT, FLOAT16, BFLOAT16, DOUBLE (as fp32)
@@ -103,10 +114,16 @@ def load_onnx(path: str | Path, batch: int | None = None, *, dtype: str | None =
     if not Path(file).is_file():
         raise InputError(file, "", "no such file; expected an ONNX model (.onnx)")
     try:
-        model = onnx.load(file, load_external_data=False)
-        onnx.checker.check_model(model)
-    except Exception as err:  # protobuf DecodeError, onnx ValidationError, ...
+        model = onnx.load(file, load_external_data=False)  # shapes only: weights stay on disk
+    except Exception as err:  # protobuf DecodeError, ...
         raise InputError(file, "", f"not a valid ONNX model: {_first_line(err)}") from None
+    try:
+        # by path, so that weights stored beside the model (torch's NAME.onnx.data) are found
+        # relative to the model's folder, not the working directory
+        onnx.checker.check_model(file)
+    except Exception as err:  # onnx ValidationError
+        raise InputError(file, "", f"not a valid ONNX model: {_first_line(err)}") from None
+    _load_small_external(onnx, model, file)
     importer = _Importer(onnx, model, file, batch, dtype)
     graph = importer.build()
     suffix = []
@@ -116,6 +133,24 @@ def load_onnx(path: str | Path, batch: int | None = None, *, dtype: str | None =
         suffix.append(f"dtype={dtype}")
     graph.spec = file + (":" + ",".join(suffix) if suffix else "")
     return graph
+
+
+def _load_small_external(onnx: Any, model: Any, file: str) -> None:
+    """Read the values of small or integer initializers stored as external data (axes, shapes,
+    scalars: what shape inference and the importer read), from beside the model; weights stay
+    on disk."""
+    from onnx.external_data_helper import load_external_data_for_tensor, uses_external_data
+
+    base = str(Path(file).resolve().parent)
+    for init in model.graph.initializer:
+        if uses_external_data(init) and (init.data_type in _INT_TYPES or math.prod(init.dims) <= 1024):
+            try:
+                load_external_data_for_tensor(init, base)
+            except Exception as err:
+                raise InputError(file, f"graph.initializer[{init.name}]",
+                                 f"cannot read its external data: {_first_line(err)}") from None
+            init.data_location = onnx.TensorProto.DEFAULT
+            del init.external_data[:]
 
 
 def _first_line(err: BaseException) -> str:
@@ -258,6 +293,8 @@ class _Importer:
                 for t in acts:
                     if self.dims.get(t) == self.dims.get(out):
                         parent[find(t)] = find(out)
+            if node.op_type in _SAME_LAYOUT and node.output and acts:
+                parent[find(acts[0])] = find(node.output[0])
             kind = "image" if node.op_type in _IMAGE_OPS else "seq" if node.op_type in _SEQ_OPS else None
             if kind:
                 for t in acts:
@@ -307,6 +344,8 @@ class _Importer:
             return (dims[0], dims[1], 1, 1)
         if rank == 4 and self.layout.get(tensor, "image") == "image":
             return (dims[0], dims[1], dims[2], dims[3])
+        if rank == 3 and self.layout.get(tensor) == "image":  # [n, c, L] of 1-D convolutions and pools
+            return (dims[0], dims[1], dims[2], 1)
         middle = math.prod(dims[1:-2])
         return (dims[0], middle * dims[-1], dims[-2], 1)
 
@@ -400,6 +439,10 @@ class _Importer:
             raise self._error(i, "has no activation input")
         if op == "Conv":
             self._conv(b, i, node, name, acts, attrs, out)
+        elif op == "ConvTranspose":
+            self._conv_transpose(b, i, node, name, acts, attrs, out)
+        elif op == "ReduceMean":
+            self._reduce_mean(b, i, node, name, acts[0], attrs, out)
         elif op in ("Gemm", "MatMul"):
             self._gemm(b, i, node, name, acts, attrs, out)
         elif op in _POOLS:
@@ -426,28 +469,102 @@ class _Importer:
             raise self._error(i, "expected an activation input and constant weights (weights computed at run time "
                                  "are not supported)")
         x = acts[0]
-        if len(self._shape(i, node.input[0])) != 4:
-            raise self._error(i, "only 2-D convolutions (4-D NCHW tensors) are supported")
+        spatial = self._spatial(i, node.input[0], "convolutions")
         w_dims = self._shape(i, node.input[1])
-        kernel = tuple(attrs.get("kernel_shape", w_dims[2:]))
-        strides = tuple(attrs.get("strides", (1, 1)))
-        dilations = tuple(attrs.get("dilations", (1, 1)))
+        kernel, strides, dilations = self._window(i, attrs, spatial, tuple(w_dims[2:]))
         if len(set(dilations)) != 1:
             raise self._error(i, f"dilations {list(dilations)} differ per axis; expected equal dilations")
-        pads = self._pads(i, attrs, self._shape(i, node.input[0])[2:], kernel, strides, dilations[0])
+        pads = self._pads(i, attrs, spatial, kernel, strides, dilations[0])
         bias = len(node.input) > 2 and bool(node.input[2])
         y = b.conv(name, x, out_channels=w_dims[0], kernel=kernel, stride=strides, pad=pads,
                    groups=int(attrs.get("group", 1)), bias=bias, dilation=dilations[0])
+        self._emit(i, out, y)
+
+    def _spatial(self, i: int, tensor: str, what: str) -> tuple[int, int]:
+        """The spatial extent of a 1-D ``[n, c, L]`` or 2-D ``[n, c, h, w]`` tensor as ``(rows,
+        cols)`` (a signal is ``L`` rows of one column)."""
+        dims = self._shape(i, tensor)
+        if len(dims) == 4:
+            return (dims[2], dims[3])
+        if len(dims) == 3:
+            return (dims[2], 1)
+        raise self._error(i, f"a rank-{len(dims)} input; expected 1-D or 2-D {what} ([n, c, L] or [n, c, h, w])")
+
+    def _window(self, i: int, attrs: dict, spatial: tuple[int, int],
+                kernel_default: tuple[int, ...]) -> tuple[tuple[int, int], tuple[int, int], tuple[int, int]]:
+        """Kernel, strides and dilations as 2-D pairs (a 1-D window is ``(k, 1)``)."""
+        one_d = spatial[1] == 1 and len(kernel_default) == 1 or len(attrs.get("kernel_shape", kernel_default)) == 1
+        n = 1 if one_d else 2
+
+        def pair(key: str, default) -> tuple[int, int]:
+            value = tuple(int(v) for v in attrs.get(key, default))
+            if len(value) != n:
+                raise self._error(i, f"{key} {list(value)}; expected {n} value{'s' if n > 1 else ''} for a "
+                                     f"{n}-D window")
+            return (value[0], 1) if n == 1 else (value[0], value[1])
+
+        return pair("kernel_shape", kernel_default), pair("strides", (1,) * n), pair("dilations", (1,) * n)
+
+    def _conv_transpose(self, b: GraphBuilder, i: int, node: Any, name: str, acts: list[T], attrs: dict,
+                        out: str) -> None:
+        """A transposed convolution: every input element times the ``R x S`` kernel of every output
+        channel of its group, scattered (and summed where windows overlap) into the output. As a
+        1x1 convolution making the ``K*R*S`` columns at the input's resolution (its MACs are the
+        transposed convolution's exactly: ``N*C*H*W*(K/groups)*R*S``), then ``NAME.col2im``, a
+        memory-only op that scatters the columns to the output shape shape inference gives."""
+        if len(acts) != 1 or len(node.input) < 2 or node.input[1] not in self.constants:
+            raise self._error(i, "expected an activation input and constant weights (weights computed at run time "
+                                 "are not supported)")
+        spatial = self._spatial(i, node.input[0], "transposed convolutions")
+        w_dims = self._shape(i, node.input[1])  # [C, K / groups, R(, S)]
+        groups = int(attrs.get("group", 1))
+        kernel, _, _ = self._window(i, attrs, spatial, tuple(w_dims[2:]))
+        columns = w_dims[1] * groups * kernel[0] * kernel[1]
+        bias = len(node.input) > 2 and bool(node.input[2])
+        y = b.conv(name, acts[0], out_channels=columns, kernel=1, stride=1, pad=0, groups=groups, bias=False)
+        shape = self.box(i, out)
+        self._emit(i, out, b.reshape(f"{name}.col2im", y, shape=shape, what="col2im",
+                                     weight_elems=shape[1] if bias else 0))
+
+    def _reduce_mean(self, b: GraphBuilder, i: int, node: Any, name: str, x: T, attrs: dict, out: str) -> None:
+        """The mean over spatial axes of an image or signal: global average pooling when it covers
+        them all, else an average pool whose window spans the reduced axes."""
+        dims = self._shape(i, node.input[0])
+        rank = len(dims)
+        if "axes" in attrs:
+            axes = list(attrs["axes"])
+        elif len(node.input) > 1 and node.input[1]:
+            values = self._constant_array(node.input[1])
+            if values is None:
+                raise self._error(i, "takes its axes from a tensor computed at run time; expected constant axes")
+            axes = [int(a) for a in values.reshape(-1)]
+        else:
+            axes = [] if attrs.get("noop_with_empty_axes", 0) else list(range(rank))
+        axes = sorted({a + rank if a < 0 else a for a in axes})
+        layout = self.layout.get(node.input[0], "image" if rank == 4 else "")
+        if rank not in (3, 4) or layout != "image" or not axes or any(a < 2 for a in axes):
+            raise self._error(i, f"averages axes {axes} of a tensor of shape {list(dims)}; expected spatial axes "
+                                 "(2 and up) of an image [n, c, h, w] or signal [n, c, L] (average pooling)")
+        rows, cols = (dims[2], dims[3]) if rank == 4 else (dims[2], 1)
+        window = (rows if 2 in axes else 1, cols if 3 in axes else 1)
+        if window == (rows, cols):
+            y = b.global_pool(name, x, mode="avg")
+        else:
+            y = b.pool(name, x, kernel=window, stride=window, pad=0, mode="avg")
         self._emit(i, out, y)
 
     def _pads(self, i: int, attrs: dict, spatial: Sequence[int], kernel: Sequence[int], strides: Sequence[int],
               dilation: int) -> tuple[int, int, int, int]:
         auto = attrs.get("auto_pad", b"NOTSET")
         auto = auto.decode() if isinstance(auto, bytes) else str(auto)
+        one_d = kernel[1] == 1 and spatial[1] == 1 and len(attrs.get("kernel_shape", (0, 0))) == 1
         if auto in ("NOTSET", ""):
-            pads = tuple(attrs.get("pads", (0, 0, 0, 0)))
-            if len(pads) != 4:
-                raise self._error(i, f"pads {list(pads)}; expected 4 values for a 2-D window")
+            pads = tuple(attrs.get("pads", (0, 0) if one_d else (0, 0, 0, 0)))
+            if one_d and len(pads) == 2:
+                return (pads[0], 0, pads[1], 0)  # a signal's rows: (begin, end)
+            if len(pads) != 4 or one_d:
+                raise self._error(i, f"pads {list(pads)}; expected {2 if one_d else 4} values for a "
+                                     f"{1 if one_d else 2}-D window")
             return pads  # ONNX order (top, left, bottom, right), as the builder's
         if auto == "VALID":
             return (0, 0, 0, 0)
@@ -457,7 +574,7 @@ class _Importer:
             small, large = total // 2, total - total // 2
             lo.append(small if auto == "SAME_UPPER" else large)
             hi.append(large if auto == "SAME_UPPER" else small)
-        return (lo[0], lo[1], hi[0], hi[1])
+        return (lo[0], lo[1], hi[0], hi[1])  # a signal's second axis (size 1, kernel 1) gets none
 
     def _gemm(self, b: GraphBuilder, i: int, node: Any, name: str, acts: list[T], attrs: dict, out: str) -> None:
         a_name, b_name = node.input[0], node.input[1]
@@ -500,12 +617,11 @@ class _Importer:
         self._emit(i, out, b.softmax(name, x, heads=x.c // keys))
 
     def _pool(self, b: GraphBuilder, i: int, name: str, x: T, attrs: dict, out: str, mode: str) -> None:
-        kernel = tuple(attrs["kernel_shape"]) if "kernel_shape" in attrs else None
-        if kernel is None or len(kernel) != 2:
-            raise self._error(i, "expected a 2-D kernel_shape")
-        if any(d != 1 for d in attrs.get("dilations", (1, 1))):
+        if "kernel_shape" not in attrs or len(attrs["kernel_shape"]) not in (1, 2):
+            raise self._error(i, "expected a 1-D or 2-D kernel_shape")
+        kernel, strides, dilations = self._window(i, attrs, x.shape[2:], tuple(attrs["kernel_shape"]))
+        if any(d != 1 for d in dilations):
             raise self._error(i, "dilated pooling is not supported")
-        strides = tuple(attrs.get("strides", (1, 1)))
         pads = self._pads(i, attrs, x.shape[2:], kernel, strides, 1)
         y = b.pool(name, x, kernel=kernel, stride=strides, pad=pads, mode=mode,
                    ceil_mode=bool(attrs.get("ceil_mode", 0)))
@@ -539,18 +655,25 @@ class _Importer:
         return values[0], values[1]
 
     def _constant_value(self, tensor: str) -> float | None:
+        arr = self._constant_array(tensor)
+        return float(arr.reshape(-1)[0]) if arr is not None and arr.size == 1 else None
+
+    def _constant_array(self, tensor: str):
+        """The value of an initializer or Constant node's output (numpy), else None."""
         if not tensor:
             return None
         for init in self.graph.initializer:
             if init.name == tensor:
-                arr = self.onnx.numpy_helper.to_array(init)
-                return float(arr.reshape(-1)[0]) if arr.size == 1 else None
+                return self.onnx.numpy_helper.to_array(init)
         for node in self.graph.node:
             if node.op_type == "Constant" and node.output and node.output[0] == tensor:
                 for a in node.attribute:
                     if a.name == "value":
-                        arr = self.onnx.numpy_helper.to_array(a.t)
-                        return float(arr.reshape(-1)[0]) if arr.size == 1 else None
+                        return self.onnx.numpy_helper.to_array(a.t)
+                    if a.name in ("value_ints", "value_int"):
+                        import numpy as np
+
+                        return np.asarray(self.onnx.helper.get_attribute_value(a))
         return None
 
     def _memory_only(self, b: GraphBuilder, i: int, node: Any, name: str, acts: list[T]) -> None:

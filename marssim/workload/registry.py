@@ -64,6 +64,9 @@ def _parse_params(spec: str, rest: str) -> dict[str, str]:
             key, eq, value = item.partition("=")
             if not eq or not key.strip() or not value.strip():
                 raise InputError(spec, key.strip() or item, "expected parameters like 'name:batch=8,seq=512'")
+            if key.strip() in params:
+                raise InputError(spec, key.strip(), f"given twice ({params[key.strip()]} and {value.strip()}); "
+                                                    "expected each parameter once")
             params[key.strip()] = value.strip()
     return params
 
@@ -143,7 +146,23 @@ def load_workload(spec: str, *, batch: int | None = None) -> Graph:
         raise InputError(spec, "", f"cannot build {name}: {err}") from None
     changed = {k: v for k, v in params.items() if v != entry.defaults[k]}
     graph.spec = format_spec(name, changed)
+    check_sizes(graph, spec)
     return graph
+
+
+MAX_OP_COUNT = 2**62
+"""The most FLOPs or bytes one op may count: the cost models keep exact counts in 64-bit integers."""
+
+
+def check_sizes(graph: Graph, spec: str) -> None:
+    """Raise InputError when an op of ``graph`` counts more FLOPs or bytes than
+    :data:`MAX_OP_COUNT` (a batch or sequence far beyond any real run, most likely a typo)."""
+    for op in graph.ops:
+        for what, value in (("FLOPs", op.flops), ("bytes", op.bytes_moved)):
+            if value > MAX_OP_COUNT:
+                raise InputError(spec, "", f"op {op.name!r} would count {value:.3g} {what}; expected at most "
+                                           f"{MAX_OP_COUNT:.3g} per op (the cost models count in 64-bit integers), "
+                                           "so the batch or sequence is far too large")
 
 
 def _load_onnx_spec(spec: str, path: str, rest: str, batch: int | None) -> Graph:
@@ -156,4 +175,6 @@ def _load_onnx_spec(spec: str, path: str, rest: str, batch: int | None) -> Graph
         batch = _coerce(spec, "batch", raw["batch"], 1)
     from .onnx_import import load_onnx
 
-    return load_onnx(path, batch=batch, dtype=raw.get("dtype"))
+    graph = load_onnx(path, batch=batch, dtype=raw.get("dtype"))
+    check_sizes(graph, spec)
+    return graph

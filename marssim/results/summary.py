@@ -1,8 +1,8 @@
 """The headline numbers of a schedule of a TaskGraph, simulated or estimated: makespan,
-steady-state throughput and compute energy.
+steady-state throughput and energy (compute and communication).
 
 Pure numpy over the TaskGraph and the tasks' end times (s): shared by the simulator
-(:func:`marssim.sim.simulate_summary`, :class:`marssim.sim.Result`) and the analytical estimate,
+(:func:`marssim.sim.simulate_summary`, :class:`marssim.results.Result`) and the analytical estimate,
 so both report the same quantities the same way.
 """
 
@@ -12,17 +12,19 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .aggregate import communication_energy, compute_energy, resource_bytes
 from marssim.system import System
 from marssim.taskgraph import COMPUTE, TaskGraph
 
-__all__ = ["Summary", "summarise", "steady_throughput", "compute_energy"]
+__all__ = ["Summary", "summarise", "steady_throughput", "compute_energy", "total_energy"]
 
 
 @dataclass(frozen=True, slots=True)
 class Summary:
-    """Makespan (s), throughput (samples/s) and compute energy (J, NaN when no design has energy
-    figures) of a schedule. For a simulation: equal, bit for bit, to the same fields of the
-    :class:`~marssim.sim.Result` that :func:`~marssim.sim.simulate` returns for the same inputs."""
+    """Makespan (s), throughput (samples/s) and energy (J: compute and communication, each where
+    known; NaN when no design and no link has energy figures) of a schedule. For a simulation:
+    equal, bit for bit, to the same fields of the :class:`~marssim.results.Result` that
+    :func:`~marssim.sim.simulate` returns for the same inputs."""
 
     makespan: float
     throughput: float
@@ -34,25 +36,15 @@ def summarise(taskgraph: TaskGraph, system: System, end: np.ndarray, streams: in
     task), devices running ``streams`` compute tasks at once."""
     makespan = float(np.nanmax(end)) if taskgraph.n_tasks else 0.0
     return Summary(makespan, steady_throughput(taskgraph, end, makespan, system, streams),
-                   compute_energy(taskgraph, system))
+                   total_energy(taskgraph, system))
 
 
-def compute_energy(taskgraph: TaskGraph, system: System) -> float:
-    """Joules of the compute tasks on the system's accelerators (it does not depend on the
-    schedule), summed per device and then over devices as :class:`~marssim.sim.Result` sums its
-    ``devices.energy_j``; NaN when no device has an energy figure."""
-    import pandas as pd
-
-    tg = taskgraph
-    is_compute = tg.kind == COMPUTE
-    energy = np.zeros(len(tg.node_names))
-    has_energy = np.zeros(len(tg.node_names), dtype=bool)
-    e = tg.energy[is_compute]
-    np.add.at(energy, tg.device[is_compute], np.nan_to_num(e))
-    np.logical_or.at(has_energy, tg.device[is_compute], ~np.isnan(e))
-    idx = [system.node_index[acc.id] for acc in system.accelerators]
-    per_device = pd.Series([float(energy[i]) if has_energy[i] else np.nan for i in idx], dtype=float)
-    return float(per_device.sum()) if per_device.notna().any() else float("nan")
+def total_energy(taskgraph: TaskGraph, system: System) -> float:
+    """Joules of the run: compute energy plus communication energy, each where known (NaN when
+    neither is); see :mod:`marssim.results.aggregate`."""
+    parts = [compute_energy(taskgraph, system), communication_energy(taskgraph, system)]
+    known = [p for p in parts if p == p]
+    return float(sum(known)) if known else float("nan")
 
 
 def steady_throughput(tg: TaskGraph, end: np.ndarray, makespan: float, system: System, streams: int = 1) -> float:
@@ -64,7 +56,7 @@ def steady_throughput(tg: TaskGraph, end: np.ndarray, makespan: float, system: S
     at once) and every link, switch or memory port must carry its bytes, so no pipeline delivers
     the batch faster than ``batch / max(work)``. The bound matters when few micro-batches happen to
     finish close together."""
-    batch = float(tg.meta.get("batch", 0) or 0)
+    batch = float(tg.batch)
     if batch <= 0 or makespan <= 0:
         return float("nan")
     mbs = int(tg.micro_batch.max()) + 1 if tg.n_tasks else 1
@@ -85,14 +77,7 @@ def _busiest_work(tg: TaskGraph, system: System, streams: int) -> float:
     compute = tg.kind == COMPUTE
     busy = np.bincount(tg.device[compute], weights=tg.duration[compute], minlength=len(tg.node_names))
     work = float(busy.max(initial=0.0)) / streams
-    moving = ~compute
-    if moving.any():
-        route_bytes = np.bincount(tg.route[moving], weights=tg.nbytes[moving], minlength=len(tg.routes))
-        res_bytes = np.zeros(len(system.resource_capacity))
-        for r, nbytes in enumerate(route_bytes):
-            if nbytes:
-                route = tg.routes[r]
-                np.add.at(res_bytes, list(route.resources),
-                          nbytes * (np.asarray(route.weights) if route.weights else 1.0))
+    if (~compute).any():
+        res_bytes = resource_bytes(tg, system)
         work = max(work, float((res_bytes / system.resource_capacity).max(initial=0.0)))
     return max(work, np.finfo(float).tiny)

@@ -1,4 +1,5 @@
-"""The outcome of a simulation: makespan, per-resource summaries and the full interval log.
+"""The outcome of an evaluation, simulated or estimated: makespan, per-resource summaries, the
+full interval log and the per-op and per-layer report.
 
 Units are SI (seconds, bytes, bytes/s, joules). The interval log has one row per compute or
 transfer interval; traces and plots (``marssim.trace``) are views of it.
@@ -6,8 +7,8 @@ transfer interval; traces and plots (``marssim.trace``) are views of it.
 ``intervals`` columns: ``kind`` (compute, transfer, spill_out, spill_in), ``resource`` (device
 name for compute, ``src->dst`` for transfers), ``task`` (TaskGraph id, -1 for spills), ``op``,
 ``model``, ``micro_batch``, ``start``, ``end`` (s), ``bytes``, ``flops``, ``energy`` (J, NaN
-unknown), ``src``, ``dst``, ``collective`` (kind or empty), ``collective_id`` (-1 none),
-``links`` (resources the transfer held, ``;``-separated).
+unknown; a transfer's communication energy), ``src``, ``dst``, ``collective`` (kind or empty),
+``collective_id`` (-1 none), ``links`` (resources the transfer held, ``;``-separated).
 
 ``memory_timeline``: ``node``, ``time`` (s), ``bytes`` (occupancy after the change, resident
 weights included). ``link_timeline``: ``resource``, ``time`` (s), ``rate`` (bytes/s in use
@@ -15,13 +16,14 @@ after the change), ``flows`` (active flows).
 
 ``edges``: ``src_task``, ``dst_task``: the dependencies that involve a transfer (producer
 compute -> transfer -> consumer compute, and transfer -> transfer inside collectives).
-``ops``: one row per op (index ``op``): ``kind``, ``model``, ``sharding``, ``set``, ``loops``
-(``N=8 K=64 ...``), ``flops``.
+``ops``, ``layers``, ``op_devices``: the per-op and per-layer-group report and the busy time per
+(op, device) (:mod:`marssim.results.report`), built when first read.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,31 +39,62 @@ __all__ = ["Result", "INTERVAL_COLUMNS"]
 INTERVAL_COLUMNS = ("kind", "resource", "task", "op", "model", "micro_batch", "start", "end", "bytes", "flops",
                     "energy", "src", "dst", "collective", "collective_id", "links")
 
+_REPORT_FILES = {"ops": ("ops.csv", "op"), "layers": ("layers.csv", "group"), "op_devices": ("op_devices.csv", None)}
+
 
 @dataclass
 class Result:
-    """A simulation result. ``devices``, ``links`` and ``memories`` are per-resource tables."""
+    """An evaluation's result. ``devices``, ``links`` and ``memories`` are per-resource tables;
+    ``ops``, ``layers`` and ``op_devices`` the report (see the module docstring), made by
+    ``report`` when first read (a simulation builds them only if asked) or given."""
 
     makespan: float
     intervals: pd.DataFrame
-    devices: pd.DataFrame  # index device: busy_s, utilisation, energy_j, flops, tasks, design
+    devices: pd.DataFrame  # index device: design, busy_s, utilisation, energy_j, flops, tasks
     links: pd.DataFrame  # index resource: kind, capacity, bytes, busy_s, utilisation
     memories: pd.DataFrame  # index node: peak_bytes, capacity_bytes, resident_bytes
     memory_timeline: pd.DataFrame
     link_timeline: pd.DataFrame
     edges: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=["src_task", "dst_task"]))
-    ops: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(
-        columns=["kind", "model", "sharding", "set", "loops", "flops"]).rename_axis("op"))
     throughput: float = float("nan")  # samples/s in steady state (pipelined runs), else batch/makespan
     setup_time: float = 0.0  # s to load weights from hosts before the run (not in the makespan)
     meta: dict[str, Any] = field(default_factory=dict)
+    compute_energy: float = float("nan")  # J of compute tasks (NaN: no design has energy figures)
+    communication_energy: float = float("nan")  # J of transfers (NaN: no link has an energy figure)
+    report: Callable[[], dict[str, pd.DataFrame]] | None = field(default=None, repr=False)
+    tables: dict[str, pd.DataFrame] = field(default_factory=dict, repr=False)
+
+    # ------------------------------------------------------------------ report
+    def _table(self, name: str) -> pd.DataFrame:
+        if name not in self.tables:
+            if self.report is None:
+                return pd.DataFrame()
+            self.tables.update(self.report())
+            self.report = None  # built once; drop what it held (the TaskGraph, the times)
+        return self.tables[name]
+
+    @property
+    def ops(self) -> pd.DataFrame:
+        """One row per op, graph order (:data:`marssim.results.report.OP_COLUMNS`)."""
+        return self._table("ops")
+
+    @property
+    def layers(self) -> pd.DataFrame:
+        """One row per layer group (:data:`marssim.results.report.GROUP_COLUMNS`)."""
+        return self._table("layers")
+
+    @property
+    def op_devices(self) -> pd.DataFrame:
+        """Busy seconds per (op, device): ``op``, ``device``, ``busy_s``, ``tasks``."""
+        return self._table("op_devices")
 
     # ------------------------------------------------------------------ views
     @property
     def energy(self) -> float:
-        """Total compute energy in joules (NaN when no design has energy figures)."""
-        e = self.devices["energy_j"]
-        return float(e.sum()) if e.notna().any() else float("nan")
+        """Joules of the run: compute and communication energy, each where known (NaN when
+        neither is)."""
+        known = [e for e in (self.compute_energy, self.communication_energy) if e == e]
+        return float(sum(known)) if known else float("nan")
 
     def bottlenecks(self, k: int = 3) -> tuple[list[str], list[str]]:
         """The ``k`` busiest devices and links (by utilisation)."""
@@ -75,13 +108,16 @@ class Result:
         title = " / ".join(str(self.meta[k]) for k in ("system", "workload", "mapping") if self.meta.get(k))
         if title:
             lines.append(title)
-        lines.append(f"makespan     {self.makespan * 1e3:.4f} ms")
+        how = " (analytical estimate: no link contention)" if self.meta.get("evaluator") == "analytical" else ""
+        lines.append(f"makespan     {self.makespan * 1e3:.4f} ms{how}")
         if self.throughput == self.throughput:
             lines.append(f"throughput   {self.throughput:.4g} samples/s")
         if self.setup_time:
             lines.append(f"weight load  {fmt_time(self.setup_time)} (set-up, not in the makespan)")
         if self.energy == self.energy:
-            lines.append(f"energy       {self.energy * 1e3:.4g} mJ")
+            parts = [f"{what} {e * 1e3:.4g} mJ" for what, e in (("compute", self.compute_energy),
+                                                               ("communication", self.communication_energy)) if e == e]
+            lines.append(f"energy       {self.energy * 1e3:.4g} mJ ({', '.join(parts)})")
         dev, lk = self.bottlenecks()
         if dev:
             lines.append("busiest devices: " + ", ".join(f"{d} ({self.devices.loc[d, 'utilisation']:.0%})" for d in dev))
@@ -107,12 +143,33 @@ class Result:
         return "\n".join(lines)
 
     # ------------------------------------------------------------------ files
+    def layers_by(self, level: str) -> pd.DataFrame:
+        """The per-layer-group table with groups of ``level`` (``block`` or ``stage``, see
+        :mod:`marssim.results.groups`), from the per-op table."""
+        from .groups import layer_groups
+        from .report import group_table
+
+        ops = self.ops.assign(group=layer_groups([str(n) for n in self.ops.index], level))
+        return group_table(ops, self.op_devices, self.makespan)
+
+    def layer_report(self, *, per_op: bool = False, level: str | None = None, limit: int | None = None) -> str:
+        """The per-layer table as text: one line per layer group (of ``level``, default the
+        result's own) or with ``per_op`` per op, graph order, at most ``limit`` lines (see
+        :func:`marssim.results.report.format_layers`)."""
+        from .report import format_layers
+
+        table = self.ops if per_op else (self.layers if level is None else self.layers_by(level))
+        return "\n".join(format_layers(table, self.makespan, limit=limit, by="op" if per_op else "layer group"))
+
     def save(self, directory: str | Path) -> Path:
         """Write ``summary.json`` and the tables as CSV into ``directory`` (atomically)."""
         directory = Path(directory)
         with staged_dir(directory) as tmp:
             summary = {"makespan_s": self.makespan, "throughput_samples_per_s": self.throughput,
-                       "setup_time_s": self.setup_time, "energy_j": self.energy, "meta": _jsonable(self.meta)}
+                       "setup_time_s": self.setup_time, "energy_j": _json_number(self.energy),
+                       "compute_energy_j": _json_number(self.compute_energy),
+                       "communication_energy_j": _json_number(self.communication_energy),
+                       "meta": _jsonable(self.meta)}
             (tmp / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
             self.intervals.to_csv(tmp / "intervals.csv", index=False)
             self.devices.to_csv(tmp / "devices.csv", index_label="device")
@@ -121,7 +178,9 @@ class Result:
             self.memory_timeline.to_csv(tmp / "memory_timeline.csv", index=False)
             self.link_timeline.to_csv(tmp / "link_timeline.csv", index=False)
             self.edges.to_csv(tmp / "edges.csv", index=False)
-            self.ops.to_csv(tmp / "ops.csv", index_label="op")
+            for name, (file, index) in _REPORT_FILES.items():
+                table = self._table(name)
+                table.to_csv(tmp / file, index=index is not None, index_label=index)
         return directory
 
     @classmethod
@@ -149,10 +208,12 @@ class Result:
             link_timeline=read_csv_exact(directory / "link_timeline.csv"),
             edges=read_csv_exact(directory / "edges.csv") if (directory / "edges.csv").is_file() else
             pd.DataFrame(columns=["src_task", "dst_task"]),
-            ops=read_csv_exact(directory / "ops.csv", index_col="op", keep_default_na=False)
-            if (directory / "ops.csv").is_file() else pd.DataFrame(),
             throughput=float(summary.get("throughput_samples_per_s") or float("nan")),
             setup_time=float(summary.get("setup_time_s") or 0.0), meta=summary.get("meta", {}),
+            compute_energy=_number(summary.get("compute_energy_j", summary.get("energy_j"))),
+            communication_energy=_number(summary.get("communication_energy_j")),
+            tables={name: _read_table(directory / file, index) for name, (file, index) in _REPORT_FILES.items()
+                    if (directory / file).is_file()},
         )
 
 
@@ -169,3 +230,26 @@ def _jsonable(value: Any) -> Any:
         return float(value)
     except (TypeError, ValueError):
         return str(value)
+
+
+def _json_number(x: float) -> float | None:
+    return x if x == x else None
+
+
+def _number(x: Any) -> float:
+    return float("nan") if x is None else float(x)
+
+
+_TEXT_COLUMNS = ("op", "device", "group", "kind", "model", "sharding", "set", "cost_model", "loops")
+
+
+def _read_table(path: Path, index: str | None) -> pd.DataFrame:
+    """A report table written by :meth:`Result.save`: text columns as text, energies NaN where
+    empty."""
+    frame = read_csv_exact(path, keep_default_na=False,
+                           na_values={c: ["", "nan", "NaN"] for c in ("start_s", "end_s", "compute_energy_j",
+                                                                      "comm_energy_j")})
+    for col in _TEXT_COLUMNS:
+        if col in frame.columns and col != "set":
+            frame[col] = frame[col].astype(str)
+    return frame.set_index(index) if index is not None else frame

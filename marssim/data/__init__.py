@@ -1,0 +1,42 @@
+"""Files that ship with marssim, found from any working directory.
+
+* :func:`topologies`: the system files (``*.yaml``) and example mappings (``mappings/*.yaml``):
+  the repository's top-level ``topologies/``;
+* :func:`calibration`: the measured kernel tables (``*.csv``): the repository's
+  ``traces/calibration/``.
+
+Both directories stay where the repository keeps them. The build (``setup.py``) maps the
+packages ``marssim.data.topologies`` and ``marssim.data.calibration`` onto them, so a wheel
+carries them as package data beside this module, where :mod:`importlib.resources` finds them.
+In a checkout (an editable install, or the source tree on ``PYTHONPATH``) this package lives in
+the repository and the directories are the repository's own.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+from pathlib import Path
+
+__all__ = ["topologies", "calibration", "DATA_PACKAGES"]
+
+DATA_PACKAGES = {"marssim.data.topologies": "topologies", "marssim.data.calibration": "traces/calibration"}
+"""Each data package and the repository directory it is built from."""
+
+
+def _directory(name: str) -> Path:
+    """Data directory ``name`` (``topologies`` or ``calibration``): package data of an installed
+    wheel, else the repository directory it is built from."""
+    packaged = importlib.resources.files(__name__).joinpath(name)
+    if packaged.is_dir():
+        return Path(str(packaged))
+    return Path(__file__).resolve().parents[2] / DATA_PACKAGES[f"{__name__}.{name}"]
+
+
+def topologies() -> Path:
+    """The shipped system files (``*.yaml``) and example mappings (``mappings/*.yaml``)."""
+    return _directory("topologies")
+
+
+def calibration() -> Path:
+    """The shipped calibration tables (``*.csv``; see :mod:`marssim.cost.calibrated`)."""
+    return _directory("calibration")

@@ -1,0 +1,143 @@
+"""The package boundaries of docs/ARCHITECTURE.md, enforced: every import of every module of
+marssim (read with ``ast``, lazy imports inside functions included) is checked against the
+"must not know about" column of the package table, whose backticked names are the modules a row
+may not import (``sim`` forbids ``marssim.sim`` and its submodules, ``sim.engine`` that module
+alone, a name that is no module of marssim a third-party package such as ``simpy``)."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "marssim"
+DOC = ROOT / "docs" / "ARCHITECTURE.md"
+EVERYTHING_ELSE = "everything else"
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def all_modules() -> dict[str, Path]:
+    return {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def is_marssim_module(name: str) -> bool:
+    rel = Path(*name.split("."))
+    return (ROOT / rel).with_suffix(".py").is_file() or (ROOT / rel / "__init__.py").is_file()
+
+
+def imports_of(path: Path, module: str) -> set[str]:
+    """Absolute names of every module ``path`` imports; ``from X import Y`` gives ``X`` and, when
+    ``X.Y`` is a module of marssim, ``X.Y`` too."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[:len(base) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            out.add(target)
+            for alias in node.names:
+                if is_marssim_module(f"{target}.{alias.name}"):
+                    out.add(f"{target}.{alias.name}")
+    return out
+
+
+def owner_key(name: str) -> str:
+    """How a row's first column names a module: ``units.py``, ``system/``, ``__init__.py``."""
+    parts = name.split(".")[1:]
+    if not parts:
+        return "__init__.py"
+    if len(parts) == 1 and not (PACKAGE / parts[0]).is_dir():
+        return f"{parts[0]}.py"
+    return f"{parts[0]}/"
+
+
+def read_table() -> list[tuple[list[str], list[str], bool]]:
+    """Rows of the package table: (modules the row owns, forbidden names, 'everything else')."""
+    rows = []
+    for line in DOC.read_text(encoding="utf-8").splitlines():
+        if not line.startswith("| `"):
+            continue
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        owners = re.findall(r"`([^`]+)`", cells[0])
+        forbidden = re.findall(r"`([^`]+)`", cells[-1])
+        rows.append((owners, forbidden, cells[-1].startswith(EVERYTHING_ELSE)))
+    return rows
+
+
+def forbidden_modules(names: list[str]) -> list[tuple[str, bool]]:
+    """``(prefix, is marssim)`` per forbidden name."""
+    return [(f"marssim.{n}", True) if is_marssim_module(f"marssim.{n}") else (n, False) for n in names]
+
+
+def hits(imported: str, prefix: str) -> bool:
+    return imported == prefix or imported.startswith(prefix + ".")
+
+
+def test_the_table_covers_every_module_once():
+    rows = read_table()
+    assert len(rows) >= 15  # the table was found and read
+    owners = [o for row in rows for o in row[0]]
+    assert len(owners) == len(set(owners)), "a module is listed in two rows"
+    unowned = sorted({owner_key(m) for m in all_modules()} - set(owners))
+    assert not unowned, f"modules missing from the table in docs/ARCHITECTURE.md: {unowned}"
+    for _, forbidden, _ in rows:
+        for name in forbidden:
+            # a forbidden name is a module of marssim or an importable third-party package
+            assert is_marssim_module(f"marssim.{name}") or re.fullmatch(r"[a-z_][a-z0-9_]*", name), name
+
+
+def violations() -> list[str]:
+    rows = read_table()
+    row_of = {o: row for row in rows for o in row[0]}
+    found = []
+    for module, path in all_modules().items():
+        owners, forbidden, everything_else = row_of[owner_key(module)]
+        rules = forbidden_modules(forbidden)
+        own = {f"marssim.{o.rstrip('/').removesuffix('.py')}" for o in owners}
+        for imported in sorted(imports_of(path, module)):
+            if everything_else and hits(imported, "marssim") and imported != "marssim" \
+                    and not any(hits(imported, o) for o in own):
+                found.append(f"{module} imports {imported} (its row knows nothing else of marssim)")
+            for prefix, _ in rules:
+                if hits(imported, prefix):
+                    found.append(f"{module} imports {imported}, which docs/ARCHITECTURE.md says it must not know")
+    return found
+
+
+def test_no_package_imports_what_it_must_not_know():
+    assert violations() == []
+
+
+def test_the_checker_sees_a_forbidden_import(tmp_path, monkeypatch):
+    """The checker itself: a module of ``workload/`` that imports the system is reported."""
+    fake = tmp_path / "probe.py"
+    fake.write_text("def f():\n    from marssim.system import load_system\n    from ..cost import base\n")
+    module = "marssim.workload.probe"
+    imported = imports_of(fake, module)
+    assert "marssim.system" in imported and "marssim.cost" in imported and "marssim.cost.base" in imported
+    rules = forbidden_modules(next(r for r in read_table() if "workload/" in r[0])[1])
+    assert any(hits("marssim.system", prefix) for prefix, _ in rules)
+
+
+@pytest.mark.parametrize("module, forbidden", [
+    ("marssim.workload.describe", "marssim.system"),
+    ("marssim.search.report", "marssim.trace"),
+    ("marssim.validate.inputs", "marssim.search"),
+])
+def test_the_known_crossings_are_gone(module, forbidden):
+    path = all_modules()[module]
+    assert not any(hits(i, forbidden) for i in imports_of(path, module))

@@ -1,0 +1,68 @@
+"""Ctrl-C during a search keeps the best mapping found so far (written, and the user told where)
+and exits 130; the progress bar counts toward the budget that ends the search."""
+
+from __future__ import annotations
+
+import pytest
+
+from marssim.cli import main
+from marssim.cli.search import progress_plan
+from marssim.cost import default_cost_model
+from marssim.lower import lower
+from marssim.mapping import load_mapping
+from marssim.search import GAConfig, SearchSettings
+from marssim.search.ga import mars
+from marssim.search.result import SearchInterrupted
+from marssim.sim import simulate
+from marssim.system import load_system
+from marssim.workload import load_workload
+
+CASE = ["--system", "ring-8", "--workload", "resnet50:batch=2", "--workers", "1", "--quiet"]
+
+
+def _interrupt_at(generation: int):
+    def progress(row: dict) -> None:
+        if row["generation"] + 1 >= generation:
+            raise KeyboardInterrupt
+
+    return progress
+
+
+def test_the_ga_hands_back_its_best_so_far_when_interrupted():
+    graph, system = load_workload("resnet50:batch=2"), load_system("ring-8")
+    with pytest.raises(SearchInterrupted) as info:
+        mars(graph, system, config=GAConfig(population=4, inner_population=2), progress=_interrupt_at(2))
+    partial = info.value.result
+    assert isinstance(info.value, KeyboardInterrupt) and partial.notes["interrupted"]
+    assert len(partial.history) == 2 and partial.history["best_fitness"].iloc[-1] == partial.fitness
+    again = simulate(lower(graph, system, partial.best, default_cost_model()), system, record=False, setup=False)
+    assert again.makespan == partial.makespan  # its evaluation is a simulation
+
+
+@pytest.mark.parametrize("with_out", [True, False])
+def test_ctrl_c_writes_the_best_mapping_and_exits_130(with_out, tmp_path, monkeypatch, capsys):
+    import marssim.cli.search as verb
+
+    original = verb._progress_bar
+
+    def interrupting_bar(args, cfg, objective):
+        bar, _ = original(args, cfg, objective)
+        return bar, _interrupt_at(2)
+
+    monkeypatch.setattr(verb, "_progress_bar", interrupting_bar)
+    monkeypatch.chdir(tmp_path)
+    out = ["--out", "found"] if with_out else []
+    assert main(["search", *CASE, "--population", "4", *out]) == 130
+    err = capsys.readouterr().err
+    path = tmp_path / ("found/best_mapping.yaml" if with_out else verb.INTERRUPTED_FILE)
+    assert path.is_file() and str(path.relative_to(tmp_path)) in err and "interrupted after 2 generations" in err
+    mapping, graph, system = load_mapping(path)
+    shown = float(err.split("so far (")[1].split(" ms")[0])
+    again = simulate(lower(graph, system, mapping, default_cost_model()), system, record=False, setup=False)
+    assert again.makespan * 1e3 == pytest.approx(shown, abs=5e-5)  # printed with 4 decimals
+
+
+def test_the_progress_bar_counts_toward_the_budget_that_ends_the_search():
+    assert progress_plan(GAConfig()) == (GAConfig().max_evaluations, "evaluations")
+    assert progress_plan(SearchSettings(budget=40).ga_config()) == (40, "simulations")
+    assert progress_plan(GAConfig(max_evaluations=None, generations=7)) == (7, "generations")
