@@ -98,8 +98,10 @@ def run(args: argparse.Namespace) -> int:
 
     check_outputs(args)
     if getattr(args, "parallel", None):
-        return _run_parallel(args)
+        return _run_parallel(args, *_parallel_inputs(args))
     mapping, graph, system = load_inputs(args)
+    if mapping.parallel is not None:  # a mapping file with a parallel: section
+        return _run_parallel(args, mapping, graph, system)
     tg = lower(graph, system, mapping, cost_model(args))
     result = simulate(tg, system, memory_policy=args.memory_policy, streams=args.streams)
     result.meta["mapping_file"] = args.mapping or ""
@@ -111,14 +113,12 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_parallel(args: argparse.Namespace) -> int:
-    """``--parallel``: lower the LLM workload under the configuration, simulate, report."""
+def _parallel_inputs(args: argparse.Namespace):
+    """(mapping, graph, system) of ``--parallel`` with ``--system`` and ``--workload``."""
     from marssim.errors import InputError
     from marssim.mapping import Mapping
-    from marssim.parallel import lower_parallel, parse_parallel
-    from marssim.parallel.run import check_memory, report_of, unfold_result
-    from marssim.sim import simulate
-    from marssim.system import expand_ids, load_system
+    from marssim.parallel import parse_parallel
+    from marssim.system import load_system
     from marssim.workload import load_workload
 
     if args.mapping:
@@ -131,13 +131,24 @@ def _run_parallel(args: argparse.Namespace) -> int:
     cfg = parse_parallel(args.parallel)
     if "micro_batch" not in args.parallel:
         cfg = cfg.with_(micro_batch=graph.batch)
-    mapping = Mapping.from_parallel(graph, system, cfg)
-    if args.memory_policy == "error":
-        check_memory(graph, system, cfg)
     if args.strategy or args.micro_batches:
         raise InputError(None, "--parallel", "decides the shardings and micro-batches itself; drop --strategy and "
                                              "--micro-batches")
-    tg = lower_parallel(graph, system, mapping.parallel, cost_model(args), folding=args.fold)
+    return Mapping.from_parallel(graph, system, cfg), graph, system
+
+
+def _run_parallel(args: argparse.Namespace, mapping, graph, system) -> int:
+    """A parallel configuration: check its memory, lower, simulate, report."""
+    from marssim.errors import InputError
+    from marssim.parallel import lower_parallel
+    from marssim.parallel.run import check_memory, report_of, unfold_result
+    from marssim.sim import simulate
+    from marssim.system import expand_ids
+
+    cfg = mapping.parallel
+    if args.memory_policy == "error":
+        check_memory(graph, system, cfg)
+    tg = lower_parallel(graph, system, cfg, cost_model(args), folding=args.fold)
     policy = "ignore" if args.memory_policy == "ignore" else args.memory_policy
     result = simulate(tg, system, memory_policy=policy, streams=args.streams)
     report = report_of(tg, system, result)

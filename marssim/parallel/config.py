@@ -23,6 +23,12 @@ zero               0: gradients all-reduced; 1 or 2: the optimizer state (1) and
                    distributed optimizer); 3: parameters sharded too, all-gathered before each layer
 layers_per_stage   layers of each pipeline stage (default: balanced; the embedding lives on the first
                    stage, the output layer and the loss on the last)
+stage_tp           tensor parallelism of each stage (default: ``tp`` everywhere): a stage runs on
+                   ``stage_tp[s] * dp`` GPUs
+stage_start        the index (in the system's accelerator order) of each stage's first GPU: stage
+                   ``s`` runs on the ``stage_tp[s] * dp`` consecutive GPUs from there, the
+                   tensor-parallel ranks innermost (default: ranks placed along ``order``); on a
+                   cluster of several GPU kinds this chooses which nodes form each stage
 order              rank placement, innermost first: ``tp-pp-dp`` puts the tensor-parallel ranks of a
                    group on consecutive GPUs (inside a node), then the pipeline stages, then the
                    data-parallel replicas
@@ -59,13 +65,24 @@ class ParallelConfig:
     recompute: str = "none"
     zero: int = 0
     layers_per_stage: tuple[int, ...] = ()
+    stage_tp: tuple[int, ...] = ()
+    stage_start: tuple[int, ...] = ()
     order: str = "tp-pp-dp"
     bucket: int = 40_000_000
     overlap_grad_reduce: bool = True
 
     @property
     def gpus(self) -> int:
-        return self.tp * self.pp * self.dp
+        return sum(self.tp_of(s) for s in range(self.pp)) * self.dp
+
+    def tp_of(self, stage: int) -> int:
+        """Tensor parallelism of pipeline stage ``stage``."""
+        return self.stage_tp[stage] if self.stage_tp else self.tp
+
+    @property
+    def uniform(self) -> bool:
+        """Every stage has the same tensor parallelism and the default placement."""
+        return not self.stage_tp or len(set(self.stage_tp)) == 1
 
     @property
     def batch(self) -> int:
@@ -153,14 +170,15 @@ def parse_parallel(data: Any, where: str = "--parallel", base: ParallelConfig | 
             values[key] = number
         elif key in _BOOL_FIELDS:
             values[key] = _bool(value, where, key)
-        elif key == "layers_per_stage":
+        elif key in ("layers_per_stage", "stage_tp", "stage_start"):
             parts = value if isinstance(value, (list, tuple)) else str(value).replace(" ", "").split("/")
             try:
                 stages = tuple(int(v) for v in parts)
             except (TypeError, ValueError):
-                raise InputError(where, key, f"expected layer counts like 10/12/12/14, got {value!r}") from None
-            if any(v < 0 for v in stages):
-                raise InputError(where, key, f"expected non-negative layer counts, got {value!r}")
+                raise InputError(where, key, f"expected one integer per stage like 10/12/12/14, got {value!r}") from None
+            low = 1 if key == "stage_tp" else 0
+            if any(v < low for v in stages):
+                raise InputError(where, key, f"expected integers >= {low}, got {value!r}")
             values[key] = stages
         else:
             values[key] = str(value).strip()
@@ -181,19 +199,39 @@ def parallel_problems(cfg: ParallelConfig, transformer, gpus: int) -> list[tuple
     :class:`~marssim.workload.llm.TransformerConfig`) on ``gpus`` GPUs, as ``(key, message)``."""
     t = transformer
     out: list[tuple[str, str]] = []
+    if cfg.stage_tp and len(cfg.stage_tp) != cfg.pp:
+        out.append(("stage_tp", f"expected {cfg.pp} degrees (one per stage), got {len(cfg.stage_tp)}"))
+        return out
     if cfg.gpus != gpus:
-        out.append(("tp", f"tp x pp x dp = {cfg.tp} x {cfg.pp} x {cfg.dp} = {cfg.gpus}; expected the system's "
-                          f"{gpus} GPUs"))
-    if t.heads % cfg.tp:
-        out.append(("tp", f"expected a divisor of the {t.heads} attention heads, got {cfg.tp}"))
-    elif t.kv % cfg.tp and cfg.tp % t.kv:
-        out.append(("tp", f"expected a divisor or multiple of the {t.kv} key/value heads, got {cfg.tp}"))
-    if t.ffn_size % cfg.tp:
-        out.append(("tp", f"expected a divisor of the MLP width {t.ffn_size}, got {cfg.tp}"))
-    if cfg.sp and cfg.tp == 1:
+        what = (f"tp x pp x dp = {cfg.tp} x {cfg.pp} x {cfg.dp}" if not cfg.stage_tp else
+                f"(stage tp {'+'.join(map(str, cfg.stage_tp))}) x dp {cfg.dp}")
+        out.append(("tp" if not cfg.stage_tp else "stage_tp", f"{what} = {cfg.gpus}; expected the system's {gpus} GPUs"))
+    key = "stage_tp" if cfg.stage_tp else "tp"
+    for tp in sorted(set(cfg.tp_of(s) for s in range(cfg.pp))):
+        if t.heads % tp:
+            out.append((key, f"expected a divisor of the {t.heads} attention heads, got {tp}"))
+        elif t.kv % tp and tp % t.kv:
+            out.append((key, f"expected a divisor or multiple of the {t.kv} key/value heads, got {tp}"))
+        if t.ffn_size % tp:
+            out.append((key, f"expected a divisor of the MLP width {t.ffn_size}, got {tp}"))
+        if cfg.sp and t.mode != "decode" and (t.seq % tp):
+            out.append(("sp", f"the sequence ({t.seq}) must split evenly over tp={tp}"))
+    if cfg.sp and min(cfg.tp_of(s) for s in range(cfg.pp)) == 1:
         out.append(("sp", "sequence parallelism splits along the tensor-parallel group; needs tp > 1"))
-    if cfg.sp and t.mode != "decode" and (t.seq % cfg.tp):
-        out.append(("sp", f"the sequence ({t.seq}) must split evenly over tp={cfg.tp}"))
+    if cfg.stage_start:
+        if len(cfg.stage_start) != cfg.pp:
+            out.append(("stage_start", f"expected {cfg.pp} first GPUs (one per stage), got {len(cfg.stage_start)}"))
+        else:
+            blocks = sorted((cfg.stage_start[s], cfg.stage_start[s] + cfg.tp_of(s) * cfg.dp) for s in range(cfg.pp))
+            at = 0
+            for lo, hi in blocks:
+                if lo != at:
+                    out.append(("stage_start", f"the stages' blocks of GPUs must tile the {gpus} GPUs without gaps or "
+                                               f"overlaps; GPU {min(lo, at)} is covered {'twice' if lo < at else 'by none'}"))
+                    break
+                at = hi
+    if t.is_moe and max(cfg.tp_of(s) for s in range(cfg.pp)) > 1 and not cfg.sp:
+        out.append(("sp", "mixture-of-experts layers with tp > 1 need sequence parallelism (as Megatron-LM requires)"))
     layers = t.layers
     chunks = cfg.pp * (cfg.virtual_stages if cfg.schedule == "interleaved" else 1)
     if cfg.layers_per_stage:
@@ -210,6 +248,8 @@ def parallel_problems(cfg: ParallelConfig, transformer, gpus: int) -> list[tuple
     elif cfg.schedule == "interleaved" and layers % chunks:
         out.append(("virtual_stages", f"the {layers} layers must split into pp x virtual_stages = {chunks} chunks"))
     if cfg.schedule == "interleaved":
+        if not cfg.uniform or cfg.stage_start:
+            out.append(("schedule", "the interleaved schedule needs uniform stages (no stage_tp or stage_start)"))
         if cfg.virtual_stages < 2:
             out.append(("virtual_stages", "the interleaved schedule needs virtual_stages >= 2"))
         if cfg.pp < 2:

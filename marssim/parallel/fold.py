@@ -64,11 +64,13 @@ class Folding:
     def folded(self) -> bool:
         return any(len(m) > 1 for m in self.members)
 
-    def route(self, src: int, dst: int) -> Route:
-        """The route of the flow ``src`` -> ``dst`` standing for the flows of every member of
-        ``src``'s class to its peers: the concrete route with each resource replaced by its
+    def route(self, src: int, dst: int, per: int | None = None) -> Route:
+        """The route of the flow ``src`` -> ``dst`` standing for one flow per member of the class
+        of ``per`` (default ``src``: a send of every member; ``dst`` for a transfer every member
+        of the receiver's class pulls): the concrete route with each resource replaced by its
         class's representative and weighted by the flows it stands for."""
-        key = (src, dst)
+        per = src if per is None else per
+        key = (src, dst, per)
         hit = self._routes.get(key)
         if hit is not None:
             return hit
@@ -77,7 +79,7 @@ class Folding:
         if not self.folded:
             self._routes[key] = concrete
             return concrete
-        n_flows = self.size(src)
+        n_flows = self.size(per)
         hops = Counter(self.resource_class[r] for r in concrete.resources)
         resources, weights = [], []
         for cls, count in sorted(hops.items(), key=lambda kv: self.resource_members[kv[0]][0]):
@@ -95,24 +97,27 @@ def identity_folding(system: System, gpus: Sequence[int]) -> Folding:
 
 
 def fold(system: System, gpus: Sequence[int], role: dict[int, object], patterns: dict[str, Peer],
-         max_rounds: int = 64) -> Folding:
+         max_rounds: int = 64, pulls: Sequence[str] = ()) -> Folding:
     """The coarsest equitable classes of ``gpus`` that refine ``role`` (see the module
-    docstring). ``patterns``: name -> peer map (node index -> node index or None)."""
+    docstring). ``patterns``: name -> peer map (node index -> node index or None): GPU ``g``
+    sends one flow to ``peer(g)``, or, for the names in ``pulls``, receives one flow from it."""
     gpus = sorted(gpus)
     names = system.nodes
     routes: dict[tuple[int, int], Route] = {}
-    sends: list[tuple[str, int, int]] = []  # (pattern, src, dst)
-    inverse: dict[str, dict[int, int]] = {}
+    sends: list[tuple[str, int, int, int]] = []  # (pattern, the GPU the flow is counted for, src, dst)
+    inverse: dict[str, dict[int, list[int]]] = {}
     for pname, peer in sorted(patterns.items()):
         inv = inverse.setdefault(pname, {})
+        pull = pname in pulls
         for g in gpus:
             p = peer(g)
             if p is None or p == g:
                 continue
-            sends.append((pname, g, p))
-            inv[p] = g
-            if (g, p) not in routes:
-                routes[(g, p)] = system.route(names[g], names[p])
+            src, dst = (p, g) if pull else (g, p)
+            sends.append((pname, g, src, dst))
+            inv.setdefault(p, []).append(g)
+            if (src, dst) not in routes:
+                routes[(src, dst)] = system.route(names[src], names[dst])
     capacity = system.resource_capacity
     first = {}
     cls = {}
@@ -123,9 +128,9 @@ def fold(system: System, gpus: Sequence[int], role: dict[int, object], patterns:
     for _ in range(max_rounds):
         # resource classes: the flows each (GPU class, pattern) puts on them, and their capacity
         load: dict[int, Counter] = {}
-        for pname, g, p in sends:
+        for pname, g, src, dst in sends:
             tag = (cls[g], pname)
-            for r in routes[(g, p)].resources:
+            for r in routes[(src, dst)].resources:
                 c = load.get(r)
                 if c is None:
                     c = load[r] = Counter()
@@ -139,16 +144,17 @@ def fold(system: System, gpus: Sequence[int], role: dict[int, object], patterns:
         sig_of: dict[int, list] = {g: [cls[g]] for g in gpus}
         for pname, peer in sorted(patterns.items()):
             inv = inverse[pname]
+            pull = pname in pulls
             for g in gpus:
                 p = peer(g)
                 if p is None or p == g:
                     sig_of[g].append((pname, None))
                 else:
-                    route = routes[(g, p)]
+                    route = routes[(p, g) if pull else (g, p)]
                     shape = tuple(sorted(Counter(res_class[r] for r in route.resources).items()))
                     sig_of[g].append((pname, cls[p], shape, route.latency))
-                q = inv.get(g)
-                sig_of[g].append((pname, "from", None if q is None else cls[q]))
+                q = inv.get(g, ())
+                sig_of[g].append((pname, "from", tuple(sorted(Counter(cls[x] for x in q).items()))))
         new: dict[int, int] = {}
         index: dict[tuple, int] = {}
         for g in gpus:

@@ -26,6 +26,7 @@ Units: seconds, bytes. Pure and deterministic.
 
 from __future__ import annotations
 
+import weakref
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -41,7 +42,7 @@ from marssim.workload import Graph, Op, OpKind
 from .config import ParallelConfig, check_parallel
 from .fold import Folding, fold, identity_folding
 from .memory import static_bytes
-from .placement import Placement, place
+from .placement import PULLS, Placement, place
 from .roles import Rule, rule_for
 from .schedule import stage_units
 
@@ -66,6 +67,55 @@ def chunk_layers(layers: int, cfg: ParallelConfig) -> list[list[int]]:
     return out
 
 
+def stage_of_layers(layers: int, cfg: ParallelConfig) -> dict[int, int]:
+    """The pipeline stage of every layer (``-1``: the embedding, ``layers``: the head)."""
+    return {layer: c % cfg.pp for c, chunk in enumerate(chunk_layers(layers, cfg)) for layer in chunk}
+
+
+_CACHES: "weakref.WeakKeyDictionary[Graph, dict]" = weakref.WeakKeyDictionary()
+
+
+def graph_cache(graph: Graph) -> dict:
+    """A dictionary of derived values kept with ``graph`` (while it lives): the rules, prepared
+    graphs and shard timings that many configurations of one workload share."""
+    cache = _CACHES.get(graph)
+    if cache is None:
+        cache = _CACHES[graph] = {}
+    return cache
+
+
+def op_rules(graph: Graph, cfg: ParallelConfig) -> dict[str, Rule]:
+    """Every op's tensor-parallel rule (:func:`~.roles.rule_for` with its stage's degree), in
+    graph order; the MoE re-layouts as ``D`` (locally permuted, before the all-to-all).
+    Memoised per graph by the degree of every layer, sequence and expert parallelism."""
+    stage_of = stage_of_layers(graph.meta["transformer"].layers, cfg)
+    key = ("rules", cfg.sp, cfg.ep, tuple(sorted((layer, cfg.tp_of(s)) for layer, s in stage_of.items())))
+    cache = graph_cache(graph)
+    hit = cache.get(key)
+    if hit is not None:
+        return hit
+    cache[key] = rules = _op_rules(graph, cfg, stage_of)
+    return rules
+
+
+def _op_rules(graph: Graph, cfg: ParallelConfig, stage_of: dict[int, int]) -> dict[str, Rule]:
+    layouts: dict[str, str] = {}
+    rules: dict[str, Rule] = {}
+    for op in graph.ops:
+        if op.kind == OpKind.INPUT:
+            layouts[op.name] = "R"
+            continue
+        tp = cfg.tp_of(stage_of[op.param("layer")])
+        rule = rule_for(op, layouts, tp, cfg.sp, cfg.ep)
+        if op.kind == OpKind.RESHAPE and op.param("what") in ("dispatch", "combine", "dispatch_grad", "combine_grad",
+                                                              "gate_grad"):
+            rule = Rule(rule.split, tuple("D" if w == "E" else w for w in rule.want),
+                        "D" if rule.out == "E" else rule.out, scale=tp)
+        rules[op.name] = rule
+        layouts[op.name] = rule.out
+    return rules
+
+
 def prepare_graph(graph: Graph, cfg: ParallelConfig) -> Graph:
     """``graph`` rebuilt (when needed) for one micro-batch of ``cfg`` with its recomputation."""
     from marssim.workload.llm import build_transformer
@@ -75,6 +125,19 @@ def prepare_graph(graph: Graph, cfg: ParallelConfig) -> Graph:
     if t is None:
         raise InputError(graph.spec, "", "a parallel configuration needs an LLM workload (gpt, llama, moe or a "
                                          "preset such as llama3-70b)")
+    key = ("prepared", cfg.micro_batch, cfg.recompute if t.training else t.recompute)
+    cache = graph_cache(graph)
+    hit = cache.get(key)
+    if hit is not None:
+        return hit
+    cache[key] = prepared = _prepare(graph, t, cfg)
+    return prepared
+
+
+def _prepare(graph: Graph, t, cfg: ParallelConfig) -> Graph:
+    from marssim.workload.llm import build_transformer
+    from marssim.workload.llm.config import with_overrides
+
     changes = {}
     if t.batch != cfg.micro_batch:
         changes["batch"] = cfg.micro_batch
@@ -130,30 +193,34 @@ class _Lowering:
         self.routes: list[Route] = []
         self.route_id: dict[tuple[int, int], int] = {}
         self.templates: dict[tuple[int, tuple], _Template] = {}
-        self.shard_cache: dict[tuple[str, str], tuple[float, float, float, float]] = {}
+        # shard timings by (op, design, split): shared by every lowering of this graph with this cost model
+        self.shard_cache: dict[tuple, tuple[float, float, float, float]] = graph_cache(graph).setdefault(
+            ("shards", id(cost)), {})
         self.cost_models: dict[str, str] = {}  # op -> the cost model that timed it
+        self.shape_keys: dict[str, tuple] = graph_cache(graph).setdefault("shape_keys", {})
         self.designs: dict[int, object] = {}
         self._rules()
         self._units()
 
     # ------------------------------------------------------------------ the graph, once
     def _rules(self) -> None:
-        """Every op's tensor-parallel rule and output layout, in graph order."""
-        cfg = self.cfg
-        layouts: dict[str, str] = {}
-        self.rules: dict[str, Rule] = {}
-        for op in self.graph.ops:
-            if op.kind == OpKind.INPUT:
-                layouts[op.name] = "R"
-                continue
-            rule = rule_for(op, layouts, cfg.tp, cfg.sp, cfg.ep)
-            if op.kind == OpKind.RESHAPE and op.param("what") in ("dispatch", "combine", "dispatch_grad",
-                                                                  "combine_grad", "gate_grad"):
-                rule = Rule(rule.split, tuple("D" if w == "E" else w for w in rule.want),
-                            "D" if rule.out == "E" else rule.out, scale=cfg.tp)
-            self.rules[op.name] = rule
-            layouts[op.name] = rule.out
-        self.layouts = layouts
+        """Every op's tensor-parallel rule and output layout; the ops whose sequence-split output
+        another stage of a different tensor-parallel degree reads (gathered before it leaves)."""
+        self.rules = op_rules(self.graph, self.cfg)
+        self.layouts = {op.name: ("R" if op.kind == OpKind.INPUT else self.rules[op.name].out) for op in self.graph.ops}
+        self.gather_out: set[str] = set()
+        if not self.cfg.uniform:
+            stage = {op.name: self.stage_of_chunk(self.chunk_of_layer[op.param("layer")]) for op in self.graph.ops
+                     if op.kind != OpKind.INPUT}
+            for op in self.graph.ops:
+                for src in op.inputs:
+                    if src in stage and self.layouts[src] == "S" and \
+                            self.cfg.tp_of(stage[src]) != self.cfg.tp_of(stage[op.name]):
+                        self.gather_out.add(src)
+
+    def tp_here(self, gpu: int) -> int:
+        """The tensor-parallel degree of ``gpu``'s stage."""
+        return self.cfg.tp_of(self.place.stage(gpu))
 
     def _units(self) -> None:
         """Ops of each (chunk, F/B/O) unit, in graph order."""
@@ -172,16 +239,17 @@ class _Lowering:
         return chunk % self.cfg.pp
 
     def gpu_on_stage(self, gpu: int, stage: int) -> int:
-        dp, _, tp = self.place.coords[gpu]
-        return self.place.at(dp, stage, tp)
+        return self.place.on_stage(gpu, stage)
 
     # ------------------------------------------------------------------ routes and shards
-    def route(self, src: int, dst: int) -> int:
-        key = (src, dst)
+    def route(self, src: int, dst: int, per: int | None = None) -> int:
+        """Index of the (folded) route ``src`` -> ``dst``, standing for a flow per member of
+        ``per``'s class (default: the sender's)."""
+        key = (src, dst, per)
         r = self.route_id.get(key)
         if r is None:
             r = self.route_id[key] = len(self.routes)
-            self.routes.append(self.fold.route(src, dst))
+            self.routes.append(self.fold.route(src, dst, per))
         return r
 
     def design(self, gpu: int):
@@ -194,11 +262,13 @@ class _Lowering:
     def shard(self, op: Op, gpu: int) -> tuple[float, float, float, float]:
         """``(seconds, FLOPs, joules, output bytes)`` of ``op``'s part on ``gpu``."""
         d = self.design(gpu)
-        key = (op.name, d.name)
+        rule = self.rules[op.name]
+        adam = op.param("fn") == "adam"
+        share = (self.rank_params.get(op.param("layer"), 0), self.cfg.dp if self.cfg.zero >= 1 else 1) if adam else ()
+        key = (self._shape(op), d.name, rule.split, rule.scale, share)
         hit = self.shard_cache.get(key)
         if hit is not None:
             return hit
-        rule = self.rules[op.name]
         sizes = {}
         for loop, num, den in rule.split:
             if op.has_dim(loop) and (num != 1 or den != 1):
@@ -217,13 +287,22 @@ class _Lowering:
         hit = self.shard_cache[key] = (float(seconds), flops, float(energy), out_bytes)
         return hit
 
+    def _shape(self, op: Op) -> tuple:
+        """What an op's shard timing depends on, without its name (blocks share timings)."""
+        key = self.shape_keys.get(op.name)
+        if key is None:
+            params = tuple((k, v) for k, v in op.params if k not in ("layer", "shares", "mask_of"))
+            key = self.shape_keys[op.name] = (op.kind, op.loops, params, op.in_shapes, op.out_shape,
+                                              op.weight_elems, op.dtype)
+        return key
+
     def layout_bytes(self, name: str, layout: str) -> float:
-        """Bytes of tensor ``name`` one rank holds in ``layout``."""
+        """Bytes of tensor ``name`` one rank (of its producer's stage) holds in ``layout``."""
         op = self.graph.ops[self.op_index[name]]
         full = float(op.output_bytes)
-        tp, ep = self.cfg.tp, self.cfg.ep
         if op.kind == OpKind.INPUT:
             return full
+        tp = self.cfg.tp_of(self.stage_of_chunk(self.chunk_of_layer[op.param("layer")]))
         if layout in ("S", "F"):
             return full / tp
         if layout in ("E", "D"):
@@ -293,11 +372,13 @@ class _Builder:
         t.last_compute = rel
         return rel
 
-    def flow(self, src: int, dst: int, nbytes: float, op: str, coll: int, deps, hold: bool, steps: int = 1) -> int:
+    def flow(self, src: int, dst: int, nbytes: float, op: str, coll: int, deps, hold: bool, steps: int = 1,
+             pulled: bool = False) -> int:
         """A transfer of ``nbytes`` (in ``steps`` back-to-back steps) from ``src`` to ``dst``;
-        ``hold``: the receiver keeps the bytes until the transfer's readers end."""
+        ``hold``: the receiver keeps the bytes until the transfer's readers end; ``pulled``: one
+        such transfer per member of the receiver's class (else of the sender's)."""
         low = self.low
-        route = low.route(src, dst)
+        route = low.route(src, dst, dst if pulled else None)
         receiver = low.fold.rep(dst) if dst in low.fold.class_of else dst
         return self._row(TRANSFER, -1, 0.0, src, dst, nbytes, route, 0.0, 0.0, receiver if hold else -1,
                          nbytes if hold else 0.0, low.op_index[op], coll, deps, steps)
@@ -407,7 +488,7 @@ class _Builder:
         refs = tuple(r if r[4] == "last" else (*r[:4], mode) for r in refs)
         nbytes = low.layout_bytes(name, layout)
         coll = self._collective("p2p", "emb" if self.key[1] == "O" else "pp", "", nbytes, name, 1, "direct")
-        rel = self.flow(peer, self.rep, nbytes, name, coll, refs, hold=True)
+        rel = self.flow(peer, self.rep, nbytes, name, coll, refs, hold=True, pulled=True)
         result = (layout, (self.me(rel),) + tuple(r for r in refs if r[1] == self.rep))
         t.produced[name] = result
         return result
@@ -416,7 +497,7 @@ class _Builder:
         low = self.low
         if have == want or want == "*":
             return refs
-        tp = low.cfg.tp
+        tp = low.tp_here(self.rep)
         full = low.layout_bytes(name, "R")
         if {have, want} == {"D", "E"}:
             return refs + self.all_to_all(low.layout_bytes(name, have), name, refs)
@@ -457,10 +538,15 @@ class _Builder:
             return
         rel = self.compute(op, deps)
         refs: tuple = (self.me(rel),)
+        tp = low.tp_here(self.rep)
         if rule.loss_reduce:  # vocabulary-parallel cross-entropy: max, target logit, sum of exponentials
             t = low.t
-            refs = refs + self.ring("all_reduce", "tp", "tp+1", 3 * 4.0 * t.batch * t.seq, low.cfg.tp, op.name, refs)
-        self.t.produced[op.name] = (rule.out, refs)
+            refs = refs + self.ring("all_reduce", "tp", "tp+1", 3 * 4.0 * t.batch * t.seq, tp, op.name, refs)
+        out = rule.out
+        if op.name in low.gather_out:  # read by a stage of another tensor-parallel degree: leaves whole
+            refs = refs + self.ring("all_gather", "tp", "tp+1", low.layout_bytes(op.name, "R"), tp, op.name, refs)
+            out = "R"
+        self.t.produced[op.name] = (out, refs)
 
     _param_deps: tuple = ()
 
@@ -552,7 +638,7 @@ def _lower(graph: Graph, system: System, cfg: ParallelConfig, cost: CostModel, f
         for g in where.gpus:
             acc = system.accelerator(system.nodes[g])
             role[g] = (where.stage(g), acc.designs, acc.memory.capacity)
-        folded = fold(system, where.gpus, role, patterns)
+        folded = fold(system, where.gpus, role, patterns, pulls=PULLS)
     else:
         folded = identity_folding(system, where.gpus)
     low = _Lowering(graph, system, cfg, cost, folded, where)
@@ -714,7 +800,7 @@ def _memory(low: _Lowering) -> tuple[dict[str, float], tuple[tuple[str, str, flo
     setup = []
     per_stage = {}
     for stage in range(low.cfg.pp):
-        per_stage[stage] = static_bytes(low.graph, low.cfg, stage, low.rules)
+        per_stage[stage] = static_bytes(low.graph, low.cfg, stage, low.rules, low.rank_params)
     for g in low.place.gpus:
         stage = low.place.stage(g)
         total = per_stage[stage].total
@@ -746,17 +832,21 @@ def _model_flops(low: _Lowering) -> tuple[float, float]:
     """Model FLOPs of one iteration (all GPUs) and a GPU's peak FLOP/s for the model's type."""
     from marssim.workload.llm.footprint import footprint
 
-    f = footprint(low.graph)
+    cache = graph_cache(low.graph)
+    f = cache.get("footprint")
+    if f is None:
+        f = cache["footprint"] = footprint(low.graph)
     per_replica = f.model_flops if low.training else f.flops.get("fwd", 0.0)
     total = per_replica * low.micro_batches * low.cfg.dp
-    design = low.design(low.fold.reps[0])
-    peak = 0.0
-    if design.gpu is not None:
-        peaks = design.gpu.peak_flops
-        peak = float(peaks.get(low.t.dtype) or peaks.get("bf16") or peaks.get("fp16") or max(peaks.values()))
-    else:
-        peak = 2.0 * design.peak_macs_per_s
-    return total, peak
+    peaks = []
+    for g in low.place.gpus:
+        design = low.design(g)
+        if design.gpu is not None:
+            table = design.gpu.peak_flops
+            peaks.append(float(table.get(low.t.dtype) or table.get("bf16") or table.get("fp16") or max(table.values())))
+        else:
+            peaks.append(2.0 * design.peak_macs_per_s)
+    return total, sum(peaks) / len(peaks)  # per GPU, averaged over the GPUs of a mixed cluster
 
 
 def _meta(low: _Lowering) -> dict:

@@ -8,9 +8,8 @@ from marssim.system import System
 from marssim.workload import Graph, OpKind
 
 from .config import ParallelConfig, check_parallel
-from .lower import chunk_layers, prepare_graph
+from .lower import op_rules, prepare_graph, stage_of_layers
 from .placement import place
-from .roles import rule_for
 
 __all__ = ["parallel_mapping", "strategy_of"]
 
@@ -52,16 +51,8 @@ def parallel_mapping(graph: Graph, system: System, config: ParallelConfig, where
         gpus = sorted((g for g in where_.gpus if where_.stage(g) == stage),
                       key=lambda g: (where_.coords[g][0], where_.coords[g][2]))
         sets.append(AcceleratorSet(tuple(names[g] for g in gpus), system.accelerator(names[gpus[0]]).designs[0]))
-    chunks = chunk_layers(t.layers, config)
-    stage_of = {layer: c % config.pp for c, layers in enumerate(chunks) for layer in layers}
-    layouts: dict[str, str] = {}
-    rules = {}
-    for op in prepared.ops:
-        if op.kind == OpKind.INPUT:
-            layouts[op.name] = "R"
-            continue
-        rules[op.name] = rule_for(op, layouts, config.tp, config.sp, config.ep)
-        layouts[op.name] = rules[op.name].out
+    stage_of = stage_of_layers(t.layers, config)
+    rules = op_rules(prepared, config)
     by_name = {op.name: op for op in prepared.ops}
     op_set, op_sharding = [], []
     for gi in graph.compute_ops:

@@ -73,13 +73,13 @@ class MemoryEstimate:
                 "KV cache": st.kv_cache, "activations": self.activations.get(stage, 0.0)}
 
 
-def _shard_weights(op, rule, cfg: ParallelConfig) -> int:
+def _shard_weights(op, rule, tp: int) -> int:
     sizes = {}
     for loop, num, den in rule.split:
         if op.has_dim(loop) and den > 1 and loop in ("N", "K", "B", "C"):
             sizes[loop] = max(1, -(-op.dim(loop) * num // den))
     if op.kind == OpKind.EMBEDDING and rule.out == "P":  # vocabulary-parallel: padded to tp equal parts
-        return -(-op.param("vocab") // cfg.tp) * op.dim("C")
+        return -(-op.param("vocab") // tp) * op.dim("C")
     part = op.with_loops(**sizes) if sizes else op
     return part.weight_elems
 
@@ -87,12 +87,15 @@ def _shard_weights(op, rule, cfg: ParallelConfig) -> int:
 def rank_parameters(graph: Graph, cfg: ParallelConfig, rules) -> tuple[dict[int, int], dict[int, int]]:
     """Per layer group (``layer`` of the ops): parameters one rank holds, and how many of them
     are expert weights."""
+    from .lower import stage_of_layers
+
+    stage_of = stage_of_layers(graph.meta["transformer"].layers, cfg)
     per: dict[int, int] = defaultdict(int)
     experts: dict[int, int] = defaultdict(int)
     for op in graph.ops:
         if op.param("phase", "fwd") != "fwd" or not op.weight_elems or op.param("shares"):
             continue
-        n = _shard_weights(op, rules[op.name], cfg)
+        n = _shard_weights(op, rules[op.name], cfg.tp_of(stage_of[op.param("layer")]))
         per[op.param("layer")] += n
         if op.param("grouped"):
             experts[op.param("layer")] += n
@@ -107,14 +110,16 @@ def _stage_layers(graph: Graph, cfg: ParallelConfig, stage: int) -> set[int]:
     return {layer for c, layers in enumerate(chunks) if c % cfg.pp == stage for layer in layers}
 
 
-def static_bytes(graph: Graph, cfg: ParallelConfig, stage: int, rules) -> StaticMemory:
-    """The static bytes of one rank of ``stage`` (see the module docstring)."""
+def static_bytes(graph: Graph, cfg: ParallelConfig, stage: int, rules, per: dict[int, int] | None = None) -> StaticMemory:
+    """The static bytes of one rank of ``stage`` (see the module docstring); ``per``: the
+    :func:`rank_parameters` per layer, when the caller has them."""
     t = graph.meta["transformer"]
     layers = _stage_layers(graph, cfg, stage)
-    per, _ = rank_parameters(graph, cfg, rules)
+    if per is None:
+        per, _ = rank_parameters(graph, cfg, rules)
     params = sum(per.get(layer, 0) for layer in layers)
     if t.tie_embeddings and cfg.pp > 1 and stage == cfg.pp - 1 and t.training:
-        params += -(-t.vocab // cfg.tp) * t.hidden  # the last stage's copy of the word embedding
+        params += -(-t.vocab // cfg.tp_of(stage)) * t.hidden  # the last stage's copy of the word embedding
     eb = DTYPE_BYTES[t.dtype]
     dp = cfg.dp
     weights = params * eb / (dp if cfg.zero >= 3 else 1)
@@ -126,7 +131,7 @@ def static_bytes(graph: Graph, cfg: ParallelConfig, stage: int, rules) -> Static
     for op in graph.ops:
         if op.kind == OpKind.INPUT and op.param("resident") and op.param("layer") in layers:
             heads = t.kv
-            kv += op.output_bytes * (-(-heads // cfg.tp)) / heads
+            kv += op.output_bytes * (-(-heads // cfg.tp_of(stage))) / heads
     return StaticMemory(float(weights), float(grads), float(opt), float(kv))
 
 
@@ -141,29 +146,36 @@ def _in_flight(cfg: ParallelConfig, stage: int, micro_batches: int) -> float:
     return min((p - stage - 1) * 2 + (v - 1) * p + 1, m * v) / v
 
 
-def memory_estimate(graph: Graph, cfg: ParallelConfig, capacity: float, rules=None) -> MemoryEstimate:
+def memory_estimate(graph: Graph, cfg: ParallelConfig, capacity: float, rules=None,
+                    per: dict[int, int] | None = None) -> MemoryEstimate:
     """Static and activation bytes per stage for one rank (``graph``: one micro-batch, prepared
-    for ``cfg``); ``capacity``: bytes of a GPU's memory."""
+    for ``cfg``); ``capacity``: bytes of a GPU's memory; ``rules`` and ``per`` (the
+    :func:`rank_parameters` per layer) when the caller has them."""
     from marssim.workload.llm.footprint import saved_tensors
 
-    from .roles import rule_for
+    from .lower import op_rules, stage_of_layers
 
     if rules is None:
-        rules, layouts = {}, {}
-        for op in graph.ops:
-            if op.kind == OpKind.INPUT:
-                layouts[op.name] = "R"
-                continue
-            rules[op.name] = rule_for(op, layouts, cfg.tp, cfg.sp, cfg.ep)
-            layouts[op.name] = rules[op.name].out
-    static = {s: static_bytes(graph, cfg, s, rules) for s in range(cfg.pp)}
+        rules = op_rules(graph, cfg)
+    if per is None:
+        per, _ = rank_parameters(graph, cfg, rules)
+    static = {s: static_bytes(graph, cfg, s, rules, per) for s in range(cfg.pp)}
     acts: dict[int, float] = {}
     t = graph.meta["transformer"]
     if t.training:
         per_layer: dict[int, float] = defaultdict(float)
-        for (name, what), (size, layer) in saved_tensors(graph).items():
+        stage_of = stage_of_layers(t.layers, cfg)
+        index = graph.index
+        from .lower import graph_cache
+
+        cache = graph_cache(graph)
+        saved = cache.get("saved")
+        if saved is None:
+            saved = cache["saved"] = saved_tensors(graph)
+        for (name, what), (size, layer) in saved.items():
             rule = rules.get(name)
-            split = cfg.tp if rule is not None and rule.out in ("S", "F", "E", "D") else 1
+            tp = cfg.tp_of(stage_of[graph.ops[index[name]].param("layer")])
+            split = tp if rule is not None and rule.out in ("S", "F", "E", "D") else 1
             per_layer[layer] += size / split
         for s in range(cfg.pp):
             layers = _stage_layers(graph, cfg, s)

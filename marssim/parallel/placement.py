@@ -3,29 +3,32 @@
 Ranks are numbered along ``order`` (innermost first): with ``tp-pp-dp`` rank
 ``r = tp_rank + tp * (pp_rank + pp * dp_rank)`` and rank ``r`` runs on the system's ``r``-th
 accelerator, so the tensor-parallel ranks of a group sit on consecutive GPUs (one node when
-``tp <= 8``), the stages of a pipeline next, the data-parallel replicas outermost.
+``tp <= 8``), the stages of a pipeline next, the data-parallel replicas outermost. With
+per-stage tensor parallelism (``stage_tp``) or a chosen placement (``stage_start``) each stage
+runs on a block of consecutive GPUs, its tensor-parallel ranks innermost.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
 from marssim.system import System
 
 from .config import ParallelConfig
 
-__all__ = ["Placement", "place"]
+__all__ = ["Placement", "place", "PULLS"]
+
+PULLS = ("pull+1", "pull-1")
+"""Patterns whose flows go from the peer to the GPU (pipeline transfers are pulled by receivers)."""
 
 
 @dataclass(frozen=True)
 class Placement:
-    """``grid[dp, pp, tp]``: the node index of each rank's GPU; ``coords``: node index ->
+    """``ranks[(dp, pp, tp)]``: the node index of each rank's GPU; ``coords``: node index ->
     ``(dp, pp, tp)``."""
 
     cfg: ParallelConfig
-    grid: np.ndarray
+    ranks: dict[tuple[int, int, int], int]
     coords: dict[int, tuple[int, int, int]]
 
     @property
@@ -33,26 +36,34 @@ class Placement:
         return sorted(self.coords)
 
     def at(self, dp: int, pp: int, tp: int) -> int:
-        return int(self.grid[dp, pp, tp])
+        return self.ranks[(dp, pp, tp)]
 
     def stage(self, gpu: int) -> int:
         return self.coords[gpu][1]
 
+    def on_stage(self, gpu: int, stage: int) -> int:
+        """The GPU of ``stage`` that ``gpu`` exchanges activations with: same data-parallel
+        replica, the tensor-parallel rank modulo the stage's degree."""
+        dp, _, tp = self.coords[gpu]
+        return self.ranks[(dp, stage, tp % self.cfg.tp_of(stage))]
+
     def patterns(self) -> dict[str, "callable"]:
         """The communication patterns of the configuration, each a map GPU -> peer GPU (or None):
-        ring neighbours of the tensor-, data- and expert-data-parallel groups, the next and
-        previous pipeline stage, the expert-parallel all-to-all partners."""
+        ring neighbours of the tensor-, data- and expert-data-parallel groups and the
+        expert-parallel all-to-all partners (each GPU sends to its peer), and the GPUs of the
+        next and previous pipeline stage a GPU receives activations and gradients from
+        (:data:`PULLS`: each GPU receives from its peer)."""
         cfg = self.cfg
-        T, P, D, E = cfg.tp, cfg.pp, cfg.dp, cfg.ep
+        P, D, E = cfg.pp, cfg.dp, cfg.ep
         c = self.coords
         out: dict[str, object] = {}
-        if T > 1:
-            out["tp+1"] = lambda g: self.at(c[g][0], c[g][1], (c[g][2] + 1) % T)
+        if any(cfg.tp_of(s) > 1 for s in range(P)):
+            out["tp+1"] = lambda g: self.at(c[g][0], c[g][1], (c[g][2] + 1) % cfg.tp_of(c[g][1]))
         if D > 1:
             out["dp+1"] = lambda g: self.at((c[g][0] + 1) % D, c[g][1], c[g][2])
-        if P > 1:
-            out["pp+1"] = lambda g: self.at(c[g][0], (c[g][1] + 1) % P, c[g][2])
-            out["pp-1"] = lambda g: self.at(c[g][0], (c[g][1] - 1) % P, c[g][2])
+        if P > 1:  # pulled: a stage's GPU receives from the GPU of the other stage that on_stage names
+            out["pull+1"] = lambda g: self.on_stage(g, (c[g][1] + 1) % P)
+            out["pull-1"] = lambda g: self.on_stage(g, (c[g][1] - 1) % P)
         if E > 1:
             for k in range(1, E):
                 out[f"ep+{k}"] = (lambda k: lambda g: self.at((c[g][0] // E) * E + (c[g][0] % E + k) % E,
@@ -63,18 +74,31 @@ class Placement:
 
 
 def place(system: System, cfg: ParallelConfig) -> Placement:
-    """The placement of ``cfg`` on the first ``tp * pp * dp`` accelerators of ``system``."""
-    nodes = [system.node_index[a] for a in system.accelerator_ids][: cfg.gpus]
-    sizes = {"tp": cfg.tp, "pp": cfg.pp, "dp": cfg.dp}
-    axes = cfg.order.split("-")
-    grid = np.zeros((cfg.dp, cfg.pp, cfg.tp), dtype=np.int64)
-    coords: dict[int, tuple[int, int, int]] = {}
-    for rank, node in enumerate(nodes):
-        r = rank
-        pos = {}
-        for axis in axes:
-            pos[axis] = r % sizes[axis]
-            r //= sizes[axis]
-        grid[pos["dp"], pos["pp"], pos["tp"]] = node
-        coords[node] = (pos["dp"], pos["pp"], pos["tp"])
-    return Placement(cfg, grid, coords)
+    """The placement of ``cfg`` on the system's accelerators (see the module docstring and
+    ``ParallelConfig.stage_start``)."""
+    nodes = [system.node_index[a] for a in system.accelerator_ids]
+    ranks: dict[tuple[int, int, int], int] = {}
+    if cfg.stage_start:
+        for stage, first in enumerate(cfg.stage_start):
+            tp = cfg.tp_of(stage)
+            for k in range(tp * cfg.dp):
+                ranks[(k // tp, stage, k % tp)] = nodes[first + k]
+    elif cfg.stage_tp and not cfg.uniform:
+        at = 0
+        for stage in range(cfg.pp):
+            tp = cfg.tp_of(stage)
+            for k in range(tp * cfg.dp):
+                ranks[(k // tp, stage, k % tp)] = nodes[at + k]
+            at += tp * cfg.dp
+    else:
+        sizes = {"tp": cfg.tp_of(0), "pp": cfg.pp, "dp": cfg.dp}
+        axes = cfg.order.split("-")
+        for rank, node in enumerate(nodes[: cfg.gpus]):
+            r = rank
+            pos = {}
+            for axis in axes:
+                pos[axis] = r % sizes[axis]
+                r //= sizes[axis]
+            ranks[(pos["dp"], pos["pp"], pos["tp"])] = node
+    coords = {node: key for key, node in ranks.items()}
+    return Placement(cfg, ranks, coords)

@@ -1,0 +1,254 @@
+"""A closed-form estimate of a parallel configuration, for screening many candidates quickly.
+
+Built from the same pieces as the lowering (the ops' tensor-parallel rules and shards, timed by
+the same cost model; the same collectives over the same routes), but composed by formula instead
+of by a schedule:
+
+* per stage and micro-batch, the forward and the backward time of one representative block
+  (the blocks of a model are alike) times the stage's blocks, plus its embedding or head: every
+  kernel's time, and every collective as ring steps ``steps * (latency + chunk / bandwidth)`` on
+  the route to the GPU's ring neighbour, and the activation received from the previous stage;
+* the pipeline: ``sum over stages of t_s + (m - 1) * max over stages of t_s`` (the first
+  micro-batch crosses every stage, the others follow at the slowest stage's pace; GPipe and 1F1B
+  alike), ``(m + (p - 1) / v) * t`` for the interleaved schedule of uniform stages;
+* after the last backward: the data-parallel reduction of the last gradient bucket (the earlier
+  ones overlap the backward; all of them when ``overlap_grad_reduce`` is off), the optimizer, and
+  ZeRO's parameter all-gather;
+* memory: :func:`.memory.memory_estimate`.
+
+It ignores contention and the finer overlap of the schedule, so it is a ranking, not a
+prediction: the search simulates the candidates it ranks best. ``tests/test_parallel_search.py``
+measures its error and rank correlation against simulations.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from marssim.cost.base import CostModel
+from marssim.system import System
+from marssim.workload import Graph, OpKind
+
+from .config import ParallelConfig
+from .fold import identity_folding
+from .lower import _Lowering, _parameters, prepare_graph
+from .memory import MemoryEstimate, memory_estimate
+from .placement import place
+
+__all__ = ["Screen", "screen", "serving_times"]
+
+
+@dataclass(frozen=True)
+class Screen:
+    """The closed-form figures of one configuration (seconds, FLOPs, bytes)."""
+
+    iteration_s: float
+    stage_s: tuple[float, ...]  # forward + backward of one micro-batch, per stage
+    tail_s: float  # data-parallel reduction, optimizer and parameter gather after the pipeline
+    memory: MemoryEstimate
+    model_flops: float
+    peak_flops: float
+    gpus: int
+
+    @property
+    def fits(self) -> bool:
+        return self.memory.fits
+
+    @property
+    def mfu(self) -> float:
+        if not self.iteration_s or not self.peak_flops:
+            return 0.0
+        return self.model_flops / self.gpus / self.iteration_s / self.peak_flops
+
+
+class _Timer:
+    """Times units of one stage's representative GPU by the lowering's rules and shards."""
+
+    def __init__(self, low: _Lowering, gpu: int) -> None:
+        self.low = low
+        self.gpu = gpu
+        self.patterns = low.place.patterns()
+        self.system = low.system
+        self._ring_cache: dict[tuple, float] = {}
+
+    def route_time(self, src: int, dst: int, nbytes: float) -> float:
+        route = self.system.route(self.system.nodes[src], self.system.nodes[dst])
+        cap = self.system.resource_capacity
+        bw = min((float(cap[r]) for r in route.resources), default=float("inf"))
+        return route.latency + (nbytes / bw if nbytes > 0 else 0.0)
+
+    def ring(self, pattern: str, n: int, size: float, kind: str) -> float:
+        if n <= 1 or size <= 0:
+            return 0.0
+        key = (pattern, n, size, kind)
+        hit = self._ring_cache.get(key)
+        if hit is None:
+            # a ring's steps go at the pace of its slowest hop
+            steps = 2 * (n - 1) if kind == "all_reduce" else n - 1
+            peer = self.patterns[pattern]
+            members = [self.gpu]
+            while len(members) < n:
+                members.append(peer(members[-1]))
+            hit = self._ring_cache[key] = steps * max(self.route_time(g, peer(g), size / n) for g in members)
+        return hit
+
+    def unit(self, ops: list) -> tuple[float, float]:
+        """Seconds of one pass over ``ops`` on this GPU: kernels and layout conversions, and
+        (apart) the activations or gradients received from another stage."""
+        low = self.low
+        tp = low.tp_here(self.gpu)
+        here = low.place.stage(self.gpu)
+        have: dict[str, str] = {}
+        seen: set[tuple[str, str]] = set()
+        total = 0.0
+        received = 0.0
+        for op in ops:
+            rule = low.rules[op.name]
+            for name, want in zip(op.inputs, rule.want):
+                producer = low.graph.ops[low.op_index[name]]
+                if producer.kind == OpKind.INPUT or (name, want) in seen:
+                    continue
+                seen.add((name, want))
+                layout = have.get(name, low.layouts[name])
+                if name not in have:  # produced in another unit: another stage's output arrives
+                    stage = low.stage_of_chunk(low.chunk_of_layer[producer.param("layer")])
+                    if stage != here and producer.param("phase", "fwd") != "opt":
+                        peer = low.gpu_on_stage(self.gpu, stage)
+                        if name in low.gather_out:
+                            layout = "R"
+                        received += self.route_time(peer, self.gpu, low.layout_bytes(name, layout))
+                if layout == want or want == "*":
+                    continue
+                full = low.layout_bytes(name, "R")
+                if {layout, want} == {"D", "E"} and low.cfg.ep > 1:
+                    peer = self.patterns["ep+1"](self.gpu)
+                    total += self.route_time(self.gpu, peer, low.layout_bytes(name, layout) / low.cfg.ep) * \
+                        (low.cfg.ep - 1)
+                elif layout == "P" and want in ("R", "S", "F"):
+                    total += self.ring("tp+1", tp, full, "reduce_scatter" if want != "R" else "all_reduce")
+                elif layout in ("S", "F") and want == "R" or (layout == "S" and want == "F"):
+                    total += self.ring("tp+1", tp, full, "all_gather")
+            if rule.alias:
+                have[op.name] = rule.out
+                continue
+            total += low.shard(op, self.gpu)[0]
+            if rule.loss_reduce:
+                total += self.ring("tp+1", tp, 12.0 * low.t.batch * low.t.seq, "all_reduce")
+            have[op.name] = rule.out
+            if op.name in low.gather_out:
+                total += self.ring("tp+1", tp, low.layout_bytes(op.name, "R"), "all_gather")
+                have[op.name] = "R"
+        return total, received
+
+
+def screen(graph: Graph, system: System, cfg: ParallelConfig, cost: CostModel) -> Screen:
+    """The :class:`Screen` of ``cfg`` (checked by the caller) for ``graph`` on ``system``."""
+    prepared = prepare_graph(graph, cfg)
+    where = place(system, cfg)
+    low = _Lowering(prepared, system, cfg, cost, identity_folding(system, where.gpus), where)
+    _parameters(low)
+    t = low.t
+    capacity = min(a.memory.capacity for a in system.accelerators)
+    memory = memory_estimate(prepared, cfg, capacity, low.rules, low.rank_params)
+    m = low.micro_batches
+    stage_times = []
+    receives = []
+    tails = []
+    for stage in range(cfg.pp):
+        gpu = next(g for g in where.gpus if where.stage(g) == stage)
+        timer = _Timer(low, gpu)
+        busy = received = backward = 0.0
+        for chunk, layers in enumerate(low.chunks):
+            if chunk % cfg.pp != stage:
+                continue
+            blocks = [layer for layer in layers if 0 <= layer < t.layers]
+            for direction in ("F", "B"):
+                ops = low.unit_ops.get((chunk, direction), [])
+                if not ops:
+                    continue
+                parts = []
+                ends = [op for op in ops if not 0 <= op.param("layer") < t.layers]
+                if blocks:
+                    # the block that receives from the other stage (forward: the first; backward:
+                    # the last), and the others alike (the blocks of a model have equal shapes)
+                    edge = blocks[0] if direction == "F" else blocks[-1]
+                    parts.append((timer.unit([op for op in ops if op.param("layer") == edge]), 1))
+                    if len(blocks) > 1:
+                        inner = blocks[1] if direction == "F" else blocks[0]
+                        parts.append((timer.unit([op for op in ops if op.param("layer") == inner]), len(blocks) - 1))
+                if ends:
+                    parts.append((timer.unit(ends), 1))
+                for (b, r), n in parts:
+                    busy += b * n
+                    received += r * n
+                    if direction == "B":
+                        backward += b * n
+        stage_times.append(busy)
+        receives.append(received)
+        tails.append(_tail(low, timer, stage, backward))
+    # the first micro-batch crosses every stage, receives included; the others follow at the
+    # slowest stage's pace (the next micro-batch's activations arrive while a stage computes)
+    if cfg.schedule == "interleaved":
+        step = max(stage_times)
+        pipeline = m * step + (cfg.pp - 1) / cfg.virtual_stages * max(a + b for a, b in zip(stage_times, receives))
+    else:
+        pipeline = sum(a + b for a, b in zip(stage_times, receives)) + (m - 1) * max(stage_times)
+    tail = max(tails) if tails else 0.0
+    from .lower import _model_flops
+
+    low.fold = identity_folding(system, where.gpus)
+    flops, peak = _model_flops(low)
+    return Screen(iteration_s=pipeline + tail, stage_s=tuple(stage_times), tail_s=tail, memory=memory,
+                  model_flops=flops, peak_flops=peak, gpus=cfg.gpus)
+
+
+def _tail(low: _Lowering, timer: _Timer, stage: int, backward: float) -> float:
+    """After a stage's last backward (``backward``: seconds of one micro-batch's backward on it):
+    the gradient reduction not hidden by it, the optimizer, ZeRO's parameter all-gather."""
+    cfg = low.cfg
+    if not low.training:
+        return 0.0
+    eb = low.param_bytes
+    layers = [layer for c, chunk in enumerate(low.chunks) if c % cfg.pp == stage for layer in chunk]
+    params = [low.rank_params.get(layer, 0) for layer in layers]
+    kind = "reduce_scatter" if cfg.zero >= 1 else "all_reduce"
+    everything = timer.ring("dp+1", cfg.dp, sum(params) * eb, kind) if cfg.dp > 1 else 0.0
+    if cfg.overlap_grad_reduce:
+        # the buckets reduce while the last backward runs; the last one (the stage's first layers,
+        # one bucket's worth) after it, and whatever the backward could not hide
+        size = 0
+        for p in params:
+            size += p
+            if size >= cfg.bucket:
+                break
+        last = timer.ring("dp+1", cfg.dp, size * eb, kind) if cfg.dp > 1 else 0.0
+        exposed = max(last, everything - backward)
+    else:
+        exposed = everything
+    optimizer = sum(timer.low.shard(op, timer.gpu)[0] for chunk in range(len(low.chunks))
+                    if chunk % cfg.pp == stage for op in low.unit_ops.get((chunk, "O"), [])
+                    if op.param("fn") == "adam")
+    gather = timer.ring("dp+1", cfg.dp, sum(params) * eb, "all_gather") if cfg.zero >= 1 and cfg.dp > 1 else 0.0
+    return exposed + optimizer + gather
+
+
+def serving_times(graph: Graph, system: System, cfg: ParallelConfig, cost: CostModel) -> tuple[float, float]:
+    """A serving graph's (``mode=serve``) time to first token and time per output token in
+    closed form: the prefill's ops and the decode steps' ops of every stage timed on its
+    representative GPU (one request batch crosses the stages one after another)."""
+    where = place(system, cfg)
+    prepared = prepare_graph(graph, cfg)
+    low = _Lowering(prepared, system, cfg, cost, identity_folding(system, where.gpus), where)
+    _parameters(low)
+    prefill = decode = 0.0
+    for stage in range(cfg.pp):
+        gpu = next(g for g in where.gpus if where.stage(g) == stage)
+        timer = _Timer(low, gpu)
+        ops = [op for chunk in range(len(low.chunks)) if chunk % cfg.pp == stage
+               for op in low.unit_ops.get((chunk, "F"), [])]
+        busy, received = timer.unit([op for op in ops if op.name.startswith("prefill.")])
+        prefill += busy + received
+        busy, received = timer.unit([op for op in ops if op.name.startswith("decode.")])
+        decode += busy + received
+    steps = low.t.generate or 1
+    return prefill, decode / steps
