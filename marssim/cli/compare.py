@@ -7,7 +7,7 @@ import sys
 
 from marssim.errors import InputError
 
-from .search import add_search_args, load_case, open_executor
+from .search import add_search_args, is_llm_case, load_case, open_executor
 
 VERB = "compare"
 ORDER = 55
@@ -20,7 +20,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "simulating as many mappings as the GA evaluated (simulated or estimated), and exhaustive search "
                     "when the space has at most "
                     "--exhaustive-limit points, each with its own evaluation cache; print makespan, the change "
-                    "against data_parallel, simulations and wall time.")
+                    "against data_parallel, simulations and wall time. For an LLM workload on a GPU cluster: the "
+                    "Megatron grid of uniform configurations (uniform layers on every GPU kind) and the MARS "
+                    "search over parallel configurations, on the same evaluator.")
     add_search_args(p)
     p.add_argument("--exhaustive-limit", dest="exhaustive_limit", type=int, default=20_000, metavar="N",
                    help="run exhaustive search when the space has at most N points (default 20000; 0: never)")
@@ -54,6 +56,10 @@ def run(args: argparse.Namespace) -> int:
     if args.exhaustive_limit < 0:
         raise InputError(None, "--exhaustive-limit", f"expected 0 or a positive integer, got {args.exhaustive_limit}")
     graph, system, cost, settings = load_case(args)
+    if is_llm_case(graph, system, args):
+        from .llm_search import run_compare
+
+        return run_compare(args, graph, system, cost)
     settings = replace(settings, exhaustive_limit=args.exhaustive_limit)
     quiet = args.quiet or not sys.stderr.isatty()
 

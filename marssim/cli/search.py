@@ -10,6 +10,7 @@ from dataclasses import replace
 from marssim.errors import InputError
 
 from ._common import add_cost_args, check_output_dir, cost_model, positive_int
+from .llm_search import LLM_ALGORITHMS, add_llm_args
 
 VERB = "search"
 ORDER = 50
@@ -55,6 +56,7 @@ def add_search_args(p: argparse.ArgumentParser) -> None:
                    help="seconds to wait for the Dask scheduler to answer (default 10)")
     p.add_argument("--seed", type=int, default=0, help="random seed (same seed, same result; default 0)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_llm_args(p)
     add_cost_args(p)
 
 
@@ -65,12 +67,18 @@ def register(sub: argparse._SubParsersAction) -> None:
         VERB, help="search for the best mapping (MARS two-level GA, or a baseline)",
         description="Search the mappings of a workload onto a system: accelerator sets, the design of each "
                     "set, the layer segment each set runs, micro-batches (level 1) and each layer's sharding "
-                    "(level 2). Every reported number is a simulation. With --out, writes best_mapping.yaml "
-                    "(loadable by `marssim simulate --mapping`), history.csv, convergence.png/.svg, the best "
-                    "mapping's result/ and a Perfetto trace.json.")
+                    "(level 2). For an LLM workload on a GPU cluster: its parallel configuration (level 1: "
+                    "pipeline stages, their GPUs and layer counts, tensor parallelism per stage, rank order; "
+                    "level 2: sequence/expert parallelism, micro-batch, schedule, recomputation, ZeRO), every "
+                    "candidate screened in closed form and the best simulated. Every reported number is a "
+                    "simulation. With --out, writes best_mapping.yaml (loadable by `marssim simulate --mapping`), "
+                    "history.csv, convergence.png/.svg, the best mapping's result/ and a Perfetto trace.json "
+                    "(LLM: also top10.csv).")
     add_search_args(p)
-    p.add_argument("--algorithm", choices=ALGORITHMS, default="mars",
-                   help="mars (default), data_parallel, h2h, random or exhaustive (small spaces only)")
+    p.add_argument("--algorithm", choices=tuple(dict.fromkeys(ALGORITHMS + LLM_ALGORITHMS)), default="mars",
+                   help="mars (default), data_parallel, h2h, random or exhaustive (small spaces only); for an LLM "
+                        "workload on a GPU cluster: mars (the search over parallel configurations) or megatron_grid "
+                        "(every uniform Megatron-legal configuration, screened, the best simulated)")
     p.add_argument("--no-seed", dest="seed_baseline", action="store_false",
                    help="do not seed the GA with the data_parallel and h2h mappings (seeded by default: "
                         "the GA then never returns a worse mapping than either)")
@@ -106,6 +114,21 @@ def load_case(args: argparse.Namespace):
     settings = SearchSettings(objective=args.objective, budget=args.budget, config=cfg, seed=args.seed,
                               seed_with=SEED_BASELINES if getattr(args, "seed_baseline", True) else ())
     return graph, system, cost_model(args), settings
+
+
+def is_llm_case(graph, system, args: argparse.Namespace) -> bool:
+    """True when the search over parallel configurations applies (an LLM workload on a GPU
+    cluster); InputError for the LLM-only flags on any other case."""
+    from marssim.search.llm import llm_search_available
+
+    if llm_search_available(graph, system):
+        return True
+    for flag, dest in (("--global-batch", "global_batch"), ("--ttft-bound", "ttft_bound")):
+        if getattr(args, dest, None) is not None:
+            raise InputError(None, flag, "applies to an LLM workload (gpt:, llama:, moe: or a preset) on a GPU cluster")
+    if getattr(args, "algorithm", "mars") == "megatron_grid":
+        raise InputError(None, "--algorithm", "megatron_grid applies to an LLM workload on a GPU cluster")
+    return False
 
 
 @contextlib.contextmanager
@@ -183,8 +206,12 @@ def run(args: argparse.Namespace) -> int:
     from marssim.search.result import SearchInterrupted
 
     check_output_dir(args.out)
-    _refuse_unused_flags(args)
     graph, system, cost, settings = load_case(args)
+    if is_llm_case(graph, system, args):
+        from .llm_search import run_search
+
+        return run_search(args, graph, system, cost)
+    _refuse_unused_flags(args)
     bar, update = _progress_bar(args, settings.ga_config(), settings.objective)
     with open_executor(args) as executor, bar:
         try:

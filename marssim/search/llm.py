@@ -31,7 +31,7 @@ from __future__ import annotations
 import math
 import pickle
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field, replace
 
@@ -44,7 +44,7 @@ from marssim.parallel import ParallelConfig, parallel_problems
 from marssim.system import System
 from marssim.workload import Graph
 
-__all__ = ["LLMSearchSettings", "LLMSearchResult", "Candidate", "LLMSpace", "megatron_grid", "mars_llm",
+__all__ = ["graph_for", "LLMSearchSettings", "LLMSearchResult", "Candidate", "LLMSpace", "megatron_grid", "mars_llm",
            "screen_configs", "simulate_configs", "llm_search_available"]
 
 SCHEDULES = ("1f1b", "interleaved", "gpipe")
@@ -64,15 +64,18 @@ class LLMSearchSettings:
     ``throughput`` (training: sequences/s, the same ranking; serving: output tokens/s under
     ``ttft_bound`` seconds). ``global_batch``: sequences per training iteration (default: the
     workload's batch). Budget: ``generations`` of ``population`` level-1 candidates, stopping
-    after ``patience`` without improvement; ``simulate_top`` best screened candidates simulated
-    per generation, ``grid_simulate`` of the grid; ``max_simulations`` in all."""
+    after ``patience`` generations that improve neither the best simulated nor the best screened
+    value; ``simulate_top`` best screened candidates simulated
+    per generation, ``grid_simulate`` of the grid; ``max_simulations`` in all; ``time_limit_s``
+    ends the search at the first generation past that wall time (the result then depends on the
+    machine's speed)."""
 
     objective: str = "latency"
     ttft_bound: float | None = None
     global_batch: int = 0
     population: int = 12
-    generations: int = 10
-    patience: int = 4
+    generations: int = 30
+    patience: int = 6
     simulate_top: int = 1
     grid_simulate: int = 2
     max_simulations: int = 12
@@ -81,7 +84,9 @@ class LLMSearchSettings:
     zero: tuple[int, ...] = (0, 1)
     schedules: tuple[str, ...] = ("1f1b", "interleaved", "gpipe")
     sp: tuple[bool, ...] = (False, True)
+    expert_parallel: bool = True
     max_pp: int = 64
+    time_limit_s: float | None = None
     seed: int = 0
     seed_with_grid: bool = True
 
@@ -213,6 +218,14 @@ class LLMSpace:
     def dps(self) -> list[int]:
         return [d for d in range(1, self.gpus + 1) if self.gpus % d == 0 and (not self.training or self.global_batch % d == 0)]
 
+    def eps(self, dp: int) -> tuple[int, ...]:
+        """Expert-parallel degrees for ``dp`` replicas: divisors of both ``dp`` and the experts
+        (a dense model: 1)."""
+        experts = self.graph.meta["transformer"].experts
+        if not experts or not self.settings.expert_parallel:
+            return (1,)
+        return tuple(e for e in range(1, dp + 1) if dp % e == 0 and experts % e == 0)
+
     def block_speed(self, start: int, size: int) -> float:
         return sum(self.peak_of_kind[k] for k in self.kind_of_gpu[start:start + size])
 
@@ -249,6 +262,7 @@ class _Genome:
     virtual: int
     recompute: str
     zero: int
+    ep: int = 1
 
     def config(self, space: LLMSpace) -> ParallelConfig:
         uniform_tp = len(set(self.tps)) == 1
@@ -268,10 +282,15 @@ class _Genome:
         return ParallelConfig(
             tp=self.tps[0], pp=self.pp, dp=self.dp, sp=self.sp, schedule=self.schedule,
             virtual_stages=self.virtual if self.schedule == "interleaved" else 1,
-            micro_batch=self.micro, global_batch=gb, recompute=self.recompute, zero=self.zero,
+            micro_batch=self.micro, global_batch=gb, recompute=self.recompute, zero=self.zero, ep=self.ep,
             layers_per_stage=() if balanced else self.layers,
             stage_tp=() if uniform_tp else self.tps, stage_start=starts,
             order=self.order if identity and uniform_tp else "tp-pp-dp")
+
+
+def _level1(g: _Genome) -> tuple:
+    """The level-1 genes of ``g`` (what a generation's coordinate descent does not change)."""
+    return (g.pp, g.dp, g.tps, g.layers, g.perm, g.order)
 
 
 def _legal(space: LLMSpace, cfg: ParallelConfig) -> bool:
@@ -280,11 +299,30 @@ def _legal(space: LLMSpace, cfg: ParallelConfig) -> bool:
 
 
 # ----------------------------------------------------------------------------- evaluation
-@dataclass(frozen=True)
+@dataclass
 class _Problem:
     graph: Graph
     system: System
     cost: CostModel
+    graphs: dict = field(default_factory=dict)
+
+    def graph_for(self, cfg: ParallelConfig) -> Graph:
+        return graph_for(self.graph, cfg, self.graphs)
+
+
+def graph_for(graph: Graph, cfg: ParallelConfig, cache: dict | None = None) -> Graph:
+    """The workload built at ``cfg``'s micro-batch (a parallel lowering times one micro-batch:
+    a training workload's graph is rebuilt per micro-batch size; serving keeps its batch)."""
+    t = graph.meta["transformer"]
+    if not t.training or cfg.micro_batch == graph.batch:
+        return graph
+    cache = {} if cache is None else cache
+    hit = cache.get(cfg.micro_batch)
+    if hit is None:
+        from marssim.workload import load_workload
+
+        hit = cache[cfg.micro_batch] = load_workload(graph.spec, batch=cfg.micro_batch)
+    return hit
 
 
 _WORKER: dict[str, object] = {}
@@ -307,7 +345,7 @@ def _screen_chunk(args: tuple[bytes, list[ParallelConfig]]) -> list[Candidate]:
     out = []
     for cfg in configs:
         try:
-            sc = screen(p.graph, p.system, cfg, p.cost)
+            sc = screen(p.graph_for(cfg), p.system, cfg, p.cost)
         except InputError as err:
             out.append(Candidate(cfg, error=str(err)))
             continue
@@ -325,7 +363,7 @@ def _screen_serving(p: _Problem, cfg: ParallelConfig, sc) -> dict:
         return {}
     from marssim.parallel.analytic import serving_times
 
-    ttft, tpot = serving_times(p.graph, p.system, cfg, p.cost)
+    ttft, tpot = serving_times(p.graph_for(cfg), p.system, cfg, p.cost)
     return {"ttft_s": ttft, "tpot_s": tpot}
 
 
@@ -340,7 +378,7 @@ def _simulate_chunk(args: tuple[bytes, list[ParallelConfig]]) -> list[Candidate]
     out = []
     for cfg in configs:
         try:
-            tg = lower_parallel(p.graph, p.system, cfg, p.cost)
+            tg = lower_parallel(p.graph_for(cfg), p.system, cfg, p.cost)
             result = simulate(tg, p.system, record=False, setup=False)
             rep = report_of(tg, p.system, result)
         except (CapacityError, InputError) as err:
@@ -386,7 +424,8 @@ def simulate_configs(graph: Graph, system: System, cost: CostModel, configs: Seq
 def megatron_grid(space: LLMSpace) -> list[ParallelConfig]:
     """Every uniform Megatron-legal configuration: ``tp * pp * dp`` = the GPUs, ``tp`` within a
     node, every micro-batch, schedule (interleaved with 2 virtual stages where legal), sequence
-    parallelism, recomputation and ZeRO choice of the settings; balanced layers, default
+    parallelism, recomputation, ZeRO and (mixture-of-experts models) expert-parallel choice of the
+    settings; balanced layers, default
     placement. On a cluster of several GPU kinds these are the "uniform layers on every kind"
     configurations."""
     s = space.settings
@@ -409,18 +448,21 @@ def megatron_grid(space: LLMSpace) -> list[ParallelConfig]:
                             continue
                         for recompute in (s.recompute if space.training else ("none",)):
                             for zero in (s.zero if space.training and dp > 1 else (0,)):
-                                g = _Genome(pp, dp, (tp,) * pp, _balanced(space.layers, pp), tuple(range(pp)),
-                                            "tp-pp-dp", sp, micro, schedule, 2, recompute, zero)
-                                cfg = g.config(space)
-                                if _legal(space, cfg):
-                                    out.append(cfg)
+                                for ep in space.eps(dp):
+                                    g = _Genome(pp, dp, (tp,) * pp, _balanced(space.layers, pp), tuple(range(pp)),
+                                                "tp-pp-dp", sp, micro, schedule, 2, recompute, zero, ep)
+                                    cfg = g.config(space)
+                                    if _legal(space, cfg):
+                                        out.append(cfg)
     return sorted(set(out), key=lambda c: c.text())
 
 
 # ----------------------------------------------------------------------------- the GA
 class _Search:
     def __init__(self, graph: Graph, system: System, cost: CostModel, settings: LLMSearchSettings,
-                 executor: Executor | None, parts: int) -> None:
+                 executor: Executor | None, parts: int, progress: Callable[[dict], None] | None = None) -> None:
+        self.progress = progress
+        self.started = time.perf_counter()
         self.space = LLMSpace.of(graph, system, settings)
         self.graph, self.system, self.cost = graph, system, cost
         self.settings = settings
@@ -429,6 +471,7 @@ class _Search:
         self.blob = pickle.dumps(_Problem(graph, system, cost))
         self.seen: dict[ParallelConfig, Candidate] = {}
         self.rejected = 0
+        self.tried: set[tuple] = set()
         self.timing = {"screen_s": 0.0, "simulate_s": 0.0}
         t = graph.meta["transformer"]
         self.tokens = t.batch * t.generate if t.mode == "serve" else 0
@@ -460,6 +503,21 @@ class _Search:
                                                          fits=cand.fits and old.fits))
         self.timing["simulate_s"] += time.perf_counter() - start
 
+    def check_best(self, best: Candidate | None) -> None:
+        """InputError when nothing fits the memory or meets the time-to-first-token bound."""
+        fitting = any(c.fits and not c.error for c in self.seen.values())
+        if best is None and not fitting:
+            raise InputError(None, "search", "no configuration fits the GPUs' memory (every candidate was "
+                                             f"rejected: {self.rejected} by the memory model)")
+        if (best is None or not math.isfinite(_key(best, self.settings.objective))) and self.settings.ttft_bound is None:
+            errors = [c.error for c in self.seen.values() if c.error]
+            raise InputError(None, "search", "no configuration could be simulated" + (f" ({errors[0]})" if errors else ""))
+        if best is None or not math.isfinite(_key(best, self.settings.objective)):
+            fastest = min((c.ttft_s for c in self.seen.values() if c.fits and c.ttft_s == c.ttft_s), default=math.nan)
+            raise InputError(None, "--ttft-bound", f"no configuration meets the time-to-first-token bound of "
+                                                   f"{self.settings.ttft_bound * 1e3:.3f} ms (the fastest screened: "
+                                                   f"{fastest * 1e3:.3f} ms)")
+
     @property
     def simulations(self) -> int:
         return sum(1 for c in self.seen.values() if c.simulated)
@@ -489,7 +547,7 @@ class _Search:
         else:
             perm = tuple(range(pp))
         return _Genome(pp, cfg.dp, tps, tuple(layers), perm, cfg.order, cfg.sp, cfg.micro_batch, cfg.schedule,
-                       max(2, cfg.virtual_stages), cfg.recompute, cfg.zero)
+                       max(2, cfg.virtual_stages), cfg.recompute, cfg.zero, cfg.ep)
 
     def random_level1(self) -> _Genome:
         sp = self.space
@@ -528,10 +586,10 @@ class _Search:
 
     def mutate1(self, g: _Genome) -> _Genome:
         """One level-1 move: a layer to a neighbouring stage, two stages' GPU blocks swapped, a
-        stage's tensor parallelism traded with another's, another pipeline/data split, another
-        placement order."""
+        stage's tensor parallelism traded with another's, another pipeline/data split, a stage
+        split in two (or two merged), another placement order."""
         sp = self.space
-        move = int(self.rng.integers(5))
+        move = int(self.rng.integers(6))
         if move == 0 and g.pp > 1:
             layers = list(g.layers)
             i = int(self.rng.integers(g.pp - 1))
@@ -553,11 +611,45 @@ class _Search:
                 if tps[i] // 2 + tps[j] * 2 == tps[i] + tps[j]:
                     tps[i], tps[j] = tps[i] // 2, tps[j] * 2
             return replace(g, tps=tuple(tps))
+        if move == 4:
+            return self.split_or_merge(g)
         if move == 3:
             return replace(self.random_level1(), **{k: getattr(g, k) for k in ("sp", "micro", "schedule", "virtual",
                                                                                  "recompute", "zero")})
         orders = ("tp-pp-dp", "tp-dp-pp")
         return replace(g, order=orders[(orders.index(g.order) + 1) % 2] if g.order in orders else orders[0])
+
+    def split_or_merge(self, g: _Genome) -> _Genome:
+        """A stage split into two of half its tensor parallelism on the two halves of its GPUs
+        (its layers shared between them), or two stages of one tensor-parallel degree on
+        neighbouring GPU blocks merged into one of twice the degree: stage counts that do not
+        divide the GPUs evenly (on a cluster of two kinds: one stage per A100 node, two per
+        H100 node)."""
+        sp, tps, layers, perm = self.space, list(g.tps), list(g.layers), list(g.perm)
+        if self.rng.random() < 0.5:
+            splits = [i for i in range(g.pp) if tps[i] // 2 in sp.tp_choices and tps[i] > 1 and layers[i] > 1]
+            if not splits or g.pp >= min(self.settings.max_pp, sp.layers):
+                return g
+            i = int(self.rng.choice(splits))
+            at = perm[i]
+            perm = [p + 1 if p > at else p for p in perm]
+            perm.insert(i + 1, at + 1)
+            tps[i:i + 1] = [tps[i] // 2] * 2
+            layers[i:i + 1] = [layers[i] - layers[i] // 2, layers[i] // 2]
+        else:
+            merges = [i for i in range(g.pp - 1) if tps[i] == tps[i + 1] and tps[i] * 2 in sp.tp_choices
+                      and abs(perm[i] - perm[i + 1]) == 1]
+            if not merges:
+                return g
+            i = int(self.rng.choice(merges))
+            at, gone = min(perm[i], perm[i + 1]), max(perm[i], perm[i + 1])
+            perm[i] = at
+            del perm[i + 1]
+            perm = [p - 1 if p > gone else p for p in perm]
+            tps[i:i + 2] = [tps[i] * 2]
+            layers[i:i + 2] = [layers[i] + layers[i + 1]]
+        return replace(g, pp=len(tps), tps=tuple(tps), layers=tuple(layers), perm=tuple(perm),
+                       virtual=g.virtual, schedule=g.schedule if len(tps) > 1 else "1f1b")
 
     def crossover1(self, a: _Genome, b: _Genome) -> _Genome:
         """Uniform crossover of two level-1 genomes of the same shape (pp, dp); else ``a``."""
@@ -574,7 +666,8 @@ class _Search:
                  "micro": s.micro_batches if sp.training else (sp.graph.batch,),
                  "schedule": s.schedules if sp.training and g.pp > 1 else ("1f1b",),
                  "recompute": s.recompute if sp.training else ("none",),
-                 "zero": s.zero if sp.training and g.dp > 1 else (0,)}
+                 "zero": s.zero if sp.training and g.dp > 1 else (0,),
+                 "ep": sp.eps(g.dp)}
         best = g
         for _ in range(2):
             changed = False
@@ -599,7 +692,7 @@ class _Search:
     # --------------------------------------------------------------- the loop
     def run(self, seeds: Sequence[ParallelConfig]) -> LLMSearchResult:
         s = self.settings
-        wall = time.perf_counter()
+        wall = self.started
         population: list[_Genome] = []
         for cfg in seeds:
             population.append(self.genome_of(cfg))
@@ -607,9 +700,11 @@ class _Search:
             population.append(self.random_level1())
         history = []
         best_key = (math.inf, "")
+        best_screen = math.inf
         stale = 0
         for gen in range(s.generations):
             scored = [self.level2(g) for g in population]
+            self.tried.update(_level1(g) for g in population)
             self.simulate(self.best_screened(s.simulate_top))
             best = self.best_simulated()
             key = (_key(best, s.objective), best.config.text()) if best else (math.inf, "")
@@ -618,18 +713,22 @@ class _Search:
                             "screened": len(self.seen), "rejected_memory": self.rejected,
                             "mean_screened": float(np.mean([_key(c, s.objective) for c in screened])) if screened
                             else math.inf, "wall_s": time.perf_counter() - wall})
-            if key < best_key:
-                best_key, stale = key, 0
+            if self.progress is not None:
+                self.progress(history[-1])
+            top = min((_key(c, s.objective) for c in self.seen.values() if c.fits), default=math.inf)
+            if key < best_key or top < best_screen:
+                best_key, stale = min(key, best_key), 0
+                best_screen = min(top, best_screen)
             else:
                 stale += 1
             if stale >= s.patience or self.simulations >= s.max_simulations:
                 break
+            if s.time_limit_s is not None and time.perf_counter() - wall > s.time_limit_s:
+                break
             population = self.next_generation(scored)
         self.simulate(self.best_screened(1))
         best = self.best_simulated()
-        if best is None:
-            raise InputError(None, "search", "no configuration fits the GPUs' memory (every candidate was "
-                                             f"rejected: {self.rejected} by the memory model)")
+        self.check_best(best)
         return LLMSearchResult("mars", s.objective, best, list(self.seen.values()), pd.DataFrame(history),
                                len(self.seen), self.rejected, self.simulations, time.perf_counter() - wall, s.seed,
                                dict(self.timing))
@@ -647,18 +746,23 @@ class _Search:
             child = self.crossover1(a, b)
             if self.rng.random() < 0.8:
                 child = self.mutate1(child)
+            for _ in range(8):  # a level 1 already tried is mutated again (the screen of it is known)
+                if _level1(child) not in self.tried:
+                    break
+                child = self.mutate1(child)
+            self.tried.add(_level1(child))
             out.append(child)
         return out
 
 
 def mars_llm(graph: Graph, system: System, cost: CostModel, settings: LLMSearchSettings | None = None, *,
-             executor: Executor | None = None, parts: int = 1, seeds: Sequence[ParallelConfig] = ()
-             ) -> LLMSearchResult:
+             executor: Executor | None = None, parts: int = 1, seeds: Sequence[ParallelConfig] = (),
+             progress: Callable[[dict], None] | None = None) -> LLMSearchResult:
     """The two-level search (module docstring); ``seeds``: configurations to start from (by
     default the best ones of :func:`megatron_grid`, simulated, so the search never returns a
-    worse configuration)."""
+    worse configuration). ``progress`` is called with each generation's history row."""
     settings = settings or LLMSearchSettings()
-    search = _Search(graph, system, cost, settings, executor, parts)
+    search = _Search(graph, system, cost, settings, executor, parts, progress)
     if settings.seed_with_grid and not seeds:
         grid = megatron_grid(search.space)
         search.screen(grid)
@@ -677,9 +781,7 @@ def grid_search(graph: Graph, system: System, cost: CostModel, settings: LLMSear
     search.screen(grid)
     search.simulate(search.best_screened(settings.grid_simulate, exclude_simulated=False))
     best = search.best_simulated()
-    if best is None:
-        raise InputError(None, "search", f"no uniform configuration fits the GPUs' memory ({search.rejected} "
-                                         "rejected by the memory model)")
+    search.check_best(best)
     history = pd.DataFrame([{"generation": 0, "best_fitness": _key(best, settings.objective),
                              "simulations": search.simulations, "screened": len(search.seen),
                              "rejected_memory": search.rejected, "wall_s": time.perf_counter() - wall}])

@@ -1,0 +1,144 @@
+"""What an LLM search leaves for its user: the best configuration as a mapping file, the top
+configurations, the history, the convergence figure, the best configuration's simulation and
+its Perfetto trace."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from marssim.cost.base import CostModel
+from marssim.system import System
+from marssim.workload import Graph
+
+from .llm import LLMSearchResult, graph_for
+
+__all__ = ["write_llm_outputs", "plot_llm_convergence", "llm_search_summary", "format_top"]
+
+
+def llm_search_summary(result: LLMSearchResult, graph: Graph, system: System) -> dict:
+    """The search in one JSON-ready dict: case, best configuration and its figures (seconds,
+    bytes), counts, wall time and its shares."""
+    b = result.best
+    return {"algorithm": result.algorithm, "objective": result.objective, "seed": result.seed,
+            "workload": graph.spec, "system": system.spec, "best": b.config.to_dict(),
+            "best_text": b.config.text(), "iteration_s": b.simulated_s, "mfu": b.mfu,
+            "ttft_s": None if math.isnan(b.ttft_s) else b.ttft_s,
+            "tpot_s": None if math.isnan(b.tpot_s) else b.tpot_s,
+            "memory_peak_bytes": b.sim_memory_peak, "exposed_s": b.exposed,
+            "screened": result.screened, "rejected_memory": result.rejected_memory,
+            "simulations": result.simulations, "wall_s": result.wall_s, "timing_s": result.timing}
+
+
+def format_top(result: LLMSearchResult, n: int = 10) -> str:
+    """The ``n`` best configurations as aligned text (ms, GiB); exposed communication only for
+    the groups that have some."""
+    table = result.top(n)
+    if table.empty:
+        return "(no configuration evaluated)"
+    heads = {"simulated_ms": "sim ms", "screened_ms": "screen ms", "mfu": "MFU", "memory_peak_GiB": "mem GiB",
+             "bubble_ms": "bubble ms"}
+    for c in table.columns:
+        if c.startswith("exposed_") and (table[c].fillna(0) > 0).any():
+            heads[c] = c[len("exposed_"):-len("_ms")] + " ms"
+    if table["tpot_ms"].notna().any():
+        heads.update(ttft_ms="TTFT ms", tpot_ms="TPOT ms")
+    width = max(len("config"), *(len(c) for c in table["config"]))
+    lines = [f"{'config':<{width}}" + "".join(f"{h:>11}" for h in heads.values())]
+    for row in table.to_dict("records"):
+        cells = []
+        for c in heads:
+            v = row[c]
+            cells.append(f"{'-':>11}" if v != v else (f"{v:>11.1%}" if c == "mfu" else f"{v:>11.3f}"))
+        lines.append(f"{row['config']:<{width}}" + "".join(cells))
+    lines.append("(exposed communication per group and pipeline bubble in ms; '-': screened only, not simulated)")
+    return "\n".join(lines)
+
+
+def plot_llm_convergence(results: list[LLMSearchResult], png: str | Path) -> list[Path]:
+    """Best simulated value so far against simulations run, one line per search (the baseline
+    grid as a horizontal line); PNG and SVG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    objective = results[0].objective
+    serving = not math.isnan(results[0].best.tpot_s)
+    label = {("latency", False): "iteration time (ms)", ("latency", True): "time per output token (ms)",
+             ("throughput", False): "iteration time (ms)", ("throughput", True): "output tokens/s"}[
+        (objective, serving)]
+    for res in results:
+        hist = res.history
+        values = [(-v if objective == "throughput" and serving else v * 1e3) for v in hist["best_fitness"]]
+        if len(hist) == 1:
+            ax.axhline(values[0], ls="--", color="grey", label=f"{res.algorithm} (best simulated)")
+        else:
+            ax.step(hist["simulations"], values, where="post", marker="o", label=f"{res.algorithm}: best so far")
+    ax.set_xlabel("simulations")
+    ax.set_ylabel(label)
+    ax.set_title(f"LLM parallel-configuration search (seed {results[0].seed})")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    png = Path(png)
+    paths = [png, png.with_suffix(".svg")]
+    for p in paths:
+        fig.savefig(p, **({"metadata": {"Date": None}} if p.suffix == ".svg" else {}))
+    plt.close(fig)
+    return paths
+
+
+def write_llm_outputs(result: LLMSearchResult, graph: Graph, system: System, cost: CostModel, out: str | Path,
+                      baselines: tuple[LLMSearchResult, ...] = ()) -> list[str]:
+    """Write into ``out`` atomically (whole or not at all): ``best_mapping.yaml`` (re-run with
+    ``marssim simulate --mapping``), ``top10.csv``, ``history.csv``, ``search.json``,
+    ``convergence.png``/``.svg``, ``result/`` (the best configuration's simulation) and
+    ``trace.json`` (Perfetto, one row per class of identical GPUs). The best configuration is
+    simulated again and must give the reported time. Returns one line per file."""
+    import yaml
+
+    from marssim.fsutil import staged_dir
+    from marssim.mapping import Mapping
+    from marssim.mapping.io import mapping_to_dict
+    from marssim.parallel import lower_parallel
+    from marssim.parallel.run import report_of
+    from marssim.sim import simulate
+    from marssim.trace import write_chrome_trace
+
+    cfg = result.best.config
+    graph = graph_for(graph, cfg)
+    tg = lower_parallel(graph, system, cfg, cost)
+    sim = simulate(tg, system)
+    report = report_of(tg, system, sim)
+    if not math.isclose(report.iteration_s, result.best.simulated_s, rel_tol=1e-12):
+        raise RuntimeError(f"the best configuration simulates to {report.iteration_s} s, the search reported "
+                           f"{result.best.simulated_s} s")
+    sim.meta["parallel_report"] = report.to_dict()
+    out_dir = Path(out)
+    lines = []
+    mapping = Mapping.from_parallel(graph, system, cfg)
+    data = mapping_to_dict(mapping, graph)
+    data["system"], data["workload"] = system.spec, graph.spec
+    header = (f"# {result.algorithm} search, objective {result.objective}, seed {result.seed}: "
+              f"{result.best.config.text()}\n# simulated {result.best.simulated_s * 1e3:.3f} ms per iteration, "
+              f"MFU {result.best.mfu:.1%}\n")
+    with staged_dir(out_dir) as tmp:
+        (tmp / "best_mapping.yaml").write_text(header + yaml.safe_dump(data, sort_keys=False))
+        lines.append(f"mapping      {out_dir / 'best_mapping.yaml'} (marssim simulate --mapping ...)")
+        result.top(10).to_csv(tmp / "top10.csv", index=False)
+        lines.append(f"top 10       {out_dir / 'top10.csv'}")
+        result.history.to_csv(tmp / "history.csv", index=False)
+        lines.append(f"history      {out_dir / 'history.csv'} ({len(result.history)} rows)")
+        summary = llm_search_summary(result, graph, system)
+        summary["baselines"] = [llm_search_summary(b, graph, system) for b in baselines]
+        (tmp / "search.json").write_text(json.dumps(summary, indent=2, sort_keys=True, default=float) + "\n")
+        for p in plot_llm_convergence([result, *baselines], tmp / "convergence.png"):
+            lines.append(f"figure       {out_dir / p.name}")
+        sim.save(tmp / "result")
+        lines.append(f"result       {out_dir / 'result'}/ (marssim simulate --out format)")
+        write_chrome_trace(sim, tmp / "trace.json")
+        lines.append(f"trace        {out_dir / 'trace.json'} (open in https://ui.perfetto.dev)")
+    return lines

@@ -1,0 +1,243 @@
+"""The search over parallel configurations of an LLM on a GPU cluster (``marssim.search.llm``):
+the GA against an exhaustive enumeration, the closed-form screen against the simulation, the
+baseline grid, serving with a time-to-first-token bound, the memory filter, determinism over
+executors and the CLI's outputs."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import yaml
+
+from marssim.cli import main
+from marssim.cost import default_cost_model
+from marssim.errors import InputError
+from marssim.parallel import ParallelConfig, lower_parallel, parallel_problems
+from marssim.parallel.run import report_of
+from marssim.search.llm import (LLMSearchSettings, LLMSpace, grid_search, mars_llm, megatron_grid, screen_configs,
+                                simulate_configs)
+from marssim.sim import simulate
+from marssim.system import load_system
+from marssim.workload import load_workload
+
+MIXED = "mixed-a100-h100-cluster:nodes_a100=1,nodes_h100=1,gpus_per_node=4"
+SMALL = "gpt:layers=4,hidden=512,heads=8,seq=256,vocab=8192,mode=train,batch=8"
+RESTRICTED = dict(micro_batches=(1, 2), schedules=("1f1b",), recompute=("none",), zero=(0,), sp=(False,), max_pp=3)
+
+
+@pytest.fixture(scope="module")
+def cost():
+    return default_cost_model()
+
+
+@pytest.fixture(scope="module")
+def mixed_case():
+    return load_workload(SMALL), load_system(MIXED)
+
+
+def _compositions(n: int, k: int):
+    for cuts in itertools.combinations(range(1, n), k - 1):
+        edges = (0, *cuts, n)
+        yield tuple(edges[i + 1] - edges[i] for i in range(k))
+
+
+def _every_configuration(graph, gpus: int, max_pp: int, tps=(1, 2, 4), micro_batches=(1, 2)):
+    """Every configuration of the restricted space, written out independently of the GA's genome:
+    data-parallel degree, stage count, each stage's tensor-parallel degree (its GPUs: tp * dp),
+    layers per stage, the order of the stages' GPU blocks (or, for uniform stages in order, the
+    two rank orders), micro-batch."""
+    t = graph.meta["transformer"]
+    out = set()
+    for dp in (1, 2, 4, 8):
+        for pp in range(1, max_pp + 1):
+            for stage_tp in itertools.product(tps, repeat=pp):
+                if sum(stage_tp) * dp != gpus:
+                    continue
+                for layers in _compositions(t.layers, pp):
+                    for perm in itertools.permutations(range(pp)):
+                        uniform = len(set(stage_tp)) == 1
+                        if uniform and perm == tuple(range(pp)):
+                            places = [{"order": "tp-pp-dp"}, {"order": "tp-dp-pp"}]
+                        else:
+                            start, at = [0] * pp, 0
+                            for stage in sorted(range(pp), key=lambda s: perm[s]):
+                                start[stage], at = at, at + stage_tp[stage] * dp
+                            places = [{"stage_start": tuple(start)}]
+                        for place in places:
+                            for micro in micro_batches:
+                                if t.batch % (micro * dp):
+                                    continue
+                                cfg = ParallelConfig(tp=stage_tp[0], pp=pp, dp=dp, micro_batch=micro,
+                                                     global_batch=t.batch, layers_per_stage=layers if pp > 1 else (),
+                                                     stage_tp=() if uniform else stage_tp, **place)
+                                if not parallel_problems(cfg, replace(t, batch=micro), gpus):
+                                    out.add(cfg)
+    return sorted(out, key=lambda c: c.text())
+
+
+def _simulated(graph, system, cfg, cost) -> float:
+    g = load_workload(graph.spec, batch=cfg.micro_batch)
+    tg = lower_parallel(g, system, cfg, cost)
+    return report_of(tg, system, simulate(tg, system, record=False, setup=False)).iteration_s
+
+
+@pytest.fixture(scope="module")
+def exhaustive_optimum(mixed_case, cost):
+    graph, system = mixed_case
+    configs = _every_configuration(graph, len(system.accelerators), RESTRICTED["max_pp"])
+    values = {cfg: _simulated(graph, system, cfg, cost) for cfg in configs}
+    return min(values.values()), values
+
+
+def test_enumeration_covers_uneven_stages_and_both_gpu_kinds(exhaustive_optimum) -> None:
+    _, values = exhaustive_optimum
+    assert len(values) > 200
+    assert any(cfg.pp == 3 for cfg in values)  # stage counts that do not divide the 8 GPUs
+    assert any(cfg.stage_tp for cfg in values)
+    best_uniform = min(v for c, v in values.items() if not c.layers_per_stage or len(set(c.layers_per_stage)) == 1)
+    assert min(values.values()) < best_uniform  # on two GPU kinds, uneven layer counts win here
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_ga_finds_the_exhaustive_optimum(seed, mixed_case, cost, exhaustive_optimum) -> None:
+    graph, system = mixed_case
+    best, values = exhaustive_optimum
+    settings = LLMSearchSettings(**RESTRICTED, seed=seed, seed_with_grid=False, max_simulations=12)
+    result = mars_llm(graph, system, cost, settings)
+    assert result.simulations <= 12
+    assert result.best.simulated_s == pytest.approx(best, rel=1e-9)
+    assert result.best.simulated_s == pytest.approx(_simulated(graph, system, result.best.config, cost), rel=1e-12)
+
+
+def test_screen_ranks_configurations_as_the_simulation_does(mixed_case, cost, exhaustive_optimum) -> None:
+    graph, system = mixed_case
+    _, values = exhaustive_optimum
+    configs = list(values)[::7]
+    screened = [c.screened_s for c in screen_configs(graph, system, cost, configs)]
+    simulated = [values[c] for c in configs]
+    error = np.abs(np.array(screened) / np.array(simulated) - 1)
+    ranks = lambda x: np.argsort(np.argsort(x))  # noqa: E731
+    spearman = np.corrcoef(ranks(screened), ranks(simulated))[0, 1]
+    assert np.median(error) < 0.10
+    assert spearman > 0.85
+
+
+def test_ga_is_never_worse_than_the_grid_it_is_seeded_with(cost) -> None:
+    system = load_system("dgx-a100-cluster:nodes=2")
+    graph = load_workload("gpt:layers=8,hidden=1024,heads=16,seq=1024,vocab=32000,mode=train,batch=16")
+    settings = LLMSearchSettings(max_simulations=6, generations=4, micro_batches=(1, 2), recompute=("none",))
+    grid = grid_search(graph, system, cost, settings)
+    ga = mars_llm(graph, system, cost, settings)
+    assert ga.best.simulated_s <= grid.best.simulated_s
+    # the grid is every uniform Megatron-legal point: tp * pp * dp = 16 with tp within a node
+    space = LLMSpace.of(graph, system, settings)
+    shapes = {(c.tp, c.pp, c.dp) for c in megatron_grid(space)}
+    expected = {(tp, 16 // (tp * dp), dp) for tp in (1, 2, 4, 8) for dp in (1, 2, 4, 8, 16)
+                if 16 % (tp * dp) == 0 and 16 // (tp * dp) <= 8 and 16 % dp == 0}
+    assert shapes == expected
+
+
+def test_memory_infeasible_points_are_rejected_before_simulation(cost) -> None:
+    system = load_system("dgx-h100-cluster:nodes=1")
+    graph = load_workload("llama3-8b:mode=train,seq=2048,batch=8")
+    settings = LLMSearchSettings(max_simulations=2, generations=2, population=4, micro_batches=(1,),
+                                 schedules=("1f1b",))
+    result = mars_llm(graph, system, cost, settings)
+    capacity = min(a.memory.capacity for a in system.accelerators)
+    assert result.rejected_memory > 0
+    for c in result.candidates:
+        assert c.fits == (c.memory_peak <= capacity)
+        if c.simulated:
+            assert c.sim_memory_peak <= capacity
+
+
+def test_serving_throughput_under_a_time_to_first_token_bound(cost) -> None:
+    system = load_system("dgx-h100-cluster:nodes=1")
+    graph = load_workload("gpt:layers=8,hidden=1024,heads=16,vocab=32000,mode=serve,batch=8,prompt=512,generate=4")
+    free = mars_llm(graph, system, cost, LLMSearchSettings(objective="throughput", max_simulations=4, generations=3))
+    bound = free.best.ttft_s * 0.999  # the unconstrained best breaks this bound
+    bounded = mars_llm(graph, system, cost, LLMSearchSettings(objective="throughput", ttft_bound=bound,
+                                                              max_simulations=4, generations=3))
+    assert bounded.best.ttft_s <= bound
+    assert bounded.best.throughput <= free.best.throughput
+    assert bounded.best.throughput == pytest.approx(8 * 4 * bounded.best.config.dp / bounded.best.simulated_s)
+    with pytest.raises(InputError, match="time-to-first-token"):
+        mars_llm(graph, system, cost, LLMSearchSettings(objective="throughput", ttft_bound=1e-9, max_simulations=2,
+                                                        generations=1))
+
+
+def _history(result):
+    return result.history.drop(columns=["wall_s"]).to_dict("list")
+
+
+def test_same_seed_same_search_on_one_or_two_workers_and_dask(mixed_case, cost) -> None:
+    graph, system = mixed_case
+    settings = LLMSearchSettings(max_simulations=5, generations=3, seed=3)
+    serial = mars_llm(graph, system, cost, settings)
+    with ProcessPoolExecutor(2) as pool:
+        two = mars_llm(graph, system, cost, settings, executor=pool, parts=2)
+    assert two.best.config == serial.best.config and two.best.simulated_s == serial.best.simulated_s
+    assert _history(two) == _history(serial)
+    distributed = pytest.importorskip("distributed")
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None) as lc, \
+            distributed.Client(lc) as client:
+        dask = mars_llm(graph, system, cost, settings, executor=client.get_executor(), parts=4)
+    assert dask.best.config == serial.best.config and _history(dask) == _history(serial)
+
+
+def test_simulate_configs_matches_a_direct_simulation(mixed_case, cost) -> None:
+    graph, system = mixed_case
+    cfg = ParallelConfig(pp=2, dp=4, micro_batch=2, global_batch=8, layers_per_stage=(1, 3), order="tp-dp-pp")
+    (cand,) = simulate_configs(graph, system, cost, [cfg])
+    assert cand.simulated_s == _simulated(graph, system, cfg, cost)
+
+
+def test_cli_search_writes_a_mapping_that_simulates_to_the_reported_time(tmp_path, capsys) -> None:
+    out = tmp_path / "search"
+    assert main(["search", "--system", MIXED, "--workload", SMALL, "--workers", "1", "--budget", "4",
+                 "--generations", "3", "--quiet", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert {"best_mapping.yaml", "top10.csv", "history.csv", "convergence.png", "trace.json", "search.json",
+            "result"} <= {p.name for p in out.iterdir()}
+    mapping = yaml.safe_load((out / "best_mapping.yaml").read_text())
+    summary = yaml.safe_load((out / "search.json").read_text())
+    assert main(["simulate", "--mapping", str(out / "best_mapping.yaml")]) == 0
+    again = capsys.readouterr().out
+    line = next(x for x in again.splitlines() if x.startswith("iteration"))
+    assert float(line.split()[1]) == pytest.approx(summary["iteration_s"] * 1e3, abs=5e-4)
+    assert mapping["parallel"] == summary["best"]
+    assert "sim ms" in printed
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["--ttft-bound", "0.1"], "--ttft-bound"),  # a training workload
+    (["--algorithm", "h2h"], "--algorithm"),
+    (["--objective", "energy"], "--objective"),
+])
+def test_cli_refuses_flags_that_do_not_apply_to_an_llm_search(argv, flag, capsys) -> None:
+    code = main(["search", "--system", MIXED, "--workload", SMALL, "--workers", "1", *argv])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert flag in err and len(err.strip().splitlines()) == 1
+
+
+def test_cli_refuses_llm_flags_on_other_workloads(capsys) -> None:
+    assert main(["search", "--system", "ring-8", "--workload", "resnet50", "--global-batch", "8"]) == 2
+    assert "--global-batch" in capsys.readouterr().err
+
+
+def test_cli_compare_shows_the_grid_and_the_ga(tmp_path, capsys) -> None:
+    csv = tmp_path / "cmp.csv"
+    assert main(["compare", "--system", MIXED, "--workload", SMALL, "--workers", "1", "--budget", "4",
+                 "--generations", "2", "--quiet", "--csv", str(csv)]) == 0
+    import pandas as pd
+
+    table = pd.read_csv(csv)
+    assert list(table["algorithm"]) == ["megatron-grid", "mars"]
+    assert table["time_ms"][1] <= table["time_ms"][0]
+    assert math.isclose(table["vs_grid_pct"][0], 0.0)
