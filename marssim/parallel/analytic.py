@@ -23,6 +23,8 @@ measures its error and rank correlation against simulations.
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 
 from marssim.cost.base import CostModel
@@ -141,8 +143,11 @@ class _Timer:
         return total, received
 
 
-def screen(graph: Graph, system: System, cfg: ParallelConfig, cost: CostModel) -> Screen:
-    """The :class:`Screen` of ``cfg`` (checked by the caller) for ``graph`` on ``system``."""
+def screen(graph: Graph, system: System, cfg: ParallelConfig, cost: CostModel, *,
+           time_infeasible: bool = True) -> Screen:
+    """The :class:`Screen` of ``cfg`` (checked by the caller) for ``graph`` on ``system``.
+    ``time_infeasible=False``: a configuration that does not fit the GPUs' memory is not timed
+    (its ``iteration_s`` is infinite; a search rejects it anyway)."""
     prepared = prepare_graph(graph, cfg)
     where = place(system, cfg)
     low = _Lowering(prepared, system, cfg, cost, identity_folding(system, where.gpus), where)
@@ -150,6 +155,8 @@ def screen(graph: Graph, system: System, cfg: ParallelConfig, cost: CostModel) -
     t = low.t
     capacity = min(a.memory.capacity for a in system.accelerators)
     memory = memory_estimate(prepared, cfg, capacity, low.rules, low.rank_params)
+    if not memory.fits and not time_infeasible:
+        return Screen(math.inf, (), math.inf, memory, 0.0, 0.0, len(where.gpus))
     m = low.micro_batches
     stage_times = []
     receives = []

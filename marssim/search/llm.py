@@ -345,7 +345,7 @@ def _screen_chunk(args: tuple[bytes, list[ParallelConfig]]) -> list[Candidate]:
     out = []
     for cfg in configs:
         try:
-            sc = screen(p.graph_for(cfg), p.system, cfg, p.cost)
+            sc = screen(p.graph_for(cfg), p.system, cfg, p.cost, time_infeasible=False)
         except InputError as err:
             out.append(Candidate(cfg, error=str(err)))
             continue
