@@ -131,7 +131,7 @@ class GridPoint:
             shape = f"{self.batch}x{self.m}x{self.n}x{self.k}"
         else:
             shape = f"{self.flops:.3g} FLOP {self.bytes:.3g} B"
-        name = FUSED_ATTENTION if self.fused else self.kind
+        name = self.measure_kind if self.measure_kind in (FUSED_ATTENTION, SDPA) else self.kind
         extra = "".join(f" {x}" for x in (self.phase if self.phase != "fwd" else "", self.backend) if x)
         return f"{name}{extra} {self.dtype} {shape} ({self.origin})"
 

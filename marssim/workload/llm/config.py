@@ -45,12 +45,13 @@ training step of one (micro-)batch (forward, loss, backward, optimizer); ``prefi
 sequence attending over a KV cache of ``context`` tokens; ``serve``: a prefill of ``prompt``
 tokens and ``generate`` decode steps."""
 
-ATTENTION = ("unfused", "flash", "efficient")
+ATTENTION = ("unfused", "flash", "efficient", "cudnn")
 """How the attention core runs: ``unfused`` as separate ops (``Q K^T``, softmax, dropout, ``P V``:
 the setting of Korthikanti et al. 2022), or one fused kernel per block in forward and one in
 backward (the scores never leave the chip; dropout inside the kernel, no mask kept), timed as
-PyTorch's scaled-dot-product attention with the ``flash`` (FlashAttention-2, Dao 2023) or
-memory-``efficient`` (xFormers, Rabe and Staats 2021) backend."""
+PyTorch's scaled-dot-product attention with the ``flash`` (FlashAttention-2, Dao 2023),
+memory-``efficient`` (xFormers; Rabe and Staats 2021) or ``cudnn`` (cuDNN's fused attention)
+backend."""
 
 RECOMPUTE = ("none", "selective", "full")
 """Activation recomputation (Korthikanti et al. 2022): ``selective`` re-runs the attention core
@@ -77,7 +78,7 @@ class TransformerConfig:
     dtype: str = "bf16"
     mode: str = "forward"
     recompute: str = "none"
-    attention: str = "unfused"  # unfused | flash | efficient (ATTENTION)
+    attention: str = "unfused"  # unfused | flash | efficient | cudnn (ATTENTION)
     dropout: float = 0.0
     bias: bool = False
     tie_embeddings: bool = False
