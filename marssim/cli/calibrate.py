@@ -1,7 +1,8 @@
 """``marssim calibrate``: measure GPU kernel timings and fit the cost model's GPU curves to them.
 
-Subcommands: ``grid`` (the shapes to time, derived from zoo workloads, with the estimated
-harness time and its split into chunks), ``measure`` (time them on a CUDA device into
+Subcommands: ``grid`` (the shapes to time, derived from zoo workloads -- or, with ``--llm``,
+from the LLM workloads as the parallel lowering cuts them -- with the estimated harness time
+and its split into chunks), ``measure`` (time them on a CUDA device into
 ``traces/calibration/<device>.csv``; ``--dry-run`` runs anywhere), ``fit`` (fit the efficiency
 curves of a table, write ``<table>.fit.json`` and report the held-out error), ``check``
 (validate tables and report what they cover), ``backfill`` (add the convolution geometry
@@ -84,9 +85,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     s = p.add_subparsers(dest="calibrate_command", metavar="COMMAND", title="commands")
 
-    g = s.add_parser("grid", help="the kernel shapes to time, from zoo workloads (runs anywhere)",
-                     description="Derive the shape grid from the workloads' layers (plus a sweep around them), "
-                                 "estimate the harness time on the dgx-h100 design and split it into chunks.")
+    g = s.add_parser("grid", help="the kernel shapes to time, from zoo or LLM workloads (runs anywhere)",
+                     description="Derive the shape grid from the workloads' layers (plus a sweep around them), or "
+                                 "with --llm from the LLM workloads' tensor-parallel shards, estimate the harness "
+                                 "time on the dgx-h100 design and split it into chunks.")
     _grid_args(g)
     g.add_argument("--list", action="store_true", help="print every point")
     g.add_argument("--out", metavar="FILE.csv", help="write the grid as CSV (one row per point and kernel)")
@@ -295,14 +297,15 @@ def run_grid(args: argparse.Namespace) -> int:
         with atomic_file(args.out, newline="") as fh:
             w = csv.writer(fh, lineterminator="\n")
             w.writerow(["chunk", "measure_kind", "kind", "dtype", "batch", "m", "n", "k", "flops", "bytes",
-                        *CONV_COLUMNS, "kernel", "tuning", "estimate_s", "op_kind", "loops", "origin"])
+                        *CONV_COLUMNS, "phase", "backend", "kernel", "tuning", "estimate_s", "op_kind", "loops",
+                        "origin"])
             chunk_of = {i: c for c, (a, b) in enumerate(chunks, 1) for i in range(a, b)}
             for i, t in enumerate(tasks):
                 p = t.point
                 loops = " ".join(f"{d}={v}" for d, v in p.op.loops)
                 geometry = conv_cells(p.conv)
                 w.writerow([chunk_of[i], p.measure_kind, p.kind, p.dtype, p.batch, p.m, p.n, p.k, p.flops, p.bytes,
-                            *(geometry[c] for c in CONV_COLUMNS), t.impl.name, t.impl.tuning,
+                            *(geometry[c] for c in CONV_COLUMNS), p.phase, p.backend, t.impl.name, t.impl.tuning,
                             f"{t.estimate_s:.4g}", p.op.kind.value, loops, p.origin])
         print(f"grid      {args.out}")
     return 0
