@@ -32,6 +32,11 @@ How the grid is built (:func:`build_grid`):
    Convolutions are keyed by their geometry too, so two layers with the same im2col GEMM but
    different channels, kernel size or stride are two points.
 
+A point's key carries the kernel's phase (``fwd`` for the zoo's layers; ``dgrad``, ``wgrad``,
+``bwd``, ``update`` for the ops of training graphs) and, for the fused attention ops of LLM
+workloads (measure kind ``sdpa``), the scaled-dot-product attention backend: the grid of the LLM
+workloads, cut as the parallel lowering cuts them, is :mod:`marssim.calibrate.llm`.
+
 :func:`estimate_seconds` predicts how long the harness spends on a point (kernel time from the
 analytical GPU roofline of a design, plus the L2 flush, warm-up and a fixed set-up cost per
 point), :func:`split_chunks` cuts a grid into consecutive chunks under a time budget.

@@ -138,7 +138,7 @@ __all__ = [
     "REQUIRED_COLUMNS", "OPTIONAL_COLUMNS", "CONV_COLUMNS", "PHASES", "TUNINGS", "KernelTiming", "KernelTable",
     "KernelFit", "FitKey", "load_table", "load_tables", "fit", "fit_group", "predict", "holdout_errors",
     "traces_dir", "calibration_dir", "shape_key", "lookup_keys", "conv_cells", "parse_conv_cells", "geometry_array",
-    "SDPA_BACKENDS", "lookup_backend",
+    "SDPA_BACKENDS", "lookup_backend", "KEY_GEOMETRY", "KEY_PHASE",
 ]
 
 REQUIRED_COLUMNS = ("kind", "dtype", "batch", "m", "n", "k", "flops", "bytes", "device", "sms", "driver", "cuda",
@@ -201,8 +201,9 @@ def shape_key(kind: str, dtype: str, batch: int, m: int, n: int, k: int, flops: 
     return (kind, dtype, 0, 0, 0, 0, int(round(flops)), int(round(nbytes)), (), *tail)
 
 
-GEOMETRY, PHASE = 8, 9
-"""Positions of the geometry and the phase in a :func:`shape_key`."""
+KEY_GEOMETRY, KEY_PHASE = 8, 9
+"""Positions of the geometry and the phase in a :func:`shape_key` (``key[:KEY_GEOMETRY]``: the
+kind, dtype and GEMM shape or FLOPs and bytes)."""
 
 
 def lookup_keys(key: tuple) -> tuple[tuple, ...]:
@@ -213,10 +214,10 @@ def lookup_keys(key: tuple) -> tuple[tuple, ...]:
     without gradient rows). The backend is never relaxed: a fused attention kernel never takes
     a row of the unfused products, nor one backend another's."""
     keys = [key]
-    if key[GEOMETRY]:
-        keys.append((*key[:GEOMETRY], (), *key[GEOMETRY + 1:]))
-    if key[PHASE] != "fwd":
-        keys += [(*k[:PHASE], "fwd", *k[PHASE + 1:]) for k in keys]
+    if key[KEY_GEOMETRY]:
+        keys.append((*key[:KEY_GEOMETRY], (), *key[KEY_GEOMETRY + 1:]))
+    if key[KEY_PHASE] != "fwd":
+        keys += [(*k[:KEY_PHASE], "fwd", *k[KEY_PHASE + 1:]) for k in keys]
     return tuple(keys)
 
 

@@ -144,13 +144,32 @@ _PHASE_CODE = {name: i for i, name in enumerate(KERNEL_PHASES)}
 _BACKEND_CODE = {name: i for i, name in enumerate(KERNEL_BACKENDS)}
 
 
+_DGRAD, _WGRAD, _BWD, _UPDATE = (_PHASE_CODE[p] for p in ("dgrad", "wgrad", "bwd", "update"))
+
+
 def _kernel_codes(op: Op) -> tuple[int, int]:
-    backend = kernel_backend(op)
-    code = _BACKEND_CODE.get(backend)
-    if code is None:
-        raise ValueError(f"op {op.name}: unknown fused attention backend {backend!r}; expected one of "
-                         f"{', '.join(KERNEL_BACKENDS[1:])}")
-    return _PHASE_CODE[kernel_phase(op)], code
+    """``(phase code, backend code)`` of ``op``: :func:`kernel_phase` and :func:`kernel_backend`
+    as indices, in one pass (this runs for every op the cost model interns)."""
+    param = op.param
+    kind = op.kind
+    if kind == OpKind.GEMM:
+        grad = param("grad")
+        return (0 if grad is None else _DGRAD if grad == "input" else _WGRAD), 0
+    if kind == OpKind.MATMUL:
+        fused = param("fused")
+        if fused is not None:
+            backend = str(param("backend", ""))
+            code = _BACKEND_CODE.get(backend)
+            if code is None:
+                raise ValueError(f"op {op.name}: unknown fused attention backend {backend!r}; expected one of "
+                                 f"{', '.join(KERNEL_BACKENDS[1:])}")
+            return (_BWD if fused == "bwd" else 0), code
+        if param("phase") == "bwd":
+            return (_WGRAD if param("a_t") else _DGRAD), 0
+        return 0, 0
+    if kind == OpKind.ELTWISE and param("fn") == "adam":
+        return _UPDATE, 0
+    return (_BWD if param("phase") == "bwd" else 0), 0
 
 
 def op_features(op: Op) -> tuple[int, ...]:
@@ -205,7 +224,7 @@ def op_features(op: Op) -> tuple[int, ...]:
     else:
         cls, traffic = CLASS_STREAM, op.bytes_moved
     oe = math.prod(op.out_shape)
-    phase = _PHASE_CODE[kernel_phase(op)] if cls != CLASS_NONE else 0
+    phase = _kernel_codes(op)[0] if cls != CLASS_NONE else 0
     return (cls, code, kernel, dt, eb, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, op.flops,
             0, 0, oe, 0, 0, oe * eb, traffic, 0, 0, 0, 0, *_NO_GEOMETRY, phase, 0)
 
