@@ -177,3 +177,18 @@ def test_zoo_kinds_keep_their_kernels():
     kernels = {kernels_for(p, triton=False)[0].build(p, "cpu", 0).kernel for p in points}
     assert kernels == {"torch.linear", "torch.bmm"}
     assert SDPA in MEASURE_KINDS
+
+
+def test_a_mixture_of_experts_grid_builds_too():
+    options = LlmGridOptions(models=("mixtral-8x7b:hidden=128,heads=4,kv_heads=2,ffn=256,vocab=301",), tp=(1, 2),
+                             micro_batches=(1,), seq=32, prefill=False, decode_contexts=(), attention=("unfused",))
+    points = llm_grid(options)
+    grouped = [p for p in points if p.op.param("grouped")]
+    assert {p.phase for p in grouped} == {"fwd", "dgrad", "wgrad"}
+    for p in points:
+        built = kernels_for(p, triton=False)[0].build(p, "cpu", 0)
+        out = built.fn()
+        assert tuple(out.shape) == tuple(built.expected) and bool(torch.isfinite(out).all()), p.describe()
+        if p.op.param("fn") == "router" and p.phase == "fwd":  # top-2 of 8 experts, renormalised
+            assert bool(((out > 0).sum(-1) == 2).all()) and torch.allclose(out.float().sum(-1),
+                                                                          torch.ones(out.shape[:-1]), atol=1e-2)

@@ -40,8 +40,9 @@ dtype          the models' ``bf16`` (the AdamW step is fp32)
 
 Shapes that repeat across runs (the same GEMM at ``tp=2`` with micro-batch 2 and ``tp=4``
 with micro-batch 4, every recomputed op) are kept once, with the first run that asked for them
-as their origin. Reshapes (the KV-cache writes, the next-token choice) are not timed by the
-harness and are left out.
+as their origin. Reshapes (the KV-cache writes, the next-token choice, an MoE model's dispatch
+and combine) are not timed by the harness and are left out. Mixture-of-experts specs work too
+(grouped expert GEMMs, the router), with expert parallelism 1.
 """
 
 from __future__ import annotations
@@ -201,7 +202,8 @@ def op_hints(graph: Graph, op: Op, tp: int = 1) -> tuple[tuple[str, int], ...]:
     """What a kernel needs to know about ``op`` beyond its shapes (:attr:`GridPoint.hints`):
     ``rows`` (the softmax row length a softmax gradient reduces over), ``head_dim`` (rotary
     embeddings rotate pairs within each head), ``vocab`` (the table rows an embedding gradient
-    scatters into: a rank's part of the vocabulary-parallel token table)."""
+    scatters into: a rank's part of the vocabulary-parallel token table), ``top_k`` (the experts
+    an MoE router keeps per token)."""
     fn = op.param("fn")
     cfg = graph.meta.get("transformer")
     if fn == "softmax_grad":
@@ -210,6 +212,8 @@ def op_hints(graph: Graph, op: Op, tp: int = 1) -> tuple[tuple[str, int], ...]:
             return (("rows", src.dim("L")),)
     if fn in ("rope", "rope_grad") and cfg is not None:
         return (("head_dim", cfg.d_head),)
+    if fn == "router" and cfg is not None:
+        return (("top_k", cfg.top_k),)
     if fn == "embedding_grad" and op.name.endswith(".grad"):
         table = graph.index.get(op.name[: -len(".grad")])
         if table is not None and graph.ops[table].kind == OpKind.EMBEDDING:

@@ -33,6 +33,8 @@ softmax gradient    ``torch._softmax_backward_data`` over rows of the forward so
 cross-entropy grad  ``P / tokens`` then the targets' ``-1 / tokens`` (an ``index_add``): two launches
 embedding gradient  ``index_add_`` of the output-gradient rows into the table gradient (a rank's part
                     of the vocabulary)
+MoE router          softmax, ``topk`` and the renormalised gates scattered back; backward the softmax
+                    gradient of the kept gates
 gradient sums       ``torch.add`` (one launch per extra operand)
 RMSNorm             ``torch.nn.functional.rms_norm``; gradient: ``autograd.grad`` of it (input and
                     scale gradients)
@@ -302,6 +304,26 @@ def _embedding_grad(point, device, gen, x, **_):
     return lambda: table.index_add_(0, ids, rows), "torch.index_add", {"table_rows": str(vocab)}
 
 
+def _router(point, device, gen, x, **_):
+    """MoE gating over the experts (features last): forward softmax, top-k and the renormalised
+    gates scattered back; backward (inputs gates and dY) the softmax gradient of the kept gates."""
+    import torch
+
+    top_k = point.hint("top_k") or 1
+    if len(x) == 1:
+        (logits,) = x
+
+        def fn():
+            probs = torch.softmax(logits, dim=-1)
+            vals, idx = torch.topk(probs, top_k, dim=-1)
+            return torch.zeros_like(probs).scatter_(-1, idx, vals / vals.sum(-1, keepdim=True))
+
+        return fn, "torch.topk_gating", {"top_k": str(top_k)}
+    gates, dy = x
+    return (lambda: torch._softmax_backward_data(dy * (gates > 0), gates, -1, gates.dtype),
+            "torch.topk_gating_backward", {"top_k": str(top_k)})
+
+
 def _grad_accumulate(point, device, gen, x, **_):
     import torch
 
@@ -319,7 +341,7 @@ def _grad_accumulate(point, device, gen, x, **_):
 LLM_ELEMENTWISE = {"dropout": _dropout, "dropout_grad": _dropout_grad, "gelu_grad": _gelu_grad, "swiglu": _swiglu,
                    "swiglu_gate_grad": _swiglu_gate_grad, "swiglu_up_grad": _swiglu_up_grad, "rope": _rope,
                    "rope_grad": _rope, "softmax_grad": _softmax_grad, "cross_entropy_grad": _cross_entropy_grad,
-                   "embedding_grad": _embedding_grad, "grad_accumulate": _grad_accumulate}
+                   "embedding_grad": _embedding_grad, "grad_accumulate": _grad_accumulate, "router": _router}
 """Element-wise functions of training graphs (``fn``) and their kernels."""
 
 
