@@ -114,30 +114,13 @@ def kernel_phase(op: Op) -> str:
     query tokens as a weight gradient is), ``dgrad`` for the other; ``update`` for the AdamW
     step (``fn=adam``); ``bwd`` for any other op of phase ``bwd``; ``fwd`` otherwise
     (forward and recomputed ops, every op of an inference graph)."""
-    kind = op.kind
-    if kind == OpKind.GEMM:
-        grad = op.param("grad")
-        if grad is not None:
-            return "dgrad" if grad == "input" else "wgrad"
-        return "fwd"
-    if kind == OpKind.MATMUL:
-        fused = op.param("fused")
-        if fused is not None:
-            return "bwd" if fused == "bwd" else "fwd"
-        if op.param("phase") == "bwd":
-            return "wgrad" if op.param("a_t") else "dgrad"
-        return "fwd"
-    if kind == OpKind.ELTWISE and op.param("fn") == "adam":
-        return "update"
-    return "bwd" if op.param("phase") == "bwd" else "fwd"
+    return KERNEL_PHASES[_kernel_codes(op)[0]]
 
 
 def kernel_backend(op: Op) -> str:
     """The fused attention backend ``op`` names (``flash``, ``efficient``, ...; a fused
-    attention op's ``backend``), ``""`` for every other op."""
-    if op.kind == OpKind.MATMUL and op.param("fused") is not None:
-        return str(op.param("backend", ""))
-    return ""
+    attention op's ``backend``), ``""`` for every other op. ValueError for an unknown one."""
+    return KERNEL_BACKENDS[_kernel_codes(op)[1]]
 
 
 _PHASE_CODE = {name: i for i, name in enumerate(KERNEL_PHASES)}
@@ -148,8 +131,8 @@ _DGRAD, _WGRAD, _BWD, _UPDATE = (_PHASE_CODE[p] for p in ("dgrad", "wgrad", "bwd
 
 
 def _kernel_codes(op: Op) -> tuple[int, int]:
-    """``(phase code, backend code)`` of ``op``: :func:`kernel_phase` and :func:`kernel_backend`
-    as indices, in one pass (this runs for every op the cost model interns)."""
+    """``(phase code, backend code)`` of ``op`` (see :func:`kernel_phase`, :func:`kernel_backend`),
+    in one pass: this runs for every op the cost model interns."""
     param = op.param
     kind = op.kind
     if kind == OpKind.GEMM:
