@@ -73,7 +73,8 @@ def test_head_shards_keep_each_query_group_with_its_key_value_head():
     _, ops = _ops(LLAMA + ",attention=flash")
     core, grad = ops["layers.0.attn.core"], ops["layers.0.attn.core.grad"]
     part = core.with_loops(H=2)  # 2 of 8 query heads: the 1 key/value head they share
-    assert part.in_shapes == ((2, 2 * 64, 256, 1), (2, 64, 256, 1), (2, 64, 256, 1)) and part.out_shape == (2, 128, 256, 1)
+    assert part.in_shapes == ((2, 2 * 64, 256, 1), (2, 64, 256, 1), (2, 64, 256, 1))
+    assert part.out_shape == (2, 128, 256, 1)
     assert grad.with_loops(H=4).out_shape == (2, (4 + 2) * 64, 256, 1)
     with pytest.raises(ValueError, match="as many queries as keys"):
         grad.with_loops(M=128)
@@ -135,7 +136,7 @@ def _row(kind, batch, m, n, k, median, phase="fwd", backend="", flops=0.0, nbyte
 
 
 def test_gradients_take_their_own_phase_else_the_forward_row_of_their_shape():
-    g, ops = _ops(LLAMA)
+    _, ops = _ops(LLAMA)
     fwd, dgrad = ops["layers.0.mlp.up"], ops["layers.0.mlp.down.dgrad"]
     assert fwd.gemm_view() == dgrad.gemm_view()  # up: tokens x 1024 by 512; down's dgrad: the same GEMM
     view = fwd.gemm_view()
