@@ -50,6 +50,30 @@ def test_fused_core_does_the_products_it_replaces(spec):
     assert f_unfused.total_flops - f_fused.total_flops == core_streaming
 
 
+
+@pytest.mark.parametrize("spec", [GPT, LLAMA])
+def test_fusing_saves_exactly_the_score_traffic(spec):
+    """The unfused core moves everything the fused kernel moves plus the a s^2 b scores through
+    memory, counted by hand at 16 bits: forward 2 (Q K^T writes) + 4 (softmax reads, writes)
+    + 5 (dropout reads, writes, 1-byte mask) + 2 (P V reads) bytes per score; backward 2 (dP
+    written) + 2 (P read for dV) + 5 (dropout gradient: dP, mask in, out) + 6 (softmax gradient:
+    Y, dY in, out) + 2 + 2 (dS read for dQ and for dK); without dropout 5 fewer each way."""
+    _, unfused = _ops(spec)
+    g, fused = _ops(spec + ",attention=flash")
+    t = g.meta["transformer"]
+    scores = t.heads * t.seq * t.seq * t.batch
+    drop = 5 if t.dropout else 0
+    assert (t.dropout > 0) == (spec == GPT)  # one spec of each kind
+    p = "layers.0.attn."
+    core = [n for n in ("qk", "softmax", "dropout", "pv") if p + n in unfused]
+    grads = [n for n in ("pv.grad_a", "pv.grad_b", "dropout.grad", "softmax.grad", "qk.grad_a", "qk.grad_b")
+             if p + n in unfused]
+    assert len(grads) == (6 if drop else 5)
+    fwd = sum(unfused[p + n].bytes_moved for n in core) - fused[p + "core"].bytes_moved
+    bwd = sum(unfused[p + n].bytes_moved for n in grads) - fused[p + "core.grad"].bytes_moved
+    assert fwd == (8 + drop) * scores
+    assert bwd == (14 + drop) * scores
+
 def test_activations_of_a_flash_block_are_korthikantis_34sbh():
     """With the scores never stored (no softmax output, no dropout mask over them), a GPT block
     keeps 34 s b h bytes at 16 bits: Korthikanti et al. 2022's figure without the 5 a s^2 b term."""
