@@ -58,7 +58,7 @@ param             meaning
                   queries, ``N`` keys, ``K`` head dimension; the per-row softmax statistics (4 B per
                   query and head) are left out of the bytes
 ``backend``       the scaled-dot-product attention backend a ``fused`` op models (``flash``,
-                  ``efficient``): which measured kernels time it
+                  ``efficient``, ``cudnn``): which measured kernels time it
 ``view``          a ``reshape`` that only re-labels its input (no copy, no new buffer)
 ``extra_per_elem`` bytes read or written per output element beyond inputs, weights and output
                   (dropout masks, optimizer state write-back)

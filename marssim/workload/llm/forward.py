@@ -18,11 +18,12 @@ One block (pre-norm, as GPT-2/3, Llama and Mixtral)::
                  experts) -> moe.act -> moe.down -> moe.combine
 
 The attention core (``attn.qk``, ``attn.softmax``, ``attn.dropout``, ``attn.pv``) carries
-``core=True``; with ``attention=flash`` (or ``efficient``) it is one fused op ``attn.core``
-(a ``matmul`` with ``fused=fwd``: :mod:`marssim.workload.op`). FLOPs of the causal attention products count the full ``M x N`` product (the
-convention of Narayanan et al. 2021 and of the model-FLOPs utilisation of Chowdhery et al.
-2022, so published formulas match exactly); the mask is applied in the softmax and the products
-are marked ``causal`` for cost models that skip masked blocks.
+``core=True``; with ``attention=flash`` (or ``efficient``, ``cudnn``) it is one fused op
+``attn.core`` (a ``matmul`` with ``fused=fwd``: :mod:`marssim.workload.op`). FLOPs of the
+causal attention products count the full ``M x N`` product (the convention of Narayanan et al.
+2021 and of the model-FLOPs utilisation of Chowdhery et al. 2022, so published formulas match
+exactly); the mask is applied in the softmax and the products are marked ``causal`` for cost
+models that skip masked blocks.
 
 Every op carries ``layer`` (``-1`` for the embedding, ``layers`` for the final norm, head and
 loss) and ``phase`` (``fwd``).
