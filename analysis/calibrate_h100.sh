@@ -8,7 +8,12 @@
 # The grid (the zoo's layer shapes plus a sweep around them) is split into chunks whose
 # estimated timing fits well inside 10 minutes; each chunk runs as its own command under a
 # 600 s timeout and stops by itself before 540 s. A chunk cut short is resumed by running it
-# again (kernels already in the table are skipped), up to three times.
+# again (kernels already in the table are skipped), up to three times. Then the LLM grid
+# (`marssim calibrate measure --llm`: the kernels GPT-3 175B/13B and Llama 3 8B/70B layers run
+# in training, prefill and decode at tensor-parallel degrees 1, 2, 4, 8 -- forward, input- and
+# weight-gradient GEMMs, attention products and fused attention per scaled-dot-product backend,
+# norms, activations and their gradients, AdamW) goes into the same table, chunk by chunk
+# (LLM=0 leaves it out).
 #
 # Outputs:
 #   traces/calibration/<GPU>.csv          per-op kernel timings (the dgx-h100 design reads H100.csv)
@@ -27,6 +32,7 @@ KINDS="${KINDS:-gemm,conv,attention,elementwise,norm,softmax,pool,embedding,fuse
 DTYPES="${DTYPES:-bf16,fp16,fp32}"
 CHUNK_SECONDS="${CHUNK_SECONDS:-240}"
 COMMIT="${COMMIT:-1}"
+LLM="${LLM:-1}"
 
 GPU=$(python - <<'EOF'
 import sys
@@ -52,21 +58,32 @@ GRID=(--workloads "$WORKLOADS" --kinds "$KINDS" --dtype "$DTYPES" --chunk-second
 
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,power.limit,temperature.gpu \
   --format=csv || true
-marssim calibrate grid "${GRID[@]}"
-CHUNKS=$(marssim calibrate grid "${GRID[@]}" | grep -c '^  chunk ')
 
-for ((i = 1; i <= CHUNKS; i++)); do
-  for attempt in 1 2 3; do
-    echo "== chunk $i of $CHUNKS, attempt $attempt" >&2
-    set +e
-    timeout 600 marssim calibrate measure "${GRID[@]}" --chunk "$i" --out "$TABLE" --fused-out "$FUSED"
-    rc=$?
-    set -e
-    if [ "$rc" -eq 0 ]; then break; fi
-    # 3: stopped at the time limit with kernels left; 124: killed by timeout (rows so far are kept)
-    if [ "$rc" -ne 3 ] && [ "$rc" -ne 124 ]; then exit "$rc"; fi
+# measure_chunks GRID-FLAGS...: every chunk of that grid, each resumed up to three times
+measure_chunks() {
+  marssim calibrate grid "$@"
+  local chunks i attempt rc
+  chunks=$(marssim calibrate grid "$@" | grep -c '^  chunk ')
+  for ((i = 1; i <= chunks; i++)); do
+    for attempt in 1 2 3; do
+      echo "== chunk $i of $chunks, attempt $attempt" >&2
+      set +e
+      timeout 600 marssim calibrate measure "$@" --chunk "$i" --out "$TABLE" --fused-out "$FUSED"
+      rc=$?
+      set -e
+      if [ "$rc" -eq 0 ]; then break; fi
+      # 3: stopped at the time limit with kernels left; 124: killed by timeout (rows so far are kept)
+      if [ "$rc" -ne 3 ] && [ "$rc" -ne 124 ]; then exit "$rc"; fi
+    done
   done
-done
+}
+
+measure_chunks "${GRID[@]}"
+if [ "$LLM" = 1 ]; then
+  # cuBLAS only (--no-triton): the cost model prefers the vendor rows of a shape anyway
+  measure_chunks --llm --no-triton --chunk-seconds "$CHUNK_SECONDS"
+  marssim calibrate check "$TABLE" --workloads "gpt3-175b:mode=train,layers=2,llama3-70b:mode=train,seq=4096,layers=2"
+fi
 
 # the fp16 shards of the GEMM-class layers (the zoo's dtype) go into the table, so that
 # model-parallel mappings are charged measured times for 2-, 4- and 8-way splits; the bf16 and

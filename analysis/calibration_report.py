@@ -93,16 +93,16 @@ def batch_variant_errors(table, factor: int, lines: list[str]) -> None:
     correction on the rest, and predict the held-out rows. ``factor`` 2 interpolates (x1 and
     x4 of the same layer are fitting rows), 32 extrapolates (x16 is the largest left)."""
     from marssim.calibrate.fitting import TARGETS
-    from marssim.cost.calibrated import fit_group, geometry_array, predict
+    from marssim.cost.calibrated import KEY_GEOMETRY, fit_group, geometry_array, predict
     from marssim.system.describe import format_table
 
     suffixes = (f" x{factor} N", f" x{factor} B")
     rows_out = []
     for key, rows in sorted(table.groups().items()):
         # held out by GEMM shape: a variant's rows and any row of the same GEMM shape (geometry aside)
-        held_keys = {r.shape[:-1] for r in rows if r.note.endswith(suffixes)}
-        held = [r for r in rows if r.shape[:-1] in held_keys]
-        train = [r for r in rows if r.shape[:-1] not in held_keys]
+        held_keys = {r.shape[:KEY_GEOMETRY] for r in rows if r.note.endswith(suffixes)}
+        held = [r for r in rows if r.shape[:KEY_GEOMETRY] in held_keys]
+        train = [r for r in rows if r.shape[:KEY_GEOMETRY] not in held_keys]
         if not held or len(train) < 4:
             continue
         args = dict(batch=[r.batch for r in held], m=[r.m for r in held], n=[r.n for r in held],

@@ -44,11 +44,12 @@ def main(argv: list[str] | None = None) -> int:
 
     from marssim.calibrate.grid import build_grid
     from marssim.cost import DataflowCost, KernelTable, load_table
+    from marssim.cost.calibrated import KEY_GEOMETRY
     from marssim.system import load_system
 
     table = load_table(args.table)
     held = load_table(args.held_out)
-    gemm_view = {r.shape[:-1] for r in table.rows}  # the shapes' GEMM views (geometry left out)
+    gemm_view = {r.shape[:KEY_GEOMETRY] for r in table.rows}  # the shapes' GEMM views (geometry left out)
     measured: dict[tuple, float] = {}
     for r in held.rows:
         if r.tuning == "vendor":
@@ -63,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     signed: dict[tuple[str, str, str], list[float]] = defaultdict(list)
     used: dict[str, int] = defaultdict(int)
     for p in points:
-        if p.key[:-1] in gemm_view or p.key not in measured:
+        if p.key[:KEY_GEOMETRY] in gemm_view or p.key not in measured:
             continue
         for name, model in models.items():
             if name != "geometry" and p.kind != "conv":

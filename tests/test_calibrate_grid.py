@@ -37,10 +37,10 @@ def expected_key(op, dtype: str) -> tuple:
     with their geometry), streaming ops by FLOPs and traffic (embeddings read only the gathered
     rows: ids + 2 x output)."""
     kind = KIND_OF[op.kind]
-    if op.is_gemm_like:
-        return (kind, dtype, *op.gemm_view(), 0, 0, layer_geometry(op) if op.kind == OpKind.CONV else ())
+    if op.is_gemm_like:  # the zoo's layers are forward kernels: phase fwd, no fused attention backend
+        return (kind, dtype, *op.gemm_view(), 0, 0, layer_geometry(op) if op.kind == OpKind.CONV else (), "fwd", "")
     traffic = op.input_bytes + 2 * op.output_bytes if op.kind == OpKind.EMBEDDING else op.bytes_moved
-    return (kind, dtype, 0, 0, 0, 0, op.flops, traffic, ())
+    return (kind, dtype, 0, 0, 0, 0, op.flops, traffic, (), "fwd", "")
 
 
 def test_tile_neighbours_by_hand():

@@ -77,8 +77,8 @@ def _ticking(clock, tasks):
             built.fn = run
             return built
 
-        out.append(Task(t.point, KernelImpl(impl.name, impl.measure_kind, impl.tuning, impl.dtypes, builder), 0.01,
-                        t.seed))
+        out.append(Task(t.point, KernelImpl(impl.name, impl.measure_kind, impl.tuning, impl.dtypes, builder,
+                                            backend=impl.backend), 0.01, t.seed))
     return out
 
 
@@ -151,3 +151,27 @@ def test_measure_stops_before_the_time_limit(fake_cuda, tmp_path):
                                           plan=TimingPlan(warmup=1, target_s=1e-4)), progress=False)
     assert report.measured == 3 and report.left == len(tasks) - 3
     assert len(load_table(tmp_path / "t.csv")) == 3
+
+
+def test_llm_rows_carry_phase_and_backend_and_resume_per_backend(fake_cuda, tmp_path):
+    """Fused attention of one shape measured with two backends: two rows (the backend column
+    tells them apart), both skipped by a rerun; gradient GEMMs are rows of their phase."""
+    from marssim.calibrate.llm import LlmGridOptions, llm_grid
+
+    options = LlmGridOptions(models=("llama:hidden=128,heads=4,kv_heads=2,ffn=256,vocab=301",), tp=(1,),
+                             micro_batches=(1,), seq=32, prefill=False, decode_contexts=(), backends=("flash", "math"))
+    points = [p for p in llm_grid(options, ("gemm", "sdpa")) if p.phase != "fwd" or p.kind == "attention"]
+    tasks = _ticking(fake_cuda, [Task(p, impl, 0.01, i) for i, p in enumerate(points)
+                                 for impl in kernels_for(p, triton=False)])
+    out = tmp_path / "H100.csv"
+    options_ = MeasureOptions(out, None, TimingPlan(warmup=1, target_s=1e-4), device="cpu")
+    report = measure(tasks, options_, progress=False)
+    assert report.measured == len(tasks) and not report.skipped
+    rows = load_table(out).rows
+    assert {(r.kind, r.phase, r.backend) for r in rows} == {("gemm", "dgrad", ""), ("gemm", "wgrad", ""),
+                                                          ("attention", "fwd", "flash"), ("attention", "fwd", "math"),
+                                                          ("attention", "bwd", "flash"), ("attention", "bwd", "math")}
+    fused = [r for r in rows if r.kind == "attention"]
+    assert len({(r.batch, r.m, r.n, r.k, r.phase) for r in fused}) == len(fused) // 2  # each shape twice
+    again = measure(tasks, options_, progress=False)
+    assert (again.measured, again.already) == (0, len(tasks))

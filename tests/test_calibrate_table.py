@@ -111,10 +111,12 @@ def test_bad_table_names_file_line_and_column(tmp_path):
         read_rows(path)
 
 
-def test_every_kernel_family_has_one_tuning_per_kind():
-    """The harness's resume check identifies a family by (kind, tuning): they must not collide."""
+def test_every_kernel_family_has_one_tuning_and_backend_per_kind():
+    """The harness's resume check identifies a family by (kind, tuning, backend): they must not
+    collide."""
     seen = {}
     for k in KERNELS:
-        assert (k.measure_kind, k.tuning) not in seen, (k.name, seen.get((k.measure_kind, k.tuning)))
-        seen[(k.measure_kind, k.tuning)] = k.name
+        family = (k.measure_kind, k.tuning, k.backend)
+        assert family not in seen, (k.name, seen.get(family))
+        seen[family] = k.name
     assert {k.measure_kind for k in KERNELS} >= {"gemm", "conv", "attention", "elementwise", "norm", FUSED_ATTENTION}

@@ -5,8 +5,13 @@ Modules of the measurement harness (``marssim calibrate``), in data-flow order:
 
 * :mod:`.grid` -- the kernel shapes to time: the zoo's layer shapes plus a sweep around them,
   the time estimate and its split into chunks (pure, no GPU);
+* :mod:`.llm` -- the LLM grid: the shards the parallel lowering times for GPT-3 and Llama-3
+  layers (training, prefill, decode; unfused and fused attention) at tensor-parallel degrees
+  1-8 (pure, no GPU);
 * :mod:`.kernels` -- the kernel timed for each kind (cuBLAS, the SIP package's Triton GEMM,
-  cuDNN, PyTorch's own kernels, fused attention), built with random inputs;
+  cuDNN, PyTorch's own kernels, fused attention), built with random inputs; the LLM ops' in
+  :mod:`.llm_kernels` (gradient GEMMs, grouped-query products, scaled-dot-product attention per
+  backend, norm and activation gradients, AdamW);
 * :mod:`.harness` -- CUDA-event timing with the L2 flushed before every repetition, device
   and library provenance, progress, resumable runs (needs torch and a GPU);
 * :mod:`.fitting` -- the efficiency-curve fit (with its local residual correction) of a table,

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 from marssim.cost.calibrated import GEMM_KINDS, MIN_POINTS, KernelTable, lookup_keys, shape_key
 from marssim.cost.features import (
-    CLASS_GEMM, CLASS_NONE, F_CLASS, F_FLOPS, F_G, F_KERNEL, F_KK, F_M, F_NN, F_TRAFFIC, KERNEL_KINDS,
-    conv_geometry_key, op_features,
+    CLASS_GEMM, CLASS_NONE, F_BACKEND, F_CLASS, F_FLOPS, F_G, F_KERNEL, F_KK, F_M, F_NN, F_PHASE, F_TRAFFIC,
+    KERNEL_BACKENDS, KERNEL_KINDS, KERNEL_PHASES, conv_geometry_key, op_features,
 )
 from marssim.workload import Graph, Op
 
@@ -51,7 +51,8 @@ def table_coverage(table: KernelTable) -> list[KindCoverage]:
         kernels = Counter(r.kernel or "-" for r in rows)
         need = MIN_POINTS[kind in GEMM_KINDS]
         shapes = {r.shape for r in rows}
-        fittable = tuple(t for t, n in sorted(tunings.items()) if n >= need)
+        fitted = Counter(r.tuning for r in rows if r.fitted)  # forward rows, fused attention aside
+        fittable = tuple(t for t, n in sorted(fitted.items()) if n >= need)
         out.append(KindCoverage(device, kind, dtype, len(rows), len(shapes), tuple(sorted(tunings.items())),
                                 tuple(sorted(kernels.items())), fittable, min(r.flops for r in rows),
                                 max(r.flops for r in rows)))
@@ -77,9 +78,10 @@ def op_shape_key(op: Op) -> tuple | None:
     if x[F_CLASS] == CLASS_NONE:
         return None
     kind = KERNEL_KINDS[x[F_KERNEL]]
+    tail = {"phase": KERNEL_PHASES[x[F_PHASE]], "backend": KERNEL_BACKENDS[x[F_BACKEND]]}
     if x[F_CLASS] == CLASS_GEMM:
-        return shape_key(kind, op.dtype, x[F_G], x[F_M], x[F_NN], x[F_KK], 0, 0, conv_geometry_key(x) or None)
-    return shape_key(kind, op.dtype, 0, 0, 0, 0, x[F_FLOPS], x[F_TRAFFIC])
+        return shape_key(kind, op.dtype, x[F_G], x[F_M], x[F_NN], x[F_KK], 0, 0, conv_geometry_key(x) or None, **tail)
+    return shape_key(kind, op.dtype, 0, 0, 0, 0, x[F_FLOPS], x[F_TRAFFIC], **tail)
 
 
 def measured_key(op: Op, keys: set | dict) -> tuple | None:
@@ -95,7 +97,7 @@ def workload_coverage(table: KernelTable, graphs: Sequence[Graph]) -> list[str]:
     """One line per (workload, device): how many compute ops have a measured shape, by op kind."""
     lines = []
     for device in table.devices():
-        keys = {r.shape for r in table.rows if r.device == device and r.phase == "fwd"}
+        keys = {r.shape for r in table.rows if r.device == device}
         for g in graphs:
             total: Counter = Counter()
             hit: Counter = Counter()

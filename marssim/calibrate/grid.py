@@ -32,6 +32,11 @@ How the grid is built (:func:`build_grid`):
    Convolutions are keyed by their geometry too, so two layers with the same im2col GEMM but
    different channels, kernel size or stride are two points.
 
+A point's key carries the kernel's phase (``fwd`` for the zoo's layers; ``dgrad``, ``wgrad``,
+``bwd``, ``update`` for the ops of training graphs) and, for the fused attention ops of LLM
+workloads (measure kind ``sdpa``), the scaled-dot-product attention backend: the grid of the LLM
+workloads, cut as the parallel lowering cuts them, is :mod:`marssim.calibrate.llm`.
+
 :func:`estimate_seconds` predicts how long the harness spends on a point (kernel time from the
 analytical GPU roofline of a design, plus the L2 flush, warm-up and a fixed set-up cost per
 point), :func:`split_chunks` cuts a grid into consecutive chunks under a time budget.
@@ -46,19 +51,26 @@ from dataclasses import dataclass, replace
 from marssim.cost.calibrated import shape_key
 from marssim.cost.convgeom import ConvGeometry, conv_geometry
 from marssim.cost.features import (
-    CLASS_GEMM, CLASS_NONE, F_CLASS, F_FLOPS, F_G, F_KERNEL, F_KK, F_M, F_NN, F_TRAFFIC, KERNEL_KINDS, op_features,
+    CLASS_GEMM, CLASS_NONE, F_BACKEND, F_CLASS, F_FLOPS, F_G, F_KERNEL, F_KK, F_M, F_NN, F_PHASE, F_TRAFFIC,
+    KERNEL_BACKENDS, KERNEL_KINDS, KERNEL_PHASES, op_features,
 )
 from marssim.errors import InputError
 from marssim.workload import Graph, Op, OpKind
 from marssim.workload.op import DTYPE_BYTES
 
-__all__ = ["MEASURE_KINDS", "DEFAULT_KINDS", "FUSED_ATTENTION", "MEASURE_DTYPES", "DEFAULT_WORKLOADS",
+__all__ = ["MEASURE_KINDS", "DEFAULT_KINDS", "FUSED_ATTENTION", "SDPA", "MEASURE_DTYPES", "DEFAULT_WORKLOADS",
            "GridPoint", "TimingPlan", "build_grid", "grid_from_graphs", "load_graphs", "split_workloads",
            "parse_list", "sweep_variants", "shard_variants", "estimate_seconds", "split_chunks", "tile_neighbours"]
 
 FUSED_ATTENTION = "fused-attention"
-MEASURE_KINDS = ("gemm", "conv", "attention", "elementwise", "norm", "softmax", "pool", "embedding", FUSED_ATTENTION)
-"""Kinds the harness can time (``reshape`` is a view or a copy in a framework: not timed)."""
+SDPA = "sdpa"
+MEASURE_KINDS = ("gemm", "conv", "attention", "elementwise", "norm", "softmax", "pool", "embedding", FUSED_ATTENTION,
+                 SDPA)
+"""Kinds the harness can time (``reshape`` is a view or a copy in a framework: not timed).
+``fused-attention``: one fused kernel per attention block of a workload with unfused attention
+(the SIP convention, a table of its own); ``sdpa``: the fused attention ops of LLM workloads
+built with ``attention=flash`` or ``efficient`` (table kind ``attention``, the backend in the
+row), which the cost model looks up."""
 DEFAULT_KINDS = ("gemm", "conv", "attention", "elementwise", "norm")
 MEASURE_DTYPES = ("bf16", "fp16", "fp32", "tf32")
 """Dtypes the harness can time (``tf32``: fp32 tensors with TF32 tensor-core math allowed)."""
@@ -78,7 +90,11 @@ class GridPoint:
     attention: the block's ``Q K^T`` product); ``origin``: where it came from
     (``resnet50:layer1.0.conv1``, or ``... x4 N`` for a sweep variant); ``conv``: a
     convolution's geometry (the ``conv_*`` columns, :func:`marssim.cost.convgeom.conv_geometry`),
-    None for other kinds; ``phase``: the table's ``phase`` column."""
+    None for other kinds; ``phase``: the table's ``phase`` column (the op's kernel phase,
+    :func:`marssim.cost.features.kernel_phase`); ``backend``: the fused attention backend the
+    op names (:func:`~marssim.cost.features.kernel_backend`; the kernel that times the point
+    must run that backend); ``hints``: ``(name, value)`` pairs a kernel needs beyond the op's
+    shapes (the softmax rows of a softmax gradient, the head dimension of rotary embeddings)."""
 
     measure_kind: str
     kind: str
@@ -93,13 +109,18 @@ class GridPoint:
     origin: str
     conv: ConvGeometry | None = None
     phase: str = "fwd"
+    backend: str = ""
+    hints: tuple[tuple[str, int], ...] = ()
 
     @property
     def key(self) -> tuple:
-        """:func:`~marssim.cost.calibrated.shape_key` of the point (with its phase when not
-        ``fwd``)."""
-        key = shape_key(self.kind, self.dtype, self.batch, self.m, self.n, self.k, self.flops, self.bytes, self.conv)
-        return key if self.phase == "fwd" else (*key, self.phase)
+        """:func:`~marssim.cost.calibrated.shape_key` of the point (with its phase and fused
+        attention backend): the key the cost model looks the op up by."""
+        return shape_key(self.kind, self.dtype, self.batch, self.m, self.n, self.k, self.flops, self.bytes, self.conv,
+                         self.phase, self.backend)
+
+    def hint(self, name: str, default: int = 0) -> int:
+        return dict(self.hints).get(name, default)
 
     @property
     def fused(self) -> bool:
@@ -115,8 +136,9 @@ class GridPoint:
             shape = f"{self.batch}x{self.m}x{self.n}x{self.k}"
         else:
             shape = f"{self.flops:.3g} FLOP {self.bytes:.3g} B"
-        name = FUSED_ATTENTION if self.fused else self.kind
-        return f"{name} {self.dtype} {shape} ({self.origin})"
+        name = self.measure_kind if self.measure_kind in (FUSED_ATTENTION, SDPA) else self.kind
+        extra = "".join(f" {x}" for x in (self.phase if self.phase != "fwd" else "", self.backend) if x)
+        return f"{name}{extra} {self.dtype} {shape} ({self.origin})"
 
 
 # ----------------------------------------------------------------------------- inputs
@@ -229,11 +251,17 @@ def shard_variants(op: Op, shards: Sequence[int]) -> list[tuple[Op, str]]:
 
 
 # ----------------------------------------------------------------------------- points
-def _point(op: Op, measure_kind: str, origin: str) -> GridPoint | None:
+def _point(op: Op, measure_kind: str, origin: str, hints: tuple[tuple[str, int], ...] = ()) -> GridPoint | None:
     x = op_features(op)
     if x[F_CLASS] == CLASS_NONE:
         return None
     kind = KERNEL_KINDS[x[F_KERNEL]]
+    phase, backend = KERNEL_PHASES[x[F_PHASE]], KERNEL_BACKENDS[x[F_BACKEND]]
+    if (measure_kind == SDPA) != bool(backend):  # fused attention ops are timed by the sdpa kernels only
+        return None
+    if measure_kind == SDPA:
+        return GridPoint(SDPA, kind, op.dtype, x[F_G], x[F_M], x[F_NN], x[F_KK], x[F_FLOPS], x[F_TRAFFIC], op, origin,
+                         None, phase, backend, hints)
     if measure_kind == FUSED_ATTENTION:
         from marssim.calibrate.sip.calibration import gemm_class_shape
 
@@ -246,15 +274,15 @@ def _point(op: Op, measure_kind: str, origin: str) -> GridPoint | None:
     if x[F_CLASS] == CLASS_GEMM:
         conv = conv_geometry(op) if kind == "conv" else None
         return GridPoint(kind, kind, op.dtype, x[F_G], x[F_M], x[F_NN], x[F_KK], x[F_FLOPS], x[F_TRAFFIC], op, origin,
-                         conv)
+                         conv, phase, "", hints)
     if kind in _GEMM_CLASS:  # a GEMM-like op without MACs: nothing to time
         return None
-    return GridPoint(kind, kind, op.dtype, 0, 0, 0, 0, x[F_FLOPS], x[F_TRAFFIC], op, origin)
+    return GridPoint(kind, kind, op.dtype, 0, 0, 0, 0, x[F_FLOPS], x[F_TRAFFIC], op, origin, None, phase, "", hints)
 
 
 def _is_qk(op: Op) -> bool:
     """The ``Q K^T`` product of an attention block (the fused kernel is timed once per block)."""
-    return op.kind == OpKind.MATMUL and op.param("b_feature", "K") == "K"
+    return op.kind == OpKind.MATMUL and op.param("b_feature", "K") == "K" and op.param("fused") is None
 
 
 def _candidates(op: Op, measure_kind: str) -> bool:

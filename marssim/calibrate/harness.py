@@ -218,20 +218,20 @@ def _row(task: Task, info: DeviceInfo, stats: TimingStats, kernel: str, note: di
 
 
 def _done_keys(path: Path | None, device: str) -> set[tuple]:
-    """Shapes (with convolution geometry, phase and tuning) the table already holds for
-    ``device``. Kernel families of one measure kind differ in their tuning (checked by the
-    tests), so tuning names the family."""
+    """Shapes (with convolution geometry, phase, tuning and backend) the table already holds for
+    ``device``. Kernel families of one measure kind differ in their tuning or backend (checked
+    by the tests), so the two name the family."""
     if path is None or not path.exists():
         return set()
     return {(r.kind, r.dtype, r.batch, r.m, r.n, r.k, round(r.flops), round(r.bytes),
-             r.conv.match_key if r.conv is not None else (), r.phase, r.tuning)
+             r.conv.match_key if r.conv is not None else (), r.phase, r.tuning, r.backend)
             for r in read_rows(path) if r.device == device}
 
 
 def _task_key(task: Task) -> tuple:
     p = task.point
     return (p.kind, p.dtype, p.batch, p.m, p.n, p.k, p.flops, p.bytes, p.conv.match_key if p.conv is not None else (),
-            p.phase, task.impl.tuning)
+            p.phase, task.impl.tuning, task.impl.backend)
 
 
 def measure(tasks: Sequence[Task], options: MeasureOptions, *, progress: bool = True) -> MeasureReport:
@@ -299,7 +299,7 @@ def measure(tasks: Sequence[Task], options: MeasureOptions, *, progress: bool = 
                     raise ValueError("non-finite output values")
                 clock = _sm_clock(options.device_index) or sm_clock_start
                 pending[p.fused].append(_row(task, info, stats, built.kernel, built.note, clock, date,
-                                             built.backend))
+                                             built.backend or task.impl.backend))
                 report.measured += 1
             except torch.cuda.OutOfMemoryError:
                 built = out = None

@@ -27,6 +27,13 @@ pool                ``torch.max_pool2d`` /                 vendor       ``pool``
 embedding           ``torch.embedding``                    vendor       ``embedding``
 ==================  =====================================  ===========  =============================
 
+The ops of the LLM workloads (training GEMMs and their gradients, grouped-query attention
+products, fused attention per scaled-dot-product attention backend -- measure kind ``sdpa`` --,
+dropout, SwiGLU, rotary embeddings, norm gradients, the AdamW step) get the kernels PyTorch runs
+for them: :mod:`marssim.calibrate.llm_kernels`. A kernel family is named by its measure kind,
+``tuning`` and ``backend`` (the ``backend`` column of its rows: ``flash``, ``efficient``,
+``cudnn``, ``math`` for the fused attention kernels, ``fused`` for AdamW).
+
 ``vendor`` is the schema's word for kernels a library picks (cuBLAS/cuDNN heuristics, PyTorch's
 own kernels); ``none`` a compiled kernel with fixed tiles. Inputs are random normal values moved
 away from zero by 1/64 (never zeros: no sparsity or zero-skipping shortcut can make a kernel
@@ -44,7 +51,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .grid import FUSED_ATTENTION, GridPoint
+from .grid import FUSED_ATTENTION, SDPA, GridPoint
 
 __all__ = ["KernelImpl", "Built", "KERNELS", "kernels_for", "torch_dtype", "tf32_allowed", "triton_specialization",
            "TRITON_COMPILE_S"]
@@ -71,8 +78,9 @@ class Built:
 
 @dataclass(frozen=True)
 class KernelImpl:
-    """One kernel family: the measure kind it times, its ``tuning`` label, the dtypes it takes and
-    a builder ``build(point, device, seed) -> Built``."""
+    """One kernel family: the measure kind it times, its ``tuning`` label, the dtypes it takes, a
+    builder ``build(point, device, seed) -> Built`` and the ``backend`` its rows name (which of a
+    call's implementations it forces; empty when one)."""
 
     name: str
     measure_kind: str
@@ -80,6 +88,7 @@ class KernelImpl:
     dtypes: tuple[str, ...]
     builder: Callable[[GridPoint, Any, int], Built] = field(repr=False)
     applies: Callable[[GridPoint], bool] = field(default=lambda p: True, repr=False)
+    backend: str = ""
 
     def accepts(self, point: GridPoint) -> bool:
         return point.measure_kind == self.measure_kind and point.dtype in self.dtypes and self.applies(point)
@@ -123,9 +132,19 @@ def _generator(device, seed: int):
 
 
 # ----------------------------------------------------------------------------- GEMM-class
+def _llm_op(op) -> bool:
+    """An op of an LLM graph (it carries a training/serving ``phase``): its kernels are PyTorch's
+    for transformer layers (:mod:`marssim.calibrate.llm_kernels`)."""
+    return op.param("phase") is not None or op.param("grad") is not None or bool(op.param("grouped", False))
+
+
 def _gemm(point: GridPoint, device, seed: int) -> Built:
     import torch
 
+    if _llm_op(point.op):
+        from .llm_kernels import llm_gemm
+
+        return llm_gemm(point, device, seed)
     op = point.op
     gen = _generator(device, seed)
     m, n, k = op.dim("B") * op.dim("M"), op.dim("N"), op.dim("K")
@@ -204,6 +223,10 @@ def _conv(point: GridPoint, device, seed: int) -> Built:
 def _bmm(point: GridPoint, device, seed: int) -> Built:
     import torch
 
+    if _llm_op(point.op) or point.op.param("kv_group", 1) > 1 or point.op.param("a_t"):
+        from .llm_kernels import attention_product
+
+        return attention_product(point, device, seed)
     op = point.op
     gen = _generator(device, seed)
     g, m, n, k = op.dim("B") * op.dim("H"), op.dim("M"), op.dim("N"), op.dim("K")
@@ -235,7 +258,11 @@ def _elementwise_fn(fn_name: str):
 
 
 def _elementwise(point: GridPoint, device, seed: int) -> Built:
+    from .llm_kernels import LLM_ELEMENTWISE, llm_elementwise
+
     op = point.op
+    if op.param("fn") in LLM_ELEMENTWISE:
+        return llm_elementwise(point, device, seed)
     gen = _generator(device, seed)
     fn_name = op.param("fn", "identity")
     unary, binary = _elementwise_fn(fn_name)
@@ -267,9 +294,13 @@ def _norm(point: GridPoint, device, seed: int) -> Built:
     import torch.nn.functional as F
 
     op = point.op
+    kind = op.param("norm", "layer")
+    if kind in ("rms", "layer_grad", "rms_grad"):
+        from .llm_kernels import llm_norm
+
+        return llm_norm(point, device, seed)
     gen = _generator(device, seed)
     n, c, h, w = op.in_shapes[0]
-    kind = op.param("norm", "layer")
     if kind == "batch":
         x = _random((n, c, h, w), point.dtype, device, gen).contiguous(memory_format=torch.channels_last)
         mean = _random((c,), point.dtype, device, gen)
@@ -341,17 +372,43 @@ def _embedding(point: GridPoint, device, seed: int) -> Built:
     return Built(lambda: torch.nn.functional.embedding(ids, table), (n, h, c), "torch.embedding")
 
 
+def _adamw(point: GridPoint, device, seed: int) -> Built:
+    from .llm_kernels import adamw
+
+    return adamw(point, device, seed)
+
+
 # ----------------------------------------------------------------------------- registry
 _ALL = ("bf16", "fp16", "fp32", "tf32")
 _TENSOR_CORE_HALF = ("bf16", "fp16")
 
+def _sdpa_impls() -> tuple[KernelImpl, ...]:
+    from .llm_kernels import SDPA_BACKEND_ENUMS, sdpa_builder
+
+    return tuple(KernelImpl(f"torch.sdpa.{b}", SDPA, "vendor", ("bf16", "fp16", "fp32"), sdpa_builder(b),
+                            applies=lambda p, b=b: p.backend == b, backend=b) for b in SDPA_BACKEND_ENUMS)
+
+
+def _is_adam(p: GridPoint) -> bool:
+    return p.op.param("fn") == "adam"
+
+
+def _plain_gemm(p: GridPoint) -> bool:
+    """A GEMM the fixed-layout Triton GEMM computes: ``A B`` with both row-major (no weight
+    gradient, no grouped experts)."""
+    return p.op.param("grad") != "weight" and not p.op.param("grouped", False)
+
+
 KERNELS: tuple[KernelImpl, ...] = (
     KernelImpl("torch.matmul", "gemm", "vendor", _ALL, _gemm),
-    KernelImpl("triton.gemm", "gemm", "none", _TENSOR_CORE_HALF, _triton_gemm),
+    KernelImpl("triton.gemm", "gemm", "none", _TENSOR_CORE_HALF, _triton_gemm, applies=_plain_gemm),
     KernelImpl("torch.conv2d", "conv", "vendor", _ALL, _conv),
     KernelImpl("torch.bmm", "attention", "vendor", _ALL, _bmm),
     KernelImpl("torch.sdpa", FUSED_ATTENTION, "vendor", ("bf16", "fp16", "fp32"), _sdpa),
-    KernelImpl("torch.elementwise", "elementwise", "vendor", ("bf16", "fp16", "fp32"), _elementwise),
+    *_sdpa_impls(),
+    KernelImpl("torch.elementwise", "elementwise", "vendor", ("bf16", "fp16", "fp32"), _elementwise,
+               applies=lambda p: not _is_adam(p)),
+    KernelImpl("torch.adamw", "elementwise", "vendor", ("fp32",), _adamw, applies=_is_adam, backend="fused"),
     KernelImpl("torch.norm", "norm", "vendor", ("bf16", "fp16", "fp32"), _norm),
     KernelImpl("torch.softmax", "softmax", "vendor", ("bf16", "fp16", "fp32"), _softmax),
     KernelImpl("torch.pool", "pool", "vendor", ("bf16", "fp16", "fp32"), _pool),

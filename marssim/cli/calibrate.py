@@ -1,7 +1,8 @@
 """``marssim calibrate``: measure GPU kernel timings and fit the cost model's GPU curves to them.
 
-Subcommands: ``grid`` (the shapes to time, derived from zoo workloads, with the estimated
-harness time and its split into chunks), ``measure`` (time them on a CUDA device into
+Subcommands: ``grid`` (the shapes to time, derived from zoo workloads -- or, with ``--llm``,
+from the LLM workloads as the parallel lowering cuts them -- with the estimated harness time
+and its split into chunks), ``measure`` (time them on a CUDA device into
 ``traces/calibration/<device>.csv``; ``--dry-run`` runs anywhere), ``fit`` (fit the efficiency
 curves of a table, write ``<table>.fit.json`` and report the held-out error), ``check``
 (validate tables and report what they cover), ``backfill`` (add the convolution geometry
@@ -26,20 +27,41 @@ ORDER = 85
 
 def _grid_args(p: argparse.ArgumentParser) -> None:
     from marssim.calibrate.grid import DEFAULT_KINDS, DEFAULT_WORKLOADS, MEASURE_KINDS
+    from marssim.calibrate.llm import DEFAULT_LLM_MODELS, LLM_KINDS, LlmGridOptions
 
-    p.add_argument("--workloads", default=",".join(DEFAULT_WORKLOADS),
+    o = LlmGridOptions()
+    p.add_argument("--workloads", default=None,
                    help=f"zoo specs or ONNX files, comma-separated (default {','.join(DEFAULT_WORKLOADS)})")
-    p.add_argument("--kinds", default=",".join(DEFAULT_KINDS),
-                   help=f"kernel kinds, some of {','.join(MEASURE_KINDS)} (default {','.join(DEFAULT_KINDS)})")
-    p.add_argument("--dtype", default="bf16,fp16,fp32", help="dtypes, some of bf16,fp16,fp32,tf32 (default "
-                                                             "bf16,fp16,fp32)")
+    p.add_argument("--kinds", default=None,
+                   help=f"kernel kinds, some of {','.join(MEASURE_KINDS)} (default {','.join(DEFAULT_KINDS)}; with "
+                        f"--llm some of {','.join(LLM_KINDS)}, default all)")
+    p.add_argument("--dtype", default=None, help="dtypes, some of bf16,fp16,fp32,tf32 (default bf16,fp16,fp32; with "
+                                                 "--llm the models' type, bf16, of which the AdamW step is fp32)")
     p.add_argument("--no-sweep", dest="sweep", action="store_false",
                    help="only the workloads' own layer shapes, no sweep around them")
-    p.add_argument("--max-batch-factor", type=positive_int, default=32,
+    p.add_argument("--max-batch-factor", type=positive_int, default=None,
                    help="the sweep scales each layer's batch by 2, 4, ... up to this (default 32)")
     p.add_argument("--shards", default="",
                    help="also the shards of each layer split this many ways by every legal sharding strategy, "
                         "comma-separated counts >= 2 (e.g. 2,4,8: the shapes model-parallel mappings ask for)")
+    g = p.add_argument_group("LLM grid", "the kernels the simulator times for GPT-3 and Llama-3 layers under "
+                                         "tensor parallelism (marssim/calibrate/llm.py); replaces --workloads, "
+                                         "the sweep and --shards")
+    g.add_argument("--llm", action="store_true",
+                   help="the LLM grid: training (forward, input- and weight-gradient GEMMs, attention and its "
+                        "gradients, norms, activations, AdamW), prefill and decode over a KV cache, unfused and "
+                        "fused attention, at every tensor-parallel degree")
+    g.add_argument("--llm-models", default=",".join(DEFAULT_LLM_MODELS),
+                   help=f"LLM specs, comma-separated (default {','.join(DEFAULT_LLM_MODELS)})")
+    g.add_argument("--llm-tp", default=",".join(map(str, o.tp)),
+                   help=f"tensor-parallel degrees (default {','.join(map(str, o.tp))})")
+    g.add_argument("--llm-micro-batches", default=",".join(map(str, o.micro_batches)),
+                   help=f"training micro-batches, in sequences (default {','.join(map(str, o.micro_batches))})")
+    g.add_argument("--llm-seq", type=positive_int, default=None,
+                   help="tokens per training sequence and prompt (default 2048 for GPT-3, 4096 for Llama 3)")
+    g.add_argument("--llm-attention-backends", default=",".join(o.backends),
+                   help=f"scaled-dot-product attention backends the fused attention shapes are measured with, "
+                        f"some of flash,efficient,cudnn,math (default {','.join(o.backends)})")
     p.add_argument("--chunk-seconds", type=float, default=240.0,
                    help="estimated harness seconds per chunk (default 240: a chunk fits a 10-minute run with "
                         "a 2.5x margin)")
@@ -63,9 +85,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     s = p.add_subparsers(dest="calibrate_command", metavar="COMMAND", title="commands")
 
-    g = s.add_parser("grid", help="the kernel shapes to time, from zoo workloads (runs anywhere)",
-                     description="Derive the shape grid from the workloads' layers (plus a sweep around them), "
-                                 "estimate the harness time on the dgx-h100 design and split it into chunks.")
+    g = s.add_parser("grid", help="the kernel shapes to time, from zoo or LLM workloads (runs anywhere)",
+                     description="Derive the shape grid from the workloads' layers (plus a sweep around them), or "
+                                 "with --llm from the LLM workloads' tensor-parallel shards, estimate the harness "
+                                 "time on the dgx-h100 design and split it into chunks.")
     _grid_args(g)
     g.add_argument("--list", action="store_true", help="print every point")
     g.add_argument("--out", metavar="FILE.csv", help="write the grid as CSV (one row per point and kernel)")
@@ -133,22 +156,74 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
 
 
+def _counts(text: str, flag: str) -> tuple[int, ...]:
+    """Comma-separated positive integers (at least one)."""
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    if not items or not all(t.isdigit() and int(t) >= 1 for t in items):
+        raise InputError(None, flag, f"expected comma-separated integers >= 1, got {text!r}")
+    return tuple(dict.fromkeys(int(t) for t in items))
+
+
+def _llm_options(args: argparse.Namespace):
+    """The :class:`~marssim.calibrate.llm.LlmGridOptions` of the ``--llm`` flags; flags of the zoo
+    grid, which --llm would ignore, are refused."""
+    from marssim.calibrate.grid import parse_list, split_workloads
+    from marssim.calibrate.llm import LlmGridOptions
+    from marssim.cost.calibrated import SDPA_BACKENDS
+
+    for flag, given in (("--workloads", args.workloads is not None), ("--shards", bool(args.shards)),
+                        ("--max-batch-factor", args.max_batch_factor is not None)):
+        if given:
+            raise InputError(None, flag, "the LLM grid (--llm) derives its shapes from --llm-models; leave "
+                                         f"{flag} out")
+    dtypes = parse_list(args.dtype or "bf16", ("bf16", "fp16", "fp32"), "--dtype")
+    if len(dtypes) != 1:
+        raise InputError(None, "--dtype", f"the LLM grid builds the models in one type, got {args.dtype!r}")
+    return LlmGridOptions(models=split_workloads(args.llm_models), tp=_counts(args.llm_tp, "--llm-tp"),
+                          micro_batches=_counts(args.llm_micro_batches, "--llm-micro-batches"),
+                          seq=args.llm_seq or 0, dtype=dtypes[0],
+                          backends=parse_list(args.llm_attention_backends, SDPA_BACKENDS, "--llm-attention-backends"))
+
+
+def _points(args: argparse.Namespace):
+    """The grid the flags ask for."""
+    from marssim.calibrate.grid import (
+        DEFAULT_KINDS, DEFAULT_WORKLOADS, MEASURE_DTYPES, MEASURE_KINDS, build_grid, parse_list, split_workloads,
+    )
+
+    if not args.llm:
+        from marssim.calibrate.llm import DEFAULT_LLM_MODELS, LlmGridOptions
+
+        o = LlmGridOptions()
+        defaults = {"--llm-models": ",".join(DEFAULT_LLM_MODELS), "--llm-tp": ",".join(map(str, o.tp)),
+                    "--llm-micro-batches": ",".join(map(str, o.micro_batches)), "--llm-seq": None,
+                    "--llm-attention-backends": ",".join(o.backends)}
+        for flag, default in defaults.items():
+            if getattr(args, flag[2:].replace("-", "_")) != default:
+                raise InputError(None, flag, "applies to the LLM grid: add --llm")
+    if args.llm:
+        from marssim.calibrate.llm import LLM_KINDS, llm_grid
+
+        options = _llm_options(args)
+        kinds = parse_list(args.kinds, LLM_KINDS, "--kinds") if args.kinds else LLM_KINDS
+        return llm_grid(options, kinds)
+    kinds = parse_list(args.kinds or ",".join(DEFAULT_KINDS), MEASURE_KINDS, "--kinds")
+    dtypes = parse_list(args.dtype or "bf16,fp16,fp32", MEASURE_DTYPES, "--dtype")
+    specs = split_workloads(args.workloads or ",".join(DEFAULT_WORKLOADS))
+    return build_grid(specs, kinds, dtypes, sweep=args.sweep, max_batch_factor=args.max_batch_factor or 32,
+                      shards=_shard_counts(args.shards))
+
+
 # ----------------------------------------------------------------------------- shared
 def _grid(args: argparse.Namespace):
     """(points, tasks, estimates, chunks) from the grid flags; InputError on bad flags."""
-    from marssim.calibrate.grid import (
-        MEASURE_DTYPES, MEASURE_KINDS, build_grid, estimate_seconds, parse_list, split_chunks, split_workloads,
-    )
+    from marssim.calibrate.grid import estimate_seconds, split_chunks
     from marssim.calibrate.harness import Task
     from marssim.calibrate.kernels import TRITON_COMPILE_S, kernels_for, triton_specialization
 
-    kinds = parse_list(args.kinds, MEASURE_KINDS, "--kinds")
-    dtypes = parse_list(args.dtype, MEASURE_DTYPES, "--dtype")
     if not args.chunk_seconds > 0:
         raise InputError(None, "--chunk-seconds", f"expected seconds > 0, got {args.chunk_seconds}")
-    specs = split_workloads(args.workloads)
-    points = build_grid(specs, kinds, dtypes, sweep=args.sweep, max_batch_factor=args.max_batch_factor,
-                        shards=_shard_counts(args.shards))
+    points = _points(args)
     impls = [kernels_for(p, triton=args.triton) for p in points]
     per_point = estimate_seconds(points, [len(k) for k in impls])
     tasks = []
@@ -169,13 +244,14 @@ def _grid(args: argparse.Namespace):
 def _summary(points, tasks, chunks, chunk_seconds: float) -> list[str]:
     from marssim.system.describe import format_table
 
-    by_kind = Counter((p.measure_kind, p.dtype) for p in points)
-    kernels = Counter((t.point.measure_kind, t.point.dtype) for t in tasks)
+    by_kind = Counter((p.measure_kind, p.phase, p.dtype) for p in points)
+    kernels = Counter((t.point.measure_kind, t.point.phase, t.point.dtype) for t in tasks)
     est = Counter()
     for t in tasks:
-        est[(t.point.measure_kind, t.point.dtype)] += t.estimate_s
-    rows = [[k, dt, str(n), str(kernels[(k, dt)]), f"{est[(k, dt)]:.0f}"] for (k, dt), n in by_kind.items()]
-    lines = format_table(["kind", "dtype", "shapes", "kernels", "est. s"], rows, indent="  ")
+        est[(t.point.measure_kind, t.point.phase, t.point.dtype)] += t.estimate_s
+    rows = [[k, ph, dt, str(n), str(kernels[(k, ph, dt)]), f"{est[(k, ph, dt)]:.0f}"]
+            for (k, ph, dt), n in by_kind.items()]
+    lines = format_table(["kind", "phase", "dtype", "shapes", "kernels", "est. s"], rows, indent="  ")
     from marssim.calibrate.kernels import TRITON_COMPILE_S, triton_specialization
 
     total = sum(t.estimate_s for t in tasks)
@@ -190,6 +266,14 @@ def _summary(points, tasks, chunks, chunk_seconds: float) -> list[str]:
 
 
 # ----------------------------------------------------------------------------- grid
+def _grid_name(args: argparse.Namespace) -> str:
+    from marssim.calibrate.grid import DEFAULT_WORKLOADS
+
+    if args.llm:
+        return f"the LLM workloads {args.llm_models} at tp={args.llm_tp}"
+    return args.workloads or ",".join(DEFAULT_WORKLOADS)
+
+
 def run_grid(args: argparse.Namespace) -> int:
     import csv
 
@@ -199,7 +283,7 @@ def run_grid(args: argparse.Namespace) -> int:
     if args.out and not args.out.endswith(".csv"):
         raise InputError(args.out, "--out", "expected a file name ending in .csv")
     points, tasks, chunks = _grid(args)
-    print(f"calibration grid for {args.workloads}:")
+    print(f"calibration grid for {_grid_name(args)}:")
     for line in _summary(points, tasks, chunks, args.chunk_seconds):
         print(line)
     for i, (a, b) in enumerate(chunks, 1):
@@ -213,14 +297,15 @@ def run_grid(args: argparse.Namespace) -> int:
         with atomic_file(args.out, newline="") as fh:
             w = csv.writer(fh, lineterminator="\n")
             w.writerow(["chunk", "measure_kind", "kind", "dtype", "batch", "m", "n", "k", "flops", "bytes",
-                        *CONV_COLUMNS, "kernel", "tuning", "estimate_s", "op_kind", "loops", "origin"])
+                        *CONV_COLUMNS, "phase", "backend", "kernel", "tuning", "estimate_s", "op_kind", "loops",
+                        "origin"])
             chunk_of = {i: c for c, (a, b) in enumerate(chunks, 1) for i in range(a, b)}
             for i, t in enumerate(tasks):
                 p = t.point
                 loops = " ".join(f"{d}={v}" for d, v in p.op.loops)
                 geometry = conv_cells(p.conv)
                 w.writerow([chunk_of[i], p.measure_kind, p.kind, p.dtype, p.batch, p.m, p.n, p.k, p.flops, p.bytes,
-                            *(geometry[c] for c in CONV_COLUMNS), t.impl.name, t.impl.tuning,
+                            *(geometry[c] for c in CONV_COLUMNS), p.phase, p.backend, t.impl.name, t.impl.tuning,
                             f"{t.estimate_s:.4g}", p.op.kind.value, loops, p.origin])
         print(f"grid      {args.out}")
     return 0
@@ -252,7 +337,7 @@ def run_measure(args: argparse.Namespace) -> int:
     fused = any(p.measure_kind == FUSED_ATTENTION for p in points)
     if args.dry_run:
         which = f"chunk {args.chunk} of {len(chunks)}" if args.chunk else f"all {len(chunks)} chunk(s)"
-        print(f"dry run ({which}); nothing is timed")
+        print(f"dry run ({which}) of the grid for {_grid_name(args)}; nothing is timed")
         for line in _summary(points, tasks, [(0, len(tasks))] if args.chunk else chunks, args.chunk_seconds):
             print(line)
         print(f"  table: {args.out or 'traces/calibration/<device>.csv'}"

@@ -35,15 +35,32 @@ curve alone for unmeasured shapes. A group of convolution rows that all carry th
 is corrected from its neighbours in a space that includes the geometry
 (:mod:`marssim.cost.residual`).
 
-Only rows of ``phase`` ``fwd`` are fitted and looked up: the workloads' ops are forward
-kernels; rows of other phases (the input- and weight-gradient GEMMs of training, attention
-backward, optimizer steps) are read, checked and written like any other, for the models that
-will charge them. The kinds cover the kernels of transformer training and inference without new
-columns: a GEMM's gradients are ``gemm`` rows of phase ``dgrad``/``wgrad``; fused attention
-(forward, backward, decode over a KV cache: one query row) is ``attention`` with ``backend``
-naming the implementation (``flash``, ``efficient``, ...) and phase ``fwd``/``bwd``; RMSNorm and
-LayerNorm are ``norm``, SwiGLU and GeLU ``elementwise``, an optimizer step ``elementwise`` of
-phase ``update``, a token lookup ``embedding``.
+The kinds cover the kernels of transformer training and inference without new columns: a
+GEMM's gradients are ``gemm`` rows of phase ``dgrad``/``wgrad`` (the weight gradient by its
+``K x N`` by tokens view); the backward attention products ``attention`` rows of phase ``dgrad``
+(the first operand's gradient) and ``wgrad`` (the second's: a contraction over the queries);
+fused attention (forward, backward, decode over a KV cache: one query row) is ``attention``
+with ``backend`` naming the scaled-dot-product attention implementation (``flash``,
+``efficient``, ``cudnn``, ``math``) and phase ``fwd``/``bwd``, its shape ``batch = products x
+batch x heads`` (2 forward, 4 backward: :mod:`marssim.workload.op`), ``m`` queries, ``n`` keys,
+``k`` the head dimension; norms and their gradients are ``norm`` (phase ``fwd``/``bwd``), GeLU,
+SwiGLU, dropout, rotary embedding and their gradients ``elementwise``, the AdamW step
+``elementwise`` of phase ``update``, a token lookup ``embedding``.
+
+The phase and the fused attention backend are part of the shape a row is looked up by
+(:func:`shape_key`): an op's kernel phase and backend come from the op
+(:func:`marssim.cost.features.kernel_phase`, :func:`~marssim.cost.features.kernel_backend`),
+so a weight-gradient GEMM takes the ``wgrad`` row of its shape and a fused attention op
+(``attention=flash``) the ``flash`` row of its own, never a row of the unfused products; a
+gradient kernel whose shape has no row of its phase takes the ``fwd`` row of the same shape
+(:func:`lookup_keys`: a GEMM's gradient is a GEMM of that shape, and tables measured before
+the phases were kept time training graphs as before). The efficiency curves are fitted on the
+forward rows of the unfused kernels only -- rows of phase ``fwd`` without a fused attention
+backend (:meth:`KernelTable.groups`) -- so every other shape of a kind, gradients and fused
+attention included, is timed by its kind's forward curve: gradient GEMMs are GEMMs of their
+view, and a fused attention op's products are timed as the batched attention products they
+fuse, at its own (smaller) traffic. The LLM calibration grid (:mod:`marssim.calibrate.llm`)
+measures exactly the shapes the LLM workloads ask for, so those take measured rows.
 
 CSV schema
 ----------
@@ -72,11 +89,14 @@ samples     number of timed runs, integer >= 1
 date        date of the measurement, ISO ``YYYY-MM-DD``
 kernel      optional: kernel name or source
 phase       optional: ``fwd`` (the default when empty or absent), ``dgrad`` (gradient of the input),
-            ``wgrad`` (gradient of the weights), ``bwd`` (a fused backward kernel computing all
-            gradients, e.g. attention backward), ``update`` (an optimizer step)
+            ``wgrad`` (gradient of the weights), ``bwd`` (any other backward kernel: a fused
+            attention backward computing all gradients, norm and activation gradients),
+            ``update`` (an optimizer step)
 backend     optional: the implementation a framework chose among several for the same call
-            (``flash``, ``efficient``, ``cudnn``, ``math`` for scaled-dot-product attention; free
-            text); rows differing only in backend are different kernels of one shape
+            (``flash``, ``efficient``, ``cudnn``, ``math`` for scaled-dot-product attention,
+            ``fused``/``foreach`` for the AdamW step; free text); rows differing only in backend
+            are different kernels of one shape. On ``attention`` rows a scaled-dot-product
+            attention backend is part of the shape looked up (:func:`shape_key`)
 conv_c      optional, ``conv`` rows only: input channels (all groups); with conv_h, conv_w (input
             rows and columns the kernel reads), conv_k (output channels), conv_r, conv_s (kernel
             rows and columns), conv_stride, conv_pad (an integer, or ``HxW`` when the axes differ),
@@ -110,7 +130,7 @@ import numpy as np
 from marssim.errors import InputError
 
 from .convgeom import ConvGeometry, format_pair, parse_pair
-from .features import DTYPES, KERNEL_KINDS, N_GEMM_KERNELS
+from .features import DTYPES, KERNEL_BACKENDS, KERNEL_KINDS, KERNEL_PHASES, N_GEMM_KERNELS
 from .gpu import TILE_K, CurveParams, gemm_curve, stream_curve
 from .residual import ResidualCorrection, fit_correction
 
@@ -118,6 +138,7 @@ __all__ = [
     "REQUIRED_COLUMNS", "OPTIONAL_COLUMNS", "CONV_COLUMNS", "PHASES", "TUNINGS", "KernelTiming", "KernelTable",
     "KernelFit", "FitKey", "load_table", "load_tables", "fit", "fit_group", "predict", "holdout_errors",
     "traces_dir", "calibration_dir", "shape_key", "lookup_keys", "conv_cells", "parse_conv_cells", "geometry_array",
+    "SDPA_BACKENDS", "lookup_backend", "KEY_GEOMETRY", "KEY_PHASE",
 ]
 
 REQUIRED_COLUMNS = ("kind", "dtype", "batch", "m", "n", "k", "flops", "bytes", "device", "sms", "driver", "cuda",
@@ -126,8 +147,10 @@ CONV_COLUMNS = ("conv_c", "conv_h", "conv_w", "conv_k", "conv_r", "conv_s", "con
                 "conv_dilation", "conv_groups")
 """The convolution geometry columns (see the module docstring), in written order."""
 OPTIONAL_COLUMNS = ("kernel", "phase", "backend", *CONV_COLUMNS, "note")
-PHASES = ("fwd", "dgrad", "wgrad", "bwd", "update")
-"""Accepted ``phase`` values (empty means ``fwd``)."""
+PHASES = KERNEL_PHASES
+"""Accepted ``phase`` values (empty means ``fwd``; :data:`marssim.cost.features.KERNEL_PHASES`)."""
+SDPA_BACKENDS = KERNEL_BACKENDS[1:]
+"""Backends of scaled-dot-product attention: on ``attention`` rows, part of the shape looked up."""
 TUNINGS = ("none", "vendor", "triton-autotune", "sip")
 """Accepted ``tuning`` values, least to most tuned."""
 GEMM_KINDS = KERNEL_KINDS[:N_GEMM_KERNELS]
@@ -154,25 +177,48 @@ def calibration_dir() -> Path:
     return calibration()
 
 
+def lookup_backend(kind: str, backend: str) -> str:
+    """The backend a row or kernel is looked up by: a scaled-dot-product attention backend
+    (:data:`SDPA_BACKENDS`) on an ``attention`` row; ``""`` otherwise (other backend names, such as
+    a Triton code path or the AdamW implementation, are provenance)."""
+    return backend if kind == "attention" and backend in SDPA_BACKENDS else ""
+
+
 def shape_key(kind: str, dtype: str, batch: int, m: int, n: int, k: int, flops: float,
-              nbytes: float, conv: ConvGeometry | tuple[int, ...] | None = None) -> tuple:
+              nbytes: float, conv: ConvGeometry | tuple[int, ...] | None = None, phase: str = "fwd",
+              backend: str = "") -> tuple:
     """The shape by which a measured kernel time is looked up (see the module docstring):
-    ``(kind, dtype, batch, m, n, k, 0, 0, geometry)`` for GEMM-class kinds, ``geometry`` the
-    convolution's :attr:`~marssim.cost.convgeom.ConvGeometry.match_key` (``()`` when not given
-    or not a convolution), and ``(kind, dtype, 0, 0, 0, 0, flops, bytes, ())`` for streaming kinds
-    (numbers rounded to integers)."""
+    ``(kind, dtype, batch, m, n, k, 0, 0, geometry, phase, backend)`` for GEMM-class kinds,
+    ``geometry`` the convolution's :attr:`~marssim.cost.convgeom.ConvGeometry.match_key` (``()``
+    when not given or not a convolution), and ``(kind, dtype, 0, 0, 0, 0, flops, bytes, (),
+    phase, backend)`` for streaming kinds (numbers rounded to integers); ``backend`` as
+    :func:`lookup_backend` gives it."""
+    tail = (phase or "fwd", lookup_backend(kind, backend))
     if kind in GEMM_KINDS:
         geometry = () if conv is None or kind != "conv" else \
             tuple(conv.match_key if isinstance(conv, ConvGeometry) else conv)
-        return (kind, dtype, int(batch), int(m), int(n), int(k), 0, 0, geometry)
-    return (kind, dtype, 0, 0, 0, 0, int(round(flops)), int(round(nbytes)), ())
+        return (kind, dtype, int(batch), int(m), int(n), int(k), 0, 0, geometry, *tail)
+    return (kind, dtype, 0, 0, 0, 0, int(round(flops)), int(round(nbytes)), (), *tail)
+
+
+KEY_GEOMETRY, KEY_PHASE = 8, 9
+"""Positions of the geometry and the phase in a :func:`shape_key` (``key[:KEY_GEOMETRY]``: the
+kind, dtype and GEMM shape or FLOPs and bytes)."""
 
 
 def lookup_keys(key: tuple) -> tuple[tuple, ...]:
     """The :func:`shape_key` values under which a kernel of shape ``key`` finds its measured row,
-    in order: its own, then, for a convolution with geometry, its GEMM shape without geometry
-    (rows of tables measured before the geometry columns existed)."""
-    return (key, (*key[:-1], ())) if key[-1] else (key,)
+    in order: its own; for a convolution with geometry, its GEMM shape without geometry (rows of
+    tables measured before the geometry columns existed); for a kernel of another phase than
+    ``fwd``, the same shapes of phase ``fwd`` (a gradient GEMM is a GEMM of its view; tables
+    without gradient rows). The backend is never relaxed: a fused attention kernel never takes
+    a row of the unfused products, nor one backend another's."""
+    keys = [key]
+    if key[KEY_GEOMETRY]:
+        keys.append((*key[:KEY_GEOMETRY], (), *key[KEY_GEOMETRY + 1:]))
+    if key[KEY_PHASE] != "fwd":
+        keys += [(*k[:KEY_PHASE], "fwd", *k[KEY_PHASE + 1:]) for k in keys]
+    return tuple(keys)
 
 
 def conv_cells(conv: ConvGeometry | None) -> dict[str, str]:
@@ -247,8 +293,15 @@ class KernelTiming:
 
     @property
     def shape(self) -> tuple:
-        """The row's :func:`shape_key`."""
-        return shape_key(self.kind, self.dtype, self.batch, self.m, self.n, self.k, self.flops, self.bytes, self.conv)
+        """The row's :func:`shape_key` (with its phase and, for fused attention, its backend)."""
+        return shape_key(self.kind, self.dtype, self.batch, self.m, self.n, self.k, self.flops, self.bytes, self.conv,
+                         self.phase, self.backend)
+
+    @property
+    def fitted(self) -> bool:
+        """Whether the row takes part in its group's curve fit: a forward kernel (``phase``
+        ``fwd``) that is not a fused attention kernel (see the module docstring)."""
+        return self.phase == "fwd" and not lookup_backend(self.kind, self.backend)
 
 
 @dataclass(frozen=True)
@@ -274,11 +327,11 @@ class KernelTable:
         return tuple(dict.fromkeys(r.device for r in self.rows))
 
     def groups(self) -> dict[FitKey, list[KernelTiming]]:
-        """Forward rows (``phase`` ``fwd``) by ``(device, kind, dtype, tuning)``, in table order:
-        the groups that are fitted (rows of other phases are not; see the module docstring)."""
+        """The rows that are fitted (:attr:`KernelTiming.fitted`: forward kernels, fused attention
+        aside; see the module docstring) by ``(device, kind, dtype, tuning)``, in table order."""
         out: dict[FitKey, list[KernelTiming]] = {}
         for r in self.rows:
-            if r.phase == "fwd":
+            if r.fitted:
                 out.setdefault((r.device, r.kind, r.dtype, r.tuning), []).append(r)
         return out
 

@@ -25,7 +25,16 @@ Traffic: ``F_TRAFFIC`` is the op's compulsory off-chip traffic in bytes, ``op.by
 read only the gathered rows of their table: ids + 2 x output bytes (rows read, output written).
 Training graphs add two GEMM views: a weight-gradient GEMM (``grad=weight``) is ``K x N`` by a
 contraction over its ``B*M`` tokens, and a grouped GEMM (MoE experts) is ``B`` GEMMs of
-``M x N x K`` with their own weights. Views (``view``) and graph inputs cost nothing.
+``M x N x K`` with their own weights. A fused attention op (a ``matmul`` with ``fused``, see
+:mod:`marssim.workload.op`) is ``products x B*H`` GEMMs of ``M x N x K``: its two forward products
+(``Q K^T``, ``P V``) or four backward ones, each ``M x N`` by the head dimension ``K``. Views
+(``view``) and graph inputs cost nothing.
+
+Two features name the kernel beyond its shape, for the measured lookups of calibration tables:
+``F_PHASE`` (:func:`kernel_phase`: ``fwd``, ``dgrad``, ``wgrad``, ``bwd``, ``update``, an index
+into :data:`KERNEL_PHASES`) and ``F_BACKEND`` (:func:`kernel_backend`: the scaled-dot-product
+attention backend a fused attention op names, an index into :data:`KERNEL_BACKENDS`; 0 for
+every other op). No cost formula reads them.
 """
 
 from __future__ import annotations
@@ -34,13 +43,14 @@ import math
 
 from marssim.system import Design
 from marssim.workload import Op, OpKind
-from marssim.workload.op import DTYPE_BYTES, GEMM_LIKE
+from marssim.workload.op import DTYPE_BYTES, GEMM_LIKE, products_of
 
 from .convgeom import conv_geometry
 
 __all__ = [
     "op_features", "design_key", "DesignParams", "DTYPES", "KIND_CODES", "DATAFLOW_CODES", "N_FEATURES",
     "CLASS_NONE", "CLASS_GEMM", "CLASS_STREAM", "KERNEL_KINDS", "KERNEL_KIND_OF", "conv_geometry_key",
+    "KERNEL_PHASES", "KERNEL_BACKENDS", "kernel_phase", "kernel_backend",
 ]
 
 DTYPES: tuple[str, ...] = tuple(DTYPE_BYTES)
@@ -61,6 +71,17 @@ KERNEL_KIND_OF: dict[OpKind, int] = {
 }
 """Op kind -> index into :data:`KERNEL_KINDS` (``matmul`` ops are the attention products)."""
 
+KERNEL_PHASES: tuple[str, ...] = ("fwd", "dgrad", "wgrad", "bwd", "update")
+"""What a kernel computes in a training step (the ``phase`` column of calibration tables):
+``fwd`` a forward kernel (also a recomputed one, and every kernel of inference), ``dgrad`` the
+gradient of an input, ``wgrad`` the gradient of the weights (a contraction over the tokens),
+``bwd`` a backward kernel of any other op (a fused attention backward computing every gradient,
+norm and activation gradients), ``update`` an optimizer step."""
+
+KERNEL_BACKENDS: tuple[str, ...] = ("", "flash", "efficient", "cudnn", "math")
+"""Backends of ``torch.nn.functional.scaled_dot_product_attention`` that name different kernels
+of one fused attention shape (``""``: no fused attention backend, every other op)."""
+
 DATAFLOW_CODES = {"os": 0, "ws": 1, "is": 2, "rs": 3, "nvdla": 4, "shidiannao": 5, "gpu": 6}
 
 # op classes: what kind of formula times the op
@@ -71,8 +92,8 @@ CLASS_STREAM = 2  # everything else: bandwidth-bound streaming formulas
 # feature indices
 (F_CLASS, F_KIND, F_KERNEL, F_DTYPE, F_EB, F_G, F_N, F_K, F_C, F_P, F_Q, F_R, F_S, F_M, F_NN, F_KK,
  F_MACS, F_FLOPS, F_AE, F_BE, F_OE, F_AB, F_BB, F_OB, F_TRAFFIC, F_CONV, F_SX, F_SY, F_ST,
- F_SH, F_SW, F_PH, F_PW, F_DIL) = range(34)
-N_FEATURES = 34
+ F_SH, F_SW, F_PH, F_PW, F_DIL, F_PHASE, F_BACKEND) = range(36)
+N_FEATURES = 36
 """Length of a feature tuple. ``F_AE/F_BE/F_OE``: elements of the A operand (first input),
 B operand (weights, or the second input of a matmul) and output; ``F_AB/F_BB/F_OB``: the same in
 bytes. ``F_SX, F_SY, F_ST``: the output plane an output-pixel-parallel array spreads over its
@@ -80,7 +101,58 @@ rows and columns, and the loop count per output (ShiDianNao-like; conv: P, Q, N*
 group; gemm/matmul: M, N, K). ``F_SH, F_SW, F_PH, F_PW, F_DIL``: convolutions only (0
 otherwise), the rest of the kernel's geometry (:func:`marssim.cost.convgeom.conv_geometry`:
 strides, the padding the kernel applies, dilation), which with ``G, N, K, C, P, Q, R, S``
-above names the convolution kernel (:func:`conv_geometry_key`)."""
+above names the convolution kernel (:func:`conv_geometry_key`). ``F_PHASE``, ``F_BACKEND``: the
+kernel's phase and fused attention backend (indices into :data:`KERNEL_PHASES`,
+:data:`KERNEL_BACKENDS`)."""
+
+
+def kernel_phase(op: Op) -> str:
+    """The :data:`KERNEL_PHASES` entry of ``op``'s kernel: a GEMM's ``grad`` (``input`` ->
+    ``dgrad``, ``weight`` -> ``wgrad``); a fused attention op's ``fused`` (``bwd``); the
+    backward attention products (``matmul`` ops of phase ``bwd``): ``wgrad`` for the one reading
+    its first operand transposed (``a_t``: the key and value gradients, a contraction over the
+    query tokens as a weight gradient is), ``dgrad`` for the other; ``update`` for the AdamW
+    step (``fn=adam``); ``bwd`` for any other op of phase ``bwd``; ``fwd`` otherwise
+    (forward and recomputed ops, every op of an inference graph)."""
+    return KERNEL_PHASES[_kernel_codes(op)[0]]
+
+
+def kernel_backend(op: Op) -> str:
+    """The fused attention backend ``op`` names (``flash``, ``efficient``, ...; a fused
+    attention op's ``backend``), ``""`` for every other op. ValueError for an unknown one."""
+    return KERNEL_BACKENDS[_kernel_codes(op)[1]]
+
+
+_PHASE_CODE = {name: i for i, name in enumerate(KERNEL_PHASES)}
+_BACKEND_CODE = {name: i for i, name in enumerate(KERNEL_BACKENDS)}
+
+
+_DGRAD, _WGRAD, _BWD, _UPDATE = (_PHASE_CODE[p] for p in ("dgrad", "wgrad", "bwd", "update"))
+
+
+def _kernel_codes(op: Op) -> tuple[int, int]:
+    """``(phase code, backend code)`` of ``op`` (see :func:`kernel_phase`, :func:`kernel_backend`),
+    in one pass: this runs for every op the cost model interns."""
+    param = op.param
+    kind = op.kind
+    if kind == OpKind.GEMM:
+        grad = param("grad")
+        return (0 if grad is None else _DGRAD if grad == "input" else _WGRAD), 0
+    if kind == OpKind.MATMUL:
+        fused = param("fused")
+        if fused is not None:
+            backend = str(param("backend", ""))
+            code = _BACKEND_CODE.get(backend)
+            if code is None:
+                raise ValueError(f"op {op.name}: unknown fused attention backend {backend!r}; expected one of "
+                                 f"{', '.join(KERNEL_BACKENDS[1:])}")
+            return (_BWD if fused == "bwd" else 0), code
+        if param("phase") == "bwd":
+            return (_WGRAD if param("a_t") else _DGRAD), 0
+        return 0, 0
+    if kind == OpKind.ELTWISE and param("fn") == "adam":
+        return _UPDATE, 0
+    return (_BWD if param("phase") == "bwd" else 0), 0
 
 
 def op_features(op: Op) -> tuple[int, ...]:
@@ -108,8 +180,8 @@ def op_features(op: Op) -> tuple[int, ...]:
                 g, n, k, c, p = 1, lm("B"), lm("N"), lm("K"), lm("M")
             q, r, s = 1, 1, 1
             conv = 0
-        else:
-            g, n, k, c, p, q, r, s = lm("B") * lm("H"), 1, lm("N"), lm("K"), lm("M"), 1, 1, 1
+        else:  # attention products; a fused attention op: its products, each M x N by the head dim K
+            g, n, k, c, p, q, r, s = products_of(op) * lm("B") * lm("H"), 1, lm("N"), lm("K"), lm("M"), 1, 1, 1
             conv = 0
         m_, nn, kk = n * p * q, k, c * r * s
         macs = g * m_ * nn * kk
@@ -127,7 +199,7 @@ def op_features(op: Op) -> tuple[int, ...]:
         traffic = op.bytes_moved
         cls = CLASS_GEMM if macs > 0 else CLASS_STREAM
         return (cls, code, kernel, dt, eb, g, n, k, c, p, q, r, s, m_, nn, kk, macs, op.flops,
-                ae, be, oe, ae * eb, be * eb, oe * eb, traffic, conv, sx, sy, st, *tail)
+                ae, be, oe, ae * eb, be * eb, oe * eb, traffic, conv, sx, sy, st, *tail, *_kernel_codes(op))
     if kind == OpKind.INPUT or op.param("view", False):  # graph inputs and views cost nothing
         cls, traffic = CLASS_NONE, 0
     elif kind == OpKind.EMBEDDING:
@@ -135,8 +207,9 @@ def op_features(op: Op) -> tuple[int, ...]:
     else:
         cls, traffic = CLASS_STREAM, op.bytes_moved
     oe = math.prod(op.out_shape)
+    phase = _kernel_codes(op)[0] if cls != CLASS_NONE else 0
     return (cls, code, kernel, dt, eb, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, op.flops,
-            0, 0, oe, 0, 0, oe * eb, traffic, 0, 0, 0, 0, *_NO_GEOMETRY)
+            0, 0, oe, 0, 0, oe * eb, traffic, 0, 0, 0, 0, *_NO_GEOMETRY, phase, 0)
 
 
 _NO_GEOMETRY = (0, 0, 0, 0, 0)

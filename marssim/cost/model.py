@@ -53,8 +53,9 @@ from .bandwidth import stream_op
 from .base import OpCost
 from .calibrated import TUNINGS, FitKey, KernelFit, KernelTable, KernelTiming, fit, load_table
 from .features import (
-    CLASS_GEMM, CLASS_NONE, CLASS_STREAM, DTYPES, F_CLASS, F_DTYPE, F_FLOPS, F_G, F_KERNEL, F_KK, F_M, F_MACS,
-    F_NN, F_TRAFFIC, KERNEL_KINDS, N_FEATURES, DesignParams, conv_geometry_key, design_key, op_features,
+    CLASS_GEMM, CLASS_NONE, CLASS_STREAM, DTYPES, F_BACKEND, F_CLASS, F_DTYPE, F_FLOPS, F_G, F_KERNEL, F_KK, F_M,
+    F_MACS, F_NN, F_PHASE, F_TRAFFIC, KERNEL_BACKENDS, KERNEL_KINDS, KERNEL_PHASES, N_FEATURES, DesignParams,
+    conv_geometry_key, design_key, op_features,
 )
 from .gpu import GpuTable, gpu_gemm, gpu_stream
 from .loopmap import nvdla_gemm, rs_gemm, shidiannao_gemm
@@ -271,10 +272,11 @@ class DataflowCost:
         return chosen
 
     def measured_for(self, device: str) -> dict[tuple, KernelTiming]:
-        """The measured forward rows a GPU design with ``gpu.calibration == device`` uses
-        directly, by shape code ``(kernel kind index, dtype index, batch, m, n, k, flops, bytes,
-        geometry)`` (see :func:`~marssim.cost.calibrated.shape_key`): per shape, the row of the
-        most preferred tuning, then the smallest median. Empty when built from fits alone."""
+        """The measured rows a GPU design with ``gpu.calibration == device`` uses directly, by
+        shape code ``(kernel kind index, dtype index, batch, m, n, k, flops, bytes, geometry,
+        phase index, backend index)`` (see :func:`~marssim.cost.calibrated.shape_key`): per
+        shape, the row of the most preferred tuning, then the smallest median. Empty when built
+        from fits alone."""
         name = device.lower()
         got = self._device_measured.get(name)
         if got is not None:
@@ -284,11 +286,14 @@ class DataflowCost:
             rank = {t: i for i, t in enumerate(self.tuning)}
             kind_index = {k: i for i, k in enumerate(KERNEL_KINDS)}
             dtype_index = {d: i for i, d in enumerate(DTYPES)}
+            phase_index = {p: i for i, p in enumerate(KERNEL_PHASES)}
+            backend_index = {b: i for i, b in enumerate(KERNEL_BACKENDS)}
             for r in self._device_rows(name):
-                if r.tuning not in rank or r.phase != "fwd":
+                if r.tuning not in rank:
                     continue
                 key = r.shape
-                code = (kind_index[key[0]], dtype_index[key[1]], *key[2:])
+                code = (kind_index[key[0]], dtype_index[key[1]], *key[2:-2], phase_index[key[-2]],
+                        backend_index[key[-1]])
                 current = chosen.get(code)
                 if current is None or (rank[r.tuning], r.median_s) < (rank[current.tuning], current.median_s):
                     chosen[code] = r
@@ -625,20 +630,31 @@ class DataflowCost:
 def _measured_code(x: tuple[int, ...]) -> tuple:
     """The shape code of feature tuple ``x`` in :attr:`GpuTable.measured`
     (:func:`~marssim.cost.calibrated.shape_key` with index codes; a convolution's with its
-    geometry)."""
+    geometry; the kernel's phase and fused attention backend)."""
     if x[F_CLASS] == CLASS_GEMM:
-        return (x[F_KERNEL], x[F_DTYPE], x[F_G], x[F_M], x[F_NN], x[F_KK], 0, 0, conv_geometry_key(x))
-    return (x[F_KERNEL], x[F_DTYPE], 0, 0, 0, 0, x[F_FLOPS], x[F_TRAFFIC], ())
+        return (x[F_KERNEL], x[F_DTYPE], x[F_G], x[F_M], x[F_NN], x[F_KK], 0, 0, conv_geometry_key(x), x[F_PHASE],
+                x[F_BACKEND])
+    return (x[F_KERNEL], x[F_DTYPE], 0, 0, 0, 0, x[F_FLOPS], x[F_TRAFFIC], (), x[F_PHASE], x[F_BACKEND])
 
 
 def _lookup(measured: dict, x: tuple[int, ...], default=None):
-    """``measured``'s entry for feature tuple ``x``: the row of its own shape code, else, for a
+    """``measured``'s entry for feature tuple ``x``, in the order of
+    :func:`~marssim.cost.calibrated.lookup_keys`: the row of its own shape code; for a
     convolution, a row of its GEMM shape without geometry (tables measured before the geometry
-    columns), else ``default``."""
+    columns); for a gradient or other non-forward kernel, the same of phase ``fwd``; else
+    ``default``."""
     code = _measured_code(x)
     got = measured.get(code)
-    if got is None and code[-1]:
-        got = measured.get((*code[:-1], ()))
+    if got is None:
+        codes = [code]
+        if code[8]:
+            codes.append((*code[:8], (), *code[9:]))
+            got = measured.get(codes[-1])
+        if got is None and code[9]:  # phase index 0 is fwd
+            for c in codes:
+                got = measured.get((*c[:9], 0, c[10]))
+                if got is not None:
+                    break
     return default if got is None else got
 
 

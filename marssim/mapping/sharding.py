@@ -74,6 +74,10 @@ def _strategy_dims(kind: OpKind, depthwise: bool, groups: int, token: bool, norm
         return {}
     if variant == "a_t":  # a product reading its first operand transposed (attention gradients)
         return {"dp": "B", "head": "H"}
+    if variant == "fused_fwd":  # fused attention: queries and heads split, keys never (softmax over them)
+        return {"dp": "B", "seq": "M", "head": "H"}
+    if variant == "fused_bwd":  # its backward: every query of a head needs every key (no seq split)
+        return {"dp": "B", "head": "H"}
     if kind == OpKind.CONV:
         dims = {"dp": "N", "spatial": "P"}
         if groups == 1 or depthwise:
@@ -102,6 +106,8 @@ def _strategy_dims(kind: OpKind, depthwise: bool, groups: int, token: bool, norm
 
 
 def _variant(op: Op) -> str:
+    if op.kind == OpKind.MATMUL and op.param("fused"):
+        return f"fused_{op.param('fused')}"
     if op.kind == OpKind.MATMUL and op.param("a_t"):
         return "a_t"
     if op.kind == OpKind.RESHAPE and op.param("what") in _FIXED_RESHAPES:
@@ -222,6 +228,19 @@ def shard_regions(op: Op, dim: str | None, lo: int, hi: int) -> tuple[Box, tuple
         elif dim == "K":
             partial = True
             ins[0] = _with(ins[0], 1, (lo, hi))
+    elif kind == OpKind.MATMUL and op.param("fused"):  # fused attention
+        d, g = op.dim("K"), op.param("kv_group", 1)
+        if dim == "H":
+            heads, groups = (lo * d, hi * d), (lo // g * d, -(-hi // g) * d)
+            ins = [_with(b, 1, groups if i in (1, 2) else heads) for i, b in enumerate(ins)]
+            if op.param("fused") == "fwd":
+                out = _with(out, 1, heads)
+            else:  # per key/value head: its query heads' gradients, then its key's and value's
+                out = _with(out, 1, (lo // g * (g + 2) * d, -(-hi // g) * (g + 2) * d))
+                partial = g > 1 and (lo % g != 0 or hi % g != 0)
+        elif dim == "M":
+            out = _with(out, 2, (lo, hi))
+            ins[0] = _with(ins[0], 2, (lo, hi))
     elif kind == OpKind.MATMUL:
         n_, k_ = op.dim("N"), op.dim("K")
         if dim == "H":

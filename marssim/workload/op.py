@@ -45,6 +45,20 @@ param             meaning
                   gradients of grouped-query attention): ``ceil(H / out_group) * N`` features
 ``a_t``           a ``matmul`` reading its first operand transposed, ``(n, H*M, K, 1)`` (the key and
                   value gradients of attention)
+``fused``         a ``matmul`` that is a whole fused attention kernel (FlashAttention-style: the scores
+                  never leave the chip): ``fwd`` reads Q ``(n, H*K, M, 1)``, K and V ``(n, kv*K, N, 1)``
+                  and writes the context ``(n, H*K, M, 1)``: the two products ``Q K^T`` and ``P V``
+                  (``2 x`` the MACs of its loops); ``bwd`` (self-attention, ``M == N``) reads Q, K, V,
+                  the context and its gradient and writes the gradients of Q, K and V as one
+                  ``(n, (H + 2 kv) * K, M, 1)`` tensor (per key/value head: its query heads', its key's
+                  and its value's, Megatron-LM's fused QKV layout): the four gradient products (``4 x``
+                  the MACs;
+                  the ``Q K^T`` FlashAttention recomputes inside its backward is not counted, as model
+                  FLOPs count no recomputation). Loops: ``B`` samples, ``H`` query heads, ``M``
+                  queries, ``N`` keys, ``K`` head dimension; the per-row softmax statistics (4 B per
+                  query and head) are left out of the bytes
+``backend``       the scaled-dot-product attention backend a ``fused`` op models (``flash``,
+                  ``efficient``, ``cudnn``): which measured kernels time it
 ``view``          a ``reshape`` that only re-labels its input (no copy, no new buffer)
 ``extra_per_elem`` bytes read or written per output element beyond inputs, weights and output
                   (dropout masks, optimizer state write-back)
@@ -65,7 +79,7 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any
 
-__all__ = ["OpKind", "Op", "DTYPE_BYTES", "GEMM_LIKE", "dtype_bytes", "Shape"]
+__all__ = ["OpKind", "Op", "DTYPE_BYTES", "GEMM_LIKE", "dtype_bytes", "Shape", "FUSED_PRODUCTS", "products_of"]
 
 Shape = tuple[int, int, int, int]
 """Logical activation box ``(n, c, h, w)``."""
@@ -98,6 +112,17 @@ class OpKind(str, Enum):
 
 GEMM_LIKE = frozenset({OpKind.CONV, OpKind.GEMM, OpKind.MATMUL})
 """Kinds whose work is multiply-accumulate (counted as MACs)."""
+
+FUSED_PRODUCTS = {"fwd": 2, "bwd": 4}
+"""Products of ``M x N`` by the head dimension a fused attention op computes (``fused`` param)."""
+
+
+def products_of(op: "Op") -> int:
+    """How many products of its loop nest a ``matmul`` op computes: 1, or for a fused attention
+    op :data:`FUSED_PRODUCTS` of its ``fused`` (2 forward, 4 backward)."""
+    fused = op.param("fused")
+    return 1 if fused is None else FUSED_PRODUCTS[fused]
+
 
 # FLOPs per output element of the non-MAC ops, by function name (documented approximations).
 ELTWISE_FLOPS = {"relu": 1, "relu6": 2, "add": 1, "mul": 1, "sub": 1, "div": 1, "gelu": 8, "sigmoid": 4,
@@ -192,7 +217,8 @@ class Op:
         """Multiply-accumulates (GEMM-like ops only; 0 otherwise)."""
         if self.kind not in GEMM_LIKE:
             return 0
-        return math.prod(self._loop_map.values())
+        macs = math.prod(self._loop_map.values())
+        return macs * products_of(self) if self.kind == OpKind.MATMUL else macs
 
     @property
     def flops(self) -> int:
@@ -264,7 +290,7 @@ class Op:
                 return m["B"], m["M"], m["N"], m["K"]
             return 1, m["B"] * m["M"], m["N"], m["K"]
         if self.kind == OpKind.MATMUL:
-            return m["B"] * m["H"], m["M"], m["N"], m["K"]
+            return products_of(self) * m["B"] * m["H"], m["M"], m["N"], m["K"]
         return 0, 0, 0, 0
 
     def with_loops(self, **sizes: int) -> "Op":
@@ -319,6 +345,9 @@ def _reshape(op: Op, loops: dict[str, int]) -> Op:
             in_shapes[0] = (b, kk, m, 1)
             out = (b, nn, m, 1)
             weight = (b if grouped else 1) * kk * nn + (nn if op.param("bias", False) else 0)
+    elif kind == OpKind.MATMUL and op.param("fused") is not None:
+        in_shapes, out = fused_attention_shapes(op.param("fused"), *(loops[d] for d in "BHMNK"),
+                                                op.param("kv_group", 1), op.name)
     elif kind == OpKind.MATMUL:
         b, h, m, nn, kk = (loops[d] for d in "BHMNK")
         in_shapes[0] = (b, h * m, kk, 1) if op.param("a_t") else (b, h * kk, m, 1)
@@ -357,6 +386,24 @@ def _reshape(op: Op, loops: dict[str, int]) -> Op:
     else:  # pragma: no cover - every kind is handled above
         raise ValueError(f"unknown op kind {kind}")
     return replace(op, loops=tuple(loops.items()), in_shapes=tuple(in_shapes), out_shape=out, weight_elems=weight)
+
+
+def fused_attention_shapes(fused: str, b: int, h: int, m: int, n: int, d: int, kv_group: int = 1,
+                           name: str = "") -> tuple[list[Shape], Shape]:
+    """``(input shapes, output shape)`` of a fused attention op (``fused`` ``fwd`` or ``bwd``;
+    see the module docstring) of ``b`` samples, ``h`` query heads sharing each key/value head
+    ``kv_group`` ways, ``m`` queries, ``n`` keys and head dimension ``d``. A backward needs
+    ``m == n`` (self-attention): ValueError otherwise."""
+    kv = kv_heads_of(h, kv_group)
+    q: Shape = (b, h * d, m, 1)
+    keys: Shape = (b, kv * d, n, 1)
+    if fused == "fwd":
+        return [q, keys, keys], q
+    if fused != "bwd":
+        raise ValueError(f"op {name}: fused must be fwd or bwd, got {fused!r}")
+    if m != n:
+        raise ValueError(f"op {name}: a fused attention backward needs as many queries as keys, got {m} and {n}")
+    return [q, keys, keys, q, q], (b, (h + 2 * kv) * d, m, 1)
 
 
 def norm_weight_elems(norm: str, channels: int) -> int:

@@ -13,6 +13,9 @@ linear (gemm)     ``.dgrad``: GEMM ``dY W^T`` (``grad=input``, reads the forward
                   ``.wgrad``: GEMM ``X^T dY`` (``grad=weight``); together exactly 2x the forward MACs
 matmul            ``.grad_a``, ``.grad_b``: the two products with the other operand (grouped-query
                   attention: the key/value gradients sum over each group of query heads)
+fused attention   ``.grad``: one fused backward kernel (``fused=bwd``) reading Q, K, V, the context and
+                  its gradient, writing the Q, K and V gradients as one tensor, which the views
+                  ``.grad_q``, ``.grad_k``, ``.grad_v`` split
 softmax           ``.grad``: ``Y * (dY - sum(dY * Y))`` (reads the softmax output)
 cross-entropy     ``loss.grad``: ``(P - onehot) / tokens`` (reads the probabilities)
 dropout           ``.grad``: ``dY * mask / (1 - p)`` (reads the one-byte mask)
@@ -191,6 +194,9 @@ class _Backward:
         self.param_grads[owner.param("layer")].append(dw)
 
     def _matmul(self, op: Op, dy: T) -> None:
+        if op.param("fused"):
+            self._fused_attention(op, dy)
+            return
         b = self.b
         lm = op.loop_dict
         heads, g = lm["H"], op.param("kv_group", 1)
@@ -209,6 +215,21 @@ class _Backward:
                       (n, kv * nn, kk, 1), params={"b_feature": "N", "a_t": True, **grouped})
         self.contribute(a_name, dq)
         self.contribute(b_name, dk)
+
+    def _fused_attention(self, op: Op, dy: T) -> None:
+        from marssim.workload.op import fused_attention_shapes
+
+        b = self.b
+        lm = op.loop_dict
+        ins = [self.tensor(name, op) for name in op.inputs] + [self.tensor(op.name, op), dy]
+        _, out = fused_attention_shapes("bwd", lm["B"], lm["H"], lm["M"], lm["N"], lm["K"], op.param("kv_group", 1),
+                                        op.name)
+        params = {k: v for k, v in op.params if k in ("backend", "kv_group", "causal", "dropout")}
+        grads = b.op(f"{op.name}.grad", OpKind.MATMUL, dict(op.loops), ins, out, params={**params, "fused": "bwd"})
+        for part, name, t in zip("qkv", op.inputs, ins):
+            view = b.op(f"{op.name}.grad_{part}", OpKind.RESHAPE, _nchw(t.shape), [grads], t.shape,
+                        params={"what": "grad_split", "view": True})
+            self.contribute(name, view)
 
     def _softmax(self, op: Op, dy: T) -> None:
         dx = self.b.eltwise(f"{op.name}.grad", self.tensor(op.name, op), dy, fn="softmax_grad")

@@ -35,7 +35,8 @@ from typing import Any
 
 from marssim.errors import InputError
 
-__all__ = ["TransformerConfig", "PRESETS", "FAMILY_DEFAULTS", "MODES", "RECOMPUTE", "check_config", "config_from"]
+__all__ = ["TransformerConfig", "PRESETS", "FAMILY_DEFAULTS", "MODES", "RECOMPUTE", "ATTENTION", "check_config",
+           "config_from"]
 
 MODES = ("forward", "train", "prefill", "decode", "serve")
 """``forward``: one forward pass over ``seq`` tokens (logits for every token); ``train``: one
@@ -43,6 +44,14 @@ training step of one (micro-)batch (forward, loss, backward, optimizer); ``prefi
 ``seq`` tokens written to the KV cache, logits of the last token; ``decode``: one token per
 sequence attending over a KV cache of ``context`` tokens; ``serve``: a prefill of ``prompt``
 tokens and ``generate`` decode steps."""
+
+ATTENTION = ("unfused", "flash", "efficient", "cudnn")
+"""How the attention core runs: ``unfused`` as separate ops (``Q K^T``, softmax, dropout, ``P V``:
+the setting of Korthikanti et al. 2022), or one fused kernel per block in forward and one in
+backward (the scores never leave the chip; dropout inside the kernel, no mask kept), timed as
+PyTorch's scaled-dot-product attention with the ``flash`` (FlashAttention-2, Dao 2023),
+memory-``efficient`` (xFormers; Rabe and Staats 2021) or ``cudnn`` (cuDNN's fused attention)
+backend."""
 
 RECOMPUTE = ("none", "selective", "full")
 """Activation recomputation (Korthikanti et al. 2022): ``selective`` re-runs the attention core
@@ -69,6 +78,7 @@ class TransformerConfig:
     dtype: str = "bf16"
     mode: str = "forward"
     recompute: str = "none"
+    attention: str = "unfused"  # unfused | flash | efficient | cudnn (ATTENTION)
     dropout: float = 0.0
     bias: bool = False
     tie_embeddings: bool = False
@@ -207,6 +217,8 @@ def check_config(cfg: TransformerConfig) -> None:
         _fail("mode", f"expected one of {', '.join(MODES)}, got {cfg.mode!r}")
     if cfg.recompute not in RECOMPUTE:
         _fail("recompute", f"expected one of {', '.join(RECOMPUTE)}, got {cfg.recompute!r}")
+    if cfg.attention not in ATTENTION:
+        _fail("attention", f"expected one of {', '.join(ATTENTION)}, got {cfg.attention!r}")
     if cfg.recompute != "none" and cfg.mode != "train":
         _fail("recompute", f"activation recomputation applies to mode=train only, got mode={cfg.mode}")
     if cfg.dtype not in ("fp32", "bf16", "fp16", "fp8"):

@@ -18,10 +18,12 @@ One block (pre-norm, as GPT-2/3, Llama and Mixtral)::
                  experts) -> moe.act -> moe.down -> moe.combine
 
 The attention core (``attn.qk``, ``attn.softmax``, ``attn.dropout``, ``attn.pv``) carries
-``core=True``. FLOPs of the causal attention products count the full ``M x N`` product (the
-convention of Narayanan et al. 2021 and of the model-FLOPs utilisation of Chowdhery et al.
-2022, so published formulas match exactly); the mask is applied in the softmax and the products
-are marked ``causal`` for cost models that skip masked blocks.
+``core=True``; with ``attention=flash`` (or ``efficient``, ``cudnn``) it is one fused op
+``attn.core`` (a ``matmul`` with ``fused=fwd``: :mod:`marssim.workload.op`). FLOPs of the
+causal attention products count the full ``M x N`` product (the convention of Narayanan et al.
+2021 and of the model-FLOPs utilisation of Chowdhery et al. 2022, so published formulas match
+exactly); the mask is applied in the softmax and the products are marked ``causal`` for cost
+models that skip masked blocks.
 
 Every op carries ``layer`` (``-1`` for the embedding, ``layers`` for the final norm, head and
 loss) and ``phase`` (``fwd``).
@@ -142,6 +144,10 @@ class Decoder:
         cfg, b = self.cfg, self.b
         b.tags = {**b.tags, "core": True}
         causal = cfg.mode != "decode"
+        if cfg.attention != "unfused":
+            ctx = self._fused_core(p, q, k, v, causal)
+            b.tags = {k_: v_ for k_, v_ in b.tags.items() if k_ != "core"}
+            return ctx
         s = b.matmul(p + "attn.qk", q, k, heads=cfg.heads, b_feature="K", kv_group=cfg.kv_group, causal=causal)
         s = b.softmax(p + "attn.softmax", s, heads=cfg.heads)
         if cfg.dropout and cfg.training:
@@ -149,6 +155,22 @@ class Decoder:
         ctx = b.matmul(p + "attn.pv", s, v, heads=cfg.heads, b_feature="N", kv_group=cfg.kv_group, causal=causal)
         b.tags = {k_: v_ for k_, v_ in b.tags.items() if k_ != "core"}
         return ctx
+
+    def _fused_core(self, p: str, q: T, k: T, v: T, causal: bool) -> T:
+        """``attn.core``: the attention core as one fused kernel (``attention=flash`` or
+        ``efficient``; see :mod:`marssim.workload.op`, param ``fused``): the context of the
+        queries ``q`` over the keys ``k`` and values ``v``; dropout of the probabilities inside the
+        kernel in training (no mask kept)."""
+        from marssim.workload.op import fused_attention_shapes
+
+        cfg, b = self.cfg, self.b
+        d = cfg.d_head
+        loops = {"B": q.n, "H": cfg.heads, "M": q.h, "N": k.h, "K": d}
+        _, out = fused_attention_shapes("fwd", q.n, cfg.heads, q.h, k.h, d, cfg.kv_group)
+        params = {"fused": "fwd", "backend": cfg.attention, "kv_group": cfg.kv_group, "causal": causal}
+        if cfg.dropout and cfg.training:
+            params["dropout"] = cfg.dropout
+        return b.op(p + "attn.core", OpKind.MATMUL, loops, [q, k, v], out, params=params)
 
     def _mlp(self, p: str, h: T) -> T:
         cfg, b = self.cfg, self.b
