@@ -74,7 +74,9 @@ def test_every_shard_the_lowering_times_is_a_grid_point(small_grid, spec, parall
     system = load_system("dgx-h100-cluster:nodes=1")
     lower_parallel(load_workload(spec + ",layers=2"), system, parallel, cost)
     timed = [(op, c) for op, c in cost.seen if op.kind != OpKind.RESHAPE]
-    assert len(timed) > 20
+    # the lowering times each distinct shape once; every family of a block was among them
+    suffixes = {op.name.split(".", 2)[-1] if op.name.startswith("layers.") else op.name for op, _ in timed}
+    assert {"attn.qkv", "attn.proj", "input_norm", "mlp.act", "embed.tokens", "output"} <= suffixes
     kinds = set()
     for op, c in timed:
         key = op_shape_key(op)

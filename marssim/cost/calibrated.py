@@ -520,6 +520,7 @@ class KernelFit:
     median_rel_error: float
     max_rel_error: float
     correction: ResidualCorrection | None = field(default=None, compare=False, repr=False)
+    best_rate: float = 0.0  # FLOP/s: the highest throughput measured in the group (GEMM-class)
 
     @property
     def key(self) -> FitKey:
@@ -581,14 +582,17 @@ def predict(fit_or_params: KernelFit | CurveParams, kind: str, *, batch=1, m=1, 
 
 
 def fit_group(rows: Sequence[KernelTiming], *, tile_m: int = 128, tile_n: int = 128,
-              tile_k: int = TILE_K, correct: bool = True, geometry: bool = True) -> KernelFit:
+              tile_k: int = TILE_K, correct: bool = True, geometry: bool = True,
+              max_rate: float | None = None) -> KernelFit:
     """Fit the curve of one group (rows of a single device, kind, dtype and tuning), then,
     with ``correct``, the local residual correction from the same rows -- for convolution rows
     that all carry their geometry, with ``geometry``, in the space that includes it (else by
     the GEMM view alone, as for tables without geometry).
 
     GEMM-class kinds fit ``rate, bandwidth, k_half, launch``; streaming kinds ``bandwidth,
-    launch`` (their compute term is dropped: ``rate = inf``). Minimises the squared log error
+    launch`` (their compute term is dropped: ``rate = inf``). ``max_rate`` (FLOP/s, the device's
+    dense peak for the dtype) bounds ``rate``: without it a curve fitted on small shapes can
+    extrapolate to large ones above what the hardware can issue. Minimises the squared log error
     with ``scipy.optimize.least_squares`` from a few starting points and keeps the best. The
     correction (:func:`marssim.cost.residual.fit_correction`) takes per distinct shape the
     residual ``ln(measured / curve)`` of its fastest median. Raises ValueError for a mixed
@@ -626,6 +630,9 @@ def fit_group(rows: Sequence[KernelTiming], *, tile_m: int = 128, tile_n: int = 
 
         lower = [math.log(rate0 / 1e4), math.log(bw0 / 1e4), 0.0, 0.0]
         upper = [math.log(rate0 * 1e3), math.log(bw0 * 1e3), 1e5, t_min]
+        if max_rate:
+            upper[0] = min(upper[0], math.log(max_rate))
+            lower[0] = min(lower[0], upper[0] - 1e-6)
         starts = [[math.log(rate0), math.log(bw0), kh, 0.3 * t_min] for kh in (0.0, 32.0, 256.0)]
         scale = [1.0, 1.0, 64.0, t_min]
     else:
@@ -651,8 +658,10 @@ def fit_group(rows: Sequence[KernelTiming], *, tile_m: int = 128, tile_n: int = 
     err = residual(best.x)
     rel = np.abs(np.expm1(err))
     correction = _correction(rows, err, gemm, geometry) if correct else None
+    best_rate = float(np.max(flops / t)) if gemm else 0.0
     return KernelFit(first.device, first.kind, first.dtype, first.tuning, params, len(rows),
-                     float(np.sqrt(np.mean(err ** 2))), float(np.median(rel)), float(rel.max()), correction)
+                     float(np.sqrt(np.mean(err ** 2))), float(np.median(rel)), float(rel.max()), correction,
+                     best_rate)
 
 
 def _correction(rows: Sequence[KernelTiming], log_error: np.ndarray, gemm: bool,
@@ -675,14 +684,19 @@ def _correction(rows: Sequence[KernelTiming], log_error: np.ndarray, gemm: bool,
 
 
 def fit(table: KernelTable, *, tile_m: int = 128, tile_n: int = 128, tile_k: int = TILE_K,
-        strict: bool = False, correct: bool = True) -> dict[FitKey, KernelFit]:
+        strict: bool = False, correct: bool = True, peaks: dict[str, float] | None = None
+        ) -> dict[FitKey, KernelFit]:
     """Fit every (device, kind, dtype, tuning) group of ``table`` (with ``correct``, also its
-    residual correction). Groups with too few rows are left out (the cost model then falls
-    back to the analytical curve for them), or, with ``strict``, raise ValueError."""
+    residual correction). ``peaks``: the device's dense peak FLOP/s per dtype, bounding the
+    GEMM-class curves' rate (:func:`fit_group`). Groups with too few rows are left out (the cost
+    model then falls back to the analytical curve for them), or, with ``strict``, raise
+    ValueError."""
     out: dict[FitKey, KernelFit] = {}
     for key, rows in table.groups().items():
+        bound = (peaks or {}).get(key[2]) if key[1] in GEMM_KINDS else None
         try:
-            out[key] = fit_group(rows, tile_m=tile_m, tile_n=tile_n, tile_k=tile_k, correct=correct)
+            out[key] = fit_group(rows, tile_m=tile_m, tile_n=tile_n, tile_k=tile_k, correct=correct,
+                                 max_rate=bound)
         except ValueError:
             if strict:
                 raise

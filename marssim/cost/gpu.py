@@ -61,7 +61,7 @@ from .features import (
 )
 from .residual import ResidualCorrection
 
-__all__ = ["CurveParams", "KindEfficiency", "DEFAULT_EFFICIENCY", "TILE_K", "gemm_curve", "stream_curve",
+__all__ = ["design_peaks", "CurveParams", "KindEfficiency", "DEFAULT_EFFICIENCY", "TILE_K", "gemm_curve", "stream_curve",
            "dtype_peak", "default_curve", "GpuTable"]
 
 TILE_K = 32
@@ -172,6 +172,11 @@ def dtype_peak(design: Design, dtype: str) -> float:
     return float(min(peaks.values()))
 
 
+def design_peaks(design: Design) -> dict[str, float]:
+    """Dense peak FLOP/s of the GPU-class ``design`` for every dtype (:func:`dtype_peak`)."""
+    return {dt: dtype_peak(design, dt) for dt in DTYPES}
+
+
 def _vector_peak(design: Design) -> float:
     peaks = design.gpu.peak_flops
     return float(peaks["fp32"]) if "fp32" in peaks else float(min(peaks.values()))
@@ -198,14 +203,18 @@ class GpuTable:
     code ``(kernel kind index, dtype index, batch, m, n, k, flops, bytes)`` (see
     :func:`marssim.cost.calibrated.shape_key`; index codes instead of names), and the local
     residual corrections of the fitted curves (``corrections[kind][dtype]``, None where there
-    is none; see :mod:`marssim.cost.residual`)."""
+    is none; see :mod:`marssim.cost.residual`), and the FLOP/s no curve-timed GEMM-class kernel
+    exceeds (``ceilings[kind, dtype]``: the dense peak, or lower, the best throughput measured
+    for the kind and dtype: a curve fitted on the measured shapes must not extrapolate past what
+    the GPU was seen to sustain)."""
 
-    __slots__ = ("rows", "arrays", "models", "peaks", "measured", "corrections", "any_correction")
+    __slots__ = ("rows", "arrays", "models", "peaks", "ceilings", "measured", "corrections", "any_correction")
 
     def __init__(self, design: Design, overrides: dict[tuple[str, str], CurveParams] | None = None,
                  override_model: str = "calibrated",
                  measured: dict[tuple[int, ...], float] | None = None,
-                 corrections: dict[tuple[str, str], ResidualCorrection] | None = None) -> None:
+                 corrections: dict[tuple[str, str], ResidualCorrection] | None = None,
+                 best_rates: dict[tuple[str, str], float] | None = None) -> None:
         self.measured = dict(measured or {})
         corrections = corrections or {}
         self.corrections = tuple(tuple(corrections.get((kind, dt)) for dt in DTYPES) for kind in KERNEL_KINDS)
@@ -227,6 +236,9 @@ class GpuTable:
             np.array([[r[i] for r in row] for row in rows], dtype=np.float64 if i < 4 else np.int64)
             for i in range(8))
         self.peaks = tuple(dtype_peak(design, dt) for dt in DTYPES)
+        rates = best_rates or {}
+        self.ceilings = np.array([[min(p, rates.get((kind, dt)) or p) for p, dt in zip(self.peaks, DTYPES)]
+                                  for kind in KERNEL_KINDS], dtype=np.float64)
 
     def correction_factors(self, xs: list[tuple[int, ...]]) -> np.ndarray:
         """Multipliers of the curve times of the GPU ops with feature tuples ``xs``: the local

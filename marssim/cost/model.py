@@ -57,7 +57,7 @@ from .features import (
     F_MACS, F_NN, F_PHASE, F_TRAFFIC, KERNEL_BACKENDS, KERNEL_KINDS, KERNEL_PHASES, N_FEATURES, DesignParams,
     conv_geometry_key, design_key, op_features,
 )
-from .gpu import GpuTable, gpu_gemm, gpu_stream
+from .gpu import GpuTable, design_peaks, gpu_gemm, gpu_stream
 from .loopmap import nvdla_gemm, rs_gemm, shidiannao_gemm
 from .systolic import systolic_gemm
 
@@ -247,17 +247,19 @@ class DataflowCost:
         return tuple(r for r in table.rows
                      if r.device.lower() == name or Path(r.source.rsplit(":", 1)[0]).stem.lower() == name)
 
-    def fits_for(self, device: str) -> dict[tuple[str, str], KernelFit]:
-        """The fits a GPU design with ``gpu.calibration == device`` uses, by (kind, dtype)."""
+    def fits_for(self, device: str, peaks: dict[str, float] | None = None) -> dict[tuple[str, str], KernelFit]:
+        """The fits a GPU design with ``gpu.calibration == device`` uses, by (kind, dtype);
+        ``peaks`` (the design's dense peak FLOP/s per dtype) bound the GEMM-class curves' rate."""
         name = device.lower()
-        got = self._device_fits.get(name)
+        cache_key = (name, tuple(sorted((peaks or {}).items())))
+        got = self._device_fits.get(cache_key)
         if got is not None:
             return got
         if self._given_fits is not None:
             fits = {k: f for k, f in self._given_fits.items() if k[0].lower() == name}
         else:
             rows = self._device_rows(name)
-            fits = fit(KernelTable(rows)) if rows else {}
+            fits = fit(KernelTable(rows), peaks=peaks) if rows else {}
         rank = {t: i for i, t in enumerate(self.tuning)}
         chosen: dict[tuple[str, str], KernelFit] = {}
         for (_, kind, dtype, tuning), f in sorted(fits.items()):
@@ -268,7 +270,7 @@ class DataflowCost:
                 chosen[(kind, dtype)] = f
         if self._source is not None or self._table is not None or self._given_fits is not None:
             _log.info("calibration %s: %d fitted (kind, dtype) groups", device, len(chosen))
-        self._device_fits[name] = chosen
+        self._device_fits[cache_key] = chosen
         return chosen
 
     def measured_for(self, device: str) -> dict[tuple, KernelTiming]:
@@ -331,7 +333,7 @@ class DataflowCost:
 
     def _gpu_table(self, design: Design) -> GpuTable:
         name = design.gpu.calibration
-        fits = self.fits_for(name) if name else {}
+        fits = self.fits_for(name, design_peaks(design)) if name else {}
         if name and self._calibrated:
             self._check_calibration(design, fits, name)
         measured = {code: r.median_s for code, r in self.measured_for(name).items()} \
@@ -339,7 +341,7 @@ class DataflowCost:
         corrections = {key: f.correction for key, f in fits.items() if f.correction is not None} \
             if self.correction else None
         return GpuTable(design, {key: f.params for key, f in fits.items()}, measured=measured,
-                        corrections=corrections)
+                        corrections=corrections, best_rates={key: f.best_rate for key, f in fits.items()})
 
     def measured_time(self, op: Op, design: Design) -> float | None:
         """The measured median (s) the table holds for ``op``'s kernel shape on the GPU-class
@@ -364,7 +366,7 @@ class DataflowCost:
         if design.dataflow != "gpu":
             return {}
         name = design.gpu.calibration
-        fits = self.fits_for(name) if name else {}
+        fits = self.fits_for(name, design_peaks(design)) if name else {}
         shapes: dict[tuple[int, int], int] = {}
         if name and self.measured:
             for code in self.measured_for(name):
@@ -430,6 +432,8 @@ class DataflowCost:
                     t, model = t_measured, "measured"
                 elif d.gpu.any_correction and d.gpu.corrections[kernel][dt] is not None:
                     t = t * float(d.gpu.correction_factors([x])[0])
+            if cls == CLASS_GEMM and model != "measured":  # no curve past the best throughput measured
+                t = max(t, x[F_FLOPS] / d.gpu.ceilings[kernel, dt])
             peak = 0.5 * d.gpu.peaks[dt]
         else:
             if cls == CLASS_STREAM:
@@ -494,6 +498,11 @@ class DataflowCost:
                 out[mask] = t
         if code == 6 and d.gpu.any_correction:
             out *= self._factor_column(did)[fids]
+        if code == 6:  # no curve past the best throughput measured (measured times replace it below)
+            gemm = cls == CLASS_GEMM
+            if gemm.any():
+                floor = matrix[F_FLOPS][fids] / d.gpu.ceilings[matrix[F_KERNEL][fids], matrix[F_DTYPE][fids]]
+                out[gemm] = np.maximum(out[gemm], floor[gemm])
         if code == 6 and d.gpu.measured:
             measured = self._measured_column(did)[fids]
             hit = ~np.isnan(measured)

@@ -108,6 +108,8 @@ class Candidate:
     sim_memory_peak: float = math.nan
     throughput: float = math.nan  # serving: output tokens/s when the time-to-first-token bound holds
     error: str = ""
+    lower_s: float = 0.0  # wall seconds its lowering took (simulated candidates)
+    sim_s: float = 0.0  # wall seconds its simulation took
 
     @property
     def simulated(self) -> bool:
@@ -378,16 +380,20 @@ def _simulate_chunk(args: tuple[bytes, list[ParallelConfig]]) -> list[Candidate]
     out = []
     for cfg in configs:
         try:
+            start = time.perf_counter()
             tg = lower_parallel(p.graph_for(cfg), p.system, cfg, p.cost)
+            lowered = time.perf_counter()
             result = simulate(tg, p.system, record=False, setup=False)
             rep = report_of(tg, p.system, result)
+            done = time.perf_counter()
         except (CapacityError, InputError) as err:
             out.append(Candidate(cfg, fits=False, error=str(err)))
             continue
         peak = max(rep.memory_peak.values()) if rep.memory_peak else math.nan
         out.append(Candidate(cfg, simulated_s=rep.iteration_s, mfu=rep.mfu, exposed=dict(rep.exposed_s),
                              ttft_s=rep.ttft_s if rep.ttft_s is not None else math.nan,
-                             tpot_s=rep.tpot_s if rep.tpot_s is not None else math.nan, sim_memory_peak=peak))
+                             tpot_s=rep.tpot_s if rep.tpot_s is not None else math.nan, sim_memory_peak=peak,
+                             lower_s=lowered - start, sim_s=done - lowered))
     return out
 
 
@@ -502,6 +508,12 @@ class _Search:
             self.seen[cand.config] = self._score(replace(cand, screened_s=old.screened_s, memory_peak=old.memory_peak,
                                                          fits=cand.fits and old.fits))
         self.timing["simulate_s"] += time.perf_counter() - start
+
+    def timings(self) -> dict:
+        """Wall seconds spent screening and simulating (as the search waited for them), and the
+        seconds the simulated candidates' lowering and simulation took where they ran."""
+        sims = [c for c in self.seen.values() if c.simulated]
+        return {**self.timing, "lower_s": sum(c.lower_s for c in sims), "sim_s": sum(c.sim_s for c in sims)}
 
     def check_best(self, best: Candidate | None) -> None:
         """InputError when nothing fits the memory or meets the time-to-first-token bound."""
@@ -731,7 +743,7 @@ class _Search:
         self.check_best(best)
         return LLMSearchResult("mars", s.objective, best, list(self.seen.values()), pd.DataFrame(history),
                                len(self.seen), self.rejected, self.simulations, time.perf_counter() - wall, s.seed,
-                               dict(self.timing))
+                               self.timings())
 
     def next_generation(self, scored: list[tuple[_Genome, Candidate]]) -> list[_Genome]:
         s = self.settings
@@ -787,4 +799,4 @@ def grid_search(graph: Graph, system: System, cost: CostModel, settings: LLMSear
                              "rejected_memory": search.rejected, "wall_s": time.perf_counter() - wall}])
     return LLMSearchResult("megatron-grid", settings.objective, best, list(search.seen.values()), history,
                            len(search.seen), search.rejected, search.simulations, time.perf_counter() - wall,
-                           settings.seed, dict(search.timing))
+                           settings.seed, search.timings())
