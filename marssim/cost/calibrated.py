@@ -630,8 +630,8 @@ def fit_group(rows: Sequence[KernelTiming], *, tile_m: int = 128, tile_n: int = 
 
         lower = [math.log(rate0 / 1e4), math.log(bw0 / 1e4), 0.0, 0.0]
         upper = [math.log(rate0 * 1e3), math.log(bw0 * 1e3), 1e5, t_min]
-        if max_rate:
-            upper[0] = min(upper[0], math.log(max_rate))
+        if max_rate:  # the datasheet's peak, unless the rows beat it (fp32 convolutions run as TF32 in cuDNN)
+            upper[0] = min(upper[0], math.log(max(max_rate, float(np.max(flops / t)))))
             lower[0] = min(lower[0], upper[0] - 1e-6)
         starts = [[math.log(rate0), math.log(bw0), kh, 0.3 * t_min] for kh in (0.0, 32.0, 256.0)]
         scale = [1.0, 1.0, 64.0, t_min]

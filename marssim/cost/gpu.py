@@ -204,9 +204,9 @@ class GpuTable:
     :func:`marssim.cost.calibrated.shape_key`; index codes instead of names), and the local
     residual corrections of the fitted curves (``corrections[kind][dtype]``, None where there
     is none; see :mod:`marssim.cost.residual`), and the FLOP/s no curve-timed GEMM-class kernel
-    exceeds (``ceilings[kind, dtype]``: the dense peak, or lower, the best throughput measured
-    for the kind and dtype: a curve fitted on the measured shapes must not extrapolate past what
-    the GPU was seen to sustain)."""
+    exceeds (``ceilings[kind, dtype]``: the best throughput measured for the kind and dtype, else
+    the dense peak: a curve fitted on the measured shapes must not extrapolate past what the GPU
+    was seen to sustain)."""
 
     __slots__ = ("rows", "arrays", "models", "peaks", "ceilings", "measured", "corrections", "any_correction")
 
@@ -237,7 +237,7 @@ class GpuTable:
             for i in range(8))
         self.peaks = tuple(dtype_peak(design, dt) for dt in DTYPES)
         rates = best_rates or {}
-        self.ceilings = np.array([[min(p, rates.get((kind, dt)) or p) for p, dt in zip(self.peaks, DTYPES)]
+        self.ceilings = np.array([[rates.get((kind, dt)) or p for p, dt in zip(self.peaks, DTYPES)]
                                   for kind in KERNEL_KINDS], dtype=np.float64)
 
     def correction_factors(self, xs: list[tuple[int, ...]]) -> np.ndarray:
