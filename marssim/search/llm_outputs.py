@@ -1,20 +1,17 @@
-"""What an LLM search leaves for its user: the best configuration as a mapping file, the top
-configurations, the history, the convergence figure, the best configuration's simulation and
-its Perfetto trace."""
+"""What an LLM search shows its user: the summary as a JSON-ready dict, the top configurations
+as text and the convergence figure (the files themselves are written by ``marssim search``)."""
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
-from marssim.cost.base import CostModel
 from marssim.system import System
 from marssim.workload import Graph
 
-from .llm import LLMSearchResult, graph_for
+from .llm import LLMSearchResult
 
-__all__ = ["write_llm_outputs", "plot_llm_convergence", "llm_search_summary", "format_top"]
+__all__ = ["plot_llm_convergence", "llm_search_summary", "format_top"]
 
 
 def llm_search_summary(result: LLMSearchResult, graph: Graph, system: System) -> dict:
@@ -89,56 +86,3 @@ def plot_llm_convergence(results: list[LLMSearchResult], png: str | Path) -> lis
         fig.savefig(p, **({"metadata": {"Date": None}} if p.suffix == ".svg" else {}))
     plt.close(fig)
     return paths
-
-
-def write_llm_outputs(result: LLMSearchResult, graph: Graph, system: System, cost: CostModel, out: str | Path,
-                      baselines: tuple[LLMSearchResult, ...] = ()) -> list[str]:
-    """Write into ``out`` atomically (whole or not at all): ``best_mapping.yaml`` (re-run with
-    ``marssim simulate --mapping``), ``top10.csv``, ``history.csv``, ``search.json``,
-    ``convergence.png``/``.svg``, ``result/`` (the best configuration's simulation) and
-    ``trace.json`` (Perfetto, one row per class of identical GPUs). The best configuration is
-    simulated again and must give the reported time. Returns one line per file."""
-    import yaml
-
-    from marssim.fsutil import staged_dir
-    from marssim.mapping import Mapping
-    from marssim.mapping.io import mapping_to_dict
-    from marssim.parallel import lower_parallel
-    from marssim.parallel.run import report_of
-    from marssim.sim import simulate
-    from marssim.trace import write_chrome_trace
-
-    cfg = result.best.config
-    graph = graph_for(graph, cfg)
-    tg = lower_parallel(graph, system, cfg, cost)
-    sim = simulate(tg, system)
-    report = report_of(tg, system, sim)
-    if not math.isclose(report.iteration_s, result.best.simulated_s, rel_tol=1e-12):
-        raise RuntimeError(f"the best configuration simulates to {report.iteration_s} s, the search reported "
-                           f"{result.best.simulated_s} s")
-    sim.meta["parallel_report"] = report.to_dict()
-    out_dir = Path(out)
-    lines = []
-    mapping = Mapping.from_parallel(graph, system, cfg)
-    data = mapping_to_dict(mapping, graph)
-    data["system"], data["workload"] = system.spec, graph.spec
-    header = (f"# {result.algorithm} search, objective {result.objective}, seed {result.seed}: "
-              f"{result.best.config.text()}\n# simulated {result.best.simulated_s * 1e3:.3f} ms per iteration, "
-              f"MFU {result.best.mfu:.1%}\n")
-    with staged_dir(out_dir) as tmp:
-        (tmp / "best_mapping.yaml").write_text(header + yaml.safe_dump(data, sort_keys=False))
-        lines.append(f"mapping      {out_dir / 'best_mapping.yaml'} (marssim simulate --mapping ...)")
-        result.top(10).to_csv(tmp / "top10.csv", index=False)
-        lines.append(f"top 10       {out_dir / 'top10.csv'}")
-        result.history.to_csv(tmp / "history.csv", index=False)
-        lines.append(f"history      {out_dir / 'history.csv'} ({len(result.history)} rows)")
-        summary = llm_search_summary(result, graph, system)
-        summary["baselines"] = [llm_search_summary(b, graph, system) for b in baselines]
-        (tmp / "search.json").write_text(json.dumps(summary, indent=2, sort_keys=True, default=float) + "\n")
-        for p in plot_llm_convergence([result, *baselines], tmp / "convergence.png"):
-            lines.append(f"figure       {out_dir / p.name}")
-        sim.save(tmp / "result")
-        lines.append(f"result       {out_dir / 'result'}/ (marssim simulate --out format)")
-        write_chrome_trace(sim, tmp / "trace.json")
-        lines.append(f"trace        {out_dir / 'trace.json'} (open in https://ui.perfetto.dev)")
-    return lines
