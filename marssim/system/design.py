@@ -141,11 +141,14 @@ class Design(BaseModel):
         if isinstance(energy, dict) and energy.get("table") in ENERGY_TABLES:
             try:
                 sram = units.parse(data.get("sram"), "bytes")
-            except (TypeError, units.UnitError):
-                return data
-            split = buffers.get("split")
-            largest = max(sizes) if sizes else max(split.values()) * sram if isinstance(split, dict) else sram
-            data = {**data, "energy": {**table_energy(energy["table"], largest), **energy}}
+                split = buffers.get("split")
+                largest = max(sizes) if sizes else max(split.values()) * sram if isinstance(split, dict) else sram
+            except (TypeError, ValueError, AttributeError, units.UnitError):
+                largest = None  # the size is reported elsewhere; the table's other figures still apply
+            table = table_energy(energy["table"], largest if largest is not None else 8192.0)
+            if largest is None:
+                table = {k: v for k, v in table.items() if not k.startswith("sram")}
+            data = {**data, "energy": {**table, **energy}}
         return data
 
     @field_validator("dataflow", mode="before")
