@@ -478,14 +478,17 @@ class _Simulation:
     def _ops(self) -> pd.DataFrame:
         meta = self.tg.meta
         kinds = meta.get("op_kind", {})
-        flops = pd.Series(self.tg.flops).groupby(
-            np.asarray(self.tg.op_names + ("",), dtype=object)[self.tg.op]).sum()
+        names = np.asarray(self.tg.op_names + ("",), dtype=object)[self.tg.op]
+        flops = pd.Series(self.tg.flops).groupby(names).sum()
+        compute = self.tg.kind == COMPUTE  # energy per op: its compute tasks' (compute + SRAM + DRAM)
+        energy = pd.Series(self.tg.energy[compute]).groupby(names[compute]).sum(min_count=1)
         rows = {name: {"kind": kind, "model": meta.get("op_model", {}).get(name, ""),
                        "sharding": meta.get("op_sharding", {}).get(name, ""),
                        "set": meta.get("op_set", {}).get(name, -1), "loops": meta.get("op_loops", {}).get(name, ""),
-                       "flops": float(flops.get(name, 0.0))}
+                       "flops": float(flops.get(name, 0.0)), "energy_j": float(energy.get(name, np.nan))}
                 for name, kind in kinds.items() if kind != "input"}
-        frame = pd.DataFrame.from_dict(rows, orient="index", columns=["kind", "model", "sharding", "set", "loops", "flops"])
+        frame = pd.DataFrame.from_dict(rows, orient="index",
+                                       columns=["kind", "model", "sharding", "set", "loops", "flops", "energy_j"])
         return frame.rename_axis("op")
 
 

@@ -16,7 +16,8 @@ after the change), ``flows`` (active flows).
 ``edges``: ``src_task``, ``dst_task``: the dependencies that involve a transfer (producer
 compute -> transfer -> consumer compute, and transfer -> transfer inside collectives).
 ``ops``: one row per op (index ``op``): ``kind``, ``model``, ``sharding``, ``set``, ``loops``
-(``N=8 K=64 ...``), ``flops``.
+(``N=8 K=64 ...``), ``flops``, ``energy_j`` (its compute tasks' energy: compute + SRAM + DRAM;
+NaN without energy figures).
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ class Result:
     link_timeline: pd.DataFrame
     edges: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=["src_task", "dst_task"]))
     ops: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(
-        columns=["kind", "model", "sharding", "set", "loops", "flops"]).rename_axis("op"))
+        columns=["kind", "model", "sharding", "set", "loops", "flops", "energy_j"]).rename_axis("op"))
     throughput: float = float("nan")  # samples/s in steady state (pipelined runs), else batch/makespan
     setup_time: float = 0.0  # s to load weights from hosts before the run (not in the makespan)
     meta: dict[str, Any] = field(default_factory=dict)
