@@ -30,7 +30,7 @@ from __future__ import annotations
 import math
 
 from marssim.system import Design
-from marssim.system.buffers import DEFAULT_BUFFERS, operand_windows
+from marssim.system.buffers import DEFAULT_BUFFERS, buffer_sizes, operand_windows
 from marssim.workload import Op, OpKind
 from marssim.workload.op import DTYPE_BYTES, GEMM_LIKE
 
@@ -142,14 +142,15 @@ class DesignParams:
 
     Buffers (:mod:`marssim.system.buffers`): ``wi``, ``wf``, ``wo`` the windows of ifmap, filter
     and ofmap (what the array works from while the next is fetched), ``ri``, ``rf``, ``ro`` the
-    largest operand that stays resident once read, ``double_buffered``, ``dram_latency`` (s),
+    largest operand that stays resident once read, ``ci``, ``cf``, ``co`` the buffer sizes,
+    ``double_buffered``, ``dram_latency`` (s),
     ``per_operand`` (a DRAM channel per buffer), and the ``scalesim`` convention's three rules:
     ``im2col`` (the ifmap moves as its im2col matrix), ``write_through`` (partial sums written
     every fold, never read back), ``fixed_order`` (no alternative loop order). ``energy``:
     ``(mac, sram read, sram write, dram read, dram write per byte, static power)``."""
 
     __slots__ = ("name", "dataflow", "code", "rows", "cols", "clock", "sram", "sram_bw", "dram_bw", "energy",
-                 "peak_macs", "gpu", "gpu_np", "models", "wi", "wf", "wo", "ri", "rf", "ro", "double_buffered", "dram_latency",
+                 "peak_macs", "gpu", "gpu_np", "models", "wi", "wf", "wo", "ri", "rf", "ro", "ci", "cf", "co", "double_buffered", "dram_latency",
                  "per_operand", "im2col", "write_through", "fixed_order")
 
     def __init__(self, design: Design) -> None:
@@ -166,6 +167,7 @@ class DesignParams:
         self.energy = None if e is None else (float(e.mac), *e.per_byte, float(e.static_power))
         b = design.buffers or DEFAULT_BUFFERS
         (self.wi, self.wf, self.wo), (self.ri, self.rf, self.ro) = operand_windows(self.sram, b)
+        self.ci, self.cf, self.co = buffer_sizes(self.sram, b)
         self.double_buffered = bool(b.double_buffered)
         self.dram_latency = float(b.dram_latency)
         self.per_operand = b.channels == "per_operand"

@@ -53,8 +53,10 @@ phases, then at least the buffer bytes over ``sram_bandwidth``.
 
 from __future__ import annotations
 
+import math
+
 from .features import F_AE, F_EB, F_G, F_KK, F_M, F_NN
-from .traffic import overlap, psums, reuse, sel
+from .traffic import overlap, psums, reuse, scalesim_reads, sel
 
 __all__ = ["systolic_gemm", "fold_cycles"]
 
@@ -98,6 +100,10 @@ def systolic_gemm(x, d, code: int, mx, mn):
         # N outer: A streamed, B column tiles reused over M folds
         a1, b1 = reuse(sa, d.ri, fn, sb, wf, fm)
         fixed = (1 / fn, (sa, b1 / fn, so / fn), (a1, b1, so), (so, zero))
+        if d.fixed_order:  # SCALE-Sim's prefetches: whole halves of a buffer
+            b_passes = 1 + (sb > wf * fn) * (fm - 1)  # a K x C tile larger than a window: once per M fold
+            fixed, fill = _scalesim(d, fn, (sa, k * R * fm * eb, fn), (sb, k * C * fn * eb, b_passes), (so, zero),
+                                    mx, mn)
         # M outer: B streamed, A row tiles reused over N folds
         b2, a2 = reuse(sb, d.rf, fm, sa, wi, fn)
         alts = [(True, (1 / fm, (a2 / fm, sb, so / fm), (a2, b2, so), (so, zero)))]
@@ -129,6 +135,12 @@ def systolic_gemm(x, d, code: int, mx, mn):
         lines = mn(mn(w_s * spatial // mx(s_b, 1), wo // (C * eb)), spatial)
         c_min = sel(lines >= 1, -(-spatial // mx(lines, 1)), spatial + 1)  # spatial + 1: none fits
         fixed = _ab(code, 1 / outer, (s_b, t_b / outer, o1 / outer), (s1, t_b, o1), psum)
+        if d.fixed_order:  # SCALE-Sim's prefetches: whole halves of a buffer
+            if code == 1:
+                reads = ((sa, m * R * fk * eb, outer), (sb, k * C * outer * eb, 1))
+            else:
+                reads = ((sa, k * C * outer * eb, 1), (sb, n * R * fk * eb, outer))
+            fixed, fill = _scalesim(d, outer, *reads, psum, mx, mn)
         if not d.fixed_order:
             # more chunks than the fewest shorten that first wait and cost one more read of the
             # stationary operand each: the fastest of 1, 4, 16, ... chunks (those not below the
@@ -145,9 +157,7 @@ def systolic_gemm(x, d, code: int, mx, mn):
         block = so / outer  # the outputs of the last outer iteration
     cycles = g * cycles_g - 1
     compute = cycles / d.clock
-    if d.fixed_order:  # SCALE-Sim loads a whole window of each input before the first fold
-        fill = (mn(sa, wi), mn(sb, wf))
-    else:  # what the first cycle needs; the rest of the first fold streams in its cold phase
+    if not d.fixed_order:  # what the first cycle needs; the rest of the first fold streams in its cold phase
         fill = (mn(mn(first[0], sa), wi), mn(mn(first[1], sb), wf))
     if d.write_through:  # SCALE-Sim drains its ofmap buffer a window at a time; the rest at the end
         o_all = g * fixed[3][0]
@@ -177,6 +187,18 @@ CHUNK_LADDER = 4
 def _any(cond) -> bool:
     """``cond`` for a scalar, ``cond.any()`` for a numpy array."""
     return bool(cond.any()) if hasattr(cond, "any") else bool(cond)
+
+
+def _scalesim(d, outer, a, b, psum, mx, mn):
+    """SCALE-Sim's schedule and fill: each input ``(valid bytes, bytes with padding, passes)``
+    read in whole prefetch halves (:func:`marssim.cost.traffic.scalesim_reads`), spread evenly
+    over the ``outer`` iterations after the first window of each (the fill)."""
+    bw = d.dram_bw / d.clock if math.isfinite(d.dram_bw) else 1.0  # bytes per cycle (the rounding only)
+    a_t, a_fill = scalesim_reads(a[0], a[1], a[2], d.ci, bw, mx, mn)
+    b_t, b_fill = scalesim_reads(b[0], b[1], b[2], d.cf, bw, mx, mn)
+    o_t = psum[0] + psum[1]
+    cold = (a_fill + (a_t - a_fill) / outer, b_fill + (b_t - b_fill) / outer, o_t / outer)
+    return (1 / outer, cold, (a_t, b_t, o_t), psum), (a_fill, b_fill)
 
 
 def _ab(code, frac, cold, total, psum):

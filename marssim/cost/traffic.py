@@ -41,7 +41,7 @@ columns (``numpy.maximum``/``numpy.minimum``), like every cost formula in this p
 
 from __future__ import annotations
 
-__all__ = ["reuse", "psums", "overlap", "refetch", "channel_time", "sel"]
+__all__ = ["reuse", "psums", "overlap", "refetch", "channel_time", "sel", "scalesim_reads"]
 
 
 def sel(cond, a, b):
@@ -116,3 +116,28 @@ def refetch(x_bytes, passes, y_bytes, r_x, mn):
     chunked = (x_bytes > r_x) * (-(-x_bytes // r_x) - 1) * y_bytes
     take_x = again <= chunked
     return take_x * again, (1 - take_x) * chunked
+
+
+def scalesim_reads(valid, fetch, passes, cap, bw, mx, mn):
+    """Words SCALE-Sim 3.0.0's double-buffered read buffer of ``cap`` words fetches from DRAM at
+    ``bw`` words per cycle for an operand whose prefetch sequence holds ``valid`` words
+    (``fetch`` with the padding of partial folds) and is demanded ``passes`` times in order
+    (``memory/read_buffer.py``). The buffer is 100 lines; the active window is the first half;
+    before the first cycle it loads the active window (or the whole sequence when shorter), and
+    each time the array needs a line past the window it slides by the prefetch half, or by the
+    lines left when the sequence is shorter than the buffer, and is charged a whole prefetch
+    half either way::
+
+        lines = ceil(valid / ceil(cap / 100)),  A = min(50, lines),  P = min(50, lines - A)
+        words = min(half, fetch) + ceil((passes * lines - A) / P) * half     (rounded up to bw)
+
+    An operand that fits the active window (``P = 0``) is fetched once whatever ``passes``."""
+    per_line = -(-cap // 100)
+    active = -(-cap // 2)
+    prefetch = cap - active
+    lines = -(-valid // per_line)
+    a = mn(-(-active // per_line), lines)
+    p = mn(-(-prefetch // per_line), lines - a)
+    initial = mn(-(-active // bw), -(-fetch // bw)) * bw
+    slides = (p > 0) * -(-mx(passes * lines - a, 0) // mx(p, 1))
+    return initial + slides * (-(-prefetch // bw) * bw), initial

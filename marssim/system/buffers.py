@@ -34,7 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from .quantities import Bytes, Seconds
 
-__all__ = ["Buffers", "OPERANDS", "operand_windows"]
+__all__ = ["Buffers", "OPERANDS", "operand_windows", "buffer_sizes"]
 
 OPERANDS = ("ifmap", "filter", "ofmap")
 """Operands with a buffer: the input activations (GEMM A), the weights (B) and the outputs."""
@@ -121,3 +121,13 @@ def operand_windows(sram: float, buffers: Buffers | None) -> tuple[tuple[float, 
     windows = tuple(scale * size for size in sizes)
     resident = windows if b.convention == "scalesim" else tuple(sizes)
     return windows, resident
+
+
+def buffer_sizes(sram: float, buffers: Buffers | None) -> tuple[float, float, float]:
+    """Bytes of the ifmap, filter and ofmap buffers (each the whole ``sram`` when shared dynamically)."""
+    b = buffers or DEFAULT_BUFFERS
+    if b.sizes is not None:
+        return b.sizes
+    if b.split == "dynamic":
+        return (sram,) * 3
+    return tuple(b.split[op] * sram for op in OPERANDS)
