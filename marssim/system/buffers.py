@@ -19,7 +19,9 @@ operands' tiles). The optional ``buffers:`` section of a design says more::
 ifmap moves between DRAM and its buffer as its im2col matrix (every window element a separate
 word, so a 3x3 convolution moves up to 9x its input tensor), every fold's partial outputs are
 written to DRAM with no read-back (its ofmap buffer only drains), operands are refetched in the
-fixed fold order of the dataflow, and each buffer has its own DRAM channel. ``marssim`` (the
+fixed fold order of the dataflow, a buffer only keeps its active half and fetches whole halves,
+and each buffer has its own DRAM channel. (It applies to the systolic dataflows, the ones
+SCALE-Sim models; the loop-mapping ones keep marssim's rules but for the channels.) ``marssim`` (the
 default) moves tensors (an input element once per pass), keeps partial sums in the ofmap buffer
 when the block being accumulated fits and otherwise writes and reads them back, and picks the
 cheaper of the fold order and the order that tiles the streamed dimension to fit the buffer.
