@@ -140,7 +140,9 @@ def test_non_gemm_ops_are_bandwidth_bound():
         assert cost.model == "bandwidth"
         compute = math.ceil(op.flops / 256) / 1e9
         assert cost.time == pytest.approx(max(compute, op.bytes_moved / 10e9), rel=1e-15)
-        energy = op.flops * 0.5e-12 + op.bytes_moved * (2e-12 + 20e-12)
+        # every byte is read from DRAM or written to it once, and crosses the buffer twice (a
+        # fill or a write by the array, then a read by the array or a drain)
+        energy = op.flops * 0.5e-12 + op.bytes_moved * (2 * 2e-12 + 20e-12)
         assert cost.energy == pytest.approx(energy, rel=1e-12)
     # an embedding reads the gathered rows, not its whole table
     emb = g.op("emb")
@@ -190,3 +192,25 @@ def test_array_ids_grow_and_stay_exact():
         model.times(np.array([10**6]), np.array([0]))
     with pytest.raises(ValueError, match="as many"):
         model.op_times(ops[:2], designs[:1])
+
+
+def test_simulated_energy_per_op_is_the_cost_models_compute_sram_dram():
+    """A mapping of every op whole on one accelerator: the simulation's per-op energy is the cost
+    model's, and that is compute + SRAM + DRAM."""
+    from marssim.lower import lower
+    from marssim.mapping import Mapping
+    from marssim.sim import simulate
+
+    system = load_system("herald-soc")
+    graph = mixed_graph(batch=1)
+    model = default_cost_model()
+    mapping = Mapping.single_set(graph, system, devices=("nvdla0",), design="nvdla64", sharding="dp")
+    result = simulate(lower(graph, system, mapping, model), system)
+    design = system.design("nvdla0", "nvdla64")
+    checked = 0
+    for name, row in result.ops.iterrows():
+        cost = model.op_cost(graph.op(name), design)
+        assert row["compute_energy_j"] == pytest.approx(cost.energy, rel=1e-12)
+        assert cost.energy == pytest.approx(cost.energy_compute + cost.energy_sram + cost.energy_dram, rel=1e-12)
+        checked += cost.energy_dram > 0 and cost.energy_sram > 0
+    assert checked > 10

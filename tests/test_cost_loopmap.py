@@ -21,7 +21,7 @@ from marssim.workload import GraphBuilder
 
 def _design(dataflow: str, rows: int, cols: int, **kw) -> Design:
     spec = dict(name="t", dataflow=dataflow, pe_rows=rows, pe_cols=cols, clock=1e9, sram=2.0**30,
-                sram_bandwidth=1e18, dram_bandwidth=1e18)
+                sram_bandwidth=1e18, dram_bandwidth=None)
     spec.update(kw)
     return Design(**spec)
 

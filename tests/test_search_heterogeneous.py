@@ -58,7 +58,7 @@ def test_default_search_on_herald_soc_is_seeded_with_h2h_and_never_slower(herald
     assert again.makespan == res.makespan
 
 
-@pytest.mark.parametrize("spec, budget", [("mobilenetv2:batch=2", None), ("mix-vision", 200)])
+@pytest.mark.parametrize("spec, budget", [("mobilenetv2:batch=4", None), ("mix-vision", 200)])
 def test_unseeded_ga_beats_both_baselines_on_herald_soc(herald, spec, budget):
     """Without seeds (default configuration; for mix-vision a budget of 200 simulations) the GA
     finds a mapping strictly faster than H2H and than data_parallel: its segments go to

@@ -31,8 +31,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--system", required=True, metavar="SYSTEM", help="system YAML or shipped name (marssim systems)")
     p.add_argument("--batch", type=positive_int, help="override the workload's batch")
     p.add_argument("--all", dest="all_ops", action="store_true", help="list every compute op, not only GEMM-like ones")
-    p.add_argument("--energy", action="store_true", help="also print energy per design (uJ) where designs have figures")
-    p.add_argument("--csv", metavar="FILE", help="write the table (seconds, joules, model per design) as CSV")
+    p.add_argument("--energy", action="store_true",
+                   help="also print each layer's energy per design (uJ: compute + SRAM + DRAM) and its "
+                        "DRAM traffic, where designs have energy figures")
+    p.add_argument("--csv", metavar="FILE", help="write the table (seconds, joules and their parts, DRAM bytes, model "
+                                                 "per design) as CSV")
     add_cost_args(p)
     p.set_defaults(func=run)
 
@@ -72,10 +75,41 @@ def format_costs(result, workload: str, system_name: str, *, energy: bool = Fals
     lines = [f"{workload} on {system_name}: time per layer (us) on one accelerator of each design, "
              f"* marks the fastest; total = the listed layers one after another", ""]
     lines += format_table(headers, rows, indent="")
+    if energy:
+        lines += ["", *format_energy(result)]
     lines.append("")
     lines.append("designs: " + "; ".join(f"{n} on {h} ({d.dataflow})"
                                           for n, h, d in zip(names, result.hosts, result.designs)))
     return "\n".join(lines)
+
+
+def _uj(joules: float) -> str:
+    return "-" if math.isnan(joules) else f"{joules * 1e6:.4g}"
+
+
+def format_energy(result) -> list[str]:
+    """Per layer and design: energy (uJ) as compute + SRAM + DRAM, and DRAM traffic (MB); the
+    totals per design and their parts."""
+    from marssim.system.describe import format_table
+
+    names = list(result.design_names)
+    headers = ["layer", *[f"{n} uJ" for n in names], *[f"{n} DRAM MB" for n in names]]
+    rows = []
+    for layer in result.layers:
+        rows.append([layer.op.name, *[_uj(c.energy) for c in layer.costs],
+                     *[f"{c.dram_bytes / 1e6:.4g}" for c in layer.costs]])
+    parts = {"compute": "energy_compute", "SRAM": "energy_sram", "DRAM": "energy_dram"}
+    for label, attr in parts.items():
+        totals = [sum(getattr(layer.costs[j], attr) for layer in result.layers) for j in range(len(names))]
+        rows.append([f"total {label} uJ", *[_uj(v) for v in totals], *[""] * len(names)])
+    dram = [sum(layer.costs[j].dram_bytes for layer in result.layers) for j in range(len(names))]
+    rows.append(["total uJ", *[_uj(v) for v in result.total_energy()], *[f"{v / 1e6:.4g}" for v in dram]])
+    lines = ["energy per layer (uJ) = compute (MACs, static power) + SRAM (buffer reads and writes) + DRAM "
+             "(reads and writes); DRAM traffic in MB"]
+    sources = sorted({d.energy.source for d in result.designs if d.energy is not None and d.energy.source})
+    lines += [f"energy figures: {src}" for src in sources]
+    lines.append("")
+    return lines + format_table(headers, rows, indent="")
 
 
 def _calibration_notes(model, result, dtypes) -> list[str]:
@@ -162,7 +196,8 @@ def write_csv(result, path: str, comparison: dict[str, list[tuple[int, float, fl
         w = csv.writer(fh)
         header = ["op", "kind", "workload_model", "batch", "m", "n", "k", "flops"]
         for name in result.design_names:
-            header += [f"{name}_s", f"{name}_j", f"{name}_model"]
+            header += [f"{name}_s", f"{name}_j", f"{name}_model", f"{name}_j_compute", f"{name}_j_sram",
+                       f"{name}_j_dram", f"{name}_dram_bytes"]
             if name in by_design:
                 header += [f"{name}_measured_s", f"{name}_modelled_s"]
         header.append("fastest")
@@ -172,7 +207,8 @@ def write_csv(result, path: str, comparison: dict[str, list[tuple[int, float, fl
             g, m, n, k = op.gemm_view()
             row = [op.name, op.kind.value, op.model, g, m, n, k, op.flops]
             for name, c in zip(result.design_names, layer.costs):
-                row += [repr(c.time), repr(c.energy), c.model]
+                row += [repr(c.time), repr(c.energy), c.model, repr(c.energy_compute), repr(c.energy_sram),
+                        repr(c.energy_dram), repr(c.dram_bytes)]
                 if name in by_design:
                     pair = by_design[name].get(li)
                     row += [repr(pair[0]), repr(pair[1])] if pair else ["", ""]

@@ -28,6 +28,10 @@ class OpCost:
     utilisation: fraction of the design's peak MAC rate achieved over ``time``.
     model: which model produced it (``systolic-os``, ``loopmap-rs``, ``gpu-roofline``,
     ``calibrated``, ``bandwidth``...).
+    dram_bytes, sram_bytes: bytes read plus written off chip and in the on-chip buffer (the
+    array's accesses, DRAM fills and drains); NaN where the model does not count them.
+    energy_compute, energy_sram, energy_dram: the parts of ``energy`` (J): MACs (or FLOPs) plus
+    static power over ``time``, buffer accesses, DRAM accesses; NaN without energy figures.
     """
 
     time: float
@@ -37,6 +41,16 @@ class OpCost:
     cycles: float
     utilisation: float
     model: str
+    dram_bytes: float = float("nan")
+    sram_bytes: float = float("nan")
+    energy_compute: float = float("nan")
+    energy_sram: float = float("nan")
+    energy_dram: float = float("nan")
+
+    @property
+    def stall_time(self) -> float:
+        """Seconds beyond the array's compute time (waiting for DRAM or the buffer)."""
+        return max(self.time - self.compute_time, 0.0)
 
 
 @runtime_checkable

@@ -42,6 +42,7 @@ from __future__ import annotations
 import math
 
 from marssim.system import Design
+from marssim.system.buffers import DEFAULT_BUFFERS, buffer_sizes, operand_windows
 from marssim.workload import Op, OpKind
 from marssim.workload.op import DTYPE_BYTES, GEMM_LIKE, products_of
 
@@ -230,21 +231,34 @@ def design_key(design: Design) -> tuple:
     """A hashable tuple of every design field a cost formula reads (pydantic designs with a
     ``peak_flops`` dict are not hashable themselves)."""
     e = design.energy
-    energy = None if e is None else (e.mac, e.sram_byte, e.dram_byte, e.static_power)
+    energy = None if e is None else (e.mac, *e.per_byte, e.static_power)
     g = design.gpu
     gpu = None if g is None else (g.sms, tuple(sorted(g.peak_flops.items())), g.l2, g.tile_m, g.tile_n,
                                   g.launch_overhead, g.calibration)
+    b = design.buffers
+    buffers = None if b is None else (b.sizes, b.split if isinstance(b.split, str) else tuple(sorted(b.split.items())),
+                                      b.double_buffered, b.dram_latency, b.channels, b.convention)
     return (design.dataflow, design.pe_rows, design.pe_cols, design.clock, design.sram, design.sram_bandwidth,
-            design.dram_bandwidth, energy, gpu)
+            design.dram_bandwidth, energy, gpu, buffers)
 
 
 class DesignParams:
     """The numbers of one design the formulas read (floats; ``dram_bw`` is ``inf`` when the
     design has no off-chip bandwidth set, i.e. unbounded). ``gpu`` holds the per-kernel-kind
-    parameter tables of GPU-class designs (see :mod:`marssim.cost.gpu`)."""
+    parameter tables of GPU-class designs (see :mod:`marssim.cost.gpu`).
+
+    Buffers (:mod:`marssim.system.buffers`): ``wi``, ``wf``, ``wo`` the windows of ifmap, filter
+    and ofmap (what the array works from while the next is fetched), ``ri``, ``rf``, ``ro`` the
+    largest operand that stays resident once read, ``ci``, ``cf``, ``co`` the buffer sizes,
+    ``double_buffered``, ``dram_latency`` (s),
+    ``per_operand`` (a DRAM channel per buffer), and the ``scalesim`` convention's three rules:
+    ``im2col`` (the ifmap moves as its im2col matrix), ``write_through`` (partial sums written
+    every fold, never read back), ``fixed_order`` (no alternative loop order). ``energy``:
+    ``(mac, sram read, sram write, dram read, dram write per byte, static power)``."""
 
     __slots__ = ("name", "dataflow", "code", "rows", "cols", "clock", "sram", "sram_bw", "dram_bw", "energy",
-                 "peak_macs", "gpu", "gpu_np", "models")
+                 "peak_macs", "gpu", "gpu_np", "models", "wi", "wf", "wo", "ri", "rf", "ro", "ci", "cf", "co", "double_buffered", "dram_latency",
+                 "per_operand", "im2col", "write_through", "fixed_order")
 
     def __init__(self, design: Design) -> None:
         self.name = design.name
@@ -257,8 +271,15 @@ class DesignParams:
         self.sram_bw = float(design.sram_bandwidth)
         self.dram_bw = math.inf if design.dram_bandwidth is None else float(design.dram_bandwidth)
         e = design.energy
-        self.energy = None if e is None else (float(e.mac), float(e.sram_byte), float(e.dram_byte),
-                                              float(e.static_power))
+        self.energy = None if e is None else (float(e.mac), *e.per_byte, float(e.static_power))
+        b = design.buffers or DEFAULT_BUFFERS
+        (self.wi, self.wf, self.wo), (self.ri, self.rf, self.ro) = operand_windows(self.sram, b)
+        self.ci, self.cf, self.co = buffer_sizes(self.sram, b)
+        self.double_buffered = bool(b.double_buffered)
+        self.dram_latency = float(b.dram_latency)
+        self.per_operand = b.channels == "per_operand"
+        scalesim = b.convention == "scalesim"
+        self.im2col = self.write_through = self.fixed_order = scalesim
         self.peak_macs = float(self.rows * self.cols) * self.clock
         self.gpu = None      # filled by the model for GPU-class designs
         self.gpu_np = None

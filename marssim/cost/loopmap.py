@@ -8,9 +8,12 @@ utilisation is the product over spatial dimensions of ``d / (ceil(d / P) * P)``.
 per cycle; no pipeline fill terms (unlike the systolic arrays) -- the arrays below broadcast
 operands rather than skew them.
 
-Time is ``max(cycles / clock, buffer bytes / sram_bandwidth, DRAM bytes / dram_bandwidth)``.
-DRAM bytes are the compulsory traffic plus the re-reads of operands that do not fit in half of
-the buffer (:mod:`marssim.cost.traffic`).
+DRAM bytes are the compulsory traffic plus the re-reads of operands that do not fit their window
+of the buffer (:func:`marssim.cost.traffic.refetch`: the cheaper of re-streaming the operand
+and chunking it while re-streaming its partner) and, for row-stationary, the partial sums of a
+filter fold that do not fit the ofmap window. Time is
+:func:`marssim.cost.traffic.overlap` with one phase (fill, then compute and DRAM overlapped,
+then the last output block), and at least the buffer bytes over ``sram_bandwidth``.
 
 **nvdla** (NVDLA v1, nvdla.org hardware architecture: the convolution core's MAC array of
 *atomic-K* x *atomic-C* cells). ``pe_rows`` = atomic-K output channels, ``pe_cols`` = atomic-C
@@ -62,10 +65,10 @@ assumption of this model, the paper tunes it per layer); partial sums written
 from __future__ import annotations
 
 from .features import (
-    F_AB, F_AE, F_BB, F_C, F_CONV, F_EB, F_G, F_K, F_KK, F_M, F_N, F_NN, F_OB, F_P, F_Q, F_R, F_S, F_ST, F_SX,
+    F_AE, F_BB, F_C, F_CONV, F_EB, F_G, F_K, F_KK, F_M, F_N, F_NN, F_OB, F_P, F_Q, F_R, F_S, F_ST, F_SX,
     F_SY, F_TRAFFIC,
 )
-from .traffic import psum_refetch, refetch
+from .traffic import overlap, psums, refetch
 
 __all__ = ["nvdla_gemm", "shidiannao_gemm", "rs_gemm", "rs_mapping", "RS_FILTER_INTERLEAVE"]
 
@@ -73,25 +76,40 @@ RS_FILTER_INTERLEAVE = 16
 """Filters a row-stationary PE interleaves on one input row (input reuse from its scratchpad)."""
 
 
-def _finish(cycles, sram_e, extra, x, d, mx):
-    sram_b = sram_e * x[F_EB]
-    dram_b = x[F_TRAFFIC] + extra
+def _finish(cycles, sram_rd_e, sram_wr_e, a_t, b_t, o_wr, o_rd, first, block, x, d, mx, mn):
+    """Returns ``(time, compute_time, memory_time, cycles, sram_read, sram_write, dram_read,
+    dram_write)`` from the cycles, the buffer elements read and written by the array, the DRAM
+    bytes of each operand, the bytes of each input the array needs before its first cycle
+    (``first``; the rest streams while it computes) and of the last output block."""
+    eb = x[F_EB]
     compute = cycles / d.clock
-    memory = mx(sram_b / d.sram_bw, dram_b / d.dram_bw)
-    return mx(compute, memory), compute, memory, cycles, sram_b, dram_b
+    fill = (mn(mn(first[0], a_t), d.wi), mn(mn(first[1], b_t), d.wf))
+    t, dram_time = overlap(d, 1, compute, 1, (a_t, b_t, o_wr + o_rd), (0, 0, 0), fill, mn(block, d.wo), mx)
+    sram_array = (sram_rd_e + sram_wr_e) * eb
+    t = mx(t, sram_array / d.sram_bw)
+    memory = mx(dram_time, sram_array / d.sram_bw)
+    dram_rd = a_t + b_t + o_rd
+    return t, compute, memory, cycles, sram_rd_e * eb + o_wr, sram_wr_e * eb + dram_rd, dram_rd, o_wr
+
+
+def _inputs(x):
+    """DRAM bytes of the first input once (the compulsory traffic less weights and output)."""
+    return x[F_TRAFFIC] - x[F_BB] - x[F_OB]
 
 
 def nvdla_gemm(x, d, mx, mn):
     """NVDLA-like (atomic-K rows x atomic-C columns). Returns ``(time, compute_time,
-    memory_time, cycles, sram_bytes, dram_bytes)``; ``x`` a feature tuple or numpy columns."""
+    memory_time, cycles, sram_read, sram_write, dram_read, dram_write)``; ``x`` a feature tuple
+    or numpy columns."""
     g, k, c = x[F_G], x[F_K], x[F_C]
     m, nn, kk = x[F_M], x[F_NN], x[F_KK]
     fk = -(-k // d.rows)
     cycles = g * fk * -(-c // d.cols) * m * x[F_R] * x[F_S]
-    a_b = x[F_AB]
-    sram_e = g * kk * nn + g * m * kk * fk + g * m * nn
-    extra = refetch(a_b, fk, x[F_BB], 0.5 * d.sram, mn)
-    return _finish(cycles, sram_e, extra, x, d, mx)
+    a_b, b_b, o_b = _inputs(x), x[F_BB], x[F_OB]
+    extra_a, extra_b = refetch(a_b, fk, b_b, d.ri, mn)
+    first = (d.cols * x[F_EB], d.rows * d.cols * x[F_EB])  # a pixel's channels, the cells' weights
+    return _finish(cycles, g * kk * nn + g * m * kk * fk, g * m * nn, a_b + extra_a, b_b + extra_b, o_b, 0 * o_b,
+                   first, o_b / (fk * m), x, d, mx, mn)
 
 
 def shidiannao_gemm(x, d, mx, mn):
@@ -100,19 +118,24 @@ def shidiannao_gemm(x, d, mx, mn):
     fx, fy = -(-sx // d.rows), -(-sy // d.cols)
     cycles = g * fx * fy * st
     m, nn, kk = x[F_M], x[F_NN], x[F_KK]
-    a_b, b_b = x[F_AB], x[F_BB]
-    half = 0.5 * d.sram
+    a_b, b_b, o_b = _inputs(x), x[F_BB], x[F_OB]
     conv = x[F_CONV]
     # conv: weights per output tile (n * fx * fy tiles), input pixels per output channel
     tiles = x[F_N] * fx * fy
     conv_e = g * kk * nn * tiles + mn(x[F_AE], g * m * kk) * x[F_K]
-    conv_x = refetch(b_b, tiles, a_b, half, mn) + refetch(a_b, x[F_K], b_b, half, mn)
+    cb1, ca1 = refetch(b_b, tiles, a_b, d.rf, mn)
+    ca2, cb2 = refetch(a_b, x[F_K], b_b, d.ri, mn)
     # gemm: output-stationary over the M x N output matrix
     gemm_e = g * m * kk * fy + g * kk * nn * fx
-    gemm_x = refetch(a_b, fy, b_b, half, mn) + refetch(b_b, fx, a_b, half, mn)
-    sram_e = conv * conv_e + (1 - conv) * gemm_e + g * m * nn
-    extra = conv * conv_x + (1 - conv) * gemm_x
-    return _finish(cycles, sram_e, extra, x, d, mx)
+    ga1, gb1 = refetch(a_b, fy, b_b, d.ri, mn)
+    gb2, ga2 = refetch(b_b, fx, a_b, d.rf, mn)
+    sram_rd = conv * conv_e + (1 - conv) * gemm_e
+    extra_a = conv * (ca1 + ca2) + (1 - conv) * (ga1 + ga2)
+    extra_b = conv * (cb1 + cb2) + (1 - conv) * (gb1 + gb2)
+    block = mn(d.rows * d.cols * x[F_EB], o_b)
+    first = (d.rows * d.cols * x[F_EB], x[F_EB])  # an output tile's first inputs, one weight
+    return _finish(cycles, sram_rd, g * m * nn, a_b + extra_a, b_b + extra_b, o_b, 0 * o_b, first, block, x, d,
+                   mx, mn)
 
 
 def rs_mapping(x, rows: int, cols: int, mx, mn):
@@ -132,15 +155,20 @@ def rs_mapping(x, rows: int, cols: int, mx, mn):
 
 
 def rs_gemm(x, d, mx, mn):
-    """Eyeriss-like row-stationary array. Same returns as :func:`nvdla_gemm`."""
+    """Eyeriss-like row-stationary array. Same returns as :func:`nvdla_gemm`. Partial sums of one
+    filter fold (``k_par`` filters of every group and sample: the output over ``k_folds``)
+    accumulate over ``c_folds * row_folds`` passes in the ofmap window, else spill."""
     cycles, c_folds, k_folds, row_folds, col_folds = rs_mapping(x, d.rows, d.cols, mx, mn)
     g, m, nn, kk = x[F_G], x[F_M], x[F_NN], x[F_KK]
-    a_b, b_b, o_b = x[F_AB], x[F_BB], x[F_OB]
-    half = 0.5 * d.sram
+    a_b, b_b, o_b = _inputs(x), x[F_BB], x[F_OB]
     w_passes = x[F_N] * col_folds
     in_passes = -(-k_folds // RS_FILTER_INTERLEAVE) * row_folds
     psum_passes = c_folds * row_folds
-    sram_e = g * kk * nn * w_passes + mn(x[F_AE], g * m * kk) * in_passes + g * m * nn * (2 * psum_passes - 1)
-    extra = (refetch(a_b, in_passes, b_b, half, mn) + refetch(b_b, w_passes, a_b, half, mn)
-             + psum_refetch(o_b, psum_passes, b_b, half, mn))
-    return _finish(cycles, sram_e, extra, x, d, mx)
+    sram_rd = g * kk * nn * w_passes + mn(x[F_AE], g * m * kk) * in_passes + g * m * nn * (psum_passes - 1)
+    sram_wr = g * m * nn * psum_passes
+    ea1, eb1 = refetch(a_b, in_passes, b_b, d.ri, mn)
+    eb2, ea2 = refetch(b_b, w_passes, a_b, d.rf, mn)
+    o_wr, o_rd = psums(o_b, d.wo, k_folds, psum_passes, False)
+    first = (d.rows * d.cols * x[F_EB], d.rows * x[F_S] * x[F_EB])  # input rows, filter rows of the PE set
+    return _finish(cycles, sram_rd, sram_wr, a_b + ea1 + ea2, b_b + eb1 + eb2, o_wr, o_rd, first, o_b / k_folds,
+                   x, d, mx, mn)

@@ -14,11 +14,15 @@ gpu                 ``gpu-roofline`` / ``calibrated`` :mod:`marssim.cost.gpu`,
  PE arrays)
 ==================  ================================  ==========================================
 
-Energy (J), where the design has ``energy`` figures, else NaN::
+Energy (J), where the design has ``energy`` figures, else NaN: compute + SRAM + DRAM::
 
-    MACs x mac + buffer bytes x sram_byte + DRAM bytes x dram_byte + static_power x time
+    MACs x mac + static_power x time
+      + buffer bytes read x sram_read + buffer bytes written x sram_write
+      + DRAM bytes read x dram_read + DRAM bytes written x dram_write
 
-(non-GEMM ops: FLOPs x mac / 2 for the arithmetic; GPU designs count no buffer bytes).
+(non-GEMM ops: FLOPs x mac / 2 for the arithmetic; buffer bytes are the array's accesses plus
+the DRAM fills written into the buffer and the drains read out of it; GPU designs count no
+buffer bytes and charge their DRAM bytes as reads). ``OpCost`` carries the three parts.
 ``utilisation`` is MACs / (time x peak MAC/s): the PE array's peak, or for GPUs half the dense
 peak FLOP/s of the op's dtype.
 
@@ -65,7 +69,7 @@ __all__ = ["DataflowCost", "SystolicCost", "LoopMapCost", "GpuRooflineCost", "Ca
 
 _log = logging.getLogger("marssim.cost")
 
-_ZERO = OpCost(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, "none")
+_ZERO = OpCost(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, "none", 0.0, 0.0, 0.0, 0.0, 0.0)
 _MODEL_NAMES = ("systolic-os", "systolic-ws", "systolic-is", "loopmap-rs", "loopmap-nvdla", "loopmap-shidiannao")
 _LOOPMAP = {3: rs_gemm, 4: nvdla_gemm, 5: shidiannao_gemm}
 
@@ -425,6 +429,7 @@ class DataflowCost:
             kernel, dt = x[F_KERNEL], x[F_DTYPE]
             p = d.gpu.rows[kernel][dt]
             t, c, m, cyc, sram_b, dram_b = (gpu_gemm if cls == CLASS_GEMM else gpu_stream)(x, p, max, min)
+            sram_rd, sram_wr, dram_rd, dram_wr = 0.0, 0.0, float(dram_b), 0.0
             model = d.gpu.models[kernel][dt]
             if use_measured:
                 t_measured = _lookup(d.gpu.measured, x) if d.gpu.measured else None
@@ -437,23 +442,27 @@ class DataflowCost:
             peak = 0.5 * d.gpu.peaks[dt]
         else:
             if cls == CLASS_STREAM:
-                t, c, m, cyc, sram_b, dram_b = stream_op(x, d, max)
+                t, c, m, cyc, sram_rd, sram_wr, dram_rd, dram_wr = stream_op(x, d, max)
                 model = "bandwidth"
             elif code <= 2:
-                t, c, m, cyc, sram_b, dram_b = systolic_gemm(x, d, code, max, min)
+                t, c, m, cyc, sram_rd, sram_wr, dram_rd, dram_wr = systolic_gemm(x, d, code, max, min)
                 model = _MODEL_NAMES[code]
             else:
-                t, c, m, cyc, sram_b, dram_b = _LOOPMAP[code](x, d, max, min)
+                t, c, m, cyc, sram_rd, sram_wr, dram_rd, dram_wr = _LOOPMAP[code](x, d, max, min)
                 model = _MODEL_NAMES[code]
             peak = d.peak_macs
         e = d.energy
         if e is None:
-            energy = math.nan
+            energy = e_compute = e_sram = e_dram = math.nan
         else:
             arith = macs * e[0] if cls == CLASS_GEMM else x[F_FLOPS] * (0.5 * e[0])
-            energy = arith + sram_b * e[1] + dram_b * e[2] + e[3] * t
+            e_compute = arith + e[5] * t
+            e_sram = sram_rd * e[1] + sram_wr * e[2]
+            e_dram = dram_rd * e[3] + dram_wr * e[4]
+            energy = e_compute + e_sram + e_dram
         util = macs / (t * peak) if t > 0 else 0.0
-        return OpCost(t, energy, c, m, float(cyc), util, model)
+        return OpCost(t, energy, c, m, float(cyc), util, model, float(dram_rd + dram_wr), float(sram_rd + sram_wr),
+                      e_compute, e_sram, e_dram)
 
     # ------------------------------------------------------------------ vectorised path
     def _feature_matrix(self) -> np.ndarray:

@@ -80,6 +80,20 @@ def _peak(design: Design) -> str:
     return f"{text} {_gpu_dtype(design)}" if design.gpu is not None else text
 
 
+def _buffers(d) -> str:
+    """One line on a design's buffers section."""
+    b = d.buffers
+    if b.sizes is not None:
+        split = "buffers " + " / ".join(f"{op} {fmt_bytes(v)}" for op, v in zip(("ifmap", "filter", "ofmap"), b.sizes))
+    elif isinstance(b.split, dict):
+        split = "SRAM split " + " / ".join(f"{op} {b.split[op]:g}" for op in ("ifmap", "filter", "ofmap"))
+    else:
+        split = "one shared SRAM"
+    buffering = "double-buffered" if b.double_buffered else "single-buffered"
+    latency = f", DRAM latency {fmt_time(b.dram_latency)}" if b.dram_latency else ""
+    return f"{split}, {buffering}, DRAM {b.channels.replace('_', ' ')}{latency}, {b.convention} convention"
+
+
 def _plural(n: int, word: str, plural: str = "") -> str:
     return f"{n} {word}" if n == 1 else f"{n} {plural or word + 's'}"
 
@@ -89,10 +103,12 @@ def _energy(design: Design) -> str:
     if e is None:
         return "-"
     parts = [f"{e.mac * 1e12:.4g} pJ/MAC"]
-    if e.sram_byte:
-        parts.append(f"{e.sram_byte * 1e12:.4g} pJ/B sram")
-    if e.dram_byte:
-        parts.append(f"{e.dram_byte * 1e12:.4g} pJ/B dram")
+    sram_rd, sram_wr, dram_rd, dram_wr = e.per_byte
+    for name, rd, wr in (("sram", sram_rd, sram_wr), ("dram", dram_rd, dram_wr)):
+        if rd == wr and rd:
+            parts.append(f"{rd * 1e12:.4g} pJ/B {name}")
+        elif rd or wr:
+            parts.append(f"{rd * 1e12:.4g}/{wr * 1e12:.4g} pJ/B {name} read/write")
     if e.static_power:
         parts.append(f"{_fmt_si(e.static_power, 'W')} static")
     return ", ".join(parts)
@@ -188,6 +204,10 @@ def describe_system(system: System, *, width: int = 100) -> str:
             rates = ", ".join(f"{k} {_fmt_si(v, 'FLOP/s')}" for k, v in d.gpu.peak_flops.items())
             extra = f"; calibration table {d.gpu.calibration!r}" if d.gpu.calibration else ""
             lines.append(f"  {name}: dense peak {rates}{extra}")
+        if d.buffers is not None:
+            lines.append(f"  {name}: {_buffers(d)}")
+        if d.energy is not None and d.energy.source:
+            lines.append(f"  {name}: energy from {d.energy.source}")
         if d.description:
             lines.append(f"  {name}: {d.description}")
 

@@ -10,6 +10,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from marssim import units
+
+from .buffers import Buffers
+from .energy_tables import ENERGY_TABLES, table_energy
 from .quantities import Bandwidth, Bytes, FlopRate, Hertz, Joules, PeCount, Seconds, SmCount, TileSize, Watts
 
 __all__ = ["Design", "DesignEnergy", "GpuSpec", "DATAFLOWS", "SYSTOLIC_DATAFLOWS"]
@@ -36,13 +40,38 @@ _STRICT = ConfigDict(extra="forbid", frozen=True)
 
 
 class DesignEnergy(BaseModel):
-    """Energy figures of a design, in joules per event and watts."""
+    """Energy figures of a design, in joules per event and watts. ``sram_read_byte`` /
+    ``sram_write_byte`` / ``dram_read_byte`` / ``dram_write_byte`` default to ``sram_byte`` and
+    ``dram_byte``; ``source`` says where the figures come from."""
 
     model_config = _STRICT
     mac: Joules = Field(description="energy per multiply-accumulate, J")
     sram_byte: Joules = Field(0.0, description="energy per byte moved to/from the on-chip buffer, J")
     dram_byte: Joules = Field(0.0, description="energy per byte moved to/from off-chip memory, J")
     static_power: Watts = Field(0.0, description="leakage/idle power while the design is configured, W")
+    sram_read_byte: Joules | None = Field(None, description="energy per byte read from the on-chip buffer, J")
+    sram_write_byte: Joules | None = Field(None, description="energy per byte written to the on-chip buffer, J")
+    dram_read_byte: Joules | None = Field(None, description="energy per byte read from off-chip memory, J")
+    dram_write_byte: Joules | None = Field(None, description="energy per byte written to off-chip memory, J")
+    source: str = Field("", description="where the figures come from")
+    table: str | None = Field(None, description="a named table of published figures "
+                                                "(marssim.system.energy_tables) the other fields override")
+
+    @field_validator("table")
+    @classmethod
+    def _known_table(cls, value: str | None) -> str | None:
+        if value is not None and value not in ENERGY_TABLES:
+            raise ValueError(f"unknown energy table {value!r}; expected one of {', '.join(ENERGY_TABLES)}")
+        return value
+
+    @property
+    def per_byte(self) -> tuple[float, float, float, float]:
+        """(SRAM read, SRAM write, DRAM read, DRAM write) joules per byte."""
+        def pick(value: float | None, default: float) -> float:
+            return float(default if value is None else value)
+
+        return (pick(self.sram_read_byte, self.sram_byte), pick(self.sram_write_byte, self.sram_byte),
+                pick(self.dram_read_byte, self.dram_byte), pick(self.dram_write_byte, self.dram_byte))
 
 
 class GpuSpec(BaseModel):
@@ -74,7 +103,10 @@ class Design(BaseModel):
     ``shidiannao``: output-pixel rows x columns; for ``rs``: Eyeriss PE rows x columns). The
     on-chip buffer (``sram``) feeds the array at ``sram_bandwidth``; off-chip traffic is bounded by
     ``dram_bandwidth``, which, when omitted, is the bandwidth of the memory of the accelerator
-    that takes this design.
+    that takes this design. ``buffers`` (:class:`~marssim.system.buffers.Buffers`) splits the
+    buffer per operand and sets double buffering, DRAM latency and channels; without it ``sram``
+    is one shared, double-buffered buffer. With per-operand sizes, ``sram`` may be omitted (it is
+    their sum).
     """
 
     model_config = _STRICT
@@ -87,8 +119,38 @@ class Design(BaseModel):
     sram_bandwidth: Bandwidth = Field(description="on-chip buffer bandwidth, bytes/s")
     dram_bandwidth: Bandwidth | None = Field(None, description="off-chip bandwidth, bytes/s (default: the accelerator's memory)")
     energy: DesignEnergy | None = None
+    buffers: Buffers | None = None
     gpu: GpuSpec | None = None
     description: str = ""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _derived_fields(cls, data: object) -> object:
+        """``sram`` from per-operand buffer sizes when omitted; energy fields from a named table."""
+        if not isinstance(data, dict):
+            return data
+        buffers = data.get("buffers") if isinstance(data.get("buffers"), dict) else {}
+        sizes = None
+        try:
+            sizes = [units.parse(buffers[op], "bytes") for op in ("ifmap", "filter", "ofmap")]
+        except (KeyError, TypeError, units.UnitError):
+            pass  # no sizes, or bad ones: the field validators report what is wrong
+        if data.get("sram") is None and sizes is not None:
+            data = {**data, "sram": f"{sum(sizes)!r} B"}  # derived values carry their unit, as in a file
+        energy = data.get("energy")
+        if isinstance(energy, dict) and energy.get("table") in ENERGY_TABLES:
+            try:
+                sram = units.parse(data.get("sram"), "bytes")
+                split = buffers.get("split")
+                largest = max(sizes) if sizes else max(split.values()) * sram if isinstance(split, dict) else sram
+            except (TypeError, ValueError, AttributeError, units.UnitError):
+                largest = None  # the size is reported elsewhere; the table's other figures still apply
+            table = table_energy(energy["table"], largest if largest is not None else 8192.0)
+            if largest is None:
+                table = {k: v for k, v in table.items() if not k.startswith("sram")}
+            table = {k: f"{v!r} J" if isinstance(v, float) else v for k, v in table.items()}
+            data = {**data, "energy": {**table, **energy}}
+        return data
 
     @field_validator("dataflow", mode="before")
     @classmethod
@@ -105,6 +167,9 @@ class Design(BaseModel):
                 raise ValueError("a design with dataflow 'gpu' needs a 'gpu:' section (sms, peak_flops)")
         elif self.pe_rows <= 0 or self.pe_cols <= 0:
             raise ValueError(f"dataflow {self.dataflow!r} needs positive pe_rows and pe_cols")
+        sizes = self.buffers.sizes if self.buffers is not None else None
+        if sizes is not None and sum(sizes) > self.sram * (1 + 1e-9):
+            raise ValueError(f"the buffers ({sum(sizes):.6g} bytes) exceed sram ({self.sram:.6g} bytes)")
         return self
 
     @property
