@@ -125,7 +125,9 @@ def test_one_aggregation_of_energy(example):
     e = tg.energy[tg.kind == COMPUTE]
     sim = simulate(tg, system, setup=False)
     assert sim.compute_energy == pytest.approx(float(np.nansum(e)), rel=1e-12)
-    assert sim.energy == estimate(tg, system).energy == sim.devices["energy_j"].sum()
+    assert sim.energy == estimate(tg, system).energy  # one aggregation: bit-identical
+    # the per-device column adds the same terms in another order (float rounding only)
+    assert sim.devices["energy_j"].sum() == pytest.approx(sim.energy, rel=1e-12)
     assert sim.ops["compute_energy_j"].sum() == pytest.approx(sim.compute_energy, rel=1e-12)
 
 
