@@ -167,7 +167,8 @@ def write_llm_outputs(result: LLMSearchResult, graph: Graph, system: System, cos
     from marssim.sim import simulate
     from marssim.search.llm import graph_for
     from marssim.search.llm_outputs import llm_search_summary, plot_llm_convergence
-    from marssim.trace import write_chrome_trace
+
+    from .search import write_result_and_trace
 
     cfg = result.best.config
     graph = graph_for(graph, cfg)
@@ -198,8 +199,5 @@ def write_llm_outputs(result: LLMSearchResult, graph: Graph, system: System, cos
         (tmp / "search.json").write_text(json.dumps(summary, indent=2, sort_keys=True, default=float) + "\n")
         for p in plot_llm_convergence([result, *baselines], tmp / "convergence.png"):
             lines.append(f"figure       {out_dir / p.name}")
-        sim.save(tmp / "result")
-        lines.append(f"result       {out_dir / 'result'}/ (marssim simulate --out format)")
-        write_chrome_trace(sim, tmp / "trace.json")
-        lines.append(f"trace        {out_dir / 'trace.json'} (open in https://ui.perfetto.dev)")
+        lines += write_result_and_trace(sim, tmp, out_dir)
     return lines

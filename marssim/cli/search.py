@@ -6,11 +6,16 @@ import argparse
 import contextlib
 import sys
 from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from marssim.errors import InputError
 
 from ._common import add_cost_args, check_output_dir, cost_model, positive_int
 from .llm_search import LLM_ALGORITHMS, add_llm_args
+
+if TYPE_CHECKING:
+    from marssim.results import Result
 
 VERB = "search"
 ORDER = 50
@@ -242,7 +247,6 @@ def _keep_interrupted(result, graph, args: argparse.Namespace) -> int:
     """Ctrl-C: write the best mapping found so far (``--out DIR/best_mapping.yaml`` with
     ``history.csv`` and ``search.json``, else :data:`INTERRUPTED_FILE`), say where; exit 130."""
     import json
-    from pathlib import Path
 
     from marssim.fsutil import staged_dir
     from marssim.mapping import save_mapping
@@ -264,20 +268,30 @@ def _keep_interrupted(result, graph, args: argparse.Namespace) -> int:
     return 130
 
 
+def write_result_and_trace(sim: Result, tmp: Path, out_dir: Path) -> list[str]:
+    """Save the best candidate's simulation ``sim`` as ``result/`` and its Perfetto
+    ``trace.json`` in the staging directory ``tmp``; one line per file, named as ``out_dir``
+    will hold them."""
+    from marssim.trace import write_chrome_trace
+
+    sim.save(tmp / "result")
+    write_chrome_trace(sim, tmp / "trace.json")
+    return [f"result       {out_dir / 'result'}/ (marssim simulate --out format)",
+            f"trace        {out_dir / 'trace.json'} (open in https://ui.perfetto.dev)"]
+
+
 def write_search_outputs(result, graph, system, cost, out: str) -> list[str]:
     """Write into ``out`` atomically (it appears whole or not at all): ``best_mapping.yaml``,
     ``search.json`` (summary), ``history.csv``, ``convergence.png``/``.svg``, ``result/`` (the
     best mapping's full simulation, :meth:`Result.save`) and ``trace.json`` (Perfetto). Returns
     one line per file for the user."""
     import json
-    from pathlib import Path
 
     from marssim.fsutil import staged_dir
     from marssim.lower import lower
     from marssim.mapping import save_mapping
     from marssim.search.report import plot_convergence, search_summary
     from marssim.sim import simulate
-    from marssim.trace import write_chrome_trace
 
     out_dir = Path(out)
     lines: list[str] = []
@@ -293,8 +307,5 @@ def write_search_outputs(result, graph, system, cost, out: str) -> list[str]:
         lines.append(f"history      {out_dir / 'history.csv'} ({len(result.history)} rows)")
         for p in plot_convergence(result, tmp / "convergence.png"):
             lines.append(f"figure       {out_dir / p.name}")
-        sim.save(tmp / "result")
-        lines.append(f"result       {out_dir / 'result'}/ (marssim simulate --out format)")
-        write_chrome_trace(sim, tmp / "trace.json")
-        lines.append(f"trace        {out_dir / 'trace.json'} (open in https://ui.perfetto.dev)")
+        lines += write_result_and_trace(sim, tmp, out_dir)
     return lines

@@ -9,7 +9,6 @@ executor works: ``ProcessPoolExecutor``, ``ThreadPoolExecutor``, or a Dask clust
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import math
 import pickle
@@ -23,6 +22,7 @@ from marssim.errors import CapacityError
 from marssim.lower import LoweringCache
 from marssim.mapping import Mapping
 from marssim.system import System
+from marssim.workercache import pickled, worker_copy
 from marssim.workload import Graph
 
 __all__ = ["OBJECTIVES", "RANK_DIGITS", "rank_value", "Problem", "Evaluation", "Evaluator", "evaluate_mapping",
@@ -127,12 +127,7 @@ _PROBLEMS: dict[str, tuple[Problem, LoweringCache]] = {}
 def _problem(key: str, blob: bytes | None) -> tuple[Problem, LoweringCache]:
     """The problem of ``key`` in this process (unpickled from ``blob`` on first use) and the
     lowering cache every evaluation of it shares."""
-    hit = _PROBLEMS.get(key)
-    if hit is None:
-        if len(_PROBLEMS) > 4:
-            _PROBLEMS.clear()
-        hit = _PROBLEMS[key] = _with_cache(pickle.loads(blob))
-    return hit
+    return worker_copy(_PROBLEMS, key, blob, build=lambda b: _with_cache(pickle.loads(b)), keep=5)
 
 
 def _with_cache(problem: Problem) -> tuple[Problem, LoweringCache]:
@@ -190,8 +185,7 @@ class Evaluator:
     _est: dict[str, float] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
-        self._blob = pickle.dumps(self.problem, protocol=pickle.HIGHEST_PROTOCOL)
-        self._key = hashlib.sha1(self._blob).hexdigest()
+        self._key, self._blob = pickled(self.problem)
         _PROBLEMS[self._key] = _with_cache(self.problem)
 
     @property

@@ -29,7 +29,6 @@ executor); results come back in order, so a seed gives the same search on any ex
 from __future__ import annotations
 
 import math
-import pickle
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
@@ -42,12 +41,11 @@ from marssim.cost.base import CostModel
 from marssim.errors import InputError
 from marssim.parallel import ParallelConfig, parallel_problems
 from marssim.system import System
+from marssim.workercache import pickled, worker_copy
 from marssim.workload import Graph
 
 __all__ = ["graph_for", "LLMSearchSettings", "LLMSearchResult", "Candidate", "LLMSpace", "megatron_grid", "mars_llm",
            "screen_configs", "simulate_configs", "llm_search_available"]
-
-SCHEDULES = ("1f1b", "interleaved", "gpipe")
 
 
 def llm_search_available(graph: Graph, system: System) -> bool:
@@ -266,19 +264,21 @@ class _Genome:
     zero: int
     ep: int = 1
 
+    def starts(self) -> tuple[int, ...]:
+        """The first GPU of each stage: the stages' blocks (``tps[s] * dp`` GPUs) laid along the
+        GPUs in the order ``perm`` gives."""
+        pos = {p: s for s, p in enumerate(self.perm)}
+        at, out = 0, [0] * self.pp
+        for p in range(self.pp):
+            s = pos[p]
+            out[s] = at
+            at += self.tps[s] * self.dp
+        return tuple(out)
+
     def config(self, space: LLMSpace) -> ParallelConfig:
         uniform_tp = len(set(self.tps)) == 1
         identity = self.perm == tuple(range(self.pp))
-        starts: tuple[int, ...] = ()
-        if not identity or not uniform_tp:
-            sizes = [self.tps[s] * self.dp for s in range(self.pp)]
-            pos = {p: s for s, p in enumerate(self.perm)}
-            at, out = 0, [0] * self.pp
-            for p in range(self.pp):
-                s = pos[p]
-                out[s] = at
-                at += sizes[s]
-            starts = tuple(out) if not identity or not uniform_tp else ()
+        starts = self.starts() if not identity or not uniform_tp else ()
         balanced = self.layers == _balanced(space.layers, self.pp)
         gb = space.global_batch if space.training else 0
         return ParallelConfig(
@@ -327,23 +327,14 @@ def graph_for(graph: Graph, cfg: ParallelConfig, cache: dict | None = None) -> G
     return hit
 
 
-_WORKER: dict[str, object] = {}
+_WORKER: dict[str, _Problem] = {}
 
 
-def _problem(blob: bytes) -> _Problem:
-    key = str(hash(blob))
-    hit = _WORKER.get(key)
-    if hit is None:
-        _WORKER.clear()
-        hit = _WORKER[key] = pickle.loads(blob)
-    return hit  # type: ignore[return-value]
-
-
-def _screen_chunk(args: tuple[bytes, list[ParallelConfig]]) -> list[Candidate]:
+def _screen_chunk(args: tuple[str, bytes, list[ParallelConfig]]) -> list[Candidate]:
     from marssim.parallel.analytic import screen
 
-    blob, configs = args
-    p = _problem(blob)
+    key, blob, configs = args
+    p = worker_copy(_WORKER, key, blob)
     out = []
     for cfg in configs:
         try:
@@ -369,14 +360,14 @@ def _screen_serving(p: _Problem, cfg: ParallelConfig, sc) -> dict:
     return {"ttft_s": ttft, "tpot_s": tpot}
 
 
-def _simulate_chunk(args: tuple[bytes, list[ParallelConfig]]) -> list[Candidate]:
+def _simulate_chunk(args: tuple[str, bytes, list[ParallelConfig]]) -> list[Candidate]:
     from marssim.errors import CapacityError
     from marssim.parallel import lower_parallel
     from marssim.parallel.run import report_of
     from marssim.sim import simulate
 
-    blob, configs = args
-    p = _problem(blob)
+    key, blob, configs = args
+    p = worker_copy(_WORKER, key, blob)
     out = []
     for cfg in configs:
         try:
@@ -397,15 +388,16 @@ def _simulate_chunk(args: tuple[bytes, list[ParallelConfig]]) -> list[Candidate]
     return out
 
 
-def _map(fn, blob: bytes, items: list, executor: Executor | None, parts: int) -> list:
-    """``fn`` over ``items`` in chunks, in order, on ``executor`` (or here)."""
+def _map(fn, problem: tuple[str, bytes], items: list, executor: Executor | None, parts: int) -> list:
+    """``fn`` over ``items`` in chunks, in order, on ``executor`` (or here); ``problem``: the
+    key and bytes of the pickled :class:`_Problem` (:func:`marssim.workercache.pickled`)."""
     if not items:
         return []
     if executor is None or parts <= 1 or len(items) == 1:
-        return fn((blob, items))
+        return fn((*problem, items))
     n = min(parts, len(items))
     chunks = [items[i::n] for i in range(n)]
-    results = list(executor.map(fn, [(blob, c) for c in chunks]))
+    results = list(executor.map(fn, [(*problem, c) for c in chunks]))
     out = [None] * len(items)
     for i, res in enumerate(results):
         out[i::n] = res
@@ -415,15 +407,13 @@ def _map(fn, blob: bytes, items: list, executor: Executor | None, parts: int) ->
 def screen_configs(graph: Graph, system: System, cost: CostModel, configs: Sequence[ParallelConfig],
                    executor: Executor | None = None, parts: int = 1) -> list[Candidate]:
     """Screen ``configs`` (closed form), in order, on ``executor``."""
-    blob = pickle.dumps(_Problem(graph, system, cost))
-    return _map(_screen_chunk, blob, list(configs), executor, parts)
+    return _map(_screen_chunk, pickled(_Problem(graph, system, cost)), list(configs), executor, parts)
 
 
 def simulate_configs(graph: Graph, system: System, cost: CostModel, configs: Sequence[ParallelConfig],
                      executor: Executor | None = None, parts: int = 1) -> list[Candidate]:
     """Simulate ``configs``, in order, on ``executor``."""
-    blob = pickle.dumps(_Problem(graph, system, cost))
-    return _map(_simulate_chunk, blob, list(configs), executor, parts)
+    return _map(_simulate_chunk, pickled(_Problem(graph, system, cost)), list(configs), executor, parts)
 
 
 # ----------------------------------------------------------------------------- the baseline grid
@@ -474,7 +464,7 @@ class _Search:
         self.settings = settings
         self.rng = np.random.default_rng(settings.seed)
         self.executor, self.parts = executor, parts
-        self.blob = pickle.dumps(_Problem(graph, system, cost))
+        self.problem = pickled(_Problem(graph, system, cost))
         self.seen: dict[ParallelConfig, Candidate] = {}
         self.rejected = 0
         self.tried: set[tuple] = set()
@@ -491,7 +481,7 @@ class _Search:
     def screen(self, configs: Sequence[ParallelConfig]) -> list[Candidate]:
         todo = [c for c in dict.fromkeys(configs) if c not in self.seen]
         start = time.perf_counter()
-        for cand in _map(_screen_chunk, self.blob, todo, self.executor, self.parts):
+        for cand in _map(_screen_chunk, self.problem, todo, self.executor, self.parts):
             self.seen[cand.config] = self._score(cand)
             if not cand.fits:
                 self.rejected += 1
@@ -503,7 +493,7 @@ class _Search:
         room = self.settings.max_simulations - self.simulations
         todo = todo[:max(0, room)]
         start = time.perf_counter()
-        for cand in _map(_simulate_chunk, self.blob, todo, self.executor, self.parts):
+        for cand in _map(_simulate_chunk, self.problem, todo, self.executor, self.parts):
             old = self.seen[cand.config]
             self.seen[cand.config] = self._score(replace(cand, screened_s=old.screened_s, memory_peak=old.memory_peak,
                                                          fits=cand.fits and old.fits))
@@ -533,10 +523,6 @@ class _Search:
     @property
     def simulations(self) -> int:
         return sum(1 for c in self.seen.values() if c.simulated)
-
-    def key(self, cfg: ParallelConfig) -> tuple:
-        c = self.seen[cfg]
-        return (_key(c, self.settings.objective), cfg.text())
 
     def best_simulated(self) -> Candidate | None:
         sims = [c for c in self.seen.values() if c.simulated and c.fits]
@@ -582,19 +568,9 @@ class _Search:
 
     def computation_aware(self, g: _Genome) -> _Genome:
         """Layers in proportion to each stage's GPUs' peak FLOP/s (level 1's first guess)."""
-        cfg = g.config(self.space)
-        starts = cfg.stage_start or self._starts(g)
+        starts = g.starts()
         speeds = [self.space.block_speed(starts[s], g.tps[s] * g.dp) for s in range(g.pp)]
         return replace(g, layers=_proportional(self.space.layers, speeds))
-
-    def _starts(self, g: _Genome) -> tuple[int, ...]:
-        pos = {p: s for s, p in enumerate(g.perm)}
-        at, out = 0, [0] * g.pp
-        for p in range(g.pp):
-            s = pos[p]
-            out[s] = at
-            at += g.tps[s] * g.dp
-        return tuple(out)
 
     def mutate1(self, g: _Genome) -> _Genome:
         """One level-1 move: a layer to a neighbouring stage, two stages' GPU blocks swapped, a

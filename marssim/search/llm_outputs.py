@@ -10,6 +10,7 @@ from marssim.system import System
 from marssim.workload import Graph
 
 from .llm import LLMSearchResult
+from .report import save_figure
 
 __all__ = ["plot_llm_convergence", "llm_search_summary", "format_top"]
 
@@ -79,10 +80,4 @@ def plot_llm_convergence(results: list[LLMSearchResult], png: str | Path) -> lis
     ax.set_title(f"LLM parallel-configuration search (seed {results[0].seed})")
     ax.grid(alpha=0.3)
     ax.legend()
-    fig.tight_layout()
-    png = Path(png)
-    paths = [png, png.with_suffix(".svg")]
-    for p in paths:
-        fig.savefig(p, **({"metadata": {"Date": None}} if p.suffix == ".svg" else {}))
-    plt.close(fig)
-    return paths
+    return save_figure(fig, png)

@@ -47,6 +47,14 @@ def plot_convergence(result: SearchResult, png: str | Path) -> list[Path]:
     ax.set_title(f"{result.algorithm} convergence ({len(hist)} generations, seed {result.seed})")
     ax.grid(alpha=0.3)
     ax.legend()
+    return save_figure(fig, png)
+
+
+def save_figure(fig, png: str | Path) -> list[Path]:
+    """Save ``fig`` as ``png`` and beside it as SVG (no date in the SVG, so a rerun writes the
+    same bytes), close it, and return both paths."""
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
     png = Path(png)
     paths = [png, png.with_suffix(".svg")]

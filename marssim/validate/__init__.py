@@ -15,14 +15,13 @@ estimate charges the extra wait to that device. Units: seconds.
 
 from __future__ import annotations
 
-import hashlib
-import pickle
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from typing import Any
 
 from marssim.system import System
+from marssim.workercache import pickled, worker_copy
 from marssim.workload import Graph
 
 from .compare import attribute, compare, op_times
@@ -61,8 +60,7 @@ def validate(graph: Graph, system: System, mappings: Sequence[NamedMapping], cos
             if progress:
                 progress(i + 1, len(mappings))
     else:
-        blob = pickle.dumps((graph, system, cost), protocol=pickle.HIGHEST_PROTOCOL)
-        key = hashlib.sha1(blob).hexdigest()
+        key, blob = pickled((graph, system, cost))
         args = [(key, blob, item, memory_policy, want_ops) for item in mappings]
         for i, res in enumerate(executor.map(_compare_task, args)):
             results.append(res)
@@ -79,9 +77,5 @@ _PROBLEMS: dict[str, tuple] = {}
 
 def _compare_task(args) -> Comparison:
     key, blob, item, memory_policy, want_ops = args
-    problem = _PROBLEMS.get(key)
-    if problem is None:
-        _PROBLEMS.clear()
-        problem = _PROBLEMS[key] = pickle.loads(blob)
-    graph, system, cost = problem
+    graph, system, cost = worker_copy(_PROBLEMS, key, blob)
     return compare(graph, system, item, cost, memory_policy=memory_policy, want_ops=want_ops)
