@@ -332,3 +332,22 @@ def test_cli_reports_a_parallel_run_and_traces_the_gpus_asked_for(tmp_path, caps
     # the GPUs asked for show their class representative's kernels; gpu5 (not asked, not a representative) none
     assert per_gpu["gpu0"] > 0 and per_gpu["gpu1"] == per_gpu["gpu2"] == per_gpu["gpu3"] == per_gpu["gpu0"]
     assert per_gpu["gpu9"] > 0 and per_gpu["gpu5"] == 0
+
+
+def test_every_timed_op_names_its_cost_model_in_every_lowering() -> None:
+    """Shard timings are shared between lowerings of one graph; the label of the cost model
+    that timed an op must come with them, in the first lowering and in a repeated one."""
+    from marssim.taskgraph import COMPUTE
+
+    system = load_system("dgx-a100-cluster:nodes=1")
+    graph = load_workload("gpt:layers=2,hidden=256,heads=8,vocab=1000,seq=64,batch=2,mode=train")
+    cfg = parse_parallel("tp=8,micro_batch=2")
+    cost = default_cost_model()
+    labels = []
+    for _ in range(2):
+        tg = lower_parallel(graph, system, cfg, cost)
+        timed = {tg.op_names[i] for i in tg.op[(tg.kind == COMPUTE) & (tg.op >= 0)].tolist()}
+        label = {o.name: o.cost_model for o in tg.ops}
+        assert timed and not [name for name in timed if not label.get(name)]
+        labels.append(label)
+    assert labels[0] == labels[1]

@@ -193,9 +193,12 @@ class _Lowering:
         self.routes: list[Route] = []
         self.route_id: dict[tuple[int, int], int] = {}
         self.templates: dict[tuple[int, tuple], _Template] = {}
-        # shard timings by (op, design, split): shared by every lowering of this graph with this cost model
-        self.shard_cache: dict[tuple, tuple[float, float, float, float]] = graph_cache(graph).setdefault(
-            ("shards", id(cost)), {})
+        # shard timings by (op, design, split) and the cost model that timed them: shared by every
+        # lowering of this graph with this cost model (kept beside it, so its id is never reused)
+        entry = graph_cache(graph).get(("shards", id(cost)))
+        if entry is None or entry[0] is not cost:
+            entry = graph_cache(graph)[("shards", id(cost))] = (cost, {})
+        self.shard_cache: dict[tuple, tuple[tuple[float, float, float, float], str]] = entry[1]
         self.cost_models: dict[str, str] = {}  # op -> the cost model that timed it
         self.shape_keys: dict[str, tuple] = graph_cache(graph).setdefault("shape_keys", {})
         self.designs: dict[int, object] = {}
@@ -268,7 +271,8 @@ class _Lowering:
         key = (self._shape(op), d.name, rule.split, rule.scale, share)
         hit = self.shard_cache.get(key)
         if hit is not None:
-            return hit
+            self.cost_models.setdefault(op.name, hit[1])
+            return hit[0]
         sizes = {}
         for loop, num, den in rule.split:
             if op.has_dim(loop) and (num != 1 or den != 1):
@@ -284,8 +288,9 @@ class _Lowering:
         if rule.scale > 1:
             seconds, flops, energy, out_bytes = seconds / rule.scale, flops / rule.scale, energy / rule.scale, \
                 out_bytes / rule.scale
-        hit = self.shard_cache[key] = (float(seconds), flops, float(energy), out_bytes)
-        return hit
+        timing = (float(seconds), flops, float(energy), out_bytes)
+        self.shard_cache[key] = (timing, c.model)
+        return timing
 
     def _shape(self, op: Op) -> tuple:
         """What an op's shard timing depends on, without its name (blocks share timings)."""
