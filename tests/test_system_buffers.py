@@ -104,3 +104,14 @@ def test_shipped_systems_keep_loading_and_herald_splits_shidiannao():
     for name in ("os32", "ws32", "nvdla64", "shi32", "rs16x32"):
         assert load_system("mars-adaptive-16").designs[name].buffers is None
     assert math.isclose(operand_windows(4 * 2.0**20, None)[0][0], 2.0**21)
+
+
+def test_a_per_byte_figure_beside_a_table_replaces_its_read_and_write_figures():
+    """``sram_byte`` (or ``dram_byte``) written beside ``table`` is the figure for reads and
+    writes alike; the table's other figures still apply."""
+    d = _design(sram="32 KiB", energy={"table": "horowitz-45nm-int8", "sram_byte": "5 pJ"})
+    assert d.energy.per_byte == pytest.approx((5e-12, 5e-12, 162.5e-12, 162.5e-12))
+    assert d.energy.mac == pytest.approx(0.3e-12)
+    both = _design(sram="32 KiB", energy={"table": "horowitz-45nm-int8", "dram_byte": "100 pJ",
+                                          "dram_write_byte": "150 pJ"})
+    assert both.energy.per_byte == pytest.approx((2.5e-12, 2.5e-12, 100e-12, 150e-12))

@@ -149,6 +149,9 @@ class Design(BaseModel):
             if largest is None:
                 table = {k: v for k, v in table.items() if not k.startswith("sram")}
             table = {k: f"{v!r} J" if isinstance(v, float) else v for k, v in table.items()}
+            for base in ("sram", "dram"):  # a figure given beside the table replaces its read and write ones
+                if f"{base}_byte" in energy:
+                    table = {k: v for k, v in table.items() if k not in (f"{base}_read_byte", f"{base}_write_byte")}
             data = {**data, "energy": {**table, **energy}}
         return data
 
