@@ -63,7 +63,6 @@ LLM_KINDS = ("gemm", "attention", SDPA, "elementwise", "norm", "softmax", "embed
 """The measure kinds of the LLM grid, in the order the grid lists them."""
 TRAIN_SEQ = {"gpt": 2048, "llama": 4096, "moe": 4096}
 """Tokens per training sequence by model family (see the module docstring)."""
-_MOE_RESHAPES = ("dispatch", "combine", "dispatch_grad", "combine_grad", "gate_grad")
 
 
 @dataclass(frozen=True)
@@ -165,21 +164,10 @@ def tp_shards(graph: Graph, parallel) -> list[tuple[Op, Op]]:
     producers known), each split loop cut to ``ceil(size * num / den)``, the AdamW step over the
     parameters a rank of the group holds (a ``1/dp`` part of them with ZeRO). Graph inputs and
     views are not timed."""
+    from marssim.parallel.lower import op_rules, shard_loops
     from marssim.parallel.memory import rank_parameters
-    from marssim.parallel.roles import Rule, rule_for
 
-    layouts: dict[str, str] = {}
-    rules: dict[str, Rule] = {}
-    for op in graph.ops:
-        if op.kind == OpKind.INPUT:
-            layouts[op.name] = "R"
-            continue
-        rule = rule_for(op, layouts, parallel.tp, parallel.sp, parallel.ep)
-        if op.kind == OpKind.RESHAPE and op.param("what") in _MOE_RESHAPES:  # as the lowering re-labels them
-            rule = Rule(rule.split, tuple("D" if w == "E" else w for w in rule.want),
-                        "D" if rule.out == "E" else rule.out, scale=parallel.tp)
-        rules[op.name] = rule
-        layouts[op.name] = rule.out
+    rules = op_rules(graph, parallel)
     per_layer, _ = rank_parameters(graph, parallel, rules)
     share = parallel.dp if parallel.zero >= 1 else 1
     out = []
@@ -188,12 +176,7 @@ def tp_shards(graph: Graph, parallel) -> list[tuple[Op, Op]]:
             continue
         if op.kind == OpKind.RESHAPE and op.param("what") == "grad_buffer":  # a view the optimizer reads
             continue
-        sizes = {}
-        for loop, num, den in rules[op.name].split:
-            if op.has_dim(loop) and (num != 1 or den != 1):
-                sizes[loop] = max(1, -(-op.dim(loop) * num // den))
-        if op.param("fn") == "adam":
-            sizes["C"] = max(1, -(-per_layer.get(op.param("layer"), 0) // share))
+        sizes = shard_loops(op, rules[op.name], per_layer, share)
         out.append((op, op.with_loops(**sizes) if sizes else op))
     return out
 

@@ -24,7 +24,7 @@ measures its error and rank correlation against simulations.
 from __future__ import annotations
 
 import math
-
+from collections import defaultdict
 from dataclasses import dataclass
 
 from marssim.cost.base import CostModel
@@ -33,9 +33,9 @@ from marssim.workload import Graph, OpKind
 
 from .config import ParallelConfig
 from .fold import identity_folding
-from .lower import _Lowering, _parameters, prepare_graph
+from .lower import _Lowering, _model_flops, _parameters, prepare_graph
 from .memory import MemoryEstimate, memory_estimate
-from .placement import place
+from .placement import Placement, place
 
 __all__ = ["Screen", "screen", "serving_times"]
 
@@ -148,13 +148,10 @@ def screen(graph: Graph, system: System, cfg: ParallelConfig, cost: CostModel, *
     """The :class:`Screen` of ``cfg`` (checked by the caller) for ``graph`` on ``system``.
     ``time_infeasible=False``: a configuration that does not fit the GPUs' memory is not timed
     (its ``iteration_s`` is infinite; a search rejects it anyway)."""
-    prepared = prepare_graph(graph, cfg)
-    where = place(system, cfg)
-    low = _Lowering(prepared, system, cfg, cost, identity_folding(system, where.gpus), where)
-    _parameters(low)
+    low, where, representative = _lowering(graph, system, cfg, cost)
     t = low.t
     capacity = min(a.memory.capacity for a in system.accelerators)
-    memory = memory_estimate(prepared, cfg, capacity, low.rules, low.rank_params)
+    memory = memory_estimate(low.graph, cfg, capacity, low.rules, low.rank_params)
     if not memory.fits and not time_infeasible:
         return Screen(math.inf, (), math.inf, memory, 0.0, 0.0, len(where.gpus))
     m = low.micro_batches
@@ -162,8 +159,7 @@ def screen(graph: Graph, system: System, cfg: ParallelConfig, cost: CostModel, *
     receives = []
     tails = []
     for stage in range(cfg.pp):
-        gpu = next(g for g in where.gpus if where.stage(g) == stage)
-        timer = _Timer(low, gpu)
+        timer = _Timer(low, representative[stage])
         busy = received = backward = 0.0
         for chunk, layers in enumerate(low.chunks):
             if chunk % cfg.pp != stage:
@@ -174,15 +170,18 @@ def screen(graph: Graph, system: System, cfg: ParallelConfig, cost: CostModel, *
                 if not ops:
                     continue
                 parts = []
+                of_layer = defaultdict(list)
+                for op in ops:
+                    of_layer[op.param("layer")].append(op)
                 ends = [op for op in ops if not 0 <= op.param("layer") < t.layers]
                 if blocks:
                     # the block that receives from the other stage (forward: the first; backward:
                     # the last), and the others alike (the blocks of a model have equal shapes)
                     edge = blocks[0] if direction == "F" else blocks[-1]
-                    parts.append((timer.unit([op for op in ops if op.param("layer") == edge]), 1))
+                    parts.append((timer.unit(of_layer[edge]), 1))
                     if len(blocks) > 1:
                         inner = blocks[1] if direction == "F" else blocks[0]
-                        parts.append((timer.unit([op for op in ops if op.param("layer") == inner]), len(blocks) - 1))
+                        parts.append((timer.unit(of_layer[inner]), len(blocks) - 1))
                 if ends:
                     parts.append((timer.unit(ends), 1))
                 for (b, r), n in parts:
@@ -201,12 +200,21 @@ def screen(graph: Graph, system: System, cfg: ParallelConfig, cost: CostModel, *
     else:
         pipeline = sum(a + b for a, b in zip(stage_times, receives)) + (m - 1) * max(stage_times)
     tail = max(tails) if tails else 0.0
-    from .lower import _model_flops
-
-    low.fold = identity_folding(system, where.gpus)
     flops, peak = _model_flops(low)
     return Screen(iteration_s=pipeline + tail, stage_s=tuple(stage_times), tail_s=tail, memory=memory,
                   model_flops=flops, peak_flops=peak, gpus=cfg.gpus)
+
+
+def _lowering(graph: Graph, system: System, cfg: ParallelConfig,
+              cost: CostModel) -> tuple[_Lowering, Placement, dict[int, int]]:
+    """The lowering state the screen reads (graph prepared for ``cfg``, rules, units, each
+    rank's parameters; no folding), the placement, and each stage's first GPU."""
+    prepared = prepare_graph(graph, cfg)
+    where = place(system, cfg)
+    low = _Lowering(prepared, system, cfg, cost, identity_folding(system, where.gpus), where)
+    _parameters(low)
+    representative = {where.stage(g): g for g in reversed(where.gpus)}
+    return low, where, representative
 
 
 def _tail(low: _Lowering, timer: _Timer, stage: int, backward: float) -> float:
@@ -243,14 +251,10 @@ def serving_times(graph: Graph, system: System, cfg: ParallelConfig, cost: CostM
     """A serving graph's (``mode=serve``) time to first token and time per output token in
     closed form: the prefill's ops and the decode steps' ops of every stage timed on its
     representative GPU (one request batch crosses the stages one after another)."""
-    where = place(system, cfg)
-    prepared = prepare_graph(graph, cfg)
-    low = _Lowering(prepared, system, cfg, cost, identity_folding(system, where.gpus), where)
-    _parameters(low)
+    low, _, representative = _lowering(graph, system, cfg, cost)
     prefill = decode = 0.0
     for stage in range(cfg.pp):
-        gpu = next(g for g in where.gpus if where.stage(g) == stage)
-        timer = _Timer(low, gpu)
+        timer = _Timer(low, representative[stage])
         ops = [op for chunk in range(len(low.chunks)) if chunk % cfg.pp == stage
                for op in low.unit_ops.get((chunk, "F"), [])]
         busy, received = timer.unit([op for op in ops if op.name.startswith("prefill.")])

@@ -28,7 +28,9 @@ from __future__ import annotations
 
 import weakref
 from collections import defaultdict
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -84,18 +86,38 @@ def graph_cache(graph: Graph) -> dict:
     return cache
 
 
+def graph_cached(graph: Graph, key: Hashable, make: Callable[[], Any]) -> Any:
+    """The value of ``key`` in :func:`graph_cache`, made by ``make()`` on first use."""
+    cache = graph_cache(graph)
+    hit = cache.get(key)
+    if hit is None:
+        hit = cache[key] = make()
+    return hit
+
+
 def op_rules(graph: Graph, cfg: ParallelConfig) -> dict[str, Rule]:
     """Every op's tensor-parallel rule (:func:`~.roles.rule_for` with its stage's degree), in
     graph order; the MoE re-layouts as ``D`` (locally permuted, before the all-to-all).
     Memoised per graph by the degree of every layer, sequence and expert parallelism."""
     stage_of = stage_of_layers(graph.meta["transformer"].layers, cfg)
     key = ("rules", cfg.sp, cfg.ep, tuple(sorted((layer, cfg.tp_of(s)) for layer, s in stage_of.items())))
-    cache = graph_cache(graph)
-    hit = cache.get(key)
-    if hit is not None:
-        return hit
-    cache[key] = rules = _op_rules(graph, cfg, stage_of)
-    return rules
+    return graph_cached(graph, key, lambda: _op_rules(graph, cfg, stage_of))
+
+
+_MOE_RESHAPES = ("dispatch", "combine", "dispatch_grad", "combine_grad", "gate_grad")
+
+
+def shard_loops(op: Op, rule: Rule, rank_params: dict[int, int], zero_share: int) -> dict[str, int]:
+    """The loop sizes of ``op``'s part on one rank under ``rule``: each split loop cut to
+    ``ceil(size * num / den)``; an AdamW step over the parameters of its layer group one rank
+    holds (``rank_params``), a ``1/zero_share`` part of them (ZeRO)."""
+    sizes = {}
+    for loop, num, den in rule.split:
+        if op.has_dim(loop) and (num != 1 or den != 1):
+            sizes[loop] = max(1, -(-op.dim(loop) * num // den))
+    if op.param("fn") == "adam":
+        sizes["C"] = max(1, -(-rank_params.get(op.param("layer"), 0) // zero_share))
+    return sizes
 
 
 def _op_rules(graph: Graph, cfg: ParallelConfig, stage_of: dict[int, int]) -> dict[str, Rule]:
@@ -107,8 +129,7 @@ def _op_rules(graph: Graph, cfg: ParallelConfig, stage_of: dict[int, int]) -> di
             continue
         tp = cfg.tp_of(stage_of[op.param("layer")])
         rule = rule_for(op, layouts, tp, cfg.sp, cfg.ep)
-        if op.kind == OpKind.RESHAPE and op.param("what") in ("dispatch", "combine", "dispatch_grad", "combine_grad",
-                                                              "gate_grad"):
+        if op.kind == OpKind.RESHAPE and op.param("what") in _MOE_RESHAPES:
             rule = Rule(rule.split, tuple("D" if w == "E" else w for w in rule.want),
                         "D" if rule.out == "E" else rule.out, scale=tp)
         rules[op.name] = rule
@@ -118,20 +139,12 @@ def _op_rules(graph: Graph, cfg: ParallelConfig, stage_of: dict[int, int]) -> di
 
 def prepare_graph(graph: Graph, cfg: ParallelConfig) -> Graph:
     """``graph`` rebuilt (when needed) for one micro-batch of ``cfg`` with its recomputation."""
-    from marssim.workload.llm import build_transformer
-    from marssim.workload.llm.config import with_overrides
-
     t = graph.meta.get("transformer")
     if t is None:
         raise InputError(graph.spec, "", "a parallel configuration needs an LLM workload (gpt, llama, moe or a "
                                          "preset such as llama3-70b)")
     key = ("prepared", cfg.micro_batch, cfg.recompute if t.training else t.recompute)
-    cache = graph_cache(graph)
-    hit = cache.get(key)
-    if hit is not None:
-        return hit
-    cache[key] = prepared = _prepare(graph, t, cfg)
-    return prepared
+    return graph_cached(graph, key, lambda: _prepare(graph, t, cfg))
 
 
 def _prepare(graph: Graph, t, cfg: ParallelConfig) -> Graph:
@@ -189,7 +202,7 @@ class _Lowering:
         self.micro_batches = cfg.micro_batches if self.training else 1
         self.chunks = chunk_layers(self.t.layers, cfg)
         self.chunk_of_layer = {layer: c for c, layers in enumerate(self.chunks) for layer in layers}
-        self.op_index = {op.name: i for i, op in enumerate(graph.ops)}
+        self.op_index = graph.index
         self.routes: list[Route] = []
         self.route_id: dict[tuple[int, int], int] = {}
         self.templates: dict[tuple[int, tuple], _Template] = {}
@@ -273,13 +286,7 @@ class _Lowering:
         if hit is not None:
             self.cost_models.setdefault(op.name, hit[1])
             return hit[0]
-        sizes = {}
-        for loop, num, den in rule.split:
-            if op.has_dim(loop) and (num != 1 or den != 1):
-                sizes[loop] = max(1, -(-op.dim(loop) * num // den))
-        if op.param("fn") == "adam":  # the rank's parameters of the group (a 1/dp shard with ZeRO)
-            share = self.cfg.dp if self.cfg.zero >= 1 else 1
-            sizes["C"] = max(1, -(-self.rank_params.get(op.param("layer"), 0) // share))
+        sizes = shard_loops(op, rule, self.rank_params, self.cfg.dp if self.cfg.zero >= 1 else 1)
         part = op.with_loops(**sizes) if sizes else op
         c = self.cost.op_cost(part, d)
         self.cost_models.setdefault(op.name, c.model)
@@ -837,10 +844,7 @@ def _model_flops(low: _Lowering) -> tuple[float, float]:
     """Model FLOPs of one iteration (all GPUs) and a GPU's peak FLOP/s for the model's type."""
     from marssim.workload.llm.footprint import footprint
 
-    cache = graph_cache(low.graph)
-    f = cache.get("footprint")
-    if f is None:
-        f = cache["footprint"] = footprint(low.graph)
+    f = graph_cached(low.graph, "footprint", lambda: footprint(low.graph))
     per_replica = f.model_flops if low.training else f.flops.get("fwd", 0.0)
     total = per_replica * low.micro_batches * low.cfg.dp
     peaks = []

@@ -166,12 +166,9 @@ def memory_estimate(graph: Graph, cfg: ParallelConfig, capacity: float, rules=No
         per_layer: dict[int, float] = defaultdict(float)
         stage_of = stage_of_layers(t.layers, cfg)
         index = graph.index
-        from .lower import graph_cache
+        from .lower import graph_cached
 
-        cache = graph_cache(graph)
-        saved = cache.get("saved")
-        if saved is None:
-            saved = cache["saved"] = saved_tensors(graph)
+        saved = graph_cached(graph, "saved", lambda: saved_tensors(graph))
         for (name, what), (size, layer) in saved.items():
             rule = rules.get(name)
             tp = cfg.tp_of(stage_of[graph.ops[index[name]].param("layer")])

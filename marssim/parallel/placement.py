@@ -10,6 +10,7 @@ runs on a block of consecutive GPUs, its tensor-parallel ranks innermost.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 from marssim.system import System
@@ -78,18 +79,14 @@ def place(system: System, cfg: ParallelConfig) -> Placement:
     ``ParallelConfig.stage_start``)."""
     nodes = [system.node_index[a] for a in system.accelerator_ids]
     ranks: dict[tuple[int, int, int], int] = {}
-    if cfg.stage_start:
-        for stage, first in enumerate(cfg.stage_start):
+    if cfg.stage_start or (cfg.stage_tp and not cfg.uniform):
+        # each stage a block of tp * dp GPUs: where the configuration puts it, else one after another
+        blocks = [cfg.tp_of(stage) * cfg.dp for stage in range(cfg.pp)]
+        starts = cfg.stage_start or tuple(itertools.accumulate(blocks, initial=0))[:-1]
+        for stage, first in enumerate(starts):
             tp = cfg.tp_of(stage)
             for k in range(tp * cfg.dp):
                 ranks[(k // tp, stage, k % tp)] = nodes[first + k]
-    elif cfg.stage_tp and not cfg.uniform:
-        at = 0
-        for stage in range(cfg.pp):
-            tp = cfg.tp_of(stage)
-            for k in range(tp * cfg.dp):
-                ranks[(k // tp, stage, k % tp)] = nodes[at + k]
-            at += tp * cfg.dp
     else:
         sizes = {"tp": cfg.tp_of(0), "pp": cfg.pp, "dp": cfg.dp}
         axes = cfg.order.split("-")
