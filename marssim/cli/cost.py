@@ -71,7 +71,7 @@ def format_costs(result, workload: str, system_name: str, *, energy: bool = Fals
     rows.append(["fastest on", "", "", "", *[str(w) for w in result.wins()], ""])
     if energy:
         e = result.total_energy()
-        rows.append(["energy uJ", "", "", "", *["-" if math.isnan(v) else f"{v * 1e6:.4g}" for v in e], ""])
+        rows.append(["energy uJ", "", "", "", *[_uj(v) for v in e], ""])
     lines = [f"{workload} on {system_name}: time per layer (us) on one accelerator of each design, "
              f"* marks the fastest; total = the listed layers one after another", ""]
     lines += format_table(headers, rows, indent="")

@@ -47,11 +47,6 @@ class OpCost:
     energy_sram: float = float("nan")
     energy_dram: float = float("nan")
 
-    @property
-    def stall_time(self) -> float:
-        """Seconds beyond the array's compute time (waiting for DRAM or the buffer)."""
-        return max(self.time - self.compute_time, 0.0)
-
 
 @runtime_checkable
 class CostModel(Protocol):

@@ -257,7 +257,7 @@ class DesignParams:
     ``(mac, sram read, sram write, dram read, dram write per byte, static power)``."""
 
     __slots__ = ("name", "dataflow", "code", "rows", "cols", "clock", "sram", "sram_bw", "dram_bw", "energy",
-                 "peak_macs", "gpu", "gpu_np", "models", "wi", "wf", "wo", "ri", "rf", "ro", "ci", "cf", "co", "double_buffered", "dram_latency",
+                 "peak_macs", "gpu", "gpu_np", "models", "wi", "wf", "wo", "ri", "rf", "ci", "cf", "double_buffered", "dram_latency",
                  "per_operand", "im2col", "write_through", "fixed_order")
 
     def __init__(self, design: Design) -> None:
@@ -273,8 +273,8 @@ class DesignParams:
         e = design.energy
         self.energy = None if e is None else (float(e.mac), *e.per_byte, float(e.static_power))
         b = design.buffers or DEFAULT_BUFFERS
-        (self.wi, self.wf, self.wo), (self.ri, self.rf, self.ro) = operand_windows(self.sram, b)
-        self.ci, self.cf, self.co = buffer_sizes(self.sram, b)
+        (self.wi, self.wf, self.wo), (self.ri, self.rf, _) = operand_windows(self.sram, b)
+        self.ci, self.cf, _ = buffer_sizes(self.sram, b)
         self.double_buffered = bool(b.double_buffered)
         self.dram_latency = float(b.dram_latency)
         self.per_operand = b.channels == "per_operand"

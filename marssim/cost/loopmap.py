@@ -106,7 +106,7 @@ def nvdla_gemm(x, d, mx, mn):
     fk = -(-k // d.rows)
     cycles = g * fk * -(-c // d.cols) * m * x[F_R] * x[F_S]
     a_b, b_b, o_b = _inputs(x), x[F_BB], x[F_OB]
-    extra_a, extra_b = refetch(a_b, fk, b_b, d.ri, mn)
+    extra_a, extra_b = refetch(a_b, fk, b_b, d.ri)
     first = (d.cols * x[F_EB], d.rows * d.cols * x[F_EB])  # a pixel's channels, the cells' weights
     return _finish(cycles, g * kk * nn + g * m * kk * fk, g * m * nn, a_b + extra_a, b_b + extra_b, o_b, 0 * o_b,
                    first, o_b / (fk * m), x, d, mx, mn)
@@ -123,12 +123,12 @@ def shidiannao_gemm(x, d, mx, mn):
     # conv: weights per output tile (n * fx * fy tiles), input pixels per output channel
     tiles = x[F_N] * fx * fy
     conv_e = g * kk * nn * tiles + mn(x[F_AE], g * m * kk) * x[F_K]
-    cb1, ca1 = refetch(b_b, tiles, a_b, d.rf, mn)
-    ca2, cb2 = refetch(a_b, x[F_K], b_b, d.ri, mn)
+    cb1, ca1 = refetch(b_b, tiles, a_b, d.rf)
+    ca2, cb2 = refetch(a_b, x[F_K], b_b, d.ri)
     # gemm: output-stationary over the M x N output matrix
     gemm_e = g * m * kk * fy + g * kk * nn * fx
-    ga1, gb1 = refetch(a_b, fy, b_b, d.ri, mn)
-    gb2, ga2 = refetch(b_b, fx, a_b, d.rf, mn)
+    ga1, gb1 = refetch(a_b, fy, b_b, d.ri)
+    gb2, ga2 = refetch(b_b, fx, a_b, d.rf)
     sram_rd = conv * conv_e + (1 - conv) * gemm_e
     extra_a = conv * (ca1 + ca2) + (1 - conv) * (ga1 + ga2)
     extra_b = conv * (cb1 + cb2) + (1 - conv) * (gb1 + gb2)
@@ -166,8 +166,8 @@ def rs_gemm(x, d, mx, mn):
     psum_passes = c_folds * row_folds
     sram_rd = g * kk * nn * w_passes + mn(x[F_AE], g * m * kk) * in_passes + g * m * nn * (psum_passes - 1)
     sram_wr = g * m * nn * psum_passes
-    ea1, eb1 = refetch(a_b, in_passes, b_b, d.ri, mn)
-    eb2, ea2 = refetch(b_b, w_passes, a_b, d.rf, mn)
+    ea1, eb1 = refetch(a_b, in_passes, b_b, d.ri)
+    eb2, ea2 = refetch(b_b, w_passes, a_b, d.rf)
     o_wr, o_rd = psums(o_b, d.wo, k_folds, psum_passes, False)
     first = (d.rows * d.cols * x[F_EB], d.rows * x[F_S] * x[F_EB])  # input rows, filter rows of the PE set
     return _finish(cycles, sram_rd, sram_wr, a_b + ea1 + ea2, b_b + eb1 + eb2, o_wr, o_rd, first, o_b / k_folds,

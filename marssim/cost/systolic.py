@@ -97,17 +97,18 @@ def systolic_gemm(x, d, code: int, mx, mn):
         fm, fn = -(-m // R), -(-n // C)
         cycles_g = fm * fn * (k + R + C - 2)
         sram_rd, sram_wr = a_e * fn + b_e * fm, o_e
-        # N outer: A streamed, B column tiles reused over M folds
-        a1, b1 = reuse(sa, d.ri, fn, sb, wf, fm)
-        fixed = (1 / fn, (sa, b1 / fn, so / fn), (a1, b1, so), (so, zero))
         if d.fixed_order:  # SCALE-Sim's prefetches: whole halves of a buffer
             b_passes = 1 + (sb > wf * fn) * (fm - 1)  # a K x C tile larger than a window: once per M fold
             fixed, fill = _scalesim(d, fn, (sa, k * R * fm * eb, fn), (sb, k * C * fn * eb, b_passes), (so, zero),
                                     mx, mn)
-        # M outer: B streamed, A row tiles reused over N folds
-        b2, a2 = reuse(sb, d.rf, fm, sa, wi, fn)
-        alts = [(True, (1 / fm, (a2 / fm, sb, so / fm), (a2, b2, so), (so, zero)))]
-        first = (R * eb, C * eb)  # the first elements on the array's edges
+        else:
+            # N outer: A streamed, B column tiles reused over M folds
+            a1, b1 = reuse(sa, d.ri, fn, sb, wf, fm)
+            fixed = (1 / fn, (sa, b1 / fn, so / fn), (a1, b1, so), (so, zero))
+            # M outer: B streamed, A row tiles reused over N folds
+            b2, a2 = reuse(sb, d.rf, fm, sa, wi, fn)
+            alts = [(True, (1 / fm, (a2 / fm, sb, so / fm), (a2, b2, so), (so, zero)))]
+            first = (R * eb, C * eb)  # the first elements on the array's edges
         block = mn(R * C * eb, so)  # the last output tile
     else:
         fk = -(-k // R)
@@ -124,24 +125,24 @@ def systolic_gemm(x, d, code: int, mx, mn):
             sram_rd = a_e + b_e * outer + o_e * (fk - 1)
             first = (R * C * eb, R * eb)  # the stationary R x C tile of A, a column of B
         sram_wr = o_e * fk
-        s1, _ = reuse(s_b, r_s, outer, t_b, 1, 1)
         psum = psums(so, wo, outer, fk, d.write_through)
-        o1 = psum[0] + psum[1]
-        # the fold order; or the streamed dim (ws: M, is: N) cut into chunks whose part of the
-        # streamed operand fits a window (the next chunk is fetched behind it) and whose
-        # partial-sum block (C columns of it) fits the ofmap window: the stationary operand is
-        # then read once per chunk, the rest once, and only the first chunk's first fold waits
-        # for its part of the streamed operand
-        lines = mn(mn(w_s * spatial // mx(s_b, 1), wo // (C * eb)), spatial)
-        c_min = sel(lines >= 1, -(-spatial // mx(lines, 1)), spatial + 1)  # spatial + 1: none fits
-        fixed = _ab(code, 1 / outer, (s_b, t_b / outer, o1 / outer), (s1, t_b, o1), psum)
         if d.fixed_order:  # SCALE-Sim's prefetches: whole halves of a buffer
             if code == 1:
                 reads = ((sa, m * R * fk * eb, outer), (sb, k * C * outer * eb, 1))
             else:
                 reads = ((sa, k * C * outer * eb, 1), (sb, n * R * fk * eb, outer))
             fixed, fill = _scalesim(d, outer, *reads, psum, mx, mn)
-        if not d.fixed_order:
+        else:
+            s1, _ = reuse(s_b, r_s, outer, t_b, 1, 1)
+            o1 = psum[0] + psum[1]
+            # the fold order; or the streamed dim (ws: M, is: N) cut into chunks whose part of the
+            # streamed operand fits a window (the next chunk is fetched behind it) and whose
+            # partial-sum block (C columns of it) fits the ofmap window: the stationary operand is
+            # then read once per chunk, the rest once, and only the first chunk's first fold waits
+            # for its part of the streamed operand
+            lines = mn(mn(w_s * spatial // mx(s_b, 1), wo // (C * eb)), spatial)
+            c_min = sel(lines >= 1, -(-spatial // mx(lines, 1)), spatial + 1)  # spatial + 1: none fits
+            fixed = _ab(code, 1 / outer, (s_b, t_b / outer, o1 / outer), (s1, t_b, o1), psum)
             # more chunks than the fewest shorten that first wait and cost one more read of the
             # stationary operand each: the fastest of 1, 4, 16, ... chunks (those not below the
             # fewest that fit), a ladder that does not depend on the buffer, so that a larger
@@ -168,6 +169,8 @@ def systolic_gemm(x, d, code: int, mx, mn):
     totals, o_wr, o_rd = fixed[2], fixed[3][0], fixed[3][1]
     if not d.fixed_order:  # the fastest of the alternatives
         for feasible, alt in alts:
+            if not _any(feasible):  # no op may take it: nothing to compare
+                continue
             t2, dram_time2 = _time(d, g, compute, alt, fill, drain, mx)
             faster = feasible * (t2 < t)
             t, dram_time = sel(faster, t2, t), sel(faster, dram_time2, dram_time)

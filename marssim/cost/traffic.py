@@ -106,7 +106,7 @@ def overlap(d, g, compute, cold_frac, cold, warm, fill, drain, mx):
     return compute + t_fill + g * stall + t_drain, dram_time
 
 
-def refetch(x_bytes, passes, y_bytes, r_x, mn):
+def refetch(x_bytes, passes, y_bytes, r_x):
     """Extra DRAM bytes ``(for X, for Y)`` when operand X (``x_bytes``) is needed ``passes``
     times and stays resident up to ``r_x`` bytes: none if it fits, else the cheaper of
     streaming X from DRAM on every pass (``(passes - 1) * X``) and cutting X into chunks that

@@ -114,11 +114,9 @@ def operand_windows(sram: float, buffers: Buffers | None) -> tuple[tuple[float, 
     window (SCALE-Sim's active half). Under ``split: dynamic`` any one operand gets half of the
     shared ``sram`` for both."""
     b = buffers or DEFAULT_BUFFERS
-    sizes = b.sizes
-    if sizes is None:
-        if b.split == "dynamic":
-            return (0.5 * sram,) * 3, (0.5 * sram,) * 3
-        sizes = tuple(b.split[op] * sram for op in OPERANDS)
+    if b.sizes is None and b.split == "dynamic":
+        return (0.5 * sram,) * 3, (0.5 * sram,) * 3
+    sizes = buffer_sizes(sram, b)
     scale = 0.5 if b.double_buffered else 1.0
     windows = tuple(scale * size for size in sizes)
     resident = windows if b.convention == "scalesim" else tuple(sizes)
