@@ -100,8 +100,13 @@ def op_rules(graph: Graph, cfg: ParallelConfig) -> dict[str, Rule]:
     graph order; the MoE re-layouts as ``D`` (locally permuted, before the all-to-all).
     Memoised per graph by the degree of every layer, sequence and expert parallelism."""
     stage_of = stage_of_layers(graph.meta["transformer"].layers, cfg)
-    key = ("rules", cfg.sp, cfg.ep, tuple(sorted((layer, cfg.tp_of(s)) for layer, s in stage_of.items())))
-    return graph_cached(graph, key, lambda: _op_rules(graph, cfg, stage_of))
+    return graph_cached(graph, rules_key(cfg, stage_of), lambda: _op_rules(graph, cfg, stage_of))
+
+
+def rules_key(cfg: ParallelConfig, stage_of: dict[int, int]) -> tuple:
+    """What :func:`op_rules` depends on beyond the graph: sequence and expert parallelism and
+    the tensor-parallel degree of every layer (``stage_of``: :func:`stage_of_layers`)."""
+    return ("rules", cfg.sp, cfg.ep, tuple(sorted((layer, cfg.tp_of(s)) for layer, s in stage_of.items())))
 
 
 _MOE_RESHAPES = ("dispatch", "combine", "dispatch_grad", "combine_grad", "gate_grad")
@@ -223,7 +228,9 @@ class _Lowering:
         """Every op's tensor-parallel rule and output layout; the ops whose sequence-split output
         another stage of a different tensor-parallel degree reads (gathered before it leaves)."""
         self.rules = op_rules(self.graph, self.cfg)
-        self.layouts = {op.name: ("R" if op.kind == OpKind.INPUT else self.rules[op.name].out) for op in self.graph.ops}
+        self.rules_key = rules_key(self.cfg, stage_of_layers(self.t.layers, self.cfg))
+        self.layouts = graph_cached(self.graph, ("layouts", self.rules_key), lambda: {
+            op.name: ("R" if op.kind == OpKind.INPUT else self.rules[op.name].out) for op in self.graph.ops})
         self.gather_out: set[str] = set()
         if not self.cfg.uniform:
             stage = {op.name: self.stage_of_chunk(self.chunk_of_layer[op.param("layer")]) for op in self.graph.ops
@@ -239,17 +246,22 @@ class _Lowering:
         return self.cfg.tp_of(self.place.stage(gpu))
 
     def _units(self) -> None:
-        """Ops of each (chunk, F/B/O) unit, in graph order."""
-        self.unit_ops: dict[tuple[int, str], list[Op]] = defaultdict(list)
-        self.unit_of: dict[str, tuple[int, str]] = {}
+        """Ops of each (chunk, F/B/O) unit, in graph order (shared by the lowerings of this
+        graph that cut its layers into the same chunks; read only)."""
+        self.unit_ops, self.unit_of = graph_cached(self.graph, ("units", tuple(map(tuple, self.chunks))),
+                                                   self._make_units)
+
+    def _make_units(self) -> tuple[dict[tuple[int, str], list[Op]], dict[str, tuple[int, str]]]:
+        unit_ops: dict[tuple[int, str], list[Op]] = {}
+        unit_of: dict[str, tuple[int, str]] = {}
+        direction_of = {"fwd": "F", "bwd": "B", "recompute": "B", "opt": "O"}
         for op in self.graph.ops:
             if op.kind == OpKind.INPUT:
                 continue
-            phase = op.param("phase", "fwd")
-            direction = {"fwd": "F", "bwd": "B", "recompute": "B", "opt": "O"}[phase]
-            key = (self.chunk_of_layer[op.param("layer")], direction)
-            self.unit_ops[key].append(op)
-            self.unit_of[op.name] = key
+            key = (self.chunk_of_layer[op.param("layer")], direction_of[op.param("phase", "fwd")])
+            unit_ops.setdefault(key, []).append(op)
+            unit_of[op.name] = key
+        return unit_ops, unit_of
 
     def stage_of_chunk(self, chunk: int) -> int:
         return chunk % self.cfg.pp
@@ -684,12 +696,13 @@ def _parameters(low: _Lowering) -> None:
     and per chunk the parameters of its layers; the bytes of a parameter."""
     from .memory import rank_parameters
 
-    per_layer, experts = rank_parameters(low.graph, low.cfg, low.rules)
+    from marssim.workload.op import DTYPE_BYTES
+
+    per_layer, experts = graph_cached(low.graph, ("rank_parameters", low.rules_key),
+                                      lambda: rank_parameters(low.graph, low.cfg, low.rules))
     low.rank_params = per_layer
     low.rank_expert_params = experts
     low.chunk_params = [sum(per_layer.get(layer, 0) for layer in layers) for layers in low.chunks]
-    low.param_bytes = float(low.graph.ops[0].dtype_bytes if low.graph.ops else 2)
-    from marssim.workload.op import DTYPE_BYTES
 
     low.param_bytes = float(DTYPE_BYTES[low.t.dtype])
 
