@@ -26,6 +26,17 @@ def _setuptools_builds_this_project() -> bool:
     return major >= 77  # pyproject's `license = "..."` needs it (the test extras install it)
 
 
+def _parent_site_dirs() -> str:
+    """The site directories of the interpreter running the tests, one per line (a .pth file)."""
+    import site
+    import sysconfig
+
+    dirs = [*site.getsitepackages(), sysconfig.get_path("purelib"), sysconfig.get_path("platlib")]
+    if site.ENABLE_USER_SITE:
+        dirs.append(site.getusersitepackages())
+    return "\n".join(dict.fromkeys(d for d in dirs if Path(d).is_dir())) + "\n"
+
+
 def _run(args: list, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
     done = subprocess.run([str(a) for a in args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, f"{' '.join(map(str, args))} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
@@ -64,9 +75,14 @@ def test_a_wheel_installed_elsewhere_ships_its_data_and_runs_from_another_direct
     wheel = next(dist.glob("marssim-*.whl"))
 
     venv = tmp_path / "venv"
-    _run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", venv], tmp_path)
+    _run([sys.executable, "-m", "venv", "--without-pip", venv], tmp_path)
     python = venv / "bin" / "python"
-    # the system's pip, run by the venv's interpreter, installs into the venv
+    # the dependencies (and pip) come from the environment running the tests -- a system Python, a
+    # conda environment or a virtual environment alike: its site directories are appended to the new
+    # environment's path by a .pth file (whose own .pth files, an editable install's among them, are
+    # not processed there), after the new environment's own site-packages, where the wheel goes
+    _run([python, "-c", f"import site, pathlib; pathlib.Path(site.getsitepackages()[0], 'parent.pth')"
+                        f".write_text({_parent_site_dirs()!r})"], tmp_path)
     _run([python, "-m", "pip", "install", "--no-deps", "--no-index", "-q", wheel], tmp_path)
 
     elsewhere = tmp_path / "elsewhere"
