@@ -42,6 +42,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 from marssim.errors import InputError
+from marssim.specs import Field, coerce, split_spec
 
 __all__ = ["ParallelConfig", "SCHEDULES", "ORDERS", "parse_parallel", "parallel_problems", "check_parallel"]
 
@@ -119,79 +120,35 @@ class ParallelConfig:
         return replace(self, **changes)
 
 
-_INT_FIELDS = ("tp", "pp", "dp", "ep", "virtual_stages", "micro_batch", "global_batch", "zero", "bucket")
-_BOOL_FIELDS = ("sp", "overlap_grad_reduce")
-
-
-def _bool(value: Any, where: str, key: str) -> bool:
-    if isinstance(value, bool):
-        return value
-    text = str(value).strip().lower()
-    if text in ("1", "true", "yes", "on"):
-        return True
-    if text in ("0", "false", "no", "off"):
-        return False
-    raise InputError(where, key, f"expected true or false, got {value!r}")
+FIELDS: dict[str, Field] = {
+    "tp": Field("int", low=1), "pp": Field("int", low=1), "dp": Field("int", low=1), "ep": Field("int", low=1),
+    "sp": Field("bool"), "schedule": Field("str", choices=SCHEDULES), "virtual_stages": Field("int", low=1),
+    "micro_batch": Field("int", low=1), "global_batch": Field("int", low=1),
+    "recompute": Field("str", choices=("none", "selective", "full")), "zero": Field("int", low=0, high=3),
+    "layers_per_stage": Field("ints", low=0), "stage_tp": Field("ints", low=1), "stage_start": Field("ints", low=0),
+    "order": Field("str", choices=ORDERS), "bucket": Field("int", low=1), "overlap_grad_reduce": Field("bool"),
+}
+"""How each setting of a configuration is written (``global_batch``: at least 1 when given; left out,
+one micro-batch per data-parallel replica)."""
 
 
 def parse_parallel(data: Any, where: str = "--parallel", base: ParallelConfig | None = None) -> ParallelConfig:
     """A :class:`ParallelConfig` from a mapping (YAML) or a string ``tp=8,pp=2,dp=8,sp=true``
-    (``layers_per_stage`` as ``10/12/12/14``). Raises InputError naming the key."""
+    (``layers_per_stage`` as ``10/12/12/14``), on top of ``base`` (default: the defaults).
+    Raises InputError naming the key (:mod:`marssim.specs`)."""
     if isinstance(data, str):
-        items: dict[str, Any] = {}
-        for part in data.split(","):
-            if not part.strip():
-                continue
-            key, eq, value = part.partition("=")
-            if not eq or not key.strip() or not value.strip():
-                raise InputError(where, part.strip(), "expected key=value pairs like tp=8,pp=2,dp=8")
-            if key.strip() in items:
-                raise InputError(where, key.strip(), "given twice")
-            items[key.strip()] = value.strip()
-        data = items
-    if not isinstance(data, dict):
-        raise InputError(where, "", f"expected a mapping like {{tp: 8, pp: 2, dp: 8}}, got {data!r}")
-    names = {f.name for f in fields(ParallelConfig)}
+        if not data.strip():
+            raise InputError(where, "", "expected settings like tp=8,pp=2,dp=8, got nothing")
+        data = split_spec(data, named=False).params
+    if not isinstance(data, dict) or not data:
+        raise InputError(where, "", f"expected settings like {{tp: 8, pp: 2, dp: 8}}, got {data!r}")
     values: dict[str, Any] = asdict(base) if base is not None else {}
     for key, value in data.items():
         key = str(key)
-        if key not in names:
-            raise InputError(where, key, f"unknown parallel setting; expected one of: {', '.join(sorted(names))}")
-        if key in _INT_FIELDS:
-            if isinstance(value, bool) or isinstance(value, float) and not value.is_integer():
-                raise InputError(where, key, f"expected an integer, got {value!r}")
-            try:
-                number = int(value)
-            except (TypeError, ValueError):
-                raise InputError(where, key, f"expected an integer, got {value!r}") from None
-            low = 0 if key in ("global_batch", "zero") else 1
-            if number < low:
-                raise InputError(where, key, f"expected an integer >= {low}, got {value!r}")
-            values[key] = number
-        elif key in _BOOL_FIELDS:
-            values[key] = _bool(value, where, key)
-        elif key in ("layers_per_stage", "stage_tp", "stage_start"):
-            parts = value if isinstance(value, (list, tuple)) else str(value).replace(" ", "").split("/")
-            try:
-                stages = tuple(int(v) for v in parts)
-            except (TypeError, ValueError):
-                raise InputError(where, key, f"expected one integer per stage like 10/12/12/14, got {value!r}") from None
-            low = 1 if key == "stage_tp" else 0
-            if any(v < low for v in stages):
-                raise InputError(where, key, f"expected integers >= {low}, got {value!r}")
-            values[key] = stages
-        else:
-            values[key] = str(value).strip()
-    cfg = ParallelConfig(**values)
-    if cfg.schedule not in SCHEDULES:
-        raise InputError(where, "schedule", f"expected one of {', '.join(SCHEDULES)}, got {cfg.schedule!r}")
-    if cfg.order not in ORDERS:
-        raise InputError(where, "order", f"expected a placement like tp-pp-dp (innermost first), got {cfg.order!r}")
-    if cfg.recompute not in ("none", "selective", "full"):
-        raise InputError(where, "recompute", f"expected none, selective or full, got {cfg.recompute!r}")
-    if cfg.zero not in (0, 1, 2, 3):
-        raise InputError(where, "zero", f"expected 0, 1, 2 or 3, got {cfg.zero}")
-    return cfg
+        if key not in FIELDS:
+            raise InputError(where, key, f"unknown parallel setting; expected one of: {', '.join(sorted(FIELDS))}")
+        values[key] = coerce(where, key, value, FIELDS[key])
+    return ParallelConfig(**values)
 
 
 def parallel_problems(cfg: ParallelConfig, transformer, gpus: int) -> list[tuple[str, str]]:

@@ -37,11 +37,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from marssim.errors import InputError
 from marssim.schema import problems_from_validation, read_yaml
+from marssim.specs import format_spec, split_spec
 
 from .cluster import ClusterSpec, expand_cluster
 from .design import Design
 from .model import Accelerator, Host, Link, Memory, Switch, System
-from .params import apply_parameters, format_system_spec, split_system_spec
+from .params import apply_parameters
 from .quantities import FILE_CONTEXT, Bandwidth, EnergyPerByte, Seconds
 
 __all__ = ["load_system", "system_from_dict", "expand_ids", "topologies_dir", "shipped_systems", "resolve_system"]
@@ -427,9 +428,10 @@ def load_system(name_or_path: str | Path) -> System:
     """Load and validate a system file (a path, or the stem of a shipped topology), with
     parameters after a colon where the file declares them (``dgx-h100-cluster:nodes=128``)."""
     text = str(name_or_path)
-    name, given = (text, {}) if Path(text).exists() else split_system_spec(text)
+    spec = split_spec(text) if not Path(text).exists() else None
+    name, given = (spec.name, spec.params) if spec is not None else (text, {})
     path = resolve_system(name)
     data = read_yaml(path)
     data, changed = apply_parameters(data, given, str(path), text)
     stem = path.stem if any(p.resolve() == path.resolve() for p in shipped_systems()) else str(path)
-    return system_from_dict(data, str(path), spec=format_system_spec(stem, changed))
+    return system_from_dict(data, str(path), spec=format_spec(stem, changed))

@@ -12,51 +12,9 @@ from __future__ import annotations
 from typing import Any
 
 from marssim.errors import InputError
+from marssim.specs import coerce, field_like
 
-__all__ = ["split_system_spec", "apply_parameters", "format_system_spec"]
-
-
-def split_system_spec(spec: str) -> tuple[str, dict[str, str]]:
-    """``"dgx-h100-cluster:nodes=128"`` -> ``("dgx-h100-cluster", {"nodes": "128"})``; a spec
-    without ``:`` (or whose ``:`` is not followed by ``key=value`` pairs) is returned whole."""
-    name, sep, rest = spec.rpartition(":")
-    if not sep or not name or "=" not in rest:
-        return spec, {}
-    params: dict[str, str] = {}
-    for item in rest.split(","):
-        key, eq, value = item.partition("=")
-        if not eq or not key.strip() or not value.strip():
-            raise InputError(spec, key.strip() or item, "expected parameters like 'dgx-h100-cluster:nodes=128'")
-        if key.strip() in params:
-            raise InputError(spec, key.strip(), "given twice")
-        params[key.strip()] = value.strip()
-    return name, params
-
-
-def _typed(spec: str, key: str, raw: str, default: Any) -> Any:
-    if isinstance(default, bool):
-        if raw.lower() in ("true", "1", "yes"):
-            return True
-        if raw.lower() in ("false", "0", "no"):
-            return False
-        raise InputError(spec, key, f"expected true or false, got {raw!r}")
-    if isinstance(default, int):
-        try:
-            value = int(raw)
-        except ValueError:
-            raise InputError(spec, key, f"expected a positive integer, got {raw!r}") from None
-        if value <= 0:
-            raise InputError(spec, key, f"expected a positive integer, got {raw!r}")
-        return value
-    if isinstance(default, float):
-        try:
-            value = float(raw)
-        except ValueError:
-            raise InputError(spec, key, f"expected a number, got {raw!r}") from None
-        if not value > 0 or value == float("inf"):
-            raise InputError(spec, key, f"expected a positive finite number, got {raw!r}")
-        return value
-    return raw
+__all__ = ["apply_parameters"]
 
 
 def apply_parameters(data: Any, given: dict[str, str], file: str, spec: str) -> tuple[Any, dict[str, Any]]:
@@ -72,7 +30,7 @@ def apply_parameters(data: Any, given: dict[str, str], file: str, spec: str) -> 
         if key not in declared:
             allowed = ", ".join(sorted(declared)) or "none"
             raise InputError(spec, key, f"unknown parameter of this system; expected one of: {allowed}")
-    values = {key: _typed(spec, key, given[key], default) if key in given else default
+    values = {key: coerce(spec, key, given[key], field_like(default)) if key in given else default
               for key, default in declared.items()}
     changed = {k: v for k, v in values.items() if v != declared[k]}
     body = {k: v for k, v in data.items() if k != "parameters"}
@@ -90,10 +48,3 @@ def _substitute(value: Any, params: dict[str, Any]) -> Any:
                 return v
             value = value.replace("{" + key + "}", str(v))
     return value
-
-
-def format_system_spec(name: str, changed: dict[str, Any]) -> str:
-    """The canonical spec: ``name`` and the changed parameters, sorted."""
-    if not changed:
-        return name
-    return name + ":" + ",".join(f"{k}={changed[k]}" for k in sorted(changed))

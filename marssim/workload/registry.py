@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from marssim.errors import InputError
+from marssim.specs import coerce, field_like, format_spec, parse_params, split_spec
 
 from .graph import Graph
 
@@ -52,56 +53,10 @@ def zoo_entries() -> dict[str, ZooEntry]:
 
 
 def parse_spec(spec: str) -> tuple[str, dict[str, str]]:
-    """Split ``"bert-base:seq=512,batch=4"`` into ``("bert-base", {"seq": "512", "batch": "4"})``."""
-    name, _, rest = spec.partition(":")
-    return name.strip(), _parse_params(spec, rest)
-
-
-def _parse_params(spec: str, rest: str) -> dict[str, str]:
-    params: dict[str, str] = {}
-    if rest:
-        for item in rest.split(","):
-            key, eq, value = item.partition("=")
-            if not eq or not key.strip() or not value.strip():
-                raise InputError(spec, key.strip() or item, "expected parameters like 'name:batch=8,seq=512'")
-            if key.strip() in params:
-                raise InputError(spec, key.strip(), f"given twice ({params[key.strip()]} and {value.strip()}); "
-                                                    "expected each parameter once")
-            params[key.strip()] = value.strip()
-    return params
-
-
-def format_spec(name: str, params: dict[str, Any]) -> str:
-    """Inverse of :func:`parse_spec` (parameters sorted, so equal specs compare equal)."""
-    if not params:
-        return name
-    return name + ":" + ",".join(f"{k}={params[k]}" for k in sorted(params))
-
-
-def _coerce(spec: str, key: str, raw: str, default: Any) -> Any:
-    if isinstance(default, bool):
-        if raw.lower() in ("1", "true", "yes"):
-            return True
-        if raw.lower() in ("0", "false", "no"):
-            return False
-        raise InputError(spec, key, f"expected true or false, got {raw!r}")
-    if isinstance(default, int):
-        try:
-            value = int(raw)
-        except ValueError:
-            raise InputError(spec, key, f"expected a positive integer, got {raw!r}") from None
-        if value <= 0:
-            raise InputError(spec, key, f"expected a positive integer, got {raw!r}")
-        return value
-    if isinstance(default, float):
-        try:
-            number = float(raw)
-        except ValueError:
-            raise InputError(spec, key, f"expected a number, got {raw!r}") from None
-        if not number >= 0 or number == float("inf"):
-            raise InputError(spec, key, f"expected a finite non-negative number, got {raw!r}")
-        return number
-    return raw
+    """Split ``"bert-base:seq=512,batch=4"`` into ``("bert-base", {"seq": "512", "batch": "4"})``
+    (:func:`marssim.specs.split_spec`)."""
+    parsed = split_spec(spec)
+    return parsed.name, parsed.params
 
 
 _ONNX_SPEC = re.compile(r"^(?P<path>.+\.onnx)(?::(?P<params>.*))?$", re.IGNORECASE | re.DOTALL)
@@ -131,7 +86,7 @@ def load_workload(spec: str, *, batch: int | None = None) -> Graph:
         if key not in entry.defaults:
             allowed = ", ".join(sorted(entry.defaults)) or "none"
             raise InputError(spec, key, f"unknown parameter for {name}; expected one of: {allowed}")
-        params[key] = _coerce(spec, key, value, entry.defaults[key])
+        params[key] = coerce(spec, key, value, field_like(entry.defaults[key]))
     if batch is not None:
         if "batch" not in params:
             raise InputError(spec, "batch", f"{name} takes no batch parameter")
@@ -167,12 +122,12 @@ def check_sizes(graph: Graph, spec: str) -> None:
 
 def _load_onnx_spec(spec: str, path: str, rest: str, batch: int | None) -> Graph:
     """``model.onnx``, ``model.onnx:batch=8`` or ``model.onnx:batch=8,dtype=fp16``."""
-    raw = _parse_params(spec, rest)
+    raw = parse_params(spec, rest)
     for key in raw:
         if key not in ("batch", "dtype"):
             raise InputError(spec, key, "unknown parameter for an ONNX model; expected one of: batch, dtype")
     if batch is None and "batch" in raw:
-        batch = _coerce(spec, "batch", raw["batch"], 1)
+        batch = coerce(spec, "batch", raw["batch"], field_like(1))
     from .onnx_import import load_onnx
 
     graph = load_onnx(path, batch=batch, dtype=raw.get("dtype"))
