@@ -95,9 +95,11 @@ def warn_input(file: str | None, message: str) -> None:
 
 
 class CapacityError(MarssimError):
-    """A mapping does not fit a memory: names the device, the time, the peak and the capacity."""
+    """A plan does not fit a memory: names the device, the peak and the capacity, and the time of
+    the overflow when a simulation found it (``time_s`` None: a check made before simulating)."""
 
-    def __init__(self, device: str, time_s: float, peak_bytes: float, capacity_bytes: float, detail: str = "") -> None:
+    def __init__(self, device: str, time_s: float | None, peak_bytes: float, capacity_bytes: float,
+                 detail: str = "") -> None:
         # the values are the exception's args so that copies (SimPy re-raises a copy) keep them
         super().__init__(device, time_s, peak_bytes, capacity_bytes, detail)
         self.device = device
@@ -107,10 +109,10 @@ class CapacityError(MarssimError):
         self.detail = detail
 
     def __str__(self) -> str:
-        msg = (
-            f"memory of {self.device} overflows at t={self.time_s * 1e3:.6g} ms: needs "
-            f"{self.peak_bytes / 2**20:.6g} MiB, capacity {self.capacity_bytes / 2**20:.6g} MiB"
-        )
+        unit, scale = ("GiB", 2**30) if self.capacity_bytes >= 2**30 else ("MiB", 2**20)
+        when = f" at t={self.time_s * 1e3:.6g} ms" if self.time_s is not None else ""
+        msg = (f"memory of {self.device} overflows{when}: needs {self.peak_bytes / scale:.2f} {unit}, capacity "
+               f"{self.capacity_bytes / scale:.2f} {unit}")
         if self.detail:
             msg += f" ({self.detail})"
         return msg

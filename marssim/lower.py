@@ -164,11 +164,6 @@ def lower(graph: Graph, system: System, mapping: Mapping, cost: CostModel | None
     ``cache``: a :class:`LoweringCache` made for this graph, system and cost model, shared by
     many lowerings (same result, less work). Raises InputError when ``mapping`` is invalid for
     ``graph`` and ``system``, ValueError when ``cache`` was made for other objects."""
-    if mapping.parallel is not None:  # a parallel configuration (tensor/sequence/pipeline/data/expert)
-        from marssim.parallel import lower_parallel
-
-        return lower_parallel(graph, system, mapping.parallel, cost if cost is not None else
-                              (cache.cost if cache is not None else None))
     if validate:
         validate_mapping(mapping, graph, system)
     if cost is None:

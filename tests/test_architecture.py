@@ -141,3 +141,78 @@ def test_the_checker_sees_a_forbidden_import(tmp_path, monkeypatch):
 def test_the_known_crossings_are_gone(module, forbidden):
     path = all_modules()[module]
     assert not any(hits(i, forbidden) for i in imports_of(path, module))
+
+
+def component(name: str) -> str:
+    """The package (or top-level module) of marssim a module belongs to: ``marssim.plan.run`` ->
+    ``marssim.plan``, ``marssim.lower`` -> ``marssim.lower``."""
+    return ".".join(name.split(".")[:2])
+
+
+def package_imports() -> dict[str, set[str]]:
+    """Per package of marssim, the other packages of marssim its modules import (lazy imports
+    inside functions included)."""
+    modules = all_modules()
+    packages = {component(m) for m in modules}
+    out: dict[str, set[str]] = {p: set() for p in packages}
+    for module, path in modules.items():
+        here = component(module)
+        for imported in imports_of(path, module):
+            there = component(imported)
+            if there != here and there in packages:
+                out[here].add(there)
+    return out
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every group of packages that import one another in a circle (the strongly connected
+    components of more than one package, Tarjan's algorithm), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(found)
+
+
+def test_no_packages_import_each_other_in_a_circle():
+    assert circles(package_imports()) == []
+
+
+def test_the_circle_checker_sees_a_circle():
+    assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert circles({"a": {"b"}, "b": set()}) == []
+
+
+def test_mapping_and_parallel_do_not_know_each_other():
+    """A per-op mapping and a parallel configuration are two kinds of plan, each with its own
+    lowering; the plan level above both is what knows them both."""
+    graph = package_imports()
+    assert "marssim.parallel" not in graph["marssim.mapping"]
+    assert "marssim.mapping" not in graph["marssim.parallel"]
+    assert {"marssim.mapping", "marssim.parallel"} <= graph["marssim.plan"]

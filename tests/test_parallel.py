@@ -15,7 +15,7 @@ from marssim.cli import main
 from marssim.cost import default_cost_model
 from marssim.errors import InputError
 from marssim.parallel import lower_parallel, memory_estimate, parse_parallel, prepare_graph
-from marssim.parallel.run import report_of
+from marssim.parallel.report import report_of
 from marssim.parallel.schedule import stage_units
 from marssim.sim import simulate
 from marssim.system import load_system, system_from_dict
@@ -287,24 +287,26 @@ def test_activation_memory_of_a_middle_stage_is_korthikantis_with_tensor_paralle
 def test_a_run_that_does_not_fit_names_the_gpu_peak_capacity_and_largest_term(capsys) -> None:
     code = main(["simulate", "--system", "dgx-a100-cluster:nodes=1", "--workload", "gpt3-175b:mode=train,seq=2048",
                  "--parallel", "tp=8"])
-    assert code == 1
+    assert code == 2  # the user's plan: input like any other
     err = capsys.readouterr().err
-    assert "gpu0" in err and "capacity 81920 MiB" in err and "largest term optimizer state" in err
+    assert err.count("\n") == 1 and "error: the plan does not fit" in err
+    assert "gpu0" in err and "capacity 80.00 GiB" in err and "largest term optimizer state" in err
+    assert "t=" not in err  # checked before simulating: there is no time of an overflow
 
 
 # ---------------------------------------------------------------- files and CLI
 
 
 def test_mapping_file_with_a_parallel_section_round_trips(tmp_path, capsys) -> None:
-    from marssim.mapping import Mapping, load_mapping, save_mapping
+    from marssim.plan import load_plan, save_plan
 
     system = load_system("dgx-a100-cluster:nodes=2")
     graph = load_workload("gpt:layers=4,hidden=512,heads=8,vocab=1000,seq=64,mode=train,max_positions=64")
-    mapping = Mapping.from_parallel(graph, system, parse_parallel("tp=4,pp=2,dp=2,global_batch=8,layers_per_stage=1/3"))
-    assert [len(s.devices) for s in mapping.sets] == [8, 8]
-    path = save_mapping(mapping, graph, tmp_path / "run.yaml")
-    loaded, g2, s2 = load_mapping(path)
-    assert loaded.key == mapping.key and s2.spec == "dgx-a100-cluster:nodes=2"
+    cfg = parse_parallel("tp=4,pp=2,dp=2,global_batch=8,layers_per_stage=1/3")
+    path = save_plan(cfg, graph, system, tmp_path / "run.yaml")
+    loaded, g2, s2 = load_plan(path)
+    assert loaded == cfg.with_(micro_batch=graph.batch) and s2.spec == "dgx-a100-cluster:nodes=2"
+    assert g2.spec == graph.spec
     assert main(["simulate", "--mapping", str(path)]) == 0
     out = capsys.readouterr().out
     assert "iteration" in out and "MFU" in out

@@ -18,7 +18,7 @@ from marssim.cli import main
 from marssim.cost import default_cost_model
 from marssim.errors import InputError
 from marssim.parallel import ParallelConfig, lower_parallel, parallel_problems
-from marssim.parallel.run import report_of
+from marssim.parallel.report import report_of
 from marssim.search.llm import (LLMSearchSettings, LLMSpace, grid_search, mars_llm, megatron_grid, screen_configs,
                                 simulate_configs)
 from marssim.sim import simulate

@@ -71,9 +71,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         except InputError as err:
             print(f"marssim {args.verb}: error: {err}", file=sys.stderr)
             return 2
-        except CapacityError as err:
-            print(f"marssim {args.verb}: the mapping does not fit: {err}", file=sys.stderr)
-            return 1
+        except CapacityError as err:  # the user's plan or batch: input like any other
+            print(f"marssim {args.verb}: error: the plan does not fit: {err}", file=sys.stderr)
+            return 2
         except KeyboardInterrupt:
             print("interrupted", file=sys.stderr)
             return 130

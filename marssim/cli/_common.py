@@ -8,7 +8,7 @@ from pathlib import Path
 
 from marssim.errors import InputError
 
-__all__ = ["positive_int", "add_cost_args", "cost_model", "add_output_args", "write_outputs", "load_inputs",
+__all__ = ["positive_int", "add_cost_args", "cost_model", "add_output_args", "write_outputs",
            "check_outputs", "check_output_dir", "check_output_file"]
 
 
@@ -128,36 +128,6 @@ def write_outputs(result, args: argparse.Namespace) -> list[str]:
             for path in trace.plot_result(result, args.plot):
                 lines.append(f"figure    {path}")
     return lines
-
-
-def load_inputs(args: argparse.Namespace):
-    """(mapping, graph, system) from --mapping and/or --system/--workload/--batch/--strategy."""
-    from marssim.mapping import Mapping, load_mapping
-    from marssim.system import load_system
-    from marssim.workload import load_workload
-
-    batch = getattr(args, "batch", None)
-    if getattr(args, "mapping", None):
-        for flag, value in (("--strategy", getattr(args, "strategy", None)),
-                            ("--micro-batches", getattr(args, "micro_batches", None))):
-            if value is not None:
-                raise InputError(None, flag, "applies only without --mapping (the mapping file sets each op's sharding "
-                                             "and the micro-batches); drop it, or drop --mapping")
-        return load_mapping(args.mapping, system=args.system, workload=args.workload, batch=batch)
-    if not args.system or not args.workload:
-        raise InputError(None, "arguments", "give --mapping FILE, or --system and --workload (a data-parallel "
-                                            "mapping over all accelerators is used)")
-    system = load_system(args.system)
-    graph = load_workload(args.workload, batch=batch)
-    strategy = tuple(s.strip() for s in (getattr(args, "strategy", None) or "dp").split(","))
-    from marssim.mapping.sharding import STRATEGIES
-
-    for s in strategy:
-        if s not in STRATEGIES:
-            raise InputError(None, "--strategy", f"expected strategies from {', '.join(STRATEGIES)}, got {s!r}")
-    mapping = Mapping.single_set(graph, system, sharding=strategy,
-                                 micro_batches=getattr(args, "micro_batches", 1) or 1)
-    return mapping, graph, system
 
 
 def existing_dir(path: str) -> Path:

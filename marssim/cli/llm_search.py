@@ -160,10 +160,8 @@ def write_llm_outputs(result: LLMSearchResult, graph: Graph, system: System, cos
     import yaml
 
     from marssim.fsutil import staged_dir
-    from marssim.mapping import Mapping
-    from marssim.mapping.io import mapping_to_dict
     from marssim.parallel import lower_parallel
-    from marssim.parallel.run import report_of
+    from marssim.parallel.report import report_of
     from marssim.sim import simulate
     from marssim.search.llm import graph_for
     from marssim.search.llm_outputs import llm_search_summary, plot_llm_convergence
@@ -181,9 +179,9 @@ def write_llm_outputs(result: LLMSearchResult, graph: Graph, system: System, cos
     sim.meta["parallel_report"] = report.to_dict()
     out_dir = Path(out)
     lines = []
-    mapping = Mapping.from_parallel(graph, system, cfg)
-    data = mapping_to_dict(mapping, graph)
-    data["system"], data["workload"] = system.spec, graph.spec
+    from marssim.plan import plan_to_dict
+
+    data = plan_to_dict(cfg, graph, system)
     header = (f"# {result.algorithm} search, objective {result.objective}, seed {result.seed}: "
               f"{result.best.config.text()}\n# simulated {result.best.simulated_s * 1e3:.3f} ms per iteration, "
               f"MFU {result.best.mfu:.1%}\n")

@@ -37,11 +37,10 @@ from .model import ALGORITHMS, AcceleratorSet, Mapping, validate_mapping
 from .sharding import STRATEGIES, legal_strategies
 
 __all__ = ["mapping_from_dict", "mapping_to_dict", "load_mapping", "save_mapping", "resolve_mapping_system",
-           "canonical_system_ref"]
+           "canonical_system_ref", "relative_system_ref", "mapping_inputs"]
 
 _TOP_KEYS = {"system", "workload", "micro_batches", "collective_algorithm", "sets", "assign", "sharding", "name",
-             "description", "batch", "parallel"}
-_PARALLEL_KEYS = {"system", "workload", "name", "description", "parallel"}
+             "description", "batch"}
 
 
 def _op_selection(spec: Any, graph: Graph, where: str, problems: list[tuple[str, str]]) -> list[int]:
@@ -93,15 +92,6 @@ def mapping_from_dict(data: Any, graph: Graph, system: System, file: str | None 
     every problem with its key path."""
     if not isinstance(data, dict):
         raise InputError.expected(file, "", "a mapping with keys sets and assign", data)
-    if "parallel" in data:  # a parallel configuration: the per-op decisions follow from it
-        from marssim.parallel import parse_parallel
-
-        extra = [k for k in data if k not in _PARALLEL_KEYS]
-        if extra:
-            raise InputError(file or "<mapping>", problems=[(str(k), "not with 'parallel:'; a parallel configuration "
-                                                                     "decides sets and shardings itself") for k in extra])
-        config = parse_parallel(data["parallel"], file or "<mapping>")
-        return Mapping.from_parallel(graph, system, config, where=file or "<mapping>")
     problems: list[tuple[str, str]] = []
     for key in data:
         if key not in _TOP_KEYS:
@@ -238,11 +228,7 @@ def mapping_from_dict(data: Any, graph: Graph, system: System, file: str | None 
 
 
 def mapping_to_dict(mapping: Mapping, graph: Graph) -> dict[str, Any]:
-    """The canonical YAML-ready form: runs of ops with the same set and sharding as ranges (a
-    parallel configuration: the configuration alone)."""
-    if mapping.parallel is not None:
-        return {"system": mapping.system, "workload": mapping.workload or graph.spec,
-                "parallel": mapping.parallel.to_dict()}
+    """The canonical YAML-ready form: runs of ops with the same set and sharding as ranges."""
     names = [graph.ops[gi].name for gi in graph.compute_ops]
     set_names = list(mapping.set_names) if len(mapping.set_names) == len(mapping.sets) else []
     assign = []
@@ -280,13 +266,19 @@ def canonical_system_ref(system: System) -> str:
     return str(path)
 
 
+def relative_system_ref(ref: str, path: str | Path) -> str:
+    """A system reference as a file at ``path`` writes it: an absolute path relative to the file
+    (so the pair can be moved together), anything else as it is."""
+    if ref and Path(ref).is_absolute():
+        return os.path.relpath(ref, Path(path).resolve().parent)
+    return ref
+
+
 def save_mapping(mapping: Mapping, graph: Graph, path: str | Path) -> Path:
     """Write the mapping as YAML (atomically). A system given by absolute path is written
     relative to the mapping file, so the pair can be moved together."""
     data = mapping_to_dict(mapping, graph)
-    ref = data["system"]
-    if ref and Path(ref).is_absolute():
-        data["system"] = os.path.relpath(ref, Path(path).resolve().parent)
+    data["system"] = relative_system_ref(data["system"], path)
     text = yaml.safe_dump(data, sort_keys=False, default_flow_style=None, width=110)
     with atomic_file(path) as handle:
         handle.write(text)
@@ -303,14 +295,11 @@ def resolve_mapping_system(system_ref: str, mapping_file: str | Path | None) -> 
     return system_ref
 
 
-def load_mapping(path: str | Path, *, system: System | str | None = None, workload: Graph | str | None = None,
-                 batch: int | None = None) -> tuple[Mapping, Graph, System]:
-    """Load a mapping file with the system and workload it names (``system``/``workload``/
-    ``batch`` override them). Returns ``(mapping, graph, system)``; raises InputError."""
+def mapping_inputs(data: dict, path: str | Path, system: System | str | None = None,
+                   workload: Graph | str | None = None, batch: int | None = None) -> tuple[Graph, System]:
+    """The graph and system a mapping file (parsed as ``data``, read from ``path``) names;
+    ``system``/``workload``/``batch`` override them. Raises InputError for a missing one."""
     file = str(path)
-    data = read_yaml(path)
-    if not isinstance(data, dict):
-        raise InputError.expected(file, "", "a mapping with keys system, workload, sets and assign", data)
     if system is None:
         ref = data.get("system")
         if not isinstance(ref, str) or not ref:
@@ -327,6 +316,22 @@ def load_mapping(path: str | Path, *, system: System | str | None = None, worklo
         graph = load_workload(workload, batch=batch)
     else:
         graph = workload
+    return graph, system
+
+
+def load_mapping(path: str | Path, *, system: System | str | None = None, workload: Graph | str | None = None,
+                 batch: int | None = None) -> tuple[Mapping, Graph, System]:
+    """Load a mapping file with the system and workload it names (``system``/``workload``/
+    ``batch`` override them). Returns ``(mapping, graph, system)``; raises InputError. (A file
+    with a ``parallel:`` section is a parallel configuration: :func:`marssim.plan.load_plan`.)"""
+    file = str(path)
+    data = read_yaml(path)
+    if not isinstance(data, dict):
+        raise InputError.expected(file, "", "a mapping with keys system, workload, sets and assign", data)
+    if "parallel" in data:
+        raise InputError(file, "parallel", "a parallel configuration is no per-op mapping; load it with "
+                                           "marssim.plan.load_plan")
+    graph, system = mapping_inputs(data, path, system, workload, batch)
     mapping = mapping_from_dict(data, graph, system, file)
     mapping = mapping.with_(system=canonical_system_ref(system), workload=graph.spec)
     return mapping, graph, system

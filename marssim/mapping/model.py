@@ -56,13 +56,12 @@ class Mapping:
     system: str = ""
     workload: str = ""
     set_names: tuple[str, ...] = field(default=(), compare=False)
-    parallel: object | None = None  # a marssim.parallel.ParallelConfig: lowered as that configuration
 
     @cached_property
     def key(self) -> str:
         """A stable content hash (hex) of everything that affects evaluation."""
         text = repr((self.sets, self.op_set, self.op_sharding, self.micro_batches, self.collective_algorithm,
-                     self.system, self.workload) + ((self.parallel,) if self.parallel is not None else ()))
+                     self.system, self.workload))
         return hashlib.sha1(text.encode()).hexdigest()
 
     def __hash__(self) -> int:
@@ -97,19 +96,6 @@ class Mapping:
         return cls(sets=(AcceleratorSet(devices, design),), op_set=(0,) * len(shard), op_sharding=shard,
                    micro_batches=micro_batches, collective_algorithm=collective_algorithm,
                    system=_system_ref(system), workload=graph.spec)
-
-    @classmethod
-    def from_parallel(cls, graph: Graph, system: System, config, *, where: str = "--parallel") -> "Mapping":
-        """The per-op decisions a parallel configuration (:class:`marssim.parallel.ParallelConfig`)
-        makes: one set per pipeline stage (its GPUs in rank order), each op on the stage of its
-        layer, each op's tensor-parallel split as a strategy (``oc``: column-parallel or
-        feature-split, ``ic``: row-parallel, ``head``: attention, ``seq``: sequence-parallel,
-        ``dp``: experts over expert-parallel ranks, ``none``: replicated). Lowered by
-        :func:`marssim.parallel.lower_parallel`. Raises InputError for a configuration that
-        cannot run the workload."""
-        from marssim.parallel.mapping import parallel_mapping
-
-        return parallel_mapping(graph, system, config, where)
 
     @classmethod
     def pipeline(cls, graph: Graph, system: System, sets: list[AcceleratorSet], boundaries: list[int],
@@ -222,7 +208,7 @@ def mapping_problems(mapping: Mapping, graph: Graph, system: System) -> list[tup
         problems.append(("micro_batches", f"expected a positive integer, got {mapping.micro_batches}"))
     elif mapping.micro_batches > graph.batch:
         problems.append(("micro_batches", f"expected at most the batch ({graph.batch}), got {mapping.micro_batches}"))
-    elif mapping.micro_batches > 1 and graph.training and mapping.parallel is None:
+    elif mapping.micro_batches > 1 and graph.training:
         problems.append(("micro_batches", "a training step takes 1 in a per-op mapping (its optimizer runs once); "
                                           f"got {mapping.micro_batches}: give a parallel configuration for "
                                           "gradient accumulation over micro-batches"))

@@ -6,9 +6,9 @@ GPU (:mod:`.memory`) and the run report (:mod:`.report`)."""
 
 from .config import ORDERS, SCHEDULES, ParallelConfig, check_parallel, parallel_problems, parse_parallel
 from .lower import chunk_layers, lower_parallel, prepare_graph
-from .memory import MemoryEstimate, memory_estimate
-from .report import ParallelReport, parallel_report
+from .memory import MemoryEstimate, check_memory, memory_estimate
+from .report import ParallelReport, parallel_report, report_of
 
 __all__ = ["ParallelConfig", "SCHEDULES", "ORDERS", "parse_parallel", "parallel_problems", "check_parallel",
            "lower_parallel", "chunk_layers", "prepare_graph", "MemoryEstimate", "memory_estimate",
-           "ParallelReport", "parallel_report"]
+           "check_memory", "ParallelReport", "parallel_report", "report_of"]

@@ -45,7 +45,7 @@ from .config import ParallelConfig, check_parallel
 from .fold import Folding, fold, identity_folding
 from .memory import static_bytes
 from .placement import PULLS, Placement, place
-from .roles import Rule, rule_for
+from .roles import Rule, rule_for, strategy_of
 from .schedule import stage_units
 
 __all__ = ["lower_parallel", "chunk_layers", "prepare_graph"]
@@ -839,8 +839,6 @@ def _op_info(low: _Lowering) -> tuple:
     """The typed label of every compute op: its tensor-parallel split as a strategy name, its
     pipeline stage as the set, the cost model that timed it."""
     from marssim.taskgraph import OpInfo
-
-    from .mapping import strategy_of
 
     out = []
     for op in low.graph.ops:

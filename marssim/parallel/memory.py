@@ -26,12 +26,14 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
+from marssim.errors import CapacityError
+from marssim.system import System
 from marssim.workload import Graph, OpKind
 from marssim.workload.op import DTYPE_BYTES
 
 from .config import ParallelConfig
 
-__all__ = ["StaticMemory", "MemoryEstimate", "rank_parameters", "static_bytes", "memory_estimate"]
+__all__ = ["StaticMemory", "MemoryEstimate", "rank_parameters", "static_bytes", "memory_estimate", "check_memory"]
 
 
 @dataclass(frozen=True)
@@ -178,3 +180,26 @@ def memory_estimate(graph: Graph, cfg: ParallelConfig, capacity: float, rules=No
             layers = _stage_layers(graph, cfg, s)
             acts[s] = sum(per_layer.get(layer, 0.0) for layer in layers) * _in_flight(cfg, s, cfg.micro_batches)
     return MemoryEstimate(static, acts, capacity)
+
+
+def check_memory(graph: Graph, system: System, cfg: ParallelConfig) -> None:
+    """Raise CapacityError naming the GPU, its peak, the capacity and the largest term when the
+    closed-form memory of ``cfg`` exceeds a GPU's memory (see :mod:`.memory`)."""
+    from .lower import prepare_graph
+    from .placement import place
+
+    prepared = prepare_graph(graph, cfg)
+    capacity = min(a.memory.capacity for a in system.accelerators)
+    est = memory_estimate(prepared, cfg, capacity)
+    if est.fits:
+        return
+    stage = est.worst_stage
+    where = place(system, cfg)
+    gpu = next(system.nodes[g] for g in where.gpus if where.stage(g) == stage)
+    terms = est.terms(stage)
+    largest = max(terms, key=terms.get)
+    raise CapacityError(gpu, None, est.peak(stage), capacity,
+                        f"stage {stage} of {cfg.pp}, before simulating: largest term {largest} "
+                        f"{terms[largest] / 2**30:.2f} GiB; "
+                        + ", ".join(f"{k} {v / 2**30:.2f} GiB" for k, v in terms.items() if v)
+                        + "; --memory-policy ignore simulates anyway")

@@ -20,9 +20,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from marssim.system import System
 from marssim.taskgraph import COMPUTE, TaskGraph
 
-__all__ = ["ParallelReport", "parallel_report", "CATEGORIES"]
+__all__ = ["ParallelReport", "parallel_report", "report_of", "CATEGORIES"]
 
 CATEGORIES = ("tp", "sp", "pp", "dp", "ep", "emb", "bubble")
 
@@ -184,3 +185,22 @@ def parallel_report(tg: TaskGraph, system, start: np.ndarray, end: np.ndarray, m
                           peak_flops=float(meta.get("peak_flops", 0.0)), busy_s=busy_total / gpus,
                           exposed_s=exposed, memory_peak=dict(memory_peak), memory_capacity=float(capacity),
                           ttft_s=ttft, tpot_s=tpot, per_gpu=per_gpu)
+
+
+def report_of(taskgraph, system: System, schedule) -> ParallelReport:
+    """The :class:`ParallelReport` of a simulation Result or an analytical Estimate."""
+    n = taskgraph.n_tasks
+    if hasattr(schedule, "intervals"):
+        iv = schedule.intervals
+        iv = iv[iv["task"] >= 0]
+        start = np.full(n, np.nan)
+        end = np.full(n, np.nan)
+        start[iv["task"].to_numpy()] = iv["start"].to_numpy()
+        end[iv["task"].to_numpy()] = iv["end"].to_numpy()
+        peaks = schedule.memories["peak_bytes"].to_dict()
+    else:
+        start, end = schedule.start, schedule.end
+        peaks = {}
+    reps = set(taskgraph.meta.get("fold", {}).values())
+    peaks = {k: float(v) for k, v in peaks.items() if k in reps}
+    return parallel_report(taskgraph, system, start, end, peaks)

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 from marssim.workload import Op, OpKind
 
-__all__ = ["Rule", "rule_for", "COLUMN", "ROW"]
+__all__ = ["Rule", "rule_for", "strategy_of", "COLUMN", "ROW"]
 
 COLUMN = ("attn.qkv", "mlp.fc1", "mlp.gate", "mlp.up", "moe.gate", "moe.up", "moe.fc1", "output")
 ROW = ("attn.proj", "mlp.fc2", "mlp.down", "moe.down")
@@ -137,3 +137,26 @@ def rule_for(op: Op, layouts: dict[str, str], tp: int, sp: bool, ep: int) -> Rul
             return Rule((("N", 1, ep), ("H", ep, tp)), tuple("E" for _ in ins), "E")
         return Rule(seq, tuple(H for _ in ins), H)
     return Rule((), tuple(ins), H)
+
+
+def strategy_of(op, rule) -> str:
+    """The sharding strategy (the per-op mapping's vocabulary, :mod:`marssim.mapping.sharding`)
+    that names ``op``'s tensor-parallel split under ``rule``, for reports: ``oc`` column-parallel
+    or feature-split, ``ic`` row-parallel, ``head`` attention heads, ``seq`` sequence-parallel,
+    ``dp`` experts over expert-parallel ranks, ``none`` replicated."""
+    loops = {loop for loop, num, den in rule.split if den > 1 or num > 1}
+    if op.param("grouped") and "B" in loops:
+        choice = "dp"
+    elif op.kind == OpKind.GEMM and op.param("grad") == "weight":
+        choice = "oc" if "N" in loops else "ic" if "K" in loops else "none"
+    elif op.kind == OpKind.GEMM:
+        choice = "oc" if "N" in loops else "ic" if "K" in loops else "seq" if "M" in loops else "none"
+    elif op.kind in (OpKind.MATMUL, OpKind.SOFTMAX) and loops & {"H", "A"}:
+        choice = "head"
+    elif "C" in loops or "L" in loops:
+        choice = "oc" if op.kind != OpKind.SOFTMAX else "head"
+    elif "H" in loops:
+        choice = "seq"
+    else:
+        choice = "none"
+    return choice

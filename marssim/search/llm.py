@@ -363,7 +363,7 @@ def _screen_serving(p: _Problem, cfg: ParallelConfig, sc) -> dict:
 def _simulate_chunk(args: tuple[str, bytes, list[ParallelConfig]]) -> list[Candidate]:
     from marssim.errors import CapacityError
     from marssim.parallel import lower_parallel
-    from marssim.parallel.run import report_of
+    from marssim.parallel.report import report_of
     from marssim.sim import simulate
 
     key, blob, configs = args

@@ -38,7 +38,7 @@ class MemoryPool:
         self.name = name
         self.capacity = float(capacity)
         if resident > self.capacity:
-            raise CapacityError(name, 0.0, resident, self.capacity, "weights alone exceed the memory")
+            raise CapacityError(name, None, resident, self.capacity, "weights alone exceed the memory")
         self._limit = self.capacity * (1 + 1e-12)  # a hair of slack for float rounding
         self.level = float(resident)
         self.resident = float(resident)

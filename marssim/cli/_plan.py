@@ -1,0 +1,198 @@
+"""What the verbs that evaluate one plan (``simulate``, ``estimate``) share: the flags that name
+the plan, loading it with every check made before any work, running it through
+:func:`marssim.plan.run`, and printing and writing what it gives."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from marssim.errors import InputError
+
+from ._common import cost_model, positive_int, write_outputs
+
+__all__ = ["add_plan_args", "add_report_args", "load_plan_args", "run_plan_verb", "print_report"]
+
+MAX_STREAMS = 1024
+"""The most compute streams per device: each is a process of the simulation, and no accelerator
+runs more kernels at once than this (a GPU's hardware queues are a few dozen)."""
+
+
+def _streams(text: str) -> int:
+    value = positive_int(text)
+    if value > MAX_STREAMS:
+        raise argparse.ArgumentTypeError(f"expected at most {MAX_STREAMS} streams per device (each is a process of "
+                                         f"the simulation; no accelerator runs more kernels at once), got {value}")
+    return value
+
+
+def add_plan_args(p: argparse.ArgumentParser, *, simulate: bool) -> None:
+    """The plan to evaluate: --mapping FILE (or a shipped example's name), or --system and
+    --workload with --parallel (an LLM on a GPU cluster) or --strategy/--micro-batches (one set
+    of every accelerator); --batch; the parallel run's --no-fold and --trace-gpus."""
+    p.add_argument("--mapping", metavar="FILE",
+                   help="a mapping file (per-op sets and shardings, or a parallel: configuration) or the name of a "
+                        "shipped example (python -c 'import marssim.data as d; print(d.topologies())' shows where "
+                        "they are: mappings/)")
+    p.add_argument("--system", metavar="SYSTEM", help="system YAML or shipped name (overrides the mapping's)")
+    p.add_argument("--workload", metavar="SPEC", help="zoo spec like resnet50:batch=8, an LLM like "
+                                                      "llama3-70b:mode=train,seq=4096, or an .onnx file")
+    p.add_argument("--batch", type=positive_int, help="override the workload's batch")
+    p.add_argument("--parallel", metavar="CONFIG",
+                   help="an LLM workload's parallel configuration on a GPU cluster, e.g. tp=8,pp=2,dp=8,sp=true,"
+                        "schedule=1f1b,micro_batch=1,global_batch=512,recompute=selective,zero=1 (settings: tp pp dp "
+                        "sp ep zero schedule virtual_stages micro_batch global_batch recompute order bucket "
+                        "layers_per_stage stage_tp stage_start overlap_grad_reduce; micro_batch sets the workload's "
+                        "batch, default: the workload's batch)")
+    p.add_argument("--strategy",
+                   help="without --mapping or --parallel: sharding preference list, first legal wins (default dp)")
+    p.add_argument("--micro-batches", dest="micro_batches", type=positive_int,
+                   help="without --mapping or --parallel: micro-batches (default 1)")
+    p.add_argument("--no-fold", dest="fold", action="store_false",
+                   help="a parallel configuration: evaluate every GPU, not one per class of identical GPUs (same "
+                        "result, slower)")
+    p.add_argument("--trace-gpus", metavar="IDS",
+                   help="a parallel configuration: GPUs to show in the trace and interval log (e.g. "
+                        "gpu[0-15],gpu512); default: one row per pipeline stage")
+    if simulate:
+        p.add_argument("--estimate", action="store_true",
+                       help="a parallel configuration: also print the analytical estimate's report")
+        p.add_argument("--memory-policy", choices=("error", "spill", "ignore"), default="error",
+                       help="what happens when a memory overflows (default: error; ignore: simulate and report the "
+                            "peak)")
+        p.add_argument("--streams", type=_streams, default=1,
+                       help=f"concurrent compute tasks per device (default 1, at most {MAX_STREAMS})")
+
+
+def add_report_args(p: argparse.ArgumentParser) -> None:
+    """How the per-layer report is printed: --per-op, --group block|stage, --no-report."""
+    p.add_argument("--per-op", dest="per_op", action="store_true",
+                   help="print the report per op instead of per layer group")
+    p.add_argument("--group", choices=("block", "stage"), default="block",
+                   help="layer groups of the report: block (a transformer block, a ResNet bottleneck; default) or "
+                        "stage (all blocks of a ResNet stage, all layers of a pipeline stage)")
+    p.add_argument("--no-report", dest="report", action="store_false", help="print no per-layer report")
+
+
+_PARALLEL_ONLY = (("--no-fold", "fold", True), ("--trace-gpus", "trace_gpus", None), ("--estimate", "estimate", False))
+
+
+def load_plan_args(args: argparse.Namespace):
+    """``(plan, graph, system)`` from the flags of :func:`add_plan_args`; InputError, before any
+    work, for a flag that does not apply or would be ignored, and for an LLM on a GPU cluster
+    given no plan."""
+    from marssim.mapping import Mapping
+    from marssim.mapping.sharding import STRATEGIES
+    from marssim.parallel import parse_parallel
+    from marssim.plan import bind_parallel, is_llm, load_plan, workload_sets_batch
+    from marssim.system import load_system
+    from marssim.workload import load_workload
+
+    if args.mapping and args.parallel is not None:
+        raise InputError(None, "--parallel", "give either --mapping or --parallel (a mapping file may hold a "
+                                             "'parallel:' section itself)")
+    if args.parallel is not None or args.mapping:
+        for flag, dest in (("--strategy", "strategy"), ("--micro-batches", "micro_batches")):
+            if getattr(args, dest, None) is not None:
+                raise InputError(None, flag, "applies only without --mapping or --parallel (which set each op's "
+                                             "sharding and the micro-batches); drop it, or drop them")
+    if args.mapping:
+        plan, graph, system = load_plan(args.mapping, system=args.system, workload=args.workload, batch=args.batch)
+    elif not args.system or not args.workload:
+        raise InputError(None, "arguments", "give --mapping FILE, or --system and --workload (with --parallel for an "
+                                            "LLM on a GPU cluster; else a data-parallel mapping over all "
+                                            "accelerators is used)")
+    else:
+        system = load_system(args.system)
+        graph = load_workload(args.workload, batch=args.batch)
+        if args.parallel is not None:
+            cfg = parse_parallel(args.parallel)
+            plan, graph = bind_parallel(cfg, graph, system, "--parallel",
+                                        micro_batch_given="micro_batch" in _keys(args.parallel),
+                                        batch_given=workload_sets_batch(args.workload, args.batch))
+        else:
+            if is_llm(graph) and _gpu_cluster(system) and args.strategy is None:
+                raise InputError(None, "--parallel", f"{graph.spec} on the GPU cluster {system.spec} runs as a "
+                                                     "parallel configuration: give --parallel tp=..,pp=..,dp=.. "
+                                                     "(see `marssim simulate --help`), or let `marssim search` find "
+                                                     "one (--strategy dp forces a per-op data-parallel mapping)")
+            strategy = tuple(s.strip() for s in (args.strategy or "dp").split(","))
+            for s in strategy:
+                if s not in STRATEGIES:
+                    raise InputError(None, "--strategy", f"expected strategies from {', '.join(STRATEGIES)}, got {s!r}")
+            plan = Mapping.single_set(graph, system, sharding=strategy, micro_batches=args.micro_batches or 1)
+    from marssim.parallel import ParallelConfig
+
+    if not isinstance(plan, ParallelConfig):
+        given = [flag for flag, dest, default in _PARALLEL_ONLY if getattr(args, dest, default) != default]
+        if given:
+            raise InputError(None, given[0], "applies to a parallel configuration (--parallel, or a mapping file with "
+                                             "a 'parallel:' section); this plan is a per-op mapping")
+    return plan, graph, system
+
+
+def _keys(text: str) -> set[str]:
+    from marssim.specs import split_spec
+
+    return set(split_spec(text, named=False).params)
+
+
+def _gpu_cluster(system) -> bool:
+    return len(system.accelerators) > 1 and all(system.designs[a.designs[0]].dataflow == "gpu"
+                                                 for a in system.accelerators)
+
+
+def print_report(result, args: argparse.Namespace) -> None:
+    """The summary, then the per-layer (or per-op) report the flags ask for."""
+    print(result.summary())
+    if args.report:
+        print()
+        if args.per_op:
+            print(result.layer_report(per_op=True))
+        else:
+            print(result.layer_report(level=args.group))
+
+
+def run_plan_verb(args: argparse.Namespace, how: str) -> int:
+    """``simulate`` (``how="simulate"``) or ``estimate``: load, check, run, print, write."""
+    from marssim.parallel import ParallelConfig
+    from marssim.plan import run, trace_gpus, unfold_result
+
+    plan, graph, system = load_plan_args(args)
+    gpus = trace_gpus(args.trace_gpus, system) if getattr(args, "trace_gpus", None) else None
+    cost = cost_model(args)
+    done = run(plan, graph, system, cost, how=how, memory_policy=getattr(args, "memory_policy", "error"),
+               streams=getattr(args, "streams", 1), fold=args.fold, level=args.group)
+    result = done.result
+    result.meta["mapping_file"] = args.mapping or ""
+    if isinstance(plan, ParallelConfig):
+        tg = done.taskgraph
+        what = "simulated" if how == "simulate" else "estimated"
+        print(f"{graph.spec} on {system.spec} with {plan.text()}: {tg.n_tasks:,} tasks, "
+              f"{tg.meta['fold_classes']} classes of identical GPUs {what}")
+        print("\n".join(done.report.lines()))
+        if getattr(args, "estimate", False):
+            est = run(plan, graph, system, cost, how="estimate", memory_policy="ignore", fold=args.fold, detail=False)
+            r = est.report
+            print(f"analytical estimate: iteration {r.iteration_s * 1e3:.3f} ms, MFU {r.mfu:.1%}, bubble "
+                  f"{r.bubble_share:.1%} (no link contention)")
+        if args.report and (args.per_op or args.group == "stage"):
+            print()
+            print(result.layer_report(per_op=True) if args.per_op else result.layer_report(level="stage"))
+        if gpus:
+            result = unfold_result(result, gpus)
+    else:
+        print_report(result, args)
+    if how == "estimate":
+        print(f"lower bound  {done.lower_bound * 1e3:.4f} ms ({max(done.bounds, key=done.bounds.get)}; no schedule "
+              "of these tasks is faster, contention or not)")
+    lines = write_outputs(result, args)
+    if lines:
+        print()
+        print("\n".join(lines))
+    return 0
+
+
+def progress_stderr(args: argparse.Namespace) -> bool:
+    """Whether a progress bar may be drawn (stderr is a terminal and --quiet was not given)."""
+    return not getattr(args, "quiet", False) and sys.stderr.isatty()

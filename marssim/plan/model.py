@@ -1,0 +1,86 @@
+"""What a plan is: a per-op :class:`~marssim.mapping.Mapping` (the MARS mapping space: sets,
+designs, segments, shardings) or a :class:`~marssim.parallel.ParallelConfig` (Megatron-LM-style
+tensor, sequence, pipeline, data and expert parallelism of an LLM on a GPU cluster). Each kind
+has its own lowering; :func:`marssim.plan.run` evaluates either.
+
+A parallel configuration runs micro-batches: its graph is one micro-batch of the workload
+(:func:`graph_for`), and the configuration's ``micro_batch`` is that graph's batch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Union
+
+from marssim.errors import InputError
+from marssim.mapping import Mapping
+from marssim.parallel import ParallelConfig, check_parallel
+from marssim.specs import split_spec
+from marssim.system import System
+from marssim.workload import Graph, load_workload
+
+__all__ = ["Plan", "plan_key", "plan_text", "is_llm", "graph_for", "bind_parallel"]
+
+Plan = Union[Mapping, ParallelConfig]
+
+
+def plan_key(plan: Plan) -> str:
+    """A stable content hash (hex) of everything in ``plan`` that affects its evaluation."""
+    if isinstance(plan, Mapping):
+        return plan.key
+    return hashlib.sha1(repr(plan).encode()).hexdigest()
+
+
+def plan_text(plan: Plan) -> str:
+    """One line naming ``plan``: a configuration's settings, a mapping's key."""
+    return plan.text() if isinstance(plan, ParallelConfig) else f"mapping {plan.key[:12]}"
+
+
+def is_llm(graph: Graph) -> bool:
+    """True when ``graph`` is a transformer a parallel configuration can run."""
+    return graph.meta.get("transformer") is not None
+
+
+def graph_for(graph: Graph, cfg: ParallelConfig, cache: dict | None = None) -> Graph:
+    """``graph`` at ``cfg``'s micro-batch (a training workload is rebuilt from its spec; a
+    serving one keeps its batch). ``cache``: graphs already built, by micro-batch."""
+    t = graph.meta["transformer"]
+    if not t.training or cfg.micro_batch == graph.batch:
+        return graph
+    cache = {} if cache is None else cache
+    hit = cache.get(cfg.micro_batch)
+    if hit is None:
+        hit = cache[cfg.micro_batch] = load_workload(graph.spec, batch=cfg.micro_batch)
+    return hit
+
+
+def workload_sets_batch(spec: str, batch: int | None = None) -> bool:
+    """Whether a workload spec (or a ``--batch``) gives the batch explicitly."""
+    return batch is not None or "batch" in split_spec(spec).params
+
+
+def bind_parallel(config: ParallelConfig, graph: Graph, system: System, where: str, *,
+                  micro_batch_given: bool, batch_given: bool) -> tuple[ParallelConfig, Graph]:
+    """``config`` and the graph of one micro-batch of it, checked against ``system``.
+
+    The configuration's ``micro_batch`` sets the graph's batch; left out, the workload's batch is
+    the micro-batch. Both given and different is refused (which one would hold is a guess).
+    Raises InputError naming ``where`` and the key: a workload that is no LLM, or a configuration
+    the workload or the system cannot take."""
+    if not is_llm(graph):
+        raise InputError(where, "", f"a parallel configuration needs an LLM workload (gpt, llama, moe or a preset "
+                                    f"such as llama3-70b), got {graph.spec}")
+    if micro_batch_given:
+        if batch_given and graph.batch != config.micro_batch:
+            raise InputError(where, "micro_batch", f"is {config.micro_batch} while the workload's batch is "
+                                                   f"{graph.batch}; a parallel configuration runs micro-batches "
+                                                   "of micro_batch sequences (global_batch: sequences per "
+                                                   "iteration): give one of the two")
+        graph = graph_for(graph, config) if graph.meta["transformer"].training else graph
+        if graph.batch != config.micro_batch:
+            raise InputError(where, "micro_batch", f"applies to training; a serving workload's batch is its "
+                                                   f"own ({graph.batch}), got micro_batch={config.micro_batch}")
+    else:
+        config = config.with_(micro_batch=graph.batch)
+    check_parallel(config, graph.meta["transformer"], len(system.accelerators), where)
+    return config, graph

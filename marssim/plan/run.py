@@ -1,0 +1,171 @@
+"""Evaluate a plan: check it, lower it, simulate or estimate it, report it -- the one path that
+``marssim simulate``, ``estimate``, ``search``, ``compare`` and ``validate`` all take.
+
+* a per-op :class:`~marssim.mapping.Mapping`: :func:`marssim.lower.lower`, then the simulation
+  or the contention-free estimate of the TaskGraph;
+* a :class:`~marssim.parallel.ParallelConfig`: the closed-form memory check
+  (:func:`marssim.parallel.memory.check_memory`; one memory model, the one the search screens
+  with), :func:`marssim.parallel.lower_parallel` (one GPU per class of identical GPUs unless
+  ``fold=False``), the simulation or the estimate, and the
+  :class:`~marssim.parallel.ParallelReport` of the schedule (iteration, MFU and HFU, bubble,
+  exposed communication per group, per stage).
+
+Units: seconds, bytes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+from marssim.cost.base import CostModel
+from marssim.errors import InputError
+from marssim.mapping import Mapping, validate_mapping
+from marssim.parallel import ParallelConfig, ParallelReport, lower_parallel
+from marssim.parallel.memory import check_memory
+from marssim.parallel.report import report_of
+from marssim.results import Result
+from marssim.results.summary import Summary
+from marssim.system import System, expand_ids
+from marssim.taskgraph import TaskGraph
+from marssim.workload import Graph
+
+from .model import Plan
+
+__all__ = ["HOW", "Run", "run", "lower_plan", "unfold_result", "trace_gpus"]
+
+HOW = ("simulate", "estimate")
+"""How a plan is evaluated: event by event with contention, or the contention-free estimate."""
+
+
+@dataclass
+class Run:
+    """One plan evaluated. ``result`` is None when only the summary was asked for (a search's
+    candidates); ``report`` is the parallel report of a configuration (None for a mapping);
+    ``lower_bound`` and ``bounds`` come with an estimate. ``wall_s``: seconds spent lowering and
+    evaluating."""
+
+    plan: Plan
+    graph: Graph
+    system: System
+    how: str
+    taskgraph: TaskGraph
+    summary: Summary
+    result: Result | None = None
+    report: ParallelReport | None = None
+    lower_bound: float | None = None
+    bounds: dict[str, float] = field(default_factory=dict)
+    wall_s: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def makespan(self) -> float:
+        """Seconds: the makespan of a mapping, the iteration of a configuration."""
+        return self.summary.makespan
+
+
+def lower_plan(plan: Plan, graph: Graph, system: System, cost: CostModel, *, fold: bool = True, cache=None,
+               validate: bool = True, progress: Callable | None = None) -> TaskGraph:
+    """The TaskGraph of ``plan`` (each plan kind by its own lowering). ``graph``: for a
+    configuration, one micro-batch of it (:func:`marssim.plan.graph_for`)."""
+    if isinstance(plan, ParallelConfig):
+        kwargs = {"progress": progress} if progress is not None else {}
+        return lower_parallel(graph, system, plan, cost, folding=fold, **kwargs)
+    from marssim.lower import lower
+
+    if validate:
+        validate_mapping(plan, graph, system)
+    return lower(graph, system, plan, cost, validate=False, cache=cache)
+
+
+def run(plan: Plan, graph: Graph, system: System, cost: CostModel | None = None, *, how: str = "simulate",
+        memory_policy: str = "error", streams: int = 1, fold: bool = True, detail: bool = True,
+        level: str = "block", cache=None, validate: bool = True, progress: Callable | None = None) -> Run:
+    """Evaluate ``plan`` (see the module docstring).
+
+    ``how``: ``simulate`` or ``estimate``; ``memory_policy``: ``error`` (a configuration that does
+    not fit is refused before lowering, a mapping's overflow stops the simulation), ``spill`` or
+    ``ignore``; ``detail``: False keeps only the summary (and a configuration's report), as a
+    search needs; ``level``: the layer groups of an estimate's report. Raises InputError for a
+    plan the workload or the system cannot take, CapacityError for one that does not fit."""
+    if how not in HOW:
+        raise ValueError(f"how must be one of {', '.join(HOW)}, got {how!r}")
+    if cost is None:
+        from marssim.cost import default_cost_model
+
+        cost = default_cost_model()
+    parallel = isinstance(plan, ParallelConfig)
+    if parallel and memory_policy == "error":
+        check_memory(graph, system, plan)
+    wall = time.perf_counter()
+    tg = lower_plan(plan, graph, system, cost, fold=fold, cache=cache, validate=validate, progress=progress)
+    lowered = time.perf_counter()
+    out = Run(plan, graph, system, how, tg, Summary(0.0, float("nan"), float("nan")))
+    kwargs = {"progress": progress} if progress is not None else {}
+    if how == "estimate":
+        from marssim.analytical import estimate
+        from marssim.results.summary import summarise
+
+        est = estimate(tg, system, **kwargs)
+        out.summary = summarise(tg, system, est.end)
+        out.lower_bound, out.bounds = est.lower_bound, dict(est.bounds)
+        if detail:
+            out.result = est.result(level=level)
+        schedule = est
+    elif detail or parallel:
+        from marssim.sim import simulate
+
+        policy = "ignore" if parallel and memory_policy == "error" else memory_policy
+        result = simulate(tg, system, memory_policy=policy, streams=streams, record=detail, setup=detail, **kwargs)
+        out.summary = Summary(result.makespan, result.throughput, result.energy)
+        out.result = result if detail else None
+        schedule = result
+    else:
+        from marssim.sim import simulate_summary
+
+        out.summary = simulate_summary(tg, system, memory_policy=memory_policy, streams=streams, **kwargs)
+        schedule = None
+    if parallel:
+        out.report = report_of(tg, system, schedule)
+        if out.result is not None:
+            out.result.meta["parallel_report"] = out.report.to_dict()
+    out.wall_s = {"lower_s": lowered - wall, "evaluate_s": time.perf_counter() - lowered}
+    return out
+
+
+def trace_gpus(text: str, system: System) -> list[str]:
+    """The GPUs ``--trace-gpus`` names (``gpu[0-15],gpu512``), checked against the run's GPUs
+    before any work is wasted: InputError naming the unknown ones."""
+    try:
+        gpus = expand_ids([g.strip() for g in text.split(",") if g.strip()])
+    except ValueError as err:
+        raise InputError(None, "--trace-gpus", str(err)) from None
+    known = set(system.accelerator_ids)
+    unknown = [g for g in gpus if g not in known]
+    if unknown:
+        raise InputError(None, "--trace-gpus", f"not GPUs of {system.spec}: {', '.join(unknown[:5])}"
+                                               + (f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""))
+    return gpus
+
+
+def unfold_result(result: Result, gpus: list[str]) -> Result:
+    """``result`` with the intervals of ``gpus`` (GPUs a folded run stood for by their class's
+    representative) added as copies of their representative's compute intervals."""
+    import pandas as pd
+
+    fold = result.meta.get("fold", {})
+    if not fold:
+        return result
+    iv = result.intervals
+    extra = []
+    for gpu in gpus:
+        rep = fold.get(gpu, gpu)
+        if rep == gpu:
+            continue
+        rows = iv[(iv["kind"] == "compute") & (iv["resource"] == rep)].copy()
+        rows["resource"] = gpu
+        extra.append(rows)
+    if not extra:
+        return result
+    merged = pd.concat([iv] + extra, ignore_index=True).sort_values(["start", "kind", "task"], kind="stable")
+    return replace(result, intervals=merged.reset_index(drop=True))
