@@ -40,7 +40,7 @@ def default_search(workers: int):
     if workers == 1:
         return mars_llm(graph, system, cost, LLMSearchSettings())
     with ProcessPoolExecutor(workers) as pool:
-        return mars_llm(graph, system, cost, LLMSearchSettings(), executor=pool, parts=workers)
+        return mars_llm(graph, system, cost, LLMSearchSettings(), executor=pool)
 
 
 def main() -> None:
@@ -51,19 +51,20 @@ def main() -> None:
     if not args.quick:
         print(f"\nDefault search: {BIG[1]} on {BIG[0]} (1,024 GPUs), objective iteration time")
         print(f"{'workers':>8}{'wall s':>9}{'screened':>10}{'rejected':>10}{'simulated':>10}{'screened/s':>11}"
-              f"{'screen s':>10}{'lower s':>9}{'simulate s':>11}{'best ms':>10}  best configuration")
+              f"{'screen s':>10}{'simulate s':>12}{'sim sum s':>11}{'best ms':>10}  best configuration")
         walls = {}
         for workers in (1, 2):
             r = default_search(workers)
             walls[workers] = r.wall_s
-            t = r.timing
-            print(f"{workers:>8}{r.wall_s:>9.1f}{r.screened:>10}{r.rejected_memory:>10}{r.simulations:>10}"
-                  f"{r.screened / max(t['screen_s'], 1e-9):>11.1f}{t['screen_s']:>10.1f}{t['lower_s']:>9.1f}"
-                  f"{t['sim_s']:>11.1f}{r.best.simulated_s * 1e3:>10.1f}  {r.best.config.text()}")
+            t = r.notes["timing"]
+            print(f"{workers:>8}{r.wall_s:>9.1f}{r.estimates:>10}{r.rejected_memory:>10}{r.simulations:>10}"
+                  f"{r.estimates / max(t['screen_s'], 1e-9):>11.1f}{t['screen_s']:>10.1f}{t['simulate_s']:>12.1f}"
+                  f"{t['simulations_s']:>11.1f}{r.makespan * 1e3:>10.1f}  {r.best.text()}")
         print(f"parallel efficiency with 2 workers: {walls[1] / (2 * walls[2]):.0%} (target: the search within "
               f"600 s on 2 cores)")
-        print("screen s: wall time spent screening (closed form, memory check first); lower s and simulate s: "
-              "the simulated candidates' lowering and simulation, summed where they ran")
+        print("screen s and simulate s: wall time the search waited for screens (closed form, memory check "
+              "first) and for simulations; sim sum s: the simulations' own time (lowering and simulation), summed "
+              "where they ran")
 
     print("\nMixed GPU kinds: MARS search vs the uniform Megatron grid (same evaluator, seed 0, 2 workers)")
     print(f"{'case':<64}{'grid ms':>9}{'mars ms':>9}{'change':>8}{'balanced':>10}  mars best / grid best")
@@ -72,14 +73,14 @@ def main() -> None:
         system, graph = load_system(system_spec), load_workload(workload)
         with ProcessPoolExecutor(2) as pool:
             start = time.perf_counter()
-            grid = grid_search(graph, system, cost, LLMSearchSettings(), executor=pool, parts=2)
-            mars = mars_llm(graph, system, cost, LLMSearchSettings(), executor=pool, parts=2)
+            grid = grid_search(graph, system, cost, LLMSearchSettings(), executor=pool)
+            mars = mars_llm(graph, system, cost, LLMSearchSettings(), executor=pool)
             wall = time.perf_counter() - start
-        g, m = grid.best.simulated_s, mars.best.simulated_s
-        even = replace(mars.best.config, layers_per_stage=())
+        g, m = grid.makespan, mars.makespan
+        even = replace(mars.best, layers_per_stage=())
         (balanced,) = simulate_configs(load_workload(workload, batch=even.micro_batch), system, cost, [even])
         print(f"{workload + ' / ' + system_spec.split(':')[1]:<64}{g * 1e3:>9.1f}{m * 1e3:>9.1f}{m / g - 1:>+8.1%}"
-              f"{balanced.simulated_s * 1e3:>10.1f}  {mars.best.config.text()} / {grid.best.config.text()}  "
+              f"{balanced.makespan * 1e3:>10.1f}  {mars.best.text()} / {grid.best.text()}  "
               f"({wall:.0f} s)")
     print("balanced: the MARS configuration with its layers spread evenly over the stages (simulated), to "
           "separate what the uneven stages gain from the rest of the configuration")

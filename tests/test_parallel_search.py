@@ -110,15 +110,15 @@ def test_ga_finds_the_exhaustive_optimum(seed, mixed_case, cost, exhaustive_opti
     settings = LLMSearchSettings(**RESTRICTED, seed=seed, seed_with_grid=False, max_simulations=12)
     result = mars_llm(graph, system, cost, settings)
     assert result.simulations <= 12
-    assert result.best.simulated_s == pytest.approx(best, rel=1e-9)
-    assert result.best.simulated_s == pytest.approx(_simulated(graph, system, result.best.config, cost), rel=1e-12)
+    assert result.makespan == pytest.approx(best, rel=1e-9)
+    assert result.makespan == pytest.approx(_simulated(graph, system, result.best, cost), rel=1e-12)
 
 
 def test_screen_ranks_configurations_as_the_simulation_does(mixed_case, cost, exhaustive_optimum) -> None:
     graph, system = mixed_case
     _, values = exhaustive_optimum
     configs = list(values)[::7]
-    screened = [c.screened_s for c in screen_configs(graph, system, cost, configs)]
+    screened = [e.makespan for e in screen_configs(graph, system, cost, configs)]
     simulated = [values[c] for c in configs]
     error = np.abs(np.array(screened) / np.array(simulated) - 1)
     ranks = lambda x: np.argsort(np.argsort(x))  # noqa: E731
@@ -133,7 +133,7 @@ def test_ga_is_never_worse_than_the_grid_it_is_seeded_with(cost) -> None:
     settings = LLMSearchSettings(max_simulations=6, generations=4, micro_batches=(1, 2), recompute=("none",))
     grid = grid_search(graph, system, cost, settings)
     ga = mars_llm(graph, system, cost, settings)
-    assert ga.best.simulated_s <= grid.best.simulated_s
+    assert ga.makespan <= grid.makespan
     # the grid is every uniform Megatron-legal point: tp * pp * dp = 16 with tp within a node
     space = LLMSpace.of(graph, system, settings)
     shapes = {(c.tp, c.pp, c.dp) for c in megatron_grid(space)}
@@ -151,21 +151,23 @@ def test_memory_infeasible_points_are_rejected_before_simulation(cost) -> None:
     capacity = min(a.memory.capacity for a in system.accelerators)
     assert result.rejected_memory > 0
     for c in result.candidates:
-        assert c.fits == (c.memory_peak <= capacity)
-        if c.simulated:
-            assert c.sim_memory_peak <= capacity
+        if c.screened is not None:
+            assert c.screened.feasible == (c.screened.memory_peak <= capacity)
+        if c.simulated is not None:  # only what fits is simulated, and the report's peak is the same model's
+            assert c.screened is not None and c.screened.feasible
+            assert c.simulated.memory_peak <= capacity
 
 
 def test_serving_throughput_under_a_time_to_first_token_bound(cost) -> None:
     system = load_system("dgx-h100-cluster:nodes=1")
     graph = load_workload("gpt:layers=8,hidden=1024,heads=16,vocab=32000,mode=serve,batch=8,prompt=512,generate=4")
     free = mars_llm(graph, system, cost, LLMSearchSettings(objective="throughput", max_simulations=4, generations=3))
-    bound = free.best.ttft_s * 0.999  # the unconstrained best breaks this bound
+    bound = free.evaluation.ttft * 0.999  # the unconstrained best breaks this bound
     bounded = mars_llm(graph, system, cost, LLMSearchSettings(objective="throughput", ttft_bound=bound,
                                                               max_simulations=4, generations=3))
-    assert bounded.best.ttft_s <= bound
-    assert bounded.best.throughput <= free.best.throughput
-    assert bounded.best.throughput == pytest.approx(8 * 4 * bounded.best.config.dp / bounded.best.simulated_s)
+    assert bounded.evaluation.ttft <= bound
+    assert bounded.evaluation.throughput <= free.evaluation.throughput
+    assert bounded.evaluation.throughput == pytest.approx(8 * 4 * bounded.best.dp / bounded.makespan)
     with pytest.raises(InputError, match="time-to-first-token"):
         mars_llm(graph, system, cost, LLMSearchSettings(objective="throughput", ttft_bound=1e-9, max_simulations=2,
                                                         generations=1))
@@ -180,21 +182,21 @@ def test_same_seed_same_search_on_one_or_two_workers_and_dask(mixed_case, cost) 
     settings = LLMSearchSettings(max_simulations=5, generations=3, seed=3)
     serial = mars_llm(graph, system, cost, settings)
     with ProcessPoolExecutor(2) as pool:
-        two = mars_llm(graph, system, cost, settings, executor=pool, parts=2)
-    assert two.best.config == serial.best.config and two.best.simulated_s == serial.best.simulated_s
+        two = mars_llm(graph, system, cost, settings, executor=pool)
+    assert two.best == serial.best and two.makespan == serial.makespan
     assert _history(two) == _history(serial)
     distributed = pytest.importorskip("distributed")
     with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None) as lc, \
             distributed.Client(lc) as client:
-        dask = mars_llm(graph, system, cost, settings, executor=client.get_executor(), parts=4)
-    assert dask.best.config == serial.best.config and _history(dask) == _history(serial)
+        dask = mars_llm(graph, system, cost, settings, executor=client.get_executor())
+    assert dask.best == serial.best and _history(dask) == _history(serial)
 
 
 def test_simulate_configs_matches_a_direct_simulation(mixed_case, cost) -> None:
     graph, system = mixed_case
     cfg = ParallelConfig(pp=2, dp=4, micro_batch=2, global_batch=8, layers_per_stage=(1, 3), order="tp-dp-pp")
-    (cand,) = simulate_configs(graph, system, cost, [cfg])
-    assert cand.simulated_s == _simulated(graph, system, cfg, cost)
+    (evaluation,) = simulate_configs(graph, system, cost, [cfg])
+    assert evaluation.makespan == _simulated(graph, system, cfg, cost)
 
 
 def test_cli_search_writes_a_mapping_that_simulates_to_the_reported_time(tmp_path, capsys) -> None:
@@ -209,7 +211,7 @@ def test_cli_search_writes_a_mapping_that_simulates_to_the_reported_time(tmp_pat
     assert main(["simulate", "--mapping", str(out / "best_mapping.yaml")]) == 0
     again = capsys.readouterr().out
     line = next(x for x in again.splitlines() if x.startswith("iteration"))
-    assert float(line.split()[1]) == pytest.approx(summary["iteration_s"] * 1e3, abs=5e-4)
+    assert float(line.split()[1]) == pytest.approx(summary["makespan_s"] * 1e3, abs=5e-4)
     assert mapping["parallel"] == summary["best"]
     assert "sim ms" in printed
 

@@ -66,3 +66,74 @@ def test_the_progress_bar_counts_toward_the_budget_that_ends_the_search():
     assert progress_plan(GAConfig()) == (GAConfig().max_evaluations, "evaluations")
     assert progress_plan(SearchSettings(budget=40).ga_config()) == (40, "simulations")
     assert progress_plan(GAConfig(max_evaluations=None, generations=7)) == (7, "generations")
+
+
+# ---------------------------------------------------------------- an LLM on a GPU cluster
+LLM_CASE = ["--system", "mixed-a100-h100-cluster:nodes_a100=1,nodes_h100=1,gpus_per_node=4",
+            "--workload", "gpt:layers=4,hidden=512,heads=8,seq=256,vocab=8192,mode=train,batch=8", "--quiet"]
+
+
+def _check_kept(path, err: str) -> None:
+    """The file named on stderr holds a parallel configuration that simulates to the time shown."""
+    from marssim.parallel import ParallelConfig
+    from marssim.plan import load_plan, run
+
+    assert path.is_file() and path.name in err and "Traceback" not in err
+    plan, graph, system = load_plan(path)
+    assert isinstance(plan, ParallelConfig)
+    shown = float(err.split("so far (")[1].split(" ms")[0])
+    assert run(plan, graph, system, detail=False).makespan * 1e3 == pytest.approx(shown, abs=5e-5)
+
+
+@pytest.mark.parametrize("workers", [["--workers", "1"], ["--workers", "2"], ["dask"]])
+def test_ctrl_c_during_an_llm_search_keeps_its_best_and_exits_130(workers, tmp_path, monkeypatch, capsys):
+    import marssim.cli.search as verb
+
+    original = verb._progress_bar
+
+    def interrupting_bar(args, cfg, objective):
+        bar, _ = original(args, cfg, objective)
+        return bar, _interrupt_at(2)
+
+    monkeypatch.setattr(verb, "_progress_bar", interrupting_bar)
+    monkeypatch.chdir(tmp_path)
+    argv = ["search", *LLM_CASE, "--budget", "40", "--generations", "20", "--out", "found"]
+    if workers == ["dask"]:
+        distributed = pytest.importorskip("distributed")
+        with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
+                                      dashboard_address=None) as cluster:
+            assert main([*argv, "--dask", cluster.scheduler_address]) == 130
+    else:
+        assert main([*argv, *workers]) == 130
+    err = capsys.readouterr().err
+    assert "interrupted after 2 generations" in err
+    _check_kept(tmp_path / "found" / "best_mapping.yaml", err)
+    assert (tmp_path / "found" / "history.csv").is_file() and (tmp_path / "found" / "search.json").is_file()
+
+
+@pytest.mark.slow
+def test_a_real_ctrl_c_reaches_only_the_parent_and_leaves_no_traceback(tmp_path):
+    """SIGINT to the whole process group, as a terminal sends it: the workers ignore it, the
+    parent keeps its best so far, says where in one line and exits 130."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "marssim", "search", *LLM_CASE, "--workers", "2", "--budget", "400",
+                             "--generations", "200", "--out", "found"], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    time.sleep(12.0)
+    assert proc.poll() is None, "the search ended before it could be interrupted"
+    os.killpg(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err
+    lines = [x for x in err.strip().splitlines() if x]
+    assert len(lines) == 1, err
+    if "best plan so far" in err:
+        _check_kept(tmp_path / "found" / "best_mapping.yaml", err)
+    else:
+        assert "nothing" in err and not (tmp_path / "found").exists()

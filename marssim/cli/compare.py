@@ -7,7 +7,7 @@ import sys
 
 from marssim.errors import InputError
 
-from .search import add_search_args, is_llm_case, load_case, open_executor
+from .search import add_search_args, load_case, llm_settings, open_executor
 
 VERB = "compare"
 ORDER = 55
@@ -31,7 +31,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def format_table(table, objective: str) -> str:
-    """The comparison as aligned text."""
+    """The comparison of per-op mapping searches as aligned text."""
     from marssim.search.report import fitness_display
 
     label, _ = fitness_display(objective, 1.0)
@@ -45,32 +45,71 @@ def format_table(table, objective: str) -> str:
     return "\n".join(lines)
 
 
+def llm_table(results):
+    """One row per LLM search: best configuration, its simulated time (ms), MFU, the change
+    against the first row (%), screened, rejected by memory, simulated, wall time (s)."""
+    import pandas as pd
+
+    rows = []
+    base = None
+    for r in results:
+        e = r.evaluation
+        value = e.tpot if e.serving and e.tpot == e.tpot else e.makespan
+        base = value if base is None else base
+        rows.append({"algorithm": r.algorithm, "best": r.best.text(), "time_ms": value * 1e3, "mfu": e.mfu,
+                     "vs_grid_pct": (value / base - 1) * 100, "screened": r.estimates,
+                     "rejected_memory": r.rejected_memory, "simulations": r.simulations, "wall_s": r.wall_s})
+    return pd.DataFrame(rows)
+
+
+def format_llm_table(table) -> str:
+    from marssim.search.report import WIDTH
+
+    lines = [f"{'algorithm':<15}{'time ms':>11}{'vs grid':>9}{'MFU':>7}{'screened':>10}{'rejected':>10}"
+             f"{'simulated':>11}{'wall s':>8}  best configuration"]
+    for r in table.itertuples():
+        line = (f"{r.algorithm:<15}{r.time_ms:>11.3f}{r.vs_grid_pct:>+8.1f}%{r.mfu:>7.1%}{r.screened:>10d}"
+                f"{r.rejected_memory:>10d}{r.simulations:>11d}{r.wall_s:>8.1f}  ")
+        rest = WIDTH - len(line)
+        lines.append(line + (r.best if len(r.best) <= rest else r.best[:rest - 1] + "\u2026"))
+    return "\n".join(lines)
+
+
 def run(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
     from marssim.fsutil import atomic_file
     from marssim.search import compare
 
+    from .search import mapping_settings
+
     if args.csv and not args.csv.endswith(".csv"):
         raise InputError(args.csv, "--csv", "expected a file name ending in .csv")
     if args.exhaustive_limit < 0:
         raise InputError(None, "--exhaustive-limit", f"expected 0 or a positive integer, got {args.exhaustive_limit}")
-    graph, system, cost, settings = load_case(args)
-    if is_llm_case(graph, system, args):
-        from .llm_search import run_compare
-
-        return run_compare(args, graph, system, cost)
-    settings = replace(settings, exhaustive_limit=args.exhaustive_limit)
+    graph, system, cost, llm = load_case(args)
     quiet = args.quiet or not sys.stderr.isatty()
+    if llm:
+        from marssim.search.llm import grid_search, mars_llm
 
-    def progress(name, result):
-        if not quiet:
-            print(f"{name}: running" if result is None else f"{name}: {result.summary()}", file=sys.stderr)
+        settings = llm_settings(args, graph)
+        with open_executor(args) as executor:
+            grid = grid_search(graph, system, cost, settings, executor=executor)
+            mars = mars_llm(graph, system, cost, settings, executor=executor)
+        table = llm_table([grid, mars])
+        print(f"{system.spec} / {graph.spec} / objective {settings.objective} / seed {settings.seed}")
+        print(format_llm_table(table))
+    else:
+        settings = replace(mapping_settings(args), exhaustive_limit=args.exhaustive_limit)
 
-    with open_executor(args) as executor:
-        table, _ = compare(graph, system, cost, settings, executor=executor, progress=progress)
-    print(f"{system.name} / {graph.spec} / objective {settings.objective} / seed {settings.seed}")
-    print(format_table(table, settings.objective))
+        def progress(name, result):
+            if not quiet:
+                print(f"{name}: running" if result is None else f"{name}: {result.summary()}", file=sys.stderr)
+
+        with open_executor(args) as executor:
+            table, _ = compare(graph, system, cost, settings, executor=executor, progress=progress)
+        print(f"{system.name} / {graph.spec} / objective {settings.objective} / seed {settings.seed}")
+        print(format_table(table, settings.objective))
     if args.csv:
         with atomic_file(args.csv) as handle:
             table.to_csv(handle, index=False)

@@ -1,24 +1,26 @@
-"""``marssim search``: find a mapping with the MARS two-level GA (or a baseline)."""
+"""``marssim search``: find a plan with the MARS two-level GA (or a baseline). One command for
+both kinds of plan: per-op mappings of any workload, and parallel configurations of an LLM on a
+GPU cluster; the same progress bar, Ctrl-C handling and outputs for both."""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import json
+import math
 import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from marssim.errors import InputError
 
 from ._common import add_cost_args, check_output_dir, cost_model, positive_int
-from .llm_search import LLM_ALGORITHMS, add_llm_args
-
-if TYPE_CHECKING:
-    from marssim.results import Result
 
 VERB = "search"
 ORDER = 50
+
+LLM_ALGORITHMS = ("mars", "megatron_grid")
+"""What ``--algorithm`` may name for an LLM on a GPU cluster."""
 
 
 def positive_float(text: str) -> float:
@@ -37,18 +39,20 @@ def add_search_args(p: argparse.ArgumentParser) -> None:
     from marssim.search import OBJECTIVES
 
     p.add_argument("--system", required=True, metavar="SYSTEM", help="system YAML or shipped name")
-    p.add_argument("--workload", required=True, metavar="SPEC", help="zoo spec like resnet50:batch=8 or an .onnx file")
+    p.add_argument("--workload", required=True, metavar="SPEC", help="zoo spec like resnet50:batch=8, an LLM like "
+                                                                     "llama3-8b:mode=train,seq=2048, or an .onnx file")
     p.add_argument("--batch", type=positive_int, help="override the workload's batch")
     p.add_argument("--objective", choices=OBJECTIVES, default="latency",
-                   help="what to minimise: latency (makespan, default), throughput (maximised, for pipelined "
-                        "runs), energy or edp (energy-delay product; need designs with energy figures)")
+                   help="what to minimise: latency (makespan, default; an LLM's iteration, or serving's time per "
+                        "output token), throughput (maximised: samples/s, an LLM's sequences/s or serving's output "
+                        "tokens/s), energy or edp (energy-delay product; need designs with energy figures)")
     p.add_argument("--budget", type=positive_int, metavar="N",
-                   help="most simulations (mars stops at the first generation past it, its analytical "
-                        "estimates not counted, instead of after its default 3000 evaluations; random runs "
-                        "exactly N)")
+                   help="most simulations (mars stops at the first generation past it, its screens not counted, "
+                        "instead of after its default budget: 3000 evaluations for a mapping, 12 simulations for an "
+                        "LLM; random runs exactly N)")
     p.add_argument("--generations", type=positive_int,
-                   help="most GA generations (default 100; the GA also stops after 20 without improvement "
-                        "or 3000 evaluations, simulations and analytical estimates together)")
+                   help="most GA generations (default 100 for a mapping, 30 for an LLM; the GA also stops after "
+                        "generations without improvement or at its budget)")
     p.add_argument("--population", type=positive_int, help="GA population (default 12)")
     p.add_argument("--time-limit", dest="time_limit", type=positive_float, metavar="SECONDS",
                    help="stop the GA at the first generation past this wall time (the result then "
@@ -61,7 +65,11 @@ def add_search_args(p: argparse.ArgumentParser) -> None:
                    help="seconds to wait for the Dask scheduler to answer (default 10)")
     p.add_argument("--seed", type=int, default=0, help="random seed (same seed, same result; default 0)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    add_llm_args(p)
+    p.add_argument("--global-batch", dest="global_batch", type=positive_int, metavar="N",
+                   help="LLM training: sequences per iteration (default: the workload's batch)")
+    p.add_argument("--ttft-bound", dest="ttft_bound", type=positive_float, metavar="SECONDS",
+                   help="LLM serving with --objective throughput: only configurations whose time to first token "
+                        "is at most this count (a constraint, not a weighted sum)")
     add_cost_args(p)
 
 
@@ -69,32 +77,33 @@ def register(sub: argparse._SubParsersAction) -> None:
     from marssim.search import ALGORITHMS
 
     p = sub.add_parser(
-        VERB, help="search for the best mapping (MARS two-level GA, or a baseline)",
-        description="Search the mappings of a workload onto a system: accelerator sets, the design of each "
-                    "set, the layer segment each set runs, micro-batches (level 1) and each layer's sharding "
-                    "(level 2). For an LLM workload on a GPU cluster: its parallel configuration (level 1: "
-                    "pipeline stages, their GPUs and layer counts, tensor parallelism per stage, rank order; "
-                    "level 2: sequence/expert parallelism, micro-batch, schedule, recomputation, ZeRO), every "
-                    "candidate screened in closed form and the best simulated. Every reported number is a "
+        VERB, help="search for the best mapping or parallel configuration (MARS two-level GA, or a baseline)",
+        description="Search the plans of a workload on a system. A per-op mapping: accelerator sets, the design of "
+                    "each set, the layer segment each set runs, micro-batches (level 1) and each layer's sharding "
+                    "(level 2). An LLM workload on a GPU cluster: its parallel configuration (level 1: pipeline "
+                    "stages, their GPUs and layer counts, tensor parallelism per stage, rank order; level 2: "
+                    "sequence/expert parallelism, micro-batch, schedule, recomputation, ZeRO). Every candidate is "
+                    "screened (analytical estimate, closed form) and the best simulated; every reported number is a "
                     "simulation. With --out, writes best_mapping.yaml (loadable by `marssim simulate --mapping`), "
-                    "history.csv, convergence.png/.svg, the best mapping's result/ and a Perfetto trace.json "
-                    "(LLM: also top10.csv).")
+                    "top10.csv, history.csv, search.json, convergence.png/.svg, the best plan's result/ and a "
+                    "Perfetto trace.json. Ctrl-C writes the best plan so far and exits 130.")
     add_search_args(p)
     p.add_argument("--algorithm", choices=tuple(dict.fromkeys(ALGORITHMS + LLM_ALGORITHMS)), default="mars",
                    help="mars (default), data_parallel, h2h, random or exhaustive (small spaces only); for an LLM "
                         "workload on a GPU cluster: mars (the search over parallel configurations) or megatron_grid "
                         "(every uniform Megatron-legal configuration, screened, the best simulated)")
     p.add_argument("--no-seed", dest="seed_baseline", action="store_false",
-                   help="do not seed the GA with the data_parallel and h2h mappings (seeded by default: "
-                        "the GA then never returns a worse mapping than either)")
+                   help="do not seed the GA with the baselines (data_parallel and h2h; an LLM: the best of the "
+                        "Megatron grid); seeded by default, the GA then never returns a worse plan than them")
     p.add_argument("--out", metavar="DIR", help="write the outputs into DIR")
     p.set_defaults(func=run)
 
 
+# ---------------------------------------------------------------------------- the case
 def load_case(args: argparse.Namespace):
-    """(graph, system, cost model, SearchSettings) from the shared flags; InputError on bad ones."""
-    from marssim.search import GAConfig, SearchSettings
-    from marssim.search.runner import SEED_BASELINES
+    """``(graph, system, cost model, llm)`` from the shared flags (``llm``: the search over
+    parallel configurations applies); InputError on bad ones, and on flags the case would ignore."""
+    from marssim.search.llm import llm_search_available
     from marssim.system import load_system
     from marssim.workload import load_workload
 
@@ -102,38 +111,75 @@ def load_case(args: argparse.Namespace):
         raise InputError(None, "--workers", "give --workers (local processes) or --dask (a cluster), not both")
     system = load_system(args.system)
     graph = load_workload(args.workload, batch=args.batch)
-    if args.objective in ("energy", "edp"):
-        missing = [name for name, d in system.designs.items() if d.energy is None]
-        if len(missing) == len(system.designs):
-            raise InputError(args.system, "designs", f"--objective {args.objective} needs energy figures "
-                                                      f"(designs.NAME.energy); none of {', '.join(missing)} has them")
-    cfg = GAConfig()
-    changes = {}
-    if args.generations:
-        changes["generations"] = args.generations
-    if args.population:
-        changes["population"] = args.population
-    if args.time_limit:
-        changes["time_limit_s"] = args.time_limit
-    cfg = replace(cfg, **changes)
-    settings = SearchSettings(objective=args.objective, budget=args.budget, config=cfg, seed=args.seed,
-                              seed_with=SEED_BASELINES if getattr(args, "seed_baseline", True) else ())
-    return graph, system, cost_model(args), settings
+    llm = llm_search_available(graph, system)
+    if not llm:
+        for flag, dest in (("--global-batch", "global_batch"), ("--ttft-bound", "ttft_bound")):
+            if getattr(args, dest, None) is not None:
+                raise InputError(None, flag, "applies to an LLM workload (gpt:, llama:, moe: or a preset) on a "
+                                             "GPU cluster")
+        if getattr(args, "algorithm", "mars") == "megatron_grid":
+            raise InputError(None, "--algorithm", "megatron_grid applies to an LLM workload on a GPU cluster")
+        if args.objective in ("energy", "edp"):
+            missing = [name for name, d in system.designs.items() if d.energy is None]
+            if len(missing) == len(system.designs):
+                raise InputError(args.system, "designs", f"--objective {args.objective} needs energy figures "
+                                                          f"(designs.NAME.energy); none of {', '.join(missing)} has "
+                                                          "them")
+    return graph, system, cost_model(args), llm
 
 
-def is_llm_case(graph, system, args: argparse.Namespace) -> bool:
-    """True when the search over parallel configurations applies (an LLM workload on a GPU
-    cluster); InputError for the LLM-only flags on any other case."""
-    from marssim.search.llm import llm_search_available
+def mapping_settings(args: argparse.Namespace):
+    """The per-op mapping search's :class:`~marssim.search.SearchSettings` from the flags."""
+    from marssim.search import GAConfig, SearchSettings
+    from marssim.search.runner import SEED_BASELINES
 
-    if llm_search_available(graph, system):
-        return True
-    for flag, dest in (("--global-batch", "global_batch"), ("--ttft-bound", "ttft_bound")):
-        if getattr(args, dest, None) is not None:
-            raise InputError(None, flag, "applies to an LLM workload (gpt:, llama:, moe: or a preset) on a GPU cluster")
-    if getattr(args, "algorithm", "mars") == "megatron_grid":
-        raise InputError(None, "--algorithm", "megatron_grid applies to an LLM workload on a GPU cluster")
-    return False
+    changes = {k: v for k, v in (("generations", args.generations), ("population", args.population),
+                                 ("time_limit_s", args.time_limit)) if v}
+    return SearchSettings(objective=args.objective, budget=args.budget, config=replace(GAConfig(), **changes),
+                          seed=args.seed, seed_with=SEED_BASELINES if getattr(args, "seed_baseline", True) else ())
+
+
+def llm_settings(args: argparse.Namespace, graph):
+    """The LLM search's :class:`~marssim.search.llm.LLMSearchSettings` from the flags;
+    InputError for flags that do not apply."""
+    from marssim.search.llm import LLMSearchSettings
+
+    t = graph.meta["transformer"]
+    if args.objective not in ("latency", "throughput"):
+        raise InputError(None, "--objective", f"an LLM search minimises latency (training: iteration time; serving: "
+                                              f"time per output token) or maximises throughput; got {args.objective}")
+    if args.ttft_bound is not None and (t.mode != "serve" or args.objective != "throughput"):
+        raise InputError(None, "--ttft-bound", "applies to a serving workload (mode=serve) with --objective "
+                                               "throughput")
+    if args.global_batch is not None and not t.training:
+        raise InputError(None, "--global-batch", "applies to a training workload (mode=train)")
+    changes = {k: v for k, v in (("generations", args.generations), ("population", args.population),
+                                 ("max_simulations", args.budget), ("time_limit_s", args.time_limit)) if v}
+    if not getattr(args, "seed_baseline", True):
+        changes["seed_with_grid"] = False
+    return LLMSearchSettings(objective=args.objective, ttft_bound=args.ttft_bound, seed=args.seed,
+                             global_batch=args.global_batch or 0, **changes)
+
+
+_GA_FLAGS = (("--generations", "generations"), ("--population", "population"), ("--time-limit", "time_limit"),
+             ("--no-seed", "seed_baseline"))
+
+
+def _refuse_unused_flags(args: argparse.Namespace, llm: bool) -> None:
+    """InputError for an algorithm the case has not, or a flag the algorithm would ignore (only
+    mars runs generations; only mars and random spend a budget)."""
+    if llm and args.algorithm not in LLM_ALGORITHMS:
+        raise InputError(None, "--algorithm", f"an LLM workload on a GPU cluster is searched by "
+                                              f"{' or '.join(LLM_ALGORITHMS)}, not {args.algorithm}")
+    if args.algorithm == "mars":
+        return
+    flags = [flag for flag, dest in _GA_FLAGS if getattr(args, dest) not in (None, True)]
+    if args.algorithm != "random" and args.budget is not None:
+        flags.append("--budget")
+    if flags:
+        raise InputError(None, flags[0], f"{', '.join(flags)} {'does' if len(flags) == 1 else 'do'} not apply to "
+                                         f"--algorithm {args.algorithm} and would be ignored (generations, population, "
+                                         "time limit and seeding are the GA's; only mars and random spend a budget)")
 
 
 @contextlib.contextmanager
@@ -151,14 +197,15 @@ def open_executor(args: argparse.Namespace):
         yield executor
 
 
+# ---------------------------------------------------------------------------- progress
 def progress_plan(cfg) -> tuple[int, str]:
-    """What the progress bar counts toward: the budget that will end the GA, ``(total, unit)``:
-    its simulations when a simulation budget is set, else its evaluations (simulations and
-    analytical estimates) when an evaluation budget is set, else its generations. (Patience may
-    still end it sooner; the bar then stops short.)"""
-    if cfg.max_simulations is not None:
+    """What the progress bar counts toward: the budget that will end the search, ``(total,
+    unit)``: its simulations when a simulation budget is set, else its evaluations (simulations
+    and screens) when an evaluation budget is set, else its generations. (Patience may still end
+    it sooner; the bar then stops short.) ``cfg``: a GAConfig or LLMSearchSettings."""
+    if getattr(cfg, "max_simulations", None) is not None:
         return cfg.max_simulations, "simulations"
-    if cfg.max_evaluations is not None:
+    if getattr(cfg, "max_evaluations", None) is not None:
         return cfg.max_evaluations, "evaluations"
     return cfg.generations, "generations"
 
@@ -187,52 +234,57 @@ def _progress_bar(args: argparse.Namespace, cfg, objective: str):
     return bar, update
 
 
-_GA_FLAGS = (("--generations", "generations"), ("--population", "population"), ("--time-limit", "time_limit"),
-             ("--no-seed", "seed_baseline"))
+# ---------------------------------------------------------------------------- the run
+def search(args: argparse.Namespace, graph, system, cost, llm: bool, executor, progress=None):
+    """The search the flags ask for, on ``executor``: a :class:`~marssim.search.SearchResult`."""
+    if llm:
+        from marssim.search.llm import grid_search, mars_llm
 
+        settings = llm_settings(args, graph)
+        if args.algorithm == "mars":
+            return mars_llm(graph, system, cost, settings, executor=executor, progress=progress)
+        return grid_search(graph, system, cost, settings, executor=executor)
+    from marssim.search import run_algorithm
 
-def _refuse_unused_flags(args: argparse.Namespace) -> None:
-    """InputError for a flag the chosen algorithm would ignore (only mars runs generations; only
-    mars and random spend a budget)."""
-    if args.algorithm == "mars":
-        return
-    flags = [flag for flag, dest in _GA_FLAGS if getattr(args, dest) not in (None, True)]
-    if args.algorithm != "random" and args.budget is not None:
-        flags.append("--budget")
-    if flags:
-        raise InputError(None, flags[0], f"{', '.join(flags)} {'does' if len(flags) == 1 else 'do'} not apply to "
-                                         f"--algorithm {args.algorithm} and would be ignored (generations, population, "
-                                         "time limit and seeding are the GA's; only mars and random spend a budget)")
+    try:
+        return run_algorithm(args.algorithm, graph, system, cost, mapping_settings(args), executor=executor,
+                             progress=progress)
+    except ValueError as exc:
+        raise InputError(None, "--algorithm", str(exc)) from None
 
 
 def run(args: argparse.Namespace) -> int:
-    from marssim.search import run_algorithm
-    from marssim.search.report import describe_mapping, fitness_display
+    from marssim.search.report import describe_best, fitness_display, format_top
     from marssim.search.result import SearchInterrupted
 
     check_output_dir(args.out)
-    graph, system, cost, settings = load_case(args)
-    if is_llm_case(graph, system, args):
-        from .llm_search import run_search
-
-        return run_search(args, graph, system, cost)
-    _refuse_unused_flags(args)
-    bar, update = _progress_bar(args, settings.ga_config(), settings.objective)
-    with open_executor(args) as executor, bar:
+    graph, system, cost, llm = load_case(args)
+    _refuse_unused_flags(args, llm)
+    budget = llm_settings(args, graph) if llm else mapping_settings(args).ga_config()
+    bar, update = _progress_bar(args, budget, args.objective)
+    with bar:
         try:
-            result = run_algorithm(args.algorithm, graph, system, cost, settings, executor=executor,
-                                   progress=update)
-        except ValueError as exc:
-            raise InputError(None, "--algorithm", str(exc)) from None
+            with open_executor(args) as executor:
+                result = search(args, graph, system, cost, llm, executor, progress=update)
         except SearchInterrupted as stop:
             bar.close()
-            return _keep_interrupted(stop.result, graph, args)
-    label, value = fitness_display(result.objective, result.fitness)
+            return keep_interrupted(stop.result, graph, system, args)
+        except KeyboardInterrupt:
+            bar.close()
+            print("interrupted before any plan was simulated; nothing written", file=sys.stderr)
+            return 130
+    serving = result.evaluation.serving
+    label, value = fitness_display(result.objective, result.fitness, serving)
+    if llm:
+        print(f"{graph.spec} on {system.spec} ({len(system.accelerators)} GPUs), objective {result.objective}")
     print(result.summary())
     print(f"best {label}: {value:.6g}")
-    print(describe_mapping(result, graph))
+    print(describe_best(result, graph))
     if not result.evaluation.feasible:
-        print(f"warning: no feasible mapping found ({result.evaluation.error})", file=sys.stderr)
+        print(f"warning: no feasible plan found ({result.evaluation.error})", file=sys.stderr)
+    if llm:
+        print()
+        print(format_top(result))
     if args.out:
         print()
         print("\n".join(write_search_outputs(result, graph, system, cost, args.out)))
@@ -240,72 +292,83 @@ def run(args: argparse.Namespace) -> int:
 
 
 INTERRUPTED_FILE = "interrupted-best-mapping.yaml"
-"""Where an interrupted search without --out leaves its best mapping (working directory)."""
+"""Where an interrupted search without --out leaves its best plan (working directory)."""
 
 
-def _keep_interrupted(result, graph, args: argparse.Namespace) -> int:
-    """Ctrl-C: write the best mapping found so far (``--out DIR/best_mapping.yaml`` with
+def keep_interrupted(result, graph, system, args: argparse.Namespace) -> int:
+    """Ctrl-C: write the best plan found so far (``--out DIR/best_mapping.yaml`` with
     ``history.csv`` and ``search.json``, else :data:`INTERRUPTED_FILE`), say where; exit 130."""
-    import json
-
     from marssim.fsutil import staged_dir
-    from marssim.mapping import save_mapping
+    from marssim.parallel import ParallelConfig
+    from marssim.plan import graph_for, save_plan
     from marssim.search.report import search_summary
 
+    plan = result.best
+    graph_of_plan = graph_for(graph, plan) if isinstance(plan, ParallelConfig) else graph
     if args.out:
         with staged_dir(Path(args.out)) as tmp:
-            save_mapping(result.best, graph, tmp / "best_mapping.yaml")
+            save_plan(plan, graph_of_plan, system, tmp / "best_mapping.yaml", header=_header(result))
             result.history.to_csv(tmp / "history.csv", index=False)
-            (tmp / "search.json").write_text(json.dumps(search_summary(result, graph), indent=2, sort_keys=True)
-                                             + "\n")
+            (tmp / "search.json").write_text(json.dumps(search_summary(result, graph, system), indent=2,
+                                                        sort_keys=True) + "\n")
         path = Path(args.out) / "best_mapping.yaml"
     else:
         path = Path(INTERRUPTED_FILE)
-        save_mapping(result.best, graph, path)
+        save_plan(plan, graph_of_plan, system, path, header=_header(result))
     print(f"interrupted after {len(result.history)} generations ({result.simulations} simulations, "
-          f"{result.estimates} estimates): the best mapping so far ({result.makespan * 1e3:.4f} ms, simulated) "
+          f"{result.estimates} estimates): the best plan so far ({result.makespan * 1e3:.4f} ms, simulated) "
           f"is in {path}; `marssim simulate --mapping {path}` evaluates it", file=sys.stderr)
     return 130
 
 
-def write_result_and_trace(sim: Result, tmp: Path, out_dir: Path) -> list[str]:
-    """Save the best candidate's simulation ``sim`` as ``result/`` and its Perfetto
-    ``trace.json`` in the staging directory ``tmp``; one line per file, named as ``out_dir``
-    will hold them."""
-    from marssim.trace import write_chrome_trace
+def _header(result) -> str:
+    e = result.evaluation
+    text = f"# {result.algorithm} search, objective {result.objective}, seed {result.seed}"
+    if result.interrupted:
+        text += " (interrupted)"
+    text += f"\n# simulated {e.makespan * 1e3:.4f} ms"
+    if e.mfu == e.mfu:
+        text += f" per iteration, MFU {e.mfu:.1%}"
+    return text + "\n"
 
-    sim.save(tmp / "result")
-    write_chrome_trace(sim, tmp / "trace.json")
-    return [f"result       {out_dir / 'result'}/ (marssim simulate --out format)",
-            f"trace        {out_dir / 'trace.json'} (open in https://ui.perfetto.dev)"]
 
-
-def write_search_outputs(result, graph, system, cost, out: str) -> list[str]:
+def write_search_outputs(result, graph, system, cost, out: str | Path, baselines: tuple = ()) -> list[str]:
     """Write into ``out`` atomically (it appears whole or not at all): ``best_mapping.yaml``,
-    ``search.json`` (summary), ``history.csv``, ``convergence.png``/``.svg``, ``result/`` (the
-    best mapping's full simulation, :meth:`Result.save`) and ``trace.json`` (Perfetto). Returns
-    one line per file for the user."""
-    import json
+    ``search.json`` (summary), ``history.csv``, ``top10.csv``, ``convergence.png``/``.svg`` (with
+    the ``baselines``' lines), ``result/`` (the best plan's full simulation,
+    :meth:`Result.save`) and ``trace.json`` (Perfetto). The best plan is simulated again and must
+    give the reported number. Returns one line per file for the user."""
+    import pandas as pd
 
     from marssim.fsutil import staged_dir
-    from marssim.lower import lower
-    from marssim.mapping import save_mapping
-    from marssim.search.report import plot_convergence, search_summary
-    from marssim.sim import simulate
+    from marssim.parallel import ParallelConfig
+    from marssim.plan import graph_for, run, save_plan
+    from marssim.search.report import plot_convergence, search_summary, top_rows
+    from marssim.trace import write_chrome_trace
 
+    plan = result.best
+    graph_of_plan = graph_for(graph, plan) if isinstance(plan, ParallelConfig) else graph
+    done = run(plan, graph_of_plan, system, cost)
+    again = done.makespan
+    if not math.isclose(again, result.evaluation.makespan, rel_tol=1e-12 if isinstance(plan, ParallelConfig) else 0):
+        raise RuntimeError(f"the best plan simulates to {again} s, the search reported {result.evaluation.makespan} s")
+    sim = done.result
     out_dir = Path(out)
     lines: list[str] = []
-    sim = simulate(lower(graph, system, result.best, cost), system)
-    if sim.makespan != result.evaluation.makespan:  # the search's number is a simulation, never an estimate
-        raise RuntimeError(f"the best mapping simulates to {sim.makespan} s, the search reported "
-                           f"{result.evaluation.makespan} s")
     with staged_dir(out_dir) as tmp:
-        save_mapping(result.best, graph, tmp / "best_mapping.yaml")
+        save_plan(plan, graph_of_plan, system, tmp / "best_mapping.yaml", header=_header(result))
         lines.append(f"mapping      {out_dir / 'best_mapping.yaml'} (marssim simulate --mapping ...)")
-        (tmp / "search.json").write_text(json.dumps(search_summary(result, graph), indent=2, sort_keys=True) + "\n")
+        (tmp / "search.json").write_text(json.dumps(
+            {**search_summary(result, graph, system),
+             "baselines": [search_summary(b, graph, system) for b in baselines]}, indent=2, sort_keys=True) + "\n")
         result.history.to_csv(tmp / "history.csv", index=False)
         lines.append(f"history      {out_dir / 'history.csv'} ({len(result.history)} rows)")
-        for p in plot_convergence(result, tmp / "convergence.png"):
+        pd.DataFrame(top_rows(result, 10)).to_csv(tmp / "top10.csv", index=False)
+        lines.append(f"top 10       {out_dir / 'top10.csv'}")
+        for p in plot_convergence([result, *baselines], tmp / "convergence.png"):
             lines.append(f"figure       {out_dir / p.name}")
-        lines += write_result_and_trace(sim, tmp, out_dir)
+        sim.save(tmp / "result")
+        write_chrome_trace(sim, tmp / "trace.json")
+        lines += [f"result       {out_dir / 'result'}/ (marssim simulate --out format)",
+                  f"trace        {out_dir / 'trace.json'} (open in https://ui.perfetto.dev)"]
     return lines

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 
 from marssim.cost.base import CostModel
 from marssim.errors import InputError
-from marssim.mapping import Mapping, validate_mapping
+from marssim.mapping import validate_mapping
 from marssim.parallel import ParallelConfig, ParallelReport, lower_parallel
 from marssim.parallel.memory import check_memory
 from marssim.parallel.report import report_of
@@ -54,6 +54,7 @@ class Run:
     summary: Summary
     result: Result | None = None
     report: ParallelReport | None = None
+    estimate: object | None = None  # the analytical Estimate (start, end, ready, bounds) of an estimate
     lower_bound: float | None = None
     bounds: dict[str, float] = field(default_factory=dict)
     wall_s: dict[str, float] = field(default_factory=dict)
@@ -80,14 +81,18 @@ def lower_plan(plan: Plan, graph: Graph, system: System, cost: CostModel, *, fol
 
 def run(plan: Plan, graph: Graph, system: System, cost: CostModel | None = None, *, how: str = "simulate",
         memory_policy: str = "error", streams: int = 1, fold: bool = True, detail: bool = True,
-        level: str = "block", cache=None, validate: bool = True, progress: Callable | None = None) -> Run:
+        record: bool | None = None, level: str = "block", cache=None, validate: bool = True,
+        taskgraph: TaskGraph | None = None, progress: Callable | None = None) -> Run:
     """Evaluate ``plan`` (see the module docstring).
 
     ``how``: ``simulate`` or ``estimate``; ``memory_policy``: ``error`` (a configuration that does
     not fit is refused before lowering, a mapping's overflow stops the simulation), ``spill`` or
     ``ignore``; ``detail``: False keeps only the summary (and a configuration's report), as a
-    search needs; ``level``: the layer groups of an estimate's report. Raises InputError for a
-    plan the workload or the system cannot take, CapacityError for one that does not fit."""
+    search needs; ``record``: keep a simulation's memory and link timelines and simulate the
+    weight loads (default: ``detail``); ``level``: the layer groups of an estimate's report;
+    ``taskgraph``: the plan already lowered (by an earlier run), not lowered again. Raises
+    InputError for a plan the workload or the system cannot take, CapacityError for one that
+    does not fit."""
     if how not in HOW:
         raise ValueError(f"how must be one of {', '.join(HOW)}, got {how!r}")
     if cost is None:
@@ -95,10 +100,12 @@ def run(plan: Plan, graph: Graph, system: System, cost: CostModel | None = None,
 
         cost = default_cost_model()
     parallel = isinstance(plan, ParallelConfig)
-    if parallel and memory_policy == "error":
+    if parallel and memory_policy == "error" and taskgraph is None:
         check_memory(graph, system, plan)
+    record = detail if record is None else record
     wall = time.perf_counter()
-    tg = lower_plan(plan, graph, system, cost, fold=fold, cache=cache, validate=validate, progress=progress)
+    tg = taskgraph if taskgraph is not None else \
+        lower_plan(plan, graph, system, cost, fold=fold, cache=cache, validate=validate, progress=progress)
     lowered = time.perf_counter()
     out = Run(plan, graph, system, how, tg, Summary(0.0, float("nan"), float("nan")))
     kwargs = {"progress": progress} if progress is not None else {}
@@ -108,7 +115,7 @@ def run(plan: Plan, graph: Graph, system: System, cost: CostModel | None = None,
 
         est = estimate(tg, system, **kwargs)
         out.summary = summarise(tg, system, est.end)
-        out.lower_bound, out.bounds = est.lower_bound, dict(est.bounds)
+        out.estimate, out.lower_bound, out.bounds = est, est.lower_bound, dict(est.bounds)
         if detail:
             out.result = est.result(level=level)
         schedule = est
@@ -116,7 +123,7 @@ def run(plan: Plan, graph: Graph, system: System, cost: CostModel | None = None,
         from marssim.sim import simulate
 
         policy = "ignore" if parallel and memory_policy == "error" else memory_policy
-        result = simulate(tg, system, memory_policy=policy, streams=streams, record=detail, setup=detail, **kwargs)
+        result = simulate(tg, system, memory_policy=policy, streams=streams, record=record, setup=record, **kwargs)
         out.summary = Summary(result.makespan, result.throughput, result.energy)
         out.result = result if detail else None
         schedule = result

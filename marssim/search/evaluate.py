@@ -1,7 +1,15 @@
-"""Evaluate candidate mappings, in parallel on any ``concurrent.futures.Executor``, with caching.
+"""Evaluate candidate plans -- per-op mappings or parallel configurations -- in parallel on any
+``concurrent.futures.Executor``, with caching.
+
+Two evaluations per plan, both through :func:`marssim.plan.run` or its closed form:
+
+* ``simulate``: event by event (headline numbers only; a configuration's report figures too);
+* ``estimate``, the *screen*: a mapping's contention-free analytical estimate, a
+  configuration's closed form (:func:`marssim.parallel.analytic.screen`, which also checks its
+  memory).
 
 A :class:`Problem` (graph, system, cost model) is pickled once; each task sends only the bytes
-of the problem (unpickled once per worker process and kept) and one mapping. Results come back
+of the problem (unpickled once per worker process and kept) and its plans. Results come back
 in order, so a search is deterministic whatever the executor and the number of workers. Any
 executor works: ``ProcessPoolExecutor``, ``ThreadPoolExecutor``, or a Dask cluster's
 ``Client.get_executor()``.
@@ -18,24 +26,29 @@ from concurrent.futures import Executor
 from dataclasses import dataclass, field
 
 from marssim.cost.base import CostModel
-from marssim.errors import CapacityError
+from marssim.errors import CapacityError, InputError
 from marssim.lower import LoweringCache
 from marssim.mapping import Mapping
+from marssim.parallel import ParallelConfig
+from marssim.plan import Plan, graph_for, plan_key
 from marssim.system import System
 from marssim.workercache import pickled, worker_copy
 from marssim.workload import Graph
 
 __all__ = ["OBJECTIVES", "RANK_DIGITS", "rank_value", "Problem", "Evaluation", "Evaluator", "evaluate_mapping",
-           "estimate_mapping", "estimate_evaluation"]
+           "estimate_mapping", "estimate_evaluation", "simulate_plan", "screen_plan"]
 
 OBJECTIVES = ("latency", "throughput", "energy", "edp")
-"""``latency``: makespan of the batch; ``throughput``: steady-state samples/s (maximised);
-``energy``: joules; ``edp``: energy-delay product (J*s). All are minimised as fitness."""
+"""``latency``: makespan of the batch (an LLM's iteration; serving: time per output token);
+``throughput``: steady-state samples/s (LLM training: sequences/s, serving: output tokens/s),
+maximised; ``energy``: joules; ``edp``: energy-delay product (J*s). All are minimised as fitness."""
 
 
 @dataclass(frozen=True)
 class Problem:
-    """What every evaluation needs: the workload, the system and the cost model."""
+    """What every evaluation needs: the workload, the system and the cost model (for a parallel
+    configuration, ``graph`` is the workload at any batch: each configuration is evaluated on one
+    micro-batch of it)."""
 
     graph: Graph
     system: System
@@ -47,7 +60,7 @@ RANK_DIGITS = 12
 """Significant digits of a fitness that ranking looks at. Equivalent mappings (a model on
 accelerators 0-1 or on 1-2 of a symmetric ring) have fitnesses that differ only by rounding,
 and rounding differs between machines; compared at 12 digits they tie, and the tie goes to the
-smaller mapping key, so a seed's search is the same on every machine."""
+smaller plan key, so a seed's search is the same on every machine."""
 
 
 def rank_value(fitness: float) -> float:
@@ -59,8 +72,11 @@ def rank_value(fitness: float) -> float:
 
 @dataclass(frozen=True)
 class Evaluation:
-    """The simulated outcome of one mapping (SI units). ``feasible`` is False when a memory
-    overflows (``error`` names the device); such mappings have infinite fitness."""
+    """The outcome of one plan (SI units), simulated or screened. ``feasible`` is False when a
+    memory overflows or the plan cannot run (``error`` says why); such plans have infinite
+    fitness. A parallel configuration also carries its report's figures: MFU, exposed
+    communication and bubble per group (s), time to first token and per output token (serving),
+    the memory peak of its worst GPU (bytes); NaN or empty for a mapping."""
 
     makespan: float
     throughput: float = float("nan")
@@ -68,13 +84,23 @@ class Evaluation:
     feasible: bool = True
     error: str = ""
     wall_s: float = 0.0
+    mfu: float = float("nan")
+    exposed: dict = field(default_factory=dict, compare=False)
+    ttft: float = float("nan")
+    tpot: float = float("nan")
+    memory_peak: float = float("nan")
+
+    @property
+    def serving(self) -> bool:
+        return self.tpot == self.tpot or self.ttft == self.ttft
 
     def fitness(self, objective: str = "latency") -> float:
         """The value to minimise for ``objective``."""
         if not self.feasible:
             return math.inf
         if objective == "latency":
-            return self.makespan
+            value = self.tpot if self.tpot == self.tpot else self.makespan
+            return value if value == value else math.inf
         if objective == "throughput":
             return 1.0 / self.throughput if self.throughput > 0 else math.inf
         if objective == "energy":
@@ -84,20 +110,21 @@ class Evaluation:
         raise ValueError(f"unknown objective {objective!r}; expected one of {', '.join(OBJECTIVES)}")
 
 
+# ---------------------------------------------------------------------- one plan, here
 def evaluate_mapping(problem: Problem, mapping: Mapping, cache: LoweringCache | None = None) -> Evaluation:
     """Lower and simulate one mapping (headline numbers only: no interval log, no set-up run);
     the numbers equal those of a full :func:`marssim.sim.simulate` of the same mapping.
     ``cache``: a :class:`~marssim.lower.LoweringCache` for the problem's graph, system and cost."""
-    from marssim.lower import lower
-    from marssim.sim import simulate_summary
+    from marssim.plan import run
 
     t0 = time.perf_counter()
     try:
-        tg = lower(problem.graph, problem.system, mapping, problem.cost, validate=False, cache=cache)
-        r = simulate_summary(tg, problem.system, memory_policy=problem.memory_policy)
+        done = run(mapping, problem.graph, problem.system, problem.cost, memory_policy=problem.memory_policy,
+                   detail=False, cache=cache, validate=False)
     except CapacityError as err:
         return Evaluation(math.inf, feasible=False, error=str(err), wall_s=time.perf_counter() - t0)
-    return Evaluation(r.makespan, r.throughput, r.energy, wall_s=time.perf_counter() - t0)
+    s = done.summary
+    return Evaluation(s.makespan, s.throughput, s.energy, wall_s=time.perf_counter() - t0)
 
 
 def estimate_mapping(problem: Problem, mapping: Mapping, cache: LoweringCache | None = None) -> float:
@@ -109,43 +136,96 @@ def estimate_evaluation(problem: Problem, mapping: Mapping, cache: LoweringCache
     """The contention-free analytical estimate (see :mod:`marssim.analytical`) of one mapping,
     as an :class:`Evaluation`: estimated makespan and throughput, and the compute energy (the
     same as simulated: it does not depend on the schedule). Memory capacity is not checked."""
-    from marssim.analytical import estimate
-    from marssim.lower import lower
-    from marssim.results.summary import summarise
+    from marssim.plan import run
 
     t0 = time.perf_counter()
-    tg = lower(problem.graph, problem.system, mapping, problem.cost, validate=False, cache=cache)
-    est = estimate(tg, problem.system)
-    r = summarise(tg, problem.system, est.end)
-    return Evaluation(float(est.makespan), r.throughput, r.energy, wall_s=time.perf_counter() - t0)
+    done = run(mapping, problem.graph, problem.system, problem.cost, how="estimate", detail=False, cache=cache,
+               validate=False)
+    s = done.summary
+    return Evaluation(s.makespan, s.throughput, s.energy, wall_s=time.perf_counter() - t0)
+
+
+def _config_throughput(graph: Graph, cfg: ParallelConfig, seconds: float) -> float:
+    """Sequences per second of a training step, output tokens per second of serving."""
+    t = graph.meta["transformer"]
+    if not seconds > 0:
+        return float("nan")
+    if t.mode == "serve":
+        return t.batch * t.generate * cfg.dp / seconds
+    return cfg.batch / seconds
+
+
+def simulate_plan(problem: Problem, plan: Plan, cache: LoweringCache | None = None,
+                  graphs: dict | None = None) -> Evaluation:
+    """The simulated :class:`Evaluation` of ``plan`` (``graphs``: workloads by micro-batch,
+    shared by the configurations of a search)."""
+    if isinstance(plan, Mapping):
+        return evaluate_mapping(problem, plan, cache)
+    from marssim.plan import run
+
+    t0 = time.perf_counter()
+    graph = graph_for(problem.graph, plan, graphs)
+    try:
+        done = run(plan, graph, problem.system, problem.cost, memory_policy=problem.memory_policy, detail=False)
+    except (CapacityError, InputError) as err:
+        return Evaluation(math.inf, feasible=False, error=str(err), wall_s=time.perf_counter() - t0)
+    rep = done.report
+    nan = float("nan")
+    return Evaluation(rep.iteration_s, _config_throughput(graph, plan, rep.iteration_s), done.summary.energy,
+                      wall_s=time.perf_counter() - t0, mfu=rep.mfu, exposed=dict(rep.exposed_s),
+                      ttft=rep.ttft_s if rep.ttft_s is not None else nan,
+                      tpot=rep.tpot_s if rep.tpot_s is not None else nan,
+                      memory_peak=max(rep.memory_peak.values(), default=nan))
+
+
+def screen_plan(problem: Problem, plan: Plan, cache: LoweringCache | None = None,
+                graphs: dict | None = None) -> Evaluation:
+    """The screened :class:`Evaluation` of ``plan``: a mapping's analytical estimate, a
+    configuration's closed form (infeasible when its memory does not fit)."""
+    if isinstance(plan, Mapping):
+        return estimate_evaluation(problem, plan, cache)
+    from marssim.parallel.analytic import screen, serving_times
+
+    t0 = time.perf_counter()
+    graph = graph_for(problem.graph, plan, graphs)
+    try:
+        sc = screen(graph, problem.system, plan, problem.cost, time_infeasible=False)
+        ttft = tpot = float("nan")
+        if graph.meta["transformer"].mode == "serve":
+            ttft, tpot = serving_times(graph, problem.system, plan, problem.cost)
+    except InputError as err:
+        return Evaluation(math.inf, feasible=False, error=str(err), wall_s=time.perf_counter() - t0)
+    peak = sc.memory.peak(sc.memory.worst_stage)
+    error = "" if sc.fits else f"needs {peak / 2**30:.2f} GiB per GPU, capacity {sc.memory.capacity / 2**30:.2f} GiB"
+    return Evaluation(sc.iteration_s, _config_throughput(graph, plan, sc.iteration_s), feasible=sc.fits,
+                      error=error, wall_s=time.perf_counter() - t0, mfu=sc.mfu, ttft=ttft, tpot=tpot,
+                      memory_peak=peak)
 
 
 # ---------------------------------------------------------------------- worker side
-_PROBLEMS: dict[str, tuple[Problem, LoweringCache]] = {}
+_PROBLEMS: dict[str, tuple[Problem, LoweringCache, dict]] = {}
 
 
-def _problem(key: str, blob: bytes | None) -> tuple[Problem, LoweringCache]:
-    """The problem of ``key`` in this process (unpickled from ``blob`` on first use) and the
-    lowering cache every evaluation of it shares."""
+def _problem(key: str, blob: bytes | None) -> tuple[Problem, LoweringCache, dict]:
+    """The problem of ``key`` in this process (unpickled from ``blob`` on first use), the
+    lowering cache every mapping of it shares and the graphs its configurations share."""
     return worker_copy(_PROBLEMS, key, blob, build=lambda b: _with_cache(pickle.loads(b)), keep=5)
 
 
-def _with_cache(problem: Problem) -> tuple[Problem, LoweringCache]:
-    from marssim.lower import LoweringCache
-
-    return problem, LoweringCache(problem.graph, problem.system, problem.cost)
+def _with_cache(problem: Problem) -> tuple[Problem, LoweringCache, dict]:
+    return problem, LoweringCache(problem.graph, problem.system, problem.cost), {}
 
 
-def _simulate_chunk(args: tuple[str, bytes, list[Mapping]]) -> list[Evaluation]:
-    key, blob, mappings = args
-    problem, cache = _problem(key, blob)
-    return [evaluate_mapping(problem, m, cache) for m in mappings]
+def _simulate_chunk(args: tuple[str, bytes, list[Plan]]) -> list[Evaluation]:
+    key, blob, plans = args
+    problem, cache, graphs = _problem(key, blob)
+    return [simulate_plan(problem, p, cache, graphs) for p in plans]
 
 
-def _estimate_chunk(args: tuple[str, bytes, list[Mapping]]) -> list[Evaluation]:
-    key, blob, mappings = args
-    problem, cache = _problem(key, blob)
-    return [estimate_evaluation(problem, m, cache) for m in mappings]
+def _estimate_chunk(args: tuple[str, bytes, list[Plan]]) -> list[Evaluation]:
+    key, blob, plans = args
+    problem, cache, graphs = _problem(key, blob)
+    return [screen_plan(problem, p, cache, graphs) for p in plans]
 
 
 def _chunks(items: list, parts: int) -> list[list]:
@@ -165,24 +245,30 @@ def _unchunk(chunks: list[list]) -> list:
 
 @dataclass
 class Evaluator:
-    """Cached, optionally parallel evaluation of mappings for one problem.
+    """Cached, optionally parallel evaluation of plans for one problem.
 
     ``executor``: any ``concurrent.futures.Executor`` (None: evaluate in this process). A batch
-    is dealt into three chunks per worker (``workers``: how many the executor runs at once;
-    read from the executor when not given, see
-    :func:`~marssim.search.parallel.executor_parallelism`), each carrying the pickled problem,
-    so per-task overheads do not dominate small simulations. Results come back in the order
-    given, whatever the executor. Counters: ``simulations`` and ``estimates`` run (cache misses), ``cache_hits``."""
+    is dealt into ``chunks_per_worker`` chunks per worker (``workers``: how many the executor
+    runs at once; read from the executor when not given, see
+    :func:`~marssim.search.parallel.executor_parallelism`), each carrying the pickled problem, so
+    per-task overheads do not dominate small simulations; a batch of long simulations (the best
+    configurations of a generation) is dealt one per task, side by side. Results come back in the
+    order given, whatever the executor. Counters: ``simulations`` and ``estimates`` run (cache
+    misses), ``cache_hits``, ``sim_seconds`` (the simulations' own wall time, summed where they
+    ran), ``wait_s`` (wall seconds this process waited for simulations and for screens)."""
 
     problem: Problem
     executor: Executor | None = None
     workers: int | None = None
+    chunks_per_worker: int = 3
     simulations: int = 0
     estimates: int = 0
     cache_hits: int = 0
     sim_seconds: float = 0.0
+    wait_s: dict[str, float] = field(default_factory=lambda: {"simulate": 0.0, "screen": 0.0})
     _sim: dict[str, Evaluation] = field(default_factory=dict, repr=False)
-    _est: dict[str, float] = field(default_factory=dict, repr=False)
+    _est: dict[str, Evaluation] = field(default_factory=dict, repr=False)
+    _plans: dict[str, Plan] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         self._key, self._blob = pickled(self.problem)
@@ -199,39 +285,58 @@ class Evaluator:
             self.workers = executor_parallelism(self.executor)
         return self.workers
 
-    def _run(self, fn, mappings: Sequence[Mapping], cache: dict) -> tuple[list, int]:
-        todo: dict[str, Mapping] = {}
-        for m in mappings:
-            if m.key in cache:
+    def _run(self, fn, plans: Sequence[Plan], cache: dict, per_worker: int) -> tuple[list, int]:
+        todo: dict[str, Plan] = {}
+        keys = [plan_key(p) for p in plans]
+        for k, p in zip(keys, plans):
+            if k in cache:
                 self.cache_hits += 1
-            elif m.key not in todo:
-                todo[m.key] = m
+            elif k not in todo:
+                todo[k] = p
         if todo:
             pending = list(todo.values())
             if self.executor is None or len(pending) == 1:
                 outs = fn((self._key, self._blob, pending))
             else:
-                parts = _chunks(pending, 3 * self.parallelism)
+                parts = _chunks(pending, per_worker * self.parallelism)
                 outs = _unchunk(list(self.executor.map(fn, [(self._key, self._blob, c) for c in parts])))
             for k, out in zip(todo, outs):
                 cache[k] = out
-        return [cache[m.key] for m in mappings], len(todo)
+                self._plans.setdefault(k, todo[k])
+        return [cache[k] for k in keys], len(todo)
 
-    def simulate(self, mappings: Sequence[Mapping]) -> list[Evaluation]:
-        """Simulated evaluations, in the order given."""
+    def simulate(self, plans: Sequence[Plan], *, side_by_side: bool = False) -> list[Evaluation]:
+        """Simulated evaluations, in the order given. ``side_by_side``: one plan per task (long
+        simulations, spread over the workers as evenly as they come)."""
         before = len(self._sim)
-        out, n = self._run(_simulate_chunk, mappings, self._sim)
+        t0 = time.perf_counter()
+        out, n = self._run(_simulate_chunk, plans, self._sim, 1 if side_by_side else self.chunks_per_worker)
+        self.wait_s["simulate"] += time.perf_counter() - t0
         self.simulations += n
         if n:
             self.sim_seconds += sum(e.wall_s for e in itertools.islice(self._sim.values(), before, None))
         return out
 
-    def estimate(self, mappings: Sequence[Mapping]) -> list[Evaluation]:
-        """Analytical estimates (see :func:`estimate_evaluation`), in the order given."""
-        out, n = self._run(_estimate_chunk, mappings, self._est)
+    def estimate(self, plans: Sequence[Plan]) -> list[Evaluation]:
+        """Screened evaluations (see :func:`screen_plan`), in the order given."""
+        t0 = time.perf_counter()
+        out, n = self._run(_estimate_chunk, plans, self._est, self.chunks_per_worker)
+        self.wait_s["screen"] += time.perf_counter() - t0
         self.estimates += n
         return out
 
-    def known(self, mapping: Mapping) -> Evaluation | None:
-        """The cached simulated evaluation of ``mapping``, if any."""
-        return self._sim.get(mapping.key)
+    def known(self, plan: Plan) -> Evaluation | None:
+        """The cached simulated evaluation of ``plan``, if any."""
+        return self._sim.get(plan_key(plan))
+
+    def screened(self, plan: Plan) -> Evaluation | None:
+        """The cached screened evaluation of ``plan``, if any."""
+        return self._est.get(plan_key(plan))
+
+    def simulated_plans(self) -> list[tuple[Plan, Evaluation]]:
+        """Every plan simulated so far with its evaluation, in the order they were simulated."""
+        return [(self._plans[k], e) for k, e in self._sim.items()]
+
+    def screened_plans(self) -> list[tuple[Plan, Evaluation]]:
+        """Every plan screened so far with its evaluation, in the order they were screened."""
+        return [(self._plans[k], e) for k, e in self._est.items()]

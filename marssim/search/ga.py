@@ -39,7 +39,6 @@ from dataclasses import dataclass, replace
 from functools import cached_property
 
 import numpy as np
-import pandas as pd
 
 from marssim.cost.base import CostModel
 from marssim.mapping import Mapping
@@ -47,7 +46,8 @@ from marssim.system import System
 from marssim.workload import Graph
 
 from .evaluate import OBJECTIVES, Evaluation, Evaluator, Problem, rank_value
-from .result import SearchInterrupted, SearchResult
+from .result import SearchResult
+from .skeleton import Budget, two_level
 from .space import Genome, MappingSpace, runs_of
 
 __all__ = ["GAConfig", "mars", "design_table", "analytical_available"]
@@ -180,6 +180,13 @@ def design_table(graph: Graph, system: System, cost: CostModel) -> tuple[tuple[s
 
 
 class _MARS:
+    """The per-op mapping GA as a :class:`~marssim.search.skeleton.Strategy`: its genome
+    (:class:`~marssim.search.space.Genome`), its level 1 (computation-aware designs and segment
+    assignment, crossover, mutation, elitism, local moves, immigrants) and its level 2 (an inner
+    GA over each individual's shardings, screened by the analytical estimate)."""
+
+    algorithm = "mars"
+
     def __init__(self, space: MappingSpace, ev: Evaluator, cfg: GAConfig, rng: np.random.Generator,
                  objective: str, table: tuple[tuple[str, ...], np.ndarray]) -> None:
         self.space = space
@@ -188,8 +195,6 @@ class _MARS:
         self.rng = rng
         self.objective = objective
         self.design_names, self.design_times = table
-        self.best: tuple[float, Mapping, Evaluation] | None = None
-        self.rows: list[dict] = []  # history, one row per generation
         self.inner_pops: dict[tuple, list[tuple[str, ...]]] = {}
         self.refine: list[_Individual] = []  # elites whose inner search continues next generation
         self._hops: dict[tuple[str, str], tuple[float, float]] = {}
@@ -197,6 +202,30 @@ class _MARS:
         self.t0 = time.perf_counter()
         self.sims0 = ev.simulations
         self.est0 = ev.estimates
+
+    # ------------------------------------------------------------------ the strategy
+    def initial(self, seeds: Sequence[Mapping]) -> list[_Individual]:
+        return self.initial_population(seeds)
+
+    def evaluate(self, population: list[_Individual]) -> None:
+        self.inner(population, refine=self.refine)
+
+    def breed(self, population: list[_Individual]) -> list[_Individual]:
+        return self.next_generation(population)
+
+    def fitness(self, evaluation: Evaluation) -> float:
+        return evaluation.fitness(self.objective)
+
+    def improved(self) -> bool:
+        return False
+
+    def stats(self, population: list[_Individual]) -> dict[str, float]:
+        finite = [ind.fitness for ind in population if ind.fitness is not None and math.isfinite(ind.fitness)]
+        return {"population_best": min(finite, default=math.inf),
+                "mean_fitness": float(np.mean(finite)) if finite else math.inf}
+
+    def finish(self) -> None:
+        return None
 
     # ------------------------------------------------------------------ budget
     def out_of_budget(self) -> bool:
@@ -207,11 +236,6 @@ class _MARS:
                                                 >= cfg.max_evaluations):
             return True
         return cfg.time_limit_s is not None and time.perf_counter() - self.t0 >= cfg.time_limit_s
-
-    def consider(self, mapping: Mapping, evaluation: Evaluation) -> None:
-        f = evaluation.fitness(self.objective)
-        if self.best is None or (rank_value(f), mapping.key) < (rank_value(self.best[0]), self.best[1].key):
-            self.best = (f, mapping, evaluation)
 
     # ------------------------------------------------------------------ level-1 helpers
     def computation_aware(self, genome: Genome) -> Genome:
@@ -649,10 +673,7 @@ class _MARS:
             if use_estimate:
                 scores = [e.fitness(self.objective) for e in self.ev.estimate(batch)]
             else:
-                evaluations = self.ev.simulate(batch)
-                for m, e in zip(batch, evaluations):
-                    self.consider(m, e)
-                scores = [e.fitness(self.objective) for e in evaluations]
+                scores = [e.fitness(self.objective) for e in self.ev.simulate(batch)]
             k = 0
             ranked = []
             for pop in pops:
@@ -690,7 +711,6 @@ class _MARS:
             for m in ms:
                 e = evaluations[k]
                 k += 1
-                self.consider(m, e)
                 cand = (rank_value(e.fitness(self.objective)), m.key, m, e)
                 if best is None or cand[:2] < best[:2]:
                     best = cand
@@ -763,65 +783,14 @@ def mars(graph: Graph, system: System, cost: CostModel | None = None, *, config:
 
         cost = default_cost_model()
     cfg = config or GAConfig()
-    t0 = time.perf_counter()
     if space is None:
         space = MappingSpace(graph, system, max_sets=cfg.max_sets, micro_batch_choices=cfg.micro_batch_choices,
                              strategies=cfg.strategies, collective_algorithm=collective_algorithm)
     ev = evaluator or Evaluator(Problem(graph, system, cost), executor)
-    sims0, est0 = ev.simulations, ev.estimates
-    rng = np.random.default_rng(seed)
-    state = _MARS(space, ev, cfg, rng, objective, design_table(graph, system, cost))
-    if seeds:
-        for m, e in zip(seeds, ev.simulate(list(seeds))):
-            state.consider(m, e)
-    try:
-        rows = _generations(state, ev, cfg, seeds, progress, t0, sims0, est0)
-    except KeyboardInterrupt:
-        if state.best is None:
-            raise
-        _, best_mapping, best_eval = state.best
-        partial = SearchResult("mars", objective, best_mapping, best_eval, pd.DataFrame(state.rows),
-                               ev.simulations - sims0, ev.estimates - est0, time.perf_counter() - t0, seed,
-                               notes={"config": cfg, "cache_hits": ev.cache_hits, "interrupted": True,
-                                      "screened": cfg.screen and analytical_available()})
-        raise SearchInterrupted(partial) from None
-    assert state.best is not None
-    _, best_mapping, best_eval = state.best
-    return SearchResult("mars", objective, best_mapping, best_eval, pd.DataFrame(rows),
-                        ev.simulations - sims0, ev.estimates - est0, time.perf_counter() - t0, seed,
-                        notes={"config": cfg, "cache_hits": ev.cache_hits,
-                               "screened": cfg.screen and analytical_available()})
-
-
-def _generations(state: "_MARS", ev: Evaluator, cfg: GAConfig, seeds: Sequence[Mapping],
-                 progress: Callable[[dict], None] | None, t0: float, sims0: int, est0: int) -> list[dict]:
-    """Run the generations of :func:`mars` until a stopping rule holds; the history rows (also
-    kept in ``state.rows``, so that an interrupted search keeps its history)."""
-    rows = state.rows
-    pop = state.initial_population(seeds)
-    stale = 0
-    best_seen = math.inf
-    for gen in range(cfg.generations):
-        state.inner(pop, refine=state.refine)
-        fits = [ind.fitness for ind in pop]
-        finite = [f for f in fits if f is not None and math.isfinite(f)]
-        assert state.best is not None
-        wall = time.perf_counter() - t0
-        rows.append({"generation": gen, "best_fitness": state.best[0], "best_makespan_s": state.best[2].makespan,
-                     "population_best": min(finite, default=math.inf),
-                     "mean_fitness": float(np.mean(finite)) if finite else math.inf,
-                     "simulations": ev.simulations - sims0, "estimates": ev.estimates - est0, "wall_s": wall})
-        if progress is not None:
-            progress({**rows[-1], "evaluations_per_s": (ev.simulations - sims0 + ev.estimates - est0) / max(wall, 1e-9)})
-        if state.best[0] < best_seen * (1 - 1e-12):
-            best_seen = state.best[0]
-            stale = 0
-        else:
-            stale += 1
-        if stale >= cfg.patience or state.out_of_budget() or gen == cfg.generations - 1:
-            break
-        pop = state.next_generation(pop)
-    return rows
+    state = _MARS(space, ev, cfg, np.random.default_rng(seed), objective, design_table(graph, system, cost))
+    budget = Budget(cfg.generations, cfg.patience, cfg.max_simulations, cfg.max_evaluations, cfg.time_limit_s)
+    return two_level(state, ev, budget, objective, seeds=seeds, seed=seed, progress=progress,
+                     notes={"config": cfg, "screened": cfg.screen and analytical_available()})
 
 
 def _copy(ind: _Individual) -> _Individual:

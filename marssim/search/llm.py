@@ -8,15 +8,19 @@ carried to the question Megatron-LM users settle by hand:
   each stage takes (uneven: a faster kind takes more; the first guesses give each stage layers in
   proportion to its GPUs' peak), the tensor-parallel degree of each stage, and on a uniform
   configuration the placement order of tensor, pipeline and data-parallel ranks;
-* **level 2 (communication-aware)**: sequence parallelism, micro-batch size, schedule and
-  virtual stages, recomputation, ZeRO stage; for every level-1 candidate the best level-2 choice
-  is found by coordinate descent.
+* **level 2 (communication-aware)**: sequence and expert parallelism, micro-batch size, schedule
+  and virtual stages, recomputation, ZeRO stage; for every level-1 candidate the best level-2
+  choice is found by coordinate descent over the screen, all candidates of a generation in
+  lockstep (one batch of screens per coordinate).
 
 Every candidate is first *screened* in closed form (:mod:`marssim.parallel.analytic`, a few ms;
-memory-infeasible ones rejected there and counted) and the best screened candidates of each
-generation are *simulated*; the search returns the best simulated configuration. It is seeded
-with the best configurations of the baseline, the exhaustive grid of uniform Megatron-legal
-configurations ranked by the same screen (:func:`megatron_grid`), so it never returns a worse one.
+memory-infeasible ones rejected there and counted) and the ``simulate_top`` best screened
+candidates of each generation are *simulated*, side by side on the executor; the search returns
+the best simulated configuration. It is seeded with the best configurations of the baseline,
+the exhaustive grid of uniform Megatron-legal configurations ranked by the same screen
+(:func:`megatron_grid`), so it never returns a worse one. The loop, the evaluator, the result
+and Ctrl-C are those of every search (:mod:`marssim.search.skeleton`); this module is the
+genome and the level-2 strategy.
 
 Serving (``mode=serve`` workloads): the objective is the time per output token, or with
 ``ttft_bound`` the output tokens per second of the configurations whose time to first token
@@ -29,23 +33,25 @@ executor); results come back in order, so a seed gives the same search on any ex
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field, replace
 
 import numpy as np
-import pandas as pd
 
 from marssim.cost.base import CostModel
 from marssim.errors import InputError
 from marssim.parallel import ParallelConfig, parallel_problems
+from marssim.plan import plan_key
 from marssim.system import System
-from marssim.workercache import pickled, worker_copy
 from marssim.workload import Graph
 
-__all__ = ["graph_for", "LLMSearchSettings", "LLMSearchResult", "Candidate", "LLMSpace", "megatron_grid", "mars_llm",
-           "screen_configs", "simulate_configs", "llm_search_available"]
+from .evaluate import Evaluation, Evaluator, Problem, rank_value
+from .result import SearchResult
+from .skeleton import Budget, two_level
+
+__all__ = ["LLMSearchSettings", "LLMSpace", "megatron_grid", "mars_llm", "grid_search", "screen_configs",
+           "simulate_configs", "llm_search_available"]
 
 
 def llm_search_available(graph: Graph, system: System) -> bool:
@@ -63,10 +69,10 @@ class LLMSearchSettings:
     ``ttft_bound`` seconds). ``global_batch``: sequences per training iteration (default: the
     workload's batch). Budget: ``generations`` of ``population`` level-1 candidates, stopping
     after ``patience`` generations that improve neither the best simulated nor the best screened
-    value; ``simulate_top`` best screened candidates simulated
-    per generation, ``grid_simulate`` of the grid; ``max_simulations`` in all; ``time_limit_s``
-    ends the search at the first generation past that wall time (the result then depends on the
-    machine's speed)."""
+    value; the ``simulate_top`` best screened candidates simulated per generation, side by side,
+    ``grid_simulate`` of the grid; ``max_simulations`` in all; ``time_limit_s`` ends the search
+    at the first generation past that wall time (the result then depends on the machine's
+    speed)."""
 
     objective: str = "latency"
     ttft_bound: float | None = None
@@ -74,7 +80,7 @@ class LLMSearchSettings:
     population: int = 12
     generations: int = 30
     patience: int = 6
-    simulate_top: int = 1
+    simulate_top: int = 2
     grid_simulate: int = 2
     max_simulations: int = 12
     micro_batches: tuple[int, ...] = (1, 2, 4, 8)
@@ -89,89 +95,13 @@ class LLMSearchSettings:
     seed_with_grid: bool = True
 
 
-@dataclass(frozen=True)
-class Candidate:
-    """One evaluated configuration: its screen (closed form) and, when simulated, the
-    simulation's report figures. Seconds, bytes, FLOP/s."""
-
-    config: ParallelConfig
-    screened_s: float = math.inf
-    fits: bool = True
-    memory_peak: float = 0.0
-    simulated_s: float = math.nan
-    mfu: float = math.nan
-    exposed: dict = field(default_factory=dict)
-    ttft_s: float = math.nan
-    tpot_s: float = math.nan
-    sim_memory_peak: float = math.nan
-    throughput: float = math.nan  # serving: output tokens/s when the time-to-first-token bound holds
-    error: str = ""
-    lower_s: float = 0.0  # wall seconds its lowering took (simulated candidates)
-    sim_s: float = 0.0  # wall seconds its simulation took
-
-    @property
-    def simulated(self) -> bool:
-        return self.simulated_s == self.simulated_s
-
-
-@dataclass
-class LLMSearchResult:
-    """The outcome: the best simulated configuration, the candidates seen (screened, some
-    simulated), the history per generation, and the counts."""
-
-    algorithm: str
-    objective: str
-    best: Candidate
-    candidates: list[Candidate]
-    history: pd.DataFrame
-    screened: int
-    rejected_memory: int
-    simulations: int
-    wall_s: float
-    seed: int = 0
-    timing: dict = field(default_factory=dict)
-
-    def top(self, n: int = 10) -> pd.DataFrame:
-        """The ``n`` best simulated configurations (then the best screened), one row each."""
-        rows = []
-        ranked = sorted(self.candidates, key=lambda c: (not c.simulated, _key(c, self.objective), c.config.text()))
-        for c in ranked[:n]:
-            rows.append({"config": c.config.text(), "simulated_ms": c.simulated_s * 1e3,
-                         "screened_ms": c.screened_s * 1e3, "mfu": c.mfu,
-                         "memory_peak_GiB": (c.sim_memory_peak if c.simulated else c.memory_peak) / 2**30,
-                         **{f"exposed_{k}_ms": v * 1e3 for k, v in sorted(c.exposed.items()) if k != "bubble"},
-                         "bubble_ms": c.exposed.get("bubble", math.nan) * 1e3,
-                         "ttft_ms": c.ttft_s * 1e3, "tpot_ms": c.tpot_s * 1e3})
-        return pd.DataFrame(rows)
-
-    def summary(self) -> str:
-        b = self.best
-        what = {"latency": "iteration" if math.isnan(b.tpot_s) else "time per output token"}.get(self.objective,
-                                                                                              "throughput objective")
-        value = b.tpot_s if not math.isnan(b.tpot_s) and self.objective == "latency" else b.simulated_s
-        return (f"{self.algorithm}: best {b.config.text()}: {what} {value * 1e3:.3f} ms, MFU {b.mfu:.1%}; "
-                f"{self.screened} screened ({self.rejected_memory} rejected by memory), {self.simulations} simulated "
-                f"in {self.wall_s:.1f} s")
-
-
-def _key(c: Candidate, objective: str) -> float:
-    """The value a candidate is ranked by (smaller is better): simulated when it was, else
-    screened. Serving: time per output token, or minus tokens/s when the bound holds."""
-    value = c.simulated_s if c.simulated else c.screened_s
-    if not c.fits or not math.isfinite(value):
+def llm_fitness(evaluation: Evaluation, settings: LLMSearchSettings) -> float:
+    """The value a configuration is ranked by (smaller is better): the objective, with the
+    serving search's time-to-first-token bound as a constraint."""
+    if (settings.objective == "throughput" and settings.ttft_bound is not None and evaluation.serving
+            and not evaluation.ttft <= settings.ttft_bound):
         return math.inf
-    if not math.isnan(c.tpot_s) or not math.isnan(c.ttft_s):  # serving
-        if objective == "throughput":
-            return -c.throughput if not math.isnan(c.throughput) else math.inf
-        return c.tpot_s
-    return value
-
-
-def _throughput(c: Candidate, tokens: int, bound: float | None) -> float:
-    if bound is not None and not (c.ttft_s <= bound):
-        return math.nan
-    total = c.simulated_s if c.simulated else c.screened_s
-    return tokens * c.config.dp / total if total > 0 else math.nan
+    return evaluation.fitness(settings.objective)
 
 
 # ----------------------------------------------------------------------------- the space
@@ -276,8 +206,11 @@ class _Genome:
         return tuple(out)
 
     def config(self, space: LLMSpace) -> ParallelConfig:
+        """The configuration the genome stands for, canonical: on a cluster of one GPU kind, the
+        stages of one tensor-parallel degree take their blocks of GPUs in order (a permutation of
+        identical blocks places the same work on identical GPUs)."""
         uniform_tp = len(set(self.tps)) == 1
-        identity = self.perm == tuple(range(self.pp))
+        identity = self.perm == tuple(range(self.pp)) or (uniform_tp and not space.heterogeneous)
         starts = self.starts() if not identity or not uniform_tp else ()
         balanced = self.layers == _balanced(space.layers, self.pp)
         gb = space.global_batch if space.training else 0
@@ -300,120 +233,27 @@ def _legal(space: LLMSpace, cfg: ParallelConfig) -> bool:
     return not parallel_problems(cfg, replace(t, batch=cfg.micro_batch), space.gpus)
 
 
+def _level1(g: _Genome) -> tuple:
+    """The level-1 genes of ``g`` (what a generation's coordinate descent does not change)."""
+    return (g.pp, g.dp, g.tps, g.layers, g.perm, g.order)
+
+
+def _legal(space: LLMSpace, cfg: ParallelConfig) -> bool:
+    t = space.graph.meta["transformer"]
+    return not parallel_problems(cfg, replace(t, batch=cfg.micro_batch), space.gpus)
+
+
 # ----------------------------------------------------------------------------- evaluation
-@dataclass
-class _Problem:
-    graph: Graph
-    system: System
-    cost: CostModel
-    graphs: dict = field(default_factory=dict)
-
-    def graph_for(self, cfg: ParallelConfig) -> Graph:
-        return graph_for(self.graph, cfg, self.graphs)
-
-
-def graph_for(graph: Graph, cfg: ParallelConfig, cache: dict | None = None) -> Graph:
-    """The workload built at ``cfg``'s micro-batch (a parallel lowering times one micro-batch:
-    a training workload's graph is rebuilt per micro-batch size; serving keeps its batch)."""
-    t = graph.meta["transformer"]
-    if not t.training or cfg.micro_batch == graph.batch:
-        return graph
-    cache = {} if cache is None else cache
-    hit = cache.get(cfg.micro_batch)
-    if hit is None:
-        from marssim.workload import load_workload
-
-        hit = cache[cfg.micro_batch] = load_workload(graph.spec, batch=cfg.micro_batch)
-    return hit
-
-
-_WORKER: dict[str, _Problem] = {}
-
-
-def _screen_chunk(args: tuple[str, bytes, list[ParallelConfig]]) -> list[Candidate]:
-    from marssim.parallel.analytic import screen
-
-    key, blob, configs = args
-    p = worker_copy(_WORKER, key, blob)
-    out = []
-    for cfg in configs:
-        try:
-            sc = screen(p.graph_for(cfg), p.system, cfg, p.cost, time_infeasible=False)
-        except InputError as err:
-            out.append(Candidate(cfg, error=str(err)))
-            continue
-        worst = sc.memory.worst_stage
-        out.append(Candidate(cfg, screened_s=sc.iteration_s, fits=sc.fits, memory_peak=sc.memory.peak(worst),
-                             **_screen_serving(p, cfg, sc)))
-    return out
-
-
-def _screen_serving(p: _Problem, cfg: ParallelConfig, sc) -> dict:
-    """Serving: the closed form's time to first token and per output token (prefill ops and
-    decode ops timed apart; the pipeline runs one request batch through every stage)."""
-    t = p.graph.meta["transformer"]
-    if t.mode != "serve":
-        return {}
-    from marssim.parallel.analytic import serving_times
-
-    ttft, tpot = serving_times(p.graph_for(cfg), p.system, cfg, p.cost)
-    return {"ttft_s": ttft, "tpot_s": tpot}
-
-
-def _simulate_chunk(args: tuple[str, bytes, list[ParallelConfig]]) -> list[Candidate]:
-    from marssim.errors import CapacityError
-    from marssim.parallel import lower_parallel
-    from marssim.parallel.report import report_of
-    from marssim.sim import simulate
-
-    key, blob, configs = args
-    p = worker_copy(_WORKER, key, blob)
-    out = []
-    for cfg in configs:
-        try:
-            start = time.perf_counter()
-            tg = lower_parallel(p.graph_for(cfg), p.system, cfg, p.cost)
-            lowered = time.perf_counter()
-            result = simulate(tg, p.system, record=False, setup=False)
-            rep = report_of(tg, p.system, result)
-            done = time.perf_counter()
-        except (CapacityError, InputError) as err:
-            out.append(Candidate(cfg, fits=False, error=str(err)))
-            continue
-        peak = max(rep.memory_peak.values()) if rep.memory_peak else math.nan
-        out.append(Candidate(cfg, simulated_s=rep.iteration_s, mfu=rep.mfu, exposed=dict(rep.exposed_s),
-                             ttft_s=rep.ttft_s if rep.ttft_s is not None else math.nan,
-                             tpot_s=rep.tpot_s if rep.tpot_s is not None else math.nan, sim_memory_peak=peak,
-                             lower_s=lowered - start, sim_s=done - lowered))
-    return out
-
-
-def _map(fn, problem: tuple[str, bytes], items: list, executor: Executor | None, parts: int) -> list:
-    """``fn`` over ``items`` in chunks, in order, on ``executor`` (or here); ``problem``: the
-    key and bytes of the pickled :class:`_Problem` (:func:`marssim.workercache.pickled`)."""
-    if not items:
-        return []
-    if executor is None or parts <= 1 or len(items) == 1:
-        return fn((*problem, items))
-    n = min(parts, len(items))
-    chunks = [items[i::n] for i in range(n)]
-    results = list(executor.map(fn, [(*problem, c) for c in chunks]))
-    out = [None] * len(items)
-    for i, res in enumerate(results):
-        out[i::n] = res
-    return out
-
-
 def screen_configs(graph: Graph, system: System, cost: CostModel, configs: Sequence[ParallelConfig],
-                   executor: Executor | None = None, parts: int = 1) -> list[Candidate]:
+                   executor: Executor | None = None) -> list[Evaluation]:
     """Screen ``configs`` (closed form), in order, on ``executor``."""
-    return _map(_screen_chunk, pickled(_Problem(graph, system, cost)), list(configs), executor, parts)
+    return Evaluator(Problem(graph, system, cost), executor).estimate(list(configs))
 
 
 def simulate_configs(graph: Graph, system: System, cost: CostModel, configs: Sequence[ParallelConfig],
-                     executor: Executor | None = None, parts: int = 1) -> list[Candidate]:
-    """Simulate ``configs``, in order, on ``executor``."""
-    return _map(_simulate_chunk, pickled(_Problem(graph, system, cost)), list(configs), executor, parts)
+                     executor: Executor | None = None) -> list[Evaluation]:
+    """Simulate ``configs``, in order, on ``executor`` (one configuration per task)."""
+    return Evaluator(Problem(graph, system, cost), executor).simulate(list(configs), side_by_side=True)
 
 
 # ----------------------------------------------------------------------------- the baseline grid
@@ -454,85 +294,87 @@ def megatron_grid(space: LLMSpace) -> list[ParallelConfig]:
 
 
 # ----------------------------------------------------------------------------- the GA
-class _Search:
-    def __init__(self, graph: Graph, system: System, cost: CostModel, settings: LLMSearchSettings,
-                 executor: Executor | None, parts: int, progress: Callable[[dict], None] | None = None) -> None:
-        self.progress = progress
-        self.started = time.perf_counter()
-        self.space = LLMSpace.of(graph, system, settings)
-        self.graph, self.system, self.cost = graph, system, cost
+_GENES = ("sp", "micro", "schedule", "recompute", "zero", "ep")
+
+
+class _LLMStrategy:
+    """The parallel-configuration GA as a :class:`~marssim.search.skeleton.Strategy`."""
+
+    algorithm = "mars"
+
+    def __init__(self, space: LLMSpace, ev: Evaluator, settings: LLMSearchSettings) -> None:
+        self.space = space
+        self.ev = ev
         self.settings = settings
         self.rng = np.random.default_rng(settings.seed)
-        self.executor, self.parts = executor, parts
-        self.problem = pickled(_Problem(graph, system, cost))
-        self.seen: dict[ParallelConfig, Candidate] = {}
-        self.rejected = 0
         self.tried: set[tuple] = set()
-        self.timing = {"screen_s": 0.0, "simulate_s": 0.0}
-        t = graph.meta["transformer"]
-        self.tokens = t.batch * t.generate if t.mode == "serve" else 0
+        self.scored: list[tuple[_Genome, Evaluation]] = []
+        self.best_screen = math.inf
+        self._improved = False
 
     # --------------------------------------------------------------- evaluation
-    def _score(self, c: Candidate) -> Candidate:
-        if self.tokens:
-            return replace(c, throughput=_throughput(c, self.tokens, self.settings.ttft_bound))
-        return c
+    def fitness(self, evaluation: Evaluation) -> float:
+        return llm_fitness(evaluation, self.settings)
 
-    def screen(self, configs: Sequence[ParallelConfig]) -> list[Candidate]:
-        todo = [c for c in dict.fromkeys(configs) if c not in self.seen]
-        start = time.perf_counter()
-        for cand in _map(_screen_chunk, self.problem, todo, self.executor, self.parts):
-            self.seen[cand.config] = self._score(cand)
-            if not cand.fits:
-                self.rejected += 1
-        self.timing["screen_s"] += time.perf_counter() - start
-        return [self.seen[c] for c in configs]
+    def screen(self, configs: Sequence[ParallelConfig]) -> list[Evaluation]:
+        return self.ev.estimate(list(configs))
 
     def simulate(self, configs: Sequence[ParallelConfig]) -> None:
-        todo = [c for c in dict.fromkeys(configs) if not self.seen[c].simulated and self.seen[c].fits]
-        room = self.settings.max_simulations - self.simulations
-        todo = todo[:max(0, room)]
-        start = time.perf_counter()
-        for cand in _map(_simulate_chunk, self.problem, todo, self.executor, self.parts):
-            old = self.seen[cand.config]
-            self.seen[cand.config] = self._score(replace(cand, screened_s=old.screened_s, memory_peak=old.memory_peak,
-                                                         fits=cand.fits and old.fits))
-        self.timing["simulate_s"] += time.perf_counter() - start
-
-    def timings(self) -> dict:
-        """Wall seconds spent screening and simulating (as the search waited for them), and the
-        seconds the simulated candidates' lowering and simulation took where they ran."""
-        sims = [c for c in self.seen.values() if c.simulated]
-        return {**self.timing, "lower_s": sum(c.lower_s for c in sims), "sim_s": sum(c.sim_s for c in sims)}
-
-    def check_best(self, best: Candidate | None) -> None:
-        """InputError when nothing fits the memory or meets the time-to-first-token bound."""
-        fitting = any(c.fits and not c.error for c in self.seen.values())
-        if best is None and not fitting:
-            raise InputError(None, "search", "no configuration fits the GPUs' memory (every candidate was "
-                                             f"rejected: {self.rejected} by the memory model)")
-        if (best is None or not math.isfinite(_key(best, self.settings.objective))) and self.settings.ttft_bound is None:
-            errors = [c.error for c in self.seen.values() if c.error]
-            raise InputError(None, "search", "no configuration could be simulated" + (f" ({errors[0]})" if errors else ""))
-        if best is None or not math.isfinite(_key(best, self.settings.objective)):
-            fastest = min((c.ttft_s for c in self.seen.values() if c.fits and c.ttft_s == c.ttft_s), default=math.nan)
-            raise InputError(None, "--ttft-bound", f"no configuration meets the time-to-first-token bound of "
-                                                   f"{self.settings.ttft_bound * 1e3:.3f} ms (the fastest screened: "
-                                                   f"{fastest * 1e3:.3f} ms)")
-
-    @property
-    def simulations(self) -> int:
-        return sum(1 for c in self.seen.values() if c.simulated)
-
-    def best_simulated(self) -> Candidate | None:
-        sims = [c for c in self.seen.values() if c.simulated and c.fits]
-        return min(sims, key=lambda c: (_key(c, self.settings.objective), c.config.text())) if sims else None
+        """Simulate the configurations not simulated yet that fit, side by side, within the
+        budget of simulations."""
+        todo = [c for c in dict.fromkeys(configs) if self.ev.known(c) is None
+                and (self.ev.screened(c) is None or self.ev.screened(c).feasible)]
+        todo = todo[:max(0, self.settings.max_simulations - self.ev.simulations)]
+        if todo:
+            self.ev.simulate(todo, side_by_side=True)
 
     def best_screened(self, n: int, exclude_simulated: bool = True) -> list[ParallelConfig]:
-        cands = [c for c in self.seen.values() if c.fits and math.isfinite(_key(c, self.settings.objective))
-                 and (not exclude_simulated or not c.simulated)]
-        ranked = sorted(cands, key=lambda c: (_key(c, self.settings.objective), c.config.text()))
-        return [c.config for c in ranked[:n]]
+        ranked = []
+        for cfg, e in self.ev.screened_plans():
+            f = self.fitness(e)
+            if math.isfinite(f) and (not exclude_simulated or self.ev.known(cfg) is None):
+                ranked.append((rank_value(f), cfg.text(), cfg))
+        return [c for _, _, c in sorted(ranked, key=lambda x: x[:2])[:n]]
+
+    # --------------------------------------------------------------- the strategy
+    def initial(self, seeds: Sequence[ParallelConfig]) -> list[_Genome]:
+        """The seeds' genomes (without seeds: the best configurations of :func:`megatron_grid`,
+        screened and simulated, unless ``seed_with_grid`` is off), then random level-1 genomes."""
+        if not seeds and self.settings.seed_with_grid:
+            self.screen(megatron_grid(self.space))
+            seeds = self.best_screened(self.settings.grid_simulate, exclude_simulated=False)
+            self.simulate(seeds)
+            seeds = [c for c in seeds if self.ev.known(c) is not None]
+        population = [self.genome_of(cfg) for cfg in seeds]
+        while len(population) < self.settings.population:
+            population.append(self.random_level1())
+        return population
+
+    def evaluate(self, population: list[_Genome]) -> None:
+        before = self.best_screen
+        self.scored = self.level2(population)
+        self.tried.update(_level1(g) for g in population)
+        self.simulate(self.best_screened(self.settings.simulate_top))
+        finite = [self.fitness(e) for _, e in self.ev.screened_plans()]
+        self.best_screen = min((f for f in finite if math.isfinite(f)), default=math.inf)
+        self._improved = self.best_screen < before
+
+    def breed(self, population: list[_Genome]) -> list[_Genome]:
+        return self.next_generation(self.scored)
+
+    def improved(self) -> bool:
+        return self._improved
+
+    def stats(self, population: list[_Genome]) -> dict[str, float]:
+        values = [self.fitness(e) for _, e in self.scored]
+        finite = [v for v in values if math.isfinite(v)]
+        screened = self.ev.screened_plans()
+        return {"population_best": min(finite, default=math.inf),
+                "mean_fitness": float(np.mean(finite)) if finite else math.inf, "screened": len(screened),
+                "rejected_memory": sum(1 for _, e in screened if not e.feasible)}
+
+    def finish(self) -> None:
+        self.simulate(self.best_screened(1))
 
     # --------------------------------------------------------------- genomes
     def genome_of(self, cfg: ParallelConfig) -> _Genome:
@@ -647,83 +489,57 @@ class _Search:
         return replace(a, layers=b.layers if pick[0] else a.layers, perm=b.perm if pick[1] else a.perm,
                        tps=b.tps if pick[2] and sum(b.tps) == sum(a.tps) else a.tps)
 
-    def level2(self, g: _Genome) -> tuple[_Genome, Candidate]:
-        """The best level-2 choice for ``g``'s level 1, by coordinate descent over the screen."""
-        s, sp = self.settings, self.space
-        genes = {"sp": s.sp if max(g.tps) > 1 else (False,),
-                 "micro": s.micro_batches if sp.training else (sp.graph.batch,),
-                 "schedule": s.schedules if sp.training and g.pp > 1 else ("1f1b",),
-                 "recompute": s.recompute if sp.training else ("none",),
-                 "zero": s.zero if sp.training and g.dp > 1 else (0,),
-                 "ep": sp.eps(g.dp)}
-        best = g
+    def level2(self, genomes: list[_Genome]) -> list[tuple[_Genome, Evaluation]]:
+        """The best level-2 choice for each genome's level 1, by coordinate descent over the
+        screen: every genome's trials of a coordinate screened as one batch; a genome whose
+        round changed nothing stops."""
+        sp = self.space
+        best = list(genomes)
+        active = [True] * len(best)
         for _ in range(2):
-            changed = False
-            for gene, values in genes.items():
-                trials = [replace(best, **{gene: v}) for v in values]
-                configs = [t.config(sp) for t in trials]
-                legal = [(t, c) for t, c in zip(trials, configs) if _legal(sp, c)]
-                if not legal:
-                    continue
-                cands = self.screen([c for _, c in legal])
-                ranked = sorted(zip(legal, cands), key=lambda x: (_key(x[1], s.objective), x[0][1].text()))
-                top = ranked[0][0][0]
-                if top != best:
-                    best, changed = top, True
-            if not changed:
+            changed = [False] * len(best)
+            for gene in _GENES:
+                trials: list[tuple[int, list[tuple[_Genome, ParallelConfig]]]] = []
+                batch: list[ParallelConfig] = []
+                for i, g in enumerate(best):
+                    if not active[i]:
+                        continue
+                    values = self.gene_values(g)[gene]
+                    legal = [(t, t.config(sp)) for t in (replace(g, **{gene: v}) for v in values)]
+                    legal = [(t, c) for t, c in legal if _legal(sp, c)]
+                    if legal:
+                        trials.append((i, legal))
+                        batch.extend(c for _, c in legal)
+                evals = iter(self.screen(batch))
+                for i, legal in trials:
+                    ranked = sorted(((t, c, next(evals)) for t, c in legal),
+                                    key=lambda x: (rank_value(self.fitness(x[2])), x[1].text()))
+                    if ranked[0][0] != best[i]:
+                        best[i], changed[i] = ranked[0][0], True
+            active = [a and c for a, c in zip(active, changed)]
+            if not any(active):
                 break
-        cfg = best.config(sp)
-        if not _legal(sp, cfg):
-            return best, Candidate(cfg)
-        return best, self.screen([cfg])[0]
+        out: list[tuple[_Genome, Evaluation]] = []
+        configs = [g.config(sp) for g in best]
+        legal = [c for c in configs if _legal(sp, c)]
+        evals = dict(zip(map(plan_key, legal), self.screen(legal)))
+        for g, c in zip(best, configs):
+            out.append((g, evals.get(plan_key(c), Evaluation(math.inf, feasible=False, error="not legal"))))
+        return out
 
-    # --------------------------------------------------------------- the loop
-    def run(self, seeds: Sequence[ParallelConfig]) -> LLMSearchResult:
-        s = self.settings
-        wall = self.started
-        population: list[_Genome] = []
-        for cfg in seeds:
-            population.append(self.genome_of(cfg))
-        while len(population) < s.population:
-            population.append(self.random_level1())
-        history = []
-        best_key = (math.inf, "")
-        best_screen = math.inf
-        stale = 0
-        for gen in range(s.generations):
-            scored = [self.level2(g) for g in population]
-            self.tried.update(_level1(g) for g in population)
-            self.simulate(self.best_screened(s.simulate_top))
-            best = self.best_simulated()
-            key = (_key(best, s.objective), best.config.text()) if best else (math.inf, "")
-            screened = [c for _, c in scored if math.isfinite(_key(c, s.objective))]
-            history.append({"generation": gen, "best_fitness": key[0], "simulations": self.simulations,
-                            "screened": len(self.seen), "rejected_memory": self.rejected,
-                            "mean_screened": float(np.mean([_key(c, s.objective) for c in screened])) if screened
-                            else math.inf, "wall_s": time.perf_counter() - wall})
-            if self.progress is not None:
-                self.progress(history[-1])
-            top = min((_key(c, s.objective) for c in self.seen.values() if c.fits), default=math.inf)
-            if key < best_key or top < best_screen:
-                best_key, stale = min(key, best_key), 0
-                best_screen = min(top, best_screen)
-            else:
-                stale += 1
-            if stale >= s.patience or self.simulations >= s.max_simulations:
-                break
-            if s.time_limit_s is not None and time.perf_counter() - wall > s.time_limit_s:
-                break
-            population = self.next_generation(scored)
-        self.simulate(self.best_screened(1))
-        best = self.best_simulated()
-        self.check_best(best)
-        return LLMSearchResult("mars", s.objective, best, list(self.seen.values()), pd.DataFrame(history),
-                               len(self.seen), self.rejected, self.simulations, time.perf_counter() - wall, s.seed,
-                               self.timings())
+    def gene_values(self, g: _Genome) -> dict[str, tuple]:
+        """The level-2 choices open to ``g`` (its level 1 fixes which apply)."""
+        s, sp = self.settings, self.space
+        return {"sp": s.sp if max(g.tps) > 1 else (False,),
+                "micro": s.micro_batches if sp.training else (sp.graph.batch,),
+                "schedule": s.schedules if sp.training and g.pp > 1 else ("1f1b",),
+                "recompute": s.recompute if sp.training else ("none",),
+                "zero": s.zero if sp.training and g.dp > 1 else (0,),
+                "ep": sp.eps(g.dp)}
 
-    def next_generation(self, scored: list[tuple[_Genome, Candidate]]) -> list[_Genome]:
+    def next_generation(self, scored: list[tuple[_Genome, Evaluation]]) -> list[_Genome]:
         s = self.settings
-        ranked = sorted(scored, key=lambda x: (_key(x[1], s.objective), x[1].config.text()))
+        ranked = sorted(scored, key=lambda x: (rank_value(self.fitness(x[1])), x[0].config(self.space).text()))
         elite = [g for g, _ in ranked[:max(1, s.population // 4)]]
         out = list(dict.fromkeys(elite))
         while len(out) < s.population:
@@ -743,36 +559,75 @@ class _Search:
         return out
 
 
+def _check(ev: Evaluator, settings: LLMSearchSettings, result: SearchResult | None) -> None:
+    """InputError when nothing fits the memory, could be simulated, or meets the
+    time-to-first-token bound."""
+    screened = ev.screened_plans()
+    if result is None or not math.isfinite(llm_fitness(result.evaluation, settings)):
+        if screened and not any(e.feasible for _, e in screened):
+            raise InputError(None, "search", "no configuration fits the GPUs' memory (every candidate was rejected: "
+                                             f"{len(screened)} by the memory model)")
+        if settings.ttft_bound is not None:
+            fastest = min((e.ttft for _, e in screened if e.feasible and e.ttft == e.ttft), default=math.nan)
+            raise InputError(None, "--ttft-bound", f"no configuration meets the time-to-first-token bound of "
+                                                   f"{settings.ttft_bound * 1e3:.3f} ms (the fastest screened: "
+                                                   f"{fastest * 1e3:.3f} ms)")
+        errors = [e.error for _, e in ev.simulated_plans() if e.error]
+        raise InputError(None, "search", "no configuration could be simulated" + (f" ({errors[0]})" if errors else ""))
+
+
 def mars_llm(graph: Graph, system: System, cost: CostModel, settings: LLMSearchSettings | None = None, *,
-             executor: Executor | None = None, parts: int = 1, seeds: Sequence[ParallelConfig] = (),
-             progress: Callable[[dict], None] | None = None) -> LLMSearchResult:
+             executor: Executor | None = None, seeds: Sequence[ParallelConfig] = (),
+             progress: Callable[[dict], None] | None = None) -> SearchResult:
     """The two-level search (module docstring); ``seeds``: configurations to start from (by
     default the best ones of :func:`megatron_grid`, simulated, so the search never returns a
-    worse configuration). ``progress`` is called with each generation's history row."""
+    worse configuration). ``progress`` is called with each generation's history row. Raises
+    :class:`~marssim.search.result.SearchInterrupted` on Ctrl-C (the best so far with it)."""
     settings = settings or LLMSearchSettings()
-    search = _Search(graph, system, cost, settings, executor, parts, progress)
-    if settings.seed_with_grid and not seeds:
-        grid = megatron_grid(search.space)
-        search.screen(grid)
-        seeds = search.best_screened(settings.grid_simulate, exclude_simulated=False)
-        search.simulate(seeds)
-    return search.run(seeds)
+    space = LLMSpace.of(graph, system, settings)
+    ev = Evaluator(Problem(graph, system, cost), executor)
+    strategy = _LLMStrategy(space, ev, settings)
+    budget = Budget(settings.generations, settings.patience, settings.max_simulations, None, settings.time_limit_s)
+    try:
+        result = two_level(strategy, ev, budget, settings.objective, seeds=seeds, seed=settings.seed,
+                           progress=progress, notes={"settings": settings})
+    except ValueError:
+        result = None
+    _check(ev, settings, result)
+    return result
+
+
+class _GridStrategy(_LLMStrategy):
+    """The baseline as a one-generation strategy: the grid screened, its best simulated."""
+
+    algorithm = "megatron-grid"
+
+    def initial(self, seeds: Sequence[ParallelConfig]) -> list[_Genome]:
+        return []
+
+    def evaluate(self, population: list[_Genome]) -> None:
+        self.screen(megatron_grid(self.space))
+        self.simulate(self.best_screened(self.settings.grid_simulate, exclude_simulated=False))
+
+    def stats(self, population: list[_Genome]) -> dict[str, float]:
+        screened = self.ev.screened_plans()
+        return {"screened": len(screened), "rejected_memory": sum(1 for _, e in screened if not e.feasible)}
+
+    def finish(self) -> None:
+        return None
 
 
 def grid_search(graph: Graph, system: System, cost: CostModel, settings: LLMSearchSettings | None = None, *,
-                executor: Executor | None = None, parts: int = 1) -> LLMSearchResult:
+                executor: Executor | None = None) -> SearchResult:
     """The baseline: :func:`megatron_grid` screened, its best ``grid_simulate`` simulated."""
     settings = settings or LLMSearchSettings()
-    wall = time.perf_counter()
-    search = _Search(graph, system, cost, settings, executor, parts)
-    grid = megatron_grid(search.space)
-    search.screen(grid)
-    search.simulate(search.best_screened(settings.grid_simulate, exclude_simulated=False))
-    best = search.best_simulated()
-    search.check_best(best)
-    history = pd.DataFrame([{"generation": 0, "best_fitness": _key(best, settings.objective),
-                             "simulations": search.simulations, "screened": len(search.seen),
-                             "rejected_memory": search.rejected, "wall_s": time.perf_counter() - wall}])
-    return LLMSearchResult("megatron-grid", settings.objective, best, list(search.seen.values()), history,
-                           len(search.seen), search.rejected, search.simulations, time.perf_counter() - wall,
-                           settings.seed, search.timings())
+    space = LLMSpace.of(graph, system, settings)
+    ev = Evaluator(Problem(graph, system, cost), executor)
+    strategy = _GridStrategy(space, ev, settings)
+    try:
+        result = two_level(strategy, ev, Budget(generations=1), settings.objective, seed=settings.seed,
+                           notes={"settings": settings})
+    except ValueError:
+        result = None
+    _check(ev, settings, result)
+    return result

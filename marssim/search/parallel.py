@@ -10,7 +10,7 @@ import os
 from collections.abc import Iterator
 from concurrent.futures import Executor, ProcessPoolExecutor
 
-__all__ = ["open_executor", "executor_parallelism", "DASK_TIMEOUT"]
+__all__ = ["open_executor", "executor_parallelism", "ignore_interrupts", "stop_now", "DASK_TIMEOUT"]
 
 
 DASK_TIMEOUT = 10.0
@@ -46,8 +46,31 @@ def open_executor(workers: int | None = None, dask: str | None = None, *,
     if n <= 1:
         yield None
         return
-    with ProcessPoolExecutor(n) as pool:
+    pool = ProcessPoolExecutor(n, initializer=ignore_interrupts)
+    try:
         yield pool
+    except KeyboardInterrupt:
+        stop_now(pool)
+        raise
+    pool.shutdown(wait=True)
+
+
+def ignore_interrupts() -> None:
+    """Worker initializer: Ctrl-C reaches every process of the terminal's group; only the parent
+    acts on it (keeps the best so far, stops the workers), so the workers ignore it."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def stop_now(pool: ProcessPoolExecutor) -> None:
+    """Stop ``pool`` at once: queued work cancelled, running workers terminated (a simulation of a
+    minute is not waited for after Ctrl-C)."""
+    processes = list(getattr(pool, "_processes", {}).values())
+    pool.shutdown(wait=False, cancel_futures=True)
+    for process in processes:
+        with contextlib.suppress(Exception):
+            process.terminate()
 
 
 def executor_parallelism(executor: Executor | None, default: int = 8) -> int:

@@ -1,24 +1,34 @@
-"""How a search's outcome reads: the fitness in a person's units, the best mapping by set, the
-convergence plot, and the summary that ``marssim search --out`` writes as ``search.json``."""
+"""How a search's outcome reads, whatever its plans: the fitness in a person's units, the best
+plan, the top candidates as a table that fits 120 columns, the convergence figure, and the
+summary that ``marssim search --out`` writes as ``search.json`` (the files themselves are
+written by the command)."""
 
 from __future__ import annotations
 
 import math
 from pathlib import Path
 
+from marssim.parallel import ParallelConfig
+from marssim.plan import plan_key
+from marssim.system import System
 from marssim.workload import Graph
 
-from .result import SearchResult
+from .result import Candidate, SearchResult
 
-__all__ = ["fitness_display", "plot_convergence", "describe_mapping", "search_summary"]
+__all__ = ["fitness_display", "plot_convergence", "save_figure", "describe_best", "describe_mapping", "format_top",
+           "top_candidates", "top_rows", "equivalence_key", "search_summary", "short_config", "WIDTH"]
+
+WIDTH = 120
+"""Columns the printed tables fit in."""
 
 
-def fitness_display(objective: str, fitness: float) -> tuple[str, float]:
+def fitness_display(objective: str, fitness: float, serving: bool = False) -> tuple[str, float]:
     """A fitness (the value minimised) as a person reads it: ``(label with unit, value)``."""
     if objective == "latency":
-        return "makespan (ms)", fitness * 1e3
+        return ("time per output token (ms)" if serving else "makespan (ms)"), fitness * 1e3
     if objective == "throughput":
-        return "throughput (samples/s)", 1.0 / fitness if fitness > 0 and math.isfinite(fitness) else 0.0
+        return ("output tokens/s" if serving else "throughput (samples/s)"), \
+            1.0 / fitness if fitness > 0 and math.isfinite(fitness) else 0.0
     if objective == "energy":
         return "energy (mJ)", fitness * 1e3
     if objective == "edp":
@@ -26,25 +36,37 @@ def fitness_display(objective: str, fitness: float) -> tuple[str, float]:
     raise ValueError(f"unknown objective {objective!r}")
 
 
-def plot_convergence(result: SearchResult, png: str | Path) -> list[Path]:
-    """Best fitness so far against simulations run (one marker per generation); PNG and SVG."""
+def _serving(result: SearchResult) -> bool:
+    return result.evaluation.serving
+
+
+def plot_convergence(results: SearchResult | list[SearchResult], png: str | Path) -> list[Path]:
+    """Best fitness so far against simulations run, one line per search (a one-generation search,
+    such as a baseline grid, as a horizontal line; the population mean dashed for a single
+    search); PNG and SVG."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    hist = result.history
-    label, _ = fitness_display(result.objective, 1.0)
-    best = [fitness_display(result.objective, f)[1] for f in hist["best_fitness"]]
+    results = [results] if isinstance(results, SearchResult) else list(results)
+    first = results[0]
+    label, _ = fitness_display(first.objective, 1.0, _serving(first))
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
-    ax.step(hist["simulations"], best, where="post", marker="o", label=f"{result.algorithm}: best so far")
-    if "mean_fitness" in hist:
-        mean = [fitness_display(result.objective, f)[1] if math.isfinite(f) else float("nan")
-                for f in hist["mean_fitness"]]
-        ax.plot(hist["simulations"], mean, ls="--", color="grey", label="population mean")
+    for res in results:
+        hist = res.history
+        best = [fitness_display(res.objective, f, _serving(res))[1] for f in hist["best_fitness"]]
+        if len(hist) == 1 and len(results) > 1:
+            ax.axhline(best[0], ls="--", color="grey", label=f"{res.algorithm} (best simulated)")
+            continue
+        ax.step(hist["simulations"], best, where="post", marker="o", label=f"{res.algorithm}: best so far")
+        if len(results) == 1 and "mean_fitness" in hist:
+            mean = [fitness_display(res.objective, f, _serving(res))[1] if math.isfinite(f) else float("nan")
+                    for f in hist["mean_fitness"]]
+            ax.plot(hist["simulations"], mean, ls="--", color="grey", label="population mean")
     ax.set_xlabel("simulations")
     ax.set_ylabel(label)
-    ax.set_title(f"{result.algorithm} convergence ({len(hist)} generations, seed {result.seed})")
+    ax.set_title(f"{' vs '.join(r.algorithm for r in results)} convergence (seed {first.seed})")
     ax.grid(alpha=0.3)
     ax.legend()
     return save_figure(fig, png)
@@ -81,18 +103,151 @@ def describe_mapping(result: SearchResult, graph: Graph) -> str:
     return "\n".join(lines)
 
 
-def search_summary(result: SearchResult, graph: Graph) -> dict:
-    """What ``search.json`` holds: algorithm, objective, seed, fitness, makespan (s), throughput
-    (samples/s), energy (J), simulations, estimates, wall time (s), system, workload, mapping key
-    and notes (JSON-ready: NaN and infinities become null)."""
-    return {
+def describe_best(result: SearchResult, graph: Graph) -> str:
+    """The best plan in a few lines: a mapping's sets, a configuration's settings and figures."""
+    if not isinstance(result.best, ParallelConfig):
+        return describe_mapping(result, graph)
+    cfg, e = result.best, result.evaluation
+    lines = [f"  {cfg.text()}"]
+    if e.mfu == e.mfu:
+        lines.append(f"  MFU {e.mfu:.1%}, memory peak {e.memory_peak / 2**30:.2f} GiB per GPU")
+    return "\n".join(lines)
+
+
+_SHORT = (("sp", lambda v: "sp" if v else ""), ("ep", lambda v: f"ep{v}"), ("micro_batch", lambda v: f"mb{v}"),
+          ("global_batch", lambda v: f"gb{v}"), ("schedule", lambda v: {"1f1b": "", "gpipe": "gpipe"}.get(v, "il")),
+          ("virtual_stages", lambda v: f"v{v}"), ("recompute", lambda v: {"selective": "rc-sel", "full": "rc-full"}.get(v, "")),
+          ("zero", lambda v: f"z{v}"), ("order", lambda v: v), ("bucket", lambda v: f"bucket{v}"),
+          ("overlap_grad_reduce", lambda v: "" if v else "no-overlap"))
+
+
+def short_config(cfg: ParallelConfig, width: int = 44) -> str:
+    """A configuration in a few characters (``tp8 pp2 dp8 sp mb1 gb64 rc-full z1``; per-stage
+    settings as ``stp=8/4``, ``lps=10/12``, ``start=0/16``), cut to ``width`` with an ellipsis."""
+    parts = [f"tp{cfg.tp}" if not cfg.stage_tp else "stp=" + "/".join(map(str, cfg.stage_tp)),
+             f"pp{cfg.pp}", f"dp{cfg.dp}"]
+    default = ParallelConfig()
+    for name, fmt in _SHORT:
+        value = getattr(cfg, name)
+        if value != getattr(default, name) or name in ("micro_batch",):
+            token = fmt(value)
+            if token:
+                parts.append(token)
+    if cfg.layers_per_stage:
+        parts.append("lps=" + "/".join(map(str, cfg.layers_per_stage)))
+    if cfg.stage_start:
+        parts.append("start=" + "/".join(map(str, cfg.stage_start)))
+    text = " ".join(parts)
+    return text if len(text) <= width else text[:width - 1] + "\u2026"
+
+
+def equivalence_key(cfg: ParallelConfig, evaluation, objective: str = "latency") -> tuple:
+    """Configurations that differ only in where their ranks sit (``order``, ``stage_start``) and
+    evaluate to the same value at 12 digits are one configuration to a reader of the top list."""
+    from dataclasses import replace
+
+    from .evaluate import rank_value
+
+    return (replace(cfg, order="tp-pp-dp", stage_start=()), rank_value(evaluation.fitness(objective)))
+
+
+def top_candidates(result: SearchResult, n: int = 10) -> list[Candidate]:
+    """The ``n`` best candidates, simulated ones first, equivalent configurations once
+    (:func:`equivalence_key`)."""
+    if not isinstance(result.best, ParallelConfig):
+        return result.top(n)
+    evaluation = {plan_key(c.plan): c.evaluation for c in result.candidates}
+    return result.top(n, key=lambda p: equivalence_key(p, evaluation[plan_key(p)], result.objective))
+
+
+def top_rows(result: SearchResult, n: int = 10) -> list[dict]:
+    """The ``n`` best candidates (:func:`top_candidates`) as records: plan, simulated and screened
+    time (ms), and for a configuration MFU, memory peak (GiB), bubble and exposed communication
+    per group (ms), time to first token and per output token (ms)."""
+    return [_row(c) for c in top_candidates(result, n)]
+
+
+def _row(c: Candidate) -> dict:
+    def ms(x):
+        return x * 1e3 if x is not None and x == x else float("nan")
+
+    sim, scr = c.simulated, c.screened
+    row = {"plan": c.plan.text() if isinstance(c.plan, ParallelConfig) else plan_key(c.plan)[:12],
+           "simulated_ms": ms(sim.makespan) if sim else float("nan"),
+           "screened_ms": ms(scr.makespan) if scr else float("nan")}
+    e = c.evaluation
+    if isinstance(c.plan, ParallelConfig):
+        row.update(mfu=e.mfu, memory_peak_GiB=e.memory_peak / 2**30, bubble_ms=ms(e.exposed.get("bubble")),
+                   **{f"exposed_{k}_ms": ms(v) for k, v in sorted(e.exposed.items()) if k != "bubble"},
+                   ttft_ms=ms(e.ttft), tpot_ms=ms(e.tpot))
+    else:
+        row.update(sets=len(c.plan.sets), stages=c.plan.n_stages, micro_batches=c.plan.micro_batches)
+    return row
+
+
+def _num_cell(x: float, width: int) -> str:
+    return f"{'-':>{width}}" if x != x else f"{x:>{width}.3f}"
+
+
+def format_top(result: SearchResult, n: int = 10) -> str:
+    """The ``n`` best candidates as aligned text within :data:`WIDTH` columns: simulated ones
+    first; for configurations MFU, memory and where the time not computing went (the pipeline
+    bubble, or for serving the time to first token and per output token, and the two groups with
+    the most exposed communication)."""
+    cands = top_candidates(result, n)
+    if not cands:
+        return "(no candidate evaluated)"
+    rows = [_row(c) for c in cands]
+    parallel = isinstance(result.best, ParallelConfig)
+    serving = parallel and any(r["tpot_ms"] == r["tpot_ms"] for r in rows)
+    head = f"{'#':>2}  {'configuration' if parallel else 'mapping':<44}{'sim ms':>10}{'screen ms':>10}"
+    if parallel:
+        head += f"{'MFU':>7}{'mem GiB':>8}" + (f"{'TTFT ms':>9}{'TPOT ms':>9}" if serving else f"{'bubble ms':>10}")
+        head += "  exposed ms"
+    else:
+        head += f"{'sets':>6}{'stages':>7}{'micro':>6}"
+    lines = [head]
+    for i, (r, c) in enumerate(zip(rows, cands), start=1):
+        plan = short_config(c.plan) if parallel else r["plan"]
+        line = f"{i:>2}  {plan:<44}{_num_cell(r['simulated_ms'], 10)}{_num_cell(r['screened_ms'], 10)}"
+        if parallel:
+            line += f"{r['mfu']:>7.1%}" if r["mfu"] == r["mfu"] else f"{'-':>7}"
+            mem = r["memory_peak_GiB"]
+            line += f"{mem:>8.1f}" if mem == mem else f"{'-':>8}"
+            line += (_num_cell(r["ttft_ms"], 9) + _num_cell(r["tpot_ms"], 9)) if serving else \
+                _num_cell(r["bubble_ms"], 10)
+            groups = sorted(((v, k[len("exposed_"):-len("_ms")].upper()) for k, v in r.items()
+                             if k.startswith("exposed_") and v == v and v > 0), reverse=True)[:2]
+            line += "  " + (" ".join(f"{g} {v:.1f}" for v, g in groups) or "-")
+        else:
+            line += f"{r['sets']:>6}{r['stages']:>7}{r['micro_batches']:>6}"
+        lines.append(line[:WIDTH])
+    lines.append("('-': screened only, not simulated; equivalent placements shown once)" if parallel else
+                 "('-': screened only, not simulated)")
+    return "\n".join(lines)
+
+
+def search_summary(result: SearchResult, graph: Graph, system: System) -> dict:
+    """What ``search.json`` holds: algorithm, objective, seed, fitness, makespan (s), throughput,
+    energy (J), counts, wall time (s), system, workload, the best plan (a mapping's key, a
+    configuration's settings and report figures) and notes (JSON-ready: NaN and infinities
+    become null)."""
+    e = result.evaluation
+    out = {
         "algorithm": result.algorithm, "objective": result.objective, "seed": result.seed,
-        "fitness": result.fitness, "makespan_s": result.makespan,
-        "throughput_samples_per_s": _num(result.evaluation.throughput), "energy_j": _num(result.evaluation.energy),
-        "simulations": result.simulations, "estimates": result.estimates, "wall_s": result.wall_s,
-        "system": result.best.system, "workload": graph.spec, "mapping_key": result.best.key,
+        "fitness": _num(result.fitness), "makespan_s": _num(result.makespan),
+        "throughput": _num(e.throughput), "energy_j": _num(e.energy),
+        "simulations": result.simulations, "estimates": result.estimates, "rejected_memory": result.rejected_memory,
+        "wall_s": result.wall_s, "interrupted": result.interrupted, "system": system.spec, "workload": graph.spec,
         "notes": {k: str(v) for k, v in result.notes.items()},
     }
+    if isinstance(result.best, ParallelConfig):
+        out.update(best=result.best.to_dict(), best_text=result.best.text(), mfu=_num(e.mfu),
+                   ttft_s=_num(e.ttft), tpot_s=_num(e.tpot), memory_peak_bytes=_num(e.memory_peak),
+                   exposed_s={k: _num(v) for k, v in e.exposed.items()})
+    else:
+        out["mapping_key"] = result.best.key
+    return out
 
 
 def _num(x: float) -> float | None:

@@ -1,16 +1,34 @@
-"""What a search returns: the best mapping, its simulated evaluation, and the history."""
+"""What a search returns: the best plan, its simulated evaluation, the history, and the
+candidates it saw -- the same for every search, whatever its genome."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import pandas as pd
 
-from marssim.mapping import Mapping
+from marssim.parallel import ParallelConfig
+from marssim.plan import Plan, plan_key
 
-from .evaluate import Evaluation
+from .evaluate import Evaluation, rank_value
 
-__all__ = ["SearchResult", "SearchInterrupted"]
+__all__ = ["SearchResult", "SearchInterrupted", "Candidate"]
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A plan a search met: its screened evaluation (None if it was simulated without one) and
+    its simulated evaluation (None if it was only screened)."""
+
+    plan: Plan
+    screened: Evaluation | None = None
+    simulated: Evaluation | None = None
+
+    @property
+    def evaluation(self) -> Evaluation:
+        """The simulation where there is one, else the screen."""
+        return self.simulated if self.simulated is not None else self.screened  # type: ignore[return-value]
 
 
 @dataclass
@@ -20,11 +38,14 @@ class SearchResult:
     ``best`` is valid for the searched graph and system; ``evaluation`` is its *simulated*
     evaluation (never an estimate). ``history`` has one row per generation (or batch):
     ``generation``, ``best_fitness``, ``best_makespan_s``, ``mean_fitness``, ``simulations``,
-    ``estimates``, ``wall_s``. ``simulations``/``estimates`` count distinct candidates run."""
+    ``estimates``, ``wall_s``. ``simulations``/``estimates`` count distinct candidates run (an
+    estimate is a screen: a mapping's analytical estimate, a configuration's closed form);
+    ``rejected_memory``: candidates the screen found not to fit; ``candidates``: every plan met
+    (see :meth:`top`)."""
 
     algorithm: str
     objective: str
-    best: Mapping
+    best: Plan
     evaluation: Evaluation
     history: pd.DataFrame
     simulations: int
@@ -32,6 +53,8 @@ class SearchResult:
     wall_s: float
     seed: int = 0
     notes: dict = field(default_factory=dict)
+    candidates: list[Candidate] = field(default_factory=list)
+    rejected_memory: int = 0
 
     @property
     def fitness(self) -> float:
@@ -41,18 +64,49 @@ class SearchResult:
     def makespan(self) -> float:
         return self.evaluation.makespan
 
+    @property
+    def interrupted(self) -> bool:
+        return bool(self.notes.get("interrupted"))
+
     def summary(self) -> str:
         e = self.evaluation
-        text = (f"{self.algorithm}: makespan {e.makespan * 1e3:.4f} ms, throughput {e.throughput:.4g} samples/s, "
-                f"{len(self.best.sets)} sets, {self.best.n_stages} stages, {self.best.micro_batches} micro-batches; "
-                f"{self.simulations} simulations, {self.estimates} estimates in {self.wall_s:.1f} s")
+        tail = f"{self.simulations} simulations, {self.estimates} estimates in {self.wall_s:.1f} s"
+        if isinstance(self.best, ParallelConfig):
+            what = ("time per output token", e.tpot) if e.tpot == e.tpot else ("iteration", e.makespan)
+            text = (f"{self.algorithm}: best {self.best.text()}: {what[0]} {what[1] * 1e3:.3f} ms, MFU {e.mfu:.1%}; "
+                    f"{tail} ({self.rejected_memory} rejected by memory)")
+        else:
+            text = (f"{self.algorithm}: makespan {e.makespan * 1e3:.4f} ms, throughput {e.throughput:.4g} samples/s, "
+                    f"{len(self.best.sets)} sets, {self.best.n_stages} stages, {self.best.micro_batches} "
+                    f"micro-batches; {tail}")
         if e.energy == e.energy:
             text += f"; energy {e.energy * 1e3:.4g} mJ"
         return text
 
+    def top(self, n: int = 10, key=None) -> list[Candidate]:
+        """The ``n`` best candidates, simulated ones first (by fitness, then screened), equivalent
+        plans once: ``key`` maps a plan to its equivalence class (default: the plan itself)."""
+        def rank(c: Candidate) -> tuple:
+            f = c.evaluation.fitness(self.objective)
+            return (c.simulated is None, rank_value(f) if math.isfinite(f) else math.inf, plan_key(c.plan))
+
+        out: list[Candidate] = []
+        seen: set = set()
+        for c in sorted(self.candidates, key=rank):
+            if not math.isfinite(c.evaluation.fitness(self.objective)):
+                continue
+            k = key(c.plan) if key is not None else plan_key(c.plan)
+            if k in seen:
+                continue
+            seen.add(k)
+            out.append(c)
+            if len(out) >= n:
+                break
+        return out
+
 
 class SearchInterrupted(KeyboardInterrupt):
-    """Ctrl-C during a search that had found a mapping: ``result`` is the best one so far (its
+    """Ctrl-C during a search that had found a plan: ``result`` is the best one so far (its
     evaluation simulated, ``notes["interrupted"]`` True), for the caller to keep before exiting."""
 
     def __init__(self, result: SearchResult) -> None:

@@ -25,21 +25,20 @@ __all__ = ["compare", "attribute", "op_times"]
 
 def compare(graph: Graph, system: System, item: NamedMapping, cost=None, *, memory_policy: str = "error",
             want_ops: bool = False) -> Comparison:
-    """Lower ``item.mapping`` once, estimate and simulate it, and attribute the gap."""
-    from marssim.analytical import estimate
-    from marssim.lower import lower
-    from marssim.sim import simulate
+    """Lower ``item.mapping`` once, estimate and simulate it (:func:`marssim.plan.run`), and
+    attribute the gap."""
+    from marssim.plan import run
 
     m = item.mapping
-    tg = lower(graph, system, m, cost, validate=False)
-    t0 = time.perf_counter()
-    est = estimate(tg, system)
-    t1 = time.perf_counter()
+    estimated = run(m, graph, system, cost, how="estimate", detail=False, validate=False)
+    tg, est = estimated.taskgraph, estimated.estimate
     base = dict(name=item.name, key=m.key, family=item.family, sets=len(m.sets), stages=m.n_stages,
                 micro_batches=m.micro_batches, tasks=tg.n_tasks, estimate_s=est.makespan,
-                lower_bound_s=est.lower_bound, bounded_s=est.bounded, estimate_wall_s=t1 - t0)
+                lower_bound_s=est.lower_bound, bounded_s=est.bounded,
+                estimate_wall_s=estimated.wall_s["evaluate_s"])
+    t1 = time.perf_counter()
     try:
-        sim = simulate(tg, system, memory_policy=memory_policy, record=False, setup=False)
+        sim = run(m, graph, system, cost, taskgraph=tg, memory_policy=memory_policy, record=False).result
     except CapacityError as err:
         return Comparison(**base, simulated_s=math.nan, error=math.nan, feasible=False, problem=str(err),
                           simulate_wall_s=time.perf_counter() - t1)
