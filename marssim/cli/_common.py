@@ -107,11 +107,14 @@ def check_outputs(args: argparse.Namespace) -> None:
     check_output_file(getattr(args, "plot", None), "--plot", PLOT_SUFFIXES)
 
 
-def write_outputs(result, args: argparse.Namespace) -> list[str]:
+def write_outputs(result, args: argparse.Namespace, shown=None) -> list[str]:
     """Write what --out/--trace/--plot/--intervals ask for (checked by :func:`check_outputs`
-    again); return lines describing the files."""
+    again); ``shown``: what the trace, the figures and the interval table draw (a folded run's
+    rows, :func:`marssim.results.view.folded_view`; default ``result``). Return lines describing
+    the files."""
     lines = []
     check_outputs(args)
+    shown = result if shown is None else shown
     if getattr(args, "out", None):
         result.save(args.out)
         lines.append(f"result    {args.out}/")
@@ -119,13 +122,13 @@ def write_outputs(result, args: argparse.Namespace) -> list[str]:
         from marssim import trace
 
         if args.trace:
-            size = trace.write_chrome_trace(result, args.trace)
+            size = trace.write_chrome_trace(shown, args.trace)
             lines.append(f"trace     {args.trace} ({size / 2**20:.2f} MiB; open in https://ui.perfetto.dev)")
         if args.intervals:
-            trace.export_intervals(result, args.intervals)
+            trace.export_intervals(shown, args.intervals)
             lines.append(f"intervals {args.intervals}")
         if args.plot:
-            for path in trace.plot_result(result, args.plot):
+            for path in trace.plot_result(shown, args.plot):
                 lines.append(f"figure    {path}")
     return lines
 

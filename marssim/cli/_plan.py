@@ -68,9 +68,10 @@ def add_report_args(p: argparse.ArgumentParser) -> None:
     """How the per-layer report is printed: --per-op, --group block|stage, --no-report."""
     p.add_argument("--per-op", dest="per_op", action="store_true",
                    help="print the report per op instead of per layer group")
-    p.add_argument("--group", choices=("block", "stage"), default="block",
-                   help="layer groups of the report: block (a transformer block, a ResNet bottleneck; default) or "
-                        "stage (all blocks of a ResNet stage, all layers of a pipeline stage)")
+    p.add_argument("--group", choices=("block", "stage"),
+                   help="layer groups of the report: block (a transformer block, a ResNet bottleneck; the default of "
+                        "a mapping) or stage (all blocks of a ResNet stage; a parallel run's pipeline stages); a "
+                        "parallel run prints its per-stage table and, with --group, this report too")
     p.add_argument("--no-report", dest="report", action="store_false", help="print no per-layer report")
 
 
@@ -150,21 +151,23 @@ def print_report(result, args: argparse.Namespace) -> None:
         if args.per_op:
             print(result.layer_report(per_op=True))
         else:
-            print(result.layer_report(level=args.group))
+            print(result.layer_report(level=args.group or "block"))
 
 
 def run_plan_verb(args: argparse.Namespace, how: str) -> int:
     """``simulate`` (``how="simulate"``) or ``estimate``: load, check, run, print, write."""
     from marssim.parallel import ParallelConfig
-    from marssim.plan import run, trace_gpus, unfold_result
+    from marssim.plan import run, trace_gpus
+    from marssim.results.view import folded_view
 
     plan, graph, system = load_plan_args(args)
     gpus = trace_gpus(args.trace_gpus, system) if getattr(args, "trace_gpus", None) else None
     cost = cost_model(args)
     done = run(plan, graph, system, cost, how=how, memory_policy=getattr(args, "memory_policy", "error"),
-               streams=getattr(args, "streams", 1), fold=args.fold, level=args.group)
+               streams=getattr(args, "streams", 1), fold=args.fold, level=args.group or "block")
     result = done.result
     result.meta["mapping_file"] = args.mapping or ""
+    shown = None
     if isinstance(plan, ParallelConfig):
         tg = done.taskgraph
         what = "simulated" if how == "simulate" else "estimated"
@@ -176,17 +179,16 @@ def run_plan_verb(args: argparse.Namespace, how: str) -> int:
             r = est.report
             print(f"analytical estimate: iteration {r.iteration_s * 1e3:.3f} ms, MFU {r.mfu:.1%}, bubble "
                   f"{r.bubble_share:.1%} (no link contention)")
-        if args.report and (args.per_op or args.group == "stage"):
+        if args.report and (args.per_op or args.group):
             print()
-            print(result.layer_report(per_op=True) if args.per_op else result.layer_report(level="stage"))
-        if gpus:
-            result = unfold_result(result, gpus)
+            print(result.layer_report(per_op=True) if args.per_op else result.layer_report(level=args.group))
+        shown = folded_view(result, gpus)
     else:
         print_report(result, args)
     if how == "estimate":
         print(f"lower bound  {done.lower_bound * 1e3:.4f} ms ({max(done.bounds, key=done.bounds.get)}; no schedule "
               "of these tasks is faster, contention or not)")
-    lines = write_outputs(result, args)
+    lines = write_outputs(result, args, shown)
     if lines:
         print()
         print("\n".join(lines))

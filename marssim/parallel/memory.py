@@ -24,7 +24,7 @@ before lowering it.
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from marssim.errors import CapacityError
 from marssim.system import System
@@ -52,14 +52,20 @@ class StaticMemory:
 
 @dataclass(frozen=True)
 class MemoryEstimate:
-    """The peak one rank of each stage reaches: static bytes plus activations in flight."""
+    """The peak one rank of each stage reaches: static bytes, activations in flight (plus the
+    working set of a layer recomputed for its backward) and communication buffers (ZeRO-3's
+    gathered parameters of a model chunk). This one model is what the pre-check refuses by, what
+    the search screens with and what a run reports."""
 
     static: dict[int, StaticMemory]
     activations: dict[int, float]  # per stage, bytes of the micro-batches in flight
     capacity: float
+    working: dict[int, float] = field(default_factory=dict)  # per stage, a recomputed layer's activations
+    buffers: dict[int, float] = field(default_factory=dict)  # per stage, communication buffers
 
     def peak(self, stage: int) -> float:
-        return self.static[stage].total + self.activations.get(stage, 0.0)
+        return (self.static[stage].total + self.activations.get(stage, 0.0) + self.working.get(stage, 0.0)
+                + self.buffers.get(stage, 0.0))
 
     @property
     def worst_stage(self) -> int:
@@ -70,9 +76,11 @@ class MemoryEstimate:
         return all(self.peak(s) <= self.capacity for s in self.static)
 
     def terms(self, stage: int) -> dict[str, float]:
+        """Bytes by term (see :data:`.report.MEMORY_TERMS`); they add up to :meth:`peak`."""
         st = self.static[stage]
         return {"weights": st.weights, "gradients": st.gradients, "optimizer state": st.optimizer,
-                "KV cache": st.kv_cache, "activations": self.activations.get(stage, 0.0)}
+                "activations": self.activations.get(stage, 0.0) + self.working.get(stage, 0.0),
+                "KV cache": st.kv_cache, "communication buffers": self.buffers.get(stage, 0.0)}
 
 
 def _shard_weights(op, rule, tp: int) -> int:
@@ -150,12 +158,10 @@ def _in_flight(cfg: ParallelConfig, stage: int, micro_batches: int) -> float:
 
 def memory_estimate(graph: Graph, cfg: ParallelConfig, capacity: float, rules=None,
                     per: dict[int, int] | None = None) -> MemoryEstimate:
-    """Static and activation bytes per stage for one rank (``graph``: one micro-batch, prepared
-    for ``cfg``); ``capacity``: bytes of a GPU's memory; ``rules`` and ``per`` (the
+    """Static, activation and buffer bytes per stage for one rank (``graph``: one micro-batch,
+    prepared for ``cfg``); ``capacity``: bytes of a GPU's memory; ``rules`` and ``per`` (the
     :func:`rank_parameters` per layer) when the caller has them."""
-    from marssim.workload.llm.footprint import saved_tensors
-
-    from .lower import op_rules, stage_of_layers
+    from .lower import op_rules
 
     if rules is None:
         rules = op_rules(graph, cfg)
@@ -163,23 +169,50 @@ def memory_estimate(graph: Graph, cfg: ParallelConfig, capacity: float, rules=No
         per, _ = rank_parameters(graph, cfg, rules)
     static = {s: static_bytes(graph, cfg, s, rules, per) for s in range(cfg.pp)}
     acts: dict[int, float] = {}
+    working: dict[int, float] = {}
+    buffers: dict[int, float] = {}
     t = graph.meta["transformer"]
     if t.training:
-        per_layer: dict[int, float] = defaultdict(float)
-        stage_of = stage_of_layers(t.layers, cfg)
-        index = graph.index
-        from .lower import graph_cached
+        per_layer = _saved_per_layer(graph, cfg, rules)
+        plain = per_layer
+        if t.recompute != "none":  # a layer's backward first recomputes what its forward did not keep
+            from .lower import graph_cached, op_rules, prepare_graph, rules_key, stage_of_layers
 
-        saved = graph_cached(graph, "saved", lambda: saved_tensors(graph))
-        for (name, what), (size, layer) in saved.items():
-            rule = rules.get(name)
-            tp = cfg.tp_of(stage_of[graph.ops[index[name]].param("layer")])
-            split = tp if rule is not None and rule.out in ("S", "F", "E", "D") else 1
-            per_layer[layer] += size / split
+            whole = prepare_graph(graph, cfg.with_(recompute="none"))
+            key = ("saved_per_layer",) + rules_key(cfg, stage_of_layers(t.layers, cfg))
+            plain = graph_cached(whole, key, lambda: _saved_per_layer(whole, cfg, op_rules(whole, cfg)))
         for s in range(cfg.pp):
             layers = _stage_layers(graph, cfg, s)
             acts[s] = sum(per_layer.get(layer, 0.0) for layer in layers) * _in_flight(cfg, s, cfg.micro_batches)
-    return MemoryEstimate(static, acts, capacity)
+            working[s] = max((plain.get(layer, 0.0) - per_layer.get(layer, 0.0) for layer in layers), default=0.0)
+    if cfg.zero >= 3 and cfg.dp > 1:  # the parameters of a model chunk, gathered before each of its units
+        from .lower import chunk_layers
+
+        eb = DTYPE_BYTES[t.dtype]
+        for c, layers in enumerate(chunk_layers(t.layers, cfg)):
+            s = c % cfg.pp
+            buffers[s] = max(buffers.get(s, 0.0), sum(per.get(layer, 0) for layer in layers) * eb)
+    return MemoryEstimate(static, acts, capacity, working, buffers)
+
+
+def _saved_per_layer(graph: Graph, cfg: ParallelConfig, rules) -> dict[int, float]:
+    """Bytes of activations one micro-batch keeps for the backward, per layer group, on one rank
+    (each tensor divided by its tensor-parallel split)."""
+    from marssim.workload.llm.footprint import saved_tensors
+
+    from .lower import graph_cached, stage_of_layers
+
+    t = graph.meta["transformer"]
+    per_layer: dict[int, float] = defaultdict(float)
+    stage_of = stage_of_layers(t.layers, cfg)
+    index = graph.index
+    saved = graph_cached(graph, "saved", lambda: saved_tensors(graph))
+    for (name, what), (size, layer) in saved.items():
+        rule = rules.get(name)
+        tp = cfg.tp_of(stage_of[graph.ops[index[name]].param("layer")])
+        split = tp if rule is not None and rule.out in ("S", "F", "E", "D") else 1
+        per_layer[layer] += size / split
+    return dict(per_layer)
 
 
 def check_memory(graph: Graph, system: System, cfg: ParallelConfig) -> None:

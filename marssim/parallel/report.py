@@ -11,7 +11,12 @@ last kernel are the *bubble*. Per GPU: busy + exposed communication + bubble = i
 (tested). Model FLOPs (for MFU) are forward and backward without recomputation
 (Narayanan et al. 2021, appendix; Chowdhery et al. 2022): the workload's
 :attr:`~marssim.workload.llm.Footprint.model_flops` per micro-batch, times micro-batches and
-data-parallel replicas.
+data-parallel replicas; hardware FLOPs (for HFU) are every FLOP the GPUs ran, recomputation
+included.
+
+Memory is the closed form of :mod:`.memory` (the model the pre-check and the search's screen use
+too), per stage and term; per pipeline stage the report also gives its layers, busy time, bubble,
+exposed communication and communication volume per group.
 """
 
 from __future__ import annotations
@@ -29,9 +34,32 @@ CATEGORIES = ("tp", "sp", "pp", "dp", "ep", "emb", "bubble")
 
 
 @dataclass(frozen=True)
+class StageFigures:
+    """One pipeline stage, per GPU (averaged over its GPUs): seconds busy computing, in the
+    bubble and in exposed communication per group; bytes moved per group; memory by term (bytes,
+    the closed form)."""
+
+    stage: int
+    layers: tuple[int, int]  # first and last transformer layer (-1: the embedding; L: the head)
+    gpus: int
+    busy_s: float
+    bubble_s: float
+    exposed_s: dict[str, float]
+    volume: dict[str, float]
+    memory: dict[str, float]
+
+    @property
+    def memory_peak(self) -> float:
+        return sum(self.memory.values())
+
+
+@dataclass(frozen=True)
 class ParallelReport:
     """Per-run figures; times in seconds, rates in FLOP/s, bytes. Averages are over every GPU
-    (each representative GPU weighted by the GPUs it stands for)."""
+    (each representative GPU weighted by the GPUs it stands for). ``memory_peak``: bytes per
+    representative GPU (the closed form of its stage); ``hardware_flops``: every FLOP run per
+    iteration, recomputation included; ``tokens``/``samples``: per iteration (serving: output
+    tokens of the batch)."""
 
     iteration_s: float
     gpus: int
@@ -44,6 +72,10 @@ class ParallelReport:
     ttft_s: float | None = None
     tpot_s: float | None = None
     per_gpu: dict[str, dict[str, float]] = field(default_factory=dict)
+    hardware_flops: float = 0.0
+    tokens: float = 0.0
+    samples: float = 0.0
+    stages: tuple[StageFigures, ...] = ()
 
     @property
     def tflops_per_gpu(self) -> float:
@@ -56,35 +88,95 @@ class ParallelReport:
         return self.tflops_per_gpu * 1e12 / self.peak_flops if self.peak_flops else 0.0
 
     @property
+    def hfu(self) -> float:
+        """Hardware FLOPs utilisation: every FLOP run (recomputation included) over the peak."""
+        if not self.peak_flops or not self.iteration_s > 0:
+            return 0.0
+        return self.hardware_flops / self.gpus / self.iteration_s / self.peak_flops
+
+    @property
     def bubble_share(self) -> float:
         return self.exposed_s.get("bubble", 0.0) / self.iteration_s if self.iteration_s > 0 else 0.0
 
     def lines(self) -> list[str]:
-        """Readable lines for the CLI."""
-        out = [f"iteration          {self.iteration_s * 1e3:.3f} ms on {self.gpus} GPUs",
-               f"model FLOP/s       {self.tflops_per_gpu:.1f} TFLOP/s per GPU, MFU {self.mfu:.1%} "
-               f"(model FLOPs {self.model_flops:.4g} per iteration, peak {self.peak_flops / 1e12:.1f} TFLOP/s)",
-               f"compute busy       {self.busy_s * 1e3:.3f} ms per GPU ({self.busy_s / self.iteration_s:.1%})"
-               if self.iteration_s else "compute busy       -",
-               f"pipeline bubble    {self.exposed_s.get('bubble', 0.0) * 1e3:.3f} ms ({self.bubble_share:.1%})"]
+        """Readable lines for the CLI: the run, then one line per pipeline stage."""
+        it = self.iteration_s
+        out = [f"iteration          {it * 1e3:.3f} ms on {self.gpus} GPUs"]
+        if self.tokens and it > 0:
+            what = "output tokens" if self.tpot_s is not None else "tokens"
+            out.append(f"throughput         {self.tokens / it:,.0f} {what}/s, {self.samples / it:,.2f} sequences/s")
+        out.append(f"model FLOP/s       {self.tflops_per_gpu:.1f} TFLOP/s per GPU, MFU {self.mfu:.1%}, HFU "
+                   f"{self.hfu:.1%} (model FLOPs {self.model_flops:.4g} per iteration, hardware "
+                   f"{self.hardware_flops:.4g}; peak {self.peak_flops / 1e12:.1f} TFLOP/s)")
+        out.append(f"compute busy       {self.busy_s * 1e3:.3f} ms per GPU ({self.busy_s / it:.1%})" if it
+                   else "compute busy       -")
+        out.append(f"pipeline bubble    {self.exposed_s.get('bubble', 0.0) * 1e3:.3f} ms ({self.bubble_share:.1%})")
         exposed = ", ".join(f"{k.upper()} {v * 1e3:.3f} ms" for k, v in self.exposed_s.items() if k != "bubble" and v > 0)
         out.append(f"exposed comm.      {exposed or 'none'}")
         if self.memory_peak:
             worst = max(self.memory_peak, key=self.memory_peak.get)
             out.append(f"memory peak        {self.memory_peak[worst] / 2**30:.2f} GiB on {worst} "
-                       f"(capacity {self.memory_capacity / 2**30:.0f} GiB)")
+                       f"(capacity {self.memory_capacity / 2**30:.0f} GiB; closed form)")
         if self.ttft_s is not None:
             out.append(f"time to first token   {self.ttft_s * 1e3:.3f} ms")
         if self.tpot_s is not None:
             out.append(f"time per output token {self.tpot_s * 1e3:.3f} ms")
+        if self.stages:
+            out.append("")
+            out.extend(self.stage_lines())
         return out
+
+    def stage_lines(self) -> list[str]:
+        """Two per-stage tables within 120 columns: where a GPU's time went (layers, busy,
+        bubble and exposed communication per group, ms), and what it moved and holds
+        (communication volume sent per group, MiB; memory by term, GiB, closed form)."""
+        groups = [g for g in CATEGORIES if g != "bubble" and any(s.exposed_s.get(g, 0) > 0 or s.volume.get(g, 0) > 0
+                                                                   for s in self.stages)]
+        terms = [t for t in MEMORY_TERMS if any(s.memory.get(t, 0) > 0 for s in self.stages)]
+        short = {"weights": "weights", "gradients": "grads", "optimizer state": "optim", "activations": "activ",
+                 "KV cache": "KV", "communication buffers": "buffers"}
+        head = f"{'stage':>5}{'layers':>10}{'GPUs':>6}{'busy':>10}{'bubble':>10}"
+        head += "".join(f"{g.upper():>9}" for g in groups)
+        out = ["per pipeline stage, per GPU: time in ms (busy computing, pipeline bubble, exposed communication)",
+               head]
+        for st in self.stages:
+            lo, hi = st.layers
+            layers = f"{_layer_name(lo, self.layers)}-{_layer_name(hi, self.layers)}"
+            out.append(f"{st.stage:>5}{layers:>10}{st.gpus:>6}{st.busy_s * 1e3:>10.2f}{st.bubble_s * 1e3:>10.2f}"
+                       + "".join(f"{st.exposed_s.get(g, 0.0) * 1e3:>9.2f}" for g in groups))
+        out += ["", "per pipeline stage, per GPU: communication sent in MiB, memory in GiB by term (closed form)"]
+        out.append(f"{'stage':>5}" + "".join(f"{g.upper() + ' MiB':>11}" for g in groups)
+                   + "".join(f"{short[t]:>9}" for t in terms) + f"{'total':>8}")
+        for st in self.stages:
+            out.append(f"{st.stage:>5}" + "".join(f"{st.volume.get(g, 0.0) / 2**20:>11.1f}" for g in groups)
+                       + "".join(f"{st.memory.get(t, 0.0) / 2**30:>9.2f}" for t in terms)
+                       + f"{st.memory_peak / 2**30:>8.2f}")
+        return out
+
+    @property
+    def layers(self) -> int:
+        """Transformer layers of the model (the head's layer index)."""
+        return max((s.layers[1] for s in self.stages), default=0)
 
     def to_dict(self) -> dict:
         return {"iteration_s": self.iteration_s, "gpus": self.gpus, "model_flops": self.model_flops,
-                "tflops_per_gpu": self.tflops_per_gpu, "mfu": self.mfu, "busy_s": self.busy_s,
+                "hardware_flops": self.hardware_flops, "tflops_per_gpu": self.tflops_per_gpu, "mfu": self.mfu,
+                "hfu": self.hfu, "busy_s": self.busy_s, "tokens": self.tokens, "samples": self.samples,
                 "bubble_share": self.bubble_share, "exposed_s": dict(self.exposed_s),
                 "memory_peak_bytes": dict(self.memory_peak), "memory_capacity_bytes": self.memory_capacity,
-                "ttft_s": self.ttft_s, "tpot_s": self.tpot_s, "per_gpu": self.per_gpu}
+                "ttft_s": self.ttft_s, "tpot_s": self.tpot_s, "per_gpu": self.per_gpu,
+                "stages": [{"stage": s.stage, "layers": list(s.layers), "gpus": s.gpus, "busy_s": s.busy_s,
+                            "bubble_s": s.bubble_s, "exposed_s": dict(s.exposed_s), "volume_bytes": dict(s.volume),
+                            "memory_bytes": dict(s.memory)} for s in self.stages]}
+
+
+MEMORY_TERMS = ("weights", "gradients", "optimizer state", "activations", "KV cache", "communication buffers")
+"""The memory terms of a GPU, in the order reports and figures stack them."""
+
+
+def _layer_name(layer: int, head: int) -> str:
+    """A layer index as the per-stage table names it: the embedding, a block, the head."""
+    return "emb" if layer < 0 else "head" if layer == head else str(layer)
 
 
 def _category(tg: TaskGraph, t: int, device: int) -> str:
@@ -137,13 +229,19 @@ def _attribute(tg: TaskGraph, start: np.ndarray, end: np.ndarray, device: int, m
     return out
 
 
-def parallel_report(tg: TaskGraph, system, start: np.ndarray, end: np.ndarray, memory_peak: dict[str, float]
+def parallel_report(tg: TaskGraph, system, start: np.ndarray, end: np.ndarray, memory_peak: dict[str, float], *,
+                    memory=None, chunks: list[list[int]] = (), tokens: float = 0.0, samples: float = 0.0
                     ) -> ParallelReport:
     """The :class:`ParallelReport` of a schedule (``start``/``end`` per task, seconds, from a
-    simulation or an estimate) of a TaskGraph lowered from a parallel configuration."""
+    simulation or an estimate) of a TaskGraph lowered from a parallel configuration.
+    ``memory``: the configuration's closed form (:class:`~.memory.MemoryEstimate`), which gives
+    the memory per stage and term and the peak of each GPU (else ``memory_peak``, bytes per
+    representative GPU); ``chunks``: the layers of each model chunk (:func:`.lower.chunk_layers`);
+    ``tokens``, ``samples``: per iteration."""
     meta = tg.meta
     makespan = float(np.nanmax(end)) if len(end) else 0.0
     fold = meta.get("fold", {})
+    stage_of = meta.get("stage_of", {})
     weight: dict[str, int] = {}
     for gpu, rep in fold.items():
         weight[rep] = weight.get(rep, 0) + 1
@@ -154,12 +252,17 @@ def parallel_report(tg: TaskGraph, system, start: np.ndarray, end: np.ndarray, m
     names = tg.node_names
     index = {n: i for i, n in enumerate(names)}
     durations = end - start
+    comp = tg.kind == COMPUTE
+    volume = _volumes(tg, {index[rep] for rep in weight})
+    hardware = 0.0
     for rep, w in sorted(weight.items()):
         d = index[rep]
-        mask = (tg.kind == COMPUTE) & (tg.device == d)
+        mask = comp & (tg.device == d)
         busy = float(durations[mask].sum())
+        hardware += float(tg.flops[mask].sum()) * w
         waits = _attribute(tg, start, end, d, makespan)
-        per_gpu[rep] = {"busy_s": busy, **{f"{k}_s": v for k, v in waits.items()}, "gpus": w}
+        per_gpu[rep] = {"busy_s": busy, **{f"{k}_s": v for k, v in waits.items()}, "gpus": w,
+                        **{f"{k}_bytes": v for k, v in volume.get(d, {}).items()}}
         busy_total += busy * w
         for k, v in waits.items():
             exposed[k] += v * w
@@ -167,7 +270,6 @@ def parallel_report(tg: TaskGraph, system, start: np.ndarray, end: np.ndarray, m
     ttft = tpot = None
     ops = tg.op_names
     sample_ends = {}
-    comp = tg.kind == COMPUTE
     for name in ("prefill.sample",):
         if name in ops:
             i = ops.index(name)
@@ -181,14 +283,51 @@ def parallel_report(tg: TaskGraph, system, start: np.ndarray, end: np.ndarray, m
         if steps:
             tpot = (sample_ends[steps[-1]] - sample_ends[0]) / len(steps)
     capacity = min((a.memory.capacity for a in system.accelerators), default=0.0)
+    stages: list[StageFigures] = []
+    if memory is not None:
+        memory_peak = {rep: memory.peak(stage_of[rep]) for rep in weight if rep in stage_of}
+        pp = len(memory.static)
+        for s in range(pp):
+            reps = [r for r in weight if stage_of.get(r) == s]
+            n = sum(weight[r] for r in reps) or 1
+            layers = [layer for c, ls in enumerate(chunks) if c % pp == s for layer in ls]
+
+            def mean(key: str) -> float:
+                return sum(per_gpu[r].get(key, 0.0) * weight[r] for r in reps) / n
+
+            stages.append(StageFigures(
+                s, (min(layers), max(layers)) if layers else (0, 0), n, mean("busy_s"), mean("bubble_s"),
+                {g: mean(f"{g}_s") for g in CATEGORIES if g != "bubble"},
+                {g: mean(f"{g}_bytes") for g in CATEGORIES if g != "bubble"}, memory.terms(s)))
     return ParallelReport(iteration_s=makespan, gpus=gpus, model_flops=float(meta.get("model_flops", 0.0)),
                           peak_flops=float(meta.get("peak_flops", 0.0)), busy_s=busy_total / gpus,
                           exposed_s=exposed, memory_peak=dict(memory_peak), memory_capacity=float(capacity),
-                          ttft_s=ttft, tpot_s=tpot, per_gpu=per_gpu)
+                          ttft_s=ttft, tpot_s=tpot, per_gpu=per_gpu, hardware_flops=hardware, tokens=tokens,
+                          samples=samples, stages=tuple(stages))
 
 
-def report_of(taskgraph, system: System, schedule) -> ParallelReport:
-    """The :class:`ParallelReport` of a simulation Result or an analytical Estimate."""
+def _volumes(tg: TaskGraph, reps: set[int]) -> dict[int, dict[str, float]]:
+    """Bytes each representative GPU (node index in ``reps``) moves per group in one iteration:
+    the transfers of its own units (a ring step it sends, an activation it pulls; a transfer of
+    several steps carries them all)."""
+    out: dict[int, dict[str, float]] = {}
+    transfer = np.flatnonzero(tg.kind != COMPUTE)
+    if not len(transfer):
+        return out
+    groups = np.asarray([c.group or "pp" for c in tg.collectives] + ["pp"], dtype=object)[tg.collective[transfer]]
+    src = tg.src[transfer]
+    owner = np.where(np.isin(src, list(reps)), src, tg.dst[transfer])
+    nbytes = tg.nbytes[transfer]
+    for d, g, b in zip(owner.tolist(), groups.tolist(), nbytes.tolist()):
+        row = out.setdefault(d, {})
+        row[g] = row.get(g, 0.0) + b
+    return out
+
+
+def report_of(taskgraph, system: System, schedule, *, memory=None, chunks: list[list[int]] = (),
+              tokens: float = 0.0, samples: float = 0.0) -> ParallelReport:
+    """The :class:`ParallelReport` of a simulation Result or an analytical Estimate (see
+    :func:`parallel_report` for ``memory``, ``chunks``, ``tokens`` and ``samples``)."""
     n = taskgraph.n_tasks
     if hasattr(schedule, "intervals"):
         iv = schedule.intervals
@@ -203,4 +342,5 @@ def report_of(taskgraph, system: System, schedule) -> ParallelReport:
         peaks = {}
     reps = set(taskgraph.meta.get("fold", {}).values())
     peaks = {k: float(v) for k, v in peaks.items() if k in reps}
-    return parallel_report(taskgraph, system, start, end, peaks)
+    return parallel_report(taskgraph, system, start, end, peaks, memory=memory, chunks=chunks, tokens=tokens,
+                           samples=samples)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from marssim.cost.base import CostModel
 from marssim.errors import InputError
@@ -33,7 +33,7 @@ from marssim.workload import Graph
 
 from .model import Plan
 
-__all__ = ["HOW", "Run", "run", "lower_plan", "unfold_result", "trace_gpus"]
+__all__ = ["HOW", "Run", "run", "lower_plan", "trace_gpus"]
 
 HOW = ("simulate", "estimate")
 """How a plan is evaluated: event by event with contention, or the contention-free estimate."""
@@ -133,11 +133,29 @@ def run(plan: Plan, graph: Graph, system: System, cost: CostModel | None = None,
         out.summary = simulate_summary(tg, system, memory_policy=memory_policy, streams=streams, **kwargs)
         schedule = None
     if parallel:
-        out.report = report_of(tg, system, schedule)
+        out.report = _report(plan, graph, system, tg, schedule)
         if out.result is not None:
             out.result.meta["parallel_report"] = out.report.to_dict()
     out.wall_s = {"lower_s": lowered - wall, "evaluate_s": time.perf_counter() - lowered}
     return out
+
+
+def _report(cfg: ParallelConfig, graph: Graph, system: System, tg: TaskGraph, schedule) -> ParallelReport:
+    """The parallel report of a schedule, with the closed-form memory per stage and term and the
+    tokens and sequences of one iteration."""
+    from marssim.parallel import chunk_layers, memory_estimate, prepare_graph
+
+    t = graph.meta["transformer"]
+    capacity = min(a.memory.capacity for a in system.accelerators)
+    memory = memory_estimate(prepare_graph(graph, cfg), cfg, capacity)
+    if t.mode == "serve":
+        samples = t.batch * cfg.dp
+        tokens = samples * t.generate
+    else:
+        samples = cfg.batch if t.training else t.batch * cfg.dp
+        tokens = samples * (t.seq if t.mode != "decode" else 1)
+    return report_of(tg, system, schedule, memory=memory, chunks=chunk_layers(t.layers, cfg), tokens=tokens,
+                     samples=samples)
 
 
 def trace_gpus(text: str, system: System) -> list[str]:
@@ -153,26 +171,3 @@ def trace_gpus(text: str, system: System) -> list[str]:
         raise InputError(None, "--trace-gpus", f"not GPUs of {system.spec}: {', '.join(unknown[:5])}"
                                                + (f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""))
     return gpus
-
-
-def unfold_result(result: Result, gpus: list[str]) -> Result:
-    """``result`` with the intervals of ``gpus`` (GPUs a folded run stood for by their class's
-    representative) added as copies of their representative's compute intervals."""
-    import pandas as pd
-
-    fold = result.meta.get("fold", {})
-    if not fold:
-        return result
-    iv = result.intervals
-    extra = []
-    for gpu in gpus:
-        rep = fold.get(gpu, gpu)
-        if rep == gpu:
-            continue
-        rows = iv[(iv["kind"] == "compute") & (iv["resource"] == rep)].copy()
-        rows["resource"] = gpu
-        extra.append(rows)
-    if not extra:
-        return result
-    merged = pd.concat([iv] + extra, ignore_index=True).sort_values(["start", "kind", "task"], kind="stable")
-    return replace(result, intervals=merged.reset_index(drop=True))

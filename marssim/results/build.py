@@ -124,22 +124,28 @@ def interval_frame(tg: TaskGraph, system: System, start: np.ndarray, end: np.nda
 def device_table(tg: TaskGraph, system: System, start: np.ndarray, end: np.ndarray, makespan: float,
                  streams: int = 1) -> pd.DataFrame:
     """One row per accelerator: ``design``, ``busy_s``, ``utilisation`` (busy over the
-    makespan), ``energy_j`` (compute; NaN unknown), ``flops``, ``tasks``."""
+    makespan), ``energy_j`` (compute; NaN unknown), ``flops``, ``tasks``, ``represented_by``
+    (the GPU whose schedule a folded run simulated for this one, ``""`` for itself: a GPU it
+    stood for reports what its representative ran)."""
     n = len(tg.node_names)
     is_compute = tg.kind == COMPUTE
     busy = busy_time(tg, start, end, streams)
     energy, known = node_compute_energy(tg)
     flops = np.bincount(tg.device[is_compute], weights=tg.flops[is_compute], minlength=n)[:n]
     count = np.bincount(tg.device[is_compute], minlength=n)[:n]
+    fold = tg.meta.get("fold") or {}  # a device a folded run stood for reports what its class's representative ran
+    designs = tg.meta.get("device_design") or {}
     rows = {}
     for acc in system.accelerators:
-        i = system.node_index[acc.id]
-        rows[acc.id] = {"design": tg.device_design.get(acc.id, ""), "busy_s": float(busy[i]),
+        rep = fold.get(acc.id, acc.id)
+        i = system.node_index[rep]
+        rows[acc.id] = {"design": tg.device_design.get(rep, designs.get(acc.id, "")), "busy_s": float(busy[i]),
                         "utilisation": float(busy[i]) / makespan if makespan > 0 else 0.0,
                         "energy_j": float(energy[i]) if known[i] else np.nan,
-                        "flops": float(flops[i]), "tasks": int(count[i])}
-    return pd.DataFrame.from_dict(rows, orient="index",
-                                  columns=["design", "busy_s", "utilisation", "energy_j", "flops", "tasks"])
+                        "flops": float(flops[i]), "tasks": int(count[i]),
+                        "represented_by": rep if rep != acc.id else ""}
+    return pd.DataFrame.from_dict(rows, orient="index", columns=["design", "busy_s", "utilisation", "energy_j", "flops",
+                                                                 "tasks", "represented_by"])
 
 
 def link_table(tg: TaskGraph, system: System, makespan: float, busy: np.ndarray, *, extra=()) -> pd.DataFrame:

@@ -29,11 +29,14 @@ def _key(name: str, level: str) -> str | None:
     return None
 
 
-def layer_groups(names: Sequence[str], level: str = "block") -> list[str]:
+def layer_groups(names: Sequence[str], level: str = "block", pipeline: Sequence[int] | None = None) -> list[str]:
     """The group of each op of ``names`` (graph order; see the module docstring), ``level``
-    ``block`` or ``stage``."""
+    ``block`` or ``stage``; ``pipeline``: each op's pipeline stage in a parallel configuration's
+    run, whose ``stage`` groups are its pipeline stages."""
     if level not in LEVELS:
         raise ValueError(f"level must be one of {', '.join(LEVELS)}, got {level!r}")
+    if level == "stage" and pipeline is not None:
+        return [f"pipeline stage {s}" for s in pipeline]
     keys = [_key(n, level) for n in names]
     out: list[str] = [""] * len(names)
     i = 0

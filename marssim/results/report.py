@@ -108,7 +108,8 @@ def op_table(taskgraph: TaskGraph, system: System, start: np.ndarray, end: np.nd
     devices = op_device_table(tg, start, end, ops=ops)
     busy_max = devices.groupby("op", sort=False)["busy_s"].max().reindex([op.name for op in ops]).fillna(0.0)
     frame = pd.DataFrame({
-        "group": layer_groups([op.name for op in ops], level),
+        "group": layer_groups([op.name for op in ops], level,
+                              [op.set for op in ops] if tg.meta.get("parallel") else None),
         "kind": [op.kind for op in ops], "model": [op.model for op in ops],
         "sharding": [op.sharding for op in ops], "set": [op.set for op in ops],
         "cost_model": [op.cost_model for op in ops], "loops": [op.loops for op in ops],

@@ -149,7 +149,8 @@ class Result:
         from .groups import layer_groups
         from .report import group_table
 
-        ops = self.ops.assign(group=layer_groups([str(n) for n in self.ops.index], level))
+        pipeline = self.ops["set"].tolist() if self.meta.get("parallel") else None
+        ops = self.ops.assign(group=layer_groups([str(n) for n in self.ops.index], level, pipeline))
         return group_table(ops, self.op_devices, self.makespan)
 
     def layer_report(self, *, per_op: bool = False, level: str | None = None, limit: int | None = None) -> str:

@@ -151,9 +151,10 @@ def gantt_figure(result, *, color_by: str = "auto", max_links: int = 24):
     for t in layout.threads:
         n_lanes[(t.pid, t.role)] = max(n_lanes.get((t.pid, t.role), 0), t.lane + 1)
     rows: list[tuple[str, int, str]] = []  # (label, pid, role)
+    labelled = "label" in getattr(result.devices, "columns", ())
     for p in layout.processes:
         if p.kind == "accelerator":
-            rows.append((p.key, p.pid, "compute"))
+            rows.append((p.name if labelled else p.key, p.pid, "compute"))
     link_procs = [p for p in layout.processes if p.kind in ("link", "switch")]
     column = next((c for c in ("utilisation", "bytes") if c in getattr(result.links, "columns", ())), None)
     busy = result.links[column] if column else pd.Series(dtype=float)
@@ -231,7 +232,9 @@ def utilisation_figure(result, *, max_links: int = 24):
     fig = _new_figure(11, max(3.0, 1.0 + 0.24 * n_rows))
     ax_d, ax_l = fig.subplots(1, 2)
     scale, unit = _time_unit(result.makespan)
-    _hbars(ax_d, list(devices.index), 100 * devices["utilisation"].to_numpy(dtype=float) if len(devices) else [],
+    names = [f"{d} ({lab})" if lab else str(d) for d, lab in
+             zip(devices.index, devices["label"] if "label" in devices.columns else [""] * len(devices))]
+    _hbars(ax_d, names, 100 * devices["utilisation"].to_numpy(dtype=float) if len(devices) else [],
            "#3b75af", [str(d) for d in devices.get("design", pd.Series(dtype=str)).tolist()])
     ax_d.set_title("accelerators: busy computing", fontsize=10)
     caps = [fmt_rate(float(c)) for c in top["capacity"]] if len(top) else []
@@ -266,6 +269,9 @@ def memory_figure(result, *, max_overlaid: int = 8):
     on shared axes (identical devices would hide each other's lines in one plot)."""
     from matplotlib import colormaps
 
+    stages = (result.meta.get("parallel_report") or {}).get("stages")
+    if stages:
+        return _memory_by_term(result, stages)
     mem = result.memory_timeline
     scale, unit = _time_unit(result.makespan)
     if mem is None or not len(mem):
@@ -358,6 +364,45 @@ def memory_figure(result, *, max_overlaid: int = 8):
         axes[0].set_title(title, fontsize=10)
     else:
         fig.suptitle(title, fontsize=10)
+    return fig
+
+
+_TERM_COLOURS = {"weights": "#3b75af", "gradients": "#7fa7d1", "optimizer state": "#c0d4ea", "activations": "#d9822b",
+                 "KV cache": "#5c9e4a", "communication buffers": "#8c6bb1"}
+
+
+def _memory_by_term(result, stages: list[dict]):
+    """Memory per GPU of each pipeline stage, stacked by term (weights, gradients, optimizer
+    state, activations, KV cache, communication buffers; the closed form a parallel run reports),
+    against the GPU's capacity."""
+    report = result.meta["parallel_report"]
+    terms = [t for t in _TERM_COLOURS if any(s["memory_bytes"].get(t, 0) > 0 for s in stages)]
+    peak = max(sum(s["memory_bytes"].values()) for s in stages)
+    capacity = float(report.get("memory_capacity_bytes") or 0.0)
+    top = max(peak, capacity) * 1.12
+    unit, div = _byte_unit(top)
+    fig = _new_figure(11, max(3.2, 1.2 + 0.32 * len(stages)))
+    ax = fig.subplots()
+    y = np.arange(len(stages))
+    left = np.zeros(len(stages))
+    for term in terms:
+        values = np.asarray([s["memory_bytes"].get(term, 0.0) for s in stages]) / div
+        ax.barh(y, values, left=left, color=_TERM_COLOURS[term], height=0.7, label=term)
+        left += values
+    for yi, total in zip(y, left):
+        ax.text(total, yi, f" {total:.2f} {unit}", va="center", fontsize=7)
+    if capacity:
+        ax.axvline(capacity / div, color="crimson", linestyle="--", linewidth=1)
+        ax.text(capacity / div, -0.6, f"capacity {fmt_bytes(capacity)}", color="crimson", ha="right", fontsize=7)
+    ax.set_yticks(y, [f"stage {s['stage']} ({s['gpus']} GPUs)" for s in stages], fontsize=8 if len(stages) < 40 else 6)
+    ax.set_ylim(len(stages) - 0.5, -0.9)
+    ax.set_xlim(0, top / div)
+    ax.set_xlabel(f"memory per GPU ({unit})")
+    ax.grid(axis="x", color="0.92", linewidth=0.6)
+    ax.set_axisbelow(True)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    ax.set_title(f"{_title(result, 'Memory per GPU by term')}\npeak {fmt_bytes(peak)} (the closed form the "
+                 "pre-check and the search use)", fontsize=10)
     return fig
 
 

@@ -171,7 +171,9 @@ def build_layout(result) -> TraceLayout:
             label.append(f"design {design}")
         if dev in memories.index and "capacity_bytes" in memories.columns:
             label.append(f"memory {fmt_bytes(float(memories.loc[dev, 'capacity_bytes']))}")
-        processes.append(Process(pid, "accelerator", dev, f"{dev} ({design})" if design else dev, ", ".join(label)))
+        shown = str(devices.loc[dev, "label"]) if dev in devices.index and "label" in devices.columns else ""
+        note = ", ".join(x for x in (design, "" if shown in ("nan", "None") else shown) if x)
+        processes.append(Process(pid, "accelerator", dev, f"{dev} ({note})" if note else dev, ", ".join(label)))
         node_pid[dev] = pid
     for host in hosts:
         pid = len(processes) + 1

@@ -46,7 +46,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from marssim.errors import InputError
+from marssim.errors import InputError, warn_input
 
 from .builder import GraphBuilder, T
 from .graph import Graph
@@ -221,8 +221,12 @@ class _Importer:
                 static = d.HasField("dim_value") and d.dim_value > 0
                 if axis == 0:
                     if not static:
+                        name = d.dim_param or "?"
                         d.Clear()
                         d.dim_value = batch or 1
+                        if batch is None and file_batch is None:
+                            warn_input(self.file, f"the batch dimension ({name}) of input {info.name!r} is symbolic; "
+                                                  f"batch 1 is used (give another as {self.file}:batch=8 or --batch)")
                     if file_batch is None:
                         file_batch = int(d.dim_value)
                     elif int(d.dim_value) != file_batch:
