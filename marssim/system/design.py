@@ -75,7 +75,8 @@ class DesignEnergy(BaseModel):
 
 
 class GpuSpec(BaseModel):
-    """GPU-class parameters: SM count and peak throughput per data type."""
+    """GPU-class parameters: SM count and peak throughput per data type; the calibration table
+    (``calibration``, a device name) and the software stack (``stack``) its kernel timings come from."""
 
     model_config = _STRICT
     sms: SmCount = Field(description="streaming multiprocessors")
@@ -86,6 +87,11 @@ class GpuSpec(BaseModel):
     launch_overhead: Seconds = Field(3e-6, description="per-kernel launch overhead, s (\"3 us\")")
     calibration: str | None = Field(
         None, description="device name of a calibration table in traces/calibration/ to use when present"
+    )
+    stack: str | None = Field(
+        None, description="the software stack this design models (a calibration table's `stack` column, e.g. "
+                          "\"vidur-2024\"): only rows measured on it (or of unknown stack) time its kernels; "
+                          "none: every row of the table"
     )
 
     @field_validator("peak_flops")
