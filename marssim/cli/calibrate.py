@@ -7,7 +7,8 @@ and its split into chunks), ``measure`` (time them on a CUDA device into
 curves of a table, write ``<table>.fit.json`` and report the held-out error), ``check``
 (validate tables and report what they cover), ``backfill`` (add the convolution geometry
 columns to conv rows measured without them, from the layer each row's note names). All but
-``measure`` run without a GPU.
+``measure`` run without a GPU. ``import`` converts published measurements (Vidur's kernel,
+host-overhead and collective profiles) into marssim's tables with their provenance.
 """
 
 from __future__ import annotations
@@ -153,6 +154,28 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="padding rule of the harness that measured the table's shard rows, when another "
                         "(default: --padding)")
     b.set_defaults(func=run_backfill)
+
+    i = s.add_parser("import", help="convert published measurements (Vidur's profiles) into marssim's tables",
+                     description="Read published measurements from a checkout or a git directory of their repository "
+                                 "at COMMIT and write them in marssim's schemas with their provenance: vidur-compute "
+                                 "(per-operator kernel times, data/profiling/compute/<gpu>/<model>/mlp.csv -> "
+                                 "traces/calibration/<GPU>.csv, merged), vidur-host (host overheads of a serving "
+                                 "iteration, data/profiling/a100/cpu_overheads.csv -> traces/host-overheads/A100.csv), "
+                                 "vidur-network (collective times, data/profiling/network/<system>/*.csv -> "
+                                 "traces/collectives/). Runs anywhere.")
+    i.add_argument("source", choices=("vidur-compute", "vidur-host", "vidur-network"))
+    i.add_argument("--from", dest="origin", required=True, metavar="PATH",
+                   help="the repository: a git directory (bare or a checkout) or a plain directory of its files")
+    i.add_argument("--commit", required=True, help="the commit the files are read at (recorded in every row)")
+    i.add_argument("--date", help="ISO date of the files when PATH is not a git directory (default: from git)")
+    i.add_argument("--gpus", default="a100,h100", help="vidur-compute: GPU directories to import (default a100,h100)")
+    i.add_argument("--tokens", default="default",
+                   help="vidur-compute: 'default' (powers of two and 3 x powers of two), 'all', or a comma-separated list")
+    i.add_argument("--out", metavar="PATH",
+                   help="where to write: a directory for vidur-compute (default traces/calibration) and vidur-network "
+                        "(default traces/collectives), a .csv file for vidur-host (default "
+                        "traces/host-overheads/A100.csv)")
+    i.set_defaults(func=run_import)
     p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
 
 
@@ -431,4 +454,130 @@ def run_backfill(args: argparse.Namespace) -> int:
     merge_rows(args.out, rows, comment, replace_all=True, comments=read_comments(args.table))
     load_table(args.out)
     print(f"{args.out}: {report.describe()}")
+    return 0
+
+
+# ----------------------------------------------------------------------------- import
+class _Files:
+    """Files of a published repository at a commit: a git directory (bare or a checkout), or a
+    plain directory whose files carry one ``date``."""
+
+    def __init__(self, origin: str, commit: str, date: str | None) -> None:
+        import datetime as dt
+
+        self.root = Path(origin)
+        self.commit = commit
+        if not self.root.is_dir():
+            raise InputError(origin, "--from", "expected a directory (a git directory or a copy of the repository)")
+        self.git = (self.root / "HEAD").is_file() and (self.root / "objects").is_dir() or (self.root / ".git").exists()
+        if not self.git and not date:
+            raise InputError(origin, "--date", "a plain directory needs --date YYYY-MM-DD (the files' commit date)")
+        if date:
+            try:
+                dt.date.fromisoformat(date)
+            except ValueError:
+                raise InputError(None, "--date", f"expected an ISO date like 2024-05-14, got {date!r}") from None
+        self.date = date
+        if self.git:
+            self._git("rev-parse", "--verify", f"{commit}^{{commit}}")
+
+    def _git(self, *args: str) -> str:
+        import subprocess
+
+        flag = ["--git-dir", str(self.root)] if not (self.root / ".git").exists() else ["-C", str(self.root)]
+        done = subprocess.run(["git", *flag, *args], capture_output=True, text=True)
+        if done.returncode != 0:
+            raise InputError(str(self.root), "--commit", f"git {' '.join(args)}: {done.stderr.strip()[:200]}")
+        return done.stdout
+
+    def list(self, prefix: str) -> list[str]:
+        if self.git:
+            return sorted(self._git("ls-tree", "-r", "--name-only", self.commit, "--", prefix).split())
+        base = self.root
+        return sorted(str(p.relative_to(base)).replace("\\", "/") for p in (base / prefix).rglob("*") if p.is_file())
+
+    def read(self, path: str) -> str:
+        if self.git:
+            return self._git("show", f"{self.commit}:{path}")
+        return (self.root / path).read_text(encoding="utf-8")
+
+    def date_of(self, path: str) -> str:
+        if self.date:
+            return self.date
+        return self._git("log", "-1", "--format=%cs", self.commit, "--", path).strip()
+
+
+def run_import(args: argparse.Namespace) -> int:
+    files = _Files(args.origin, args.commit, args.date)
+    if args.source == "vidur-compute":
+        return _import_vidur_compute(args, files)
+    if args.source == "vidur-host":
+        return _import_vidur_host(args, files)
+    return _import_vidur_network(args, files)
+
+
+def _import_vidur_compute(args: argparse.Namespace, files: "_Files") -> int:
+    from marssim.calibrate.published import (
+        VIDUR_GPUS, VIDUR_LICENSE, VIDUR_SOURCE, VIDUR_STACK, Provenance, VidurImport, default_tokens, import_summary,
+        vidur_files, vidur_rows,
+    )
+    from marssim.calibrate.table import merge_rows
+    from marssim.cost.calibrated import load_table, traces_dir
+
+    gpus = [g.strip() for g in args.gpus.split(",") if g.strip()]
+    for g in gpus:
+        if g not in VIDUR_GPUS:
+            raise InputError(None, "--gpus", f"expected some of {', '.join(VIDUR_GPUS)}, got {g!r}")
+    if args.tokens == "default":
+        tokens = default_tokens
+    elif args.tokens == "all":
+        tokens = None
+    else:
+        wanted = set(_counts(args.tokens, "--tokens"))
+        tokens = wanted.__contains__
+    out_dir = Path(args.out) if args.out else traces_dir() / "calibration"
+    found = vidur_files(files.list("data/profiling/compute"))
+    for gpu in gpus:
+        mine = [(model, path) for g, model, path in found if g == gpu]
+        if not mine:
+            raise InputError(args.origin, "data/profiling/compute", f"no {gpu}/<org>/<model>/mlp.csv at {args.commit}")
+        result = VidurImport()
+        for model, path in mine:
+            prov = Provenance(VIDUR_SOURCE, args.commit, path, VIDUR_LICENSE, files.date_of(path))
+            result.merge(vidur_rows(files.read(path), prov, gpu, model, tokens))
+        device = VIDUR_GPUS[gpu].device
+        target = out_dir / f"{device}.csv"
+        out_dir.mkdir(parents=True, exist_ok=True)
+        comment = (f"# {VIDUR_SOURCE} (MIT license) at {args.commit}: data/profiling/compute/{gpu}/*/mlp.csv, "
+                   f"{len(mine)} models, imported by `marssim calibrate import vidur-compute --tokens {args.tokens}` "
+                   f"as stack {VIDUR_STACK}: sarathi-serve (vidur branch) layers in fp16 under torch.inference_mode, "
+                   "torch.profiler kernel times (median of 20 steps, L2 warm, 1 us resolution), "
+                   f"{VIDUR_GPUS[gpu].variant.replace(';', ',')}; driver, CUDA and library versions not published; "
+                   "spread_s 0: quartiles not published (std_s in the note)")
+        merge_rows(target, result.rows, comment)
+        load_table(target)  # the full schema check of what was written
+        print(f"{target}: {device}, stack {VIDUR_STACK}:")
+        for line in import_summary(result, [p for _, p in mine]):
+            print(f"  {line}")
+    return 0
+
+
+def _import_vidur_host(args: argparse.Namespace, files: "_Files") -> int:
+    from marssim.calibrate.host_overheads import load_host_overheads, vidur_host_rows, write_host_overheads
+    from marssim.calibrate.published import VIDUR_LICENSE, VIDUR_SOURCE, VIDUR_STACK
+    from marssim.cost.calibrated import traces_dir
+
+    path = "data/profiling/a100/cpu_overheads.csv"
+    target = Path(args.out) if args.out else traces_dir() / "host-overheads" / "A100.csv"
+    if target.suffix != ".csv":
+        raise InputError(str(target), "--out", "expected a file name ending in .csv")
+    rows = vidur_host_rows(files.read(path), "A100", VIDUR_STACK, VIDUR_SOURCE, args.commit, path, VIDUR_LICENSE,
+                           files.date_of(path))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    write_host_overheads(target, rows, [
+        f"{VIDUR_SOURCE} (MIT license) at {args.commit}: {path} (removed from the repository later), imported by "
+        "`marssim calibrate import vidur-host`: host time of the stages of one sarathi-serve iteration on A100 GPUs, "
+        "per model, batch size and tensor-parallel degree; mean and median over the profiled iterations"])
+    load_host_overheads(target)
+    print(f"{target}: {len(rows)} rows")
     return 0
