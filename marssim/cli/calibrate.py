@@ -162,10 +162,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                                  "traces/calibration/<GPU>.csv, merged), vidur-host (host overheads of a serving "
                                  "iteration, data/profiling/a100/cpu_overheads.csv -> traces/host-overheads/A100.csv), "
                                  "vidur-network (collective times, data/profiling/network/<system>/*.csv -> "
-                                 "traces/collectives/). Runs anywhere.")
-    i.add_argument("source", choices=("vidur-compute", "vidur-host", "vidur-network"))
+                                 "traces/collectives/vidur-2024.csv), xla-collectives (XLA's H100 collective table, "
+                                 "a textproto file given to --from -> traces/collectives/xla-2025.csv). Runs anywhere.")
+    i.add_argument("source", choices=("vidur-compute", "vidur-host", "vidur-network", "xla-collectives"))
     i.add_argument("--from", dest="origin", required=True, metavar="PATH",
-                   help="the repository: a git directory (bare or a checkout) or a plain directory of its files")
+                   help="the repository: a git directory (bare or a checkout) or a plain directory of its files; "
+                        "xla-collectives: the textproto file")
     i.add_argument("--commit", required=True, help="the commit the files are read at (recorded in every row)")
     i.add_argument("--date", help="ISO date of the files when PATH is not a git directory (default: from git)")
     i.add_argument("--gpus", default="a100,h100", help="vidur-compute: GPU directories to import (default a100,h100)")
@@ -508,6 +510,8 @@ class _Files:
 
 
 def run_import(args: argparse.Namespace) -> int:
+    if args.source == "xla-collectives":
+        return _import_xla_collectives(args)
     files = _Files(args.origin, args.commit, args.date)
     if args.source == "vidur-compute":
         return _import_vidur_compute(args, files)
@@ -579,5 +583,89 @@ def _import_vidur_host(args: argparse.Namespace, files: "_Files") -> int:
         "`marssim calibrate import vidur-host`: host time of the stages of one sarathi-serve iteration on A100 GPUs, "
         "per model, batch size and tensor-parallel degree; mean and median over the profiled iterations"])
     load_host_overheads(target)
+    print(f"{target}: {len(rows)} rows")
+    return 0
+
+
+_VIDUR_NETWORKS = {
+    "a100_dgx": ("dgx-a100", "A100", "DGX A100: 8 A100 80GB SXM4 on NVSwitch (the network between nodes not described)"),
+    "a100_pairwise_nvlink": ("nc-a100-v4", "A100", "Azure Standard_NC96ads_A100_v4: 4 A100 80GB PCIe, NVLink bridges "
+                                                   "between pairs"),
+    "h100_dgx": ("dgx-h100", "H100", "DGX H100: 8 H100 80GB SXM5 on NVSwitch (the network between nodes not described)"),
+    "h100_pairwise_nvlink": ("h100-nvl-pairs", "H100", "4 H100 NVL, NVLink bridges between pairs"),
+}
+"""Vidur's network directories (docs/profiling.md at the imported commit): the system name rows get
+and what the source says of the machine."""
+
+
+def _import_vidur_network(args: argparse.Namespace, files: "_Files") -> int:
+    from marssim.calibrate.published import VIDUR_LICENSE, VIDUR_SOURCE, VIDUR_STACK
+    from marssim.collectives.measured import load_collectives, vidur_network_rows, write_collectives
+    from marssim.cost.calibrated import traces_dir
+
+    out_dir = Path(args.out) if args.out else traces_dir() / "collectives"
+    rows = []
+    seen: dict[str, str] = {}
+    notes = []
+    for path in files.list("data/profiling/network"):
+        parts = path.split("/")
+        if len(parts) != 5 or parts[-1] not in ("all_reduce.csv", "send_recv.csv") or parts[3] not in _VIDUR_NETWORKS:
+            continue
+        text = files.read(path)
+        if text in seen:  # a copy of another file (Vidur ships one send_recv profile twice)
+            notes.append(f"{path} is a copy of {seen[text]}: left out")
+            continue
+        seen[text] = path
+        system, gpu, _ = _VIDUR_NETWORKS[parts[3]]
+        rows += vidur_network_rows(text, system=system, net_system=f"{system}+net", gpu=gpu, stack=VIDUR_STACK,
+                                   source=VIDUR_SOURCE, commit=args.commit, file=path, license_=VIDUR_LICENSE,
+                                   date=files.date_of(path))
+    if not rows:
+        raise InputError(args.origin, "data/profiling/network", f"no Vidur network profiles at {args.commit}")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    target = out_dir / f"{VIDUR_STACK}.csv"
+    comments = [f"{VIDUR_SOURCE} (MIT license) at {args.commit}: data/profiling/network/<system>/<collective>.csv, "
+                "imported by `marssim calibrate import vidur-network` (sizes nearest each power of two and three times "
+                "a power of two). Measured by vidur/profiling/collectives: torch.distributed on NCCL (fp16 buffers, "
+                "no CUDA graphs), 11 calls back to back after a barrier, the median NCCL kernel time on rank 0 by "
+                "torch.profiler, the median of 3 such rounds; NCCL version not published"]
+    comments += [f"system {name}: {desc}" for name, _, desc in _VIDUR_NETWORKS.values()]
+    comments += [f"{name}+net: groups spanning nodes of {name}; the source does not describe the network"
+                 for name, _, _ in _VIDUR_NETWORKS.values()]
+    comments += notes
+    write_collectives(target, rows, comments)
+    load_collectives(target)
+    print(f"{target}: {len(rows)} rows")
+    for line in notes:
+        print(f"  {line}")
+    return 0
+
+
+def _import_xla_collectives(args: argparse.Namespace) -> int:
+    from marssim.collectives.measured import load_collectives, write_collectives, xla_textproto_rows
+    from marssim.cost.calibrated import traces_dir
+
+    path = Path(args.origin)
+    if not path.is_file():
+        raise InputError(args.origin, "--from", "expected the textproto file of XLA's collective table")
+    if not args.date:
+        raise InputError(None, "--date", "expected the ISO date of the file's version (YYYY-MM-DD)")
+    out_dir = Path(args.out) if args.out else traces_dir() / "collectives"
+    rows = xla_textproto_rows(path.read_text(encoding="utf-8"), system="hgx-h100", gpu="H100", stack="xla-2025",
+                              source="openxla/xla", commit=args.commit,
+                              file="xla/service/gpu/model/collective_interpolator_data.h", license_="Apache-2.0",
+                              date=args.date, min_bytes=2 ** 20)
+    if not rows:
+        raise InputError(args.origin, "entries", "no all-reduce, all-gather or reduce-scatter entries of >= 2 devices")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    target = out_dir / "xla-2025.csv"
+    write_collectives(target, rows, [
+        f"openxla/xla (Apache License 2.0): xla/service/gpu/model/collective_interpolator_data.h, {args.commit}; "
+        "imported by `marssim calibrate import xla-collectives`: the sm_90 (NVIDIA H100 80GB HBM3) entries of one "
+        "group of 8 GPUs of one host, tensors of 1 MiB and more. Measured by xla/tools/collective_perf_table_gen: "
+        "each collective an XLA program on F32 tensors, 5 runs, tensor bytes over the median runtime (the program's "
+        "compute time, launch included); NCCL version not recorded. date: only the year of the file is known",
+    ])
+    load_collectives(target)
     print(f"{target}: {len(rows)} rows")
     return 0
