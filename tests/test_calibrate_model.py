@@ -272,5 +272,6 @@ def test_a_single_measured_shape_is_used_without_a_fit(tmp_path, monkeypatch, ca
     assert model.op_cost(graph.op("encoder.layer.0.intermediate.dense"), design).model == "gpu-roofline"
     assert main(["cost", "bert-base", "--system", "dgx-h100"]) == 0
     text = capsys.readouterr().out
-    assert "h100: measured shapes from table 'H100', too few rows to fit, for gemm; analytical GPU roofline" in text
+    assert ("h100: measured shapes from table 'H100' (stack 'pytorch-2.11.0+cu130'), too few rows to fit, for gemm; "
+            "analytical GPU roofline") in text
     assert "for the 48 of 96 layers whose shape" in text  # q, k, v, attention output of 12 layers

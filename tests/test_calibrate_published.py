@@ -199,3 +199,20 @@ def test_shipped_tables_hold_the_imported_stack_with_provenance():
         assert note["file"].startswith("data/profiling/compute/a100/")
     h100 = load_table(calibration() / "H100.csv")
     assert set(h100.stacks()) == {"pytorch-2.11.0+cu130", VIDUR_STACK}
+
+
+def test_cli_imports_collectives_from_vidur_and_xla(tmp_path, capsys):
+    from marssim.collectives.measured import load_collectives
+
+    out = tmp_path / "collectives"
+    assert main(["calibrate", "import", "vidur-network", "--from", str(DATA), "--commit", COMMIT, "--date",
+                 "2024-05-14", "--out", str(out)]) == 0
+    rows = load_collectives(out / "vidur-2024.csv")
+    assert {(r.system, r.ranks, r.ranks_per_node) for r in rows} == {("dgx-a100", 4, 4), ("dgx-a100+net", 2, 1)}
+    assert all(r.commit == COMMIT and r.license == "MIT" and r.stack == VIDUR_STACK for r in rows)
+    xla = Path(__file__).parent / "data" / "xla" / "collective_interpolator_data_sm90_excerpt.h"
+    assert main(["calibrate", "import", "xla-collectives", "--from", str(xla), "--commit", "v", "--date", "2025-01-01",
+                 "--out", str(out)]) == 0
+    assert len(load_collectives(out / "xla-2025.csv")) == 26
+    assert main(["calibrate", "import", "xla-collectives", "--from", str(xla), "--commit", "v"]) == 2  # no --date
+    assert "--date" in capsys.readouterr().err

@@ -106,6 +106,7 @@ class ClusterRouter:
         self.node_unit = node_unit
         self.many_units = many_units
         self.node_group = node_group or []
+        self.hosts = {f"host{n}": n for n in range(len(node_gpus))}
 
     def node_of(self, gpu: str) -> tuple[int, NodeGroup | None] | None:
         """The node index of ``gpu`` and the node group it belongs to (None: not a GPU here)."""
@@ -113,7 +114,6 @@ class ClusterRouter:
         if g is None:
             return None
         return g.node, (self.node_group[g.node] if g.node < len(self.node_group) else None)
-        self.hosts = {f"host{n}": n for n in range(len(node_gpus))}
 
     def nearest_host(self, node: str) -> str | None:
         g = self.gpus.get(node)
