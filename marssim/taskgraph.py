@@ -69,7 +69,7 @@ class OpInfo(NamedTuple):
     multi-model mix); ``loops``: its loop nest (``"N=8 K=64 ..."``); ``sharding``: the strategy
     that split it; ``set``: the index of the accelerator set that ran it; ``cost_model``: the cost
     model that timed its shards (``OpCost.model``: ``systolic-os``, ``gpu-roofline``,
-    ``calibrated``, ``measured``...; several joined by ``+`` when its shards were timed by
+    ``fitted``, ``measured``...; several joined by ``+`` when its shards were timed by
     different ones). A named tuple: a lowering makes one per op, cheaply."""
 
     name: str

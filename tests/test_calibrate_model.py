@@ -145,9 +145,9 @@ def test_table_is_labelled_synthetic_and_resolves_for_dgx_h100(h100_env):
     model = default_cost_model()
     op = load_workload("bert-base").op("encoder.layer.0.attention.self.query")
     assert model.op_cost(op, design).model == "measured"
-    assert model.op_cost(op.with_loops(M=100), design).model == "calibrated"  # not in the table: the curve
+    assert model.op_cost(op.with_loops(M=100), design).model == "fitted"  # not in the table: the curve
     cov = model.coverage(design, dtypes=("fp16",))
-    assert "measured shapes used as measured" in cov["conv"] and "calibrated (vendor" in cov["gemm"]
+    assert "measured shapes used as measured" in cov["conv"] and "fitted (fp16 vendor" in cov["gemm"]
 
 
 def test_without_a_table_dgx_h100_is_an_error_or_the_roofline_when_asked(tmp_path, monkeypatch):
@@ -203,7 +203,7 @@ def test_curve_alone_is_within_the_fits_error(h100_env):
             if key is None:
                 continue
             c = curve.op_cost(op, design)
-            assert c.model == "calibrated"
+            assert c.model == "fitted"
             error = abs(c.time / measured[key] - 1)
             assert error <= fits[(key[0], "fp16")].max_rel_error + 1e-12
             worst = max(worst, error)
@@ -222,7 +222,7 @@ def test_vectorised_equals_scalar_with_measured_shapes(h100_env):
     scalar = default_cost_model()
     expected = np.array([scalar.op_time(op, design) for op in ops])
     models = [scalar.op_cost(op, design).model for op in ops]
-    assert {"measured", "calibrated"} <= set(models)  # batch-2 layers are in the table (sweep), M=100 not
+    assert {"measured", "fitted"} <= set(models)  # batch-2 layers are in the table (sweep), M=100 not
     vector = default_cost_model()
     assert np.array_equal(vector.op_times(ops, [design] * len(ops)), expected)
     assert np.array_equal(vector.op_times(ops[::-1], [design] * len(ops))[::-1], expected)
@@ -272,5 +272,6 @@ def test_a_single_measured_shape_is_used_without_a_fit(tmp_path, monkeypatch, ca
     assert model.op_cost(graph.op("encoder.layer.0.intermediate.dense"), design).model == "gpu-roofline"
     assert main(["cost", "bert-base", "--system", "dgx-h100"]) == 0
     text = capsys.readouterr().out
-    assert "h100: measured shapes from table 'H100', too few rows to fit, for gemm; analytical GPU roofline" in text
+    assert ("h100: measured shapes from table 'H100' (stack 'pytorch-2.11.0+cu130'), too few rows to fit, for gemm; "
+            "analytical GPU roofline") in text
     assert "for the 48 of 96 layers whose shape" in text  # q, k, v, attention output of 12 layers

@@ -106,15 +106,15 @@ def test_calibrated_model_uses_fits_and_falls_back_per_kind(table, fits):
     b.softmax("sm", s, heads=12)
     g = b.build()
     fc = model.op_cost(g.op("fc"), d)
-    assert fc.model == "calibrated"
+    assert fc.model == "fitted"
     f = fits[("synthetic-H100", "gemm", "bf16", "none")]
     op = g.op("fc")
     expected = predict(f, "gemm", m=8 * 128, n=3072, k=768, nbytes=op.bytes_moved)
     assert fc.time == pytest.approx(float(expected), rel=1e-12)
-    assert model.op_cost(g.op("gelu"), d).model == "calibrated"
+    assert model.op_cost(g.op("gelu"), d).model == "fitted"
     assert model.op_cost(g.op("sm"), d).model == "gpu-roofline"  # no softmax rows: analytical
     cov = model.coverage(d, dtypes=("bf16",))
-    assert cov["gemm"].startswith("bf16: calibrated") and "gpu-roofline" in cov["softmax"]
+    assert cov["gemm"].startswith("bf16: fitted") and "gpu-roofline" in cov["softmax"]
     # a design naming another device is an error, or analytical throughout when that is asked for
     with pytest.raises(InputError, match="no calibration table 'A100'"):
         model.op_cost(g.op("fc"), _h100("A100"))
@@ -154,12 +154,12 @@ def test_default_model_reads_tables_under_marssim_traces(tmp_path, monkeypatch):
     b.linear("fc", x, 1024)
     op = b.build().op("fc")
     model = default_cost_model()
-    assert model.op_cost(op, _h100()).model == "calibrated"
+    assert model.op_cost(op, _h100()).model == "fitted"
     with pytest.raises(InputError, match="no calibration table 'H100'"):
         model.op_cost(op, _h100("H100"))
     # file-name match: a table file named after the calibration device
     shutil.copy(TABLE, tmp_path / "calibration" / "H100.csv")
-    assert default_cost_model().op_cost(op, _h100("H100")).model == "calibrated"
+    assert default_cost_model().op_cost(op, _h100("H100")).model == "fitted"
     # pickled with its fits; caches rebuilt on the other side
     clone = pickle.loads(pickle.dumps(model))
     assert clone.op_time(op, _h100()) == model.op_time(op, _h100())

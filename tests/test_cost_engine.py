@@ -97,7 +97,7 @@ def test_vectorised_equals_scalar_bit_for_bit(calibrated):
     table = model.op_time_table(ops, designs)
     assert np.array_equal(table, np.array([[scalar_model.op_time(o, d) for d in designs] for o in ops]))
     if calibrated:
-        assert any(scalar_model.op_cost(o, designs[-1]).model == "calibrated" for o in ops)
+        assert any(scalar_model.op_cost(o, designs[-1]).model == "fitted" for o in ops)
 
 
 def test_memo_by_shape():

@@ -150,7 +150,7 @@ def test_cost_model_uses_the_correction_scalar_equals_vectorised(table):
             continue
         m, k = op.dim("B") * op.dim("M"), op.dim("K")
         expected = float(predict(f, "gemm", m=m, n=op.dim("N"), k=k, nbytes=op.bytes_moved))
-        assert t == expected and c.model == "calibrated"
+        assert t == expected and c.model == "fitted"
     assert [model.op_cost(op, design).model for op in ops].count("measured") == 1
     # the tiny GEMM is far from every measured shape: curve time, exactly
     assert model.op_time(ops[3], design) == curve.op_time(ops[3], design)

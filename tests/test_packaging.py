@@ -15,10 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from marssim.data import DATA_PACKAGES, calibration, topologies
+from marssim.data import DATA_PACKAGES, calibration, collectives, host_overheads, topologies
 
 ROOT = Path(__file__).resolve().parents[1]
-SOURCES = ("pyproject.toml", "setup.py", "README.md", "marssim", "topologies", "traces/calibration")
+SOURCES = ("pyproject.toml", "setup.py", "README.md", "marssim", "topologies", "traces/calibration", "traces/collectives",
+           "traces/host-overheads")
 
 
 def _setuptools_builds_this_project() -> bool:
@@ -55,6 +56,7 @@ def test_the_build_maps_the_data_packages_the_package_looks_for():
 def test_a_checkout_finds_the_repository_directories():
     """Here (an editable install or the source tree on the path) the data are the checkout's."""
     assert topologies() == ROOT / "topologies" and calibration() == ROOT / "traces" / "calibration"
+    assert collectives() == ROOT / "traces" / "collectives" and host_overheads() == ROOT / "traces" / "host-overheads"
 
 
 @pytest.mark.slow
@@ -90,8 +92,11 @@ def test_a_wheel_installed_elsewhere_ships_its_data_and_runs_from_another_direct
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "MARSSIM_TOPOLOGIES", "MARSSIM_TRACES")}
     marssim = venv / "bin" / "marssim"
     site = _run([python, "-c", "import marssim, marssim.data as d; print(marssim.__file__); "
-                               "print(d.topologies()); print(d.calibration())"], elsewhere, env).stdout.split()
+                               "print(d.topologies()); print(d.calibration()); print(d.collectives()); "
+                               "print(d.host_overheads())"], elsewhere, env).stdout.split()
     assert all(Path(p).is_relative_to(venv) for p in site), site  # the wheel's copy, not the checkout
+    for directory, name in ((site[2], "A100.csv"), (site[3], "vidur-2024.csv"), (site[4], "A100.csv")):
+        assert (Path(directory) / name).is_file(), (directory, name)
 
     listed = _run([marssim, "systems"], elsewhere, env).stdout
     for path in sorted((ROOT / "topologies").glob("*.yaml")):

@@ -253,8 +253,8 @@ def test_the_shipped_table_times_the_gpu_ops():
     graph = load_workload("gpt2:batch=1,seq=64")
     tg = lower(graph, system, Mapping.single_set(graph, system), default_cost_model())
     models = {op.cost_model for op in tg.ops}
-    assert models <= {"measured", "calibrated", "gpu-roofline", "measured+calibrated", "calibrated+measured"}
-    assert any("measured" in m or "calibrated" in m for m in models)
+    assert models <= {"measured", "fitted", "gpu-roofline", "measured+fitted", "fitted+measured"}
+    assert any("measured" in m or "fitted" in m for m in models)
 
 
 def test_a_roofline_model_asked_for_is_not_an_error():

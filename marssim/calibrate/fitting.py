@@ -74,6 +74,9 @@ class GroupReport:
     gemm_view_holdout: HoldoutStats | None = None
     """Convolutions with their geometry: the held-out errors with the correction fitted on the
     GEMM view alone (geometry ignored), for comparison."""
+    stack: str = ""
+    """The software stack whose rows (and the rows of unknown stack) the group was fitted on
+    (:meth:`~marssim.cost.calibrated.KernelTable.for_stack`); ``""``: a table without stacks."""
 
 
 def _digest(key: tuple) -> str:
@@ -114,33 +117,38 @@ def _errors(f: KernelFit, rows: Sequence[KernelTiming], corrected: bool = True) 
 
 
 def fit_report(table: KernelTable, fraction: float = HOLDOUT_FRACTION) -> list[GroupReport]:
-    """Fit and held-out error of every group of ``table`` (see the module docstring), sorted
-    by device, kind, dtype and tuning."""
+    """Fit and held-out error of every group of ``table`` (see the module docstring), per
+    software stack of the table (each with the rows of unknown stack, as a design naming the
+    stack fits them), sorted by stack, device, kind, dtype and tuning."""
     out = []
-    for key, rows in sorted(table.groups().items()):
-        n_shapes = len({r.shape for r in rows})
-        try:
-            full = fit_group(rows)
-        except ValueError as err:
-            out.append(GroupReport(key, len(rows), n_shapes, None, None, str(err)))
-            continue
-        fit_rows, held_rows = holdout_split(rows, fraction)
-        if not held_rows:
-            out.append(GroupReport(key, len(rows), n_shapes, full, None, "too few shapes to hold 20 % out"))
-            continue
-        try:
-            partial = fit_group(fit_rows)
-        except ValueError as err:
-            out.append(GroupReport(key, len(rows), n_shapes, full, None, f"held-out fit: {err}"))
-            continue
-        errors = [_errors(partial, held_rows, c) for c in (True, False)]
-        if geometry_array(rows) is not None:  # the same split, corrected by the GEMM view alone
-            errors.append(_errors(fit_group(fit_rows, geometry=False), held_rows))
-        stats = [HoldoutStats(len(fit_rows), len(held_rows), float(np.median(e)), float(np.percentile(e, 90)),
-                              float(e.max())) for e in errors]
-        out.append(GroupReport(key, len(rows), n_shapes, full, stats[0], curve_holdout=stats[1],
-                               gemm_view_holdout=stats[2] if len(stats) > 2 else None))
+    stacks = sorted(s for s in table.stacks() if s) or [""]
+    for stack in stacks:
+        part = table.for_stack(stack or None)
+        for key, rows in sorted(part.groups().items()):
+            out.append(_group_report(key, rows, fraction, stack))
     return out
+
+
+def _group_report(key: FitKey, rows: Sequence[KernelTiming], fraction: float, stack: str) -> GroupReport:
+    n_shapes = len({r.shape for r in rows})
+    try:
+        full = fit_group(rows)
+    except ValueError as err:
+        return GroupReport(key, len(rows), n_shapes, None, None, str(err), stack=stack)
+    fit_rows, held_rows = holdout_split(rows, fraction)
+    if not held_rows:
+        return GroupReport(key, len(rows), n_shapes, full, None, "too few shapes to hold 20 % out", stack=stack)
+    try:
+        partial = fit_group(fit_rows)
+    except ValueError as err:
+        return GroupReport(key, len(rows), n_shapes, full, None, f"held-out fit: {err}", stack=stack)
+    errors = [_errors(partial, held_rows, c) for c in (True, False)]
+    if geometry_array(rows) is not None:  # the same split, corrected by the GEMM view alone
+        errors.append(_errors(fit_group(fit_rows, geometry=False), held_rows))
+    stats = [HoldoutStats(len(fit_rows), len(held_rows), float(np.median(e)), float(np.percentile(e, 90)),
+                          float(e.max())) for e in errors]
+    return GroupReport(key, len(rows), n_shapes, full, stats[0], curve_holdout=stats[1],
+                       gemm_view_holdout=stats[2] if len(stats) > 2 else None, stack=stack)
 
 
 def meets_target(report: GroupReport) -> bool | None:
@@ -172,6 +180,8 @@ def write_fit_json(table_path: str | Path, reports: Sequence[GroupReport], out: 
         device, kind, dtype, tuning = r.key
         entry: dict = {"device": device, "kind": kind, "dtype": dtype, "tuning": tuning, "rows": r.n_rows,
                        "shapes": r.n_shapes}
+        if r.stack:
+            entry["stack"] = r.stack
         if r.fit is None:
             entry["fit"] = None
         else:
@@ -228,8 +238,9 @@ def format_report(reports: Sequence[GroupReport]) -> str:
     and the target check for GEMM and conv."""
     from marssim.system.describe import format_table
 
-    headers = ["device", "kind", "dtype", "tuning", "rows", "shapes", "fit rms", "held out", "curve median",
-               "curve p90", "median", "p90", "max", "target"]
+    stacked = any(r.stack for r in reports)
+    headers = ["device", *(["stack"] if stacked else []), "kind", "dtype", "tuning", "rows", "shapes", "fit rms",
+               "held out", "curve median", "curve p90", "median", "p90", "max", "target"]
     lines = []
     for r in reports:
         device, kind, dtype, tuning = r.key
@@ -243,7 +254,8 @@ def format_report(reports: Sequence[GroupReport]) -> str:
             cells = [str(h.n_held), *curve, _pct(h.median), _pct(h.p90), _pct(h.max), target]
         else:
             cells = ["-", "-", "-", "-", "-", "-", r.reason]
-        lines.append([device, kind, dtype, tuning, str(r.n_rows), str(r.n_shapes), fit_rms, *cells])
+        lines.append([device, *([r.stack or "-"] if stacked else []), kind, dtype, tuning, str(r.n_rows),
+                      str(r.n_shapes), fit_rms, *cells])
     out = format_table(headers, lines, indent="")
     targets = "; ".join(f"{k}: median <= {100 * m:.0f} %, p90 <= {100 * p:.0f} %" for k, (m, p) in TARGETS.items())
     by_view = [r for r in reports if r.gemm_view_holdout is not None and r.holdout is not None]

@@ -9,7 +9,7 @@ inter-quartile range, ``date`` ``YYYY-MM-DD``. Tables written before the optiona
 existed are read as they are (the columns empty) and written back with them.
 
 Writing merges into an existing file: a row with the same device, kind, dtype, shape, flops,
-bytes, convolution geometry, phase, kernel, backend and tuning is replaced; the file is
+bytes, convolution geometry, phase, kernel, backend, tuning and software stack is replaced; the file is
 rewritten atomically. Comment lines (``#``)
 already in the file are kept and a new one is added when it differs from all of them, so a
 table measured in several runs keeps one provenance line per run. Re-running is idempotent.
@@ -26,7 +26,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from marssim.cost.calibrated import (
-    CONV_COLUMNS, OPTIONAL_COLUMNS, PHASES, REQUIRED_COLUMNS, KernelTiming, conv_cells, parse_conv_cells,
+    CONV_COLUMNS, OPTIONAL_COLUMNS, PHASES, REQUIRED_COLUMNS, KernelTiming, conv_cells, parse_conv_cells, row_stack,
 )
 from marssim.errors import InputError
 from marssim.fsutil import atomic_file
@@ -45,7 +45,7 @@ COLUMNS = REQUIRED_COLUMNS + OPTIONAL_COLUMNS
 def row_key(row: KernelTiming) -> tuple:
     """What makes two rows the same measurement (a later one replaces an earlier one)."""
     return (row.device, row.kind, row.dtype, row.batch, row.m, row.n, row.k, round(row.flops), round(row.bytes),
-            row.conv.key if row.conv is not None else (), row.phase, row.kernel, row.backend, row.tuning)
+            row.conv.key if row.conv is not None else (), row.phase, row.kernel, row.backend, row.tuning, row.stack)
 
 
 _FLOATS = {"flops", "bytes", "median_s", "spread_s"}
@@ -128,6 +128,7 @@ def read_rows(path: str | Path) -> list[CalibrationRow]:
             except ValueError:
                 raise InputError(name, f"line {lineno}: {col}", f"expected a number, got {text!r}") from None
         values["phase"] = values["phase"] or "fwd"
+        values["stack"] = row_stack(str(values["stack"]), str(values["note"]))
         if values["phase"] not in PHASES:
             raise InputError(name, f"line {lineno}: phase", f"expected one of {', '.join(PHASES)}, "
                                                             f"got {values['phase']!r}")
@@ -141,7 +142,7 @@ def read_rows(path: str | Path) -> list[CalibrationRow]:
 
 
 def _sort_key(r: CalibrationRow) -> tuple:
-    return (r.device, r.kind, r.dtype, r.kernel, r.batch, r.m, r.n, r.k, r.flops, r.bytes,
+    return (r.device, r.stack, r.kind, r.dtype, r.kernel, r.batch, r.m, r.n, r.k, r.flops, r.bytes,
             r.conv.key if r.conv is not None else (), r.phase, r.backend, r.tuning)
 
 

@@ -7,7 +7,8 @@ and its split into chunks), ``measure`` (time them on a CUDA device into
 curves of a table, write ``<table>.fit.json`` and report the held-out error), ``check``
 (validate tables and report what they cover), ``backfill`` (add the convolution geometry
 columns to conv rows measured without them, from the layer each row's note names). All but
-``measure`` run without a GPU.
+``measure`` run without a GPU. ``import`` converts published measurements (Vidur's kernel,
+host-overhead and collective profiles) into marssim's tables with their provenance.
 """
 
 from __future__ import annotations
@@ -153,6 +154,30 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="padding rule of the harness that measured the table's shard rows, when another "
                         "(default: --padding)")
     b.set_defaults(func=run_backfill)
+
+    i = s.add_parser("import", help="convert published measurements (Vidur's profiles) into marssim's tables",
+                     description="Read published measurements from a checkout or a git directory of their repository "
+                                 "at COMMIT and write them in marssim's schemas with their provenance: vidur-compute "
+                                 "(per-operator kernel times, data/profiling/compute/<gpu>/<model>/mlp.csv -> "
+                                 "traces/calibration/<GPU>.csv, merged), vidur-host (host overheads of a serving "
+                                 "iteration, data/profiling/a100/cpu_overheads.csv -> traces/host-overheads/A100.csv), "
+                                 "vidur-network (collective times, data/profiling/network/<system>/*.csv -> "
+                                 "traces/collectives/vidur-2024.csv), xla-collectives (XLA's H100 collective table, "
+                                 "a textproto file given to --from -> traces/collectives/xla-2025.csv). Runs anywhere.")
+    i.add_argument("source", choices=("vidur-compute", "vidur-host", "vidur-network", "xla-collectives"))
+    i.add_argument("--from", dest="origin", required=True, metavar="PATH",
+                   help="the repository: a git directory (bare or a checkout) or a plain directory of its files; "
+                        "xla-collectives: the textproto file")
+    i.add_argument("--commit", required=True, help="the commit the files are read at (recorded in every row)")
+    i.add_argument("--date", help="ISO date of the files when PATH is not a git directory (default: from git)")
+    i.add_argument("--gpus", default="a100,h100", help="vidur-compute: GPU directories to import (default a100,h100)")
+    i.add_argument("--tokens", default="default",
+                   help="vidur-compute: 'default' (powers of two and 3 x powers of two), 'all', or a comma-separated list")
+    i.add_argument("--out", metavar="PATH",
+                   help="where to write: a directory for vidur-compute (default traces/calibration) and vidur-network "
+                        "(default traces/collectives), a .csv file for vidur-host (default "
+                        "traces/host-overheads/A100.csv)")
+    i.set_defaults(func=run_import)
     p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
 
 
@@ -431,4 +456,216 @@ def run_backfill(args: argparse.Namespace) -> int:
     merge_rows(args.out, rows, comment, replace_all=True, comments=read_comments(args.table))
     load_table(args.out)
     print(f"{args.out}: {report.describe()}")
+    return 0
+
+
+# ----------------------------------------------------------------------------- import
+class _Files:
+    """Files of a published repository at a commit: a git directory (bare or a checkout), or a
+    plain directory whose files carry one ``date``."""
+
+    def __init__(self, origin: str, commit: str, date: str | None) -> None:
+        import datetime as dt
+
+        self.root = Path(origin)
+        self.commit = commit
+        if not self.root.is_dir():
+            raise InputError(origin, "--from", "expected a directory (a git directory or a copy of the repository)")
+        self.git = (self.root / "HEAD").is_file() and (self.root / "objects").is_dir() or (self.root / ".git").exists()
+        if not self.git and not date:
+            raise InputError(origin, "--date", "a plain directory needs --date YYYY-MM-DD (the files' commit date)")
+        if date:
+            try:
+                dt.date.fromisoformat(date)
+            except ValueError:
+                raise InputError(None, "--date", f"expected an ISO date like 2024-05-14, got {date!r}") from None
+        self.date = date
+        if self.git:
+            self._git("rev-parse", "--verify", f"{commit}^{{commit}}")
+
+    def _git(self, *args: str) -> str:
+        import subprocess
+
+        flag = ["--git-dir", str(self.root)] if not (self.root / ".git").exists() else ["-C", str(self.root)]
+        done = subprocess.run(["git", *flag, *args], capture_output=True, text=True)
+        if done.returncode != 0:
+            raise InputError(str(self.root), "--commit", f"git {' '.join(args)}: {done.stderr.strip()[:200]}")
+        return done.stdout
+
+    def list(self, prefix: str) -> list[str]:
+        if self.git:
+            return sorted(self._git("ls-tree", "-r", "--name-only", self.commit, "--", prefix).split())
+        base = self.root
+        return sorted(str(p.relative_to(base)).replace("\\", "/") for p in (base / prefix).rglob("*") if p.is_file())
+
+    def read(self, path: str) -> str:
+        if self.git:
+            return self._git("show", f"{self.commit}:{path}")
+        return (self.root / path).read_text(encoding="utf-8")
+
+    def date_of(self, path: str) -> str:
+        if self.date:
+            return self.date
+        return self._git("log", "-1", "--format=%cs", self.commit, "--", path).strip()
+
+
+def run_import(args: argparse.Namespace) -> int:
+    if args.source == "xla-collectives":
+        return _import_xla_collectives(args)
+    files = _Files(args.origin, args.commit, args.date)
+    if args.source == "vidur-compute":
+        return _import_vidur_compute(args, files)
+    if args.source == "vidur-host":
+        return _import_vidur_host(args, files)
+    return _import_vidur_network(args, files)
+
+
+def _import_vidur_compute(args: argparse.Namespace, files: "_Files") -> int:
+    from marssim.calibrate.published import (
+        VIDUR_GPUS, VIDUR_LICENSE, VIDUR_SOURCE, VIDUR_STACK, Provenance, VidurImport, default_tokens, import_summary,
+        vidur_files, vidur_rows,
+    )
+    from marssim.calibrate.table import merge_rows
+    from marssim.cost.calibrated import load_table, traces_dir
+
+    gpus = [g.strip() for g in args.gpus.split(",") if g.strip()]
+    for g in gpus:
+        if g not in VIDUR_GPUS:
+            raise InputError(None, "--gpus", f"expected some of {', '.join(VIDUR_GPUS)}, got {g!r}")
+    if args.tokens == "default":
+        tokens = default_tokens
+    elif args.tokens == "all":
+        tokens = None
+    else:
+        wanted = set(_counts(args.tokens, "--tokens"))
+        tokens = wanted.__contains__
+    out_dir = Path(args.out) if args.out else traces_dir() / "calibration"
+    found = vidur_files(files.list("data/profiling/compute"))
+    for gpu in gpus:
+        mine = [(model, path) for g, model, path in found if g == gpu]
+        if not mine:
+            raise InputError(args.origin, "data/profiling/compute", f"no {gpu}/<org>/<model>/mlp.csv at {args.commit}")
+        result = VidurImport()
+        for model, path in mine:
+            prov = Provenance(VIDUR_SOURCE, args.commit, path, VIDUR_LICENSE, files.date_of(path))
+            result.merge(vidur_rows(files.read(path), prov, gpu, model, tokens))
+        device = VIDUR_GPUS[gpu].device
+        target = out_dir / f"{device}.csv"
+        out_dir.mkdir(parents=True, exist_ok=True)
+        comment = (f"# {VIDUR_SOURCE} (MIT license) at {args.commit}: data/profiling/compute/{gpu}/*/mlp.csv, "
+                   f"{len(mine)} models, imported by `marssim calibrate import vidur-compute --tokens {args.tokens}` "
+                   f"as stack {VIDUR_STACK}: sarathi-serve (vidur branch) layers in fp16 under torch.inference_mode, "
+                   "torch.profiler kernel times (median of 20 steps, L2 warm, 1 us resolution), "
+                   f"{VIDUR_GPUS[gpu].variant.replace(';', ',')}; driver, CUDA and library versions not published; "
+                   "spread_s 0: quartiles not published (std_s in the note)")
+        merge_rows(target, result.rows, comment)
+        load_table(target)  # the full schema check of what was written
+        print(f"{target}: {device}, stack {VIDUR_STACK}:")
+        for line in import_summary(result, [p for _, p in mine]):
+            print(f"  {line}")
+    return 0
+
+
+def _import_vidur_host(args: argparse.Namespace, files: "_Files") -> int:
+    from marssim.calibrate.host_overheads import load_host_overheads, vidur_host_rows, write_host_overheads
+    from marssim.calibrate.published import VIDUR_LICENSE, VIDUR_SOURCE, VIDUR_STACK
+    from marssim.cost.calibrated import traces_dir
+
+    path = "data/profiling/a100/cpu_overheads.csv"
+    target = Path(args.out) if args.out else traces_dir() / "host-overheads" / "A100.csv"
+    if target.suffix != ".csv":
+        raise InputError(str(target), "--out", "expected a file name ending in .csv")
+    rows = vidur_host_rows(files.read(path), "A100", VIDUR_STACK, VIDUR_SOURCE, args.commit, path, VIDUR_LICENSE,
+                           files.date_of(path))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    write_host_overheads(target, rows, [
+        f"{VIDUR_SOURCE} (MIT license) at {args.commit}: {path} (removed from the repository later), imported by "
+        "`marssim calibrate import vidur-host`: host time of the stages of one sarathi-serve iteration on A100 GPUs, "
+        "per model, batch size and tensor-parallel degree; mean and median over the profiled iterations"])
+    load_host_overheads(target)
+    print(f"{target}: {len(rows)} rows")
+    return 0
+
+
+_VIDUR_NETWORKS = {
+    "a100_dgx": ("dgx-a100", "A100", "DGX A100: 8 A100 80GB SXM4 on NVSwitch (the network between nodes not described)"),
+    "a100_pairwise_nvlink": ("nc-a100-v4", "A100", "Azure Standard_NC96ads_A100_v4: 4 A100 80GB PCIe, NVLink bridges "
+                                                   "between pairs"),
+    "h100_dgx": ("dgx-h100", "H100", "DGX H100: 8 H100 80GB SXM5 on NVSwitch (the network between nodes not described)"),
+    "h100_pairwise_nvlink": ("h100-nvl-pairs", "H100", "4 H100 NVL, NVLink bridges between pairs"),
+}
+"""Vidur's network directories (docs/profiling.md at the imported commit): the system name rows get
+and what the source says of the machine."""
+
+
+def _import_vidur_network(args: argparse.Namespace, files: "_Files") -> int:
+    from marssim.calibrate.published import VIDUR_LICENSE, VIDUR_SOURCE, VIDUR_STACK
+    from marssim.collectives.measured import load_collectives, vidur_network_rows, write_collectives
+    from marssim.cost.calibrated import traces_dir
+
+    out_dir = Path(args.out) if args.out else traces_dir() / "collectives"
+    rows = []
+    seen: dict[str, str] = {}
+    notes = []
+    for path in files.list("data/profiling/network"):
+        parts = path.split("/")
+        if len(parts) != 5 or parts[-1] not in ("all_reduce.csv", "send_recv.csv") or parts[3] not in _VIDUR_NETWORKS:
+            continue
+        text = files.read(path)
+        if text in seen:  # a copy of another file (Vidur ships one send_recv profile twice)
+            notes.append(f"{path} is a copy of {seen[text]}: left out")
+            continue
+        seen[text] = path
+        system, gpu, _ = _VIDUR_NETWORKS[parts[3]]
+        rows += vidur_network_rows(text, system=system, net_system=f"{system}+net", gpu=gpu, stack=VIDUR_STACK,
+                                   source=VIDUR_SOURCE, commit=args.commit, file=path, license_=VIDUR_LICENSE,
+                                   date=files.date_of(path))
+    if not rows:
+        raise InputError(args.origin, "data/profiling/network", f"no Vidur network profiles at {args.commit}")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    target = out_dir / f"{VIDUR_STACK}.csv"
+    comments = [f"{VIDUR_SOURCE} (MIT license) at {args.commit}: data/profiling/network/<system>/<collective>.csv, "
+                "imported by `marssim calibrate import vidur-network` (sizes nearest each power of two and three times "
+                "a power of two). Measured by vidur/profiling/collectives: torch.distributed on NCCL (fp16 buffers, "
+                "no CUDA graphs), 11 calls back to back after a barrier, the median NCCL kernel time on rank 0 by "
+                "torch.profiler, the median of 3 such rounds; NCCL version not published"]
+    comments += [f"system {name}: {desc}" for name, _, desc in _VIDUR_NETWORKS.values()]
+    comments += [f"{name}+net: groups spanning nodes of {name}; the source does not describe the network"
+                 for name, _, _ in _VIDUR_NETWORKS.values()]
+    comments += notes
+    write_collectives(target, rows, comments)
+    load_collectives(target)
+    print(f"{target}: {len(rows)} rows")
+    for line in notes:
+        print(f"  {line}")
+    return 0
+
+
+def _import_xla_collectives(args: argparse.Namespace) -> int:
+    from marssim.collectives.measured import load_collectives, write_collectives, xla_textproto_rows
+    from marssim.cost.calibrated import traces_dir
+
+    path = Path(args.origin)
+    if not path.is_file():
+        raise InputError(args.origin, "--from", "expected the textproto file of XLA's collective table")
+    if not args.date:
+        raise InputError(None, "--date", "expected the ISO date of the file's version (YYYY-MM-DD)")
+    out_dir = Path(args.out) if args.out else traces_dir() / "collectives"
+    rows = xla_textproto_rows(path.read_text(encoding="utf-8"), system="hgx-h100", gpu="H100", stack="xla-2025",
+                              source="openxla/xla", commit=args.commit,
+                              file="xla/service/gpu/model/collective_interpolator_data.h", license_="Apache-2.0",
+                              date=args.date, min_bytes=2 ** 20)
+    if not rows:
+        raise InputError(args.origin, "entries", "no all-reduce, all-gather or reduce-scatter entries of >= 2 devices")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    target = out_dir / "xla-2025.csv"
+    write_collectives(target, rows, [
+        f"openxla/xla (Apache License 2.0): xla/service/gpu/model/collective_interpolator_data.h, {args.commit}; "
+        "imported by `marssim calibrate import xla-collectives`: the sm_90 (NVIDIA H100 80GB HBM3) entries of one "
+        "group of 8 GPUs of one host, tensors of 1 MiB and more. Measured by xla/tools/collective_perf_table_gen: "
+        "each collective an XLA program on F32 tensors, 5 runs, tensor bytes over the median runtime (the program's "
+        "compute time, launch included); NCCL version not recorded. date: only the year of the file is known",
+    ])
+    load_collectives(target)
+    print(f"{target}: {len(rows)} rows")
     return 0

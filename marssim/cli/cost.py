@@ -113,7 +113,7 @@ def format_energy(result) -> list[str]:
 
 
 def _calibration_notes(model, result, dtypes) -> list[str]:
-    """One line per GPU-class design: which kernel kinds are calibrated, which analytical."""
+    """One line per GPU-class design: which kernel kinds are fitted to measurements, which analytical."""
     from marssim.cost.features import KERNEL_KIND_OF, KERNEL_KINDS
 
     kinds = sorted({KERNEL_KINDS[KERNEL_KIND_OF[layer.op.kind]] for layer in result.layers})
@@ -122,16 +122,17 @@ def _calibration_notes(model, result, dtypes) -> list[str]:
         cov = model.coverage(d, dtypes=dtypes)
         if not cov:
             continue
-        calibrated = [k for k in kinds if "calibrated" in cov[k]]
-        measured_only = [k for k in kinds if k not in calibrated and "measured shapes" in cov[k]]
-        fallback = [k for k in kinds if k not in calibrated and k not in measured_only]
+        fitted = [k for k in kinds if ": fitted" in cov[k]]
+        measured_only = [k for k in kinds if k not in fitted and "measured shapes" in cov[k]]
+        fallback = [k for k in kinds if k not in fitted and k not in measured_only]
         label = d.gpu.calibration or "none"
-        if calibrated or measured_only:
+        source = f"table {label!r}" + (f" (stack {d.gpu.stack!r})" if d.gpu.stack else "")
+        if fitted or measured_only:
             parts = []
-            if calibrated:
-                parts.append(f"calibrated from table {label!r} for {', '.join(calibrated)}")
+            if fitted:
+                parts.append(f"measured shapes and fitted curves from {source} for {', '.join(fitted)}")
             if measured_only:
-                parts.append(f"measured shapes from table {label!r}, too few rows to fit, for "
+                parts.append(f"measured shapes from {source}, too few rows to fit, for "
                              f"{', '.join(measured_only)}")
             if fallback:
                 parts.append(f"analytical GPU roofline (no calibration data) for {', '.join(fallback)}")

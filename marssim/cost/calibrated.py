@@ -104,8 +104,25 @@ conv_c      optional, ``conv`` rows only: input channels (all groups); with conv
             (:mod:`marssim.cost.convgeom`). All empty, or all given and consistent with
             ``batch, m, n, k`` (``batch = groups``, ``n = conv_k / groups``, ``k = conv_c / groups
             x conv_r x conv_s``, ``m`` a multiple of the output plane)
-note        optional: free text
+stack       optional: the software stack the kernel was measured on, a short name (``pytorch-2.11.0+cu130``,
+            ``vidur-2024``); empty: ``pytorch-<version>`` when the ``note`` has ``torch=<version>``
+            (what the measurement harness records), else unknown. A GPU design that names a
+            ``gpu.stack`` uses the rows of that stack and the rows of unknown stack only
+            (:meth:`KernelTable.for_stack`); see "Software stacks" below
+note        optional: free text (the harness and the importers of published data write
+            ``key=value`` pairs: the source, its commit, file and license, the conditions)
 ==========  =======================================================================================
+
+Software stacks
+---------------
+Kernel speed depends on the software that runs it (CUDA, cuBLAS, the framework and its kernels),
+so every row says which stack measured it (``stack``) and a design says which stack it models
+(``gpu.stack`` of :class:`marssim.system.design.GpuSpec`): its measured lookups and its curve
+fits use that stack's rows (and rows of unknown stack, e.g. the SIP tuner's), never another
+stack's. A design without ``gpu.stack`` uses every row of its device, as tables with one stack
+always did. Shipped tables: ``H100.csv`` holds ``pytorch-2.11.0+cu130`` (the measurement
+harness, 2026) and ``vidur-2024`` (Vidur's published profiles, :mod:`marssim.calibrate.published`);
+``A100.csv`` holds ``vidur-2024``.
 
 Bad rows raise :class:`~marssim.errors.InputError` naming the file, the line and the column.
 
@@ -138,7 +155,7 @@ __all__ = [
     "REQUIRED_COLUMNS", "OPTIONAL_COLUMNS", "CONV_COLUMNS", "PHASES", "TUNINGS", "KernelTiming", "KernelTable",
     "KernelFit", "FitKey", "load_table", "load_tables", "fit", "fit_group", "predict", "holdout_errors",
     "traces_dir", "calibration_dir", "shape_key", "lookup_keys", "conv_cells", "parse_conv_cells", "geometry_array",
-    "SDPA_BACKENDS", "lookup_backend", "KEY_GEOMETRY", "KEY_PHASE",
+    "SDPA_BACKENDS", "lookup_backend", "KEY_GEOMETRY", "KEY_PHASE", "row_stack", "DTYPE_STANDINS",
 ]
 
 REQUIRED_COLUMNS = ("kind", "dtype", "batch", "m", "n", "k", "flops", "bytes", "device", "sms", "driver", "cuda",
@@ -146,13 +163,19 @@ REQUIRED_COLUMNS = ("kind", "dtype", "batch", "m", "n", "k", "flops", "bytes", "
 CONV_COLUMNS = ("conv_c", "conv_h", "conv_w", "conv_k", "conv_r", "conv_s", "conv_stride", "conv_pad",
                 "conv_dilation", "conv_groups")
 """The convolution geometry columns (see the module docstring), in written order."""
-OPTIONAL_COLUMNS = ("kernel", "phase", "backend", *CONV_COLUMNS, "note")
+OPTIONAL_COLUMNS = ("kernel", "phase", "backend", *CONV_COLUMNS, "stack", "note")
 PHASES = KERNEL_PHASES
 """Accepted ``phase`` values (empty means ``fwd``; :data:`marssim.cost.features.KERNEL_PHASES`)."""
 SDPA_BACKENDS = KERNEL_BACKENDS[1:]
 """Backends of scaled-dot-product attention: on ``attention`` rows, part of the shape looked up."""
 TUNINGS = ("none", "vendor", "triton-autotune", "sip")
 """Accepted ``tuning`` values, least to most tuned."""
+DTYPE_STANDINS = {"bf16": "fp16", "fp16": "bf16"}
+"""Dtypes whose kernels stand in for each other's where a table measured only one of them:
+``bf16`` and ``fp16`` run on the same tensor cores at the same dense peak (A100, H100
+datasheets) and move the same bytes, so a ``bf16`` kernel without ``bf16`` rows is timed by
+the ``fp16`` rows of its shape and curve, and vice versa (Vidur's published profiles are
+``fp16``; Megatron-LM trains in ``bf16``)."""
 GEMM_KINDS = KERNEL_KINDS[:N_GEMM_KERNELS]
 
 FitKey = tuple[str, str, str, str]
@@ -221,6 +244,18 @@ def lookup_keys(key: tuple) -> tuple[tuple, ...]:
     return tuple(keys)
 
 
+def row_stack(stack: str, note: str) -> str:
+    """The software stack of a row: ``stack`` when given, else ``pytorch-<version>`` when the
+    ``note`` records ``torch=<version>`` (rows of the measurement harness), else ``""`` (unknown)."""
+    if stack:
+        return stack
+    for part in note.split(";"):
+        key, sep, value = part.partition("=")
+        if sep and key.strip() == "torch" and value.strip():
+            return f"pytorch-{value.strip()}"
+    return ""
+
+
 def conv_cells(conv: ConvGeometry | None) -> dict[str, str]:
     """The :data:`CONV_COLUMNS` cells of a geometry (all empty for None)."""
     if conv is None:
@@ -265,7 +300,8 @@ def parse_conv_cells(cells: dict[str, str]) -> ConvGeometry | None:
 
 @dataclass(frozen=True, slots=True)
 class KernelTiming:
-    """One row of a calibration table (see the module docstring for the columns)."""
+    """One row of a calibration table (see the module docstring for the columns); an empty
+    ``stack`` is derived from the note (:func:`row_stack`)."""
 
     kind: str
     dtype: str
@@ -290,6 +326,11 @@ class KernelTiming:
     phase: str = "fwd"
     backend: str = ""
     conv: ConvGeometry | None = None
+    stack: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.stack and self.note:  # the harness's rows: the stack its note records
+            object.__setattr__(self, "stack", row_stack("", self.note))
 
     @property
     def shape(self) -> tuple:
@@ -325,6 +366,17 @@ class KernelTable:
 
     def devices(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys(r.device for r in self.rows))
+
+    def stacks(self) -> tuple[str, ...]:
+        """The software stacks of the rows, first seen first (``""``: unknown)."""
+        return tuple(dict.fromkeys(r.stack for r in self.rows))
+
+    def for_stack(self, stack: str | None) -> "KernelTable":
+        """The rows a design modelling software ``stack`` uses: those of that stack and those of
+        unknown stack (``""``); every row for ``stack=None``."""
+        if stack is None:
+            return self
+        return KernelTable(tuple(r for r in self.rows if r.stack in (stack, "")), self.files)
 
     def groups(self) -> dict[FitKey, list[KernelTiming]]:
         """The rows that are fitted (:attr:`KernelTiming.fitted`: forward kernels, fused attention
@@ -425,6 +477,10 @@ def _row(cells: dict[str, str], source: str) -> KernelTiming:
         conv = parse_conv_cells(cells)
     except ValueError as err:
         raise _Cell(*err.args) from None
+    note = (cells.get("note") or "").strip()
+    stack = row_stack((cells.get("stack") or "").strip(), note)
+    if any(c in stack for c in ",;= "):
+        raise _Cell("stack", f"expected a short name without spaces, ',', ';' or '=', got {stack!r}")
     if conv is not None:
         if kind != "conv":
             raise _Cell("conv_c", f"only conv rows carry a convolution geometry, this row is {kind!r}")
@@ -437,8 +493,8 @@ def _row(cells: dict[str, str], source: str) -> KernelTiming:
                                   f"does not give batch, m, n, k = {got}")
     return KernelTiming(kind, dtype, *dims, values["flops"], values["bytes"], strings["device"], ints["sms"],
                         strings["driver"], strings["cuda"], tuning, values["median_s"], values["spread_s"],
-                        ints["samples"], date, (cells.get("kernel") or "").strip(), (cells.get("note") or "").strip(),
-                        source, phase, (cells.get("backend") or "").strip(), conv)
+                        ints["samples"], date, (cells.get("kernel") or "").strip(), note,
+                        source, phase, (cells.get("backend") or "").strip(), conv, stack)
 
 
 class _Cell(Exception):

@@ -211,7 +211,7 @@ class GpuTable:
     __slots__ = ("rows", "arrays", "models", "peaks", "ceilings", "measured", "corrections", "any_correction")
 
     def __init__(self, design: Design, overrides: dict[tuple[str, str], CurveParams] | None = None,
-                 override_model: str = "calibrated",
+                 override_model: str = "fitted",
                  measured: dict[tuple[int, ...], float] | None = None,
                  corrections: dict[tuple[str, str], ResidualCorrection] | None = None,
                  best_rates: dict[tuple[str, str], float] | None = None) -> None:

@@ -8,7 +8,7 @@ dataflow            model (``OpCost.model``)          module
 os, ws, is          ``systolic-os/ws/is``             :mod:`marssim.cost.systolic` (SCALE-Sim)
 rs, nvdla,          ``loopmap-rs/nvdla/shidiannao``   :mod:`marssim.cost.loopmap` (Eyeriss,
 shidiannao                                            NVDLA, ShiDianNao)
-gpu                 ``gpu-roofline`` / ``calibrated`` :mod:`marssim.cost.gpu`,
+gpu                 ``gpu-roofline`` / ``fitted``     :mod:`marssim.cost.gpu`,
                     / ``measured``                    :mod:`marssim.cost.calibrated`
 (non-GEMM ops on    ``bandwidth``                     :mod:`marssim.cost.bandwidth`
  PE arrays)
@@ -55,7 +55,7 @@ from marssim.workload import Op
 
 from .bandwidth import stream_op
 from .base import OpCost
-from .calibrated import TUNINGS, FitKey, KernelFit, KernelTable, KernelTiming, fit, load_table
+from .calibrated import DTYPE_STANDINS, TUNINGS, FitKey, KernelFit, KernelTable, KernelTiming, fit, load_table
 from .features import (
     CLASS_GEMM, CLASS_NONE, CLASS_STREAM, DTYPES, F_BACKEND, F_CLASS, F_DTYPE, F_FLOPS, F_G, F_KERNEL, F_KK, F_M,
     F_MACS, F_NN, F_PHASE, F_TRAFFIC, KERNEL_BACKENDS, KERNEL_KINDS, KERNEL_PHASES, N_FEATURES, DesignParams,
@@ -245,24 +245,30 @@ class DataflowCost:
                 self._table = KernelTable(())
         return self._table
 
-    def _device_rows(self, name: str) -> tuple[KernelTiming, ...]:
-        """Rows of the table whose device or file name equals ``name`` (lower case)."""
+    def _device_rows(self, name: str, stack: str | None = None) -> tuple[KernelTiming, ...]:
+        """Rows of the table whose device or file name equals ``name`` (lower case) and, for a
+        ``stack``, measured on it or on an unknown stack (:meth:`KernelTable.for_stack`)."""
         table = self._load_table()
         return tuple(r for r in table.rows
-                     if r.device.lower() == name or Path(r.source.rsplit(":", 1)[0]).stem.lower() == name)
+                     if (r.device.lower() == name or Path(r.source.rsplit(":", 1)[0]).stem.lower() == name)
+                     and (stack is None or r.stack in (stack, "")))
 
-    def fits_for(self, device: str, peaks: dict[str, float] | None = None) -> dict[tuple[str, str], KernelFit]:
-        """The fits a GPU design with ``gpu.calibration == device`` uses, by (kind, dtype);
-        ``peaks`` (the design's dense peak FLOP/s per dtype) bound the GEMM-class curves' rate."""
+    def fits_for(self, device: str, peaks: dict[str, float] | None = None,
+                 stack: str | None = None) -> dict[tuple[str, str], KernelFit]:
+        """The fits a GPU design with ``gpu.calibration == device`` (and ``gpu.stack == stack``)
+        uses, by (kind, dtype); ``peaks`` (the design's dense peak FLOP/s per dtype) bound the
+        GEMM-class curves' rate. A dtype without a fit of its own takes its stand-in's
+        (:data:`~marssim.cost.calibrated.DTYPE_STANDINS`: ``bf16`` and ``fp16`` run at the same
+        tensor-core rate and move the same bytes)."""
         name = device.lower()
-        cache_key = (name, tuple(sorted((peaks or {}).items())))
+        cache_key = (name, tuple(sorted((peaks or {}).items())), stack)
         got = self._device_fits.get(cache_key)
         if got is not None:
             return got
         if self._given_fits is not None:
             fits = {k: f for k, f in self._given_fits.items() if k[0].lower() == name}
         else:
-            rows = self._device_rows(name)
+            rows = self._device_rows(name, stack)
             fits = fit(KernelTable(rows), peaks=peaks) if rows else {}
         rank = {t: i for i, t in enumerate(self.tuning)}
         chosen: dict[tuple[str, str], KernelFit] = {}
@@ -272,19 +278,25 @@ class DataflowCost:
             current = chosen.get((kind, dtype))
             if current is None or rank[tuning] < rank[current.tuning]:
                 chosen[(kind, dtype)] = f
+        for (kind, dtype), f in list(chosen.items()):
+            twin = DTYPE_STANDINS.get(dtype)
+            if twin is not None and (kind, twin) not in chosen:
+                chosen[(kind, twin)] = f
         if self._source is not None or self._table is not None or self._given_fits is not None:
             _log.info("calibration %s: %d fitted (kind, dtype) groups", device, len(chosen))
         self._device_fits[cache_key] = chosen
         return chosen
 
-    def measured_for(self, device: str) -> dict[tuple, KernelTiming]:
-        """The measured rows a GPU design with ``gpu.calibration == device`` uses directly, by
-        shape code ``(kernel kind index, dtype index, batch, m, n, k, flops, bytes, geometry,
-        phase index, backend index)`` (see :func:`~marssim.cost.calibrated.shape_key`): per
-        shape, the row of the most preferred tuning, then the smallest median. Empty when built
-        from fits alone."""
+    def measured_for(self, device: str, stack: str | None = None) -> dict[tuple, KernelTiming]:
+        """The measured rows a GPU design with ``gpu.calibration == device`` (and ``gpu.stack ==
+        stack``) uses directly, by shape code ``(kernel kind index, dtype index, batch, m, n, k,
+        flops, bytes, geometry, phase index, backend index)`` (see
+        :func:`~marssim.cost.calibrated.shape_key`): per shape, the row of the most preferred
+        tuning, then the smallest median; a shape measured in one dtype of
+        :data:`~marssim.cost.calibrated.DTYPE_STANDINS` and not the other is used for both.
+        Empty when built from fits alone."""
         name = device.lower()
-        got = self._device_measured.get(name)
+        got = self._device_measured.get((name, stack))
         if got is not None:
             return got
         chosen: dict[tuple[int, ...], KernelTiming] = {}
@@ -294,7 +306,7 @@ class DataflowCost:
             dtype_index = {d: i for i, d in enumerate(DTYPES)}
             phase_index = {p: i for i, p in enumerate(KERNEL_PHASES)}
             backend_index = {b: i for i, b in enumerate(KERNEL_BACKENDS)}
-            for r in self._device_rows(name):
+            for r in self._device_rows(name, stack):
                 if r.tuning not in rank:
                     continue
                 key = r.shape
@@ -303,7 +315,12 @@ class DataflowCost:
                 current = chosen.get(code)
                 if current is None or (rank[r.tuning], r.median_s) < (rank[current.tuning], current.median_s):
                     chosen[code] = r
-        self._device_measured[name] = chosen
+            standins = {dtype_index[a]: dtype_index[b] for a, b in DTYPE_STANDINS.items()}
+            for code, r in list(chosen.items()):
+                twin = standins.get(code[1])
+                if twin is not None:
+                    chosen.setdefault((code[0], twin, *code[2:]), r)
+        self._device_measured[(name, stack)] = chosen
         return chosen
 
     def _searched(self) -> str:
@@ -319,12 +336,17 @@ class DataflowCost:
         return "the fits given"
 
     def _check_calibration(self, design: Design, fits: dict, name: str) -> None:
-        """A GPU design names a calibration table that none of this model's sources holds: an
-        InputError naming the table and where it was looked for, unless the roofline fallback
-        was asked for (``allow_uncalibrated``: an InputWarning says so once per table)."""
-        if fits or self.measured_for(name):
+        """A GPU design names a calibration table that none of this model's sources holds (or
+        none of its rows of the design's software stack): an InputError naming the table and
+        where it was looked for, unless the roofline fallback was asked for
+        (``allow_uncalibrated``: an InputWarning says so once per table)."""
+        stack = design.gpu.stack
+        if fits or self.measured_for(name, stack):
             return
         where = self._searched()
+        if stack is not None and (self._given_fits is not None or self.measured_for(name)):
+            stacks = sorted({r.stack or "unknown" for r in self._device_rows(name)})
+            where += f"; it has no rows of stack {stack!r} (stacks there: {', '.join(stacks) or 'none'})"
         if not self.allow_uncalibrated:
             raise InputError(None, f"designs.{design.name}.gpu.calibration",
                              f"no calibration table {name!r} found; looked in {where}. Give the table (set "
@@ -336,11 +358,11 @@ class DataflowCost:
                              "ops are timed by the analytical GPU roofline, as asked")
 
     def _gpu_table(self, design: Design) -> GpuTable:
-        name = design.gpu.calibration
-        fits = self.fits_for(name, design_peaks(design)) if name else {}
+        name, stack = design.gpu.calibration, design.gpu.stack
+        fits = self.fits_for(name, design_peaks(design), stack) if name else {}
         if name and self._calibrated:
             self._check_calibration(design, fits, name)
-        measured = {code: r.median_s for code, r in self.measured_for(name).items()} \
+        measured = {code: r.median_s for code, r in self.measured_for(name, stack).items()} \
             if name and self.measured else None
         corrections = {key: f.correction for key, f in fits.items() if f.correction is not None} \
             if self.correction else None
@@ -353,7 +375,7 @@ class DataflowCost:
         the ``measured`` switch."""
         if design.dataflow != "gpu" or not design.gpu.calibration:
             return None
-        row = _lookup(self.measured_for(design.gpu.calibration), op_features(op))
+        row = _lookup(self.measured_for(design.gpu.calibration, design.gpu.stack), op_features(op))
         return None if row is None else row.median_s
 
     def curve_cost(self, op: Op, design: Design) -> OpCost:
@@ -365,15 +387,15 @@ class DataflowCost:
 
     def coverage(self, design: Design, dtypes: Sequence[str] = ("fp16", "bf16")) -> dict[str, str]:
         """For a GPU-class design: per kernel kind, which model times it for ``dtypes``
-        (``calibrated``, with the fit's tuning, points and error, or ``gpu-roofline``). Empty
+        (``fitted``, with the fitted rows' dtype and tuning, points and error, or ``gpu-roofline``). Empty
         for other designs."""
         if design.dataflow != "gpu":
             return {}
-        name = design.gpu.calibration
-        fits = self.fits_for(name, design_peaks(design)) if name else {}
+        name, stack = design.gpu.calibration, design.gpu.stack
+        fits = self.fits_for(name, design_peaks(design), stack) if name else {}
         shapes: dict[tuple[int, int], int] = {}
         if name and self.measured:
-            for code in self.measured_for(name):
+            for code in self.measured_for(name, stack):
                 shapes[code[:2]] = shapes.get(code[:2], 0) + 1
         out = {}
         for ki, kind in enumerate(KERNEL_KINDS):
@@ -386,7 +408,7 @@ class DataflowCost:
                     parts.append(f"{dt}: gpu-roofline (no calibration data{measured})"
                                  if not n_measured else f"{dt}: gpu-roofline (too few rows to fit{measured})")
                 else:
-                    parts.append(f"{dt}: calibrated ({f.tuning}, {f.n_points} points, "
+                    parts.append(f"{dt}: fitted ({f.dtype} {f.tuning} rows, {f.n_points} points, "
                                  f"rms {100 * f.rms_log_error:.2g} %{measured})")
             out[kind] = "; ".join(parts)
         return out

@@ -16,6 +16,8 @@ A system file may hold a ``cluster:`` section instead of (or besides) explicit l
           pcie: {bandwidth: 63 GB/s, latency: 500 ns}         # GPU to its node's host
           host_dram: {capacity: 2 TiB, bandwidth: 614.4 GB/s}
           nodes_per_leaf: 32                                  # a scalable unit: one leaf switch per rail
+          nvls: true                                          # NVSwitch reduces and multicasts (NVLink SHARP)
+          cpu_vendor: intel                                   # what NCCL's tuning reads of the host CPU
       fabric: {leaf_latency: 130 ns, spine_latency: 130 ns, uplink_latency: 100 ns, oversubscription: 1}
 
 Names: GPUs ``gpu0 .. gpuN-1`` numbered node after node (node ``n``'s GPU ``k`` is
@@ -34,6 +36,7 @@ symmetric positions get symmetric routes.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -65,6 +68,10 @@ class NodeGroup(BaseModel):
     pcie: LinkSpec
     host_dram: Memory
     nodes_per_leaf: int = Field(32, gt=0, le=4096)
+    nvls: bool = Field(False, description="the NVSwitch reduces and multicasts in the network (NVLink SHARP, "
+                                          "third-generation NVSwitch with Hopper GPUs): NCCL's NVLS algorithm")
+    cpu_vendor: Literal["amd", "intel"] | None = Field(None, description="the host CPU's vendor, which NCCL's "
+                                                                          "tuning reads (LL bandwidth, network overhead)")
 
 
 class Fabric(BaseModel):
@@ -93,12 +100,20 @@ class ClusterRouter:
     """Paths of a cluster from its structure (see the module docstring)."""
 
     def __init__(self, gpus: dict[str, _Gpu], node_gpus: list[list[str]], node_unit: list[int],
-                 many_units: bool) -> None:
+                 many_units: bool, node_group: list[NodeGroup] | None = None) -> None:
         self.gpus = gpus
         self.node_gpus = node_gpus
         self.node_unit = node_unit
         self.many_units = many_units
+        self.node_group = node_group or []
         self.hosts = {f"host{n}": n for n in range(len(node_gpus))}
+
+    def node_of(self, gpu: str) -> tuple[int, NodeGroup | None] | None:
+        """The node index of ``gpu`` and the node group it belongs to (None: not a GPU here)."""
+        g = self.gpus.get(gpu)
+        if g is None:
+            return None
+        return g.node, (self.node_group[g.node] if g.node < len(self.node_group) else None)
 
     def nearest_host(self, node: str) -> str | None:
         g = self.gpus.get(node)
@@ -159,6 +174,7 @@ def expand_cluster(spec: ClusterSpec, gpu_offset: int = 0) -> tuple[list[Acceler
     gpus: dict[str, _Gpu] = {}
     node_gpus: list[list[str]] = []
     node_unit: list[int] = []
+    node_group: list[NodeGroup] = []
     leaf_members: dict[tuple[int, int], int] = {}  # (unit, rail) -> GPUs on it
     leaf_nic: dict[tuple[int, int], float] = {}
     fabric = spec.fabric
@@ -188,6 +204,7 @@ def expand_cluster(spec: ClusterSpec, gpu_offset: int = 0) -> tuple[list[Acceler
                 links.append(Link(a=f"leaf{unit}.{k}", b=name, bandwidth=group.nic.bandwidth, latency=group.nic.latency))
             node_gpus.append(names)
             node_unit.append(unit)
+            node_group.append(group)
             node += 1
         unit += 1
     units = sorted({u for u, _ in leaf_members})
@@ -201,5 +218,5 @@ def expand_cluster(spec: ClusterSpec, gpu_offset: int = 0) -> tuple[list[Acceler
         for (u, k), members in sorted(leaf_members.items()):
             uplink = members * leaf_nic[(u, k)] / fabric.oversubscription
             links.append(Link(a=f"spine{k}", b=f"leaf{u}.{k}", bandwidth=uplink, latency=fabric.uplink_latency))
-    router = ClusterRouter(gpus, node_gpus, node_unit, many_units)
+    router = ClusterRouter(gpus, node_gpus, node_unit, many_units, node_group)
     return accelerators, hosts, switches, links, router

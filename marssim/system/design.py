@@ -75,7 +75,8 @@ class DesignEnergy(BaseModel):
 
 
 class GpuSpec(BaseModel):
-    """GPU-class parameters: SM count and peak throughput per data type."""
+    """GPU-class parameters: SM count and peak throughput per data type; the calibration table
+    (``calibration``, a device name) and the software stack (``stack``) its kernel timings come from."""
 
     model_config = _STRICT
     sms: SmCount = Field(description="streaming multiprocessors")
@@ -86,6 +87,14 @@ class GpuSpec(BaseModel):
     launch_overhead: Seconds = Field(3e-6, description="per-kernel launch overhead, s (\"3 us\")")
     calibration: str | None = Field(
         None, description="device name of a calibration table in traces/calibration/ to use when present"
+    )
+    compute_capability: float | None = Field(
+        None, description="CUDA compute capability (8.0 A100, 9.0 H100): which generation's constants NCCL's tuning uses")
+    nvlinks: int | None = Field(None, ge=0, le=64, description="NVLink links per GPU (12 on A100, 18 on H100)")
+    stack: str | None = Field(
+        None, description="the software stack this design models (a calibration table's `stack` column, e.g. "
+                          "\"vidur-2024\"): only rows measured on it (or of unknown stack) time its kernels; "
+                          "none: every row of the table"
     )
 
     @field_validator("peak_flops")

@@ -236,6 +236,13 @@ class System:
             raise KeyError(f"{acc_id} cannot take design {design_name!r} (allowed: {', '.join(acc.designs)})")
         return self.designs[design_name].with_dram_bandwidth(acc.memory.bandwidth)
 
+    def cluster_node(self, device: str) -> tuple[int, object] | None:
+        """For a GPU of a ``cluster:`` section: its node index and node group
+        (:class:`marssim.system.cluster.NodeGroup`, its NVLink, NIC and NCCL facts); None for
+        other devices and systems without one."""
+        node_of = getattr(self._router, "node_of", None)
+        return None if node_of is None else node_of(device)
+
     def nearest_host(self, node: str) -> str:
         """The host with the lowest-latency route to ``node`` (ties: first declared; a cluster's
         GPU: its node's host)."""
