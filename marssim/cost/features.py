@@ -266,9 +266,9 @@ class DesignParams:
         self.code = DATAFLOW_CODES[design.dataflow]
         self.rows = int(design.pe_rows)
         self.cols = int(design.pe_cols)
-        self.clock = float(design.clock)
+        self.clock = float(design.clock or 0.0)  # gpu designs may omit it; no gpu formula reads it
         self.sram = float(design.sram)
-        self.sram_bw = float(design.sram_bandwidth)
+        self.sram_bw = math.inf if design.sram_bandwidth is None else float(design.sram_bandwidth)
         self.dram_bw = math.inf if design.dram_bandwidth is None else float(design.dram_bandwidth)
         e = design.energy
         self.energy = None if e is None else (float(e.mac), *e.per_byte, float(e.static_power))

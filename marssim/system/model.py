@@ -236,6 +236,12 @@ class System:
             raise KeyError(f"{acc_id} cannot take design {design_name!r} (allowed: {', '.join(acc.designs)})")
         return self.designs[design_name].with_dram_bandwidth(acc.memory.bandwidth)
 
+    @property
+    def fabric_kind(self) -> str | None:
+        """The network joining a cluster's nodes (``infiniband`` or ``ethernet``, from its
+        ``cluster.fabric.kind``); None for a system without a ``cluster:`` section."""
+        return getattr(self._router, "fabric_kind", None)
+
     def nearest_host(self, node: str) -> str:
         """The host with the lowest-latency route to ``node`` (ties: first declared; a cluster's
         GPU: its node's host)."""
