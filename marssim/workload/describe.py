@@ -181,7 +181,8 @@ def describe_transformer(graph: Graph) -> list[str]:
     active = f" ({f.active_parameters / 1e9:.4g} B active per token)" if f.active_parameters != f.parameters else ""
     lines.append(f"  parameters {f.parameters:,} = {f.parameters / 1e9:.4g} B{active}")
     phases = [(name, f.flops.get(key, 0.0)) for key, name in
-              (("fwd", "forward"), ("bwd", "backward"), ("recompute", "recompute"), ("opt", "optimizer")) if f.flops.get(key)]
+              (("fwd", "forward"), ("bwd", "backward"), ("recompute", "recompute"), ("opt", "optimizer"),
+               ("cast", "casts and amax updates")) if f.flops.get(key)]
     lines.append("  FLOPs per step: " + ", ".join(f"{name} {fmt_count(v, 'FLOP')}" for name, v in phases)
                  + (f"; model FLOPs {fmt_count(f.model_flops, 'FLOP')}" if cfg.training else ""))
     copies = ""

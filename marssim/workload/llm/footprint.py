@@ -5,8 +5,10 @@ evaluators see:
 
 * parameters: weight elements of the forward ops that own them; for mixture-of-experts models
   the *active* parameters per token count ``top_k`` of the ``experts`` expert matrices;
-* FLOPs per phase: forward, backward, recomputation, optimizer; *model FLOPs* are forward plus
-  backward without recomputation (what model-FLOPs utilisation divides by);
+* FLOPs per phase: forward, backward, recomputation, optimizer, and ``cast``: the casts and
+  amax updates of a low-precision recipe, whatever their phase; *model FLOPs* are forward plus
+  backward without recomputation or casts (what model-FLOPs utilisation divides by: the same in
+  every precision);
 * weights at the model's element type, and the low-precision copies a recipe keeps of its GEMM
   weights (``dtype=fp8``: :func:`marssim.workload.llm.precision.held_weight_bytes`); for
   training, fp32 gradients (Megatron-LM accumulates them in fp32 ``main_grad`` buffers) and the
@@ -32,8 +34,10 @@ from marssim.workload.op import DTYPE_BYTES, OpKind
 
 from .precision import held_weight_bytes
 
-__all__ = ["Footprint", "footprint", "saved_tensors"]
+__all__ = ["Footprint", "footprint", "saved_tensors", "CAST_FNS"]
 
+CAST_FNS = frozenset({"quantize", "amax", "amax_update"})
+"""Element-wise functions of a low-precision recipe's casts (:mod:`.precision`)."""
 GRAD_BYTES = 4
 """Bytes per parameter of the gradient buffers (fp32 main gradients)."""
 OPTIMIZER_BYTES = 12
@@ -46,7 +50,7 @@ class Footprint:
 
     parameters: int
     active_parameters: int
-    flops: dict[str, float]  # by phase: fwd, bwd, recompute, opt
+    flops: dict[str, float]  # by phase: fwd, bwd, recompute, opt; cast (low-precision casts, amax updates)
     weight_bytes: int  # every weight held, the low-precision copies included
     gradient_bytes: int
     optimizer_bytes: int
@@ -106,7 +110,7 @@ def footprint(graph: Graph) -> Footprint:
     weight_bytes = 0.0
     low_bytes = 0.0
     for op in graph.ops:
-        flops[op.param("phase", "fwd")] += op.flops
+        flops["cast" if op.param("fn") in CAST_FNS else op.param("phase", "fwd")] += op.flops
         if op.param("phase", "fwd") == "fwd" and op.weight_elems and not op.param("shares"):
             params += op.weight_elems
             if cfg is None:
