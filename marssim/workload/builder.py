@@ -99,14 +99,15 @@ class GraphBuilder:
         """The ops added so far, in order."""
         return tuple(self._ops)
 
-    def annotate_last(self, **params) -> None:
-        """Add ``params`` to the op added last (before anything refers to it)."""
+    def annotate_last(self, *, dtype: str | None = None, **params) -> None:
+        """Add ``params`` to the op added last (before anything refers to it); ``dtype``: its
+        output's element type, when not the one it was built with."""
         from dataclasses import replace
 
         op = self._ops[-1]
         merged = dict(op.params)
         merged.update(params)
-        self._ops[-1] = replace(op, params=tuple(sorted(merged.items())))
+        self._ops[-1] = replace(op, params=tuple(sorted(merged.items())), dtype=dtype or op.dtype)
 
     def share_weights(self, owner_of) -> None:
         """Ops that hold weights and for which ``owner_of(name)`` gives a name read those

@@ -59,9 +59,10 @@ from __future__ import annotations
 from collections import defaultdict
 
 from marssim.workload.builder import GraphBuilder, T
-from marssim.workload.op import Op, OpKind
+from marssim.workload.op import DTYPE_BYTES, Op, OpKind
 
 from .config import TransformerConfig
+from .forward import quantize
 from .precision import AMAX_HISTORY, FP8_TENSORS_BWD, FP8_TENSORS_FWD
 
 __all__ = ["add_backward", "group_name", "ADAM_BYTES_PER_PARAM"]
@@ -195,8 +196,6 @@ class _Backward:
         common: dict = {"grouped": True} if grouped else {}
         low = op.param("w_dtype")
         if low is not None:  # a low-precision GEMM: the gradient is cast too, both backward GEMMs read it
-            from .forward import quantize
-
             tags = dict(b.tags)
             dy = quantize(b, self.cfg, dy, f"{op.name}.grad_{low}", "e5m2")
             b.tags = tags
@@ -345,8 +344,6 @@ class _Backward:
                         weight_elems=3 * count, dtype="fp32")
             low = low_params.get(layer, 0)
             if low:  # the GEMM weights' low-precision copy and its transpose, for the next step
-                from marssim.workload.op import DTYPE_BYTES
-
                 src = "fp32" if cfg.fp8_param_gather else cfg.dtype  # the master itself, or its bf16 copy
                 b.op(f"{prefix}.{cfg.gemm_dtype}_weights", OpKind.ELTWISE, {"N": 1, "C": low, "H": 1, "W": 1},
                      [T(adam.op, (1, low, 1, 1))], (1, low, 1, 1),

@@ -37,12 +37,12 @@ they are written.
 from __future__ import annotations
 
 from marssim.workload.builder import GraphBuilder, T
-from marssim.workload.op import OpKind
+from marssim.workload.op import DTYPE_BYTES, OpKind
 
 from .config import TransformerConfig
 from .precision import low_precision_gemm
 
-__all__ = ["Decoder", "HEAD_LAYER"]
+__all__ = ["Decoder", "HEAD_LAYER", "quantize"]
 
 HEAD_LAYER = "head"
 """Name of the group after the last block (final norm, output projection, loss)."""
@@ -270,12 +270,7 @@ class Decoder:
 
 def _retype(b: GraphBuilder, out: str, ins: tuple[str, ...]) -> None:
     """The op added last writes ``out`` and reads its inputs at ``ins`` (element types)."""
-    from dataclasses import replace
-
-    op = b.ops[-1]
-    params = dict(op.params)
-    params["in_dtypes"] = ins
-    b._ops[-1] = replace(op, dtype=out, params=tuple(sorted(params.items())))
+    b.annotate_last(dtype=out, in_dtypes=ins)
 
 
 def quantize(b: GraphBuilder, cfg: TransformerConfig, x: T, name: str, fp8_format: str) -> T:
@@ -283,15 +278,12 @@ def quantize(b: GraphBuilder, cfg: TransformerConfig, x: T, name: str, fp8_forma
     scaling: the amax in the same pass) in format ``fp8_format`` (``e4m3`` forward, ``e5m2``
     gradients), or NVFP4 after an amax kernel over ``x``; training also writes the transpose."""
     low, act = cfg.gemm_dtype, cfg.dtype
-    from marssim.workload.op import DTYPE_BYTES
-
     params: dict = {"fn": "quantize", "in_dtypes": (act,)}
     ins = [x]
     if low == "fp8":
         params["fp8"] = fp8_format
-    else:  # current scaling: the tensor's own amax first
-        n, c, h, w = x.shape
-        amax = b.op(name.rsplit(".", 1)[0] + ".amax", OpKind.ELTWISE, {"N": 1, "C": 1, "H": 1, "W": 1}, [x],
+    else:  # current scaling: the tensor's own amax first (<x>.amax, <gemm>.grad_amax)
+        amax = b.op(name.rpartition(low)[0] + "amax", OpKind.ELTWISE, {"N": 1, "C": 1, "H": 1, "W": 1}, [x],
                     (1, 1, 1, 1), params={"fn": "amax", "in_dtypes": (act,)}, dtype="fp32")
         ins.append(amax)
         params["in_dtypes"] = (act, "fp32")
