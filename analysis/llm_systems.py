@@ -52,7 +52,8 @@ def run(system_spec: str, workload: str, config: str) -> dict:
     return {"iteration_ms": rep.iteration_s * 1e3, "tflops": rep.tflops_per_gpu, "mfu": rep.mfu,
             "peak": rep.peak_flops, "memory_gib": max(rep.memory_peak.values()) / 2**30,
             "capacity_gib": rep.memory_capacity / 2**30, "exposed": rep.exposed_s,
-            "models": ", ".join(f"{k} {v}" for k, v in sorted(gemm_models.items())), "wall_s": time.perf_counter() - wall}
+            "models": ", ".join(f"{k} {v}" for k, v in sorted(gemm_models.items())),
+            "wall_s": time.perf_counter() - wall}
 
 
 def main() -> None:

@@ -168,3 +168,15 @@ def test_every_new_design_lists_fp8_at_twice_bf16_and_fp4_only_where_published()
         assert ("fp4" in peaks) == fp4, spec
         if fp4:
             assert peaks["fp4"] == pytest.approx(2 * peaks["fp8"]), spec
+
+
+def test_show_and_systems_name_the_new_systems(capsys) -> None:
+    from marssim.cli import main
+
+    assert main(["systems"]) == 0
+    listed = capsys.readouterr().out
+    for name in ("dgx-h200-cluster", "dgx-b200-cluster", "gb200-nvl72", "mi300x-cluster"):
+        assert name in listed
+    assert main(["show", "gb200-nvl72:racks=1"]) == 0  # a parameterised system, not taken for a workload
+    out = capsys.readouterr().out
+    assert out.startswith("System gb200-nvl72") and "72 accelerators" in out and "36 hosts" in out

@@ -39,12 +39,15 @@ def _shipped_names() -> list[str]:
 
 def is_system_spec(spec: str) -> bool:
     """True when ``spec`` names a system: a ``.yaml``/``.yml`` path (existing or not) or the name of a
-    shipped system. Everything else is taken for a workload."""
+    shipped system, with parameters or not (``gb200-nvl72:racks=4``). Everything else is taken for a
+    workload."""
+    from marssim.system.params import split_system_spec
+
     if Path(spec).suffix.lower() in _SYSTEM_SUFFIXES:
         return True
     if Path(spec).exists():
         return False
-    return spec in _shipped_names()
+    return split_system_spec(spec)[0] in _shipped_names()
 
 
 def describe(spec: str) -> str:
