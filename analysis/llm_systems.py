@@ -80,6 +80,9 @@ def main() -> None:
     print()
     print("MFU is over each GPU's dense bf16 peak (the FP8 runs' too). Memory: the simulated peak of the "
           "busiest GPU and its capacity.")
+    print("MI300X: a ring collective inside a node moves each step over one 64 GB/s Infinity Fabric link; RCCL "
+          "runs several rings over different links at once (up to 7 x 64 GB/s per GPU), which the collective "
+          "algorithms do not yet, so its tensor-parallel communication is overstated here.")
 
 
 if __name__ == "__main__":
