@@ -116,14 +116,19 @@ def _calibration_notes(model, result, dtypes) -> list[str]:
     """One line per GPU-class design: which kernel kinds are fitted to measurements, which analytical."""
     from marssim.cost.features import KERNEL_KIND_OF, KERNEL_KINDS
 
-    kinds = sorted({KERNEL_KINDS[KERNEL_KIND_OF[layer.op.kind]] for layer in result.layers})
+    pairs = sorted({(KERNEL_KINDS[KERNEL_KIND_OF[layer.op.kind]], layer.op.math_dtype) for layer in result.layers})
+    several = len({dt for _, dt in pairs}) > 1  # name the dtype too (an FP8 run's gemm fp8 and gemm bf16)
+    kinds = [f"{k} {dt}" if several else k for k, dt in pairs]
     notes = []
     for name, d in zip(result.design_names, result.designs):
         cov = model.coverage(d, dtypes=dtypes)
         if not cov:
             continue
-        fitted = [k for k in kinds if ": fitted" in cov[k]]
-        measured_only = [k for k in kinds if k not in fitted and "measured shapes" in cov[k]]
+        status = {}
+        for label, (k, dt) in zip(kinds, pairs):  # the coverage of this kind in this dtype
+            status[label] = next((part for part in cov[k].split("; ") if part.startswith(dt + ":")), cov[k])
+        fitted = [k for k in kinds if ": fitted" in status[k] or "fitted" in status[k].split(":")[-1]]
+        measured_only = [k for k in kinds if k not in fitted and "measured shapes" in status[k]]
         fallback = [k for k in kinds if k not in fitted and k not in measured_only]
         label = d.gpu.calibration or "none"
         source = f"table {label!r}" + (f" (stack {d.gpu.stack!r})" if d.gpu.stack else "")
@@ -232,7 +237,7 @@ def run(args: argparse.Namespace) -> int:
     if not result.designs:
         raise InputError(args.system, "designs", "no accelerator of this system takes any of its designs")
     print(format_costs(result, graph.spec, system.name, energy=args.energy))
-    dtypes = tuple(sorted({op.dtype for op in graph.ops}))
+    dtypes = tuple(sorted({op.math_dtype for op in graph.ops}))  # the types kernels compute in (an FP8 GEMM: fp8)
     for note in _calibration_notes(model, result, dtypes):
         print(note)
     comparison = measured_vs_modelled(model, result)

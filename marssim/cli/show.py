@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from marssim.errors import InputError
+
 VERB = "show"
 ORDER = 15
 
@@ -39,12 +41,19 @@ def _shipped_names() -> list[str]:
 
 def is_system_spec(spec: str) -> bool:
     """True when ``spec`` names a system: a ``.yaml``/``.yml`` path (existing or not) or the name of a
-    shipped system. Everything else is taken for a workload."""
+    shipped system, with parameters or not (``gb200-nvl72:racks=4``). Everything else is taken for a
+    workload."""
+    from marssim.specs import split_spec
+
     if Path(spec).suffix.lower() in _SYSTEM_SUFFIXES:
         return True
     if Path(spec).exists():
         return False
-    return spec in _shipped_names()
+    try:
+        name = split_spec(spec).name
+    except InputError:  # not a well-formed spec of anything: let the workload loader say why
+        return False
+    return name in _shipped_names()
 
 
 def describe(spec: str) -> str:

@@ -72,7 +72,10 @@ column      meaning
 ==========  =======================================================================================
 kind        kernel kind: gemm, conv, attention (GEMM-class); elementwise, norm, softmax, pool,
             embedding, reshape (streaming)
-dtype       element type: fp32, tf32, fp16, bf16, fp8, int8, int32, int64
+dtype       element type the kernel computes in: fp32, tf32, fp16, bf16, fp8, int8, int32, int64, fp4;
+            a GEMM's is its inputs' (an FP8 GEMM of Transformer Engine reading FP8 and writing bf16 is
+            ``fp8``, its ``bytes`` counting each operand at its own width; ``fp4`` is NVFP4), and a
+            fit of its rows is bounded by the device's peak of that type
 batch       GEMM-class: independent GEMMs (groups, batch x heads), integer >= 1; others: empty or 0
 m, n, k     GEMM-class: the GEMM ``m x k`` times ``k x n`` (convs: im2col ``N*P*Q``, ``K``,
             ``C*R*S``), integers >= 1; others: empty or 0

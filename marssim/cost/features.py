@@ -20,6 +20,10 @@ gemm       1, B, N, K, M, 1, 1, 1                (1, B*M, N, K)
 matmul     B*H, 1, N, K, M, 1, 1, 1              (B*H, M, N, K)
 =========  ====================================  ======================================
 
+Element types: ``F_DTYPE`` is the op's :attr:`~marssim.workload.Op.math_dtype` (its first input's:
+an FP8 GEMM writing bf16 is an ``fp8`` kernel, timed at the FP8 peak by the FP8 rows of a table)
+and ``F_AB/F_BB/F_OB`` take each operand at its own type.
+
 Traffic: ``F_TRAFFIC`` is the op's compulsory off-chip traffic in bytes, ``op.bytes_moved``
 (inputs + weights + output + extra bytes such as dropout masks), except for embeddings, which
 read only the gathered rows of their table: ids + 2 x output bytes (rows read, output written).
@@ -44,7 +48,7 @@ import math
 from marssim.system import Design
 from marssim.system.buffers import DEFAULT_BUFFERS, buffer_sizes, operand_windows
 from marssim.workload import Op, OpKind
-from marssim.workload.op import DTYPE_BYTES, GEMM_LIKE, products_of
+from marssim.workload.op import DTYPE_BYTES, GEMM_LIKE, products_of, tensor_bytes
 
 from .convgeom import conv_geometry
 
@@ -159,9 +163,10 @@ def _kernel_codes(op: Op) -> tuple[int, int]:
 def op_features(op: Op) -> tuple[int, ...]:
     """The feature tuple of ``op`` (see module docstring); pure, a few microseconds."""
     kind = op.kind
-    eb = DTYPE_BYTES[op.dtype]
+    math_dtype = op.math_dtype
+    eb = math.ceil(DTYPE_BYTES[math_dtype])
     code = KIND_CODES[kind]
-    dt = _DTYPE_CODE[op.dtype]
+    dt = _DTYPE_CODE[math_dtype]
     kernel = KERNEL_KIND_OF[kind]
     if kind in GEMM_LIKE:
         lm = op.dim
@@ -199,8 +204,15 @@ def op_features(op: Op) -> tuple[int, ...]:
             tail = _NO_GEOMETRY
         traffic = op.bytes_moved
         cls = CLASS_GEMM if macs > 0 else CLASS_STREAM
+        if op.param("in_dtypes") or op.param("w_dtype"):  # operands of their own types (an FP8 GEMM)
+            types = op.input_dtypes
+            ab = tensor_bytes(ae, types[0]) if types else 0
+            bb = tensor_bytes(be, types[1] if len(types) > 1 else op.weight_dtype)
+            ob = tensor_bytes(oe, op.dtype)
+        else:
+            ab, bb, ob = ae * eb, be * eb, oe * eb
         return (cls, code, kernel, dt, eb, g, n, k, c, p, q, r, s, m_, nn, kk, macs, op.flops,
-                ae, be, oe, ae * eb, be * eb, oe * eb, traffic, conv, sx, sy, st, *tail, *_kernel_codes(op))
+                ae, be, oe, ab, bb, ob, traffic, conv, sx, sy, st, *tail, *_kernel_codes(op))
     if kind == OpKind.INPUT or op.param("view", False):  # graph inputs and views cost nothing
         cls, traffic = CLASS_NONE, 0
     elif kind == OpKind.EMBEDDING:
@@ -210,7 +222,7 @@ def op_features(op: Op) -> tuple[int, ...]:
     oe = math.prod(op.out_shape)
     phase = _kernel_codes(op)[0] if cls != CLASS_NONE else 0
     return (cls, code, kernel, dt, eb, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, op.flops,
-            0, 0, oe, 0, 0, oe * eb, traffic, 0, 0, 0, 0, *_NO_GEOMETRY, phase, 0)
+            0, 0, oe, 0, 0, tensor_bytes(oe, op.dtype), traffic, 0, 0, 0, 0, *_NO_GEOMETRY, phase, 0)
 
 
 _NO_GEOMETRY = (0, 0, 0, 0, 0)
@@ -266,9 +278,9 @@ class DesignParams:
         self.code = DATAFLOW_CODES[design.dataflow]
         self.rows = int(design.pe_rows)
         self.cols = int(design.pe_cols)
-        self.clock = float(design.clock)
+        self.clock = float(design.clock or 0.0)  # gpu designs may omit it; no gpu formula reads it
         self.sram = float(design.sram)
-        self.sram_bw = float(design.sram_bandwidth)
+        self.sram_bw = math.inf if design.sram_bandwidth is None else float(design.sram_bandwidth)
         self.dram_bw = math.inf if design.dram_bandwidth is None else float(design.dram_bandwidth)
         e = design.energy
         self.energy = None if e is None else (float(e.mac), *e.per_byte, float(e.static_power))

@@ -43,7 +43,14 @@ Traffic is the op's compulsory bytes at DRAM bandwidth; L2 reuse (``sram``, ``gp
 modelled beyond what ``mem_eff`` absorbs, and neither are fused kernels (each op is one kernel).
 ``tile_m``/``tile_n`` and the launch overhead come from the design's ``gpu:`` section;
 ``tile_k`` is 32. The peak of a dtype missing from ``peak_flops`` falls back to a sibling
-(``bf16``<->``fp16``, ``tf32``->``fp32``, ``fp8``<->``int8``) and else to the lowest listed peak.
+(``bf16``<->``fp16``, ``tf32``->``fp32``, ``fp8``<->``int8``) and else to the lowest listed peak,
+except ``fp4``: a GPU without a published FP4 peak has no FP4 tensor cores (Hopper, CDNA 3), so
+its ``fp4`` peak is NaN (:data:`NO_FALLBACK`) and the cost model refuses an FP4 GEMM on it
+(:meth:`GpuTable.check_dtype`).
+
+A GEMM's dtype is its :attr:`~marssim.workload.Op.math_dtype`, its inputs' type: an FP8 GEMM of
+Transformer Engine (FP8 inputs, bf16 output) runs at the ``fp8`` peak, with its bytes counted
+operand by operand.
 """
 
 from __future__ import annotations
@@ -159,13 +166,18 @@ def gpu_stream(x, p, mx, mn):
 # ----------------------------------------------------------------------------- defaults
 _SIBLING = {"bf16": ("fp16",), "fp16": ("bf16",), "tf32": ("fp32",), "fp32": (), "fp8": ("int8",),
             "int8": ("fp8",), "int32": ("fp32",), "int64": ("fp32",)}
+NO_FALLBACK = frozenset({"fp4"})
+"""Dtypes only some GPUs compute in: without a listed peak a design has none (NaN)."""
 
 
 def dtype_peak(design: Design, dtype: str) -> float:
-    """Dense peak FLOP/s of ``design`` for ``dtype`` (sibling dtype, else the lowest peak)."""
+    """Dense peak FLOP/s of ``design`` for ``dtype`` (sibling dtype, else the lowest peak; NaN
+    for a :data:`NO_FALLBACK` dtype the design does not list)."""
     peaks = design.gpu.peak_flops
     if dtype in peaks:
         return float(peaks[dtype])
+    if dtype in NO_FALLBACK:
+        return math.nan
     for other in _SIBLING.get(dtype, ()):
         if other in peaks:
             return float(peaks[other])
@@ -208,7 +220,8 @@ class GpuTable:
     the dense peak: a curve fitted on the measured shapes must not extrapolate past what the GPU
     was seen to sustain)."""
 
-    __slots__ = ("rows", "arrays", "models", "peaks", "ceilings", "measured", "corrections", "any_correction")
+    __slots__ = ("rows", "arrays", "models", "peaks", "ceilings", "measured", "corrections", "any_correction",
+                 "missing", "design_name")
 
     def __init__(self, design: Design, overrides: dict[tuple[str, str], CurveParams] | None = None,
                  override_model: str = "fitted",
@@ -236,9 +249,22 @@ class GpuTable:
             np.array([[r[i] for r in row] for row in rows], dtype=np.float64 if i < 4 else np.int64)
             for i in range(8))
         self.peaks = tuple(dtype_peak(design, dt) for dt in DTYPES)
+        self.missing = frozenset(i for i, p in enumerate(self.peaks) if math.isnan(p))
+        """Dtype codes the design has no tensor-core peak for (a GEMM of one is refused)."""
+        self.design_name = design.name
         rates = best_rates or {}
         self.ceilings = np.array([[rates.get((kind, dt)) or p for p, dt in zip(self.peaks, DTYPES)]
                                   for kind in KERNEL_KINDS], dtype=np.float64)
+
+    def check_dtype(self, dtype_code: int) -> None:
+        """Raise InputError for a GEMM-class kernel of a dtype this design has no peak for."""
+        if dtype_code in self.missing:
+            from marssim.errors import InputError
+
+            dt = DTYPES[dtype_code]
+            raise InputError(None, f"designs.{self.design_name}.gpu.peak_flops",
+                             f"a {dt} GEMM needs the design's {dt} tensor-core peak, and none is listed (no published "
+                             f"{dt} peak: the GPU has no {dt} tensor cores); run the workload in another dtype")
 
     def correction_factors(self, xs: list[tuple[int, ...]]) -> np.ndarray:
         """Multipliers of the curve times of the GPU ops with feature tuples ``xs``: the local

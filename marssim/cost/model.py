@@ -449,6 +449,8 @@ class DataflowCost:
         macs = x[F_MACS]
         if code == 6:
             kernel, dt = x[F_KERNEL], x[F_DTYPE]
+            if cls == CLASS_GEMM and d.gpu.missing:
+                d.gpu.check_dtype(dt)
             p = d.gpu.rows[kernel][dt]
             t, c, m, cyc, sram_b, dram_b = (gpu_gemm if cls == CLASS_GEMM else gpu_stream)(x, p, max, min)
             sram_rd, sram_wr, dram_rd, dram_wr = 0.0, 0.0, float(dram_b), 0.0
@@ -531,6 +533,9 @@ class DataflowCost:
             out *= self._factor_column(did)[fids]
         if code == 6:  # no curve past the best throughput measured (measured times replace it below)
             gemm = cls == CLASS_GEMM
+            if d.gpu.missing and gemm.any():
+                for dt in np.unique(matrix[F_DTYPE][fids][gemm]).tolist():
+                    d.gpu.check_dtype(int(dt))
             if gemm.any():
                 floor = matrix[F_FLOPS][fids] / d.gpu.ceilings[matrix[F_KERNEL][fids], matrix[F_DTYPE][fids]]
                 out[gemm] = np.maximum(out[gemm], floor[gemm])

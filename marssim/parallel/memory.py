@@ -3,7 +3,9 @@
 Per rank of pipeline stage ``s``, for the layers of the stage's chunks (:func:`rank_parameters`
 splits each op's weights by its tensor- and expert-parallel rule):
 
-* weights: the rank's parameters at the model's element type (ZeRO-3: ``1/dp`` of them);
+* weights: the rank's parameters at the bytes the workload holds per parameter of each op (the
+  model's element type, plus the low-precision copies of an FP8 recipe's GEMM weights:
+  :func:`marssim.workload.llm.precision.held_weight_bytes`; ZeRO-3: ``1/dp`` of them);
 * gradients: 4 B per parameter (fp32 main gradients; ZeRO-2 and 3: ``1/dp``);
 * optimizer state: 12 B per parameter (fp32 master weights and Adam's two moments; ZeRO-1 and
   above: ``1/dp``); the last stage of a pipeline with tied embeddings keeps a copy of the word
@@ -112,6 +114,28 @@ def rank_parameters(graph: Graph, cfg: ParallelConfig, rules) -> tuple[dict[int,
     return dict(per), dict(experts)
 
 
+def _rank_weight_bytes(graph: Graph, cfg: ParallelConfig, rules) -> dict[int, float]:
+    """Per layer group: bytes of weights one rank holds, each op's parameters at the bytes the
+    workload holds per parameter (:func:`marssim.workload.llm.precision.held_weight_bytes`)."""
+    from marssim.workload.llm.precision import held_weight_bytes
+
+    from .lower import graph_cache, rules_key, stage_of_layers
+
+    t = graph.meta["transformer"]
+    stage_of = stage_of_layers(t.layers, cfg)
+    key = ("rank_weight_bytes", rules_key(cfg, stage_of))
+    cache = graph_cache(graph)
+    hit = cache.get(key)
+    if hit is None:
+        hit = cache[key] = defaultdict(float)
+        for op in graph.ops:
+            if op.param("phase", "fwd") != "fwd" or not op.weight_elems or op.param("shares"):
+                continue
+            n = _shard_weights(op, rules[op.name], cfg.tp_of(stage_of[op.param("layer")]))
+            hit[op.param("layer")] += n * held_weight_bytes(op, t)
+    return hit
+
+
 def _stage_layers(graph: Graph, cfg: ParallelConfig, stage: int) -> set[int]:
     from .lower import chunk_layers
 
@@ -128,11 +152,13 @@ def static_bytes(graph: Graph, cfg: ParallelConfig, stage: int, rules, per: dict
     if per is None:
         per, _ = rank_parameters(graph, cfg, rules)
     params = sum(per.get(layer, 0) for layer in layers)
+    held = sum(_rank_weight_bytes(graph, cfg, rules).get(layer, 0.0) for layer in layers)
     if t.tie_embeddings and cfg.pp > 1 and stage == cfg.pp - 1 and t.training:
-        params += -(-t.vocab // cfg.tp_of(stage)) * t.hidden  # the last stage's copy of the word embedding
-    eb = DTYPE_BYTES[t.dtype]
+        tied = -(-t.vocab // cfg.tp_of(stage)) * t.hidden  # the last stage's copy of the word embedding
+        params += tied
+        held += tied * DTYPE_BYTES[t.dtype]
     dp = cfg.dp
-    weights = params * eb / (dp if cfg.zero >= 3 else 1)
+    weights = held / (dp if cfg.zero >= 3 else 1)
     grads = opt = 0.0
     if t.training:
         grads = params * 4.0 / (dp if cfg.zero >= 2 else 1)

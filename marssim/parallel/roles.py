@@ -131,6 +131,8 @@ def rule_for(op: Op, layouts: dict[str, str], tp: int, sp: bool, ep: int) -> Rul
             return Rule((), ("R",), "R")
         if fn == "embedding_grad" and _suffix(_base_name(name)).startswith("embed.tokens"):
             return Rule((), ("R",), "F")
+        if fn in ("quantize", "amax"):  # a low-precision cast: experts' tokens once exchanged, as their GEMMs
+            ins = ["E" if lay == "D" else lay for lay in ins]
         if "F" in ins:
             return Rule((("C", 1, tp),), tuple("F" for _ in ins), "F")
         if "E" in ins:

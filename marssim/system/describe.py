@@ -196,8 +196,8 @@ def describe_system(system: System, *, width: int = 100) -> str:
     lines.append("Designs")
     rows = []
     for name, d in system.designs.items():
-        rows.append([name, d.dataflow, _array(d), _fmt_si(d.clock, "Hz"), _peak(d), fmt_bytes(d.sram),
-                     fmt_rate(d.sram_bandwidth), _energy(d), str(users[name])])
+        rows.append([name, d.dataflow, _array(d), _fmt_si(d.clock, "Hz") if d.clock else "-", _peak(d), fmt_bytes(d.sram),
+                     fmt_rate(d.sram_bandwidth) if d.sram_bandwidth else "-", _energy(d), str(users[name])])
     lines += format_table(["name", "dataflow", "PEs", "clock", "peak", "SRAM", "SRAM BW", "energy", "accs"], rows)
     for name, d in system.designs.items():
         if d.gpu is not None:

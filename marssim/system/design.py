@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from marssim import units
 
@@ -123,9 +123,13 @@ class Design(BaseModel):
     dataflow: Dataflow
     pe_rows: PeCount = 0
     pe_cols: PeCount = 0
-    clock: Hertz
+    clock: Hertz | None = Field(None, validate_default=True,
+                                description="clock, Hz (required but for gpu designs, whose peaks are given per "
+                                            "dtype and which may omit it where it is not published)")
     sram: Bytes = Field(description="on-chip global buffer, bytes")
-    sram_bandwidth: Bandwidth = Field(description="on-chip buffer bandwidth, bytes/s")
+    sram_bandwidth: Bandwidth | None = Field(None, validate_default=True,
+                                             description="on-chip buffer bandwidth, bytes/s (required but for gpu "
+                                                         "designs, whose cost formulas do not read it)")
     dram_bandwidth: Bandwidth | None = Field(None, description="off-chip bandwidth, bytes/s (default: the accelerator's memory)")
     energy: DesignEnergy | None = None
     buffers: Buffers | None = None
@@ -164,6 +168,14 @@ class Design(BaseModel):
             data = {**data, "energy": {**table, **energy}}
         return data
 
+    @field_validator("clock", "sram_bandwidth")
+    @classmethod
+    def _required_but_for_gpus(cls, value: float | None, info: ValidationInfo) -> float | None:
+        dataflow = info.data.get("dataflow")
+        if value is None and dataflow is not None and dataflow != "gpu":
+            raise ValueError(f"missing required key (dataflow {dataflow!r} needs it; only gpu designs may omit it)")
+        return value
+
     @field_validator("dataflow", mode="before")
     @classmethod
     def _alias(cls, value: object) -> object:
@@ -194,7 +206,7 @@ class Design(BaseModel):
         """Peak MAC/s of the array (for GPUs: half the best dense peak FLOP/s)."""
         if self.gpu is not None:
             return max(self.gpu.peak_flops.values()) / 2.0
-        return self.pes * self.clock
+        return self.pes * (self.clock or 0.0)
 
     def with_dram_bandwidth(self, bandwidth: float) -> "Design":
         """This design with ``dram_bandwidth`` bounded by ``bandwidth`` (bytes/s)."""

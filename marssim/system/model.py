@@ -243,6 +243,12 @@ class System:
         node_of = getattr(self._router, "node_of", None)
         return None if node_of is None else node_of(device)
 
+    @property
+    def fabric_kind(self) -> str | None:
+        """The network joining a cluster's nodes (``infiniband`` or ``ethernet``, from its
+        ``cluster.fabric.kind``); None for a system without a ``cluster:`` section."""
+        return getattr(self._router, "fabric_kind", None)
+
     def nearest_host(self, node: str) -> str:
         """The host with the lowest-latency route to ``node`` (ties: first declared; a cluster's
         GPU: its node's host)."""

@@ -99,14 +99,15 @@ class GraphBuilder:
         """The ops added so far, in order."""
         return tuple(self._ops)
 
-    def annotate_last(self, **params) -> None:
-        """Add ``params`` to the op added last (before anything refers to it)."""
+    def annotate_last(self, *, dtype: str | None = None, **params) -> None:
+        """Add ``params`` to the op added last (before anything refers to it); ``dtype``: its
+        output's element type, when not the one it was built with."""
         from dataclasses import replace
 
         op = self._ops[-1]
         merged = dict(op.params)
         merged.update(params)
-        self._ops[-1] = replace(op, params=tuple(sorted(merged.items())))
+        self._ops[-1] = replace(op, params=tuple(sorted(merged.items())), dtype=dtype or op.dtype)
 
     def share_weights(self, owner_of) -> None:
         """Ops that hold weights and for which ``owner_of(name)`` gives a name read those
@@ -129,12 +130,14 @@ class GraphBuilder:
         raise KeyError(name)
 
     # ------------------------------------------------------------------ ops
-    def input(self, name: str, c: int, h: int = 1, w: int = 1, n: int | None = None, resident: bool = False) -> T:
+    def input(self, name: str, c: int, h: int = 1, w: int = 1, n: int | None = None, resident: bool = False,
+              dtype: str | None = None) -> T:
         """A graph input of shape ``(batch, c, h, w)``, resident on a host (``resident``: in the
-        memory of the devices that read it, like a KV cache)."""
+        memory of the devices that read it, like a KV cache); ``dtype``: its element type when
+        not the graph's."""
         n = self.batch if n is None else n
         return self._add(name, OpKind.INPUT, {"N": n, "C": c, "H": h, "W": w}, [], (n, c, h, w),
-                         {"resident": True} if resident else None)
+                         {"resident": True} if resident else None, dtype=dtype)
 
     def conv(self, name: str, x: T, out_channels: int, kernel: int | tuple[int, int], stride: int | tuple[int, int] = 1,
              pad: int | tuple[int, int] | tuple[int, int, int, int] | None = None, groups: int = 1, bias: bool = False,

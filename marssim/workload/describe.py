@@ -147,6 +147,19 @@ def describe_graph(graph: Graph, *, max_rows: int = 60) -> str:
     return "\n".join(lines)
 
 
+def _precision(cfg) -> str:
+    """The run's element types in words: ``bf16``, or Transformer Engine's low-precision GEMMs."""
+    if not cfg.gemm_dtype:
+        return cfg.dtype
+    if cfg.gemm_dtype == "fp8":
+        text = (f"{cfg.dtype} with FP8 GEMMs in the blocks (Transformer Engine: E4M3 forward, E5M2 gradients, "
+                "delayed scaling" if cfg.training else f"{cfg.dtype} with FP8 GEMMs in the blocks (FP8 weights, "
+                "activations cast per GEMM")
+    else:
+        text = f"{cfg.dtype} with NVFP4 GEMMs in the blocks (Transformer Engine's NVFP4 recipe"
+    return text + (", FP8 parameters gathered in FP8)" if cfg.fp8_param_gather else ")")
+
+
 def describe_transformer(graph: Graph) -> list[str]:
     """The lines ``marssim show`` prints for an LLM graph: configuration, parameters, FLOPs per
     phase and the bytes one step holds (see :mod:`marssim.workload.llm.footprint`)."""
@@ -164,20 +177,26 @@ def describe_transformer(graph: Graph) -> list[str]:
            "prefill": f"prefill of {cfg.seq} tokens", "decode": f"decode step over a cache of {cfg.context} tokens",
            "serve": f"prefill of {cfg.prompt} tokens + {cfg.generate} decode steps"}[cfg.mode]
     extra = f", recompute {cfg.recompute}" if cfg.training else ""
-    lines = [arch, f"  mode {cfg.mode}: {run}, batch {cfg.batch}, {cfg.dtype}{extra}"]
+    lines = [arch, f"  mode {cfg.mode}: {run}, batch {cfg.batch}, {_precision(cfg)}{extra}"]
     active = f" ({f.active_parameters / 1e9:.4g} B active per token)" if f.active_parameters != f.parameters else ""
     lines.append(f"  parameters {f.parameters:,} = {f.parameters / 1e9:.4g} B{active}")
     phases = [(name, f.flops.get(key, 0.0)) for key, name in
-              (("fwd", "forward"), ("bwd", "backward"), ("recompute", "recompute"), ("opt", "optimizer")) if f.flops.get(key)]
+              (("fwd", "forward"), ("bwd", "backward"), ("recompute", "recompute"), ("opt", "optimizer"),
+               ("cast", "casts and amax updates")) if f.flops.get(key)]
     lines.append("  FLOPs per step: " + ", ".join(f"{name} {fmt_count(v, 'FLOP')}" for name, v in phases)
                  + (f"; model FLOPs {fmt_count(f.model_flops, 'FLOP')}" if cfg.training else ""))
-    held = [f"weights {fmt_bytes(f.weight_bytes)}"]
+    copies = ""
+    if f.low_precision_weight_bytes:
+        what = "FP8" if cfg.gemm_dtype == "fp8" else "NVFP4"
+        copies = (f" (of which {what} GEMM weights {fmt_bytes(f.low_precision_weight_bytes)}"
+                  + (", the bf16 copies gone" if cfg.fp8_param_gather else "") + ")")
+    held = [f"weights {fmt_bytes(f.weight_bytes)}{copies}"]
     if cfg.training:
         per_layer = [v for k, v in f.activation_bytes_per_layer.items() if 0 <= k < cfg.layers]
         block = f", {fmt_bytes(max(per_layer))} per block" if per_layer else ""
         held += [f"gradients {fmt_bytes(f.gradient_bytes)} (fp32)", f"optimizer state {fmt_bytes(f.optimizer_bytes)} "
                  "(fp32 master + 2 moments)", f"activations kept for backward {fmt_bytes(f.activation_bytes)}{block}"]
     if f.kv_cache_bytes:
-        held.append(f"KV cache {fmt_bytes(f.kv_cache_bytes)}")
+        held.append(f"KV cache {fmt_bytes(f.kv_cache_bytes)} ({cfg.cache_dtype})")
     lines.append("  bytes (unsharded): " + "; ".join(held))
     return lines

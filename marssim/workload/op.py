@@ -63,7 +63,23 @@ param             meaning
 ``extra_per_elem`` bytes read or written per output element beyond inputs, weights and output
                   (dropout masks, optimizer state write-back)
 ``resident``      an ``input`` that lives in device memory (a KV cache), not on a host
+``in_dtypes``     the element type of each input, in order, where it differs from the op's ``dtype``
+                  (which is then its output's): an FP8 GEMM of Transformer Engine reads FP8 inputs and
+                  writes bf16 (``in_dtypes=("fp8",)``, ``w_dtype="fp8"``, ``dtype="bf16"``); a cast reads
+                  bf16 and writes FP8; attention over an FP8 KV cache reads bf16 queries and FP8 keys
+``w_dtype``       the element type of the weights the op reads, where it differs from ``dtype``
+``fp8``           the FP8 format a cast writes: ``e4m3`` (forward tensors) or ``e5m2`` (gradients)
 ================  ==================================================================================
+
+Element types: ``dtype`` is the op's output's and, unless ``in_dtypes`` / ``w_dtype`` say
+otherwise, its inputs' and weights'; every byte count (:attr:`Op.input_bytes`,
+:attr:`Op.weight_bytes`, :attr:`Op.output_bytes`) takes each operand at its own type.
+:attr:`Op.math_dtype`, the type the kernel computes in, is its first input's (a GEMM's ``A``
+operand; a GEMM's weights are the same type): cost models take the tensor-core peak and the
+calibration rows of that type, so an FP8 GEMM runs at the FP8 peak whatever it writes. ``fp4``
+is NVFP4 (Blackwell): 4-bit E2M1 values with one E4M3 scale per block of 16, 4.5 bits or
+0.5625 bytes per element (the per-tensor fp32 scale is left out); its byte counts round up to
+whole bytes.
 
 A weight-gradient GEMM (``grad=weight``) keeps the loops of its forward GEMM -- ``B`` samples
 (experts when grouped), ``M`` tokens, ``N`` out and ``K`` in features -- so its MACs equal the
@@ -79,17 +95,27 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any
 
-__all__ = ["OpKind", "Op", "DTYPE_BYTES", "GEMM_LIKE", "dtype_bytes", "Shape", "FUSED_PRODUCTS", "products_of"]
+__all__ = ["OpKind", "Op", "DTYPE_BYTES", "GEMM_LIKE", "dtype_bytes", "tensor_bytes", "Shape", "FUSED_PRODUCTS",
+           "products_of"]
 
 Shape = tuple[int, int, int, int]
 """Logical activation box ``(n, c, h, w)``."""
 
-DTYPE_BYTES = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1, "int32": 4, "int64": 8}
+DTYPE_BYTES: dict[str, float] = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1, "int32": 4,
+                                  "int64": 8, "fp4": 0.5625}
+"""Bytes per element of each element type (``fp4``: NVFP4 with its block scales, see the module
+docstring; every other type a whole number)."""
 
 
-def dtype_bytes(dtype: str) -> int:
+def dtype_bytes(dtype: str) -> float:
     """Bytes per element of a dtype name (``fp16`` -> 2). KeyError for unknown names."""
     return DTYPE_BYTES[dtype]
+
+
+def tensor_bytes(elems: int, dtype: str) -> int:
+    """Bytes of ``elems`` elements of ``dtype``, rounded up to a whole byte (``fp4``)."""
+    b = DTYPE_BYTES[dtype]
+    return elems * b if type(b) is int else math.ceil(elems * b)
 
 
 class OpKind(str, Enum):
@@ -143,7 +169,10 @@ ELTWISE_FLOPS = {"relu": 1, "relu6": 2, "add": 1, "mul": 1, "sub": 1, "div": 1, 
                  "router": 2,              # top-k selection and gate normalisation
                  "combine": 2,             # gate-weighted sum of the expert outputs
                  "sample": 1,              # next-token choice (argmax) over the logits
-                 "adam": 14}               # AdamW update per parameter (moments, bias correction, decay)
+                 "adam": 14,               # AdamW update per parameter (moments, bias correction, decay)
+                 "quantize": 3,            # low-precision cast: scale, convert with saturation, amax
+                 "amax": 2,                # absolute value and running maximum
+                 "amax_update": 2}         # per history entry: shift, maximum (scales: per tensor)
 NORM_FLOPS = {"batch": 2, "layer": 8, "lrn": 8, "rms": 4, "layer_grad": 14, "rms_grad": 8}
 # inference BN is scale+shift; LN computes mean/var too; RMSNorm only the mean square;
 # LRN sums squares over a window of channels, then scales, raises to a power and divides;
@@ -164,7 +193,8 @@ class Op:
         out_shape: ``(n, c, h, w)`` of the output.
         params: kind-specific parameters (``stride``, ``pad``, ``groups``, ``fn``, ``vocab``...).
         weight_elems: number of weight (parameter) elements.
-        dtype: element type of activations and weights (``fp16``, ``bf16``, ``fp32``, ``int8``).
+        dtype: element type of the output and, unless ``in_dtypes`` / ``w_dtype`` say otherwise, of
+            the inputs and weights (``fp16``, ``bf16``, ``fp32``, ``fp8``, ``int8``, ``fp4``).
         model: the model this op belongs to (multi-model workloads).
     """
 
@@ -187,6 +217,14 @@ class Op:
         for dim, size in self.loops:
             if not isinstance(size, int) or size < 0:
                 raise ValueError(f"op {self.name}: loop {dim} must be a non-negative int, got {size!r}")
+        types = self._param_map.get("in_dtypes")
+        if types is not None:
+            if len(types) != len(self.in_shapes) or any(t not in DTYPE_BYTES for t in types):
+                raise ValueError(f"op {self.name}: in_dtypes must name one element type per input "
+                                 f"({len(self.in_shapes)}) among {', '.join(DTYPE_BYTES)}, got {types!r}")
+        w = self._param_map.get("w_dtype")
+        if w is not None and w not in DTYPE_BYTES:
+            raise ValueError(f"op {self.name}: unknown w_dtype {w!r}; expected one of {', '.join(DTYPE_BYTES)}")
 
     # ---------------------------------------------------------------- lookups
     def dim(self, name: str) -> int:
@@ -204,8 +242,27 @@ class Op:
         return dict(self._loop_map)
 
     @property
-    def dtype_bytes(self) -> int:
+    def dtype_bytes(self) -> float:
+        """Bytes per element of the output."""
         return DTYPE_BYTES[self.dtype]
+
+    @property
+    def input_dtypes(self) -> tuple[str, ...]:
+        """The element type of each input (``in_dtypes``, else the op's ``dtype``)."""
+        types = self._param_map.get("in_dtypes")
+        return tuple(types) if types else (self.dtype,) * len(self.in_shapes)
+
+    @property
+    def weight_dtype(self) -> str:
+        """The element type of the weights the op reads (``w_dtype``, else ``dtype``)."""
+        return self._param_map.get("w_dtype") or self.dtype
+
+    @property
+    def math_dtype(self) -> str:
+        """The element type the kernel computes in: its first input's (an FP8 GEMM's ``fp8``,
+        whatever it writes), else the op's ``dtype``."""
+        types = self._param_map.get("in_dtypes")
+        return types[0] if types else self.dtype
 
     @property
     def is_gemm_like(self) -> bool:
@@ -242,19 +299,24 @@ class Op:
 
     @property
     def weight_bytes(self) -> int:
-        """Bytes of parameters (weights, biases, norm scales, embedding tables)."""
-        return self.weight_elems * self.dtype_bytes
+        """Bytes of parameters the op reads (weights, biases, norm scales, embedding tables), at
+        :attr:`weight_dtype` (an FP8 GEMM reads its weights' FP8 copy)."""
+        return tensor_bytes(self.weight_elems, self.weight_dtype)
 
     @property
     def input_bytes(self) -> int:
-        """Bytes of activation inputs read (full producer tensors; conv/pool windows included)."""
+        """Bytes of activation inputs read (full producer tensors; conv/pool windows included),
+        each at its element type."""
         if self.kind == OpKind.EMBEDDING:
             return math.prod(self.in_shapes[0]) * 4  # int32 token ids
-        return sum(math.prod(s) for s in self.in_shapes) * self.dtype_bytes
+        types = self._param_map.get("in_dtypes")
+        if types:
+            return sum(tensor_bytes(math.prod(s), t) for s, t in zip(self.in_shapes, types))
+        return tensor_bytes(sum(math.prod(s) for s in self.in_shapes), self.dtype)
 
     @property
     def output_bytes(self) -> int:
-        return self.out_elems * self.dtype_bytes
+        return tensor_bytes(self.out_elems, self.dtype)
 
     @property
     def extra_bytes(self) -> int:

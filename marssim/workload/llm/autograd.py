@@ -44,6 +44,14 @@ parameters reading the fp32 gradient (4 B), the fp32 master weight and both mome
 writing them back (12 B) and the 16-bit weight copy (2 B): 30 B and 14 FLOPs per parameter.
 Norm and bias gradients are part of their group's buffer; the optimizer waits for the group's
 weight gradients (GEMMs, embeddings).
+
+Low-precision GEMMs (``gemm_dtype``, :mod:`.precision`): the backward of a GEMM reading a cast
+input casts its output gradient first (``.grad_fp8``, E5M2; NVFP4: ``.grad_amax`` and
+``.grad_fp4``), which ``.dgrad`` (with the weights' low-precision copy) and ``.wgrad`` (with the
+kept low-precision input) read; a cast's gradient passes through unchanged (straight-through);
+after each group's AdamW step ``.fp8_weights`` casts the group's GEMM weights (and their
+transposes) for the next step; an FP8 step ends its forward with ``fp8.amax_fwd`` and its
+backward with ``fp8.amax_bwd``, the amax-and-scale updates of delayed scaling.
 """
 
 from __future__ import annotations
@@ -51,9 +59,11 @@ from __future__ import annotations
 from collections import defaultdict
 
 from marssim.workload.builder import GraphBuilder, T
-from marssim.workload.op import Op, OpKind
+from marssim.workload.op import DTYPE_BYTES, Op, OpKind
 
 from .config import TransformerConfig
+from .forward import quantize
+from .precision import AMAX_HISTORY, FP8_TENSORS_BWD, FP8_TENSORS_FWD
 
 __all__ = ["add_backward", "group_name", "ADAM_BYTES_PER_PARAM"]
 
@@ -153,6 +163,7 @@ class _Backward:
     def run(self, loss: Op) -> None:
         b = self.b
         self.order = {op.name: i for i, op in enumerate(self.forward)}
+        self.amax_update("fwd")
         self._tag(loss)
         probs = self.tensor(loss.name, loss)
         dlogits = b.eltwise(f"{loss.name}.grad", probs, fn="cross_entropy_grad")
@@ -173,6 +184,7 @@ class _Backward:
             if dy is None:
                 continue
             getattr(self, "_" + op.kind.value)(op, dy)
+        self.amax_update("bwd")
         self._optimizer()
 
     def _gemm(self, op: Op, dy: T) -> None:
@@ -181,13 +193,22 @@ class _Backward:
         grouped = bool(op.param("grouped", False))
         x = op.inputs[0]
         bsz, m, n, k = loops["B"], loops["M"], loops["N"], loops["K"]
-        common = {"grouped": True} if grouped else {}
+        common: dict = {"grouped": True} if grouped else {}
+        low = op.param("w_dtype")
+        if low is not None:  # a low-precision GEMM: the gradient is cast too, both backward GEMMs read it
+            tags = dict(b.tags)
+            dy = quantize(b, self.cfg, dy, f"{op.name}.grad_{low}", "e5m2")
+            b.tags = tags
+            common["in_dtypes"] = (low,)
         if self.needs_grad(x):
             weight = (bsz if grouped else 1) * k * n
+            extra = {"w_dtype": low} if low is not None else {}
             dx = b.op(f"{op.name}.dgrad", OpKind.GEMM, {"B": bsz, "M": m, "N": k, "K": n}, [dy], (bsz, k, m, 1),
-                      params={**common, "grad": "input", "shares": op.param("shares") or op.name, "bias": False},
-                      weight_elems=weight)
+                      params={**common, **extra, "grad": "input", "shares": op.param("shares") or op.name,
+                              "bias": False}, weight_elems=weight)
             self.contribute(x, dx)
+        if low is not None:
+            common["in_dtypes"] = (low, low)
         dw = b.op(f"{op.name}.wgrad", OpKind.GEMM, dict(loops), [self.tensor(x, op), dy],
                   (bsz if grouped else 1, n, k, 1), params={**common, "grad": "weight"})
         owner = self.fwd[op.param("shares")] if op.param("shares") else op
@@ -238,6 +259,9 @@ class _Backward:
     def _eltwise(self, op: Op, dy: T) -> None:
         b = self.b
         fn = op.param("fn")
+        if fn == "quantize":  # straight-through: the cast's gradient is its output's
+            self.contribute(op.inputs[0], dy)
+            return
         if fn == "add":
             for name in op.inputs:
                 self.contribute(name, dy)
@@ -298,9 +322,12 @@ class _Backward:
     def _optimizer(self) -> None:
         b, cfg = self.b, self.cfg
         params: dict[int, int] = defaultdict(int)
+        low_params: dict[int, int] = defaultdict(int)
         for op in self.forward:
             if op.weight_elems and not op.param("shares"):
                 params[op.param("layer")] += op.weight_elems
+                if op.param("w_dtype"):
+                    low_params[op.param("layer")] += op.weight_elems
         for layer in sorted(params, key=lambda x: (x if x >= 0 else -1)):
             grads = self.param_grads.get(layer) or self.norm_grads.get(layer) or []
             if not grads:
@@ -312,9 +339,31 @@ class _Backward:
                        (1, count, 1, 1), params={"what": "grad_buffer", "view": True}, dtype="fp32")
             # reads the fp32 gradient (input) and master weight + moments (weights, 12 B), writes the
             # master weight (output, 4 B), the moments (8 B) and the 16-bit weight (2 B)
-            b.op(f"{prefix}.adam", OpKind.ELTWISE, {"N": 1, "C": count, "H": 1, "W": 1}, [buf], (1, count, 1, 1),
-                 params={"fn": "adam", "extra_per_elem": 10, "keep": True}, weight_elems=3 * count, dtype="fp32")
+            adam = b.op(f"{prefix}.adam", OpKind.ELTWISE, {"N": 1, "C": count, "H": 1, "W": 1}, [buf],
+                        (1, count, 1, 1), params={"fn": "adam", "extra_per_elem": 10, "keep": True},
+                        weight_elems=3 * count, dtype="fp32")
+            low = low_params.get(layer, 0)
+            if low:  # the GEMM weights' low-precision copy and its transpose, for the next step
+                src = "fp32" if cfg.fp8_param_gather else cfg.dtype  # the master itself, or its bf16 copy
+                b.op(f"{prefix}.{cfg.gemm_dtype}_weights", OpKind.ELTWISE, {"N": 1, "C": low, "H": 1, "W": 1},
+                     [T(adam.op, (1, low, 1, 1))], (1, low, 1, 1),
+                     params={"fn": "quantize", "in_dtypes": (src,), "extra_per_elem": DTYPE_BYTES[cfg.gemm_dtype],
+                             "keep": True, "weights": True}, dtype=cfg.gemm_dtype)
         b.tags = {}
+
+    def amax_update(self, direction: str) -> None:
+        """The fused amax-and-scale update of delayed scaling at the end of the forward (``fwd``)
+        or the backward (``bwd``): it reads and rewrites the amax history of every FP8 tensor of
+        that direction (:data:`~.precision.AMAX_HISTORY` fp32 entries each)."""
+        cfg, b = self.cfg, self.b
+        gemms = sum(1 for op in self.forward if op.kind == OpKind.GEMM and op.param("w_dtype") == "fp8")
+        if not gemms:
+            return
+        per = FP8_TENSORS_FWD if direction == "fwd" else FP8_TENSORS_BWD
+        count = gemms * per * AMAX_HISTORY
+        b.tags = {"layer": cfg.layers if direction == "fwd" else -1, "phase": direction}
+        b.op(f"fp8.amax_{direction}", OpKind.ELTWISE, {"N": 1, "C": count, "H": 1, "W": 1}, [], (1, count, 1, 1),
+             params={"fn": "amax_update", "extra_per_elem": 4, "keep": True}, dtype="fp32")
 
 
 def _nchw(shape) -> dict[str, int]:

@@ -81,13 +81,14 @@ def _prefill(cfg: TransformerConfig, b: GraphBuilder, dec: Decoder, tokens: int)
 
 
 def _caches(cfg: TransformerConfig, b: GraphBuilder, length: int) -> list[tuple[T, T]]:
-    """Per block, the resident key and value caches ``(batch, kv_heads * head_dim, length, 1)``."""
+    """Per block, the resident key and value caches ``(batch, kv_heads * head_dim, length, 1)``
+    at the cache's element type (``kv_dtype``)."""
     feat = cfg.kv * cfg.d_head
     out = []
     for i in range(cfg.layers):
         b.tags = {"layer": i, "phase": "fwd"}
-        out.append((b.input(f"layers.{i}.k_cache", c=feat, h=length, resident=True),
-                    b.input(f"layers.{i}.v_cache", c=feat, h=length, resident=True)))
+        out.append((b.input(f"layers.{i}.k_cache", c=feat, h=length, resident=True, dtype=cfg.cache_dtype),
+                    b.input(f"layers.{i}.v_cache", c=feat, h=length, resident=True, dtype=cfg.cache_dtype)))
     return out
 
 

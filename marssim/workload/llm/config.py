@@ -26,6 +26,12 @@ Presets and their sources:
   14,336; 8x22B: 56 layers, 6,144, 48 heads, 16,384.
 
 Sizes are exact integers; ``dropout`` and ``capacity_factor`` are real numbers.
+
+Precision: ``dtype`` is the type of activations, weights as stored, and every kernel but the
+low-precision GEMMs; ``dtype=fp8`` (or ``fp4``) is Transformer Engine's recipe, short for
+``dtype=bf16,gemm_dtype=fp8``: the blocks' GEMMs read FP8 (NVFP4) inputs, everything else stays
+bf16 (:mod:`.precision`). ``fp8_param_gather`` keeps those GEMMs' weights in FP8 as parameters
+(training); ``kv_dtype=fp8`` stores a serving run's KV cache in FP8.
 """
 
 from __future__ import annotations
@@ -75,7 +81,10 @@ class TransformerConfig:
     seq: int = 2048
     batch: int = 1
     max_positions: int = 2048  # learned position table (gpt)
-    dtype: str = "bf16"
+    dtype: str = "bf16"  # activations and weights as stored; fp8/fp4: bf16 with gemm_dtype fp8/fp4
+    gemm_dtype: str = ""  # "" (dtype), fp8 or fp4: the input type of the blocks' GEMMs (Transformer Engine)
+    fp8_param_gather: bool = False  # the FP8 GEMMs' weights are FP8 parameters, gathered in FP8 (training)
+    kv_dtype: str = ""  # "" (dtype) or fp8: the KV cache of prefill, decode and serve
     mode: str = "forward"
     recompute: str = "none"
     attention: str = "unfused"  # unfused | flash | efficient | cudnn (ATTENTION)
@@ -94,7 +103,18 @@ class TransformerConfig:
     name: str = ""
     extras: dict = field(default_factory=dict, compare=False)
 
+    def __post_init__(self) -> None:
+        # dtype=fp8 / fp4: Transformer Engine's recipe, bf16 with the blocks' GEMMs in that type
+        if self.dtype in ("fp8", "fp4"):
+            object.__setattr__(self, "gemm_dtype", self.gemm_dtype or self.dtype)
+            object.__setattr__(self, "dtype", "bf16")
+
     # ------------------------------------------------------------------ derived
+    @property
+    def cache_dtype(self) -> str:
+        """Element type of the KV cache (``kv_dtype``, else ``dtype``)."""
+        return self.kv_dtype or self.dtype
+
     @property
     def ffn_size(self) -> int:
         return self.ffn or 4 * self.hidden
@@ -221,8 +241,16 @@ def check_config(cfg: TransformerConfig) -> None:
         _fail("attention", f"expected one of {', '.join(ATTENTION)}, got {cfg.attention!r}")
     if cfg.recompute != "none" and cfg.mode != "train":
         _fail("recompute", f"activation recomputation applies to mode=train only, got mode={cfg.mode}")
-    if cfg.dtype not in ("fp32", "bf16", "fp16", "fp8"):
-        _fail("dtype", f"expected one of fp32, bf16, fp16, fp8, got {cfg.dtype!r}")
+    if cfg.dtype not in ("fp32", "bf16", "fp16"):
+        _fail("dtype", f"expected one of fp32, bf16, fp16, fp8, fp4, got {cfg.dtype!r}")
+    if cfg.gemm_dtype not in ("", "fp8", "fp4"):
+        _fail("gemm_dtype", f"expected fp8 or fp4 (Transformer Engine's recipes), got {cfg.gemm_dtype!r}")
+    if cfg.fp8_param_gather and (cfg.gemm_dtype != "fp8" or cfg.mode != "train"):
+        _fail("fp8_param_gather", "applies to FP8 training (dtype=fp8, mode=train)")
+    if cfg.kv_dtype not in ("", "fp8", "bf16", "fp16", "fp32"):
+        _fail("kv_dtype", f"expected fp8, bf16, fp16 or fp32, got {cfg.kv_dtype!r}")
+    if cfg.kv_dtype and cfg.mode not in ("prefill", "decode", "serve"):
+        _fail("kv_dtype", f"applies to the KV cache of prefill, decode and serve, got mode={cfg.mode}")
     if cfg.norm not in ("layer", "rms"):
         _fail("norm", f"expected layer or rms, got {cfg.norm!r}")
     if cfg.activation not in ("gelu", "swiglu"):

@@ -5,28 +5,39 @@ evaluators see:
 
 * parameters: weight elements of the forward ops that own them; for mixture-of-experts models
   the *active* parameters per token count ``top_k`` of the ``experts`` expert matrices;
-* FLOPs per phase: forward, backward, recomputation, optimizer; *model FLOPs* are forward plus
-  backward without recomputation (what model-FLOPs utilisation divides by);
-* weights at the model's element type; for training, fp32 gradients (Megatron-LM accumulates
-  them in fp32 ``main_grad`` buffers) and the optimizer state (fp32 master weights and the two
-  Adam moments: 12 B per parameter), before any sharding;
+* FLOPs per phase: forward, backward, recomputation, optimizer, and ``cast``: the casts and
+  amax updates of a low-precision recipe, whatever their phase; *model FLOPs* are forward plus
+  backward without recomputation or casts (what model-FLOPs utilisation divides by: the same in
+  every precision);
+* weights at the model's element type, and the low-precision copies a recipe keeps of its GEMM
+  weights (``dtype=fp8``: :func:`marssim.workload.llm.precision.held_weight_bytes`); for
+  training, fp32 gradients (Megatron-LM accumulates them in fp32 ``main_grad`` buffers) and the
+  optimizer state (fp32 master weights and the two Adam moments: 12 B per parameter), before
+  any sharding, whatever the GEMMs' precision;
 * activations kept for backward: every forward output some backward (or recomputation) op
   reads, plus the one-byte dropout masks, counted once each, per block; this is what
   Korthikanti et al. 2022 count (section 4: ``s*b*h*(34 + 5*a*s/h)`` bytes per block with
-  16-bit activations, ``34*s*b*h`` with selective recomputation, ``2*s*b*h`` with full);
-* the KV cache of serving graphs: ``2 * layers * kv_heads * head_dim * tokens * batch`` elements.
+  16-bit activations, ``34*s*b*h`` with selective recomputation, ``2*s*b*h`` with full); under
+  an FP8 recipe a GEMM's kept input is its FP8 copy (1 B per element), read off the graph too;
+* the KV cache of serving graphs: ``2 * layers * kv_heads * head_dim * tokens * batch`` elements
+  at ``kv_dtype``.
 """
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 
 from marssim.workload.graph import Graph
 from marssim.workload.op import DTYPE_BYTES, OpKind
 
-__all__ = ["Footprint", "footprint", "saved_tensors"]
+from .precision import held_weight_bytes
 
+__all__ = ["Footprint", "footprint", "saved_tensors", "CAST_FNS"]
+
+CAST_FNS = frozenset({"quantize", "amax", "amax_update"})
+"""Element-wise functions of a low-precision recipe's casts (:mod:`.precision`)."""
 GRAD_BYTES = 4
 """Bytes per parameter of the gradient buffers (fp32 main gradients)."""
 OPTIMIZER_BYTES = 12
@@ -39,13 +50,14 @@ class Footprint:
 
     parameters: int
     active_parameters: int
-    flops: dict[str, float]  # by phase: fwd, bwd, recompute, opt
-    weight_bytes: int
+    flops: dict[str, float]  # by phase: fwd, bwd, recompute, opt; cast (low-precision casts, amax updates)
+    weight_bytes: int  # every weight held, the low-precision copies included
     gradient_bytes: int
     optimizer_bytes: int
     activation_bytes: int
     activation_bytes_per_layer: dict[int, int] = field(default_factory=dict)
     kv_cache_bytes: int = 0
+    low_precision_weight_bytes: int = 0  # of weight_bytes: the GEMM weights' FP8 (NVFP4) copies
 
     @property
     def model_flops(self) -> float:
@@ -95,12 +107,20 @@ def footprint(graph: Graph) -> Footprint:
     flops: dict[str, float] = defaultdict(float)
     params = 0
     expert_params = 0
-    weight_bytes = 0
+    weight_bytes = 0.0
+    low_bytes = 0.0
     for op in graph.ops:
-        flops[op.param("phase", "fwd")] += op.flops
+        flops["cast" if op.param("fn") in CAST_FNS else op.param("phase", "fwd")] += op.flops
         if op.param("phase", "fwd") == "fwd" and op.weight_elems and not op.param("shares"):
             params += op.weight_elems
-            weight_bytes += op.weight_bytes
+            if cfg is None:
+                weight_bytes += op.weight_bytes
+            else:
+                held = op.weight_elems * held_weight_bytes(op, cfg)
+                weight_bytes += held
+                if op.param("w_dtype"):
+                    low_bytes += held - (op.weight_elems * DTYPE_BYTES[cfg.dtype] if cfg.training and
+                                         not cfg.fp8_param_gather else 0)
             if op.param("grouped"):
                 expert_params += op.weight_elems
     active = params
@@ -116,9 +136,10 @@ def footprint(graph: Graph) -> Footprint:
         if op.kind == OpKind.INPUT and op.param("resident"):
             kv += op.output_bytes
     if not kv and cfg is not None and cfg.mode == "prefill":
-        kv = 2 * cfg.layers * cfg.kv * cfg.d_head * cfg.seq * cfg.batch * DTYPE_BYTES[cfg.dtype]
+        kv = math.ceil(2 * cfg.layers * cfg.kv * cfg.d_head * cfg.seq * cfg.batch * DTYPE_BYTES[cfg.cache_dtype])
     return Footprint(
-        parameters=params, active_parameters=active, flops=dict(flops), weight_bytes=weight_bytes,
+        parameters=params, active_parameters=active, flops=dict(flops), weight_bytes=math.ceil(weight_bytes),
+        low_precision_weight_bytes=math.ceil(low_bytes),
         gradient_bytes=GRAD_BYTES * params if training else 0,
         optimizer_bytes=OPTIMIZER_BYTES * params if training else 0,
         activation_bytes=sum(per_layer.values()), activation_bytes_per_layer=dict(sorted(per_layer.items())),

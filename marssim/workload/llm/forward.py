@@ -27,16 +27,22 @@ models that skip masked blocks.
 
 Every op carries ``layer`` (``-1`` for the embedding, ``layers`` for the final norm, head and
 loss) and ``phase`` (``fwd``).
+
+With ``gemm_dtype`` (``dtype=fp8`` or ``fp4``) the blocks' GEMMs read their input through a cast
+(``<x>.fp8``, or ``<x>.amax`` and ``<x>.fp4``) and their weights' low-precision copy
+(:mod:`.precision`); with ``kv_dtype`` the KV cache holds that type, the keys and values cast as
+they are written.
 """
 
 from __future__ import annotations
 
 from marssim.workload.builder import GraphBuilder, T
-from marssim.workload.op import OpKind
+from marssim.workload.op import DTYPE_BYTES, OpKind
 
 from .config import TransformerConfig
+from .precision import low_precision_gemm
 
-__all__ = ["Decoder", "HEAD_LAYER"]
+__all__ = ["Decoder", "HEAD_LAYER", "quantize"]
 
 HEAD_LAYER = "head"
 """Name of the group after the last block (final norm, output projection, loss)."""
@@ -50,6 +56,36 @@ class Decoder:
         self.cfg = cfg
         self.b = builder
         self.prefix = prefix
+        self._casts: dict[str, T] = {}  # tensor -> its low-precision copy (one cast however many GEMMs read it)
+
+    # ------------------------------------------------------------------ low precision
+    def linear(self, name: str, x: T, out_features: int, bias: bool = False, grouped: bool = False,
+               shares: str | None = None) -> T:
+        """A linear layer; a block GEMM of a low-precision recipe reads ``x`` cast and its
+        weights' low-precision copy, and writes the activation type."""
+        cfg, b = self.cfg, self.b
+        low = cfg.gemm_dtype
+        if not low or not low_precision_gemm(name):
+            return b.linear(name, x, out_features, bias=bias, grouped=grouped, shares=shares)
+        xq = self.cast(x)
+        y = b.linear(name, xq, out_features, bias=bias, grouped=grouped, shares=shares)
+        b.annotate_last(in_dtypes=(low,), w_dtype=low)
+        return y
+
+    def cast(self, x: T) -> T:
+        """``x`` in the recipe's GEMM type (:mod:`.precision`): one cast kernel writing the
+        low-precision tensor and, in training, its transpose (the copy backward keeps); NVFP4's
+        current scaling takes the tensor's amax first (``<x>.amax``)."""
+        got = self._casts.get(x.op)
+        if got is not None:
+            return got
+        cfg, b = self.cfg, self.b
+        low = cfg.gemm_dtype
+        tags = dict(b.tags)
+        t = quantize(b, cfg, x, f"{x.op}.{low}", "e4m3")
+        b.tags = tags
+        self._casts[x.op] = t
+        return t
 
     def _tag(self, layer: int, **extra) -> None:
         self.b.tags = {"layer": layer, "phase": "fwd", **extra}
@@ -103,13 +139,15 @@ class Decoder:
         if cache_write:
             kv = b.reshape(p + "attn.kv_write", k, v, shape=(k.n, k.c + v.c, k.h, 1), what="kv_write")
             b.annotate_last(keep=True)
+            if cfg.cache_dtype != cfg.dtype:  # the cache's type: cast as written
+                _retype(b, cfg.cache_dtype, (cfg.dtype, cfg.dtype))
             del kv
         if cache is not None:
             k_cache, v_cache = cache
             k = self._cache_view(p + "attn.k_cache", k_cache, k, cache_len, cache_after)
             v = self._cache_view(p + "attn.v_cache", v_cache, v, cache_len, cache_after)
         ctx = self._core(p, q, k, v)
-        y = b.linear(p + "attn.proj", ctx, cfg.hidden, bias=cfg.bias)
+        y = self.linear(p + "attn.proj", ctx, cfg.hidden, bias=cfg.bias)
         if cfg.dropout and cfg.training:
             y = self._dropout(p + "attn.proj_dropout", y)
         x = b.eltwise(p + "attn.residual", y, x, fn="add")
@@ -123,7 +161,7 @@ class Decoder:
         cfg, b = self.cfg, self.b
         d = cfg.d_head
         q_feat, kv_feat = cfg.heads * d, cfg.kv * d
-        qkv = b.linear(p + "attn.qkv", h, q_feat + 2 * kv_feat, bias=cfg.bias)
+        qkv = self.linear(p + "attn.qkv", h, q_feat + 2 * kv_feat, bias=cfg.bias)
         parts = []
         for part, feat in (("q", q_feat), ("k", kv_feat), ("v", kv_feat)):
             t = b.reshape(p + f"attn.{part}", qkv, shape=(h.n, feat, h.h, 1), what="split")
@@ -136,8 +174,12 @@ class Decoder:
         the ops ``after``) are in it: a view (no copy, no new buffer)."""
         b = self.b
         ins = [T(cache.op, (cache.n, cache.c, length, 1)), new] + [T(o, b.last(o).out_shape) for o in after]
+        cfg = self.cfg
+        params: dict = {"what": "cache", "view": True}
+        if cfg.cache_dtype != cfg.dtype:
+            params["in_dtypes"] = (cfg.cache_dtype, cfg.dtype) + tuple(b.last(o).dtype for o in after)
         t = b.op(name, OpKind.RESHAPE, {"N": new.n, "C": new.c, "H": length, "W": 1}, ins, (new.n, new.c, length, 1),
-                 params={"what": "cache", "view": True})
+                 params=params, dtype=cfg.cache_dtype)
         return t
 
     def _core(self, p: str, q: T, k: T, v: T) -> T:
@@ -148,11 +190,16 @@ class Decoder:
             ctx = self._fused_core(p, q, k, v, causal)
             b.tags = {k_: v_ for k_, v_ in b.tags.items() if k_ != "core"}
             return ctx
+        kv_types = self._kv_types(k)
         s = b.matmul(p + "attn.qk", q, k, heads=cfg.heads, b_feature="K", kv_group=cfg.kv_group, causal=causal)
+        if kv_types:
+            _retype(b, cfg.dtype, (cfg.dtype, kv_types))
         s = b.softmax(p + "attn.softmax", s, heads=cfg.heads)
         if cfg.dropout and cfg.training:
             s = self._dropout(p + "attn.dropout", s)
         ctx = b.matmul(p + "attn.pv", s, v, heads=cfg.heads, b_feature="N", kv_group=cfg.kv_group, causal=causal)
+        if kv_types:
+            _retype(b, cfg.dtype, (cfg.dtype, kv_types))
         b.tags = {k_: v_ for k_, v_ in b.tags.items() if k_ != "core"}
         return ctx
 
@@ -170,18 +217,27 @@ class Decoder:
         params = {"fused": "fwd", "backend": cfg.attention, "kv_group": cfg.kv_group, "causal": causal}
         if cfg.dropout and cfg.training:
             params["dropout"] = cfg.dropout
+        kv_types = self._kv_types(k)
+        if kv_types:  # bf16 queries, keys and values from an FP8 cache (computed in bf16)
+            params["in_dtypes"] = (cfg.dtype, kv_types, kv_types)
         return b.op(p + "attn.core", OpKind.MATMUL, loops, [q, k, v], out, params=params)
+
+    def _kv_types(self, k: T) -> str:
+        """The KV cache's type when ``k`` is a view of a cache of another type than the
+        activations', else ``""``."""
+        op = self.b.last(k.op)
+        return op.dtype if op.dtype != self.cfg.dtype else ""
 
     def _mlp(self, p: str, h: T) -> T:
         cfg, b = self.cfg, self.b
         if cfg.activation == "gelu":
-            y = b.linear(p + "mlp.fc1", h, cfg.ffn_size, bias=cfg.bias)
+            y = self.linear(p + "mlp.fc1", h, cfg.ffn_size, bias=cfg.bias)
             y = b.eltwise(p + "mlp.act", y, fn="gelu")
-            return b.linear(p + "mlp.fc2", y, cfg.hidden, bias=cfg.bias)
-        gate = b.linear(p + "mlp.gate", h, cfg.ffn_size, bias=cfg.bias)
-        up = b.linear(p + "mlp.up", h, cfg.ffn_size, bias=cfg.bias)
+            return self.linear(p + "mlp.fc2", y, cfg.hidden, bias=cfg.bias)
+        gate = self.linear(p + "mlp.gate", h, cfg.ffn_size, bias=cfg.bias)
+        up = self.linear(p + "mlp.up", h, cfg.ffn_size, bias=cfg.bias)
         y = b.eltwise(p + "mlp.act", gate, up, fn="swiglu")
-        return b.linear(p + "mlp.down", y, cfg.hidden, bias=cfg.bias)
+        return self.linear(p + "mlp.down", y, cfg.hidden, bias=cfg.bias)
 
     def _moe(self, p: str, h: T) -> T:
         """Router, top-k gating, dispatch of each token to ``top_k`` experts (``capacity`` tokens
@@ -194,13 +250,13 @@ class Decoder:
                       (e, cfg.hidden, cap, 1), params={"what": "dispatch"})
         act = cfg.activation
         if act == "swiglu":
-            gate = b.linear(p + "moe.gate", routed, cfg.ffn_size, bias=False, grouped=True)
-            up = b.linear(p + "moe.up", routed, cfg.ffn_size, bias=False, grouped=True)
+            gate = self.linear(p + "moe.gate", routed, cfg.ffn_size, bias=False, grouped=True)
+            up = self.linear(p + "moe.up", routed, cfg.ffn_size, bias=False, grouped=True)
             y = b.eltwise(p + "moe.act", gate, up, fn="swiglu")
         else:
-            y = b.linear(p + "moe.fc1", routed, cfg.ffn_size, bias=False, grouped=True)
+            y = self.linear(p + "moe.fc1", routed, cfg.ffn_size, bias=False, grouped=True)
             y = b.eltwise(p + "moe.act", y, fn="gelu")
-        y = b.linear(p + "moe.down", y, cfg.hidden, bias=False, grouped=True)
+        y = self.linear(p + "moe.down", y, cfg.hidden, bias=False, grouped=True)
         return b.op(p + "moe.combine", OpKind.RESHAPE, {"N": h.n, "C": h.c, "H": h.h, "W": 1}, [y, gates], h.shape,
                     params={"what": "combine"})
 
@@ -210,3 +266,28 @@ class Decoder:
         self.b.annotate_last(p=self.cfg.dropout, extra_per_elem=1)
         return t
 
+
+
+def _retype(b: GraphBuilder, out: str, ins: tuple[str, ...]) -> None:
+    """The op added last writes ``out`` and reads its inputs at ``ins`` (element types)."""
+    b.annotate_last(dtype=out, in_dtypes=ins)
+
+
+def quantize(b: GraphBuilder, cfg: TransformerConfig, x: T, name: str, fp8_format: str) -> T:
+    """``x`` cast to ``cfg.gemm_dtype`` by the op ``name`` (:mod:`.precision`): FP8 (delayed
+    scaling: the amax in the same pass) in format ``fp8_format`` (``e4m3`` forward, ``e5m2``
+    gradients), or NVFP4 after an amax kernel over ``x``; training also writes the transpose."""
+    low, act = cfg.gemm_dtype, cfg.dtype
+    params: dict = {"fn": "quantize", "in_dtypes": (act,)}
+    ins = [x]
+    if low == "fp8":
+        params["fp8"] = fp8_format
+    else:  # current scaling: the tensor's own amax first (<x>.amax, <gemm>.grad_amax)
+        amax = b.op(name.rpartition(low)[0] + "amax", OpKind.ELTWISE, {"N": 1, "C": 1, "H": 1, "W": 1}, [x],
+                    (1, 1, 1, 1), params={"fn": "amax", "in_dtypes": (act,)}, dtype="fp32")
+        ins.append(amax)
+        params["in_dtypes"] = (act, "fp32")
+    if cfg.training:
+        params["extra_per_elem"] = DTYPE_BYTES[low]  # the transposed copy
+    n, c, h, w = x.shape
+    return b.op(name, OpKind.ELTWISE, {"N": n, "C": c, "H": h, "W": w}, ins, x.shape, params=params, dtype=low)
