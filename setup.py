@@ -1,15 +1,16 @@
 """Build step beside pyproject.toml (which holds everything else): the wheel's packages are
 marssim's own plus the data packages of :mod:`marssim.data`, mapped onto the repository's
-top-level ``topologies/`` and ``traces/calibration/``. Those directories stay where they are in
+top-level ``topologies/``, ``traces/calibration/`` and ``traces/requests/``. Those directories stay where they are in
 the repository and still ship inside the wheel."""
 
 from setuptools import find_packages, setup
 
-DATA_PACKAGES = {"marssim.data.topologies": "topologies", "marssim.data.calibration": "traces/calibration"}
+DATA_PACKAGES = {"marssim.data.topologies": "topologies", "marssim.data.calibration": "traces/calibration",
+                 "marssim.data.requests": "traces/requests"}
 
 setup(
     packages=find_packages(include=["marssim", "marssim.*"]) + list(DATA_PACKAGES),
     package_dir=DATA_PACKAGES,
     package_data={"marssim": ["py.typed"], "marssim.data.topologies": ["*.yaml", "mappings/*.yaml"],
-                  "marssim.data.calibration": ["*.csv"]},
+                  "marssim.data.calibration": ["*.csv"], "marssim.data.requests": ["*.csv", "README.md"]},
 )

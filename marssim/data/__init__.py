@@ -3,10 +3,12 @@
 * :func:`topologies`: the system files (``*.yaml``) and example mappings (``mappings/*.yaml``):
   the repository's top-level ``topologies/``;
 * :func:`calibration`: the measured kernel tables (``*.csv``): the repository's
-  ``traces/calibration/``.
+  ``traces/calibration/``;
+* :func:`requests`: the request traces of serving simulations (``*.csv``, with their
+  ``README.md`` of source and license): the repository's ``traces/requests/``.
 
-Both directories stay where the repository keeps them. The build (``setup.py``) maps the
-packages ``marssim.data.topologies`` and ``marssim.data.calibration`` onto them, so a wheel
+The directories stay where the repository keeps them. The build (``setup.py``) maps the
+packages ``marssim.data.topologies``, ``marssim.data.calibration`` and ``marssim.data.requests`` onto them, so a wheel
 carries them as package data beside this module, where :mod:`importlib.resources` finds them.
 In a checkout (an editable install, or the source tree on ``PYTHONPATH``) this package lives in
 the repository and the directories are the repository's own.
@@ -17,14 +19,15 @@ from __future__ import annotations
 import importlib.resources
 from pathlib import Path
 
-__all__ = ["topologies", "calibration", "DATA_PACKAGES"]
+__all__ = ["topologies", "calibration", "requests", "DATA_PACKAGES"]
 
-DATA_PACKAGES = {"marssim.data.topologies": "topologies", "marssim.data.calibration": "traces/calibration"}
+DATA_PACKAGES = {"marssim.data.topologies": "topologies", "marssim.data.calibration": "traces/calibration",
+                 "marssim.data.requests": "traces/requests"}
 """Each data package and the repository directory it is built from."""
 
 
 def _directory(name: str) -> Path:
-    """Data directory ``name`` (``topologies`` or ``calibration``): package data of an installed
+    """Data directory ``name`` (``topologies``, ``calibration`` or ``requests``): package data of an installed
     wheel, else the repository directory it is built from."""
     packaged = importlib.resources.files(__name__).joinpath(name)
     if packaged.is_dir():
@@ -40,3 +43,9 @@ def topologies() -> Path:
 def calibration() -> Path:
     """The shipped calibration tables (``*.csv``; see :mod:`marssim.cost.calibrated`)."""
     return _directory("calibration")
+
+
+def requests() -> Path:
+    """The shipped request traces (``*.csv``: ``arrival_s,prompt_tokens,output_tokens``; see
+    :mod:`marssim.serve.traces`) and their ``README.md``."""
+    return _directory("requests")
