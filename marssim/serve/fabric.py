@@ -24,10 +24,12 @@ TRANSFER_KINDS = ("pipeline", "token", "kv", "swap_out", "swap_in")
 
 
 class Fabric:
-    """Transfers over ``system``'s routes in the SimPy environment ``env``; with ``log``, each
-    transfer's kind, request, source, destination, bytes, start and end are kept."""
+    """Transfers over ``system``'s routes in the SimPy environment ``env``; the transfers of the
+    kinds in ``log`` keep their kind, request, source, destination, bytes, start and end (True:
+    every kind)."""
 
-    def __init__(self, env: simpy.Environment, system: System, *, log: bool = False) -> None:
+    def __init__(self, env: simpy.Environment, system: System, *, log: bool | tuple[str, ...] = ("kv", "swap_out",
+                                                                                                 "swap_in")) -> None:
         self.env = env
         self.system = system
         self._events: dict[int, simpy.Event] = {}
@@ -35,7 +37,8 @@ class Fabric:
         self._route_key: dict[tuple[str, str], int] = {}
         self._routes: list[tuple[tuple[int, ...], float]] = []
         self.net = FairShareNetwork(env, system.resource_capacity, self._delivered)
-        self.log = log
+        self._logged = set(range(len(TRANSFER_KINDS))) if log is True else \
+            {TRANSFER_KINDS.index(k) for k in (log or ())}
         self.rows: dict[str, array] = {k: array("d") for k in ("kind", "request", "src", "dst", "bytes", "start",
                                                               "end")}
         self._open: dict[int, tuple] = {}
@@ -58,9 +61,10 @@ class Fabric:
         key = self._route(src, dst)
         resources, latency = self._routes[key]
         self.bytes_moved += nbytes
-        if self.log:
-            self._open[token] = (TRANSFER_KINDS.index(kind), request, self.system.node_index[src],
-                                 self.system.node_index[dst], nbytes, self.env.now)
+        k = TRANSFER_KINDS.index(kind)
+        if k in self._logged:
+            self._open[token] = (k, request, self.system.node_index[src], self.system.node_index[dst], nbytes,
+                                 self.env.now)
         self.net.start(token, nbytes, resources, latency, route=("r", key))
         return event
 
@@ -73,8 +77,9 @@ class Fabric:
 
     def _delivered(self, token: int) -> None:
         event = self._events.pop(token)
-        if self.log:
-            k, r, s, d, b, t0 = self._open.pop(token)
+        opened = self._open.pop(token, None)
+        if opened is not None:
+            k, r, s, d, b, t0 = opened
             rows = self.rows
             for name, value in (("kind", k), ("request", r), ("src", s), ("dst", d), ("bytes", b), ("start", t0),
                                 ("end", self.env.now)):

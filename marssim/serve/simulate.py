@@ -273,7 +273,7 @@ def simulate_serving(deployment: Deployment, model: TransformerConfig, system: S
     env = simpy.Environment()
     n = len(requests)
     recorder = Recorder(n, requests_per_iteration=trace)
-    fabric = Fabric(env, system, log=trace or deployment.disaggregated)
+    fabric = Fabric(env, system, log=True if trace else ("kv", "swap_out", "swap_in"))
     cluster = _Cluster(env, deployment, model, system, cost, requests, seed, recorder, fabric)
     env.run()
     fabric.close()
