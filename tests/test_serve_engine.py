@@ -265,3 +265,14 @@ def test_requests_that_can_never_fit_are_rejected_not_simulated(model, system):
     r = run(model, system, pools, Requests.of([0.0, 0.1, 0.2], [100, 5000, 100], [10, 10, 10**7]))
     assert r.per_request["rejected"].tolist() == [False, True, True]
     assert r.summary["completed"] == 1 and r.summary["rejected"] == 2
+
+
+def test_a_recomputation_longer_than_the_token_budget_runs_alone(model, system):
+    """Prompts of 250 tokens under a 256-token budget, preempted by recompute after generating:
+    their prompt and generated tokens (up to 399) exceed the budget, and are prefilled alone."""
+    cfg = SchedulerConfig(max_batched_tokens=256, gpu_memory_utilization=0.3)
+    r = run(model, system, [Pool(replicas=1, tp=1, scheduler=cfg)], Requests.of(np.zeros(60), [250] * 60, [150] * 60))
+    assert r.summary["preemptions"] > 0 and r.summary["completed"] == 60
+    it = r.iterations
+    over = it["prefill_tokens"] > 256
+    assert over.any() and (it["prefill_seqs"][over] == 1).all()

@@ -13,7 +13,7 @@ from marssim.cost import default_cost_model
 from marssim.parallel import parse_parallel
 from marssim.parallel.analytic import serving_times
 from marssim.serve import Arrivals, Deployment, Lengths, Pool, RequestSpec, Requests, SchedulerConfig, load_model
-from marssim.serve.itermodel import IterationModel, _resize
+from marssim.serve.itermodel import IterationModel, attention_loops, resize_tokens
 from marssim.serve.simulate import simulate_serving
 from marssim.system import load_system
 from marssim.workload import OpKind, load_workload
@@ -74,8 +74,8 @@ def test_resized_ops_are_the_ops_of_a_graph_built_for_that_batch(n, h, cost, dgx
     im = IterationModel(model, dgx, (("gpu0", "gpu1"),), cost)
     fresh = build_transformer(with_overrides(model, mode="prefill", seq=h, batch=n, layers=1))
     by_suffix = {op.name.split("layers.0.", 1)[-1]: op for op in fresh.ops if op.param("layer") == 0}
-    for op, _ in im._tokens.ops + im._kv_write.ops:
-        mine = _resize(op, n, h, im.ref_tokens)
+    for op, _ in im.token_ops + im.kv_write_ops:
+        mine = resize_tokens(op, n, h, im.ref_tokens)
         theirs = by_suffix[op.name.split("layers.0.", 1)[-1]]
         assert (mine.kind, mine.loops, mine.in_shapes, mine.out_shape, mine.weight_elems) == \
             (theirs.kind, theirs.loops, theirs.in_shapes, theirs.out_shape, theirs.weight_elems), op.name
@@ -88,14 +88,12 @@ def test_decode_attention_ops_are_those_of_a_decode_graph(cost, dgx):
     decode = build_transformer(with_overrides(model, mode="decode", batch=d, context=ctx, layers=1))
     attention = [op for op in decode.ops if op.param("core")]
     assert [op.kind for op in attention] == [OpKind.MATMUL, OpKind.SOFTMAX, OpKind.MATMUL]
-    from marssim.serve.itermodel import _attention_loops
-
-    for (op, _, _), theirs in zip(im._attention_split, attention):
+    for (op, _, _), theirs in zip(im.attention_ops, attention):
         loops = op.loop_dict
-        loops.update(_attention_loops(op, d, 1, ctx))
+        loops.update(attention_loops(op, d, 1, ctx))
         mine = op.with_loops(**loops)
         assert (mine.loops, mine.in_shapes, mine.out_shape) == (theirs.loops, theirs.in_shapes, theirs.out_shape)
-        assert cost.op_cost(mine, im._designs[0]).time == cost.op_cost(theirs, im._designs[0]).time
+        assert cost.op_cost(mine, im.design(0)).time == cost.op_cost(theirs, im.design(0)).time
 
 
 def test_bucketed_decode_context_is_within_the_stated_error(cost, dgx):

@@ -222,7 +222,6 @@ class Replica:
     def finished(self, s: Seq, now: float) -> None:
         self.assigned -= 1
         self.recorder.finished(s, now)
-        self.cluster.finished(s, now)
 
     def handoff(self, s: Seq, now: float, scheduler: Scheduler) -> None:
         self.assigned -= 1

@@ -65,7 +65,7 @@ class Fabric:
         if k in self._logged:
             self._open[token] = (k, request, self.system.node_index[src], self.system.node_index[dst], nbytes,
                                  self.env.now)
-        self.net.start(token, nbytes, resources, latency, route=("r", key))
+        self.net.start(token, nbytes, resources, latency, route=key)
         return event
 
     def transfers(self, flows: list[tuple[str, str, float]], kind: str, request: int = -1) -> simpy.Event:

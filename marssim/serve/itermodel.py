@@ -46,7 +46,7 @@ from marssim.system import System
 from marssim.workload import Op, OpKind
 from marssim.workload.llm.config import TransformerConfig, with_overrides
 
-__all__ = ["IterationModel", "REF_BATCH", "REF_TOKENS", "stage_layers"]
+__all__ = ["IterationModel", "REF_BATCH", "REF_TOKENS", "stage_layers", "resize_tokens", "attention_loops"]
 
 REF_BATCH = 3
 """Sequences of the template graph the ops are resized from."""
@@ -121,7 +121,7 @@ class IterationModel:
         self._attention_split = []
         for op, rule in self._attention.ops:
             split = tuple((d, num, den) for d, num, den in rule.split if op.has_dim(d) and (num != 1 or den != 1))
-            if any(d in ("B", "M", "N", "K", "L") and d in _attention_loops(op, 1, 1, 1) for d, _, _ in split):
+            if any(d in ("B", "M", "N", "K", "L") and d in attention_loops(op, 1, 1, 1) for d, _, _ in split):
                 raise InputError(None, "model", f"{op.name}: a tensor-parallel split of a token axis")
             self._attention_split.append((op, rule, split))
         self.embed_out = embed[-1][0].name
@@ -151,6 +151,26 @@ class IterationModel:
             self._stage_class.append(classes.setdefault((design.name, ring), len(classes)))
         self._memo: list[dict] = [{} for _ in classes]
         self._check_pieces()
+
+    # ------------------------------------------------------------------ what the model times
+    @property
+    def token_ops(self) -> tuple:
+        """``(op, rule)`` of a block's token-wise ops (views included), template-sized."""
+        return self._tokens.ops
+
+    @property
+    def kv_write_ops(self) -> tuple:
+        """``(op, rule)`` of a block's KV-cache write, template-sized."""
+        return self._kv_write.ops
+
+    @property
+    def attention_ops(self) -> tuple:
+        """``(op, rule, tensor-parallel split)`` of a block's attention core, template-sized."""
+        return tuple(self._attention_split)
+
+    def design(self, stage: int):
+        """The GPU design of ``stage``."""
+        return self._designs[stage]
 
     # ------------------------------------------------------------------ the shape of a batch
     def stage_times(self, tokens: tuple[int, int], prefill_tokens: tuple[int, int],
@@ -210,11 +230,11 @@ class IterationModel:
 
     def _tokens_time(self, stage: int, tokens: tuple[int, int]) -> float:
         n, h = tokens
-        return self._walk(stage, [(_resize(op, n, h, self.ref_tokens), r) for op, r in self._tokens.ops])
+        return self._walk(stage, [(resize_tokens(op, n, h, self.ref_tokens), r) for op, r in self._tokens.ops])
 
     def _kv_time(self, stage: int, tokens: tuple[int, int]) -> float:
         n, h = tokens
-        return self._walk(stage, [(_resize(op, n, h, self.ref_tokens), r) for op, r in self._kv_write.ops])
+        return self._walk(stage, [(resize_tokens(op, n, h, self.ref_tokens), r) for op, r in self._kv_write.ops])
 
     def _attention_time(self, stage: int, count: int, q: int, ctx: int) -> float:
         # the attention ops read and write only the heads' layout (F): no conversion between
@@ -223,7 +243,7 @@ class IterationModel:
         total = 0.0
         for op, rule, split in self._attention_split:
             loops = op.loop_dict
-            loops.update(_attention_loops(op, count, q, ctx))
+            loops.update(attention_loops(op, count, q, ctx))
             for dim, num, den in split:
                 loops[dim] = max(1, -(-loops[dim] * num // den))
             seconds = self.cost.op_cost(op.with_loops(**loops), design).time
@@ -232,7 +252,7 @@ class IterationModel:
 
     def _embed_time(self, stage: int, tokens: tuple[int, int]) -> float:
         n, h = tokens
-        ops = [(_resize(op, n, h, self.ref_tokens), r) for op, r in self._embed.ops]
+        ops = [(resize_tokens(op, n, h, self.ref_tokens), r) for op, r in self._embed.ops]
         total = self._walk(stage, ops)
         # the first block reads the embedding replicated: the all-reduce of its partial sums
         last = ops[-1][0]
@@ -243,11 +263,11 @@ class IterationModel:
         ops = []
         for op, r in self._head.ops:
             if op.kind == OpKind.NORM:
-                ops.append((_resize(op, n, h, self.ref_tokens), r))
+                ops.append((resize_tokens(op, n, h, self.ref_tokens), r))
             elif op.param("view"):
-                ops.append((_resize(op, n, 1, self.ref_tokens), r))
+                ops.append((resize_tokens(op, n, 1, self.ref_tokens), r))
             else:  # the output projection and the sampling: one row per sequence that samples
-                ops.append((_resize(op, logits, 1, self.ref_tokens), r))
+                ops.append((resize_tokens(op, logits, 1, self.ref_tokens), r))
         return self._walk(stage, ops)
 
     def _walk(self, stage: int, ops: list[tuple[Op, object]]) -> float:
@@ -316,7 +336,7 @@ class IterationModel:
                                                             f"as {self._layouts[name]}: not a serving layout")
 
 
-def _resize(op: Op, n: int, h: int, ref: int) -> Op:
+def resize_tokens(op: Op, n: int, h: int, ref: int) -> Op:
     """``op`` of the template (``REF_BATCH`` sequences of ``ref`` tokens, or one token per
     sequence after the last-token view) for ``n`` sequences of ``h`` tokens."""
     kind = op.kind
@@ -337,7 +357,7 @@ def _resize(op: Op, n: int, h: int, ref: int) -> Op:
     raise ValueError(f"{op.name}: no token-wise resize for {kind}")
 
 
-def _attention_loops(op: Op, count: int, q: int, ctx: int) -> dict[str, int]:
+def attention_loops(op: Op, count: int, q: int, ctx: int) -> dict[str, int]:
     """The loops of an attention-core op of the template for ``count`` sequences of ``q``
     queries over ``ctx`` keys."""
     if op.kind == OpKind.SOFTMAX:

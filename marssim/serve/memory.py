@@ -25,7 +25,7 @@ from marssim.errors import InputError
 from marssim.workload.op import DTYPE_BYTES
 
 from .deployment import SchedulerConfig
-from .itermodel import REF_BATCH, IterationModel, _resize
+from .itermodel import REF_BATCH, IterationModel, resize_tokens
 
 __all__ = ["ReplicaMemory", "replica_memory"]
 
@@ -74,10 +74,10 @@ def replica_memory(model: IterationModel, cfg: SchedulerConfig, capacity: float,
     usable = cfg.gpu_memory_utilization * capacity
     tokens = cfg.max_batched_tokens
     peak_op = 0.0
-    for op, rule in model._tokens.ops:
+    for op, rule in model.token_ops:
         if rule.alias:
             continue
-        part = _resize(op, 1, tokens, model.ref_tokens)
+        part = resize_tokens(op, 1, tokens, model.ref_tokens)
         sizes = shard_loops(part, rule, {}, 1)
         part = part.with_loops(**sizes) if sizes else part
         peak_op = max(peak_op, float(part.input_bytes + part.output_bytes) / rule.scale)

@@ -171,8 +171,8 @@ class Scheduler:
             hit = bm.cached(s.prefix) if self.caching and s.prefix >= 0 else 0
             skip = min(hit * bs, s.target - 1)
             q = s.target - skip
-            if whole and q > budget:
-                break
+            if whole and q > budget and (work.prefills or q <= self.cfg.max_batched_tokens):
+                break  # a prompt larger than the whole budget (only a recomputation) goes alone
             need = bm.blocks(s.target) - hit
             if not bm.can_admit(need, s.prefix if hit else -1):
                 break

@@ -160,6 +160,8 @@ class _Cluster:
             fits = bm.blocks(prompt + output) <= bm.total - (0 if cfg.kind == "static" else bm.watermark)
         if cfg.kind == "continuous" and prompt > cfg.max_batched_tokens:
             fits = False
+        if self.model.positions == "learned" and prompt + output > self.model.max_positions:
+            fits = False  # beyond the table of learned positions
         return fits
 
     def _arrivals(self):
@@ -184,9 +186,6 @@ class _Cluster:
             rep.enqueue(seq)
 
     # ------------------------------------------------------------------ the replicas' events
-    def finished(self, s: Seq, now: float) -> None:
-        pass
-
     def handoff(self, s: Seq, src: Replica, scheduler, now: float) -> None:
         """``s`` is prefilled on ``src``: pick its decode replica, reserve its blocks there (or
         queue until they free up), then move its KV cache."""

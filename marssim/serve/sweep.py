@@ -37,12 +37,27 @@ def _point(key: str, blob: bytes | None, problem: tuple | None, rate: float) -> 
     return {"rate": float(rate), "summary": result.summary}
 
 
+def _warm(deployment: Deployment, model: TransformerConfig, system: System, cost: CostModel) -> None:
+    """Time one token on each pool's GPUs here, so that the cost model travels to the workers
+    with whatever it prepares on first use (a calibration table's fit) done once."""
+    from .itermodel import IterationModel
+    from .simulate import place_replicas
+
+    seen = set()
+    for p, stages in place_replicas(system, deployment):
+        design = system.accelerator(stages[0][0]).designs[0]
+        if design not in seen:
+            seen.add(design)
+            IterationModel(model, system, ((stages[0][0],),), cost).stage_times((1, 1), (0, 0), (), 1, 1, 1)
+
+
 def rate_sweep(deployment: Deployment, model: TransformerConfig, system: System, cost: CostModel, spec: RequestSpec,
                rates: list[float], *, seed: int = 0, slo: SLO = SLO(), executor: Executor | None = None) -> list[dict]:
     """``{"rate": requests/s, "summary": ...}`` for every rate, in the order of ``rates``."""
     problem = (deployment, model, system, cost, spec, seed, slo)
     if executor is None:
         return [_point("", None, problem, r) for r in rates]
+    _warm(deployment, model, system, cost)
     key, blob = pickled(problem)
     futures = [executor.submit(_point, key, blob, None, r) for r in rates]
     return [f.result() for f in futures]
