@@ -94,14 +94,15 @@ def test_a_run_writes_its_tables_trace_and_figures(system, tmp_path, capsys):
 
 
 def test_a_deployment_file_with_its_key_paths(system, tmp_path, capsys):
-    good = {"model": MODEL, "system": system, "router": "round_robin",
+    good = {"model": MODEL, "system": system, "router": "round_robin", "tp_comm": "network",
             "pools": [{"replicas": 2, "tp": 2, "scheduler": "chunked", "max_batched_tokens": 512}],
             "requests": {"arrival": "gamma:rate=30,cv=3", "prompt": "uniform:20-200", "output": 8, "count": 50},
             "slo": {"ttft": "100 ms"}}
     path = tmp_path / "dep.yaml"
     path.write_text(yaml.safe_dump(good))
     assert serve("--deployment", str(path)) == 0
-    assert "replicas=2,tp=2,scheduler=chunked,max_batched_tokens=512; router round_robin" in capsys.readouterr().out
+    assert ("replicas=2,tp=2,scheduler=chunked,max_batched_tokens=512; router round_robin, tensor-parallel "
+            "collectives on the network") in capsys.readouterr().out
     bad = dict(good, pools=[good["pools"][0], {"replicas": 1, "tp": 2, "block_size": "big"}])
     path.write_text(yaml.safe_dump(bad))
     assert serve("--deployment", str(path)) == 2

@@ -276,3 +276,29 @@ def test_a_recomputation_longer_than_the_token_budget_runs_alone(model, system):
     it = r.iterations
     over = it["prefill_tokens"] > 256
     assert over.any() and (it["prefill_seqs"][over] == 1).all()
+
+
+def test_tensor_parallel_collectives_as_flows_equal_the_closed_form_alone_and_slow_down_when_shared(model):
+    """tp_comm=network: with nothing else on the links an iteration takes the closed form's time
+    (a ring of equal hops); when KV caches stream into the decode GPUs over the same links (slow
+    links and fast accelerators here, so that the KV moves never stop and the all-reduces count),
+    the decode replica's all-reduces share them and its tokens come later."""
+    fast = {"big": {"dataflow": "os", "pe_rows": 256, "pe_cols": 256, "clock": "2 GHz", "sram": "64 MiB",
+                    "sram_bandwidth": "4 TB/s"}}
+    system = make_system(4, topology="switch", capacity="64 MiB", bandwidth="1 GB/s", latency="1 us", designs=fast)
+
+    def go(pools, requests, tp_comm):
+        dep = Deployment(tuple(pools), tp_comm=tp_comm)
+        return simulate_serving(dep, model, system, RooflineCost(), requests)
+
+    alone = Requests.of([0.0], [300], [20])
+    for pools in ([Pool(replicas=1, tp=4)], [Pool(replicas=1, tp=2, pp=2)]):
+        closed, network = go(pools, alone, "closed"), go(pools, alone, "network")
+        for key in ("first_token_s", "finish_s"):
+            assert network.per_request[key][0] == pytest.approx(closed.per_request[key][0], rel=1e-9)
+    pools = [Pool(replicas=1, tp=1, role="prefill"), Pool(replicas=1, tp=2, role="decode")]
+    busy = spec(n=200, rate=3000.0, prompt=(1000, 2000), output=(20, 60))
+    closed, network = go(pools, busy, "closed"), go(pools, busy, "network")
+    assert network.summary["tbt_s"]["mean"] > closed.summary["tbt_s"]["mean"] * 1.02
+    assert network.summary["little"]["mean_in_system"] == pytest.approx(network.summary["little"]["rate_x_latency"],
+                                                                        rel=1e-9)

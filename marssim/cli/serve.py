@@ -62,6 +62,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--context-bucket", dest="context_bucket", type=positive_int, metavar="TOKENS",
                    help="time decode attention at the batch's mean context rounded to this many tokens "
                         "(default 1: exact; larger is faster, see docs/serving.md for the error)")
+    p.add_argument("--tp-comm", dest="tp_comm", choices=("closed", "network"),
+                   help="an iteration's tensor-parallel collectives: closed (on their routes, no contention; "
+                        "default) or network (flows sharing links with KV moves and pipeline transfers)")
     g = p.add_argument_group("requests")
     g.add_argument("--replay", metavar="TRACE", help="arrivals and lengths of a request trace (shipped name or CSV)")
     g.add_argument("--arrival", metavar="SPEC", help="poisson:rate=R, gamma:rate=R,cv=C, trace:NAME, offline")
@@ -102,7 +105,7 @@ def _file_sections(path: str | None) -> dict:
     data = read_yaml(path)
     if not isinstance(data, dict):
         raise InputError(path, "", "expected a mapping with pools (and model, system, router, requests, slo)")
-    allowed = ("model", "system", "pools", "router", "decode_router", "context_bucket", "requests", "slo")
+    allowed = ("model", "system", "pools", "router", "decode_router", "context_bucket", "tp_comm", "requests", "slo")
     for key in data:
         if key not in allowed:
             raise InputError(path, str(key), f"unknown key; expected one of: {', '.join(allowed)}")
@@ -117,16 +120,17 @@ def _deployment(args: argparse.Namespace, data: dict):
         base = Deployment(pools)
         if data.get("pools") is not None:
             raise InputError(None, "--pool", f"{args.deployment} already lists pools; give them in one place")
-        dep_data = {k: v for k, v in data.items() if k in ("router", "decode_router", "context_bucket")}
+        dep_data = {k: v for k, v in data.items() if k in ("router", "decode_router", "context_bucket", "tp_comm")}
         if dep_data:
             base = deployment_from_dict({"pools": [{}], **dep_data}, args.deployment).with_(pools=pools)
     elif data.get("pools") is not None:
         base = deployment_from_dict({k: v for k, v in data.items()
-                                     if k in ("pools", "router", "decode_router", "context_bucket")}, args.deployment)
+                                     if k in ("pools", "router", "decode_router", "context_bucket", "tp_comm")},
+                                    args.deployment)
     else:
         raise InputError(None, "--pool", "give the replicas: --pool replicas=N,tp=T (repeatable) or --deployment FILE")
     changes = {}
-    for flag in ("router", "decode_router", "context_bucket"):
+    for flag in ("router", "decode_router", "context_bucket", "tp_comm"):
         value = getattr(args, flag)
         if value is not None:
             changes[flag] = value

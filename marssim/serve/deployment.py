@@ -36,7 +36,9 @@ Deployment settings: ``router`` (``round_robin``, ``least_tokens``: the replica 
 outstanding prompt and output tokens, ``least_requests``, ``random``), ``decode_router`` (for
 disaggregated pools, where a prefilled request goes; default ``least_tokens``),
 ``context_bucket`` (decode attention timed at the batch's mean context rounded to this many
-tokens; 1 is exact, see :mod:`.itermodel`).
+tokens; 1 is exact, see :mod:`.itermodel`), ``tp_comm`` (``closed``: an iteration's
+tensor-parallel collectives timed on their routes without contention; ``network``: as flows of
+the network, so KV moves and pipeline transfers on the same links slow them).
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ __all__ = ["SchedulerConfig", "Pool", "Deployment", "SCHEDULERS", "ROUTERS", "RO
 SCHEDULERS = ("static", "continuous", "chunked")
 ROUTERS = ("round_robin", "least_tokens", "least_requests", "random")
 ROLES = ("both", "prefill", "decode")
+TP_COMM = ("closed", "network")
 PREEMPTION = ("recompute", "swap")
 
 
@@ -116,6 +119,7 @@ class Deployment:
     router: str = "least_tokens"
     decode_router: str = "least_tokens"
     context_bucket: int = 1
+    tp_comm: str = "closed"
 
     @property
     def disaggregated(self) -> bool:
@@ -130,7 +134,14 @@ class Deployment:
         return sum(p.replicas for p in self.pools)
 
     def text(self) -> str:
-        return " + ".join(p.text() for p in self.pools) + f"; router {self.router}"
+        out = " + ".join(p.text() for p in self.pools) + f"; router {self.router}"
+        if self.disaggregated:
+            out += f", decode router {self.decode_router}"
+        if self.context_bucket != 1:
+            out += f", context bucket {self.context_bucket}"
+        if self.tp_comm != "closed":
+            out += f", tensor-parallel collectives on the {self.tp_comm}"
+        return out
 
     def with_(self, **changes: Any) -> "Deployment":
         return replace(self, **changes)
@@ -249,8 +260,8 @@ def parse_pool(text: str, where: str = "--pool") -> Pool:
 
 def deployment_from_dict(data: dict, where: str) -> Deployment:
     """A :class:`Deployment` from a file's mapping: ``pools`` (a list of pool settings),
-    ``router``, ``decode_router``, ``context_bucket``; InputError with the key path."""
-    allowed = ("pools", "router", "decode_router", "context_bucket")
+    ``router``, ``decode_router``, ``context_bucket``, ``tp_comm``; InputError with the key path."""
+    allowed = ("pools", "router", "decode_router", "context_bucket", "tp_comm")
     for key in data:
         if key not in allowed:
             raise InputError(where, str(key), f"unknown deployment setting; expected one of: {', '.join(allowed)}")
@@ -262,7 +273,8 @@ def deployment_from_dict(data: dict, where: str) -> Deployment:
                      router=_choice(data.get("router", "least_tokens"), where, "router", ROUTERS),
                      decode_router=_choice(data.get("decode_router", "least_tokens"), where, "decode_router",
                                            ROUTERS),
-                     context_bucket=_int(data.get("context_bucket", 1), where, "context_bucket", 1, 4096))
+                     context_bucket=_int(data.get("context_bucket", 1), where, "context_bucket", 1, 4096),
+                     tp_comm=_choice(data.get("tp_comm", "closed"), where, "tp_comm", TP_COMM))
     check_deployment(out, where)
     return out
 

@@ -7,8 +7,9 @@ cache's blocks, so up to ``pp`` iterations are in flight, one per stage. An iter
 1. the scheduler picks the batch (and the blocks to swap, which move first, over each GPU's link
    to its host, as flows of the network);
 2. stage by stage: the stage is held for its compute time (:class:`~.itermodel.IterationModel`,
-   memoised by shape), then every tensor-parallel rank sends the batch's hidden states to its peer
-   on the next stage (flows of the network);
+   memoised by shape; with ``tp_comm=network`` the tensor-parallel collectives of the iteration are
+   flows of the network instead of their closed form), then every tensor-parallel rank sends the
+   batch's hidden states to its peer on the next stage (flows of the network);
 3. at the end of the last stage the sampled tokens exist (their time is the token's time); with
    ``pp > 1`` they go back to the first stage before that engine's next iteration.
 
@@ -94,10 +95,20 @@ class VirtualEngine:
             start = env.now
             if work.prefills or work.decodes:
                 shape, tokens = batch_shape(work)
-                times = rep.stage_times(shape)
-                if pp == 1:
-                    yield timeout(times[0])
+                if rep.tp_network:
+                    for s, part in enumerate(model.stage_parts(*shape)):
+                        if pp > 1:
+                            held = rep.stages[s].request()
+                            yield held
+                        yield from rep.stage_on_network(s, part)
+                        if pp > 1:
+                            rep.stages[s].release(held)
+                            if s < pp - 1:
+                                yield rep.pipeline_send(s, tokens)
+                elif pp == 1:
+                    yield timeout(model.stage_times(*shape)[0])
                 else:
+                    times = model.stage_times(*shape)
                     for s in range(pp):
                         with rep.stages[s].request() as held:
                             yield held
@@ -122,7 +133,7 @@ class Replica:
 
     def __init__(self, env: simpy.Environment, index: int, pool: int, role: str, stages: tuple[tuple[str, ...], ...],
                  model: IterationModel, cfg, blocks: int, swap_blocks: int, block_bytes: tuple[float, ...],
-                 fabric: Fabric, recorder, cluster) -> None:
+                 fabric: Fabric, recorder, cluster, tp_network: bool = False) -> None:
         self.env = env
         self.index = index
         self.pool = pool
@@ -133,6 +144,7 @@ class Replica:
         self.fabric = fabric
         self.recorder = recorder
         self.cluster = cluster
+        self.tp_network = tp_network and len(stages[0]) > 1
         self.block_bytes = block_bytes  # per GPU of each stage
         pp = len(stages)
         self.stages = [simpy.Resource(env, 1) for _ in range(pp)] if pp > 1 else []
@@ -166,9 +178,18 @@ class Replica:
         ve.scheduler.waiting.append(seq)
         ve.wake()
 
-    def stage_times(self, shape: tuple) -> tuple[float, ...]:
-        """Seconds of each stage for an iteration of ``shape`` (:func:`batch_shape`)."""
-        return self.model.stage_times(*shape)
+    def stage_on_network(self, stage: int, part: tuple[float, float, int]):
+        """A stage's iteration with its tensor-parallel collectives as flows: the compute and the
+        ring steps' latencies but one, then every rank sends its ring neighbour the collectives'
+        bytes (alone on its route: one more latency and the bytes over the bandwidth, which is
+        the closed form on a ring of equal hops; slower where other flows share the links)."""
+        compute, nbytes, steps = part
+        hops = self.model.ring_hops(stage)
+        lead = (steps - 1) * max(lat for lat, _ in hops) if steps else 0.0
+        yield self.env.timeout(compute + lead)
+        if nbytes > 0:
+            gpus = self.gpus[stage]
+            yield self.fabric.transfers([(g, gpus[(i + 1) % len(gpus)], nbytes) for i, g in enumerate(gpus)], "tp")
 
     # ------------------------------------------------------------------ transfers
     def pipeline_send(self, stage: int, tokens: int) -> simpy.Event:

@@ -19,7 +19,7 @@ from marssim.system import System
 
 __all__ = ["Fabric", "TRANSFER_KINDS"]
 
-TRANSFER_KINDS = ("pipeline", "token", "kv", "swap_out", "swap_in")
+TRANSFER_KINDS = ("pipeline", "token", "kv", "swap_out", "swap_in", "tp")
 """What a transfer carries (the ``kind`` column of the transfer log)."""
 
 

@@ -176,31 +176,64 @@ class IterationModel:
     def stage_times(self, tokens: tuple[int, int], prefill_tokens: tuple[int, int],
                     prefill_groups: tuple[tuple[int, int, int], ...], decodes: int, decode_context: int,
                     logits: int) -> tuple[float, ...]:
-        """Seconds of each stage for one iteration.
+        """Seconds of each stage for one iteration, its tensor-parallel collectives included.
 
         ``tokens``: ``(n, h)``, the batch's new tokens as ``n`` sequences of ``h`` (see the
         module docstring); ``prefill_tokens``: the prefill tokens written to the KV cache, as
         ``(n, h)`` likewise (``(0, 0)``: none); ``prefill_groups``: ``(count, q, ctx)`` per group
         of equal prefill chunks; ``decodes``: decode sequences; ``decode_context``: their total
         context (tokens); ``logits``: sequences that sample a token."""
+        return tuple(self._stage(s, tokens, prefill_tokens, prefill_groups, decodes, decode_context, logits)[0]
+                     for s in range(self.pp))
+
+    def stage_parts(self, tokens: tuple[int, int], prefill_tokens: tuple[int, int],
+                    prefill_groups: tuple[tuple[int, int, int], ...], decodes: int, decode_context: int,
+                    logits: int) -> tuple[tuple[float, float, int], ...]:
+        """Per stage: ``(seconds without the tensor-parallel collectives, bytes each rank sends
+        its ring neighbour in them, their ring steps)`` (arguments as :meth:`stage_times`). On a
+        ring of equal hops of latency ``a`` and bandwidth ``b``, the collectives take
+        ``steps x a + bytes / b``."""
         out = []
         for s in range(self.pp):
-            memo = self._memo[self._stage_class[s]]
-            block = self._cached(memo, ("t", tokens), s, self._tokens_time, tokens)
-            if prefill_tokens[0]:
-                block += self._cached(memo, ("k", prefill_tokens), s, self._kv_time, prefill_tokens)
-            for count, q, ctx in prefill_groups:
-                block += self._cached(memo, ("a", count, q, ctx), s, self._attention_time, count, q, ctx)
-            if decodes:
-                ctx = self.decode_context(decodes, decode_context)
-                block += self._cached(memo, ("a", decodes, 1, ctx), s, self._attention_time, decodes, 1, ctx)
-            total = self.blocks[s] * block
-            if s == 0:
-                total += self._cached(memo, ("e", tokens), s, self._embed_time, tokens)
-            if s == self.pp - 1:
-                total += self._cached(memo, ("h", tokens, logits), s, self._head_time, tokens, logits)
-            out.append(total)
+            total, comm, nbytes, steps = self._stage(s, tokens, prefill_tokens, prefill_groups, decodes,
+                                                     decode_context, logits)
+            out.append((total - comm, nbytes, steps))
         return tuple(out)
+
+    def ring_hops(self, stage: int) -> tuple[tuple[float, float], ...]:
+        """``(latency s, bandwidth bytes/s)`` of each hop of ``stage``'s tensor-parallel ring."""
+        return self._rings[stage]
+
+    def _stage(self, s: int, tokens, prefill_tokens, prefill_groups, decodes, decode_context, logits) -> tuple:
+        """``(seconds, of them in collectives, collective bytes per rank, ring steps)`` of stage ``s``."""
+        memo = self._memo[self._stage_class[s]]
+        cached = self._cached
+        parts = [cached(memo, ("t", tokens), s, self._tokens_time, tokens)]
+        if prefill_tokens[0]:
+            parts.append(cached(memo, ("k", prefill_tokens), s, self._kv_time, prefill_tokens))
+        for count, q, ctx in prefill_groups:
+            parts.append(cached(memo, ("a", count, q, ctx), s, self._attention_time, count, q, ctx))
+        if decodes:
+            ctx = self.decode_context(decodes, decode_context)
+            parts.append(cached(memo, ("a", decodes, 1, ctx), s, self._attention_time, decodes, 1, ctx))
+        n = self.blocks[s]
+        if len(parts) == 1:
+            block = parts[0]
+        else:
+            block = (sum(p[0] for p in parts), sum(p[1] for p in parts), sum(p[2] for p in parts),
+                     sum(p[3] for p in parts))
+        total, comm, nbytes, steps = n * block[0], n * block[1], n * block[2], n * block[3]
+        ends = []
+        if s == 0:
+            ends.append(cached(memo, ("e", tokens), s, self._embed_time, tokens))
+        if s == self.pp - 1:
+            ends.append(cached(memo, ("h", tokens, logits), s, self._head_time, tokens, logits))
+        for e in ends:
+            total += e[0]
+            comm += e[1]
+            nbytes += e[2]
+            steps += e[3]
+        return total, comm, nbytes, steps
 
     def decode_context(self, decodes: int, total_context: int) -> int:
         """The context decode attention is timed at: the mean, rounded half up, to a multiple of
@@ -222,21 +255,22 @@ class IterationModel:
 
     # ------------------------------------------------------------------ pieces
     @staticmethod
-    def _cached(memo: dict, key: tuple, stage: int, fn, *args) -> float:
+    def _cached(memo: dict, key: tuple, stage: int, fn, *args) -> tuple:
         hit = memo.get(key)
         if hit is None:
             hit = memo[key] = fn(stage, *args)
         return hit
 
-    def _tokens_time(self, stage: int, tokens: tuple[int, int]) -> float:
+    # every piece: (seconds, of them in collectives, collective bytes per rank, ring steps)
+    def _tokens_time(self, stage: int, tokens: tuple[int, int]) -> tuple:
         n, h = tokens
         return self._walk(stage, [(resize_tokens(op, n, h, self.ref_tokens), r) for op, r in self._tokens.ops])
 
-    def _kv_time(self, stage: int, tokens: tuple[int, int]) -> float:
+    def _kv_time(self, stage: int, tokens: tuple[int, int]) -> tuple:
         n, h = tokens
         return self._walk(stage, [(resize_tokens(op, n, h, self.ref_tokens), r) for op, r in self._kv_write.ops])
 
-    def _attention_time(self, stage: int, count: int, q: int, ctx: int) -> float:
+    def _attention_time(self, stage: int, count: int, q: int, ctx: int) -> tuple:
         # the attention ops read and write only the heads' layout (F): no conversion between
         # them or around them (checked by _check_pieces), so each is its shard's time
         design = self._designs[stage]
@@ -248,17 +282,18 @@ class IterationModel:
                 loops[dim] = max(1, -(-loops[dim] * num // den))
             seconds = self.cost.op_cost(op.with_loops(**loops), design).time
             total += float(seconds / rule.scale) if rule.scale > 1 else float(seconds)
-        return total
+        return total, 0.0, 0.0, 0
 
-    def _embed_time(self, stage: int, tokens: tuple[int, int]) -> float:
+    def _embed_time(self, stage: int, tokens: tuple[int, int]) -> tuple:
         n, h = tokens
         ops = [(resize_tokens(op, n, h, self.ref_tokens), r) for op, r in self._embed.ops]
-        total = self._walk(stage, ops)
+        total, comm, nbytes, steps = self._walk(stage, ops)
         # the first block reads the embedding replicated: the all-reduce of its partial sums
         last = ops[-1][0]
-        return total + self._convert(stage, self._layouts[last.name], "R", float(last.output_bytes))
+        t, b, k = self._convert(stage, self._layouts[last.name], "R", float(last.output_bytes))
+        return total + t, comm + t, nbytes + b, steps + k
 
-    def _head_time(self, stage: int, tokens: tuple[int, int], logits: int) -> float:
+    def _head_time(self, stage: int, tokens: tuple[int, int], logits: int) -> tuple:
         n, h = tokens
         ops = []
         for op, r in self._head.ops:
@@ -270,13 +305,15 @@ class IterationModel:
                 ops.append((resize_tokens(op, logits, 1, self.ref_tokens), r))
         return self._walk(stage, ops)
 
-    def _walk(self, stage: int, ops: list[tuple[Op, object]]) -> float:
+    def _walk(self, stage: int, ops: list[tuple[Op, object]]) -> tuple:
         """Seconds of ``ops`` on the stage's representative GPU: every op's shard and every layout
-        conversion between them (the loop of ``analytic._Timer.unit``)."""
+        conversion between them (the loop of ``analytic._Timer.unit``); and of them the
+        conversions' seconds, bytes per rank and ring steps."""
         design = self._designs[stage]
         have: dict[str, tuple[str, float]] = {}
         seen: set[tuple[str, str]] = set()
-        total = 0.0
+        total = comm = nbytes = 0.0
+        steps = 0
         for op, rule in ops:
             for name, want in zip(op.inputs, rule.want):
                 got = have.get(name)
@@ -285,13 +322,17 @@ class IterationModel:
                 seen.add((name, want))
                 layout, full = got
                 if layout != want and want != "*":
-                    total += self._convert(stage, layout, want, full)
+                    t, b, k = self._convert(stage, layout, want, full)
+                    total += t
+                    comm += t
+                    nbytes += b
+                    steps += k
             if rule.alias:
                 have[op.name] = (rule.out, float(op.output_bytes))
                 continue
             total += self._shard(op, rule, design)
             have[op.name] = (rule.out, float(op.output_bytes))
-        return total
+        return total, comm, nbytes, steps
 
     def _shard(self, op: Op, rule, design) -> float:
         from marssim.parallel.lower import shard_loops
@@ -301,23 +342,25 @@ class IterationModel:
         seconds = self.cost.op_cost(part, design).time
         return float(seconds / rule.scale) if rule.scale > 1 else float(seconds)
 
-    def _convert(self, stage: int, have: str, want: str, full: float) -> float:
-        """A layout conversion of a tensor of ``full`` bytes over the stage's tensor-parallel ranks."""
+    def _convert(self, stage: int, have: str, want: str, full: float) -> tuple[float, float, int]:
+        """A layout conversion of a tensor of ``full`` bytes over the stage's tensor-parallel
+        ranks: ``(seconds, bytes each rank sends, ring steps)``."""
         if have == want or want == "*":
-            return 0.0
+            return 0.0, 0.0, 0
         if have == "P" and want in ("R", "S", "F"):
             return self._ring(stage, full, "all_reduce" if want == "R" else "reduce_scatter")
         if have in ("S", "F") and want == "R" or (have == "S" and want == "F"):
             return self._ring(stage, full, "all_gather")
-        return 0.0
+        return 0.0, 0.0, 0
 
-    def _ring(self, stage: int, size: float, kind: str) -> float:
+    def _ring(self, stage: int, size: float, kind: str) -> tuple[float, float, int]:
         n = self.tp
         if n <= 1 or size <= 0:
-            return 0.0
+            return 0.0, 0.0, 0
         steps = 2 * (n - 1) if kind == "all_reduce" else n - 1
         chunk = size / n
-        return steps * max(lat + (chunk / bw if chunk > 0 else 0.0) for lat, bw in self._rings[stage])
+        seconds = steps * max(lat + (chunk / bw if chunk > 0 else 0.0) for lat, bw in self._rings[stage])
+        return seconds, steps * chunk, steps
 
     def _check_pieces(self) -> None:
         """The pieces are timed apart: check on the template that no tensor crosses from one

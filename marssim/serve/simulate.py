@@ -137,7 +137,8 @@ class _Cluster:
                 if pool.scheduler.preemption == "swap" else 0
             index = len(self.replicas)
             rep = Replica(env, index, p, pool.role, stages, im, pool.scheduler, mem.blocks, swap,
-                          tuple(mem.block_bytes(s) for s in range(pool.pp)), fabric, recorder, self)
+                          tuple(mem.block_bytes(s) for s in range(pool.pp)), fabric, recorder, self,
+                          tp_network=deployment.tp_comm == "network")
             self.replicas.append(rep)
             self.infos.append(ReplicaInfo(index, p, pool.role, stages, design, mem))
         front = [r for r in self.replicas if r.role in ("both", "prefill")]
