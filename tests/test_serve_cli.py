@@ -84,11 +84,23 @@ def test_a_run_writes_its_tables_trace_and_figures(system, tmp_path, capsys):
     assert len((out / "requests.csv").read_text().splitlines()) == 41
     import gzip
 
-    trace = json.loads(gzip.decompress((tmp_path / "t.json.gz").read_bytes()))
-    cats = {e.get("cat") for e in trace["traceEvents"]}
-    assert {"iteration", "kv"} <= cats
-    phases = {e["ph"] for e in trace["traceEvents"] if e.get("cat") == "kv"}
+    from decimal import Decimal
+
+    trace = json.loads(gzip.decompress((tmp_path / "t.json.gz").read_bytes()), parse_float=Decimal)
+    events = trace["traceEvents"]
+    assert {"iteration", "kv"} <= {e.get("cat") for e in events}
+    phases = {e["ph"] for e in events if e.get("cat") == "kv"}
     assert {"X", "s", "f"} <= phases  # KV transfers as slices with flow arrows
+    slices: dict = {}
+    for e in events:
+        if e["ph"] == "X":
+            slices.setdefault((e["pid"], e["tid"]), []).append((Decimal(e["ts"]), Decimal(e["ts"]) + Decimal(e["dur"])))
+    flows = [e for e in events if e["ph"] in "stf"]
+    moves = [e for e in events if e["ph"] == "X" and e.get("cat") == "kv"]
+    assert len(moves) == 2 * 40  # a flow from the prefill GPU to each of the two decode GPUs, per request
+    assert len(flows) == 3 * len(moves)  # each: prefill iteration -> transfer -> first decode iteration
+    for e in flows:  # every arrow end lies inside a slice of its track (bound to the enclosing slice)
+        assert any(a <= Decimal(e["ts"]) < b for a, b in slices[(e["pid"], e["tid"])]), e
     for name in ("f.png", "f.svg", "f-timeline.png", "f-timeline.svg"):
         assert (tmp_path / name).stat().st_size > 0
 

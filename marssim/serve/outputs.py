@@ -54,6 +54,12 @@ def report_lines(result) -> list[str]:
         n = sum(1 for r in result.replicas if r.pool == info.pool)
         out.append(f"pool {info.pool} ({pool.role}, {n} x tp {pool.tp} pp {pool.pp} on {info.design}, "
                    f"{pool.scheduler.kind}): " + info.memory.lines()[0])
+    if dep.disaggregated:
+        p = sum(x.replicas for x in dep.pools if x.role == "prefill")
+        d = sum(x.replicas for x in dep.pools if x.role == "decode")
+        pg = sum(x.gpus for x in dep.pools if x.role == "prefill")
+        dg = sum(x.gpus for x in dep.pools if x.role == "decode")
+        out.append(f"prefill:decode {p}:{d} replicas ({pg}:{dg} GPUs)")
     out.append("")
     out.append(f"{'latency (ms)':<14}{'mean':>10}" + "".join(f"{'P' + str(p):>10}" for p in PERCENTILES) + f"{'max':>10}")
     for key, label in (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("tbt_s", "TBT"), ("e2e_s", "E2E"),
@@ -278,9 +284,13 @@ def plot_sweep(rows: list[dict], png: str | Path, title: str = "") -> list[Path]
 
 
 # ---------------------------------------------------------------------- Perfetto
-def _us(seconds: float) -> str:
-    ns = int(round(seconds * 1e9))
-    q, r = divmod(ns, 1000)
+def _ns(seconds: float) -> int:
+    return int(round(seconds * 1e9))
+
+
+def _us(ns: int) -> str:
+    """Integer nanoseconds as exact decimal microseconds."""
+    q, r = divmod(int(ns), 1000)
     return str(q) if r == 0 else f"{q}.{r:03d}".rstrip("0")
 
 
@@ -311,12 +321,13 @@ def _trace_events(result):
             for r in reqs:
                 first_on.setdefault((r, pid), k)
         label = f"P{int(it['prefill_seqs'][k])}/D{int(it['decode_seqs'][k])}"
-        yield (f'{{"ph":"X","cat":"iteration","name":"{label}","pid":{pid},"tid":{tid},"ts":{_us(it["start"][k])},'
-               f'"dur":{_us(it["end"][k] - it["start"][k])},"args":{json.dumps(args, separators=(",", ":"))}}}')
+        t0, t1 = _ns(it["start"][k]), _ns(it["end"][k])
+        yield (f'{{"ph":"X","cat":"iteration","name":"{label}","pid":{pid},"tid":{tid},"ts":{_us(t0)},'
+               f'"dur":{_us(t1 - t0)},"args":{json.dumps(args, separators=(",", ":"))}}}')
     # counters per replica: KV blocks in use and waiting requests, at each iteration's end
     for k in range(n):
         pid = int(it["replica"][k]) + 1
-        yield (f'{{"ph":"C","name":"KV blocks","pid":{pid},"tid":{pid},"ts":{_us(it["end"][k])},'
+        yield (f'{{"ph":"C","name":"KV blocks","pid":{pid},"tid":{pid},"ts":{_us(_ns(it["end"][k]))},'
                f'"args":{{"engine {int(it["engine"][k])}":{int(it["kv_blocks"][k])}}}}}')
     tr = result.transfers
     kinds = tr.get("kind", np.zeros(0))
@@ -336,8 +347,9 @@ def _trace_events(result):
         dst = nodes[int(tr["dst"][row])] if nodes else int(tr["dst"][row])
         args = json.dumps({"request": r, "src": src, "dst": dst, "bytes": float(tr["bytes"][row])},
                           separators=(",", ":"))
-        yield (f'{{"ph":"X","cat":"kv","name":"KV r{r}","pid":0,"tid":{lane + 1},"ts":{_us(start)},'
-               f'"dur":{_us(end - start)},"args":{args}}}')
+        k0_ns, k1_ns = _ns(start), _ns(end)
+        yield (f'{{"ph":"X","cat":"kv","name":"KV r{r}","pid":0,"tid":{lane + 1},"ts":{_us(k0_ns)},'
+               f'"dur":{_us(k1_ns - k0_ns)},"args":{args}}}')
         if ids is None:
             continue
         src_pid = int(pr["replica"][r]) + 1
@@ -354,11 +366,14 @@ def _trace_events(result):
                 src_tid = src_pid * 100 + int(it["engine"][k]) + 1
                 break
         dst_tid = dst_pid * 100 + int(it["engine"][k1]) + 1
+        # each end inside its slice: the prefill's last nanosecond, the transfer's middle, the
+        # decode iteration's first nanosecond (slices and flows on one nanosecond grid)
         yield (f'{{"ph":"s","cat":"kv","name":"KV","id":{j},"pid":{src_pid},"tid":{src_tid},'
-               f'"ts":{_us(t_src - 1e-9)},"bp":"e"}}')
-        yield f'{{"ph":"t","cat":"kv","name":"KV","id":{j},"pid":0,"tid":{lane + 1},"ts":{_us(start + (end - start) / 2)},"bp":"e"}}'
+               f'"ts":{_us(_ns(t_src) - 1)},"bp":"e"}}')
+        yield (f'{{"ph":"t","cat":"kv","name":"KV","id":{j},"pid":0,"tid":{lane + 1},'
+               f'"ts":{_us((k0_ns + k1_ns) // 2)},"bp":"e"}}')
         yield (f'{{"ph":"f","cat":"kv","name":"KV","id":{j},"pid":{dst_pid},"tid":{dst_tid},'
-               f'"ts":{_us(float(it["start"][k1]) + 1e-9)},"bp":"e"}}')
+               f'"ts":{_us(_ns(it["start"][k1]) + 1)},"bp":"e"}}')
 
 
 def write_trace(result, path: str | Path) -> int:
