@@ -1,4 +1,4 @@
-"""A wheel carries the shipped systems, example mappings and calibration tables, and works from
+"""A wheel carries the shipped systems, example mappings, calibration tables and request traces, and works from
 any directory: built offline from a copy of the source with the installed setuptools, installed
 into a fresh virtual environment (the dependencies come from the environment running the tests)
 and run from a temporary directory with nothing of the checkout on its paths."""
@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from marssim.data import DATA_PACKAGES, calibration, collectives, host_overheads, topologies
+from marssim.data import DATA_PACKAGES, calibration, collectives, host_overheads, requests, topologies
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = ("pyproject.toml", "setup.py", "README.md", "marssim", "topologies", "traces/calibration", "traces/collectives",
-           "traces/host-overheads")
+           "traces/host-overheads", "traces/requests")
 
 
 def _setuptools_builds_this_project() -> bool:
@@ -57,6 +57,7 @@ def test_a_checkout_finds_the_repository_directories():
     """Here (an editable install or the source tree on the path) the data are the checkout's."""
     assert topologies() == ROOT / "topologies" and calibration() == ROOT / "traces" / "calibration"
     assert collectives() == ROOT / "traces" / "collectives" and host_overheads() == ROOT / "traces" / "host-overheads"
+    assert requests() == ROOT / "traces" / "requests"
 
 
 @pytest.mark.slow
@@ -93,9 +94,10 @@ def test_a_wheel_installed_elsewhere_ships_its_data_and_runs_from_another_direct
     marssim = venv / "bin" / "marssim"
     site = _run([python, "-c", "import marssim, marssim.data as d; print(marssim.__file__); "
                                "print(d.topologies()); print(d.calibration()); print(d.collectives()); "
-                               "print(d.host_overheads())"], elsewhere, env).stdout.split()
+                               "print(d.host_overheads()); print(d.requests())"], elsewhere, env).stdout.split()
     assert all(Path(p).is_relative_to(venv) for p in site), site  # the wheel's copy, not the checkout
-    for directory, name in ((site[2], "A100.csv"), (site[3], "vidur-2024.csv"), (site[4], "A100.csv")):
+    for directory, name in ((site[2], "A100.csv"), (site[3], "vidur-2024.csv"), (site[4], "A100.csv"),
+                            (site[5], "README.md")):
         assert (Path(directory) / name).is_file(), (directory, name)
 
     listed = _run([marssim, "systems"], elsewhere, env).stdout
@@ -108,3 +110,9 @@ def test_a_wheel_installed_elsewhere_ships_its_data_and_runs_from_another_direct
     assert mapping.is_file()
     out = _run([marssim, "simulate", "--mapping", mapping, "--batch", "1", "--out", "run"], elsewhere, env)
     assert "makespan" in out.stdout and (elsewhere / "run" / "summary.json").is_file()
+    # the shipped request traces, by name, from the wheel's copy
+    assert (Path(site[5]) / "azure-conv-2023.csv").is_file() and (Path(site[5]) / "README.md").is_file()
+    out = _run([marssim, "serve", "--system", "dgx-h100", "--model", "llama:layers=2,hidden=256,heads=4,ffn=512,"
+                "kv_heads=4,vocab=1000", "--pool", "replicas=1,tp=1", "--replay", "azure-code-2023", "--requests", "5",
+                "--allow-uncalibrated"], elsewhere, env)
+    assert "TTFT" in out.stdout

@@ -5,11 +5,13 @@
 * :func:`calibration`: the measured kernel tables (``*.csv``): the repository's
   ``traces/calibration/``;
 * :func:`collectives`: the measured collective tables (``*.csv``): ``traces/collectives/``;
-* :func:`host_overheads`: the measured host overheads (``*.csv``): ``traces/host-overheads/``.
+* :func:`host_overheads`: the measured host overheads (``*.csv``): ``traces/host-overheads/``;
+* :func:`requests`: the request traces of serving simulations (``*.csv``, with their
+  ``README.md`` of source and license): ``traces/requests/``.
 
 The directories stay where the repository keeps them. The build (``setup.py``) maps the
-packages ``marssim.data.topologies``, ``marssim.data.calibration``, ``marssim.data.collectives``
-and ``marssim.data.host_overheads`` onto them, so a wheel
+packages ``marssim.data.topologies``, ``marssim.data.calibration``, ``marssim.data.collectives``,
+``marssim.data.host_overheads`` and ``marssim.data.requests`` onto them, so a wheel
 carries them as package data beside this module, where :mod:`importlib.resources` finds them.
 In a checkout (an editable install, or the source tree on ``PYTHONPATH``) this package lives in
 the repository and the directories are the repository's own.
@@ -20,10 +22,11 @@ from __future__ import annotations
 import importlib.resources
 from pathlib import Path
 
-__all__ = ["topologies", "calibration", "collectives", "host_overheads", "DATA_PACKAGES"]
+__all__ = ["topologies", "calibration", "collectives", "host_overheads", "requests", "DATA_PACKAGES"]
 
 DATA_PACKAGES = {"marssim.data.topologies": "topologies", "marssim.data.calibration": "traces/calibration",
-                 "marssim.data.collectives": "traces/collectives", "marssim.data.host_overheads": "traces/host-overheads"}
+                 "marssim.data.collectives": "traces/collectives", "marssim.data.host_overheads": "traces/host-overheads",
+                 "marssim.data.requests": "traces/requests"}
 """Each data package and the repository directory it is built from."""
 
 
@@ -54,3 +57,9 @@ def collectives() -> Path:
 def host_overheads() -> Path:
     """The shipped host-overhead tables (``*.csv``; see :mod:`marssim.calibrate.host_overheads`)."""
     return _directory("host_overheads")
+
+
+def requests() -> Path:
+    """The shipped request traces (``*.csv``: ``arrival_s,prompt_tokens,output_tokens``; see
+    :mod:`marssim.serve.traces`) and their ``README.md``."""
+    return _directory("requests")

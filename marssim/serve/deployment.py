@@ -1,0 +1,289 @@
+"""A serving deployment as a value: pools of model replicas, each replica's parallelism, GPU kind,
+engine scheduler and KV cache, and the router in front of them. Immutable and hashable, so a
+search can cache evaluations by it.
+
+============================  ===================================================================
+pool setting                  meaning (the engines' own names where they have one)
+============================  ===================================================================
+``role``                      ``both`` (a replica prefills and decodes), ``prefill`` or ``decode``
+                              (disaggregated pools: the KV cache of a prefilled request moves to a
+                              decode replica over the network)
+``replicas``                  replicas in the pool
+``tp``, ``pp``                tensor and pipeline parallelism of each replica (``tp x pp`` GPUs)
+``gpu``                       the GPU design a replica runs on (a design name of the system, for
+                              a cluster of several GPU kinds); default: the next free GPUs
+``scheduler``                 ``static`` (a batch runs to its last request, then the next batch
+                              forms; the KV cache of prompt + output reserved up front),
+                              ``continuous`` (vLLM's default: iteration-level batching, waiting
+                              prompts prefilled first, in iterations of their own; with
+                              ``mixed=true`` they join the running decodes, as Orca), ``chunked``
+                              (Sarathi-Serve, vLLM's chunked prefill: every iteration the running
+                              decodes, then prompt chunks up to the token budget)
+``max_num_seqs``              sequences an iteration may hold (vLLM ``--max-num-seqs``, 256)
+``max_batched_tokens``        tokens an iteration may hold (``--max-num-batched-tokens``; the
+                              chunk budget of ``chunked``; a longer prompt than this is rejected
+                              by ``continuous`` and ``static``); default 8192
+``block_size``                tokens per KV-cache block (``--block-size``, 16)
+``watermark``                 fraction of blocks a new prompt must leave free (0.01)
+``gpu_memory_utilization``    fraction of a GPU's memory the engine may use (0.9)
+``preemption``                ``recompute`` (vLLM's default: a preempted sequence's blocks are
+                              freed, its tokens prefilled again) or ``swap`` (to host memory)
+``swap_space``                host memory per GPU for swapped blocks (``--swap-space``, 4 GiB)
+``prefix_caching``            keep the full blocks of shared prompt prefixes (``--enable-prefix-caching``)
+============================  ===================================================================
+
+Deployment settings: ``router`` (``round_robin``, ``least_tokens``: the replica with the fewest
+outstanding prompt and output tokens, ``least_requests``, ``random``), ``decode_router`` (for
+disaggregated pools, where a prefilled request goes; default ``least_tokens``),
+``context_bucket`` (decode attention timed at the batch's mean context rounded to this many
+tokens; 1 is exact, see :mod:`.itermodel`), ``tp_comm`` (``closed``: an iteration's
+tensor-parallel collectives timed on their routes without contention; ``network``: as flows of
+the network, so KV moves and pipeline transfers on the same links slow them).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+from marssim.errors import InputError
+
+__all__ = ["SchedulerConfig", "Pool", "Deployment", "SCHEDULERS", "ROUTERS", "ROLES", "parse_pool",
+           "deployment_from_dict"]
+
+SCHEDULERS = ("static", "continuous", "chunked")
+ROUTERS = ("round_robin", "least_tokens", "least_requests", "random")
+ROLES = ("both", "prefill", "decode")
+TP_COMM = ("closed", "network")
+PREEMPTION = ("recompute", "swap")
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """One replica's engine: its batching policy and KV cache (see the module docstring)."""
+
+    kind: str = "continuous"
+    max_num_seqs: int = 256
+    max_batched_tokens: int = 8192
+    mixed: bool = False
+    block_size: int = 16
+    watermark: float = 0.01
+    gpu_memory_utilization: float = 0.9
+    preemption: str = "recompute"
+    swap_space: float = 4 * 2**30  # bytes per GPU
+    prefix_caching: bool = False
+
+
+@dataclass(frozen=True)
+class Pool:
+    """``replicas`` replicas of ``tp x pp`` GPUs of kind ``gpu`` in role ``role``."""
+
+    replicas: int = 1
+    tp: int = 1
+    pp: int = 1
+    role: str = "both"
+    gpu: str = ""
+    scheduler: SchedulerConfig = SchedulerConfig()
+
+    @property
+    def gpus_per_replica(self) -> int:
+        return self.tp * self.pp
+
+    @property
+    def gpus(self) -> int:
+        return self.replicas * self.gpus_per_replica
+
+    def text(self) -> str:
+        """The pool as a ``--pool`` string (settings that differ from the defaults)."""
+        parts = [f"replicas={self.replicas}", f"tp={self.tp}"]
+        if self.pp != 1:
+            parts.append(f"pp={self.pp}")
+        if self.role != "both":
+            parts.append(f"role={self.role}")
+        if self.gpu:
+            parts.append(f"gpu={self.gpu}")
+        default = SchedulerConfig()
+        for f in fields(SchedulerConfig):
+            value = getattr(self.scheduler, f.name)
+            if value != getattr(default, f.name):
+                key = "scheduler" if f.name == "kind" else f.name
+                parts.append(f"{key}={str(value).lower() if isinstance(value, bool) else value}")
+        return ",".join(parts)
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """Pools of replicas behind a router (see the module docstring). Immutable, hashable."""
+
+    pools: tuple[Pool, ...]
+    router: str = "least_tokens"
+    decode_router: str = "least_tokens"
+    context_bucket: int = 1
+    tp_comm: str = "closed"
+
+    @property
+    def disaggregated(self) -> bool:
+        return any(p.role != "both" for p in self.pools)
+
+    @property
+    def gpus(self) -> int:
+        return sum(p.gpus for p in self.pools)
+
+    @property
+    def replicas(self) -> int:
+        return sum(p.replicas for p in self.pools)
+
+    def text(self) -> str:
+        out = " + ".join(p.text() for p in self.pools) + f"; router {self.router}"
+        if self.disaggregated:
+            out += f", decode router {self.decode_router}"
+        if self.context_bucket != 1:
+            out += f", context bucket {self.context_bucket}"
+        if self.tp_comm != "closed":
+            out += f", tensor-parallel collectives on the {self.tp_comm}"
+        return out
+
+    def with_(self, **changes: Any) -> "Deployment":
+        return replace(self, **changes)
+
+
+# ---------------------------------------------------------------------- checking and parsing
+_POOL_INT = ("replicas", "tp", "pp")
+_SCHED_INT = ("max_num_seqs", "max_batched_tokens", "block_size")
+_SCHED_FLOAT = ("watermark", "gpu_memory_utilization")
+_SCHED_BOOL = ("mixed", "prefix_caching")
+POOL_KEYS = ("role", "replicas", "tp", "pp", "gpu", "scheduler") + _SCHED_INT + _SCHED_FLOAT + _SCHED_BOOL + \
+    ("preemption", "swap_space")
+
+
+def _int(value: Any, where: str, key: str, low: int = 1, high: int = 1 << 30) -> int:
+    if isinstance(value, bool) or isinstance(value, float) and not value.is_integer():
+        raise InputError(where, key, f"expected an integer, got {value!r}")
+    try:
+        number = int(str(value).strip()) if not isinstance(value, int) else value
+    except ValueError:
+        raise InputError(where, key, f"expected an integer, got {value!r}") from None
+    if not low <= number <= high:
+        raise InputError(where, key, f"expected an integer from {low} to {high:,}, got {number}")
+    return number
+
+
+def _float(value: Any, where: str, key: str, low: float, high: float) -> float:
+    try:
+        number = float(value) if not isinstance(value, bool) else float("nan")
+    except (TypeError, ValueError):
+        number = float("nan")
+    if not low <= number <= high:
+        raise InputError(where, key, f"expected a number from {low:g} to {high:g}, got {value!r}")
+    return number
+
+
+def _bool(value: Any, where: str, key: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise InputError(where, key, f"expected true or false, got {value!r}")
+
+
+def _choice(value: Any, where: str, key: str, allowed: tuple[str, ...]) -> str:
+    text = str(value).strip()
+    if text not in allowed:
+        raise InputError(where, key, f"expected one of {', '.join(allowed)}, got {value!r}")
+    return text
+
+
+def pool_from_dict(data: dict, where: str, prefix: str = "") -> Pool:
+    """A :class:`Pool` from its settings (flat: pool and scheduler keys together); InputError
+    naming ``prefix`` + the key of the first bad one."""
+    if not isinstance(data, dict):
+        raise InputError(where, prefix.rstrip("."), f"expected a mapping of pool settings, got {data!r}")
+    pool: dict[str, Any] = {}
+    sched: dict[str, Any] = {}
+    for raw_key, value in data.items():
+        key = str(raw_key)
+        path = prefix + key
+        if key not in POOL_KEYS:
+            raise InputError(where, path, f"unknown pool setting; expected one of: {', '.join(POOL_KEYS)}")
+        if key in _POOL_INT:
+            pool[key] = _int(value, where, path, 1, 4096)
+        elif key == "role":
+            pool[key] = _choice(value, where, path, ROLES)
+        elif key == "gpu":
+            pool[key] = str(value).strip()
+        elif key == "scheduler":
+            sched["kind"] = _choice(value, where, path, SCHEDULERS)
+        elif key == "max_num_seqs":
+            sched[key] = _int(value, where, path, 1, 65536)
+        elif key == "max_batched_tokens":
+            sched[key] = _int(value, where, path, 1, 1 << 24)
+        elif key == "block_size":
+            sched[key] = _int(value, where, path, 1, 4096)
+        elif key == "watermark":
+            sched[key] = _float(value, where, path, 0.0, 0.5)
+        elif key == "gpu_memory_utilization":
+            sched[key] = _float(value, where, path, 0.01, 1.0)
+        elif key in _SCHED_BOOL:
+            sched[key] = _bool(value, where, path)
+        elif key == "preemption":
+            sched[key] = _choice(value, where, path, PREEMPTION)
+        elif key == "swap_space":
+            from marssim import units
+
+            try:
+                sched[key] = units.parse(value, "bytes", allow_zero=True, bounded=True)
+            except units.UnitError as err:
+                raise InputError(where, path, str(err)) from None
+    cfg = SchedulerConfig(**sched)
+    if cfg.mixed and cfg.kind != "continuous":
+        raise InputError(where, prefix + "mixed", f"applies to scheduler=continuous, got scheduler={cfg.kind}")
+    return Pool(scheduler=cfg, **pool)
+
+
+def parse_pool(text: str, where: str = "--pool") -> Pool:
+    """A :class:`Pool` from ``replicas=16,tp=4,scheduler=chunked,max_batched_tokens=2048``."""
+    items: dict[str, str] = {}
+    for part in str(text).split(","):
+        if not part.strip():
+            continue
+        key, eq, value = part.partition("=")
+        if not eq or not key.strip() or not value.strip():
+            raise InputError(where, part.strip(), "expected key=value settings like replicas=16,tp=4")
+        if key.strip() in items:
+            raise InputError(where, key.strip(), "given twice")
+        items[key.strip()] = value.strip()
+    return pool_from_dict(items, where)
+
+
+def deployment_from_dict(data: dict, where: str) -> Deployment:
+    """A :class:`Deployment` from a file's mapping: ``pools`` (a list of pool settings),
+    ``router``, ``decode_router``, ``context_bucket``, ``tp_comm``; InputError with the key path."""
+    allowed = ("pools", "router", "decode_router", "context_bucket", "tp_comm")
+    for key in data:
+        if key not in allowed:
+            raise InputError(where, str(key), f"unknown deployment setting; expected one of: {', '.join(allowed)}")
+    pools_data = data.get("pools")
+    if not isinstance(pools_data, list) or not pools_data:
+        raise InputError(where, "pools", "expected a list of pools (each with replicas, tp, ...)")
+    pools = tuple(pool_from_dict(p, where, f"pools[{i}].") for i, p in enumerate(pools_data))
+    out = Deployment(pools,
+                     router=_choice(data.get("router", "least_tokens"), where, "router", ROUTERS),
+                     decode_router=_choice(data.get("decode_router", "least_tokens"), where, "decode_router",
+                                           ROUTERS),
+                     context_bucket=_int(data.get("context_bucket", 1), where, "context_bucket", 1, 4096),
+                     tp_comm=_choice(data.get("tp_comm", "closed"), where, "tp_comm", TP_COMM))
+    check_deployment(out, where)
+    return out
+
+
+def check_deployment(dep: Deployment, where: str = "deployment") -> None:
+    """Raise InputError when the pools cannot serve together: prefill pools without decode pools
+    (or the other way round), or both kinds beside a ``both`` pool."""
+    roles = {p.role for p in dep.pools}
+    if "prefill" in roles and "decode" not in roles or "decode" in roles and "prefill" not in roles:
+        raise InputError(where, "pools", "disaggregated serving needs a prefill pool and a decode pool")
+    if "both" in roles and len(roles) > 1:
+        raise InputError(where, "pools", "a deployment is either pools of role both or prefill and decode pools")

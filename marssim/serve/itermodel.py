@@ -1,0 +1,410 @@
+"""The time of one engine iteration of a replica, stage by stage, from the cost model.
+
+An iteration runs one forward pass over a batch of *new tokens*: prefill chunks (``q`` prompt
+tokens of a sequence whose context reaches ``ctx`` tokens with them) and decode tokens (one per
+sequence, attending over its ``ctx`` cached tokens, its own included). Its ops are the ops of a
+``mode=serve`` graph of the same model (:mod:`marssim.workload.llm`), resized to the batch:
+
+* the token-wise ops of a block (norms, the QKV, output and MLP GEMMs, rotary embeddings,
+  residual adds) over the batch's ``T`` tokens, held as ``n`` sequences of ``h`` tokens when
+  every sequence brings the same number of new tokens (so a batch of equal requests is the very
+  op of the ``mode=serve`` graph), else as one row of ``T`` tokens;
+* the KV-cache write of the prefill tokens;
+* the attention core per group of equal ``(q, ctx)`` prefill chunks (``q`` queries over ``ctx``
+  keys), and one batched decode attention over the ``D`` decode sequences at their mean context
+  (rounded; optionally to a multiple of ``context_bucket``): exact when the contexts are equal,
+  otherwise the same keys and values read within ``D / 2`` tokens (decode attention streams the
+  cache, so its time follows the total);
+* the embedding on the first stage; on the last the final norm, the output projection of the
+  ``L`` sequences that sample a token, the gather of the vocabulary-parallel logits and the
+  sampling.
+
+Each op is split over the stage's tensor-parallel ranks by the lowering's rules
+(:func:`marssim.parallel.roles.rule_for`, :func:`marssim.parallel.lower.shard_loops`) and timed by
+the cost model on the stage's GPU design, exactly as :func:`marssim.parallel.analytic.serving_times`
+times a ``mode=serve`` graph; a layout conversion between ops (the all-reduce after the
+row-parallel GEMMs and the embedding, the all-gather of the logits) is a ring collective over the
+stage's GPUs on the system's routes (``steps x (latency + chunk / bandwidth)`` at the slowest
+hop). So one request alone (or a batch of equal requests) takes the time ``serving_times``
+gives: the test suite checks it to 1e-9.
+
+What is *not* here: the activations sent between pipeline stages and every other transfer are
+flows of the simulation's network (:mod:`.fabric`); this module gives their sizes.
+
+Pieces are memoised by shape (token layout, attention group, logits rows), so a long simulation
+costs the cost model once per distinct shape. Units: seconds, bytes.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from marssim.cost.base import CostModel
+from marssim.errors import InputError
+from marssim.system import System
+from marssim.workload import Op, OpKind
+from marssim.workload.llm.config import TransformerConfig, with_overrides
+
+__all__ = ["IterationModel", "REF_BATCH", "REF_TOKENS", "stage_layers", "resize_tokens", "attention_loops"]
+
+REF_BATCH = 3
+"""Sequences of the template graph the ops are resized from."""
+REF_TOKENS = 1009
+"""Prompt tokens of the template graph (fewer for a model with a shorter table of learned
+positions); any number above 1 works, since only token axes are resized."""
+
+
+def stage_layers(layers: int, pp: int) -> tuple[int, ...]:
+    """Blocks of each pipeline stage: the parallel lowering's balanced split (larger first)."""
+    return tuple(layers // pp + (1 if s < layers % pp else 0) for s in range(pp))
+
+
+@dataclass(frozen=True)
+class _Piece:
+    """The ops of one part of an iteration, in graph order, with their tensor-parallel rules."""
+
+    ops: tuple[tuple[Op, object], ...]
+
+
+class IterationModel:
+    """Seconds of each pipeline stage of a replica for an iteration of a given shape.
+
+    ``config``: the model; ``stages``: per pipeline stage, its GPUs in tensor-parallel rank order
+    (every stage the same tensor-parallel degree); ``cost``: the cost model; ``context_bucket``:
+    decode attention's mean context rounded to a multiple of this many tokens (1: exact mean)."""
+
+    def __init__(self, config: TransformerConfig, system: System, stages: tuple[tuple[str, ...], ...],
+                 cost: CostModel, *, context_bucket: int = 1) -> None:
+        from marssim.parallel.config import ParallelConfig
+        from marssim.parallel.lower import op_rules
+        from marssim.workload.llm import build_transformer
+
+        if config.is_moe:
+            raise InputError(None, "model", "serving simulation models dense decoders (gpt, llama); "
+                                            "mixture-of-experts serving is not modelled")
+        tps = {len(s) for s in stages}
+        if len(tps) != 1:
+            raise InputError(None, "parallel", "every pipeline stage of a replica needs the same tensor parallelism")
+        self.config = config
+        self.system = system
+        self.stages = stages
+        self.tp = tps.pop()
+        self.pp = len(stages)
+        self.cost = cost
+        self.context_bucket = max(1, int(context_bucket))
+        self.blocks = stage_layers(config.layers, self.pp)
+        if min(self.blocks) < 1:
+            raise InputError(None, "parallel", f"pp={self.pp} exceeds the model's {config.layers} layers")
+        self.dtype_bytes = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}[config.dtype]
+        ref = REF_TOKENS if config.positions != "learned" else min(REF_TOKENS, config.max_positions - 1)
+        if ref < 2:
+            raise InputError(None, "model", f"max_positions={config.max_positions} leaves no room to serve a prompt")
+        self.ref_tokens = ref
+        template = with_overrides(config, mode="serve", prompt=ref, generate=1, batch=REF_BATCH, layers=1)
+        self.graph = graph = build_transformer(template)
+        rules = op_rules(graph, ParallelConfig(tp=self.tp, micro_batch=REF_BATCH))
+        self.rules = rules
+        embed, block, head = [], [], []
+        for op in graph.ops:
+            if op.kind == OpKind.INPUT or not op.name.startswith("prefill."):
+                continue
+            layer = op.param("layer")
+            (embed if layer < 0 else block if layer == 0 else head).append((op, rules[op.name]))
+        self._embed = _Piece(tuple(embed))
+        self._tokens = _Piece(tuple((op, r) for op, r in block if not op.param("core") and
+                                    op.param("what") != "kv_write"))
+        self._kv_write = _Piece(tuple((op, r) for op, r in block if op.param("what") == "kv_write"))
+        self._attention = _Piece(tuple((op, r) for op, r in block if op.param("core")))
+        self._head = _Piece(tuple(head))
+        # the attention ops' tensor-parallel splits (heads only: they never cut the resized loops)
+        self._attention_split = []
+        for op, rule in self._attention.ops:
+            split = tuple((d, num, den) for d, num, den in rule.split if op.has_dim(d) and (num != 1 or den != 1))
+            if any(d in ("B", "M", "N", "K", "L") and d in attention_loops(op, 1, 1, 1) for d, _, _ in split):
+                raise InputError(None, "model", f"{op.name}: a tensor-parallel split of a token axis")
+            self._attention_split.append((op, rule, split))
+        self.embed_out = embed[-1][0].name
+        self.block_out = block[-1][0].name
+        self._layouts = {op.name: r.out for op, r in embed + block + head}
+        self._layouts.update({op.name: "R" for op in graph.ops if op.kind == OpKind.INPUT})
+        sample = next(op for op, _ in head if op.param("what") == "sample")
+        self.sample_bytes_per_row = sample.output_bytes / REF_BATCH
+        self.hidden_bytes_per_token = config.hidden * self.dtype_bytes
+        # per stage: the design of its GPUs and its ring's hops (latency, bottleneck bandwidth)
+        self._designs = []
+        self._rings = []
+        cap = system.resource_capacity
+        for gpus in stages:
+            acc = system.accelerator(gpus[0])
+            self._designs.append(system.design(gpus[0], acc.designs[0]))
+            hops = []
+            for i, g in enumerate(gpus):
+                route = system.route(g, gpus[(i + 1) % len(gpus)])
+                bw = min((float(cap[r]) for r in route.resources), default=math.inf)
+                hops.append((route.latency, bw))
+            self._rings.append(tuple(hops))
+        # stages alike (same design and ring) share their memo
+        self._stage_class = []
+        classes: dict[tuple, int] = {}
+        for design, ring in zip(self._designs, self._rings):
+            self._stage_class.append(classes.setdefault((design.name, ring), len(classes)))
+        self._memo: list[dict] = [{} for _ in classes]
+        self._check_pieces()
+
+    # ------------------------------------------------------------------ what the model times
+    @property
+    def token_ops(self) -> tuple:
+        """``(op, rule)`` of a block's token-wise ops (views included), template-sized."""
+        return self._tokens.ops
+
+    @property
+    def kv_write_ops(self) -> tuple:
+        """``(op, rule)`` of a block's KV-cache write, template-sized."""
+        return self._kv_write.ops
+
+    @property
+    def attention_ops(self) -> tuple:
+        """``(op, rule, tensor-parallel split)`` of a block's attention core, template-sized."""
+        return tuple(self._attention_split)
+
+    def design(self, stage: int):
+        """The GPU design of ``stage``."""
+        return self._designs[stage]
+
+    # ------------------------------------------------------------------ the shape of a batch
+    def stage_times(self, tokens: tuple[int, int], prefill_tokens: tuple[int, int],
+                    prefill_groups: tuple[tuple[int, int, int], ...], decodes: int, decode_context: int,
+                    logits: int) -> tuple[float, ...]:
+        """Seconds of each stage for one iteration, its tensor-parallel collectives included.
+
+        ``tokens``: ``(n, h)``, the batch's new tokens as ``n`` sequences of ``h`` (see the
+        module docstring); ``prefill_tokens``: the prefill tokens written to the KV cache, as
+        ``(n, h)`` likewise (``(0, 0)``: none); ``prefill_groups``: ``(count, q, ctx)`` per group
+        of equal prefill chunks; ``decodes``: decode sequences; ``decode_context``: their total
+        context (tokens); ``logits``: sequences that sample a token."""
+        return tuple(self._stage(s, tokens, prefill_tokens, prefill_groups, decodes, decode_context, logits)[0]
+                     for s in range(self.pp))
+
+    def stage_parts(self, tokens: tuple[int, int], prefill_tokens: tuple[int, int],
+                    prefill_groups: tuple[tuple[int, int, int], ...], decodes: int, decode_context: int,
+                    logits: int) -> tuple[tuple[float, float, int], ...]:
+        """Per stage: ``(seconds without the tensor-parallel collectives, bytes each rank sends
+        its ring neighbour in them, their ring steps)`` (arguments as :meth:`stage_times`). On a
+        ring of equal hops of latency ``a`` and bandwidth ``b``, the collectives take
+        ``steps x a + bytes / b``."""
+        out = []
+        for s in range(self.pp):
+            total, comm, nbytes, steps = self._stage(s, tokens, prefill_tokens, prefill_groups, decodes,
+                                                     decode_context, logits)
+            out.append((total - comm, nbytes, steps))
+        return tuple(out)
+
+    def ring_hops(self, stage: int) -> tuple[tuple[float, float], ...]:
+        """``(latency s, bandwidth bytes/s)`` of each hop of ``stage``'s tensor-parallel ring."""
+        return self._rings[stage]
+
+    def _stage(self, s: int, tokens, prefill_tokens, prefill_groups, decodes, decode_context, logits) -> tuple:
+        """``(seconds, of them in collectives, collective bytes per rank, ring steps)`` of stage ``s``."""
+        memo = self._memo[self._stage_class[s]]
+        cached = self._cached
+        parts = [cached(memo, ("t", tokens), s, self._tokens_time, tokens)]
+        if prefill_tokens[0]:
+            parts.append(cached(memo, ("k", prefill_tokens), s, self._kv_time, prefill_tokens))
+        for count, q, ctx in prefill_groups:
+            parts.append(cached(memo, ("a", count, q, ctx), s, self._attention_time, count, q, ctx))
+        if decodes:
+            ctx = self.decode_context(decodes, decode_context)
+            parts.append(cached(memo, ("a", decodes, 1, ctx), s, self._attention_time, decodes, 1, ctx))
+        n = self.blocks[s]
+        if len(parts) == 1:
+            block = parts[0]
+        else:
+            block = (sum(p[0] for p in parts), sum(p[1] for p in parts), sum(p[2] for p in parts),
+                     sum(p[3] for p in parts))
+        total, comm, nbytes, steps = n * block[0], n * block[1], n * block[2], n * block[3]
+        ends = []
+        if s == 0:
+            ends.append(cached(memo, ("e", tokens), s, self._embed_time, tokens))
+        if s == self.pp - 1:
+            ends.append(cached(memo, ("h", tokens, logits), s, self._head_time, tokens, logits))
+        for e in ends:
+            total += e[0]
+            comm += e[1]
+            nbytes += e[2]
+            steps += e[3]
+        return total, comm, nbytes, steps
+
+    def decode_context(self, decodes: int, total_context: int) -> int:
+        """The context decode attention is timed at: the mean, rounded half up, to a multiple of
+        ``context_bucket`` when it is above 1."""
+        mean = (2 * total_context + decodes) // (2 * decodes)
+        b = self.context_bucket
+        if b > 1:
+            mean = max(b, (mean + b // 2) // b * b)
+        return max(1, mean)
+
+    def activation_bytes(self, tokens: int) -> float:
+        """Bytes one tensor-parallel rank sends to the next stage for ``tokens`` tokens (the
+        replicated hidden state)."""
+        return float(tokens * self.hidden_bytes_per_token)
+
+    def token_bytes(self, rows: int) -> float:
+        """Bytes of the sampled tokens of ``rows`` sequences (last stage -> first stage)."""
+        return float(rows * self.sample_bytes_per_row)
+
+    # ------------------------------------------------------------------ pieces
+    @staticmethod
+    def _cached(memo: dict, key: tuple, stage: int, fn, *args) -> tuple:
+        hit = memo.get(key)
+        if hit is None:
+            hit = memo[key] = fn(stage, *args)
+        return hit
+
+    # every piece: (seconds, of them in collectives, collective bytes per rank, ring steps)
+    def _tokens_time(self, stage: int, tokens: tuple[int, int]) -> tuple:
+        n, h = tokens
+        return self._walk(stage, [(resize_tokens(op, n, h, self.ref_tokens), r) for op, r in self._tokens.ops])
+
+    def _kv_time(self, stage: int, tokens: tuple[int, int]) -> tuple:
+        n, h = tokens
+        return self._walk(stage, [(resize_tokens(op, n, h, self.ref_tokens), r) for op, r in self._kv_write.ops])
+
+    def _attention_time(self, stage: int, count: int, q: int, ctx: int) -> tuple:
+        # the attention ops read and write only the heads' layout (F): no conversion between
+        # them or around them (checked by _check_pieces), so each is its shard's time
+        design = self._designs[stage]
+        total = 0.0
+        for op, rule, split in self._attention_split:
+            loops = op.loop_dict
+            loops.update(attention_loops(op, count, q, ctx))
+            for dim, num, den in split:
+                loops[dim] = max(1, -(-loops[dim] * num // den))
+            seconds = self.cost.op_cost(op.with_loops(**loops), design).time
+            total += float(seconds / rule.scale) if rule.scale > 1 else float(seconds)
+        return total, 0.0, 0.0, 0
+
+    def _embed_time(self, stage: int, tokens: tuple[int, int]) -> tuple:
+        n, h = tokens
+        ops = [(resize_tokens(op, n, h, self.ref_tokens), r) for op, r in self._embed.ops]
+        total, comm, nbytes, steps = self._walk(stage, ops)
+        # the first block reads the embedding replicated: the all-reduce of its partial sums
+        last = ops[-1][0]
+        t, b, k = self._convert(stage, self._layouts[last.name], "R", float(last.output_bytes))
+        return total + t, comm + t, nbytes + b, steps + k
+
+    def _head_time(self, stage: int, tokens: tuple[int, int], logits: int) -> tuple:
+        n, h = tokens
+        ops = []
+        for op, r in self._head.ops:
+            if op.kind == OpKind.NORM:
+                ops.append((resize_tokens(op, n, h, self.ref_tokens), r))
+            elif op.param("view"):
+                ops.append((resize_tokens(op, n, 1, self.ref_tokens), r))
+            else:  # the output projection and the sampling: one row per sequence that samples
+                ops.append((resize_tokens(op, logits, 1, self.ref_tokens), r))
+        return self._walk(stage, ops)
+
+    def _walk(self, stage: int, ops: list[tuple[Op, object]]) -> tuple:
+        """Seconds of ``ops`` on the stage's representative GPU: every op's shard and every layout
+        conversion between them (the loop of ``analytic._Timer.unit``); and of them the
+        conversions' seconds, bytes per rank and ring steps."""
+        design = self._designs[stage]
+        have: dict[str, tuple[str, float]] = {}
+        seen: set[tuple[str, str]] = set()
+        total = comm = nbytes = 0.0
+        steps = 0
+        for op, rule in ops:
+            for name, want in zip(op.inputs, rule.want):
+                got = have.get(name)
+                if got is None or (name, want) in seen:
+                    continue  # a graph input, or produced by another piece (checked to need no conversion)
+                seen.add((name, want))
+                layout, full = got
+                if layout != want and want != "*":
+                    t, b, k = self._convert(stage, layout, want, full)
+                    total += t
+                    comm += t
+                    nbytes += b
+                    steps += k
+            if rule.alias:
+                have[op.name] = (rule.out, float(op.output_bytes))
+                continue
+            total += self._shard(op, rule, design)
+            have[op.name] = (rule.out, float(op.output_bytes))
+        return total, comm, nbytes, steps
+
+    def _shard(self, op: Op, rule, design) -> float:
+        from marssim.parallel.lower import shard_loops
+
+        sizes = shard_loops(op, rule, {}, 1)
+        part = op.with_loops(**sizes) if sizes else op
+        seconds = self.cost.op_cost(part, design).time
+        return float(seconds / rule.scale) if rule.scale > 1 else float(seconds)
+
+    def _convert(self, stage: int, have: str, want: str, full: float) -> tuple[float, float, int]:
+        """A layout conversion of a tensor of ``full`` bytes over the stage's tensor-parallel
+        ranks: ``(seconds, bytes each rank sends, ring steps)``."""
+        if have == want or want == "*":
+            return 0.0, 0.0, 0
+        if have == "P" and want in ("R", "S", "F"):
+            return self._ring(stage, full, "all_reduce" if want == "R" else "reduce_scatter")
+        if have in ("S", "F") and want == "R" or (have == "S" and want == "F"):
+            return self._ring(stage, full, "all_gather")
+        return 0.0, 0.0, 0
+
+    def _ring(self, stage: int, size: float, kind: str) -> tuple[float, float, int]:
+        n = self.tp
+        if n <= 1 or size <= 0:
+            return 0.0, 0.0, 0
+        steps = 2 * (n - 1) if kind == "all_reduce" else n - 1
+        chunk = size / n
+        seconds = steps * max(lat + (chunk / bw if chunk > 0 else 0.0) for lat, bw in self._rings[stage])
+        return seconds, steps * chunk, steps
+
+    def _check_pieces(self) -> None:
+        """The pieces are timed apart: check on the template that no tensor crosses from one
+        piece to another in a layout its reader must convert (apart from the embedding, whose
+        conversion the embedding piece pays)."""
+        where = {}
+        for piece in (self._embed, self._tokens, self._kv_write, self._attention, self._head):
+            for op, _ in piece.ops:
+                where[op.name] = id(piece)
+        for piece in (self._tokens, self._kv_write, self._attention, self._head):
+            for op, rule in piece.ops:
+                for name, want in zip(op.inputs, rule.want):
+                    if name in where and where[name] != id(piece) and name != self.embed_out:
+                        if self._layouts[name] != want and want != "*":
+                            raise InputError(None, "model", f"{op.name} reads {name} in layout {want}, produced "
+                                                            f"as {self._layouts[name]}: not a serving layout")
+
+
+def resize_tokens(op: Op, n: int, h: int, ref: int) -> Op:
+    """``op`` of the template (``REF_BATCH`` sequences of ``ref`` tokens, or one token per
+    sequence after the last-token view) for ``n`` sequences of ``h`` tokens."""
+    kind = op.kind
+    loops = op.loop_dict
+    if kind == OpKind.GEMM:
+        return op.with_loops(B=n, M=h if loops["M"] == ref else loops["M"])
+    if kind in (OpKind.ELTWISE, OpKind.NORM, OpKind.EMBEDDING):
+        return op.with_loops(N=n, H=h if loops["H"] == ref else loops["H"])
+    if kind == OpKind.RESHAPE:  # memory-only: the batch and token axes of every shape
+        from dataclasses import replace
+
+        def shape(s: tuple) -> tuple:
+            return (n if s[0] == REF_BATCH else s[0], s[1], h if s[2] == ref else s[2], s[3])
+
+        new = {"N": n, "H": h if loops["H"] == ref else loops["H"]}
+        return replace(op, loops=tuple((k, new.get(k, v)) for k, v in op.loops),
+                       in_shapes=tuple(shape(s) for s in op.in_shapes), out_shape=shape(op.out_shape))
+    raise ValueError(f"{op.name}: no token-wise resize for {kind}")
+
+
+def attention_loops(op: Op, count: int, q: int, ctx: int) -> dict[str, int]:
+    """The loops of an attention-core op of the template for ``count`` sequences of ``q``
+    queries over ``ctx`` keys."""
+    if op.kind == OpKind.SOFTMAX:
+        return {"N": count, "H": q, "L": ctx}
+    if op.param("b_feature") == "N":  # P V: the keys are the contraction
+        return {"B": count, "M": q, "K": ctx}
+    return {"B": count, "M": q, "N": ctx}  # Q K^T, or the fused kernel

@@ -1,0 +1,49 @@
+"""The model a deployment serves, from a workload spec: ``llama3-70b``, ``llama3-8b:attention=flash``,
+``gpt:layers=24,hidden=2048,heads=16``. The requests decide the run (prompt and output tokens,
+batch), so the settings of one run (``mode``, ``batch``, ``seq``, ``prompt``, ``generate``,
+``context``) are refused; mixture-of-experts models are refused (their serving is not modelled).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from marssim.errors import InputError
+from marssim.workload.llm.config import TransformerConfig
+from marssim.workload.registry import parse_spec
+
+__all__ = ["load_model", "RUN_KEYS"]
+
+RUN_KEYS = ("mode", "batch", "seq", "prompt", "generate", "context", "recompute")
+
+
+def load_model(spec: str) -> TransformerConfig:
+    """The :class:`TransformerConfig` of ``spec`` (a dense LLM of the workload zoo), in serving
+    form. Raises InputError naming the key."""
+    from marssim.workload import load_workload
+    from marssim.workload.registry import zoo_entries
+
+    name, params = parse_spec(spec)
+    entry = zoo_entries().get(name)
+    if entry is None or entry.group != "llm":
+        llms = sorted(k for k, e in zoo_entries().items() if e.group == "llm")
+        raise InputError(spec, "", f"expected an LLM of the workload zoo ({', '.join(llms)}), got {name!r}")
+    for key in params:
+        if key in RUN_KEYS:
+            raise InputError(spec, key, "is set by the requests (prompt and output tokens, batching); drop it")
+    layers = params.pop("layers", None)
+    small = ",".join([f"{k}={v}" for k, v in params.items()] + ["mode=prefill", "seq=2", "batch=1", "layers=1"])
+    graph = load_workload(f"{name}:{small}")
+    config: TransformerConfig = graph.meta["transformer"]
+    full = dict(entry.defaults)
+    if layers is not None:
+        try:
+            full["layers"] = int(layers)
+        except ValueError:
+            raise InputError(spec, "layers", f"expected a positive integer, got {layers!r}") from None
+        if full["layers"] < 1:
+            raise InputError(spec, "layers", f"expected a positive integer, got {layers!r}")
+    config = replace(config, layers=int(full["layers"]), mode="prefill", seq=1, batch=1, name=config.name)
+    if config.is_moe:
+        raise InputError(spec, "", "mixture-of-experts serving is not modelled; expected a dense model (gpt, llama)")
+    return config
