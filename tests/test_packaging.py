@@ -19,7 +19,7 @@ from marssim.data import DATA_PACKAGES, calibration, collectives, host_overheads
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = ("pyproject.toml", "setup.py", "README.md", "marssim", "topologies", "traces/calibration", "traces/collectives",
-           "traces/host-overheads", "traces/requests")
+           "traces/host-overheads", "traces/requests", "traces/published")
 
 
 def _setuptools_builds_this_project() -> bool:

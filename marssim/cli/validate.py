@@ -18,9 +18,16 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "report per mapping the relative error; over all of them the median, p90 and max error, the "
                     "rank correlation (Kendall tau, Spearman rho) and which resources' contention explains the "
                     "largest gaps. Writes validate.csv, summary.txt, attribution.csv and a scatter plot "
-                    "(scatter.png/.svg) into --out.")
-    p.add_argument("--system", required=True, metavar="SYSTEM", help="system YAML or shipped name")
-    p.add_argument("--workload", required=True, metavar="SPEC", help="zoo spec like resnet50:batch=8 or an .onnx file")
+                    "(scatter.png/.svg) into --out. With --published TABLE: predict runs others measured (a table "
+                    "of systems, workloads, parallel configurations and measured iteration times; shipped: "
+                    "korthikanti2022-table5) and print per row the error and where the predicted time went, and "
+                    "the mean and worst error; writes published.csv into --out.")
+    p.add_argument("--published", metavar="TABLE",
+                   help="a CSV of published measured runs, or a shipped table's name (korthikanti2022-table5)")
+    p.add_argument("--how", choices=("simulate", "estimate"), default="simulate",
+                   help="with --published: predict by simulation (default) or by the analytical estimate")
+    p.add_argument("--system", metavar="SYSTEM", help="system YAML or shipped name")
+    p.add_argument("--workload", metavar="SPEC", help="zoo spec like resnet50:batch=8 or an .onnx file")
     p.add_argument("--batch", type=positive_int, help="override the workload's batch")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--mappings", metavar="DIR", help="evaluate every mapping YAML in DIR (named by file stem)")
@@ -32,7 +39,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--estimates", metavar="FILE.csv",
                    help="also compare your own numbers: columns mapping,makespan_s (per mapping: name or key prefix) "
                         "or op,time_s (per layer, optional mapping column)")
-    p.add_argument("--out", metavar="DIR", default="validate-out", help="output directory (default validate-out)")
+    p.add_argument("--out", metavar="DIR", help="output directory (default validate-out; with --published: none)")
     p.add_argument("--workers", type=positive_int, default=1, help="evaluate mappings in N processes (default 1)")
     p.add_argument("--memory-policy", dest="memory_policy", choices=("error", "spill"), default="error",
                    help="mappings that overflow a memory are left out (error, default) or spill to host DRAM")
@@ -42,11 +49,19 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from marssim.errors import InputError
     from marssim.system import load_system
     from marssim.search.sample import sample_mappings
     from marssim.validate import load_mapping_dir, read_estimates, validate
     from marssim.workload import load_workload
 
+    if args.published:
+        return run_published(args)
+    if args.how != "simulate":
+        raise InputError(None, "--how", "applies with --published (mappings are always both estimated and simulated)")
+    if not args.system or not args.workload:
+        raise InputError(None, "arguments", "give --system and --workload (or --published TABLE)")
+    args.out = args.out or "validate-out"
     check_output_dir(args.out)
     system = load_system(args.system)
     graph = load_workload(args.workload, batch=args.batch)
@@ -72,6 +87,44 @@ def run(args: argparse.Namespace) -> int:
     print(report.text())
     print()
     print("\n".join(f"wrote     {p}" for p in paths))
+    return 0
+
+
+_MAPPING_FLAGS = (("--system", "system"), ("--workload", "workload"), ("--batch", "batch"), ("--mappings", "mappings"),
+                  ("--sample", "sample"), ("--estimates", "estimates"), ("--max-sets", "max_sets"))
+
+
+def run_published(args: argparse.Namespace) -> int:
+    """``--published TABLE``: predict every row, print the errors, write ``published.csv``."""
+    from marssim.errors import InputError
+    from marssim.validate.published import format_predictions, load_published, predict_all, write_predictions
+
+    given = [flag for flag, dest in _MAPPING_FLAGS if getattr(args, dest, None) is not None]
+    if given:
+        raise InputError(None, given[0], "does not apply with --published (each row names its system, workload and "
+                                         "parallel configuration)")
+    check_output_dir(args.out)
+    runs = load_published(args.published)
+    quiet = args.quiet or not sys.stderr.isatty()
+
+    def progress(p) -> None:
+        if not quiet:
+            print(f"{p.run.name}: {p.wall_s:.1f} s", file=sys.stderr)
+
+    if args.workers > 1:
+        from marssim.search.parallel import open_executor
+
+        with open_executor(args.workers) as pool:
+            predictions = predict_all(runs, cost_model(args), args.how, executor=pool, progress=progress)
+    else:
+        predictions = predict_all(runs, cost_model(args), args.how, progress=progress)
+    print(f"{args.published}: {len(runs)} published runs, predicted by {args.how}")
+    print(format_predictions(predictions))
+    if args.out:
+        from pathlib import Path
+
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        print(f"\nwrote     {write_predictions(predictions, Path(args.out) / 'published.csv')}")
     return 0
 
 

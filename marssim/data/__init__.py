@@ -7,11 +7,13 @@
 * :func:`collectives`: the measured collective tables (``*.csv``): ``traces/collectives/``;
 * :func:`host_overheads`: the measured host overheads (``*.csv``): ``traces/host-overheads/``;
 * :func:`requests`: the request traces of serving simulations (``*.csv``, with their
-  ``README.md`` of source and license): ``traces/requests/``.
+  ``README.md`` of source and license): ``traces/requests/``;
+* :func:`published`: tables of published measured runs (``*.csv``, their sources in the
+  files), the checks of ``marssim validate --published``: ``traces/published/``.
 
 The directories stay where the repository keeps them. The build (``setup.py``) maps the
 packages ``marssim.data.topologies``, ``marssim.data.calibration``, ``marssim.data.collectives``,
-``marssim.data.host_overheads`` and ``marssim.data.requests`` onto them, so a wheel
+``marssim.data.host_overheads``, ``marssim.data.requests`` and ``marssim.data.published`` onto them, so a wheel
 carries them as package data beside this module, where :mod:`importlib.resources` finds them.
 In a checkout (an editable install, or the source tree on ``PYTHONPATH``) this package lives in
 the repository and the directories are the repository's own.
@@ -22,11 +24,11 @@ from __future__ import annotations
 import importlib.resources
 from pathlib import Path
 
-__all__ = ["topologies", "calibration", "collectives", "host_overheads", "requests", "DATA_PACKAGES"]
+__all__ = ["topologies", "calibration", "collectives", "host_overheads", "requests", "published", "DATA_PACKAGES"]
 
 DATA_PACKAGES = {"marssim.data.topologies": "topologies", "marssim.data.calibration": "traces/calibration",
                  "marssim.data.collectives": "traces/collectives", "marssim.data.host_overheads": "traces/host-overheads",
-                 "marssim.data.requests": "traces/requests"}
+                 "marssim.data.requests": "traces/requests", "marssim.data.published": "traces/published"}
 """Each data package and the repository directory it is built from."""
 
 
@@ -63,3 +65,9 @@ def requests() -> Path:
     """The shipped request traces (``*.csv``: ``arrival_s,prompt_tokens,output_tokens``; see
     :mod:`marssim.serve.traces`) and their ``README.md``."""
     return _directory("requests")
+
+
+def published() -> Path:
+    """The shipped tables of published measured runs (``*.csv``; see
+    :mod:`marssim.validate.published`)."""
+    return _directory("published")

@@ -1,0 +1,206 @@
+"""Predictions against published measurements: a table of runs others measured (a system, a
+workload, a parallel configuration and the iteration time they report) evaluated by
+:func:`marssim.plan.run`, each row's error stated with where the predicted time went.
+
+A table is a CSV file (``#`` lines are its provenance) with the columns ``name, system,
+workload, parallel, measured_iteration_s, source`` and optionally ``measured_mfu``; the shipped
+tables (``marssim.data.published()``) are found by their file stem, e.g.
+``korthikanti2022-table5``. The measured figures are checks, never fitted to.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from marssim.errors import CapacityError, InputError
+
+__all__ = ["PublishedRun", "Prediction", "load_published", "published_tables", "predict", "predict_all",
+           "format_predictions", "summary"]
+
+_COLUMNS = ("name", "system", "workload", "parallel", "measured_iteration_s", "source")
+
+
+@dataclass(frozen=True)
+class PublishedRun:
+    """One measured run: ``measured_iteration_s`` seconds per iteration (``measured_mfu``: the
+    model FLOPs utilisation it reports, NaN when it does not)."""
+
+    name: str
+    system: str
+    workload: str
+    parallel: str
+    measured_iteration_s: float
+    source: str
+    measured_mfu: float = float("nan")
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """A published run and what marssim predicts for it (seconds, FLOP ratios): the iteration,
+    MFU and HFU, and per GPU the time computing, in the pipeline bubble and in exposed
+    communication per group; ``error``: (predicted - measured) / measured."""
+
+    run: PublishedRun
+    how: str
+    iteration_s: float = float("nan")
+    mfu: float = float("nan")
+    hfu: float = float("nan")
+    busy_s: float = float("nan")
+    bubble_s: float = float("nan")
+    exposed_s: dict = field(default_factory=dict)
+    problem: str = ""
+    wall_s: float = 0.0
+
+    @property
+    def error(self) -> float:
+        return (self.iteration_s - self.run.measured_iteration_s) / self.run.measured_iteration_s
+
+
+def published_tables() -> dict[str, Path]:
+    """The shipped tables by name (file stem)."""
+    from marssim.data import published
+
+    return {p.stem: p for p in sorted(published().glob("*.csv"))}
+
+
+def load_published(name_or_path: str | Path) -> list[PublishedRun]:
+    """The rows of a table (a path, or a shipped table's name); InputError naming the file, the
+    row and the column for anything missing or malformed."""
+    path = Path(name_or_path)
+    if not path.is_file():
+        tables = published_tables()
+        if str(name_or_path) not in tables:
+            raise InputError(str(name_or_path), "", f"no such file; expected a CSV of published runs or one of the "
+                                                    f"shipped tables: {', '.join(tables)}")
+        path = tables[str(name_or_path)]
+    file = str(path)
+    lines = [line for line in path.read_text(encoding="utf-8").splitlines() if not line.startswith("#")]
+    reader = csv.DictReader(lines)
+    missing = [c for c in _COLUMNS if c not in (reader.fieldnames or ())]
+    if missing:
+        raise InputError(file, "", f"expected the columns {', '.join(_COLUMNS)}; missing {', '.join(missing)}")
+    rows = []
+    for i, row in enumerate(reader):
+        where = f"row {i + 1}"
+        try:
+            measured = float(row["measured_iteration_s"])
+        except (TypeError, ValueError):
+            raise InputError(file, f"{where}.measured_iteration_s",
+                             f"expected seconds, got {row['measured_iteration_s']!r}") from None
+        if not measured > 0 or not math.isfinite(measured):
+            raise InputError(file, f"{where}.measured_iteration_s", f"expected a positive time, got {measured}")
+        for column in ("name", "system", "workload", "parallel"):
+            if not (row.get(column) or "").strip():
+                raise InputError(file, f"{where}.{column}", "expected a value, got nothing")
+        mfu = row.get("measured_mfu") or ""
+        rows.append(PublishedRun(row["name"].strip(), row["system"].strip(), row["workload"].strip(),
+                                 row["parallel"].strip(), measured, (row.get("source") or "").strip(),
+                                 float(mfu) if mfu.strip() else float("nan")))
+    if not rows:
+        raise InputError(file, "", "expected at least one row")
+    return rows
+
+
+def predict(run: PublishedRun, cost=None, how: str = "simulate") -> Prediction:
+    """The prediction of one published run (``how``: ``simulate`` or ``estimate``). A row the
+    simulator refuses (a configuration its memory model says does not fit, say) keeps the reason
+    in ``problem``."""
+    from marssim.parallel import parse_parallel
+    from marssim.plan import bind_parallel, run as run_plan, workload_sets_batch
+    from marssim.specs import split_spec
+    from marssim.system import load_system
+    from marssim.workload import load_workload
+
+    start = time.perf_counter()
+    try:
+        system = load_system(run.system)
+        graph = load_workload(run.workload)
+        cfg = parse_parallel(run.parallel, where=run.name)
+        cfg, graph = bind_parallel(cfg, graph, system, run.name,
+                                   micro_batch_given="micro_batch" in split_spec(run.parallel, named=False).params,
+                                   batch_given=workload_sets_batch(run.workload))
+        done = run_plan(cfg, graph, system, cost, how=how, memory_policy="ignore", detail=False)
+    except (InputError, CapacityError) as err:
+        return Prediction(run, how, problem=str(err), wall_s=time.perf_counter() - start)
+    rep = done.report
+    exposed = {k: v for k, v in rep.exposed_s.items() if k != "bubble"}
+    return Prediction(run, how, rep.iteration_s, rep.mfu, rep.hfu, rep.busy_s, rep.exposed_s.get("bubble", 0.0),
+                      exposed, wall_s=time.perf_counter() - start)
+
+
+def _predict_one(args: tuple) -> Prediction:
+    run, cost, how = args
+    return predict(run, cost, how)
+
+
+def predict_all(runs: Sequence[PublishedRun], cost=None, how: str = "simulate", executor: Executor | None = None,
+                progress: Callable[[Prediction], None] | None = None) -> list[Prediction]:
+    """Every run predicted, in order, on ``executor`` (one run per task) or here."""
+    if cost is None:
+        from marssim.cost import default_cost_model
+
+        cost = default_cost_model()
+    items = [(r, cost, how) for r in runs]
+    outs = executor.map(_predict_one, items) if executor is not None else map(_predict_one, items)
+    done = []
+    for p in outs:
+        done.append(p)
+        if progress is not None:
+            progress(p)
+    return done
+
+
+def summary(predictions: Sequence[Prediction]) -> dict[str, float]:
+    """Mean and worst absolute error and mean signed error over the rows predicted."""
+    errors = [p.error for p in predictions if not p.problem]
+    if not errors:
+        return {"rows": 0, "mean_abs": math.nan, "worst_abs": math.nan, "mean": math.nan}
+    return {"rows": len(errors), "mean_abs": sum(abs(e) for e in errors) / len(errors),
+            "worst_abs": max(abs(e) for e in errors), "mean": sum(errors) / len(errors)}
+
+
+def format_predictions(predictions: Sequence[Prediction]) -> str:
+    """One line per row: measured and predicted iteration (s), the error, MFU and HFU, and where a
+    GPU's predicted time went (computing, bubble, the two groups with the most exposed
+    communication), within 120 columns; then the mean and worst error."""
+    lines = [f"{'run':<22}{'measured s':>11}{'predicted':>11}{'error':>8}{'MFU':>7}{'HFU':>7}{'busy':>7}"
+             f"{'bubble':>8}  exposed communication"]
+    for p in predictions:
+        if p.problem:
+            lines.append(f"{p.run.name[:21]:<22}{p.run.measured_iteration_s:>11.3f}  not predicted: {p.problem}"[:120])
+            continue
+        it = p.iteration_s
+        groups = sorted(((v, k.upper()) for k, v in p.exposed_s.items() if v > 0), reverse=True)[:2]
+        exposed = " ".join(f"{g} {v / it:.1%}" for v, g in groups) or "-"
+        lines.append(f"{p.run.name[:21]:<22}{p.run.measured_iteration_s:>11.3f}{it:>11.3f}{p.error:>+8.1%}"
+                     f"{p.mfu:>7.1%}{p.hfu:>7.1%}{p.busy_s / it:>7.1%}{p.bubble_s / it:>8.1%}  {exposed}")
+    s = summary(predictions)
+    lines.append(f"{s['rows']} rows: mean |error| {s['mean_abs']:.2%}, worst {s['worst_abs']:.2%}, mean signed "
+                 f"{s['mean']:+.2%}")
+    lines.append("(busy, bubble, exposed communication: shares of the predicted iteration, per GPU)")
+    return "\n".join(lines)
+
+
+def write_predictions(predictions: Sequence[Prediction], path: str | Path) -> Path:
+    """The predictions as CSV (atomically): one row per run."""
+    import pandas as pd
+
+    from marssim.fsutil import atomic_file
+
+    rows = []
+    for p in predictions:
+        rows.append({"name": p.run.name, "system": p.run.system, "workload": p.run.workload,
+                     "parallel": p.run.parallel, "source": p.run.source, "how": p.how,
+                     "measured_iteration_s": p.run.measured_iteration_s, "predicted_iteration_s": p.iteration_s,
+                     "error": p.error if not p.problem else math.nan, "mfu": p.mfu, "hfu": p.hfu, "busy_s": p.busy_s,
+                     "bubble_s": p.bubble_s, **{f"exposed_{k}_s": v for k, v in sorted(p.exposed_s.items())},
+                     "problem": p.problem, "wall_s": p.wall_s})
+    with atomic_file(path) as handle:
+        pd.DataFrame(rows).to_csv(handle, index=False)
+    return Path(path)
