@@ -10,10 +10,12 @@ scalable units, an oversubscribed fabric, folded and unfolded), it lowers each o
   (serving);
 
 each as the exact float (``float.hex``), and a SHA-256 over all of them. ``--save`` writes the
-reference (``analysis/results/parallel_exact.json``); without it the script compares with the
-reference and prints every value that differs, with its relative difference.
+reference (``analysis/results/parallel_exact.json``); without it the script compares with a
+reference (that one, or ``--reference PATH``: ``analysis/results/parallel_exact_before.json`` holds
+the values of the code before the changes to the simulator's speed and memory) and prints every
+value that differs, with its relative difference.
 
-Usage: ``python analysis/check_parallel_exact.py [--save] [--only NAME]``.
+Usage: ``python analysis/check_parallel_exact.py [--save] [--only NAME] [--reference PATH]``.
 """
 
 from __future__ import annotations
@@ -144,8 +146,10 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--save", action="store_true", help="write the reference instead of comparing with it")
     ap.add_argument("--only", default="", help="run only the cases whose name contains this")
+    ap.add_argument("--reference", default=str(REFERENCE), help="the reference to compare with")
     args = ap.parse_args()
-    reference = json.loads(REFERENCE.read_text()) if REFERENCE.exists() and not args.save else None
+    ref_path = pathlib.Path(args.reference)
+    reference = json.loads(ref_path.read_text()) if ref_path.exists() and not args.save else None
     values: dict[str, dict[str, str]] = {}
     differ = 0
     for name, system_spec, workload, config, folded in CASES:

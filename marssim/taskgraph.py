@@ -12,7 +12,8 @@ Python objects. A task is either
 A transfer with ``steps`` k > 1 (the optional column; absent: 1) is k back-to-back steps over
 its route, each serialising ``nbytes / k`` bytes and then taking the route's latency: a ring
 collective's steps when every rank of the ring is one folded class (see
-:mod:`marssim.parallel.fold`), whose steps follow each other without waiting for anyone else.
+:mod:`marssim.parallel.fold`), whose steps follow each other without waiting for anyone else. It
+reads its predecessors' outputs in its first step: their buffers count it as ended then.
 
 Every task may allocate an output buffer of ``mem_bytes`` bytes on node ``mem_node`` when it
 starts; the buffer is freed when the last of the task's successors ends (or when the task itself

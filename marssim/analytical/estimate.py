@@ -95,6 +95,24 @@ def _durations(tg: TaskGraph, bottleneck: np.ndarray, latency: np.ndarray) -> np
     return duration
 
 
+def _first_step_end(tg: TaskGraph, start: np.ndarray, end: np.ndarray, bottleneck: np.ndarray,
+                    latency: np.ndarray) -> np.ndarray:
+    """When each task has read its inputs (s): its end, or for a transfer of several steps the
+    end of its first step (``nbytes / steps`` at the bottleneck rate, then the route latency)."""
+    if tg.steps is None:
+        return end
+    stepped = np.flatnonzero(tg.steps > 1)
+    if not len(stepped):
+        return end
+    out = end.copy()
+    route = tg.route[stepped]
+    nbytes = tg.nbytes[stepped] / tg.steps[stepped]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        serial = np.where(nbytes > 0, nbytes / bottleneck[route], 0.0)
+    out[stepped] = start[stepped] + serial + latency[route]
+    return out
+
+
 @dataclass(frozen=True, eq=False)
 class Estimate:
     """The analytical evaluation of one TaskGraph on one System.
@@ -180,7 +198,8 @@ class Estimate:
         buffer is ever spilled."""
         tg, system = self.taskgraph, self.system
         bottleneck, latency, _, _, _ = _route_arrays(tg, system)
-        memories, memory_timeline = buffer_timeline(tg, system, self.start, self.end)
+        memories, memory_timeline = buffer_timeline(tg, system, self.start, self.end,
+                                                    _first_step_end(tg, self.start, self.end, bottleneck, latency))
         link_timeline, busy = flow_timeline(tg, system, self.start, self.end, bottleneck, latency)
         meta = {"evaluator": "analytical", "tasks": tg.n_tasks, "lower_bound_s": self.lower_bound,
                 "bound": max(self.bounds, key=self.bounds.get) if self.bounds else ""}

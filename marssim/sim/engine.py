@@ -113,6 +113,7 @@ class _Simulation:
         # a stepped transfer (see TaskGraph.steps) sends nbytes / steps per step
         self.nbytes = (tg.nbytes / np.maximum(steps, 1)).tolist() if steps is not None else tg.nbytes.tolist()
         self.steps_left = np.maximum(steps.astype(np.int64) - 1, 0).tolist() if steps is not None else None
+        self.steps_total = steps.tolist() if steps is not None else None
         self.mem_node = tg.mem_node.tolist()
         self.mem_bytes = tg.mem_bytes.tolist()
         succ_ptr, succ_idx = tg.successors
@@ -189,7 +190,7 @@ class _Simulation:
             stream.close()
         self._streams = []
         self.net.close()
-        self._allocate = self._dispatch = self._ready = self._complete = self._finish = None
+        self._allocate = self._dispatch = self._ready = self._complete = self._finish = self._read = None
 
     def _bind(self) -> None:
         """Build the per-event paths as closures over the task columns (local lookups only):
@@ -261,6 +262,16 @@ class _Simulation:
                 if w == 0:
                     ready(s)
 
+        def read_once(t: int) -> None:  # a stepped transfer's first step has read its inputs
+            for p in pred[t]:
+                left = readers_left[p] - 1
+                readers_left[p] = left
+                if left == 0:
+                    nb = mem_bytes[p]
+                    if nb > 0:
+                        pool_of[p].release(nb)
+            pred[t] = ()
+
         def finish(event) -> None:
             t = event._value
             if t >= n:
@@ -286,7 +297,7 @@ class _Simulation:
             complete(t)
 
         self._allocate, self._dispatch, self._ready = allocate, dispatch, ready
-        self._complete, self._finish = complete, finish
+        self._complete, self._finish, self._read = complete, finish, read_once
 
     def _device(self, heap: list[int], idle: list[simpy.Event]):
         """One compute stream of a device: run its ready tasks (ranks in ``heap``) one at a
@@ -323,9 +334,13 @@ class _Simulation:
             self._finish(_Arrival(token))
 
     def _finish_step(self, event) -> None:
-        """A step of a transfer has arrived: start its next step, or finish the task."""
+        """A step of a transfer has arrived: start its next step, or finish the task. A stepped
+        transfer reads its inputs in its first step (as the first of the steps it stands for
+        does), so its predecessors' buffers count it as ended when that step has arrived."""
         t = event._value
         if t < self.n and self.steps_left[t] > 0:
+            if self.steps_left[t] == self.steps_total[t] - 1:
+                self._read(t)
             self.steps_left[t] -= 1
             if self.is_flow[t]:
                 self.net.add_flow(t, self.nbytes[t], self.route[t], self.latency[t])
