@@ -29,32 +29,66 @@ from marssim.taskgraph import COMPUTE, TaskGraph
 from marssim.results.build import Spill, build_result
 from marssim.results.summary import Summary, summarise
 
+from .fast import Progress  # noqa: F401  (the progress callback type)
 from .memory import POLICIES, MemoryPool
 from .network import FairShareNetwork
 from marssim.results.result import Result
 
-__all__ = ["simulate", "simulate_summary", "setup_time"]
+__all__ = ["simulate", "simulate_summary", "setup_time", "ENGINES"]
+
+
+ENGINES = ("auto", "compiled", "simpy")
+"""``compiled``: :mod:`.fast` (numba; same results, several times faster, arrays instead of
+Python objects per task); ``simpy``: this module; ``auto``: compiled where it can run (numba
+installed, not the ``spill`` policy), else SimPy."""
+
+
+def _check(memory_policy: str, streams: int, engine: str) -> None:
+    if memory_policy not in POLICIES:
+        raise ValueError(f"memory_policy must be one of {POLICIES}, got {memory_policy!r}")
+    if streams < 1:
+        raise ValueError(f"streams must be >= 1, got {streams}")
+    if engine not in ENGINES:
+        raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
+
+
+def _compiled(taskgraph: TaskGraph, memory_policy: str, engine: str) -> bool:
+    """Whether this run takes the compiled engine."""
+    from . import fast
+
+    if engine == "simpy":
+        return False
+    ok = fast.usable(taskgraph, memory_policy)
+    if engine == "compiled" and not ok:
+        raise RuntimeError("engine 'compiled' needs numba (pip install 'marssim[fast]') and a memory policy other "
+                           "than 'spill'")
+    return ok
 
 
 def simulate(taskgraph: TaskGraph, system: System, *, memory_policy: str = "error", streams: int = 1,
-             record: bool = True, setup: bool = True) -> Result:
+             record: bool = True, setup: bool = True, engine: str = "auto",
+             progress: "Progress | None" = None) -> Result:
     """Simulate ``taskgraph`` on ``system`` and return the :class:`Result`.
 
     ``memory_policy``: ``error`` (raise CapacityError on overflow), ``spill`` (to host DRAM) or
     ``ignore`` (never overflow; the peak is still reported).
     ``streams``: compute tasks a device may run at once. ``record``: keep the memory and link
     timelines (traces need them; searches do not). ``setup``: also simulate the weight loads
-    to report ``Result.setup_time``."""
-    if memory_policy not in POLICIES:
-        raise ValueError(f"memory_policy must be one of {POLICIES}, got {memory_policy!r}")
-    if streams < 1:
-        raise ValueError(f"streams must be >= 1, got {streams}")
+    to report ``Result.setup_time``. ``engine``: see :data:`ENGINES` (the same result from
+    either). ``progress``: called at most every half second of wall time with
+    ``{"time_s": simulated seconds so far, "tasks_done", "tasks"}``."""
+    _check(memory_policy, streams, engine)
     wall = time.perf_counter()
     with gc_paused():
-        sim = _Simulation(taskgraph, system, memory_policy, streams, record)
-        sim.run()
-        result = sim.result()
-        del sim  # acyclic once run: freed here, before the collector is back
+        if _compiled(taskgraph, memory_policy, engine):
+            from .fast import run_compiled
+
+            result = run_compiled(taskgraph, system, memory_policy, streams, record, progress=progress)
+        else:
+            sim = _Simulation(taskgraph, system, memory_policy, streams, record)
+            sim.run(progress)
+            result = sim.result()
+            del sim  # acyclic once run: freed here, before the collector is back
     result.meta["wall_s"] = time.perf_counter() - wall
     if setup and taskgraph.setup:
         result.setup_time = setup_time(taskgraph, system)
@@ -62,16 +96,18 @@ def simulate(taskgraph: TaskGraph, system: System, *, memory_policy: str = "erro
 
 
 def simulate_summary(taskgraph: TaskGraph, system: System, *, memory_policy: str = "error",
-                     streams: int = 1) -> Summary:
+                     streams: int = 1, engine: str = "auto", progress: "Progress | None" = None) -> Summary:
     """Simulate like :func:`simulate` but return only the :class:`Summary`: no interval log, no
     per-resource tables (what a search needs, several times faster on small graphs)."""
-    if memory_policy not in POLICIES:
-        raise ValueError(f"memory_policy must be one of {POLICIES}, got {memory_policy!r}")
-    if streams < 1:
-        raise ValueError(f"streams must be >= 1, got {streams}")
+    _check(memory_policy, streams, engine)
     with gc_paused():
+        if _compiled(taskgraph, memory_policy, engine):
+            from .fast import run_compiled
+
+            return run_compiled(taskgraph, system, memory_policy, streams, False, summary_only=True,
+                                progress=progress)
         sim = _Simulation(taskgraph, system, memory_policy, streams, False)
-        sim.run()
+        sim.run(progress)
         summary = sim.summary()
         del sim  # acyclic once run: freed here, before the collector is back
     return summary
@@ -170,16 +206,42 @@ class _Simulation:
                 env.process(self._streams[-1])
 
     # ------------------------------------------------------------------ life of a task
-    def run(self) -> None:
+    def run(self, progress: "Progress | None" = None) -> None:
         ready = self._ready
-        for t, w in enumerate(self.waiting):
-            if w == 0:
-                ready(t)
-        self.env.run()
+        # the tasks without predecessors (listed first: one that ends at once readies others,
+        # which must not be readied twice)
+        for t in [t for t, w in enumerate(self.waiting) if w == 0]:
+            ready(t)
+        if progress is None:
+            self.env.run()
+        else:
+            self._run_reporting(progress)
         self._release()
-        unfinished = int(np.isnan(np.asarray(self.end)).sum())
+        unfinished = int(np.isnan(np.asarray(self.end, dtype=float)).sum())
         if unfinished:
             raise RuntimeError(f"{unfinished} tasks never ran: the task graph has a cycle or an unreachable dependency")
+
+    def _run_reporting(self, progress: "Progress") -> None:
+        """``env.run()`` step by step, calling ``progress`` at most every PROGRESS_EVERY seconds."""
+        from .fast import PROGRESS_EVERY
+
+        env, step = self.env, self.env.step
+
+        def report() -> None:
+            ended = int(np.count_nonzero(~np.isnan(np.asarray(self.end, dtype=float))))
+            progress({"time_s": env.now, "tasks_done": ended, "tasks": self.n})
+
+        last = time.perf_counter()
+        try:
+            while True:
+                for _ in range(4096):
+                    step()
+                if time.perf_counter() - last >= PROGRESS_EVERY:
+                    last = time.perf_counter()
+                    report()
+        except simpy.core.EmptySchedule:
+            pass
+        report()
 
     def _release(self) -> None:
         """Break the reference cycles of a finished run (processes suspended on events that
@@ -391,7 +453,7 @@ class _Simulation:
     # ------------------------------------------------------------------ result
     def summary(self) -> Summary:
         """Makespan, throughput and energy computed exactly as :meth:`result` computes them."""
-        return summarise(self.tg, self.system, np.asarray(self.end), self.streams)
+        return summarise(self.tg, self.system, np.asarray(self.end, dtype=float), self.streams)
 
     def result(self) -> Result:
         """The run as a :class:`~marssim.results.Result` (built by the results layer from the
@@ -413,7 +475,7 @@ class _Simulation:
                                      columns=["resource", "time", "rate", "flows"])
         meta = {"evaluator": "simulation", "tasks": self.n, "events": _events_scheduled(self.env),
                 "network_recomputes": self.net.recomputes, "memory_policy": self.policy, "spills": len(self.spills)}
-        return build_result(self.tg, self.system, np.asarray(self.start), np.asarray(self.end), streams=self.streams,
+        return build_result(self.tg, self.system, np.asarray(self.start, dtype=float), np.asarray(self.end, dtype=float), streams=self.streams,
                             memories=memories, memory_timeline=memory_timeline, link_timeline=link_timeline,
                             link_busy=np.asarray(self.net.busy), spills=spills, meta=meta)
 
