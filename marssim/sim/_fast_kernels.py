@@ -106,10 +106,17 @@ class State(structref.StructRefProxy):
     def __new__(cls, **arrays):
         if _NO_JIT:  # numba's interpreter mode (NUMBA_DISABLE_JIT=1): a plain namespace
             return _Namespace(**arrays)
-        return structref.StructRefProxy.__new__(cls, *(arrays[name] for name in FIELDS))
+        return _new_state(tuple(arrays[name] for name in FIELDS))
 
 
 structref.define_proxy(State, _StateType, list(FIELDS))
+
+
+@njit(cache=True)
+def _new_state(arrays):
+    """A :class:`State` holding ``arrays`` (built in compiled code, cached: the proxy's own
+    constructor is compiled anew in every process)."""
+    return State(*arrays)
 
 
 # ---------------------------------------------------------------------- event queue
