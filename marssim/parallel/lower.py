@@ -188,8 +188,10 @@ class _Template:
         return len(self.preds)
 
 
-_COLUMNS = ("kind", "device", "duration", "src", "dst", "nbytes", "route", "flops", "energy", "mem_node",
-            "mem_bytes", "op", "collective", "steps")
+_COLUMNS = {"kind": np.int8, "device": np.int32, "duration": np.float64, "src": np.int32, "dst": np.int32,
+            "nbytes": np.float64, "route": np.int32, "flops": np.float64, "energy": np.float64, "mem_node": np.int32,
+            "mem_bytes": np.float64, "op": np.int32, "collective": np.int32, "steps": np.int32}
+"""A template's columns and their dtypes (the TaskGraph's)."""
 
 
 class _Lowering:
@@ -546,7 +548,7 @@ class _Builder:
                 self._gather_params()
             for op in low.unit_ops.get(self.key, []):
                 self.op(op)
-        t.arrays = {name: np.asarray(t.cols[name]) for name in _COLUMNS}
+        t.arrays = {name: np.asarray(t.cols[name], dtype=dtype) for name, dtype in _COLUMNS.items()}
         return t
 
     def op(self, op: Op) -> None:
@@ -721,92 +723,126 @@ def _template_edges(tpl: _Template) -> None:
     tpl.ext_groups = [(k, np.asarray(a, dtype=np.int64), np.asarray(b, dtype=np.int64)) for k, (a, b) in groups.items()]
 
 
+@dataclass
+class _Instances:
+    """The unit instances of a lowering in task order: which template each copies, its
+    micro-batch, its first task and its first collective; the templates in first-use order."""
+
+    templates: list[_Template]
+    keys: list[tuple[int, tuple[int, str]]]  # (rep, unit key) of each template
+    tpl: np.ndarray  # per instance, its template's index
+    rep: np.ndarray  # per instance, its representative GPU
+    mb: np.ndarray  # per instance, its micro-batch
+    base: np.ndarray  # per instance, its first task (int64; one more entry: the task count)
+    coll: np.ndarray  # per instance, its first collective (one more entry: the count)
+    index: dict[tuple[int, tuple[int, str], int], int]  # (rep, key, mb) -> instance
+
+    @property
+    def n_tasks(self) -> int:
+        return int(self.base[-1])
+
+
+def _instances(low: _Lowering, order: list[tuple[int, tuple[int, str], int]]) -> _Instances:
+    tpl_of: dict[tuple[int, tuple[int, str]], int] = {}
+    templates: list[_Template] = []
+    keys: list[tuple[int, tuple[int, str]]] = []
+    tpl = np.empty(len(order), dtype=np.int64)
+    reps = np.empty(len(order), dtype=np.int64)
+    mbs = np.empty(len(order), dtype=np.int64)
+    index: dict[tuple[int, tuple[int, str], int], int] = {}
+    for i, (rep, key, mb) in enumerate(order):
+        j = tpl_of.get((rep, key))
+        if j is None:
+            j = tpl_of[(rep, key)] = len(templates)
+            templates.append(low.templates[(rep, key)])
+            keys.append((rep, key))
+        tpl[i] = j
+        reps[i] = rep
+        mbs[i] = mb
+        index[(rep, key, mb)] = i
+    sizes = np.asarray([len(t) for t in templates], dtype=np.int64)[tpl]
+    colls = np.asarray([len(t.colls) for t in templates], dtype=np.int64)[tpl]
+    base = np.zeros(len(order) + 1, dtype=np.int64)
+    np.cumsum(sizes, out=base[1:])
+    coll = np.zeros(len(order) + 1, dtype=np.int64)
+    np.cumsum(colls, out=coll[1:])
+    return _Instances(templates, keys, tpl, reps, mbs, base, coll, index)
+
+
+def _gather_index(inst: _Instances, sizes_of_tpl: np.ndarray, tpl_start: np.ndarray, out_start: np.ndarray) -> np.ndarray:
+    """For every row of the instances' copies (instance after instance, ``sizes_of_tpl[tpl]``
+    rows each), its row in the templates' concatenation (``tpl_start``: each template's first row;
+    ``out_start``: each instance's first row in the copies)."""
+    sizes = sizes_of_tpl[inst.tpl]
+    total = int(sizes.sum())
+    shift = np.repeat(tpl_start[inst.tpl] - out_start[:-1], sizes)
+    shift += np.arange(total, dtype=np.int64)
+    return shift
+
+
 def _assemble(low: _Lowering, order: list[tuple[int, tuple[int, str], int]]) -> TaskGraph:
-    """Copy the templates into one TaskGraph: unit instances at their offsets, references
-    resolved, each GPU's kernels chained in schedule order."""
-    base: dict[tuple[int, tuple[int, str], int], int] = {}
-    last_of: dict[tuple[int, tuple[int, str]], int] = {}
-    at = 0
-    for rep, key, mb in order:
-        base[(rep, key, mb)] = at
-        last_of[(rep, key)] = max(mb, last_of.get((rep, key), -1))
-        at += len(low.templates[(rep, key)])
-    n = at
-    for tpl in low.templates.values():
+    """Copy the templates into one TaskGraph: unit instances at their offsets (gathered column
+    by column from the templates' concatenation), references resolved, each GPU's kernels
+    chained in schedule order."""
+    inst = _instances(low, order)
+    n = inst.n_tasks
+    if n >= 2**31 - 1:
+        raise InputError("--parallel", "", f"{n:,} tasks: more than a TaskGraph holds (2^31)")
+    templates = inst.templates
+    for tpl in templates:
         if not hasattr(tpl, "edge_dst"):
             _template_edges(tpl)
-    cols: dict[str, list] = {name: [] for name in _COLUMNS}
-    micro = []
+    t_size = np.asarray([len(t) for t in templates], dtype=np.int64)
+    t_start = np.zeros(len(templates) + 1, dtype=np.int64)
+    np.cumsum(t_size, out=t_start[1:])
+    rows = _gather_index(inst, t_size, t_start, inst.base)
+    cols = {}
+    for name, dtype in _COLUMNS.items():
+        cat = np.concatenate([t.arrays[name] for t in templates]) if templates else np.zeros(0, dtype=dtype)
+        cols[name] = cat[rows]
+    sizes = t_size[inst.tpl]
+    coll = cols["collective"]
+    has = coll >= 0
+    coll[has] += np.repeat(inst.coll[:-1].astype(np.int32), sizes)[has]
+    micro = np.repeat(inst.mb.astype(np.int32), sizes)
+    del rows, has
     coll_list: list[Collective] = []
-    dst_parts: list[np.ndarray] = []
-    src_parts: list[np.ndarray] = []
-    prev_compute: dict[int, int] = {}
-    last_backward: dict[int, int] = {}
-    chain_dst: list[int] = []
-    chain_src: list[int] = []
-    for rep, key, mb in order:
-        tpl = low.templates[(rep, key)]
-        b = base[(rep, key, mb)]
-        arrays = tpl.arrays
-        size = len(tpl)
-        if not size:
-            continue
-        for name in _COLUMNS:
-            col = arrays[name]
-            if name == "collective" and coll_list:
-                col = np.where(col >= 0, col + len(coll_list), -1)
-            cols[name].append(col)
-        coll_list.extend(tpl.colls)
-        micro.append(np.full(size, mb, dtype=np.int32))
-        if len(tpl.edge_dst):
-            dst_parts.append(tpl.edge_dst + b)
-            src_parts.append(tpl.edge_src + b)
-        for (r_rep, r_key, mode), rels, r_rels in tpl.ext_groups:
-            if r_key == ("last-backward", 0):
-                target = last_backward.get(rep)
-                if target is None:
-                    continue
-                dst_parts.append(rels + b)
-                src_parts.append(np.full(len(rels), target, dtype=np.int64))
-                continue
-            r_mb = last_of.get((r_rep, r_key), 0) if mode == "last" else mb
-            target = base.get((r_rep, r_key, r_mb))
-            if target is None:
-                continue
-            dst_parts.append(rels + b)
-            src_parts.append(r_rels + target)
-        if tpl.first_compute >= 0:
-            prev = prev_compute.get(rep)
-            if prev is not None:
-                chain_dst.append(b + tpl.first_compute)
-                chain_src.append(prev)
-            prev_compute[rep] = b + tpl.last_compute
-            if key[1] == "B":
-                last_backward[rep] = b + tpl.last_compute
-    dst_parts.append(np.asarray(chain_dst, dtype=np.int64))
-    src_parts.append(np.asarray(chain_src, dtype=np.int64))
-    dst = np.concatenate(dst_parts)
-    src = np.concatenate(src_parts)
+    for j in inst.tpl.tolist():
+        coll_list.extend(templates[j].colls)
+
+    # edges: every instance's internal ones, then its references to other units, then the chain
+    # of each GPU's kernels (a task's predecessors keep that order)
+    e_size = np.asarray([len(t.edge_dst) for t in templates], dtype=np.int64)
+    e_start = np.zeros(len(templates) + 1, dtype=np.int64)
+    np.cumsum(e_size, out=e_start[1:])
+    e_out = np.zeros(len(inst.tpl) + 1, dtype=np.int64)
+    np.cumsum(e_size[inst.tpl], out=e_out[1:])
+    erows = _gather_index(inst, e_size, e_start, e_out)
+    offset = np.repeat(inst.base[:-1], e_size[inst.tpl])
+    cat_dst = np.concatenate([t.edge_dst for t in templates]) if templates else np.zeros(0, dtype=np.int64)
+    cat_src = np.concatenate([t.edge_src for t in templates]) if templates else np.zeros(0, dtype=np.int64)
+    dst_parts = [(cat_dst[erows] + offset).astype(np.int32)]
+    src_parts = [(cat_src[erows] + offset).astype(np.int32)]
+    del erows, offset
+    dst_ext, src_ext = _references(low, inst)
+    dst_chain, src_chain = _chain(inst)
+    dst = np.concatenate(dst_parts + dst_ext + [dst_chain])
+    src = np.concatenate(src_parts + src_ext + [src_chain])
+    del dst_parts, src_parts, dst_ext, src_ext
     order_edges = np.argsort(dst, kind="stable")
-    pred_idx = src[order_edges].astype(np.int32)
+    pred_idx = src[order_edges]
+    del order_edges, src
     pred_ptr = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(np.bincount(dst, minlength=n), out=pred_ptr[1:])
-    c = {name: np.concatenate(parts) if parts else np.zeros(0) for name, parts in cols.items()}
-    kind = c["kind"].astype(np.int8)
+    del dst
     priority = np.arange(n, dtype=np.int64)
     resident, setup = _memory(low)
     meta = _meta(low)
-    steps = c["steps"].astype(np.int32)
+    steps = cols.pop("steps")
     ops_info = _op_info(low)
     names = low.system.nodes
     tg = TaskGraph(
-        kind=kind, device=c["device"].astype(np.int32), duration=c["duration"].astype(np.float64),
-        src=c["src"].astype(np.int32), dst=c["dst"].astype(np.int32), nbytes=c["nbytes"].astype(np.float64),
-        route=c["route"].astype(np.int32), flops=c["flops"].astype(np.float64),
-        energy=c["energy"].astype(np.float64), mem_node=c["mem_node"].astype(np.int32),
-        mem_bytes=c["mem_bytes"].astype(np.float64), priority=priority, op=c["op"].astype(np.int32),
-        micro_batch=np.concatenate(micro) if micro else np.zeros(0, dtype=np.int32),
-        collective=c["collective"].astype(np.int32), pred_ptr=pred_ptr, pred_idx=pred_idx,
+        **cols, priority=priority, micro_batch=micro, pred_ptr=pred_ptr, pred_idx=pred_idx,
         node_names=low.system.nodes, op_names=tuple(op.name for op in low.graph.ops), routes=tuple(low.routes),
         collectives=tuple(coll_list), resident=resident, setup=setup, meta=meta, ops=ops_info,
         device_design={names[g]: low.system.accelerator(names[g]).designs[0] for g in low.fold.reps},
@@ -815,6 +851,51 @@ def _assemble(low: _Lowering, order: list[tuple[int, tuple[int, str], int]]) -> 
                  "mem_bytes", "priority", "op", "micro_batch", "collective", "pred_ptr", "pred_idx"):
         getattr(tg, name).setflags(write=False)
     return tg
+
+
+def _references(low: _Lowering, inst: _Instances) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Edges from the tasks of other units that each instance's tasks read (``(dst, src)`` in
+    instance order, each instance's references grouped by the unit they point to)."""
+    last_of: dict[tuple[int, tuple[int, str]], int] = {}
+    for rep, key, mb in inst.index:
+        last_of[(rep, key)] = max(mb, last_of.get((rep, key), -1))
+    dst_parts: list[np.ndarray] = []
+    src_parts: list[np.ndarray] = []
+    last_backward: dict[int, int] = {}
+    base = inst.base.tolist()
+    templates = inst.templates
+    index = inst.index
+    for i, (j, rep, mb) in enumerate(zip(inst.tpl.tolist(), inst.rep.tolist(), inst.mb.tolist())):
+        tpl = templates[j]
+        b = base[i]
+        for (r_rep, r_key, mode), rels, r_rels in tpl.ext_groups:
+            if r_key == ("last-backward", 0):
+                target = last_backward.get(rep)
+                if target is None:
+                    continue
+                dst_parts.append((rels + b).astype(np.int32))
+                src_parts.append(np.full(len(rels), target, dtype=np.int32))
+                continue
+            r_mb = last_of.get((r_rep, r_key), 0) if mode == "last" else mb
+            t = index.get((r_rep, r_key, r_mb))
+            if t is None:
+                continue
+            dst_parts.append((rels + b).astype(np.int32))
+            src_parts.append((r_rels + base[t]).astype(np.int32))
+        if tpl.first_compute >= 0 and inst.keys[j][1][1] == "B":
+            last_backward[rep] = b + tpl.last_compute
+    return dst_parts, src_parts
+
+
+def _chain(inst: _Instances) -> tuple[np.ndarray, np.ndarray]:
+    """Each GPU's kernels in schedule order: an instance's first kernel waits for the previous
+    instance's (of the same GPU, with kernels) last one. ``(dst, src)``."""
+    first = np.asarray([t.first_compute for t in inst.templates], dtype=np.int64)[inst.tpl]
+    last = np.asarray([t.last_compute for t in inst.templates], dtype=np.int64)[inst.tpl]
+    with_compute = np.flatnonzero(first >= 0)
+    same_rep = inst.rep[with_compute[1:]] == inst.rep[with_compute[:-1]]
+    after, before = with_compute[1:][same_rep], with_compute[:-1][same_rep]
+    return ((inst.base[after] + first[after]).astype(np.int32), (inst.base[before] + last[before]).astype(np.int32))
 
 
 def _memory(low: _Lowering) -> tuple[dict[str, float], tuple[tuple[str, str, float], ...]]:
