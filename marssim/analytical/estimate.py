@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import time
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -217,13 +218,21 @@ class Estimate:
         return "\n".join(lines)
 
 
-def estimate(taskgraph: TaskGraph, system: System, *, backend: str = "auto") -> Estimate:
+def estimate(taskgraph: TaskGraph, system: System, *, backend: str = "auto",
+             progress: Callable[[dict], None] | None = None) -> Estimate:
     """Evaluate ``taskgraph`` on ``system`` without link contention (see the module docstring).
 
     ``backend``: ``auto`` (compiled kernels when numba is installed), ``python`` or ``numba``;
-    all give identical results. Raises ValueError when the TaskGraph has a cycle."""
+    all give identical results. ``progress``: called after each of the estimate's passes (durations,
+    the list schedule, the critical path, the bounds) with ``{"stage", "tasks_done", "tasks"}``.
+    Raises ValueError when the TaskGraph has a cycle."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+
+    def report(stage: str, done: int) -> None:
+        if progress is not None:
+            progress({"stage": stage, "tasks_done": done, "tasks": taskgraph.n_tasks})
+
     wall = time.perf_counter()
     tg = taskgraph
     n = tg.n_tasks
@@ -244,14 +253,18 @@ def estimate(taskgraph: TaskGraph, system: System, *, backend: str = "auto") -> 
     device = np.where(is_compute, dense[np.where(is_compute, tg.device, 0)], -1)
     succ_ptr, succ_idx = tg.successors
     n_pred = np.diff(tg.pred_ptr)
+    report("durations", 0)
     start, ready, end = list_schedule(duration, device, tg.priority, succ_ptr, succ_idx, n_pred, len(used),
                                       backend=backend)
+    report("schedule", n)
     makespan = float(end.max())
     busy = np.bincount(dev_nodes, weights=duration[is_compute], minlength=n_nodes)
     _, cp_end = earliest_schedule(duration, succ_ptr, succ_idx, n_pred, backend=backend)
+    report("critical_path", n)
     res_load = _aggregate_bytes(tg, system, incidence=(res_idx, res_route, res_weight)) / system.resource_capacity
     bounds = {"critical_path": float(cp_end.max()), "device_work": float(busy.max(initial=0.0)),
               "resource_load": float(res_load.max(initial=0.0))}
+    report("bounds", n)
     return Estimate(makespan=makespan, start=start, ready=ready, end=end, duration=duration, busy=busy,
                     lower_bound=max(bounds.values()), bounds=bounds, taskgraph=tg, system=system,
                     meta={"wall_s": time.perf_counter() - wall, "tasks": n})

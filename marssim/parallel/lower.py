@@ -47,8 +47,14 @@ from .memory import static_bytes
 from .placement import PULLS, Placement, place
 from .roles import Rule, rule_for
 from .schedule import stage_units
+from .size import SizeEstimate, check_gpus, check_size
 
-__all__ = ["lower_parallel", "chunk_layers", "prepare_graph"]
+Progress = Callable[[dict], None]
+"""A progress callback (see :func:`lower_parallel`)."""
+
+PROGRESS_EVERY = 0.5  # s of wall time between progress calls
+
+__all__ = ["lower_parallel", "chunk_layers", "prepare_graph", "lowered_size"]
 
 Ref = tuple  # ("u", rep, unit key, rel task, "same" | "last")
 
@@ -635,11 +641,16 @@ class _Builder:
 
 
 def lower_parallel(graph: Graph, system: System, cfg: ParallelConfig, cost: CostModel | None = None, *,
-                   folding: bool = True, where: str = "--parallel") -> TaskGraph:
+                   folding: bool = True, where: str = "--parallel", progress: Progress | None = None,
+                   max_bytes: float | None = None) -> TaskGraph:
     """Lower ``graph`` (an LLM workload) under ``cfg`` on ``system`` (see the module docstring).
 
     ``folding``: simulate one GPU per class of identical GPUs (exact, :mod:`.fold`); False: every
-    GPU. Raises InputError when the configuration cannot run the workload on the system."""
+    GPU. ``progress``: called at most every half second of wall time with ``{"stage": "fold",
+    "templates" or "assemble", "tasks": tasks lowered so far, "total": tasks of the TaskGraph}``.
+    ``max_bytes``: the most a simulation of the result may need (default: this machine's memory;
+    :mod:`.size`). Raises InputError when the configuration cannot run the workload on the
+    system, or spans more GPUs or would need more memory than that bound (saying its size)."""
     if cost is None:
         from marssim.cost import default_cost_model
 
@@ -648,17 +659,40 @@ def lower_parallel(graph: Graph, system: System, cfg: ParallelConfig, cost: Cost
     if t is None:
         raise InputError(where, "", "a parallel configuration needs an LLM workload (gpt, llama, moe or a preset)")
     check_parallel(cfg, t, len(system.accelerators), where)
+    check_gpus(cfg.gpus, where)
     graph = prepare_graph(graph, cfg)
     with gc_paused():
-        return _lower(graph, system, cfg, cost, folding)
+        return _lower(graph, system, cfg, cost, folding, _Reporter(progress), where, max_bytes)
 
 
-def _lower(graph: Graph, system: System, cfg: ParallelConfig, cost: CostModel, folding: bool) -> TaskGraph:
+class _Reporter:
+    """Calls a progress callback at most every PROGRESS_EVERY seconds (and at each new stage)."""
+
+    def __init__(self, callback: Progress | None) -> None:
+        self.callback = callback
+        self.last = 0.0
+        self.stage = ""
+        self.total = 0
+
+    def __call__(self, stage: str, tasks: int, force: bool = False) -> None:
+        if self.callback is None:
+            return
+        import time
+
+        now = time.perf_counter()
+        if force or stage != self.stage or now - self.last >= PROGRESS_EVERY:
+            self.stage, self.last = stage, now
+            self.callback({"stage": stage, "tasks": tasks, "total": self.total})
+
+
+def _lower(graph: Graph, system: System, cfg: ParallelConfig, cost: CostModel, folding: bool, report: _Reporter,
+           where_key: str = "--parallel", max_bytes: float | None = None) -> TaskGraph:
     import time
 
     wall = time.perf_counter()
     where = place(system, cfg)
     patterns = where.patterns()
+    report("fold", 0)
     if folding:
         role = {}
         for g in where.gpus:
@@ -685,12 +719,39 @@ def _lower(graph: Graph, system: System, cfg: ParallelConfig, cost: CostModel, f
                 if low.stage_of_chunk(chunk) == stage and (chunk, "O") in low.unit_ops:
                     order.append((rep, (chunk, "O"), low.micro_batches - 1))
     build_wall = time.perf_counter()
+    size = lowered_size(low, order)
+    check_size(size, where_key, max_bytes)
+    report.total = size.tasks
+    done = 0
     for rep, key, _ in order:
-        low.template(rep, key)
+        done += len(low.template(rep, key))
+        report("templates", done)
+    report("assemble", size.tasks)
     tg = _assemble(low, order)
+    report("assemble", tg.n_tasks, force=True)
     tg.meta["wall_lower_s"] = time.perf_counter() - wall
     tg.meta["wall_templates_s"] = time.perf_counter() - build_wall
     return tg
+
+
+def lowered_size(low: _Lowering, order: list[tuple[int, tuple[int, str], int]]) -> SizeEstimate:
+    """The size of the TaskGraph of ``order`` (its units, per representative GPU), from the unit
+    templates of one representative per pipeline stage (and per class size) before any other
+    is built: representatives of one stage whose classes are alike run templates of the same size."""
+    per_rep: dict[int, list[tuple[int, str]]] = {}
+    for rep, key, _ in order:
+        per_rep.setdefault(rep, []).append(key)
+    sized: dict[tuple, tuple[int, int]] = {}
+    tasks = rows = 0
+    for rep, keys in per_rep.items():
+        kind = (low.place.stage(rep), low.fold.size(rep))
+        n = sized.get(kind)
+        if n is None:
+            n = sized[kind] = (sum(len(low.template(rep, key)) for key in keys),
+                               sum(len(low.template(rep, key)) for key in dict.fromkeys(keys)))
+        tasks += n[0]
+        rows += n[1]
+    return SizeEstimate(len(low.place.gpus), len(low.fold.members), tasks, rows)
 
 
 def _parameters(low: _Lowering) -> None:
