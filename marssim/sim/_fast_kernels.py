@@ -136,7 +136,7 @@ def _q_swap(S, i, j):
     S.q_b[i], S.q_b[j] = S.q_b[j], S.q_b[i]
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _q_push(S, time, kind, a, b):
     it = S.it
     i = it[I_QN]
@@ -156,7 +156,7 @@ def _q_push(S, time, kind, a, b):
             break
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _q_pop(S):
     """Move the smallest event to slot ``size - 1`` and keep the heap on the rest."""
     it = S.it
@@ -188,7 +188,7 @@ def _nh_less(S, a, b):
     return S.f_seq[a] < S.f_seq[b]
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _nh_up(S, i):
     nh = S.nh
     while i > 0:
@@ -203,7 +203,7 @@ def _nh_up(S, i):
             break
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _nh_down(S, i):
     nh = S.nh
     n = S.it[I_NHN]
@@ -224,7 +224,7 @@ def _nh_down(S, i):
             break
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _nh_set(S, slot):
     """Put ``slot`` (its finish time just changed) in its place in the heap."""
     pos = S.f_hpos[slot]
@@ -239,7 +239,7 @@ def _nh_set(S, slot):
         _nh_down(S, S.f_hpos[slot])
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _nh_remove(S, slot):
     pos = S.f_hpos[slot]
     if pos < 0:
@@ -257,7 +257,7 @@ def _nh_remove(S, slot):
 
 
 # ---------------------------------------------------------------------- memory pools
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _allocate(S, t):
     pool = S.pool_of[t]
     level = S.pl_level[pool] + S.mem_bytes[t]
@@ -277,7 +277,7 @@ def _allocate(S, t):
         S.it[I_MTN] = k + 1
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _release(S, pool, nbytes):
     level = S.pl_level[pool]
     if nbytes < level:
@@ -293,7 +293,7 @@ def _release(S, pool, nbytes):
 
 
 # ---------------------------------------------------------------------- network
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _mark_dirty(S, k):
     for e in range(S.rt_ptr[k], S.rt_ptr[k + 1]):
         r = S.rt_res[e]
@@ -661,7 +661,7 @@ def _recompute(S):
 
 
 # ---------------------------------------------------------------------- tasks
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _read_inputs(S, t):
     """Task ``t`` has read its inputs: a buffer whose last reader this was is freed."""
     for j in range(S.pred_ptr[t], S.pred_ptr[t + 1]):
@@ -675,7 +675,7 @@ def _read_inputs(S, t):
     S.preds_read[t] = True
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _finish(S, t):
     """Task ``t`` ends now; True when its successors are to be readied."""
     S.end[t] = S.fl[F_NOW]
@@ -769,7 +769,7 @@ def _complete(S, t0):
             S.st_i[top] = S.succ_ptr[s]
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _stream(S, s):
     """Device stream ``s`` takes its device's lowest-ranked ready task, or waits idle."""
     d = S.stream_dev[s]
@@ -822,7 +822,7 @@ def _network(S):
         S.fin_seq[nf] = S.f_seq[top]
         nf += 1
     if nf:
-        order = np.argsort(S.fin_seq[:nf])
+        order = np.argsort(S.fin_seq[:nf])  # in start order
         for j in range(nf):
             t = S.slot_task[S.fin_slot[order[j]]]
             _remove_flow(S, t)
