@@ -38,7 +38,8 @@ from marssim.cost.base import CostModel
 from marssim.errors import InputError
 from marssim.gcpause import gc_paused
 from marssim.system import Route, System
-from marssim.taskgraph import COMPUTE, TRANSFER, Collective, TaskGraph
+from marssim.taskgraph import COMPUTE, TRANSFER, Collective, TaskGraph, from_program
+from marssim.taskprogram import TaskProgram
 from marssim.workload import Graph, Op, OpKind
 
 from .config import ParallelConfig, check_parallel
@@ -727,7 +728,7 @@ def _lower(graph: Graph, system: System, cfg: ParallelConfig, cost: CostModel, f
         done += len(low.template(rep, key))
         report("templates", done)
     report("assemble", size.tasks)
-    tg = _assemble(low, order)
+    tg = _taskgraph(low, _program(low, order))
     report("assemble", tg.n_tasks, force=True)
     tg.meta["wall_lower_s"] = time.perf_counter() - wall
     tg.meta["wall_templates_s"] = time.perf_counter() - build_wall
@@ -830,133 +831,129 @@ def _instances(low: _Lowering, order: list[tuple[int, tuple[int, str], int]]) ->
     return _Instances(templates, keys, tpl, reps, mbs, base, coll, index)
 
 
-def _gather_index(inst: _Instances, sizes_of_tpl: np.ndarray, tpl_start: np.ndarray, out_start: np.ndarray) -> np.ndarray:
-    """For every row of the instances' copies (instance after instance, ``sizes_of_tpl[tpl]``
-    rows each), its row in the templates' concatenation (``tpl_start``: each template's first row;
-    ``out_start``: each instance's first row in the copies)."""
-    sizes = sizes_of_tpl[inst.tpl]
-    total = int(sizes.sum())
-    shift = np.repeat(tpl_start[inst.tpl] - out_start[:-1], sizes)
-    shift += np.arange(total, dtype=np.int64)
-    return shift
+def _taskgraph(low: _Lowering, program: TaskProgram) -> TaskGraph:
+    """The TaskGraph of ``program`` with the lowering's labels; its columns are built from the
+    program when first read (:class:`~marssim.taskgraph.ProgramTaskGraph`)."""
+    if program.n_tasks >= 2**31 - 1:
+        raise InputError("--parallel", "", f"{program.n_tasks:,} tasks: more than a TaskGraph holds (2^31)")
+    names = low.system.nodes
+    resident, setup = _memory(low)
+    return from_program(
+        program, node_names=names, op_names=tuple(op.name for op in low.graph.ops), routes=tuple(low.routes),
+        resident=resident, setup=setup, meta=_meta(low), ops=_op_info(low),
+        device_design={names[g]: low.system.accelerator(names[g]).designs[0] for g in low.fold.reps},
+        batch=low.cfg.batch)
 
 
-def _assemble(low: _Lowering, order: list[tuple[int, tuple[int, str], int]]) -> TaskGraph:
-    """Copy the templates into one TaskGraph: unit instances at their offsets (gathered column
-    by column from the templates' concatenation), references resolved, each GPU's kernels
-    chained in schedule order."""
+def _program(low: _Lowering, order: list[tuple[int, tuple[int, str], int]]) -> TaskProgram:
+    """The unit templates and their instances in ``order`` as a :class:`TaskProgram`: each
+    template's rows, predecessors in the unit and references grouped by the unit they read; each
+    instance's template, micro-batch, first task and collective, the target instance of each
+    group and the instance whose last kernel its first kernel follows."""
     inst = _instances(low, order)
-    n = inst.n_tasks
-    if n >= 2**31 - 1:
-        raise InputError("--parallel", "", f"{n:,} tasks: more than a TaskGraph holds (2^31)")
     templates = inst.templates
     for tpl in templates:
         if not hasattr(tpl, "edge_dst"):
             _template_edges(tpl)
-    t_size = np.asarray([len(t) for t in templates], dtype=np.int64)
-    t_start = np.zeros(len(templates) + 1, dtype=np.int64)
-    np.cumsum(t_size, out=t_start[1:])
-    rows = _gather_index(inst, t_size, t_start, inst.base)
-    cols = {}
-    for name, dtype in _COLUMNS.items():
-        cat = np.concatenate([t.arrays[name] for t in templates]) if templates else np.zeros(0, dtype=dtype)
-        cols[name] = cat[rows]
-    sizes = t_size[inst.tpl]
-    coll = cols["collective"]
-    has = coll >= 0
-    coll[has] += np.repeat(inst.coll[:-1].astype(np.int32), sizes)[has]
-    micro = np.repeat(inst.mb.astype(np.int32), sizes)
-    del rows, has
-    coll_list: list[Collective] = []
-    for j in inst.tpl.tolist():
-        coll_list.extend(templates[j].colls)
-
-    # edges: every instance's internal ones, then its references to other units, then the chain
-    # of each GPU's kernels (a task's predecessors keep that order)
-    e_size = np.asarray([len(t.edge_dst) for t in templates], dtype=np.int64)
-    e_start = np.zeros(len(templates) + 1, dtype=np.int64)
-    np.cumsum(e_size, out=e_start[1:])
-    e_out = np.zeros(len(inst.tpl) + 1, dtype=np.int64)
-    np.cumsum(e_size[inst.tpl], out=e_out[1:])
-    erows = _gather_index(inst, e_size, e_start, e_out)
-    offset = np.repeat(inst.base[:-1], e_size[inst.tpl])
-    cat_dst = np.concatenate([t.edge_dst for t in templates]) if templates else np.zeros(0, dtype=np.int64)
-    cat_src = np.concatenate([t.edge_src for t in templates]) if templates else np.zeros(0, dtype=np.int64)
-    dst_parts = [(cat_dst[erows] + offset).astype(np.int32)]
-    src_parts = [(cat_src[erows] + offset).astype(np.int32)]
-    del erows, offset
-    dst_ext, src_ext = _references(low, inst)
-    dst_chain, src_chain = _chain(inst)
-    dst = np.concatenate(dst_parts + dst_ext + [dst_chain])
-    src = np.concatenate(src_parts + src_ext + [src_chain])
-    del dst_parts, src_parts, dst_ext, src_ext
-    order_edges = np.argsort(dst, kind="stable")
-    pred_idx = src[order_edges]
-    del order_edges, src
-    pred_ptr = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(np.bincount(dst, minlength=n), out=pred_ptr[1:])
-    del dst
-    priority = np.arange(n, dtype=np.int64)
-    resident, setup = _memory(low)
-    meta = _meta(low)
-    steps = cols.pop("steps")
-    ops_info = _op_info(low)
-    names = low.system.nodes
-    tg = TaskGraph(
-        **cols, priority=priority, micro_batch=micro, pred_ptr=pred_ptr, pred_idx=pred_idx,
-        node_names=low.system.nodes, op_names=tuple(op.name for op in low.graph.ops), routes=tuple(low.routes),
-        collectives=tuple(coll_list), resident=resident, setup=setup, meta=meta, ops=ops_info,
-        device_design={names[g]: low.system.accelerator(names[g]).designs[0] for g in low.fold.reps},
-        batch=low.cfg.batch, steps=steps if (steps > 1).any() else None)
-    for name in ("kind", "device", "duration", "src", "dst", "nbytes", "route", "flops", "energy", "mem_node",
-                 "mem_bytes", "priority", "op", "micro_batch", "collective", "pred_ptr", "pred_idx"):
-        getattr(tg, name).setflags(write=False)
-    return tg
-
-
-def _references(low: _Lowering, inst: _Instances) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """Edges from the tasks of other units that each instance's tasks read (``(dst, src)`` in
-    instance order, each instance's references grouped by the unit they point to)."""
-    last_of: dict[tuple[int, tuple[int, str]], int] = {}
-    for rep, key, mb in inst.index:
-        last_of[(rep, key)] = max(mb, last_of.get((rep, key), -1))
-    dst_parts: list[np.ndarray] = []
-    src_parts: list[np.ndarray] = []
-    last_backward: dict[int, int] = {}
-    base = inst.base.tolist()
-    templates = inst.templates
-    index = inst.index
-    for i, (j, rep, mb) in enumerate(zip(inst.tpl.tolist(), inst.rep.tolist(), inst.mb.tolist())):
-        tpl = templates[j]
-        b = base[i]
-        for (r_rep, r_key, mode), rels, r_rels in tpl.ext_groups:
-            if r_key == ("last-backward", 0):
-                target = last_backward.get(rep)
-                if target is None:
-                    continue
-                dst_parts.append((rels + b).astype(np.int32))
-                src_parts.append(np.full(len(rels), target, dtype=np.int32))
-                continue
-            r_mb = last_of.get((r_rep, r_key), 0) if mode == "last" else mb
-            t = index.get((r_rep, r_key, r_mb))
-            if t is None:
-                continue
-            dst_parts.append((rels + b).astype(np.int32))
-            src_parts.append((r_rels + base[t]).astype(np.int32))
-        if tpl.first_compute >= 0 and inst.keys[j][1][1] == "B":
-            last_backward[rep] = b + tpl.last_compute
-    return dst_parts, src_parts
-
-
-def _chain(inst: _Instances) -> tuple[np.ndarray, np.ndarray]:
-    """Each GPU's kernels in schedule order: an instance's first kernel waits for the previous
-    instance's (of the same GPU, with kernels) last one. ``(dst, src)``."""
-    first = np.asarray([t.first_compute for t in inst.templates], dtype=np.int64)[inst.tpl]
-    last = np.asarray([t.last_compute for t in inst.templates], dtype=np.int64)[inst.tpl]
-    with_compute = np.flatnonzero(first >= 0)
+    sizes = np.asarray([len(t) for t in templates], dtype=np.int64)
+    tpl_start = np.zeros(len(templates) + 1, dtype=np.int64)
+    np.cumsum(sizes, out=tpl_start[1:])
+    rows = {name: (np.concatenate([t.arrays[name] for t in templates]) if templates else np.zeros(0, dtype=dtype))
+            for name, dtype in _COLUMNS.items()}
+    n_ipred = np.concatenate([np.fromiter(map(len, t.preds), dtype=np.int64, count=len(t)) for t in templates]) \
+        if templates else np.zeros(0, dtype=np.int64)
+    ipred_ptr = np.zeros(len(n_ipred) + 1, dtype=np.int64)
+    np.cumsum(n_ipred, out=ipred_ptr[1:])
+    ipred = np.concatenate([t.edge_src for t in templates]).astype(np.int32) if templates else np.zeros(0, np.int32)
+    # references: per row, (group, row read) in group order; the groups of each template
+    tpl_index = {key: j for j, key in enumerate(inst.keys)}
+    x_rows, x_group, x_rel, x_seq = [], [], [], []
+    grp_start = np.zeros(len(templates) + 1, dtype=np.int64)
+    grp_keys: list[tuple] = []
+    for j, tpl in enumerate(templates):
+        for g, (key, rels, r_rels) in enumerate(tpl.ext_groups):
+            x_rows.append(rels + tpl_start[j])
+            x_group.append(np.full(len(rels), g, dtype=np.int64))
+            x_rel.append(r_rels)
+            x_seq.append(np.arange(len(rels), dtype=np.int64))
+            grp_keys.append(key)
+        grp_start[j + 1] = grp_start[j] + len(tpl.ext_groups)
+    if x_rows:
+        xr, xg, xl, xs = (np.concatenate(a) for a in (x_rows, x_group, x_rel, x_seq))
+        order_x = np.lexsort((xs, xg, xr))
+        xr, xg, xl = xr[order_x], xg[order_x], xl[order_x]
+    else:
+        xr = xg = xl = np.zeros(0, dtype=np.int64)
+    xref_ptr = np.zeros(len(n_ipred) + 1, dtype=np.int64)
+    np.cumsum(np.bincount(xr, minlength=len(n_ipred)), out=xref_ptr[1:])
+    lastkernel = np.asarray([key[1] == ("last-backward", 0) for key in grp_keys], dtype=np.bool_)
+    target_tpl = np.asarray([-1 if last else tpl_index.get((key[0], key[1]), -1)
+                             for key, last in zip(grp_keys, lastkernel)], dtype=np.int32)
+    targets = _group_targets(inst, templates, grp_start, grp_keys, lastkernel, tpl_index)
+    first = np.asarray([t.first_compute for t in templates], dtype=np.int32)
+    last = np.asarray([t.last_compute for t in templates], dtype=np.int32)
+    chain_prev = np.full(len(inst.tpl), -1, dtype=np.int32)
+    with_compute = np.flatnonzero(first[inst.tpl] >= 0)
     same_rep = inst.rep[with_compute[1:]] == inst.rep[with_compute[:-1]]
-    after, before = with_compute[1:][same_rep], with_compute[:-1][same_rep]
-    return ((inst.base[after] + first[after]).astype(np.int32), (inst.base[before] + last[before]).astype(np.int32))
+    chain_prev[with_compute[1:][same_rep]] = with_compute[:-1][same_rep]
+    n_groups = grp_start[1:] - grp_start[:-1]
+    inst_gstart = np.zeros(len(inst.tpl) + 1, dtype=np.int64)
+    np.cumsum(n_groups[inst.tpl], out=inst_gstart[1:])
+    return TaskProgram(
+        rows=rows, tpl_start=tpl_start, ipred_ptr=ipred_ptr, ipred=ipred, xref_ptr=xref_ptr,
+        xref_group=xg.astype(np.int32), xref_rel=xl.astype(np.int32), grp_start=grp_start, grp_lastkernel=lastkernel,
+        grp_target_tpl=target_tpl, first_compute=first, last_compute=last,
+        tpl_colls=tuple(tuple(t.colls) for t in templates), inst_tpl=inst.tpl.astype(np.int32),
+        inst_mb=inst.mb.astype(np.int32), inst_base=inst.base, inst_coll=inst.coll, inst_gstart=inst_gstart,
+        target=targets, chain_prev=chain_prev)
+
+
+def _group_targets(inst: _Instances, templates: list[_Template], grp_start: np.ndarray, grp_keys: list[tuple],
+                   lastkernel: np.ndarray, tpl_index: dict) -> np.ndarray:
+    """Per (instance, group of its template): the instance the group's references read (the same
+    micro-batch, or the last one for ``last`` references; a ``lastkernel`` group: the last
+    instance with a backward pass before it on its GPU), -1 when there is none."""
+    n_inst = len(inst.tpl)
+    n_groups = grp_start[1:] - grp_start[:-1]
+    inst_gstart = np.zeros(n_inst + 1, dtype=np.int64)
+    np.cumsum(n_groups[inst.tpl], out=inst_gstart[1:])
+    out = np.full(int(inst_gstart[-1]), -1, dtype=np.int32)
+    # every (rep, key): its instances by micro-batch
+    by_key: dict[tuple, np.ndarray] = {}
+    last_mb: dict[tuple, int] = {}
+    for (rep, key), j in tpl_index.items():
+        mine = np.flatnonzero(inst.tpl == j)
+        mbs = inst.mb[mine]
+        table = np.full(int(mbs.max()) + 1 if len(mbs) else 1, -1, dtype=np.int64)
+        table[mbs] = mine
+        by_key[(rep, key)] = table
+        last_mb[(rep, key)] = int(mbs.max()) if len(mbs) else 0
+    needs_backward = bool(lastkernel.any())
+    last_backward = np.full(n_inst, -1, dtype=np.int64)
+    if needs_backward:  # the latest instance before each one, on its GPU, with a backward kernel
+        latest: dict[int, int] = {}
+        for i, (j, rep) in enumerate(zip(inst.tpl.tolist(), inst.rep.tolist())):
+            last_backward[i] = latest.get(rep, -1)
+            if templates[j].first_compute >= 0 and inst.keys[j][1][1] == "B":
+                latest[rep] = i
+    for j in range(len(templates)):
+        mine = np.flatnonzero(inst.tpl == j)
+        if not len(mine):
+            continue
+        for g in range(int(n_groups[j])):
+            gg = int(grp_start[j]) + g
+            slots = inst_gstart[mine] + g
+            if lastkernel[gg]:
+                out[slots] = last_backward[mine]
+                continue
+            r_rep, r_key, mode = grp_keys[gg]
+            table = by_key.get((r_rep, r_key))
+            if table is None:
+                continue
+            r_mb = np.full(len(mine), last_mb[(r_rep, r_key)]) if mode == "last" else inst.mb[mine]
+            inside = r_mb < len(table)
+            out[slots[inside]] = table[r_mb[inside]]
+    return out
 
 
 def _memory(low: _Lowering) -> tuple[dict[str, float], tuple[tuple[str, str, float], ...]]:
@@ -966,12 +963,13 @@ def _memory(low: _Lowering) -> tuple[dict[str, float], tuple[tuple[str, str, flo
     resident: dict[str, float] = {}
     setup = []
     per_stage = {}
+    reps = set(low.fold.reps)
     for stage in range(low.cfg.pp):
         per_stage[stage] = static_bytes(low.graph, low.cfg, stage, low.rules, low.rank_params)
     for g in low.place.gpus:
         stage = low.place.stage(g)
         total = per_stage[stage].total
-        if g in low.fold.reps:
+        if g in reps:
             resident[names[g]] = total
         setup.append((low.system.nearest_host(names[g]), names[g], per_stage[stage].weights))
     return resident, tuple(setup)

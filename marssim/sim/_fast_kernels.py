@@ -37,34 +37,43 @@ GROW_LINKS = 2  # the link timeline needs room (the caller grows it and calls ag
 
 # integer scalars (State.it)
 I_EID, I_SEQ, I_QN, I_NHN, I_WAKE, I_TVALID, I_TEID, I_RECOMP, I_NDIRTY, I_STAMP, I_MTN, I_LTN, I_RECORD, \
-    I_IDENTITY, I_ERRPOOL, I_ERRTASK, I_NCHANGED, I_EVENTS, I_NSTREAMS = range(19)
+    I_IDENTITY, I_ERRPOOL, I_ERRTASK, I_NCHANGED, I_EVENTS, I_NSTREAMS, I_SINGLE, I_FREE, I_NEXT_SLOT, I_PEAK_SLOTS \
+    = range(23)
+N_INT_SCALARS = 23
 # float scalars (State.fl)
 F_NOW, F_TIMER_AT, F_TIMER_TIME, F_ERRLEVEL = range(4)
 
 
 class I:  # noqa: E742  (names of the integer scalars, for the caller)
-    EID, SEQ, RECOMPUTES, MEMORY_ROWS, LINK_ROWS, ERRPOOL, ERRTASK, EVENTS = \
-        I_EID, I_SEQ, I_RECOMP, I_MTN, I_LTN, I_ERRPOOL, I_ERRTASK, I_EVENTS
+    EID, SEQ, RECOMPUTES, MEMORY_ROWS, LINK_ROWS, ERRPOOL, ERRTASK, EVENTS, NSTREAMS, RECORD, IDENTITY, SINGLE, \
+        PEAK_SLOTS = I_EID, I_SEQ, I_RECOMP, I_MTN, I_LTN, I_ERRPOOL, I_ERRTASK, I_EVENTS, I_NSTREAMS, I_RECORD, \
+        I_IDENTITY, I_SINGLE, I_PEAK_SLOTS
 
 
 class F:
-    NOW, ERRLEVEL = F_NOW, F_ERRLEVEL
+    NOW, ERRLEVEL, TIMER_AT = F_NOW, F_ERRLEVEL, F_TIMER_AT
 
 
 FIELDS = (
-    # per task, read only
-    "is_compute", "dev", "duration", "nbytes", "steps_total", "mem_bytes", "pool_of", "route", "latency", "is_flow",
-    "rank", "by_rank", "pred_ptr", "pred_idx", "succ_ptr", "succ_idx", "slot_of",
-    # per task, state
-    "waiting", "readers_left", "steps_left", "preds_read", "start", "end",
-    # per flow slot (one per transfer task)
-    "slot_task", "f_left", "f_t0", "f_rate", "f_finish", "f_seq", "f_hpos", "f_next", "f_prev",
-    # routes: their resources as entries (route_ptr[k]..route_ptr[k+1]), weights and bounds per entry
-    "rt_ptr", "rt_res", "rt_w", "rt_bound", "rt_has_w", "entry_route",
+    # per task: its instance (programs), state, flow slot (+1; 0: none), rank (when priorities are not task order)
+    "inst_of", "waiting", "readers_left", "has_succ", "steps_left", "preds_read", "start", "end", "slot_of",
+    "rank", "by_rank",
+    # per row of a template (a plain TaskGraph: one template, its tasks)
+    "r_compute", "r_dev", "r_duration", "r_nbytes", "r_steps", "r_mem", "r_pool", "r_route", "r_flow",
+    "r_ipred_ptr", "r_ipred", "r_isucc_ptr", "r_isucc", "r_xref_ptr", "r_xref_group", "r_xref_rel",
+    # per template: first row, first and last kernel, first group; per group: kind and reverse indexes
+    "t_start", "t_first", "t_last", "t_gstart", "g_lastkernel", "g_rev_base", "g_rel_ptr", "rev_ptr", "rev_rel",
+    "g_rel",
+    # per instance: template, first task, groups' targets, chain neighbours, references pointing at it
+    "i_tpl", "i_base", "i_gstart", "i_target", "i_prev", "i_next", "i_inc_ptr", "i_inc_inst", "i_inc_group",
+    # per flow slot (taken when a transfer starts, given back when it ends)
+    "slot_task", "f_left", "f_t0", "f_rate", "f_finish", "f_seq", "f_hpos", "f_next", "f_prev", "f_free",
+    # routes: latency, their resources as entries (route_ptr[k]..route_ptr[k+1]), weights and bounds per entry
+    "rt_lat", "rt_ptr", "rt_res", "rt_w", "rt_bound", "rt_has_w", "entry_route",
     "rt_mult", "rt_head", "rt_tail", "rt_found", "rt_rate",
     # resources
     "cap", "rs_head", "rs_tail", "e_next", "e_prev", "rs_busy", "rs_since", "rs_dirty", "dirty", "changed",
-    "rs_seen", "rs_local", "prev_rate", "prev_n", "prev_has", "tot_rate", "tot_n", "tot_mark", "touched",
+    "rs_seen", "rs_local", "prev_rate", "prev_n", "prev_has", "tot_mark", "touched",
     # scratch of a rate computation
     "found", "stack", "keys", "g_rate", "loc_res", "loc_left", "loc_count", "users_cnt", "users_ptr", "users_g",
     "users_n", "rh_share", "rh_r", "fin_slot", "fin_seq",
@@ -78,12 +87,11 @@ FIELDS = (
     "pl_level", "pl_peak", "pl_limit",
     # timelines (with record)
     "mt_pool", "mt_time", "mt_level", "lt_time", "lt_res", "lt_rate", "lt_n",
-    # the depth-first call stack of task completions
-    "st_t", "st_i",
+    # the depth-first walk of task completions: frames (task, next successor, end), successor lists
+    "st_t", "st_a", "st_b", "sb",
     # scalars
     "it", "fl",
 )
-
 
 
 class _Namespace:
@@ -258,9 +266,9 @@ def _nh_remove(S, slot):
 
 # ---------------------------------------------------------------------- memory pools
 @njit(cache=True, inline="always")
-def _allocate(S, t):
-    pool = S.pool_of[t]
-    level = S.pl_level[pool] + S.mem_bytes[t]
+def _allocate(S, t, row):
+    pool = S.r_pool[row]
+    level = S.pl_level[pool] + S.r_mem[row]
     if level > S.pl_limit[pool]:
         S.it[I_ERRPOOL] = pool
         S.it[I_ERRTASK] = t
@@ -303,18 +311,39 @@ def _mark_dirty(S, k):
             S.it[I_NDIRTY] += 1
 
 
+@njit(cache=True, inline="always")
+def _inst_row(S, t):
+    """Task ``t``'s instance and template row."""
+    if S.it[I_SINGLE]:
+        return 0, t
+    i = S.inst_of[t]
+    return i, S.t_start[S.i_tpl[i]] + t - S.i_base[i]
+
+
 @njit(cache=True)
-def _add_flow(S, t):
+def _add_flow(S, t, row):
     """Task ``t``'s transfer (step) starts as a flow; the network wakes at this instant."""
     now = S.fl[F_NOW]
-    slot = S.slot_of[t]
+    slot = S.slot_of[t] - 1
+    if slot < 0:  # a free slot: the last one given back, else a new one
+        if S.it[I_FREE] > 0:
+            S.it[I_FREE] -= 1
+            slot = S.f_free[S.it[I_FREE]]
+        else:
+            slot = S.it[I_NEXT_SLOT]
+            S.it[I_NEXT_SLOT] = slot + 1
+            if slot + 1 > S.it[I_PEAK_SLOTS]:
+                S.it[I_PEAK_SLOTS] = slot + 1
+        S.slot_of[t] = slot + 1
+        S.slot_task[slot] = t
+        S.f_hpos[slot] = -1
     S.it[I_SEQ] += 1
-    S.f_left[slot] = S.nbytes[t]
+    S.f_left[slot] = S.r_nbytes[row] / max(S.r_steps[row], 1)
     S.f_t0[slot] = now
     S.f_rate[slot] = 0.0
     S.f_finish[slot] = INF
     S.f_seq[slot] = S.it[I_SEQ]
-    k = S.route[t]
+    k = S.r_route[row]
     m = S.rt_mult[k]
     S.rt_mult[k] = m + 1
     S.f_next[slot] = -1
@@ -347,10 +376,10 @@ def _add_flow(S, t):
 
 
 @njit(cache=True)
-def _remove_flow(S, t):
+def _remove_flow(S, t, row):
     now = S.fl[F_NOW]
-    slot = S.slot_of[t]
-    k = S.route[t]
+    slot = S.slot_of[t] - 1
+    k = S.r_route[row]
     left = S.rt_mult[k] - 1
     _mark_dirty(S, k)
     S.rt_mult[k] = left
@@ -662,17 +691,75 @@ def _recompute(S):
 
 # ---------------------------------------------------------------------- tasks
 @njit(cache=True, inline="always")
+def _read_one(S, p):
+    left = S.readers_left[p] - 1
+    S.readers_left[p] = left
+    if left == 0:
+        _, row = _inst_row(S, p)
+        nb = S.r_mem[row]
+        if nb > 0:
+            _release(S, S.r_pool[row], nb)
+
+
+@njit(cache=True)
 def _read_inputs(S, t):
-    """Task ``t`` has read its inputs: a buffer whose last reader this was is freed."""
-    for j in range(S.pred_ptr[t], S.pred_ptr[t + 1]):
-        p = S.pred_idx[j]
-        left = S.readers_left[p] - 1
-        S.readers_left[p] = left
-        if left == 0:
-            nb = S.mem_bytes[p]
-            if nb > 0:
-                _release(S, S.pool_of[p], nb)
+    """Task ``t`` has read its inputs (its predecessors: in its unit, its references, the kernel
+    before it on its GPU): a buffer whose last reader this was is freed."""
+    i, row = _inst_row(S, t)
+    base = S.i_base[i]
+    for e in range(S.r_ipred_ptr[row], S.r_ipred_ptr[row + 1]):
+        _read_one(S, base + S.r_ipred[e])
+    tpl = S.i_tpl[i]
+    if S.r_xref_ptr[row + 1] > S.r_xref_ptr[row]:
+        gs = S.i_gstart[i]
+        gbase = S.t_gstart[tpl]
+        for e in range(S.r_xref_ptr[row], S.r_xref_ptr[row + 1]):
+            g = S.r_xref_group[e]
+            j = S.i_target[gs + g]
+            if j < 0:
+                continue
+            if S.g_lastkernel[gbase + g]:
+                _read_one(S, S.i_base[j] + S.t_last[S.i_tpl[j]])
+            else:
+                _read_one(S, S.i_base[j] + S.r_xref_rel[e])
+    prev = S.i_prev[i]
+    if prev >= 0 and row - S.t_start[tpl] == S.t_first[tpl]:
+        _read_one(S, S.i_base[prev] + S.t_last[S.i_tpl[prev]])
     S.preds_read[t] = True
+
+
+@njit(cache=True)
+def _successors(S, t, at):
+    """Write task ``t``'s successors, ascending, into ``sb[at:]``; return where they end."""
+    i, row = _inst_row(S, t)
+    base = S.i_base[i]
+    sb = S.sb
+    k = at
+    for e in range(S.r_isucc_ptr[row], S.r_isucc_ptr[row + 1]):
+        sb[k] = base + S.r_isucc[e]
+        k += 1
+    tpl = S.i_tpl[i]
+    rel = row - S.t_start[tpl]
+    for q in range(S.i_inc_ptr[i], S.i_inc_ptr[i + 1]):
+        b2 = S.i_base[S.i_inc_inst[q]]
+        gg = S.i_inc_group[q]
+        if S.g_lastkernel[gg]:
+            if rel == S.t_last[tpl]:
+                for e in range(S.g_rel_ptr[gg], S.g_rel_ptr[gg + 1]):
+                    sb[k] = b2 + S.g_rel[e]
+                    k += 1
+        else:
+            a = S.g_rev_base[gg] + rel
+            for e in range(S.rev_ptr[a], S.rev_ptr[a + 1]):
+                sb[k] = b2 + S.rev_rel[e]
+                k += 1
+    nxt = S.i_next[i]
+    if nxt >= 0 and rel == S.t_last[tpl]:
+        sb[k] = S.i_base[nxt] + S.t_first[S.i_tpl[nxt]]
+        k += 1
+    if k - at > 1 and not S.it[I_SINGLE]:
+        sb[at:k].sort()
+    return k
 
 
 @njit(cache=True, inline="always")
@@ -681,10 +768,16 @@ def _finish(S, t):
     S.end[t] = S.fl[F_NOW]
     if not S.preds_read[t]:
         _read_inputs(S, t)
-    if S.succ_ptr[t + 1] == S.succ_ptr[t]:  # nobody reads its buffer: freed at once
-        nb = S.mem_bytes[t]
+    slot = S.slot_of[t] - 1
+    if slot >= 0:  # a transfer's flow slot is free again
+        S.f_free[S.it[I_FREE]] = slot
+        S.it[I_FREE] += 1
+        S.slot_of[t] = 0
+    if not S.has_succ[t]:  # nobody reads its buffer: freed at once
+        _, row = _inst_row(S, t)
+        nb = S.r_mem[row]
         if nb > 0:
-            _release(S, S.pool_of[t], nb)
+            _release(S, S.r_pool[row], nb)
         return False
     return True
 
@@ -693,16 +786,17 @@ def _finish(S, t):
 def _advance(S, t):
     """A step of transfer ``t`` has arrived: start the next (a flow, or its latency) or finish;
     True when the task has finished and its successors are to be readied."""
+    _, row = _inst_row(S, t)
     while True:
         left = S.steps_left[t]
         if left > 0:
-            if left == S.steps_total[t] - 1:
+            if left == S.r_steps[row] - 1:
                 _read_inputs(S, t)
             S.steps_left[t] = left - 1
-            if S.is_flow[t]:
-                _add_flow(S, t)
+            if S.r_flow[row]:
+                _add_flow(S, t, row)
                 return False
-            lat = S.latency[t]
+            lat = S.rt_lat[S.r_route[row]]
             if lat > 0:
                 _q_push(S, S.fl[F_NOW] + lat, EV_DELIVER, t, 0)
                 return False
@@ -715,8 +809,9 @@ def _dispatch(S, t):
     """Task ``t``'s predecessors have all ended: queue it on its device, or start its transfer.
     True when it finished at once (a transfer without bytes nor latency)."""
     now = S.fl[F_NOW]
-    if S.is_compute[t]:
-        d = S.dev[t]
+    _, row = _inst_row(S, t)
+    if S.r_compute[row]:
+        d = S.r_dev[row]
         r = S.rank[t] if not S.it[I_IDENTITY] else t
         base = S.dh_base[d]
         i = S.dh_size[d]
@@ -735,12 +830,13 @@ def _dispatch(S, t):
             _q_push(S, now, EV_DEV_WAKE, S.idle_stream[S.idle_base[d] + n_idle - 1], 0)
         return False
     S.start[t] = now
-    if S.mem_bytes[t] > 0:
-        _allocate(S, t)
-    if S.is_flow[t]:
-        _add_flow(S, t)
+    S.steps_left[t] = max(S.r_steps[row] - 1, 0)
+    if S.r_mem[row] > 0:
+        _allocate(S, t, row)
+    if S.r_flow[row]:
+        _add_flow(S, t, row)
         return False
-    lat = S.latency[t]
+    lat = S.rt_lat[S.r_route[row]]
     if lat > 0:
         _q_push(S, now + lat, EV_DELIVER, t, 0)
         return False
@@ -752,21 +848,23 @@ def _complete(S, t0):
     """Ready the successors of ``t0`` (and, depth first, of those that finish at once)."""
     top = 0
     S.st_t[0] = t0
-    S.st_i[0] = S.succ_ptr[t0]
+    S.st_a[0] = 0
+    S.st_b[0] = _successors(S, t0, 0)
     while top >= 0:
-        t = S.st_t[top]
-        i = S.st_i[top]
-        if i == S.succ_ptr[t + 1]:
+        a = S.st_a[top]
+        if a == S.st_b[top]:
             top -= 1
             continue
-        S.st_i[top] = i + 1
-        s = S.succ_idx[i]
+        S.st_a[top] = a + 1
+        s = S.sb[a]
         w = S.waiting[s] - 1
         S.waiting[s] = w
         if w == 0 and _dispatch(S, s):
+            at = S.st_b[top]
             top += 1
             S.st_t[top] = s
-            S.st_i[top] = S.succ_ptr[s]
+            S.st_a[top] = at
+            S.st_b[top] = _successors(S, s, at)
 
 
 @njit(cache=True, inline="always")
@@ -797,11 +895,12 @@ def _stream(S, s):
         else:
             break
     t = S.by_rank[r] if not S.it[I_IDENTITY] else r
+    _, row = _inst_row(S, t)
     now = S.fl[F_NOW]
     S.start[t] = now
-    if S.mem_bytes[t] > 0:
-        _allocate(S, t)
-    _q_push(S, now + S.duration[t], EV_DEV_DONE, s, t)
+    if S.r_mem[row] > 0:
+        _allocate(S, t, row)
+    _q_push(S, now + S.r_duration[row], EV_DEV_DONE, s, t)
 
 
 @njit(cache=True)
@@ -825,8 +924,9 @@ def _network(S):
         order = np.argsort(S.fin_seq[:nf])  # in start order
         for j in range(nf):
             t = S.slot_task[S.fin_slot[order[j]]]
-            _remove_flow(S, t)
-            lat = S.latency[t]
+            _, row = _inst_row(S, t)
+            _remove_flow(S, t, row)
+            lat = S.rt_lat[S.r_route[row]]
             if lat <= 0:
                 if _advance(S, t):
                     _complete(S, t)

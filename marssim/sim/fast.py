@@ -66,31 +66,76 @@ def usable(taskgraph: TaskGraph, memory_policy: str) -> bool:
     for route in taskgraph.routes:
         if len(set(route.resources)) != len(route.resources):
             return False
-    bad = (taskgraph.mem_bytes > 0) & (taskgraph.mem_node < 0)
-    return not bool(bad.any())
+    program = getattr(taskgraph, "program", None)
+    mem_bytes, mem_node = ((program.rows["mem_bytes"], program.rows["mem_node"]) if program is not None else
+                           (taskgraph.mem_bytes, taskgraph.mem_node))
+    return not bool(((mem_bytes > 0) & (mem_node < 0)).any())
+
+
+def _layout(tg: TaskGraph) -> dict:
+    """The rows, templates, groups and instances the loop walks, and each task's starting
+    counts: a lowering's :class:`~marssim.taskprogram.TaskProgram` as it is (without building the
+    TaskGraph's columns), or a plain TaskGraph as one template of all its tasks."""
+    program = getattr(tg, "program", None)
+    i32, i64 = np.int32, np.int64
+    if program is None:
+        n = tg.n_tasks
+        succ_ptr, succ_idx = tg.successors
+        rows = {"kind": tg.kind, "device": tg.device, "duration": tg.duration, "nbytes": tg.nbytes,
+                "steps": tg.steps if tg.steps is not None else np.ones(n, dtype=i32), "mem_bytes": tg.mem_bytes,
+                "mem_node": tg.mem_node, "route": tg.route}
+        one = np.zeros(1, dtype=i64)
+        return dict(single=True, n=n, rows=rows, tpl_count=np.ones(1, dtype=i64),
+                    r_ipred_ptr=tg.pred_ptr, r_ipred=tg.pred_idx, r_isucc_ptr=succ_ptr, r_isucc=succ_idx,
+                    r_xref_ptr=np.zeros(n + 1, dtype=i64), r_xref_group=np.zeros(1, i32), r_xref_rel=np.zeros(1, i32),
+                    t_start=np.asarray([0, n], dtype=i64), t_first=np.full(1, -1, i32), t_last=np.full(1, -1, i32),
+                    t_gstart=np.zeros(2, dtype=i64), g_lastkernel=np.zeros(1, np.bool_), g_rev_base=np.zeros(2, i64),
+                    g_rel_ptr=np.zeros(2, i64), rev_ptr=one, rev_rel=np.zeros(1, i32), g_rel=np.zeros(1, i32),
+                    i_tpl=np.zeros(1, i32), i_base=np.asarray([0, n], dtype=i64), i_gstart=np.zeros(2, i64),
+                    i_target=np.full(1, -1, i32), i_prev=np.full(1, -1, i32), i_next=np.full(1, -1, i32),
+                    i_inc_ptr=np.zeros(2, i64), i_inc_inst=np.zeros(1, i32), i_inc_group=np.zeros(1, i32),
+                    inst_of=np.zeros(1, i32), waiting=np.diff(tg.pred_ptr).astype(i32),
+                    readers_left=np.diff(succ_ptr).astype(i32), priority=tg.priority)
+    pr = program
+    su = pr.successors()
+    n = pr.n_tasks
+    row_of_task = pr._rows_of_tasks()
+    dst_x, src_x = pr._reference_edges()
+    dst_c, src_c = pr._chain_edges()
+    waiting = np.diff(pr.ipred_ptr).astype(i32)[row_of_task]
+    waiting += np.bincount(dst_x, minlength=n).astype(i32)
+    waiting += np.bincount(dst_c, minlength=n).astype(i32)
+    readers = np.diff(su.isucc_ptr).astype(i32)[row_of_task]
+    readers += np.bincount(src_x, minlength=n).astype(i32)
+    readers += np.bincount(src_c, minlength=n).astype(i32)
+    del row_of_task, dst_x, src_x, dst_c, src_c
+    return dict(single=False, n=n, rows=pr.rows, tpl_count=np.bincount(pr.inst_tpl, minlength=len(pr.sizes)),
+                r_ipred_ptr=pr.ipred_ptr, r_ipred=pr.ipred, r_isucc_ptr=su.isucc_ptr, r_isucc=su.isucc,
+                r_xref_ptr=pr.xref_ptr, r_xref_group=pr.xref_group, r_xref_rel=pr.xref_rel, t_start=pr.tpl_start,
+                t_first=pr.first_compute, t_last=pr.last_compute, t_gstart=pr.grp_start, g_lastkernel=pr.grp_lastkernel,
+                g_rev_base=su.rev_base, g_rel_ptr=su.grp_rel_ptr, rev_ptr=su.rev_ptr, rev_rel=su.rev_rel, g_rel=su.grp_rel,
+                i_tpl=pr.inst_tpl, i_base=pr.inst_base, i_gstart=pr.inst_gstart, i_target=pr.target,
+                i_prev=pr.chain_prev, i_next=su.chain_next, i_inc_ptr=su.inc_ptr, i_inc_inst=su.inc_inst,
+                i_inc_group=su.inc_group, inst_of=pr.inst_of, waiting=waiting, readers_left=readers, priority=None)
 
 
 def _prepare(tg: TaskGraph, system: System, policy: str, streams: int, record: bool):
-    """The arrays of one run (the SimPy engine's ``_Simulation.__init__``, as arrays)."""
+    """The arrays of one run (the SimPy engine's ``_Simulation.__init__``, as arrays over the
+    task graph's rows: see :func:`_layout`)."""
     k = _kernels()
-    n = tg.n_tasks
-    is_compute = tg.kind == COMPUTE
-    steps = tg.steps
-    if steps is not None:
-        nbytes = tg.nbytes / np.maximum(steps, 1)
-        steps_total = steps.astype(np.int32)
-        steps_left = np.maximum(steps.astype(np.int32) - 1, 0).astype(np.int32)
-    else:
-        nbytes = tg.nbytes
-        steps_total = np.ones(n, dtype=np.int32)
-        steps_left = np.zeros(n, dtype=np.int32)
-    succ_ptr, succ_idx = tg.successors
+    lay = _layout(tg)
+    n = lay["n"]
+    rows = lay["rows"]
+    n_rows = len(rows["kind"])
+    tpl_count = lay["tpl_count"]
+    # how many tasks each row stands for (the instances of its template)
+    per_row = np.repeat(tpl_count, np.diff(lay["t_start"]))
+    r_compute = rows["kind"] == COMPUTE
     route_lat = np.asarray([r.latency for r in tg.routes] or [0.0], dtype=float)
     has_res = np.asarray([bool(r.resources) for r in tg.routes] or [False])
-    latency = np.where(is_compute, 0.0, route_lat[tg.route])
-    is_flow = ~is_compute & (tg.nbytes > 0) & has_res[tg.route]
-    priority = tg.priority
-    identity = bool(n == 0 or (priority[0] == 0 and (np.diff(priority) == 1).all()))
+    r_flow = ~r_compute & (rows["nbytes"] > 0) & has_res[rows["route"]]
+    priority = lay["priority"]
+    identity = priority is None or bool(n == 0 or (priority[0] == 0 and (np.diff(priority) == 1).all()))
     if identity:
         rank = by_rank = np.zeros(1, dtype=np.int64)
     else:
@@ -100,7 +145,8 @@ def _prepare(tg: TaskGraph, system: System, policy: str, streams: int, record: b
 
     # memory pools: the nodes holding buffers or resident weights, in node order
     nodes = tg.node_names
-    used = set(np.unique(tg.mem_node[tg.mem_node >= 0]).tolist())
+    mem_node = rows["mem_node"]
+    used = set(np.unique(mem_node[(mem_node >= 0) & (per_row > 0)]).tolist())
     used.update(system.node_index[d] for d in tg.resident)
     pool_nodes = sorted(used)
     pool_names = [nodes[g] for g in pool_nodes]
@@ -112,25 +158,23 @@ def _prepare(tg: TaskGraph, system: System, policy: str, streams: int, record: b
             raise CapacityError(name, 0.0, res, cap, "weights alone exceed the memory")
     pool_index = np.full(len(nodes) + 1, -1, dtype=np.int32)
     pool_index[pool_nodes] = np.arange(len(pool_nodes), dtype=np.int32)
-    pool_of = pool_index[tg.mem_node]  # mem_node -1 -> the trailing -1
+    r_pool = pool_index[mem_node]  # mem_node -1 -> the trailing -1
 
     # devices: their compute tasks' heaps and their streams
-    compute_devices = np.unique(tg.device[is_compute])
+    device = rows["device"]
+    compute_devices = np.unique(device[r_compute & (per_row > 0)])
     dense = np.full(len(nodes), -1, dtype=np.int32)
     dense[compute_devices] = np.arange(len(compute_devices), dtype=np.int32)
-    dev = np.where(is_compute, dense[np.where(is_compute, tg.device, 0)], -1).astype(np.int32)
-    per_dev = np.bincount(dev[is_compute], minlength=len(compute_devices))
+    r_dev = np.where(r_compute, dense[np.where(r_compute, device, 0)], -1).astype(np.int32)
+    per_dev = np.bincount(r_dev[r_compute], weights=per_row[r_compute], minlength=len(compute_devices)).astype(np.int64)
     dh_base = np.zeros(len(compute_devices) + 1, dtype=np.int64)
     np.cumsum(per_dev, out=dh_base[1:])
     n_streams = len(compute_devices) * streams
     stream_dev = np.repeat(np.arange(len(compute_devices), dtype=np.int32), streams)
     idle_base = (np.arange(len(compute_devices), dtype=np.int64) * streams)
 
-    # flows: one slot per transfer task
-    slot_task = np.flatnonzero(~is_compute).astype(np.int64)
-    slot_of = np.full(n, -1, dtype=np.int64)
-    slot_of[slot_task] = np.arange(len(slot_task), dtype=np.int64)
-    n_slots = max(len(slot_task), 1)
+    # flow slots: at most one per transfer task (taken and given back: few are ever touched)
+    n_slots = max(int(per_row[~r_compute].sum()), 1)
 
     # routes as entries (resource, weight, bound: the most bytes/s its other resources allow)
     cap = np.asarray(system.resource_capacity, dtype=float)
@@ -155,7 +199,7 @@ def _prepare(tg: TaskGraph, system: System, policy: str, streams: int, record: b
     n_routes = max(len(tg.routes), 1)
     n_res = max(len(cap), 1)
 
-    def z(size, dtype):
+    def z(size, dtype):  # zeroed lazily by the system: pages nobody touches cost nothing
         return np.zeros(size, dtype=dtype)
 
     def full(size, value, dtype):
@@ -164,27 +208,43 @@ def _prepare(tg: TaskGraph, system: System, policy: str, streams: int, record: b
     n_pools = len(pool_nodes)
     mt = (2 * n + 1) if record else 1
     lt = (4 * n_res + 16) if record else 1
-    it = np.zeros(19, dtype=np.int64)
-    it[k.I_EID] = 1 + n_streams  # the network's and the streams' start events come first
-    it[k.I_NSTREAMS] = n_streams
-    it[k.I_RECORD] = int(record)
-    it[k.I_IDENTITY] = int(identity)
+    n_edges = int(lay["readers_left"].sum(dtype=np.int64))
+    q = 2 * n_streams + n_slots + 4
+    it = np.zeros(k.N_INT_SCALARS, dtype=np.int64)
+    it[k.I.EID] = 1 + n_streams  # the network's and the streams' start events come first
+    it[k.I.NSTREAMS] = n_streams
+    it[k.I.RECORD] = int(record)
+    it[k.I.IDENTITY] = int(identity)
+    it[k.I.SINGLE] = int(lay["single"])
     fl = np.zeros(4, dtype=float)
-    fl[k.F_TIMER_AT] = np.inf
+    fl[k.F.TIMER_AT] = np.inf
+    readers = lay["readers_left"]
     arrays = dict(
-        is_compute=_ro(is_compute, np.bool_), dev=_ro(dev, np.int32), duration=_ro(tg.duration, float),
-        nbytes=_ro(nbytes, float), steps_total=_ro(steps_total, np.int32), mem_bytes=_ro(tg.mem_bytes, float),
-        pool_of=_ro(pool_of, np.int32), route=_ro(tg.route, np.int32), latency=_ro(latency, float),
-        is_flow=_ro(is_flow, np.bool_), rank=_ro(rank, np.int64), by_rank=_ro(by_rank, np.int64),
-        pred_ptr=_ro(tg.pred_ptr, np.int64), pred_idx=_ro(tg.pred_idx, np.int32), succ_ptr=_ro(succ_ptr, np.int64),
-        succ_idx=_ro(succ_idx, np.int32), slot_of=_ro(slot_of, np.int64),
-        waiting=np.diff(tg.pred_ptr).astype(np.int32), readers_left=np.diff(succ_ptr).astype(np.int32),
-        steps_left=steps_left, preds_read=z(n, np.bool_), start=full(n, np.nan, float), end=full(n, np.nan, float),
-        slot_task=slot_task if len(slot_task) else z(1, np.int64), f_left=z(n_slots, float), f_t0=z(n_slots, float),
-        f_rate=z(n_slots, float), f_finish=full(n_slots, np.inf, float), f_seq=z(n_slots, np.int64),
-        f_hpos=full(n_slots, -1, np.int64), f_next=full(n_slots, -1, np.int64), f_prev=full(n_slots, -1, np.int64),
-        rt_ptr=rt_ptr, rt_res=rt_res if n_entries else z(1, np.int64), rt_w=rt_w if n_entries else z(1, float),
-        rt_bound=rt_bound if n_entries else z(1, float), rt_has_w=rt_has_w,
+        inst_of=_ro(lay["inst_of"], np.int32), waiting=lay["waiting"].astype(np.int32, copy=False),
+        readers_left=readers.astype(np.int32, copy=False), has_succ=readers > 0, steps_left=z(n, np.int32),
+        preds_read=z(n, np.bool_), start=full(n, np.nan, float), end=full(n, np.nan, float), slot_of=z(n, np.int32),
+        rank=_ro(rank, np.int64), by_rank=_ro(by_rank, np.int64),
+        r_compute=_ro(r_compute, np.bool_), r_dev=_ro(r_dev, np.int32), r_duration=_ro(rows["duration"], float),
+        r_nbytes=_ro(rows["nbytes"], float), r_steps=_ro(rows["steps"], np.int32), r_mem=_ro(rows["mem_bytes"], float),
+        r_pool=_ro(r_pool, np.int32), r_route=_ro(rows["route"], np.int32), r_flow=_ro(r_flow, np.bool_),
+        r_ipred_ptr=_ro(lay["r_ipred_ptr"], np.int64), r_ipred=_ro(lay["r_ipred"], np.int32),
+        r_isucc_ptr=_ro(lay["r_isucc_ptr"], np.int64), r_isucc=_ro(lay["r_isucc"], np.int32),
+        r_xref_ptr=_ro(lay["r_xref_ptr"], np.int64), r_xref_group=_ro(lay["r_xref_group"], np.int32),
+        r_xref_rel=_ro(lay["r_xref_rel"], np.int32),
+        t_start=_ro(lay["t_start"], np.int64), t_first=_ro(lay["t_first"], np.int32),
+        t_last=_ro(lay["t_last"], np.int32), t_gstart=_ro(lay["t_gstart"], np.int64),
+        g_lastkernel=_ro(lay["g_lastkernel"], np.bool_), g_rev_base=_ro(lay["g_rev_base"], np.int64),
+        g_rel_ptr=_ro(lay["g_rel_ptr"], np.int64), rev_ptr=_ro(lay["rev_ptr"], np.int64),
+        rev_rel=_ro(lay["rev_rel"], np.int32), g_rel=_ro(lay["g_rel"], np.int32),
+        i_tpl=_ro(lay["i_tpl"], np.int32), i_base=_ro(lay["i_base"], np.int64), i_gstart=_ro(lay["i_gstart"], np.int64),
+        i_target=_ro(lay["i_target"], np.int32), i_prev=_ro(lay["i_prev"], np.int32),
+        i_next=_ro(lay["i_next"], np.int32), i_inc_ptr=_ro(lay["i_inc_ptr"], np.int64),
+        i_inc_inst=_ro(lay["i_inc_inst"], np.int32), i_inc_group=_ro(lay["i_inc_group"], np.int32),
+        slot_task=z(n_slots, np.int64), f_left=z(n_slots, float), f_t0=z(n_slots, float), f_rate=z(n_slots, float),
+        f_finish=z(n_slots, float), f_seq=z(n_slots, np.int64), f_hpos=z(n_slots, np.int64),
+        f_next=z(n_slots, np.int64), f_prev=z(n_slots, np.int64), f_free=z(n_slots, np.int64),
+        rt_lat=_ro(route_lat, float), rt_ptr=rt_ptr, rt_res=rt_res if n_entries else z(1, np.int64),
+        rt_w=rt_w if n_entries else z(1, float), rt_bound=rt_bound if n_entries else z(1, float), rt_has_w=rt_has_w,
         entry_route=entry_route if n_entries else z(1, np.int64),
         rt_mult=z(n_routes, np.int64), rt_head=full(n_routes, -1, np.int64), rt_tail=full(n_routes, -1, np.int64),
         rt_found=z(n_routes, np.int64), rt_rate=z(n_routes, float),
@@ -192,16 +252,14 @@ def _prepare(tg: TaskGraph, system: System, policy: str, streams: int, record: b
         e_next=full(max(n_entries, 1), -1, np.int64), e_prev=full(max(n_entries, 1), -1, np.int64),
         rs_busy=z(n_res, float), rs_since=z(n_res, float), rs_dirty=z(n_res, np.bool_), dirty=z(n_res, np.int64),
         changed=z(n_res, np.int64), rs_seen=z(n_res, np.int64), rs_local=full(n_res, -1, np.int64),
-        prev_rate=z(n_res, float), prev_n=z(n_res, float), prev_has=z(n_res, np.bool_), tot_rate=z(1, float),
-        tot_n=z(1, float), tot_mark=z(n_res, np.int64), touched=z(n_res, np.int64),
+        prev_rate=z(n_res, float), prev_n=z(n_res, float), prev_has=z(n_res, np.bool_),
+        tot_mark=z(n_res, np.int64), touched=z(n_res, np.int64),
         found=z(n_routes, np.int64), stack=z(n_routes, np.int64), keys=z(n_routes, np.int64),
         g_rate=z(n_routes, float), loc_res=z(n_res, np.int64), loc_left=z(n_res, float), loc_count=z(n_res, float),
         users_cnt=z(n_res, np.int64), users_ptr=z(n_res + 1, np.int64), users_g=z(max(n_entries, 1), np.int64),
         users_n=z(max(n_entries, 1), float), rh_share=z(n_res, float), rh_r=z(n_res, np.int64),
         fin_slot=z(n_slots, np.int64), fin_seq=z(n_slots, np.int64), nh=z(n_slots, np.int64),
-        q_time=z(2 * n_streams + n_slots + 4, float), q_eid=z(2 * n_streams + n_slots + 4, np.int64),
-        q_kind=z(2 * n_streams + n_slots + 4, np.int64), q_a=z(2 * n_streams + n_slots + 4, np.int64),
-        q_b=z(2 * n_streams + n_slots + 4, np.int64),
+        q_time=z(q, float), q_eid=z(q, np.int64), q_kind=z(q, np.int64), q_a=z(q, np.int64), q_b=z(q, np.int64),
         dh_base=dh_base, dh_size=z(len(compute_devices) + 1, np.int64),
         dh_rank=z(max(int(dh_base[-1]), 1), np.int64), idle_base=np.append(idle_base, 0),
         idle_size=z(len(compute_devices) + 1, np.int64), idle_stream=z(max(n_streams, 1), np.int64),
@@ -210,8 +268,10 @@ def _prepare(tg: TaskGraph, system: System, policy: str, streams: int, record: b
         pl_limit=capacity * (1 + 1e-12) if n_pools else z(1, float),
         mt_pool=z(mt, np.int32), mt_time=z(mt, float), mt_level=z(mt, float),
         lt_time=z(lt, float), lt_res=z(lt, np.int32), lt_rate=z(lt, float), lt_n=z(lt, float),
-        st_t=z(n + 1, np.int64), st_i=z(n + 1, np.int64), it=it, fl=fl,
+        st_t=z(n + 1, np.int64), st_a=z(n + 1, np.int64), st_b=z(n + 1, np.int64), sb=z(n_edges + 1, np.int64),
+        it=it, fl=fl,
     )
+    del n_rows
     pools = {"names": pool_names, "capacity": capacity, "resident": resident}
     return arrays, pools, n_res
 
@@ -267,8 +327,7 @@ def run_compiled(taskgraph: TaskGraph, system: System, memory_policy: str, strea
     if progress is not None:
         progress({"time_s": float(np.nanmax(end)) if tg.n_tasks else 0.0, "tasks_done": tg.n_tasks,
                   "tasks": tg.n_tasks})
-    if summary_only:
-        return summarise(tg, system, end, streams)
+    start = arrays["start"]
     names = pools["names"]
     memories = pd.DataFrame.from_dict(
         {name: {"peak_bytes": float(arrays["pl_peak"][i]), "capacity_bytes": float(pools["capacity"][i]),
@@ -278,9 +337,12 @@ def run_compiled(taskgraph: TaskGraph, system: System, memory_policy: str, strea
     link_timeline = _link_timeline(arrays, k, system, tg, record)
     meta = {"evaluator": "simulation", "tasks": tg.n_tasks, "events": int(arrays["it"][k.I.EID]),
             "network_recomputes": int(arrays["it"][k.I.RECOMPUTES]), "memory_policy": memory_policy, "spills": 0}
-    return build_result(tg, system, arrays["start"], end, streams=streams, memories=memories,
-                        memory_timeline=memory_timeline, link_timeline=link_timeline, link_busy=arrays["rs_busy"][:len(
-                            system.resource_capacity)].copy(), spills=[], meta=meta)
+    busy = arrays["rs_busy"][:len(system.resource_capacity)].copy()
+    del state, arrays  # the loop's state goes before the results are built
+    if summary_only:
+        return summarise(tg, system, end, streams)
+    return build_result(tg, system, start, end, streams=streams, memories=memories, memory_timeline=memory_timeline,
+                        link_timeline=link_timeline, link_busy=busy, spills=[], meta=meta)
 
 
 def _memory_timeline(arrays: dict, k, pools, record: bool) -> pd.DataFrame:
@@ -288,6 +350,8 @@ def _memory_timeline(arrays: dict, k, pools, record: bool) -> pd.DataFrame:
     if not record:
         return pd.DataFrame([], columns=["node", "time", "bytes"])
     rows = int(arrays["it"][k.I.MEMORY_ROWS])
+    if not rows and not len(pools["names"]):  # as the SimPy engine builds it from no rows
+        return pd.DataFrame([], columns=["node", "time", "bytes"])
     pool = arrays["mt_pool"][:rows]
     order = np.argsort(pool, kind="stable")
     names = pools["names"]
@@ -304,6 +368,8 @@ def _link_timeline(arrays: dict, k, system: System, tg: TaskGraph, record: bool)
     if not record:
         return pd.DataFrame([], columns=["resource", "time", "rate", "flows"])
     rows = int(arrays["it"][k.I.LINK_ROWS])
+    if not rows:  # as the SimPy engine builds it from no rows
+        return pd.DataFrame([], columns=["resource", "time", "rate", "flows"])
     names = np.asarray(system.resource_names, dtype=object)
     flows = arrays["lt_n"][:rows]
     if not any(r.weights for r in tg.routes):
