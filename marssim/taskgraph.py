@@ -34,7 +34,7 @@ import numpy as np
 from marssim.system import Route, System
 
 __all__ = ["COMPUTE", "TRANSFER", "Collective", "OpInfo", "TaskGraph", "TaskGraphBuilder", "ProgramTaskGraph",
-           "from_program"]
+           "from_program", "column_chunks"]
 
 COMPUTE = 0
 TRANSFER = 1
@@ -238,6 +238,16 @@ class ProgramTaskGraph(TaskGraph):
     @property
     def n_tasks(self) -> int:
         return self.__dict__["program"].n_tasks
+
+
+def column_chunks(taskgraph: TaskGraph, names: tuple[str, ...]):
+    """The columns ``names`` of ``taskgraph`` in task order: whole, or for a
+    :class:`ProgramTaskGraph` whose columns are not built, from its program in runs of whole
+    instances (so an aggregation need not build them). Yields dicts of arrays."""
+    if isinstance(taskgraph, ProgramTaskGraph) and not all(n in taskgraph.__dict__ for n in names):
+        yield from taskgraph.__dict__["program"].column_chunks(names)
+    else:
+        yield {name: getattr(taskgraph, name) for name in names}
 
 
 def from_program(program, *, node_names: tuple[str, ...], op_names: tuple[str, ...], routes: tuple[Route, ...],

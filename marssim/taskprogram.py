@@ -119,6 +119,28 @@ class TaskProgram:
             col[has] += np.repeat(self.inst_coll[:-1].astype(np.int32), self.sizes[self.inst_tpl])[has]
         return col
 
+    def column_chunks(self, names: tuple[str, ...], chunk: int = 1 << 20):
+        """The columns ``names`` (``micro_batch`` included) of consecutive runs of whole
+        instances of about ``chunk`` tasks, in task order: an aggregation over tasks without
+        building whole columns."""
+        sizes = self.sizes[self.inst_tpl]
+        n_inst = self.n_instances
+        i0 = 0
+        while i0 < n_inst:
+            i1 = int(np.searchsorted(self.inst_base, self.inst_base[i0] + chunk, side="right"))
+            i1 = min(max(i1 - 1, i0 + 1), n_inst)
+            lo, hi = int(self.inst_base[i0]), int(self.inst_base[i1])
+            rows = np.repeat(self.tpl_start[self.inst_tpl[i0:i1]] - self.inst_base[i0:i1], sizes[i0:i1])
+            rows += np.arange(lo, hi, dtype=np.int64)
+            out = {}
+            for name in names:
+                if name == "micro_batch":
+                    out[name] = np.repeat(self.inst_mb[i0:i1], sizes[i0:i1])
+                else:
+                    out[name] = self.rows[name][rows]
+            yield out
+            i0 = i1
+
     def collectives(self) -> tuple[Collective, ...]:
         """Every instance's collectives in order (the TaskGraph's ``collectives``)."""
         out: list[Collective] = []

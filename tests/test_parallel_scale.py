@@ -75,3 +75,33 @@ def test_the_estimate_reports_its_passes_to_the_end():
     estimate(tg, system, progress=calls.append)
     assert [c["stage"] for c in calls] == ["durations", "schedule", "critical_path", "bounds"]
     assert calls[-1]["tasks_done"] == calls[-1]["tasks"] == tg.n_tasks
+
+
+def test_a_lowering_simulates_from_its_program_as_from_its_columns():
+    """The TaskGraph a lowering returns keeps its unit templates and instances and builds its
+    columns only when read: a simulation walking the program and one of the same TaskGraph with
+    every column built give the same Result and the same Summary (throughput and energy added
+    task after task in the same order)."""
+    import dataclasses
+
+    import pandas as pd
+
+    from marssim.sim import simulate, simulate_summary
+    from marssim.sim.fast import available
+    from marssim.taskgraph import ProgramTaskGraph
+
+    system = load_system("dgx-a100-cluster:nodes=22")
+    tg = lower_parallel(load_workload(GPT), system, parse_parallel("tp=8,pp=2,dp=11,global_batch=44,recompute=full"),
+                        COST)
+    assert isinstance(tg, ProgramTaskGraph) and "kind" not in tg.__dict__
+    engine = "compiled" if available() else "simpy"
+    lazy = simulate_summary(tg, system, engine=engine)
+    assert "kind" not in tg.__dict__  # the summary did not build the columns
+    built = dataclasses.replace(tg)  # every field read: the columns built
+    assert "kind" in built.__dict__ and built.n_tasks == tg.n_tasks
+    again = simulate_summary(built, system, engine=engine)
+    assert (again.makespan, again.throughput) == (lazy.makespan, lazy.throughput)
+    assert again.energy == lazy.energy or (again.energy != again.energy and lazy.energy != lazy.energy)
+    a, b = simulate(tg, system, engine=engine), simulate(built, system, engine=engine)
+    pd.testing.assert_frame_equal(a.intervals, b.intervals)
+    assert a.makespan == b.makespan == lazy.makespan and a.throughput == b.throughput == lazy.throughput
