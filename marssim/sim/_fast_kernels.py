@@ -757,8 +757,10 @@ def _successors(S, t, at):
     if nxt >= 0 and rel == S.t_last[tpl]:
         sb[k] = S.i_base[nxt] + S.t_first[S.i_tpl[nxt]]
         k += 1
-    if k - at > 1 and not S.it[I_SINGLE]:
-        sb[at:k].sort()
+    for e in range(at + 1, k):  # usually ascending already (sorted only when not)
+        if sb[e] < sb[e - 1]:
+            sb[at:k].sort()
+            break
     return k
 
 
