@@ -37,17 +37,17 @@ GROW_LINKS = 2  # the link timeline needs room (the caller grows it and calls ag
 
 # integer scalars (State.it)
 I_EID, I_SEQ, I_QN, I_NHN, I_WAKE, I_TVALID, I_TEID, I_RECOMP, I_NDIRTY, I_STAMP, I_MTN, I_LTN, I_RECORD, \
-    I_IDENTITY, I_ERRPOOL, I_ERRTASK, I_NCHANGED, I_EVENTS, I_NSTREAMS, I_SINGLE, I_FREE, I_NEXT_SLOT, I_PEAK_SLOTS \
-    = range(23)
-N_INT_SCALARS = 23
+    I_IDENTITY, I_ERRPOOL, I_ERRTASK, I_NCHANGED, I_EVENTS, I_NSTREAMS, I_SINGLE, I_FREE, I_NEXT_SLOT, I_PEAK_SLOTS, \
+    I_MEMO_USED, I_MEMO_FILL, I_MEMO_HITS = range(26)
+N_INT_SCALARS = 26
 # float scalars (State.fl)
 F_NOW, F_TIMER_AT, F_TIMER_TIME, F_ERRLEVEL = range(4)
 
 
 class I:  # noqa: E742  (names of the integer scalars, for the caller)
     EID, SEQ, RECOMPUTES, MEMORY_ROWS, LINK_ROWS, ERRPOOL, ERRTASK, EVENTS, NSTREAMS, RECORD, IDENTITY, SINGLE, \
-        PEAK_SLOTS = I_EID, I_SEQ, I_RECOMP, I_MTN, I_LTN, I_ERRPOOL, I_ERRTASK, I_EVENTS, I_NSTREAMS, I_RECORD, \
-        I_IDENTITY, I_SINGLE, I_PEAK_SLOTS
+        PEAK_SLOTS, MEMO_HITS = I_EID, I_SEQ, I_RECOMP, I_MTN, I_LTN, I_ERRPOOL, I_ERRTASK, I_EVENTS, I_NSTREAMS, \
+        I_RECORD, I_IDENTITY, I_SINGLE, I_PEAK_SLOTS, I_MEMO_HITS
 
 
 class F:
@@ -77,6 +77,8 @@ FIELDS = (
     # scratch of a rate computation
     "found", "stack", "keys", "g_rate", "loc_res", "loc_left", "loc_count", "users_cnt", "users_ptr", "users_g",
     "users_n", "rh_share", "rh_r", "fin_slot", "fin_seq",
+    # the rates of components already met, by the routes and flows on them (open addressing)
+    "mt_hash", "mt_off", "mt_len", "mp_key", "mp_mult", "mp_rate",
     # the flow heap (slots, by finish time then start sequence)
     "nh",
     # the event queue
@@ -532,6 +534,28 @@ def _rates(S, nkeys):
     for i in range(nkeys):
         keys[i] = S.found[i]
     keys[:nkeys].sort()
+    # met before? (the same routes with the same flows on each: the same rates)
+    h = np.uint64(14695981039346656037)
+    for g in range(nkeys):
+        h = (h ^ np.uint64(keys[g])) * np.uint64(1099511628211)
+        h = (h ^ np.uint64(S.rt_mult[keys[g]])) * np.uint64(1099511628211)
+    hs = np.int64(h >> np.uint64(1))
+    mask = S.mt_hash.shape[0] - 1
+    slot = hs & mask
+    while S.mt_off[slot] > 0:
+        if S.mt_hash[slot] == hs and S.mt_len[slot] == nkeys:
+            off = S.mt_off[slot] - 1
+            same = True
+            for g in range(nkeys):
+                if S.mp_key[off + g] != keys[g] or S.mp_mult[off + g] != S.rt_mult[keys[g]]:
+                    same = False
+                    break
+            if same:
+                S.it[I_MEMO_HITS] += 1
+                for g in range(nkeys):
+                    S.rt_rate[keys[g]] = S.mp_rate[off + g]
+                return
+        slot = (slot + 1) & mask
     nloc = 0
     for g in range(nkeys):
         k = keys[g]
@@ -602,6 +626,25 @@ def _rates(S, nkeys):
         S.rs_local[S.loc_res[loc]] = -1
     for g in range(nkeys):
         S.rt_rate[keys[g]] = S.g_rate[g]
+    # remember them (everything is forgotten when the table is half full or its pool full)
+    if 2 * (S.it[I_MEMO_USED] + 1) > S.mt_hash.shape[0] or S.it[I_MEMO_FILL] + nkeys > S.mp_key.shape[0]:
+        S.mt_off[:] = 0
+        S.it[I_MEMO_USED] = 0
+        S.it[I_MEMO_FILL] = 0
+        slot = hs & mask
+    if nkeys <= S.mp_key.shape[0]:
+        off = S.it[I_MEMO_FILL]
+        for g in range(nkeys):
+            S.mp_key[off + g] = keys[g]
+            S.mp_mult[off + g] = S.rt_mult[keys[g]]
+            S.mp_rate[off + g] = S.g_rate[g]
+        while S.mt_off[slot] > 0:
+            slot = (slot + 1) & mask
+        S.mt_hash[slot] = hs
+        S.mt_len[slot] = nkeys
+        S.mt_off[slot] = off + 1
+        S.it[I_MEMO_USED] += 1
+        S.it[I_MEMO_FILL] = off + nkeys
 
 
 @njit(cache=True)

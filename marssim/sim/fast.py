@@ -34,6 +34,8 @@ Progress = Callable[[dict], None]
 
 PROGRESS_EVERY = 0.5  # s of wall time between progress calls
 _BUDGET = 1 << 16  # events per call of the compiled loop
+_MEMO_SLOTS = 1 << 17  # components whose rates are remembered (a power of two)
+_MEMO_ROUTES = 1 << 20  # routes over all of them
 
 _KERNELS: object | None = None
 
@@ -259,6 +261,8 @@ def _prepare(tg: TaskGraph, system: System, policy: str, streams: int, record: b
         users_cnt=z(n_res, np.int64), users_ptr=z(n_res + 1, np.int64), users_g=z(max(n_entries, 1), np.int64),
         users_n=z(max(n_entries, 1), float), rh_share=z(n_res, float), rh_r=z(n_res, np.int64),
         fin_slot=z(n_slots, np.int64), fin_seq=z(n_slots, np.int64), nh=z(n_slots, np.int64),
+        mt_hash=z(_MEMO_SLOTS, np.int64), mt_off=z(_MEMO_SLOTS, np.int64), mt_len=z(_MEMO_SLOTS, np.int64),
+        mp_key=z(_MEMO_ROUTES, np.int64), mp_mult=z(_MEMO_ROUTES, np.int64), mp_rate=z(_MEMO_ROUTES, float),
         q_time=z(q, float), q_eid=z(q, np.int64), q_kind=z(q, np.int64), q_a=z(q, np.int64), q_b=z(q, np.int64),
         dh_base=dh_base, dh_size=z(len(compute_devices) + 1, np.int64),
         dh_rank=z(max(int(dh_base[-1]), 1), np.int64), idle_base=np.append(idle_base, 0),
