@@ -204,9 +204,10 @@ def table(rows: list[dict]) -> str:
     for r in rows:
         sim, est, scr = r.get("sim", {}), r.get("estimate", {}), r.get("screen", {})
         prefix = (f"{r['model']:<13}{r['gpus']:>6}{r['micro']:>3} {r['schedule']:<12}{r['recompute']:<10}")
-        if "refused" in sim:
-            lines.append(prefix + f"  refused after {sim['wall_s']:.1f} s ({sim['rss_mib']:.0f} MiB): "
-                         + sim["refused"].split(": ", 1)[-1])
+        refused = next((p for p in (sim, est) if "refused" in p), None)
+        if refused is not None:
+            lines.append(prefix + f"  refused after {refused['wall_s']:.1f} s, {refused['cpu_s']:.1f} s cpu "
+                         f"({refused['rss_mib']:.0f} MiB): " + refused["refused"].split(": ", 1)[-1])
             continue
         if "error" in sim:
             lines.append(prefix + "  " + sim["error"])
@@ -260,7 +261,10 @@ def main() -> None:
     ap.add_argument("--only", default="", help="run only the cases whose model or group contains this")
     ap.add_argument("--out", default=str(OUT))
     ap.add_argument("--table", action="store_true", help="print the table from --out without running")
+    ap.add_argument("--parts", default="sim,estimate,screen",
+                    help="what to measure (a configuration's other parts are kept from earlier runs in --out)")
     args = ap.parse_args()
+    parts = args.parts.split(",")
     out = pathlib.Path(args.out)
     if not args.table:
         with out.open("a") as f:
@@ -270,10 +274,10 @@ def main() -> None:
             if args.only and args.only not in case["model"] and args.only not in case["group"]:
                 continue
             row = dict(case)
-            row["sim"] = child(case, "sim")
-            if "refused" not in row["sim"]:
-                row["estimate"] = child(case, "estimate")
-                row["screen"] = child(case, "screen")
+            for part in parts:
+                row[part] = child(case, part)
+                if "refused" in row[part]:
+                    break
             with out.open("a") as f:
                 f.write(json.dumps(row) + "\n")
             print(table([row]).splitlines()[-1], flush=True)
@@ -283,7 +287,8 @@ def main() -> None:
         if "machine" in r:
             machine = r["machine"]
             continue
-        rows[(r["system"], r["workload"], r["config"])] = r  # the latest run of each configuration
+        key = (r["system"], r["workload"], r["config"])
+        rows[key] = {**rows.get(key, {}), **r}  # each part from the latest run that measured it
     print(f"\nmachine: {machine}; every case in a fresh process pinned to one core")
     print(table(list(rows.values())))
     print("sim s / est s: wall time of lowering + simulation / + estimate (cpu s: user + sys), RSS: peak resident "

@@ -1000,14 +1000,21 @@ def _model_flops(low: _Lowering) -> tuple[float, float]:
     f = graph_cached(low.graph, "footprint", lambda: footprint(low.graph))
     per_replica = f.model_flops if low.training else f.flops.get("fwd", 0.0)
     total = per_replica * low.micro_batches * low.cfg.dp
+    peak_of: dict[tuple, float] = {}  # per accelerator design
     peaks = []
     for g in low.place.gpus:
-        design = low.design(g)
-        if design.gpu is not None:
-            table = design.gpu.peak_flops
-            peaks.append(float(table.get(low.t.dtype) or table.get("bf16") or table.get("fp16") or max(table.values())))
-        else:
-            peaks.append(2.0 * design.peak_macs_per_s)
+        acc = low.system.accelerator(low.system.nodes[g])
+        key = acc.designs[:1]
+        peak = peak_of.get(key)
+        if peak is None:
+            design = low.design(g)
+            if design.gpu is not None:
+                table = design.gpu.peak_flops
+                peak = float(table.get(low.t.dtype) or table.get("bf16") or table.get("fp16") or max(table.values()))
+            else:
+                peak = 2.0 * design.peak_macs_per_s
+            peak_of[key] = peak
+        peaks.append(peak)
     return total, sum(peaks) / len(peaks)  # per GPU, averaged over the GPUs of a mixed cluster
 
 
