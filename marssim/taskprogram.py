@@ -209,6 +209,21 @@ class TaskProgram:
         return pred_ptr, pred_idx
 
     # ------------------------------------------------------------------ for evaluators
+    def counts(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per task, its predecessors and its successors (int32): what an evaluator starts from."""
+        row_of_task = self._rows_of_tasks()
+        dst_x, src_x = self._reference_edges()
+        dst_c, src_c = self._chain_edges()
+        n = self.n_tasks
+        preds = np.diff(self.ipred_ptr).astype(np.int32)[row_of_task]
+        preds += np.bincount(dst_x, minlength=n).astype(np.int32)
+        preds += np.bincount(dst_c, minlength=n).astype(np.int32)
+        succs = np.diff(self.successors().isucc_ptr).astype(np.int32)[row_of_task]
+        del row_of_task
+        succs += np.bincount(src_x, minlength=n).astype(np.int32)
+        succs += np.bincount(src_c, minlength=n).astype(np.int32)
+        return preds, succs
+
     def successors(self) -> Successors:
         """The successor indexes (built once)."""
         hit = self._cache.get("successors")

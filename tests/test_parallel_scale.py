@@ -4,6 +4,7 @@ lowering, simulating and estimating."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from marssim.cost import default_cost_model
@@ -105,3 +106,24 @@ def test_a_lowering_simulates_from_its_program_as_from_its_columns():
     a, b = simulate(tg, system, engine=engine), simulate(built, system, engine=engine)
     pd.testing.assert_frame_equal(a.intervals, b.intervals)
     assert a.makespan == b.makespan == lazy.makespan and a.throughput == b.throughput == lazy.throughput
+
+
+@pytest.mark.parametrize("system_spec,workload,config,folding", CASES)
+def test_a_lowering_estimates_from_its_program_as_from_its_columns(system_spec, workload, config, folding):
+    """The estimate of a lowering's TaskGraph walks its program (its columns are not built) and
+    gives every start, ready and end time, duration, busy second and bound of the estimate of the
+    same TaskGraph with every column built."""
+    import dataclasses
+
+    from marssim.analytical import estimate
+    from marssim.analytical.schedule import have_numba
+
+    system = load_system(system_spec)
+    tg = lower_parallel(load_workload(workload), system, parse_parallel(config), COST, folding=folding)
+    lazy = estimate(tg, system)
+    if have_numba():
+        assert "kind" not in tg.__dict__
+    built = estimate(dataclasses.replace(tg), system)
+    for name in ("start", "ready", "end", "duration", "busy"):
+        assert np.array_equal(getattr(lazy, name), getattr(built, name)), name
+    assert (lazy.makespan, lazy.lower_bound, lazy.bounds) == (built.makespan, built.lower_bound, built.bounds)

@@ -35,7 +35,7 @@ from marssim.results.schedule import critical_path
 from marssim.results.summary import steady_throughput, total_energy
 from marssim.results.timelines import buffer_timeline, flow_timeline
 from marssim.system import System
-from marssim.taskgraph import COMPUTE, TaskGraph
+from marssim.taskgraph import COMPUTE, TaskGraph, column_chunks
 
 from .schedule import BACKENDS, earliest_schedule, list_schedule
 
@@ -238,6 +238,13 @@ def estimate(taskgraph: TaskGraph, system: System, *, backend: str = "auto",
     n = tg.n_tasks
     n_nodes = len(tg.node_names)
     bottleneck, latency, res_idx, res_route, res_weight = _route_arrays(tg, system)
+    program = getattr(tg, "program", None)
+    if program is not None and n and backend != "python" and "kind" not in tg.__dict__:
+        from .schedule import _compiled
+
+        if _compiled() is not None:
+            return _estimate_program(tg, system, program, bottleneck, latency, (res_idx, res_route, res_weight),
+                                     report, wall)
     duration = _durations(tg, bottleneck, latency)
     is_compute = tg.kind == COMPUTE
     if n == 0:
@@ -263,6 +270,63 @@ def estimate(taskgraph: TaskGraph, system: System, *, backend: str = "auto",
     report("critical_path", n)
     res_load = _aggregate_bytes(tg, system, incidence=(res_idx, res_route, res_weight)) / system.resource_capacity
     bounds = {"critical_path": float(cp_end.max()), "device_work": float(busy.max(initial=0.0)),
+              "resource_load": float(res_load.max(initial=0.0))}
+    report("bounds", n)
+    return Estimate(makespan=makespan, start=start, ready=ready, end=end, duration=duration, busy=busy,
+                    lower_bound=max(bounds.values()), bounds=bounds, taskgraph=tg, system=system,
+                    meta={"wall_s": time.perf_counter() - wall, "tasks": n})
+
+
+def _estimate_program(tg: TaskGraph, system: System, program, bottleneck: np.ndarray, latency: np.ndarray,
+                      incidence: tuple, report, wall: float) -> Estimate:
+    """:func:`estimate` of a lowering's TaskGraph from its :class:`~marssim.taskprogram.TaskProgram`
+    (its columns are not built): the same schedules over template rows (see
+    :mod:`._program_kernels`), the same arrays."""
+    from . import _program_kernels as K
+
+    n = tg.n_tasks
+    n_nodes = len(tg.node_names)
+    rows = program.rows
+    is_compute = rows["kind"] == COMPUTE
+    # each row's contention-free duration, as _durations gives it per task
+    d_row = rows["duration"].astype(np.float64, copy=True)
+    moving = ~is_compute
+    if moving.any():
+        route = rows["route"][moving]
+        nbytes = rows["nbytes"][moving]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            serial = np.where(nbytes > 0, nbytes / bottleneck[route], 0.0)
+        d_row[moving] = serial + latency[route] * rows["steps"][moving]
+    per_row = np.repeat(np.bincount(program.inst_tpl, minlength=len(program.sizes)), program.sizes)
+    used = np.unique(rows["device"][is_compute & (per_row > 0)])
+    dense = np.full(n_nodes, -1, dtype=np.int64)
+    dense[used] = np.arange(len(used))
+    dev_row = np.where(is_compute, dense[np.where(is_compute, rows["device"], 0)], -1)
+    per_dev = np.bincount(dev_row[is_compute], weights=per_row[is_compute], minlength=len(used)).astype(np.int64)
+    n_pred, n_succ = program.counts()
+    su = program.successors()
+    walk = (program.inst_of, program.inst_tpl, program.inst_base, program.tpl_start, program.first_compute,
+            program.last_compute, su.isucc_ptr, su.isucc, su.inc_ptr, su.inc_inst, su.inc_group, program.grp_lastkernel,
+            su.rev_base, su.grp_rel_ptr, su.rev_ptr, su.rev_rel, su.grp_rel, su.chain_next)
+    max_succ = int(n_succ.max(initial=0))
+    del n_succ
+    report("durations", 0)
+    start, ready, end, done = K.list_schedule(d_row, dev_row, n_pred, len(used), per_dev, max_succ, *walk)
+    if done != n:
+        raise ValueError(f"the task graph has a cycle ({n - done} tasks never become ready)")
+    report("schedule", n)
+    makespan = float(end.max())
+    cp_end, _ = K.earliest_schedule(d_row, n_pred, max_succ, *walk)
+    critical = float(cp_end.max())
+    del cp_end
+    report("critical_path", n)
+    duration = d_row[program._rows_of_tasks()]
+    busy = np.zeros(n_nodes)
+    for c in column_chunks(tg, ("kind", "device", "duration")):  # compute seconds per node, task after task
+        compute = c["kind"] == COMPUTE
+        np.add.at(busy, c["device"][compute], c["duration"][compute])
+    res_load = _aggregate_bytes(tg, system, incidence=incidence) / system.resource_capacity
+    bounds = {"critical_path": critical, "device_work": float(busy.max(initial=0.0)),
               "resource_load": float(res_load.max(initial=0.0))}
     report("bounds", n)
     return Estimate(makespan=makespan, start=start, ready=ready, end=end, duration=duration, busy=busy,

@@ -101,16 +101,7 @@ def _layout(tg: TaskGraph) -> dict:
     pr = program
     su = pr.successors()
     n = pr.n_tasks
-    row_of_task = pr._rows_of_tasks()
-    dst_x, src_x = pr._reference_edges()
-    dst_c, src_c = pr._chain_edges()
-    waiting = np.diff(pr.ipred_ptr).astype(i32)[row_of_task]
-    waiting += np.bincount(dst_x, minlength=n).astype(i32)
-    waiting += np.bincount(dst_c, minlength=n).astype(i32)
-    readers = np.diff(su.isucc_ptr).astype(i32)[row_of_task]
-    readers += np.bincount(src_x, minlength=n).astype(i32)
-    readers += np.bincount(src_c, minlength=n).astype(i32)
-    del row_of_task, dst_x, src_x, dst_c, src_c
+    waiting, readers = pr.counts()
     return dict(single=False, n=n, rows=pr.rows, tpl_count=np.bincount(pr.inst_tpl, minlength=len(pr.sizes)),
                 r_ipred_ptr=pr.ipred_ptr, r_ipred=pr.ipred, r_isucc_ptr=su.isucc_ptr, r_isucc=su.isucc,
                 r_xref_ptr=pr.xref_ptr, r_xref_group=pr.xref_group, r_xref_rel=pr.xref_rel, t_start=pr.tpl_start,
