@@ -12,7 +12,8 @@ Python objects. A task is either
 A transfer with ``steps`` k > 1 (the optional column; absent: 1) is k back-to-back steps over
 its route, each serialising ``nbytes / k`` bytes and then taking the route's latency: a ring
 collective's steps when every rank of the ring is one folded class (see
-:mod:`marssim.parallel.fold`), whose steps follow each other without waiting for anyone else.
+:mod:`marssim.parallel.fold`), whose steps follow each other without waiting for anyone else. It
+reads its predecessors' outputs in its first step: their buffers count it as ended then.
 
 Every task may allocate an output buffer of ``mem_bytes`` bytes on node ``mem_node`` when it
 starts; the buffer is freed when the last of the task's successors ends (or when the task itself
@@ -32,7 +33,8 @@ import numpy as np
 
 from marssim.system import Route, System
 
-__all__ = ["COMPUTE", "TRANSFER", "Collective", "OpInfo", "TaskGraph", "TaskGraphBuilder"]
+__all__ = ["COMPUTE", "TRANSFER", "Collective", "OpInfo", "TaskGraph", "TaskGraphBuilder", "ProgramTaskGraph",
+           "from_program", "column_chunks"]
 
 COMPUTE = 0
 TRANSFER = 1
@@ -113,6 +115,7 @@ class TaskGraph:
     device_design: dict[str, str] = field(default_factory=dict)  # the design each used device takes
     batch: int = 0  # samples of the whole run (throughput); 0: unknown
     steps: np.ndarray | None = None  # int32 per task, None: all 1; see below
+    program: Any = None  # the unit templates and instances it was built from (a TaskProgram), or None
 
     @property
     def n_tasks(self) -> int:
@@ -195,6 +198,70 @@ class TaskGraph:
             "op": ops[self.op], "micro_batch": self.micro_batch, "collective": self.collective,
             "n_preds": np.diff(self.pred_ptr),
         })
+
+
+_COLUMN_FIELDS = ("kind", "device", "duration", "src", "dst", "nbytes", "route", "flops", "energy", "mem_node",
+                  "mem_bytes", "priority", "op", "micro_batch", "collective")
+_LAZY_FIELDS = frozenset(_COLUMN_FIELDS + ("pred_ptr", "pred_idx", "collectives", "steps"))
+
+
+class ProgramTaskGraph(TaskGraph):
+    """A TaskGraph kept as a :class:`~marssim.taskprogram.TaskProgram` (unit templates and
+    their instances): each column, the predecessor lists and the collectives are built from the
+    program when first read, and kept. Evaluators that walk the program itself (the compiled
+    simulation) never build them. Make one with :func:`from_program`."""
+
+    def __getattribute__(self, name: str):
+        if name in _LAZY_FIELDS:
+            d = object.__getattribute__(self, "__dict__")
+            if name not in d:
+                object.__getattribute__(self, "_build")(name)
+        return object.__getattribute__(self, name)
+
+    def _build(self, name: str) -> None:
+        program = self.__dict__["program"]
+        if name in ("pred_ptr", "pred_idx"):
+            ptr, idx = program.edges()
+            for key, value in (("pred_ptr", ptr), ("pred_idx", idx)):
+                value.setflags(write=False)
+                object.__setattr__(self, key, value)
+        elif name == "collectives":
+            object.__setattr__(self, name, program.collectives())
+        elif name == "steps":
+            col = program.column("steps")
+            object.__setattr__(self, name, col if (col > 1).any() else None)
+        else:
+            col = program.column(name)
+            col.setflags(write=False)
+            object.__setattr__(self, name, col)
+
+    @property
+    def n_tasks(self) -> int:
+        return self.__dict__["program"].n_tasks
+
+
+def column_chunks(taskgraph: TaskGraph, names: tuple[str, ...]):
+    """The columns ``names`` of ``taskgraph`` in task order: whole, or for a
+    :class:`ProgramTaskGraph` whose columns are not built, from its program in runs of whole
+    instances (so an aggregation need not build them). Yields dicts of arrays."""
+    if isinstance(taskgraph, ProgramTaskGraph) and not all(n in taskgraph.__dict__ for n in names):
+        yield from taskgraph.__dict__["program"].column_chunks(names)
+    else:
+        yield {name: getattr(taskgraph, name) for name in names}
+
+
+def from_program(program, *, node_names: tuple[str, ...], op_names: tuple[str, ...], routes: tuple[Route, ...],
+                 **labels: Any) -> TaskGraph:
+    """The TaskGraph of ``program`` (a :class:`~marssim.taskprogram.TaskProgram`), its columns
+    built when first read (:class:`ProgramTaskGraph`); ``labels``: the other fields (resident,
+    setup, meta, ops, device_design, batch)."""
+    tg = object.__new__(ProgramTaskGraph)
+    values = {"node_names": node_names, "op_names": op_names, "routes": routes, "resident": {}, "setup": (),
+              "meta": {}, "ops": (), "device_design": {}, "batch": 0, "program": program}
+    values.update(labels)
+    for key, value in values.items():
+        object.__setattr__(tg, key, value)
+    return tg
 
 
 class TaskGraphBuilder:

@@ -149,6 +149,17 @@ FOLD_CASES = [
     ("moe", dict(nodes=2, per_leaf=2, gpus=4),
      "moe:layers=2,hidden=256,heads=4,kv_heads=2,ffn=512,vocab=500,seq=64,experts=4,top_k=2,mode=train",
      "tp=2,pp=1,dp=4,ep=2,sp=true,global_batch=8"),
+    # GPipe: every forward before every backward; the tensor-parallel rings' inputs are freed
+    # when their first step has run
+    ("gpipe-one-node", "dgx-a100-cluster:nodes=1",
+     "gpt:layers=4,hidden=512,heads=8,vocab=1000,seq=128,mode=train,max_positions=128",
+     "tp=2,pp=2,dp=2,schedule=gpipe,global_batch=8"),
+    # small gradient buckets: the data-parallel rings of several buckets overlap on the network
+    # adapters, so a ring's steps change rate while the next step of another starts (a stale
+    # finish estimate once ended a folded ring's later step early: 1% faster than the full run)
+    ("overlapping-buckets", "dgx-h100-cluster:nodes=4",
+     "gpt:layers=8,hidden=1024,heads=16,vocab=2000,seq=256,mode=train,max_positions=256",
+     "tp=4,pp=2,dp=4,global_batch=16,bucket=2000000"),
 ]
 
 
@@ -179,16 +190,17 @@ def test_folded_simulation_equals_the_full_one(name, cluster, spec, config) -> N
         assert folded.meta["fold_classes"] < full.meta["fold_classes"]
         assert folded.n_tasks < full.n_tasks
     a, b = simulate(folded, system), simulate(full, system)
-    assert a.makespan == pytest.approx(b.makespan, rel=1e-9)
+    # exact: the same float, not merely close (a folded flow's rates are the full network's)
+    assert a.makespan == b.makespan
     # every GPU's last kernel ends when its class's representative's does
     fold = folded.meta["fold"]
     last = b.intervals[b.intervals["kind"] == "compute"].groupby("resource")["end"].max()
     last_rep = a.intervals[a.intervals["kind"] == "compute"].groupby("resource")["end"].max()
     for gpu, rep in fold.items():
-        assert last[gpu] == pytest.approx(last_rep[rep], rel=1e-9)
+        assert last[gpu] == last_rep[rep]
     # and the memory peaks are the same
     for gpu, rep in fold.items():
-        assert b.memories.loc[gpu, "peak_bytes"] == pytest.approx(a.memories.loc[rep, "peak_bytes"], rel=1e-9)
+        assert b.memories.loc[gpu, "peak_bytes"] == a.memories.loc[rep, "peak_bytes"]
     if name == "asymmetric-ring":
         assert folded.meta["fold_classes"] > cfg.pp
 

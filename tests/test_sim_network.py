@@ -137,3 +137,31 @@ def test_component_local_rates_equal_a_global_recomputation(seed):
     assert set(done) == set(want)
     for i in want:
         assert done[i] == pytest.approx(want[i], rel=1e-9, abs=1e-12), i
+
+
+def test_a_token_started_again_is_not_finished_by_its_earlier_flow():
+    """A stepped transfer starts its next step under the same token. Flow X (1000 B) shares a
+    1000 B/s resource with Y (500 B) from t=0: its first finish estimate is 2 s; Y ends at 1 s,
+    X then runs alone and ends at 1.5 s, when it starts again with 10,000 B (Z, 1750 B alone on a
+    second resource, keeps X's first estimate in the heap below it). The first estimate (2 s) is
+    stale: the new flow ends at 1.5 + 10 = 11.5 s, not at 2 s."""
+    env = simpy.Environment()
+    arrived: list[tuple[int, float]] = []
+    net = FairShareNetwork(env, [1000.0, 1000.0], lambda token: None, routes=[(0,), (1,)])
+
+    def delivered(event):
+        arrived.append((event.value, env.now))
+        if event.value == 0 and [token for token, _ in arrived] == [1, 0]:
+            net.add_flow(0, 10_000.0, 0, 1e-9)
+
+    net.on_delivered_event = delivered
+    net.add_flow(0, 1000.0, 0, 1e-9)
+    net.add_flow(1, 500.0, 0, 1e-9)
+    net.add_flow(2, 1750.0, 1, 1e-9)
+    env.run()
+    times: dict[int, list[float]] = {}
+    for token, t in arrived:
+        times.setdefault(token, []).append(t)
+    assert times[1] == [pytest.approx(1.0 + 1e-9, rel=1e-12)]
+    assert times[2] == [pytest.approx(1.75 + 1e-9, rel=1e-12)]
+    assert times[0] == [pytest.approx(1.5 + 1e-9, rel=1e-12), pytest.approx(11.5 + 2e-9, rel=1e-12)]

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import time
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -34,7 +35,7 @@ from marssim.results.schedule import critical_path
 from marssim.results.summary import steady_throughput, total_energy
 from marssim.results.timelines import buffer_timeline, flow_timeline
 from marssim.system import System
-from marssim.taskgraph import COMPUTE, TaskGraph
+from marssim.taskgraph import COMPUTE, TaskGraph, column_chunks
 
 from .schedule import BACKENDS, earliest_schedule, list_schedule
 
@@ -93,6 +94,24 @@ def _durations(tg: TaskGraph, bottleneck: np.ndarray, latency: np.ndarray) -> np
         steps = tg.steps[is_transfer] if tg.steps is not None else 1
         duration[is_transfer] = serial + latency[route] * steps
     return duration
+
+
+def _first_step_end(tg: TaskGraph, start: np.ndarray, end: np.ndarray, bottleneck: np.ndarray,
+                    latency: np.ndarray) -> np.ndarray:
+    """When each task has read its inputs (s): its end, or for a transfer of several steps the
+    end of its first step (``nbytes / steps`` at the bottleneck rate, then the route latency)."""
+    if tg.steps is None:
+        return end
+    stepped = np.flatnonzero(tg.steps > 1)
+    if not len(stepped):
+        return end
+    out = end.copy()
+    route = tg.route[stepped]
+    nbytes = tg.nbytes[stepped] / tg.steps[stepped]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        serial = np.where(nbytes > 0, nbytes / bottleneck[route], 0.0)
+    out[stepped] = start[stepped] + serial + latency[route]
+    return out
 
 
 @dataclass(frozen=True, eq=False)
@@ -180,7 +199,8 @@ class Estimate:
         buffer is ever spilled."""
         tg, system = self.taskgraph, self.system
         bottleneck, latency, _, _, _ = _route_arrays(tg, system)
-        memories, memory_timeline = buffer_timeline(tg, system, self.start, self.end)
+        memories, memory_timeline = buffer_timeline(tg, system, self.start, self.end,
+                                                    _first_step_end(tg, self.start, self.end, bottleneck, latency))
         link_timeline, busy = flow_timeline(tg, system, self.start, self.end, bottleneck, latency)
         meta = {"evaluator": "analytical", "tasks": tg.n_tasks, "lower_bound_s": self.lower_bound,
                 "bound": max(self.bounds, key=self.bounds.get) if self.bounds else ""}
@@ -198,18 +218,33 @@ class Estimate:
         return "\n".join(lines)
 
 
-def estimate(taskgraph: TaskGraph, system: System, *, backend: str = "auto") -> Estimate:
+def estimate(taskgraph: TaskGraph, system: System, *, backend: str = "auto",
+             progress: Callable[[dict], None] | None = None) -> Estimate:
     """Evaluate ``taskgraph`` on ``system`` without link contention (see the module docstring).
 
     ``backend``: ``auto`` (compiled kernels when numba is installed), ``python`` or ``numba``;
-    all give identical results. Raises ValueError when the TaskGraph has a cycle."""
+    all give identical results. ``progress``: called after each of the estimate's passes (durations,
+    the list schedule, the critical path, the bounds) with ``{"stage", "tasks_done", "tasks"}``.
+    Raises ValueError when the TaskGraph has a cycle."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+
+    def report(stage: str, done: int) -> None:
+        if progress is not None:
+            progress({"stage": stage, "tasks_done": done, "tasks": taskgraph.n_tasks})
+
     wall = time.perf_counter()
     tg = taskgraph
     n = tg.n_tasks
     n_nodes = len(tg.node_names)
     bottleneck, latency, res_idx, res_route, res_weight = _route_arrays(tg, system)
+    program = getattr(tg, "program", None)
+    if program is not None and n and backend != "python" and "kind" not in tg.__dict__:
+        from .schedule import _compiled
+
+        if _compiled() is not None:
+            return _estimate_program(tg, system, program, bottleneck, latency, (res_idx, res_route, res_weight),
+                                     report, wall)
     duration = _durations(tg, bottleneck, latency)
     is_compute = tg.kind == COMPUTE
     if n == 0:
@@ -225,14 +260,75 @@ def estimate(taskgraph: TaskGraph, system: System, *, backend: str = "auto") -> 
     device = np.where(is_compute, dense[np.where(is_compute, tg.device, 0)], -1)
     succ_ptr, succ_idx = tg.successors
     n_pred = np.diff(tg.pred_ptr)
+    report("durations", 0)
     start, ready, end = list_schedule(duration, device, tg.priority, succ_ptr, succ_idx, n_pred, len(used),
                                       backend=backend)
+    report("schedule", n)
     makespan = float(end.max())
     busy = np.bincount(dev_nodes, weights=duration[is_compute], minlength=n_nodes)
     _, cp_end = earliest_schedule(duration, succ_ptr, succ_idx, n_pred, backend=backend)
+    report("critical_path", n)
     res_load = _aggregate_bytes(tg, system, incidence=(res_idx, res_route, res_weight)) / system.resource_capacity
     bounds = {"critical_path": float(cp_end.max()), "device_work": float(busy.max(initial=0.0)),
               "resource_load": float(res_load.max(initial=0.0))}
+    report("bounds", n)
+    return Estimate(makespan=makespan, start=start, ready=ready, end=end, duration=duration, busy=busy,
+                    lower_bound=max(bounds.values()), bounds=bounds, taskgraph=tg, system=system,
+                    meta={"wall_s": time.perf_counter() - wall, "tasks": n})
+
+
+def _estimate_program(tg: TaskGraph, system: System, program, bottleneck: np.ndarray, latency: np.ndarray,
+                      incidence: tuple, report, wall: float) -> Estimate:
+    """:func:`estimate` of a lowering's TaskGraph from its :class:`~marssim.taskprogram.TaskProgram`
+    (its columns are not built): the same schedules over template rows (see
+    :mod:`._program_kernels`), the same arrays."""
+    from . import _program_kernels as K
+
+    n = tg.n_tasks
+    n_nodes = len(tg.node_names)
+    rows = program.rows
+    is_compute = rows["kind"] == COMPUTE
+    # each row's contention-free duration, as _durations gives it per task
+    d_row = rows["duration"].astype(np.float64, copy=True)
+    moving = ~is_compute
+    if moving.any():
+        route = rows["route"][moving]
+        nbytes = rows["nbytes"][moving]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            serial = np.where(nbytes > 0, nbytes / bottleneck[route], 0.0)
+        d_row[moving] = serial + latency[route] * rows["steps"][moving]
+    per_row = np.repeat(np.bincount(program.inst_tpl, minlength=len(program.sizes)), program.sizes)
+    used = np.unique(rows["device"][is_compute & (per_row > 0)])
+    dense = np.full(n_nodes, -1, dtype=np.int64)
+    dense[used] = np.arange(len(used))
+    dev_row = np.where(is_compute, dense[np.where(is_compute, rows["device"], 0)], -1)
+    per_dev = np.bincount(dev_row[is_compute], weights=per_row[is_compute], minlength=len(used)).astype(np.int64)
+    n_pred, n_succ = program.counts()
+    su = program.successors()
+    walk = (program.inst_of, program.inst_tpl, program.inst_base, program.tpl_start, program.first_compute,
+            program.last_compute, su.isucc_ptr, su.isucc, su.inc_ptr, su.inc_inst, su.inc_group, program.grp_lastkernel,
+            su.rev_base, su.grp_rel_ptr, su.rev_ptr, su.rev_rel, su.grp_rel, su.chain_next)
+    max_succ = int(n_succ.max(initial=0))
+    del n_succ
+    report("durations", 0)
+    start, ready, end, done = K.list_schedule(d_row, dev_row, n_pred, len(used), per_dev, max_succ, *walk)
+    if done != n:
+        raise ValueError(f"the task graph has a cycle ({n - done} tasks never become ready)")
+    report("schedule", n)
+    makespan = float(end.max())
+    cp_end, _ = K.earliest_schedule(d_row, n_pred, max_succ, *walk)
+    critical = float(cp_end.max())
+    del cp_end
+    report("critical_path", n)
+    duration = d_row[program._rows_of_tasks()]
+    busy = np.zeros(n_nodes)
+    for c in column_chunks(tg, ("kind", "device", "duration")):  # compute seconds per node, task after task
+        compute = c["kind"] == COMPUTE
+        np.add.at(busy, c["device"][compute], c["duration"][compute])
+    res_load = _aggregate_bytes(tg, system, incidence=incidence) / system.resource_capacity
+    bounds = {"critical_path": critical, "device_work": float(busy.max(initial=0.0)),
+              "resource_load": float(res_load.max(initial=0.0))}
+    report("bounds", n)
     return Estimate(makespan=makespan, start=start, ready=ready, end=end, duration=duration, busy=busy,
                     lower_bound=max(bounds.values()), bounds=bounds, taskgraph=tg, system=system,
                     meta={"wall_s": time.perf_counter() - wall, "tasks": n})

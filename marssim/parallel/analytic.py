@@ -33,7 +33,7 @@ from marssim.workload import Graph, OpKind
 
 from .config import ParallelConfig
 from .fold import identity_folding
-from .lower import _Lowering, _model_flops, _parameters, prepare_graph
+from .lower import _Lowering, _model_flops, _parameters, graph_cached, prepare_graph
 from .memory import MemoryEstimate, memory_estimate
 from .placement import Placement, place
 
@@ -72,6 +72,7 @@ class _Timer:
         self.patterns = low.place.patterns()
         self.system = low.system
         self._ring_cache: dict[tuple, float] = {}
+        self._signature: tuple | None = None
 
     def route_time(self, src: int, dst: int, nbytes: float) -> float:
         route = self.system.route(self.system.nodes[src], self.system.nodes[dst])
@@ -93,6 +94,32 @@ class _Timer:
                 members.append(peer(members[-1]))
             hit = self._ring_cache[key] = steps * max(self.route_time(g, peer(g), size / n) for g in members)
         return hit
+
+    def signature(self) -> tuple:
+        """What the time of a block depends on beyond its ops and its chunk's place: the GPU's
+        design, its stage's tensor-parallel degree, the hops of its tensor-parallel ring and the
+        routes from the GPUs of the stages before and after it (latency and bottleneck of each)."""
+        if self._signature is not None:
+            return self._signature
+        low = self.low
+        tp = low.tp_here(self.gpu)
+        cap = self.system.resource_capacity
+        hops = ()
+        if tp > 1 and "tp+1" in self.patterns:
+            peer = self.patterns["tp+1"]
+            members = [self.gpu]
+            while len(members) < tp:
+                members.append(peer(members[-1]))
+            routes = [self.system.route(self.system.nodes[g], self.system.nodes[peer(g)]) for g in members]
+            hops = tuple((r.latency, min((float(cap[x]) for x in r.resources), default=float("inf"))) for r in routes)
+        here = low.place.stage(self.gpu)
+        sides = []
+        for other in ((here - 1) % low.cfg.pp, (here + 1) % low.cfg.pp):  # activations and gradients received
+            peer = low.gpu_on_stage(self.gpu, other)
+            r = self.system.route(self.system.nodes[peer], self.system.nodes[self.gpu]) if peer != self.gpu else None
+            sides.append((r.latency, min((float(cap[x]) for x in r.resources), default=float("inf"))) if r else None)
+        self._signature = (low.design(self.gpu).name, tp, hops, tuple(sides))
+        return self._signature
 
     def unit(self, ops: list) -> tuple[float, float]:
         """Seconds of one pass over ``ops`` on this GPU: kernels and layout conversions, and
@@ -158,6 +185,18 @@ def screen(graph: Graph, system: System, cfg: ParallelConfig, cost: CostModel, *
     stage_times = []
     receives = []
     tails = []
+    block_times: dict[tuple, tuple[float, float]] = {}
+    split_units = graph_cached(low.graph, ("unit blocks", tuple(map(tuple, low.chunks))), lambda: _split_units(low))
+
+    def block_time(timer: _Timer, kind: tuple, ops: list) -> tuple[float, float]:
+        if not cfg.uniform:
+            return timer.unit(ops)
+        key = (kind, timer.signature())
+        hit = block_times.get(key)
+        if hit is None:
+            hit = block_times[key] = timer.unit(ops)
+        return hit
+
     for stage in range(cfg.pp):
         timer = _Timer(low, representative[stage])
         busy = received = backward = 0.0
@@ -166,22 +205,23 @@ def screen(graph: Graph, system: System, cfg: ParallelConfig, cost: CostModel, *
                 continue
             blocks = [layer for layer in layers if 0 <= layer < t.layers]
             for direction in ("F", "B"):
-                ops = low.unit_ops.get((chunk, direction), [])
-                if not ops:
+                if not low.unit_ops.get((chunk, direction)):
                     continue
                 parts = []
-                of_layer = defaultdict(list)
-                for op in ops:
-                    of_layer[op.param("layer")].append(op)
-                ends = [op for op in ops if not 0 <= op.param("layer") < t.layers]
+                of_layer, ends = split_units[(chunk, direction)]
                 if blocks:
                     # the block that receives from the other stage (forward: the first; backward:
-                    # the last), and the others alike (the blocks of a model have equal shapes)
+                    # the last), and the others alike (the blocks of a model have equal shapes).
+                    # A block's times are alike on every stage whose GPU is alike (design,
+                    # tensor-parallel ring, the routes from the stages before and after it) and
+                    # whose chunk holds the same place (first, last, between; one block or more)
+                    where_ = (chunk == 0, chunk == len(low.chunks) - 1, len(blocks) > 1)
                     edge = blocks[0] if direction == "F" else blocks[-1]
-                    parts.append((timer.unit(of_layer[edge]), 1))
+                    parts.append((block_time(timer, ("edge", direction, where_), of_layer[edge]), 1))
                     if len(blocks) > 1:
                         inner = blocks[1] if direction == "F" else blocks[0]
-                        parts.append((timer.unit(of_layer[inner]), len(blocks) - 1))
+                        parts.append((block_time(timer, ("inner", direction, where_), of_layer[inner]),
+                                      len(blocks) - 1))
                 if ends:
                     parts.append((timer.unit(ends), 1))
                 for (b, r), n in parts:
@@ -203,6 +243,18 @@ def screen(graph: Graph, system: System, cfg: ParallelConfig, cost: CostModel, *
     flops, peak = _model_flops(low)
     return Screen(iteration_s=pipeline + tail, stage_s=tuple(stage_times), tail_s=tail, memory=memory,
                   model_flops=flops, peak_flops=peak, gpus=cfg.gpus)
+
+
+def _split_units(low: _Lowering) -> dict[tuple[int, str], tuple[dict[int, list], list]]:
+    """Per unit: its ops by block (layer) and its other ops (embedding, head, loss)."""
+    layers = low.t.layers
+    out = {}
+    for key, ops in low.unit_ops.items():
+        of_layer = defaultdict(list)
+        for op in ops:
+            of_layer[op.param("layer")].append(op)
+        out[key] = (of_layer, [op for op in ops if not 0 <= op.param("layer") < layers])
+    return out
 
 
 def _lowering(graph: Graph, system: System, cfg: ParallelConfig,

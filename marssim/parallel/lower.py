@@ -38,7 +38,8 @@ from marssim.cost.base import CostModel
 from marssim.errors import InputError
 from marssim.gcpause import gc_paused
 from marssim.system import Route, System
-from marssim.taskgraph import COMPUTE, TRANSFER, Collective, TaskGraph
+from marssim.taskgraph import COMPUTE, TRANSFER, Collective, TaskGraph, from_program
+from marssim.taskprogram import TaskProgram
 from marssim.workload import Graph, Op, OpKind
 
 from .config import ParallelConfig, check_parallel
@@ -47,8 +48,14 @@ from .memory import static_bytes
 from .placement import PULLS, Placement, place
 from .roles import Rule, rule_for, strategy_of
 from .schedule import stage_units
+from .size import SizeEstimate, check_gpus, check_size
 
-__all__ = ["lower_parallel", "chunk_layers", "prepare_graph"]
+Progress = Callable[[dict], None]
+"""A progress callback (see :func:`lower_parallel`)."""
+
+PROGRESS_EVERY = 0.5  # s of wall time between progress calls
+
+__all__ = ["lower_parallel", "chunk_layers", "prepare_graph", "lowered_size"]
 
 Ref = tuple  # ("u", rep, unit key, rel task, "same" | "last")
 
@@ -188,8 +195,10 @@ class _Template:
         return len(self.preds)
 
 
-_COLUMNS = ("kind", "device", "duration", "src", "dst", "nbytes", "route", "flops", "energy", "mem_node",
-            "mem_bytes", "op", "collective", "steps")
+_COLUMNS = {"kind": np.int8, "device": np.int32, "duration": np.float64, "src": np.int32, "dst": np.int32,
+            "nbytes": np.float64, "route": np.int32, "flops": np.float64, "energy": np.float64, "mem_node": np.int32,
+            "mem_bytes": np.float64, "op": np.int32, "collective": np.int32, "steps": np.int32}
+"""A template's columns and their dtypes (the TaskGraph's)."""
 
 
 class _Lowering:
@@ -546,7 +555,7 @@ class _Builder:
                 self._gather_params()
             for op in low.unit_ops.get(self.key, []):
                 self.op(op)
-        t.arrays = {name: np.asarray(t.cols[name]) for name in _COLUMNS}
+        t.arrays = {name: np.asarray(t.cols[name], dtype=dtype) for name, dtype in _COLUMNS.items()}
         return t
 
     def op(self, op: Op) -> None:
@@ -633,11 +642,16 @@ class _Builder:
 
 
 def lower_parallel(graph: Graph, system: System, cfg: ParallelConfig, cost: CostModel | None = None, *,
-                   folding: bool = True, where: str = "--parallel") -> TaskGraph:
+                   folding: bool = True, where: str = "--parallel", progress: Progress | None = None,
+                   max_bytes: float | None = None) -> TaskGraph:
     """Lower ``graph`` (an LLM workload) under ``cfg`` on ``system`` (see the module docstring).
 
     ``folding``: simulate one GPU per class of identical GPUs (exact, :mod:`.fold`); False: every
-    GPU. Raises InputError when the configuration cannot run the workload on the system."""
+    GPU. ``progress``: called at most every half second of wall time with ``{"stage": "fold",
+    "templates" or "assemble", "tasks": tasks lowered so far, "total": tasks of the TaskGraph}``.
+    ``max_bytes``: the most a simulation of the result may need (default: this machine's memory;
+    :mod:`.size`). Raises InputError when the configuration cannot run the workload on the
+    system, or spans more GPUs or would need more memory than that bound (saying its size)."""
     if cost is None:
         from marssim.cost import default_cost_model
 
@@ -646,17 +660,40 @@ def lower_parallel(graph: Graph, system: System, cfg: ParallelConfig, cost: Cost
     if t is None:
         raise InputError(where, "", "a parallel configuration needs an LLM workload (gpt, llama, moe or a preset)")
     check_parallel(cfg, t, len(system.accelerators), where)
+    check_gpus(cfg.gpus, where)
     graph = prepare_graph(graph, cfg)
     with gc_paused():
-        return _lower(graph, system, cfg, cost, folding)
+        return _lower(graph, system, cfg, cost, folding, _Reporter(progress), where, max_bytes)
 
 
-def _lower(graph: Graph, system: System, cfg: ParallelConfig, cost: CostModel, folding: bool) -> TaskGraph:
+class _Reporter:
+    """Calls a progress callback at most every PROGRESS_EVERY seconds (and at each new stage)."""
+
+    def __init__(self, callback: Progress | None) -> None:
+        self.callback = callback
+        self.last = 0.0
+        self.stage = ""
+        self.total = 0
+
+    def __call__(self, stage: str, tasks: int, force: bool = False) -> None:
+        if self.callback is None:
+            return
+        import time
+
+        now = time.perf_counter()
+        if force or stage != self.stage or now - self.last >= PROGRESS_EVERY:
+            self.stage, self.last = stage, now
+            self.callback({"stage": stage, "tasks": tasks, "total": self.total})
+
+
+def _lower(graph: Graph, system: System, cfg: ParallelConfig, cost: CostModel, folding: bool, report: _Reporter,
+           where_key: str = "--parallel", max_bytes: float | None = None) -> TaskGraph:
     import time
 
     wall = time.perf_counter()
     where = place(system, cfg)
     patterns = where.patterns()
+    report("fold", 0)
     if folding:
         role = {}
         for g in where.gpus:
@@ -683,12 +720,39 @@ def _lower(graph: Graph, system: System, cfg: ParallelConfig, cost: CostModel, f
                 if low.stage_of_chunk(chunk) == stage and (chunk, "O") in low.unit_ops:
                     order.append((rep, (chunk, "O"), low.micro_batches - 1))
     build_wall = time.perf_counter()
+    size = lowered_size(low, order)
+    check_size(size, where_key, max_bytes)
+    report.total = size.tasks
+    done = 0
     for rep, key, _ in order:
-        low.template(rep, key)
-    tg = _assemble(low, order)
+        done += len(low.template(rep, key))
+        report("templates", done)
+    report("assemble", size.tasks)
+    tg = _taskgraph(low, _program(low, order))
+    report("assemble", tg.n_tasks, force=True)
     tg.meta["wall_lower_s"] = time.perf_counter() - wall
     tg.meta["wall_templates_s"] = time.perf_counter() - build_wall
     return tg
+
+
+def lowered_size(low: _Lowering, order: list[tuple[int, tuple[int, str], int]]) -> SizeEstimate:
+    """The size of the TaskGraph of ``order`` (its units, per representative GPU), from the unit
+    templates of one representative per pipeline stage (and per class size) before any other
+    is built: representatives of one stage whose classes are alike run templates of the same size."""
+    per_rep: dict[int, list[tuple[int, str]]] = {}
+    for rep, key, _ in order:
+        per_rep.setdefault(rep, []).append(key)
+    sized: dict[tuple, tuple[int, int]] = {}
+    tasks = rows = 0
+    for rep, keys in per_rep.items():
+        kind = (low.place.stage(rep), low.fold.size(rep))
+        n = sized.get(kind)
+        if n is None:
+            n = sized[kind] = (sum(len(low.template(rep, key)) for key in keys),
+                               sum(len(low.template(rep, key)) for key in dict.fromkeys(keys)))
+        tasks += n[0]
+        rows += n[1]
+    return SizeEstimate(len(low.place.gpus), len(low.fold.members), tasks, rows)
 
 
 def _parameters(low: _Lowering) -> None:
@@ -721,100 +785,175 @@ def _template_edges(tpl: _Template) -> None:
     tpl.ext_groups = [(k, np.asarray(a, dtype=np.int64), np.asarray(b, dtype=np.int64)) for k, (a, b) in groups.items()]
 
 
-def _assemble(low: _Lowering, order: list[tuple[int, tuple[int, str], int]]) -> TaskGraph:
-    """Copy the templates into one TaskGraph: unit instances at their offsets, references
-    resolved, each GPU's kernels chained in schedule order."""
-    base: dict[tuple[int, tuple[int, str], int], int] = {}
-    last_of: dict[tuple[int, tuple[int, str]], int] = {}
-    at = 0
-    for rep, key, mb in order:
-        base[(rep, key, mb)] = at
-        last_of[(rep, key)] = max(mb, last_of.get((rep, key), -1))
-        at += len(low.templates[(rep, key)])
-    n = at
-    for tpl in low.templates.values():
+@dataclass
+class _Instances:
+    """The unit instances of a lowering in task order: which template each copies, its
+    micro-batch, its first task and its first collective; the templates in first-use order."""
+
+    templates: list[_Template]
+    keys: list[tuple[int, tuple[int, str]]]  # (rep, unit key) of each template
+    tpl: np.ndarray  # per instance, its template's index
+    rep: np.ndarray  # per instance, its representative GPU
+    mb: np.ndarray  # per instance, its micro-batch
+    base: np.ndarray  # per instance, its first task (int64; one more entry: the task count)
+    coll: np.ndarray  # per instance, its first collective (one more entry: the count)
+    index: dict[tuple[int, tuple[int, str], int], int]  # (rep, key, mb) -> instance
+
+    @property
+    def n_tasks(self) -> int:
+        return int(self.base[-1])
+
+
+def _instances(low: _Lowering, order: list[tuple[int, tuple[int, str], int]]) -> _Instances:
+    tpl_of: dict[tuple[int, tuple[int, str]], int] = {}
+    templates: list[_Template] = []
+    keys: list[tuple[int, tuple[int, str]]] = []
+    tpl = np.empty(len(order), dtype=np.int64)
+    reps = np.empty(len(order), dtype=np.int64)
+    mbs = np.empty(len(order), dtype=np.int64)
+    index: dict[tuple[int, tuple[int, str], int], int] = {}
+    for i, (rep, key, mb) in enumerate(order):
+        j = tpl_of.get((rep, key))
+        if j is None:
+            j = tpl_of[(rep, key)] = len(templates)
+            templates.append(low.templates[(rep, key)])
+            keys.append((rep, key))
+        tpl[i] = j
+        reps[i] = rep
+        mbs[i] = mb
+        index[(rep, key, mb)] = i
+    sizes = np.asarray([len(t) for t in templates], dtype=np.int64)[tpl]
+    colls = np.asarray([len(t.colls) for t in templates], dtype=np.int64)[tpl]
+    base = np.zeros(len(order) + 1, dtype=np.int64)
+    np.cumsum(sizes, out=base[1:])
+    coll = np.zeros(len(order) + 1, dtype=np.int64)
+    np.cumsum(colls, out=coll[1:])
+    return _Instances(templates, keys, tpl, reps, mbs, base, coll, index)
+
+
+def _taskgraph(low: _Lowering, program: TaskProgram) -> TaskGraph:
+    """The TaskGraph of ``program`` with the lowering's labels; its columns are built from the
+    program when first read (:class:`~marssim.taskgraph.ProgramTaskGraph`)."""
+    if program.n_tasks >= 2**31 - 1:
+        raise InputError("--parallel", "", f"{program.n_tasks:,} tasks: more than a TaskGraph holds (2^31)")
+    names = low.system.nodes
+    resident, setup = _memory(low)
+    return from_program(
+        program, node_names=names, op_names=tuple(op.name for op in low.graph.ops), routes=tuple(low.routes),
+        resident=resident, setup=setup, meta=_meta(low), ops=_op_info(low),
+        device_design={names[g]: low.system.accelerator(names[g]).designs[0] for g in low.fold.reps},
+        batch=low.cfg.batch)
+
+
+def _program(low: _Lowering, order: list[tuple[int, tuple[int, str], int]]) -> TaskProgram:
+    """The unit templates and their instances in ``order`` as a :class:`TaskProgram`: each
+    template's rows, predecessors in the unit and references grouped by the unit they read; each
+    instance's template, micro-batch, first task and collective, the target instance of each
+    group and the instance whose last kernel its first kernel follows."""
+    inst = _instances(low, order)
+    templates = inst.templates
+    for tpl in templates:
         if not hasattr(tpl, "edge_dst"):
             _template_edges(tpl)
-    cols: dict[str, list] = {name: [] for name in _COLUMNS}
-    micro = []
-    coll_list: list[Collective] = []
-    dst_parts: list[np.ndarray] = []
-    src_parts: list[np.ndarray] = []
-    prev_compute: dict[int, int] = {}
-    last_backward: dict[int, int] = {}
-    chain_dst: list[int] = []
-    chain_src: list[int] = []
-    for rep, key, mb in order:
-        tpl = low.templates[(rep, key)]
-        b = base[(rep, key, mb)]
-        arrays = tpl.arrays
-        size = len(tpl)
-        if not size:
+    sizes = np.asarray([len(t) for t in templates], dtype=np.int64)
+    tpl_start = np.zeros(len(templates) + 1, dtype=np.int64)
+    np.cumsum(sizes, out=tpl_start[1:])
+    rows = {name: (np.concatenate([t.arrays[name] for t in templates]) if templates else np.zeros(0, dtype=dtype))
+            for name, dtype in _COLUMNS.items()}
+    n_ipred = np.concatenate([np.fromiter(map(len, t.preds), dtype=np.int64, count=len(t)) for t in templates]) \
+        if templates else np.zeros(0, dtype=np.int64)
+    ipred_ptr = np.zeros(len(n_ipred) + 1, dtype=np.int64)
+    np.cumsum(n_ipred, out=ipred_ptr[1:])
+    ipred = np.concatenate([t.edge_src for t in templates]).astype(np.int32) if templates else np.zeros(0, np.int32)
+    # references: per row, (group, row read) in group order; the groups of each template
+    tpl_index = {key: j for j, key in enumerate(inst.keys)}
+    x_rows, x_group, x_rel, x_seq = [], [], [], []
+    grp_start = np.zeros(len(templates) + 1, dtype=np.int64)
+    grp_keys: list[tuple] = []
+    for j, tpl in enumerate(templates):
+        for g, (key, rels, r_rels) in enumerate(tpl.ext_groups):
+            x_rows.append(rels + tpl_start[j])
+            x_group.append(np.full(len(rels), g, dtype=np.int64))
+            x_rel.append(r_rels)
+            x_seq.append(np.arange(len(rels), dtype=np.int64))
+            grp_keys.append(key)
+        grp_start[j + 1] = grp_start[j] + len(tpl.ext_groups)
+    if x_rows:
+        xr, xg, xl, xs = (np.concatenate(a) for a in (x_rows, x_group, x_rel, x_seq))
+        order_x = np.lexsort((xs, xg, xr))
+        xr, xg, xl = xr[order_x], xg[order_x], xl[order_x]
+    else:
+        xr = xg = xl = np.zeros(0, dtype=np.int64)
+    xref_ptr = np.zeros(len(n_ipred) + 1, dtype=np.int64)
+    np.cumsum(np.bincount(xr, minlength=len(n_ipred)), out=xref_ptr[1:])
+    lastkernel = np.asarray([key[1] == ("last-backward", 0) for key in grp_keys], dtype=np.bool_)
+    target_tpl = np.asarray([-1 if last else tpl_index.get((key[0], key[1]), -1)
+                             for key, last in zip(grp_keys, lastkernel)], dtype=np.int32)
+    targets = _group_targets(inst, templates, grp_start, grp_keys, lastkernel, tpl_index)
+    first = np.asarray([t.first_compute for t in templates], dtype=np.int32)
+    last = np.asarray([t.last_compute for t in templates], dtype=np.int32)
+    chain_prev = np.full(len(inst.tpl), -1, dtype=np.int32)
+    with_compute = np.flatnonzero(first[inst.tpl] >= 0)
+    same_rep = inst.rep[with_compute[1:]] == inst.rep[with_compute[:-1]]
+    chain_prev[with_compute[1:][same_rep]] = with_compute[:-1][same_rep]
+    n_groups = grp_start[1:] - grp_start[:-1]
+    inst_gstart = np.zeros(len(inst.tpl) + 1, dtype=np.int64)
+    np.cumsum(n_groups[inst.tpl], out=inst_gstart[1:])
+    return TaskProgram(
+        rows=rows, tpl_start=tpl_start, ipred_ptr=ipred_ptr, ipred=ipred, xref_ptr=xref_ptr,
+        xref_group=xg.astype(np.int32), xref_rel=xl.astype(np.int32), grp_start=grp_start, grp_lastkernel=lastkernel,
+        grp_target_tpl=target_tpl, first_compute=first, last_compute=last,
+        tpl_colls=tuple(tuple(t.colls) for t in templates), inst_tpl=inst.tpl.astype(np.int32),
+        inst_mb=inst.mb.astype(np.int32), inst_base=inst.base, inst_coll=inst.coll, inst_gstart=inst_gstart,
+        target=targets, chain_prev=chain_prev)
+
+
+def _group_targets(inst: _Instances, templates: list[_Template], grp_start: np.ndarray, grp_keys: list[tuple],
+                   lastkernel: np.ndarray, tpl_index: dict) -> np.ndarray:
+    """Per (instance, group of its template): the instance the group's references read (the same
+    micro-batch, or the last one for ``last`` references; a ``lastkernel`` group: the last
+    instance with a backward pass before it on its GPU), -1 when there is none."""
+    n_inst = len(inst.tpl)
+    n_groups = grp_start[1:] - grp_start[:-1]
+    inst_gstart = np.zeros(n_inst + 1, dtype=np.int64)
+    np.cumsum(n_groups[inst.tpl], out=inst_gstart[1:])
+    out = np.full(int(inst_gstart[-1]), -1, dtype=np.int32)
+    # every (rep, key): its instances by micro-batch
+    by_key: dict[tuple, np.ndarray] = {}
+    last_mb: dict[tuple, int] = {}
+    for (rep, key), j in tpl_index.items():
+        mine = np.flatnonzero(inst.tpl == j)
+        mbs = inst.mb[mine]
+        table = np.full(int(mbs.max()) + 1 if len(mbs) else 1, -1, dtype=np.int64)
+        table[mbs] = mine
+        by_key[(rep, key)] = table
+        last_mb[(rep, key)] = int(mbs.max()) if len(mbs) else 0
+    needs_backward = bool(lastkernel.any())
+    last_backward = np.full(n_inst, -1, dtype=np.int64)
+    if needs_backward:  # the latest instance before each one, on its GPU, with a backward kernel
+        latest: dict[int, int] = {}
+        for i, (j, rep) in enumerate(zip(inst.tpl.tolist(), inst.rep.tolist())):
+            last_backward[i] = latest.get(rep, -1)
+            if templates[j].first_compute >= 0 and inst.keys[j][1][1] == "B":
+                latest[rep] = i
+    for j in range(len(templates)):
+        mine = np.flatnonzero(inst.tpl == j)
+        if not len(mine):
             continue
-        for name in _COLUMNS:
-            col = arrays[name]
-            if name == "collective" and coll_list:
-                col = np.where(col >= 0, col + len(coll_list), -1)
-            cols[name].append(col)
-        coll_list.extend(tpl.colls)
-        micro.append(np.full(size, mb, dtype=np.int32))
-        if len(tpl.edge_dst):
-            dst_parts.append(tpl.edge_dst + b)
-            src_parts.append(tpl.edge_src + b)
-        for (r_rep, r_key, mode), rels, r_rels in tpl.ext_groups:
-            if r_key == ("last-backward", 0):
-                target = last_backward.get(rep)
-                if target is None:
-                    continue
-                dst_parts.append(rels + b)
-                src_parts.append(np.full(len(rels), target, dtype=np.int64))
+        for g in range(int(n_groups[j])):
+            gg = int(grp_start[j]) + g
+            slots = inst_gstart[mine] + g
+            if lastkernel[gg]:
+                out[slots] = last_backward[mine]
                 continue
-            r_mb = last_of.get((r_rep, r_key), 0) if mode == "last" else mb
-            target = base.get((r_rep, r_key, r_mb))
-            if target is None:
+            r_rep, r_key, mode = grp_keys[gg]
+            table = by_key.get((r_rep, r_key))
+            if table is None:
                 continue
-            dst_parts.append(rels + b)
-            src_parts.append(r_rels + target)
-        if tpl.first_compute >= 0:
-            prev = prev_compute.get(rep)
-            if prev is not None:
-                chain_dst.append(b + tpl.first_compute)
-                chain_src.append(prev)
-            prev_compute[rep] = b + tpl.last_compute
-            if key[1] == "B":
-                last_backward[rep] = b + tpl.last_compute
-    dst_parts.append(np.asarray(chain_dst, dtype=np.int64))
-    src_parts.append(np.asarray(chain_src, dtype=np.int64))
-    dst = np.concatenate(dst_parts)
-    src = np.concatenate(src_parts)
-    order_edges = np.argsort(dst, kind="stable")
-    pred_idx = src[order_edges].astype(np.int32)
-    pred_ptr = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(np.bincount(dst, minlength=n), out=pred_ptr[1:])
-    c = {name: np.concatenate(parts) if parts else np.zeros(0) for name, parts in cols.items()}
-    kind = c["kind"].astype(np.int8)
-    priority = np.arange(n, dtype=np.int64)
-    resident, setup = _memory(low)
-    meta = _meta(low)
-    steps = c["steps"].astype(np.int32)
-    ops_info = _op_info(low)
-    names = low.system.nodes
-    tg = TaskGraph(
-        kind=kind, device=c["device"].astype(np.int32), duration=c["duration"].astype(np.float64),
-        src=c["src"].astype(np.int32), dst=c["dst"].astype(np.int32), nbytes=c["nbytes"].astype(np.float64),
-        route=c["route"].astype(np.int32), flops=c["flops"].astype(np.float64),
-        energy=c["energy"].astype(np.float64), mem_node=c["mem_node"].astype(np.int32),
-        mem_bytes=c["mem_bytes"].astype(np.float64), priority=priority, op=c["op"].astype(np.int32),
-        micro_batch=np.concatenate(micro) if micro else np.zeros(0, dtype=np.int32),
-        collective=c["collective"].astype(np.int32), pred_ptr=pred_ptr, pred_idx=pred_idx,
-        node_names=low.system.nodes, op_names=tuple(op.name for op in low.graph.ops), routes=tuple(low.routes),
-        collectives=tuple(coll_list), resident=resident, setup=setup, meta=meta, ops=ops_info,
-        device_design={names[g]: low.system.accelerator(names[g]).designs[0] for g in low.fold.reps},
-        batch=low.cfg.batch, steps=steps if (steps > 1).any() else None)
-    for name in ("kind", "device", "duration", "src", "dst", "nbytes", "route", "flops", "energy", "mem_node",
-                 "mem_bytes", "priority", "op", "micro_batch", "collective", "pred_ptr", "pred_idx"):
-        getattr(tg, name).setflags(write=False)
-    return tg
+            r_mb = np.full(len(mine), last_mb[(r_rep, r_key)]) if mode == "last" else inst.mb[mine]
+            inside = r_mb < len(table)
+            out[slots[inside]] = table[r_mb[inside]]
+    return out
 
 
 def _memory(low: _Lowering) -> tuple[dict[str, float], tuple[tuple[str, str, float], ...]]:
@@ -824,12 +963,13 @@ def _memory(low: _Lowering) -> tuple[dict[str, float], tuple[tuple[str, str, flo
     resident: dict[str, float] = {}
     setup = []
     per_stage = {}
+    reps = set(low.fold.reps)
     for stage in range(low.cfg.pp):
         per_stage[stage] = static_bytes(low.graph, low.cfg, stage, low.rules, low.rank_params)
     for g in low.place.gpus:
         stage = low.place.stage(g)
         total = per_stage[stage].total
-        if g in low.fold.reps:
+        if g in reps:
             resident[names[g]] = total
         setup.append((low.system.nearest_host(names[g]), names[g], per_stage[stage].weights))
     return resident, tuple(setup)
@@ -858,14 +998,21 @@ def _model_flops(low: _Lowering) -> tuple[float, float]:
     f = graph_cached(low.graph, "footprint", lambda: footprint(low.graph))
     per_replica = f.model_flops if low.training else f.flops.get("fwd", 0.0)
     total = per_replica * low.micro_batches * low.cfg.dp
+    peak_of: dict[tuple, float] = {}  # per accelerator design
     peaks = []
     for g in low.place.gpus:
-        design = low.design(g)
-        if design.gpu is not None:
-            table = design.gpu.peak_flops
-            peaks.append(float(table.get(low.t.dtype) or table.get("bf16") or table.get("fp16") or max(table.values())))
-        else:
-            peaks.append(2.0 * design.peak_macs_per_s)
+        acc = low.system.accelerator(low.system.nodes[g])
+        key = acc.designs[:1]
+        peak = peak_of.get(key)
+        if peak is None:
+            design = low.design(g)
+            if design.gpu is not None:
+                table = design.gpu.peak_flops
+                peak = float(table.get(low.t.dtype) or table.get("bf16") or table.get("fp16") or max(table.values()))
+            else:
+                peak = 2.0 * design.peak_macs_per_s
+            peak_of[key] = peak
+        peaks.append(peak)
     return total, sum(peaks) / len(peaks)  # per GPU, averaged over the GPUs of a mixed cluster
 
 

@@ -144,6 +144,14 @@ def _stage_layers(graph: Graph, cfg: ParallelConfig, stage: int) -> set[int]:
     return {layer for c, layers in enumerate(chunks) if c % cfg.pp == stage for layer in layers}
 
 
+def _resident_inputs(graph: Graph) -> list:
+    """The graph's resident inputs (a serving graph's KV cache), in graph order (kept with the graph)."""
+    from .lower import graph_cached
+
+    return graph_cached(graph, "resident_inputs", lambda: [op for op in graph.ops
+                                                            if op.kind == OpKind.INPUT and op.param("resident")])
+
+
 def static_bytes(graph: Graph, cfg: ParallelConfig, stage: int, rules, per: dict[int, int] | None = None) -> StaticMemory:
     """The static bytes of one rank of ``stage`` (see the module docstring); ``per``: the
     :func:`rank_parameters` per layer, when the caller has them."""
@@ -164,8 +172,8 @@ def static_bytes(graph: Graph, cfg: ParallelConfig, stage: int, rules, per: dict
         grads = params * 4.0 / (dp if cfg.zero >= 2 else 1)
         opt = params * 12.0 / (dp if cfg.zero >= 1 else 1)
     kv = 0.0
-    for op in graph.ops:
-        if op.kind == OpKind.INPUT and op.param("resident") and op.param("layer") in layers:
+    for op in _resident_inputs(graph):
+        if op.param("layer") in layers:
             heads = t.kv
             kv += op.output_bytes * (-(-heads // cfg.tp_of(stage))) / heads
     return StaticMemory(float(weights), float(grads), float(opt), float(kv))

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 from marssim.system import Route, System
-from marssim.taskgraph import COMPUTE, TaskGraph
+from marssim.taskgraph import COMPUTE, TaskGraph, column_chunks
 
 __all__ = ["route_incidence", "resource_bytes", "node_compute_energy", "compute_energy", "transfer_energy",
            "communication_energy", "route_energy_per_byte"]
@@ -48,12 +48,19 @@ def resource_bytes(taskgraph: TaskGraph, system: System, *,
     ``incidence``: :func:`route_incidence` of ``taskgraph.routes`` when the caller has it."""
     tg = taskgraph
     out = np.zeros(len(system.resource_names))
-    moving = tg.kind != COMPUTE
-    if moving.any() and tg.routes:
+    if tg.routes:
         res_idx, res_route, res_weight = incidence if incidence is not None else route_incidence(tg.routes)
         if len(res_idx):
-            route_bytes = np.bincount(tg.route[moving], weights=tg.nbytes[moving], minlength=len(tg.routes))
-            np.add.at(out, res_idx, route_bytes[res_route] * res_weight)
+            # bytes per route, added task after task (whole columns or runs of them: the same sums)
+            route_bytes = np.zeros(len(tg.routes))
+            moved = False
+            for c in column_chunks(tg, ("kind", "route", "nbytes")):
+                moving = c["kind"] != COMPUTE
+                if moving.any():
+                    moved = True
+                    np.add.at(route_bytes, c["route"][moving], c["nbytes"][moving])
+            if moved:
+                np.add.at(out, res_idx, route_bytes[res_route] * res_weight)
     for route, nbytes in extra:
         if route.resources:
             out[list(route.resources)] += nbytes
@@ -64,12 +71,15 @@ def node_compute_energy(taskgraph: TaskGraph) -> tuple[np.ndarray, np.ndarray]:
     """Per node index: joules of its compute tasks (unknown ones counted 0) and whether any of
     them had an energy figure."""
     tg = taskgraph
-    is_compute = tg.kind == COMPUTE
     n = len(tg.node_names)
-    e = tg.energy[is_compute]
-    device = tg.device[is_compute]
-    energy = np.bincount(device, weights=np.nan_to_num(e), minlength=n)[:n]
-    known = np.bincount(device, weights=~np.isnan(e), minlength=n)[:n] > 0
+    energy = np.zeros(n)
+    known = np.zeros(n, dtype=bool)
+    for c in column_chunks(tg, ("kind", "energy", "device")):  # added task after task
+        is_compute = c["kind"] == COMPUTE
+        e = c["energy"][is_compute]
+        device = c["device"][is_compute]
+        np.add.at(energy, device, np.nan_to_num(e))
+        known[device[~np.isnan(e)]] = True
     return energy, known
 
 

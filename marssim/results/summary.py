@@ -14,7 +14,7 @@ import numpy as np
 
 from .aggregate import communication_energy, compute_energy, resource_bytes
 from marssim.system import System
-from marssim.taskgraph import COMPUTE, TaskGraph
+from marssim.taskgraph import COMPUTE, TaskGraph, column_chunks
 
 __all__ = ["Summary", "summarise", "steady_throughput", "compute_energy", "total_energy"]
 
@@ -59,11 +59,18 @@ def steady_throughput(tg: TaskGraph, end: np.ndarray, makespan: float, system: S
     batch = float(tg.batch)
     if batch <= 0 or makespan <= 0:
         return float("nan")
-    mbs = int(tg.micro_batch.max()) + 1 if tg.n_tasks else 1
+    mbs = 1
+    finish = np.full(0, -np.inf)
+    at = 0
+    for c in column_chunks(tg, ("micro_batch",)):
+        mb = c["micro_batch"]
+        if len(mb) and int(mb.max()) + 1 > len(finish):
+            finish = np.concatenate([finish, np.full(int(mb.max()) + 1 - len(finish), -np.inf)])
+        np.maximum.at(finish, mb, end[at:at + len(mb)])
+        at += len(mb)
+    mbs = max(len(finish), 1) if tg.n_tasks else 1
     if mbs < 2:
         return batch / makespan
-    finish = np.full(mbs, -np.inf)
-    np.maximum.at(finish, tg.micro_batch, end)
     sizes = [batch // mbs + (1 if i < batch % mbs else 0) for i in range(mbs)]
     span = finish[-1] - finish[0]
     if span <= 0:
@@ -74,10 +81,14 @@ def steady_throughput(tg: TaskGraph, end: np.ndarray, makespan: float, system: S
 def _busiest_work(tg: TaskGraph, system: System, streams: int) -> float:
     """Seconds the busiest device (compute over ``streams``) or bandwidth resource (bytes over
     capacity) must work to process the whole TaskGraph; at least the smallest positive float."""
-    compute = tg.kind == COMPUTE
-    busy = np.bincount(tg.device[compute], weights=tg.duration[compute], minlength=len(tg.node_names))
+    busy = np.zeros(len(tg.node_names))
+    moving = False
+    for c in column_chunks(tg, ("kind", "device", "duration")):  # added task after task
+        compute = c["kind"] == COMPUTE
+        np.add.at(busy, c["device"][compute], c["duration"][compute])
+        moving = moving or bool((~compute).any())
     work = float(busy.max(initial=0.0)) / streams
-    if (~compute).any():
+    if moving:
         res_bytes = resource_bytes(tg, system)
         work = max(work, float((res_bytes / system.resource_capacity).max(initial=0.0)))
     return max(work, np.finfo(float).tiny)

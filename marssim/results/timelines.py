@@ -3,7 +3,8 @@ analytical estimate has instead of a simulation's records).
 
 * :func:`buffer_timeline`: memories hold the resident weights from the start; a task's output
   buffer (``mem_bytes`` on ``mem_node``) is taken when the task starts and given back when the
-  last of its successors ends (its own end when it has none), the rule the simulator applies.
+  last of its successors ends (its own end when it has none; a transfer of several steps has
+  read its inputs when its first step ends), the rule the simulator applies.
   At one instant, buffers given back are counted before buffers taken.
 * :func:`flow_timeline`: a transfer with bytes serialises from its start for ``end - start -
   latency`` seconds at its route's bottleneck rate (no other flow shares it), on every resource
@@ -23,11 +24,13 @@ from marssim.taskgraph import COMPUTE, TaskGraph
 __all__ = ["buffer_timeline", "flow_timeline"]
 
 
-def buffer_timeline(taskgraph: TaskGraph, system: System, start: np.ndarray,
-                    end: np.ndarray) -> tuple[pd.DataFrame, pd.DataFrame]:
+def buffer_timeline(taskgraph: TaskGraph, system: System, start: np.ndarray, end: np.ndarray,
+                    read_end: np.ndarray | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """``(memories, memory_timeline)`` of a schedule: per node holding anything (node order)
     ``peak_bytes``, ``capacity_bytes``, ``resident_bytes``; and the occupancy after every change,
-    rows ``node``, ``time`` (s), ``bytes`` (resident weights included)."""
+    rows ``node``, ``time`` (s), ``bytes`` (resident weights included). ``read_end`` (s, per task;
+    default ``end``): when a task has read its inputs (a transfer of several steps reads them in
+    its first step)."""
     tg = taskgraph
     names = tg.node_names
     succ_ptr, succ_idx = tg.successors
@@ -36,7 +39,7 @@ def buffer_timeline(taskgraph: TaskGraph, system: System, start: np.ndarray,
     last_read = np.where(has_succ, -np.inf, end)
     if len(succ_idx):
         owner = np.repeat(np.arange(tg.n_tasks), np.diff(succ_ptr))
-        np.maximum.at(last_read, owner, end[succ_idx])
+        np.maximum.at(last_read, owner, (end if read_end is None else read_end)[succ_idx])
     held = (tg.mem_node >= 0) & (tg.mem_bytes > 0)
     nodes = sorted(set(tg.mem_node[held].tolist()) | {system.node_index[d] for d in tg.resident})
     mem_rows, timeline = {}, []

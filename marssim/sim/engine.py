@@ -29,32 +29,66 @@ from marssim.taskgraph import COMPUTE, TaskGraph
 from marssim.results.build import Spill, build_result
 from marssim.results.summary import Summary, summarise
 
+from .fast import Progress  # noqa: F401  (the progress callback type)
 from .memory import POLICIES, MemoryPool
 from .network import FairShareNetwork
 from marssim.results.result import Result
 
-__all__ = ["simulate", "simulate_summary", "setup_time"]
+__all__ = ["simulate", "simulate_summary", "setup_time", "ENGINES"]
+
+
+ENGINES = ("auto", "compiled", "simpy")
+"""``compiled``: :mod:`.fast` (numba; same results, several times faster, arrays instead of
+Python objects per task); ``simpy``: this module; ``auto``: compiled where it can run (numba
+installed, not the ``spill`` policy), else SimPy."""
+
+
+def _check(memory_policy: str, streams: int, engine: str) -> None:
+    if memory_policy not in POLICIES:
+        raise ValueError(f"memory_policy must be one of {POLICIES}, got {memory_policy!r}")
+    if streams < 1:
+        raise ValueError(f"streams must be >= 1, got {streams}")
+    if engine not in ENGINES:
+        raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
+
+
+def _compiled(taskgraph: TaskGraph, memory_policy: str, engine: str) -> bool:
+    """Whether this run takes the compiled engine."""
+    from . import fast
+
+    if engine == "simpy":
+        return False
+    ok = fast.usable(taskgraph, memory_policy)
+    if engine == "compiled" and not ok:
+        raise RuntimeError("engine 'compiled' needs numba (pip install 'marssim[fast]') and a memory policy other "
+                           "than 'spill'")
+    return ok
 
 
 def simulate(taskgraph: TaskGraph, system: System, *, memory_policy: str = "error", streams: int = 1,
-             record: bool = True, setup: bool = True) -> Result:
+             record: bool = True, setup: bool = True, engine: str = "auto",
+             progress: "Progress | None" = None) -> Result:
     """Simulate ``taskgraph`` on ``system`` and return the :class:`Result`.
 
     ``memory_policy``: ``error`` (raise CapacityError on overflow), ``spill`` (to host DRAM) or
     ``ignore`` (never overflow; the peak is still reported).
     ``streams``: compute tasks a device may run at once. ``record``: keep the memory and link
     timelines (traces need them; searches do not). ``setup``: also simulate the weight loads
-    to report ``Result.setup_time``."""
-    if memory_policy not in POLICIES:
-        raise ValueError(f"memory_policy must be one of {POLICIES}, got {memory_policy!r}")
-    if streams < 1:
-        raise ValueError(f"streams must be >= 1, got {streams}")
+    to report ``Result.setup_time``. ``engine``: see :data:`ENGINES` (the same result from
+    either). ``progress``: called at most every half second of wall time with
+    ``{"time_s": simulated seconds so far, "tasks_done", "tasks"}``."""
+    _check(memory_policy, streams, engine)
     wall = time.perf_counter()
     with gc_paused():
-        sim = _Simulation(taskgraph, system, memory_policy, streams, record)
-        sim.run()
-        result = sim.result()
-        del sim  # acyclic once run: freed here, before the collector is back
+        if _compiled(taskgraph, memory_policy, engine):
+            from .fast import run_compiled
+
+            result = run_compiled(taskgraph, system, memory_policy, streams, record, progress=progress)
+        else:
+            sim = _Simulation(taskgraph, system, memory_policy, streams, record)
+            sim.run(progress)
+            result = sim.result()
+            del sim  # acyclic once run: freed here, before the collector is back
     result.meta["wall_s"] = time.perf_counter() - wall
     if setup and taskgraph.setup:
         result.setup_time = setup_time(taskgraph, system)
@@ -62,16 +96,18 @@ def simulate(taskgraph: TaskGraph, system: System, *, memory_policy: str = "erro
 
 
 def simulate_summary(taskgraph: TaskGraph, system: System, *, memory_policy: str = "error",
-                     streams: int = 1) -> Summary:
+                     streams: int = 1, engine: str = "auto", progress: "Progress | None" = None) -> Summary:
     """Simulate like :func:`simulate` but return only the :class:`Summary`: no interval log, no
     per-resource tables (what a search needs, several times faster on small graphs)."""
-    if memory_policy not in POLICIES:
-        raise ValueError(f"memory_policy must be one of {POLICIES}, got {memory_policy!r}")
-    if streams < 1:
-        raise ValueError(f"streams must be >= 1, got {streams}")
+    _check(memory_policy, streams, engine)
     with gc_paused():
+        if _compiled(taskgraph, memory_policy, engine):
+            from .fast import run_compiled
+
+            return run_compiled(taskgraph, system, memory_policy, streams, False, summary_only=True,
+                                progress=progress)
         sim = _Simulation(taskgraph, system, memory_policy, streams, False)
-        sim.run()
+        sim.run(progress)
         summary = sim.summary()
         del sim  # acyclic once run: freed here, before the collector is back
     return summary
@@ -113,6 +149,7 @@ class _Simulation:
         # a stepped transfer (see TaskGraph.steps) sends nbytes / steps per step
         self.nbytes = (tg.nbytes / np.maximum(steps, 1)).tolist() if steps is not None else tg.nbytes.tolist()
         self.steps_left = np.maximum(steps.astype(np.int64) - 1, 0).tolist() if steps is not None else None
+        self.steps_total = steps.tolist() if steps is not None else None
         self.mem_node = tg.mem_node.tolist()
         self.mem_bytes = tg.mem_bytes.tolist()
         succ_ptr, succ_idx = tg.successors
@@ -169,16 +206,42 @@ class _Simulation:
                 env.process(self._streams[-1])
 
     # ------------------------------------------------------------------ life of a task
-    def run(self) -> None:
+    def run(self, progress: "Progress | None" = None) -> None:
         ready = self._ready
-        for t, w in enumerate(self.waiting):
-            if w == 0:
-                ready(t)
-        self.env.run()
+        # the tasks without predecessors (listed first: one that ends at once readies others,
+        # which must not be readied twice)
+        for t in [t for t, w in enumerate(self.waiting) if w == 0]:
+            ready(t)
+        if progress is None:
+            self.env.run()
+        else:
+            self._run_reporting(progress)
         self._release()
-        unfinished = int(np.isnan(np.asarray(self.end)).sum())
+        unfinished = int(np.isnan(np.asarray(self.end, dtype=float)).sum())
         if unfinished:
             raise RuntimeError(f"{unfinished} tasks never ran: the task graph has a cycle or an unreachable dependency")
+
+    def _run_reporting(self, progress: "Progress") -> None:
+        """``env.run()`` step by step, calling ``progress`` at most every PROGRESS_EVERY seconds."""
+        from .fast import PROGRESS_EVERY
+
+        env, step = self.env, self.env.step
+
+        def report() -> None:
+            ended = int(np.count_nonzero(~np.isnan(np.asarray(self.end, dtype=float))))
+            progress({"time_s": env.now, "tasks_done": ended, "tasks": self.n})
+
+        last = time.perf_counter()
+        try:
+            while True:
+                for _ in range(4096):
+                    step()
+                if time.perf_counter() - last >= PROGRESS_EVERY:
+                    last = time.perf_counter()
+                    report()
+        except simpy.core.EmptySchedule:
+            pass
+        report()
 
     def _release(self) -> None:
         """Break the reference cycles of a finished run (processes suspended on events that
@@ -189,7 +252,7 @@ class _Simulation:
             stream.close()
         self._streams = []
         self.net.close()
-        self._allocate = self._dispatch = self._ready = self._complete = self._finish = None
+        self._allocate = self._dispatch = self._ready = self._complete = self._finish = self._read = None
 
     def _bind(self) -> None:
         """Build the per-event paths as closures over the task columns (local lookups only):
@@ -261,6 +324,16 @@ class _Simulation:
                 if w == 0:
                     ready(s)
 
+        def read_once(t: int) -> None:  # a stepped transfer's first step has read its inputs
+            for p in pred[t]:
+                left = readers_left[p] - 1
+                readers_left[p] = left
+                if left == 0:
+                    nb = mem_bytes[p]
+                    if nb > 0:
+                        pool_of[p].release(nb)
+            pred[t] = ()
+
         def finish(event) -> None:
             t = event._value
             if t >= n:
@@ -286,7 +359,7 @@ class _Simulation:
             complete(t)
 
         self._allocate, self._dispatch, self._ready = allocate, dispatch, ready
-        self._complete, self._finish = complete, finish
+        self._complete, self._finish, self._read = complete, finish, read_once
 
     def _device(self, heap: list[int], idle: list[simpy.Event]):
         """One compute stream of a device: run its ready tasks (ranks in ``heap``) one at a
@@ -323,9 +396,13 @@ class _Simulation:
             self._finish(_Arrival(token))
 
     def _finish_step(self, event) -> None:
-        """A step of a transfer has arrived: start its next step, or finish the task."""
+        """A step of a transfer has arrived: start its next step, or finish the task. A stepped
+        transfer reads its inputs in its first step (as the first of the steps it stands for
+        does), so its predecessors' buffers count it as ended when that step has arrived."""
         t = event._value
         if t < self.n and self.steps_left[t] > 0:
+            if self.steps_left[t] == self.steps_total[t] - 1:
+                self._read(t)
             self.steps_left[t] -= 1
             if self.is_flow[t]:
                 self.net.add_flow(t, self.nbytes[t], self.route[t], self.latency[t])
@@ -376,7 +453,7 @@ class _Simulation:
     # ------------------------------------------------------------------ result
     def summary(self) -> Summary:
         """Makespan, throughput and energy computed exactly as :meth:`result` computes them."""
-        return summarise(self.tg, self.system, np.asarray(self.end), self.streams)
+        return summarise(self.tg, self.system, np.asarray(self.end, dtype=float), self.streams)
 
     def result(self) -> Result:
         """The run as a :class:`~marssim.results.Result` (built by the results layer from the
@@ -398,7 +475,7 @@ class _Simulation:
                                      columns=["resource", "time", "rate", "flows"])
         meta = {"evaluator": "simulation", "tasks": self.n, "events": _events_scheduled(self.env),
                 "network_recomputes": self.net.recomputes, "memory_policy": self.policy, "spills": len(self.spills)}
-        return build_result(self.tg, self.system, np.asarray(self.start), np.asarray(self.end), streams=self.streams,
+        return build_result(self.tg, self.system, np.asarray(self.start, dtype=float), np.asarray(self.end, dtype=float), streams=self.streams,
                             memories=memories, memory_timeline=memory_timeline, link_timeline=link_timeline,
                             link_busy=np.asarray(self.net.busy), spills=spills, meta=meta)
 

@@ -185,7 +185,9 @@ class FairShareNetwork:
     and the resources they share: when flows start or end, only the components they touch are
     recomputed (memoised by the multiset of their routes), and only the flows whose rate changes
     are touched. A flow's state is its bytes left at the time of its last rate change; its
-    finish time sits in a heap. So an event costs in proportion to the component it changes,
+    finish time sits in a heap, tagged with the flow's start sequence number and rate version (a
+    token may start a new flow later, e.g. the next step of a transfer: an entry of its earlier
+    flow is stale). So an event costs in proportion to the component it changes,
     not to every flow in the network.
 
     ``on_delivered_event`` (settable after construction), if not None, is called instead of
@@ -313,7 +315,7 @@ class FairShareNetwork:
         while heap and heap[0][0] <= limit:
             _, seq, token, version = heapq.heappop(heap)
             f = flows.get(token)
-            if f is not None and f[6] == version:
+            if f is not None and f[6] == version and f[7] == seq:
                 out.append((seq, token))
         out.sort()
         return [token for _, token in out]
@@ -503,7 +505,7 @@ class FairShareNetwork:
             while heap:
                 top = heap[0]
                 f = flows.get(top[2])
-                if f is not None and f[6] == top[3]:
+                if f is not None and f[6] == top[3] and f[7] == top[1]:
                     break
                 heapq.heappop(heap)
             nxt = heap[0][0] if heap else _INF

@@ -1,0 +1,192 @@
+"""The estimate's two schedules over a :class:`~marssim.taskprogram.TaskProgram` (numba).
+
+The same list schedule and earliest schedule as :mod:`._numba_kernels`, and the same floats:
+each task's duration and device are its template row's, its successors are walked from the
+program (its row's successors in the unit, the references pointing at its instance, the kernel
+after it on its GPU) instead of a per-task list. A task's start and end do not depend on the
+order in which its successors are visited (a transfer ends at its ready time plus its duration; a
+compute task waits in a heap ordered by time, priority and task), so both give the same arrays.
+Importing this module raises ImportError when numba is missing.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from ._numba_kernels import _ev_pop, _ev_push, _q_pop, _q_push
+
+__all__ = ["list_schedule", "earliest_schedule"]
+
+
+@njit(cache=True, inline="always")
+def _row(t, inst_of, i_tpl, i_base, t_start):
+    i = inst_of[t]
+    return i, t_start[i_tpl[i]] + t - i_base[i]
+
+
+@njit(cache=True, inline="always")
+def _successors(t, out, inst_of, i_tpl, i_base, t_start, t_first, t_last, isucc_ptr, isucc, inc_ptr, inc_inst,
+                inc_group, g_lastkernel, g_rev_base, g_rel_ptr, rev_ptr, rev_rel, g_rel, i_next):
+    """Write task ``t``'s successors into ``out``; return how many."""
+    i, row = _row(t, inst_of, i_tpl, i_base, t_start)
+    base = i_base[i]
+    k = 0
+    for e in range(isucc_ptr[row], isucc_ptr[row + 1]):
+        out[k] = base + isucc[e]
+        k += 1
+    tpl = i_tpl[i]
+    rel = row - t_start[tpl]
+    for q in range(inc_ptr[i], inc_ptr[i + 1]):
+        b2 = i_base[inc_inst[q]]
+        gg = inc_group[q]
+        if g_lastkernel[gg]:
+            if rel == t_last[tpl]:
+                for e in range(g_rel_ptr[gg], g_rel_ptr[gg + 1]):
+                    out[k] = b2 + g_rel[e]
+                    k += 1
+        else:
+            a = g_rev_base[gg] + rel
+            for e in range(rev_ptr[a], rev_ptr[a + 1]):
+                out[k] = b2 + rev_rel[e]
+                k += 1
+    nxt = i_next[i]
+    if nxt >= 0 and rel == t_last[tpl]:
+        out[k] = i_base[nxt] + t_first[i_tpl[nxt]]
+        k += 1
+    return k
+
+
+@njit(cache=True)
+def list_schedule(d_row, dev_row, n_pred, n_devices, per_dev, max_succ, inst_of, i_tpl, i_base, t_start, t_first,
+                  t_last, isucc_ptr, isucc, inc_ptr, inc_inst, inc_group, g_lastkernel, g_rev_base, g_rel_ptr, rev_ptr,
+                  rev_rel, g_rel, i_next):
+    """``(start, ready, end, done)``: the list schedule of :mod:`._numba_kernels` (priority = task)."""
+    n = n_pred.shape[0]
+    waiting = n_pred.copy()
+    ready = np.zeros(n)
+    start = np.zeros(n)
+    end = np.zeros(n)
+    free_at = np.zeros(n_devices)
+    pending = np.zeros(n_devices, dtype=np.bool_)
+    qbase = np.zeros(n_devices + 1, dtype=np.int64)
+    for v in range(n_devices):
+        qbase[v + 1] = qbase[v] + per_dev[v]
+    qsize = np.zeros(n_devices, dtype=np.int64)
+    qp = np.zeros(max(qbase[n_devices], 1), dtype=np.int64)
+    qt = np.zeros(max(qbase[n_devices], 1), dtype=np.int64)
+    cap = n + n_devices + 1
+    et = np.zeros(cap)
+    ek = np.zeros(cap, dtype=np.int64)
+    ep = np.zeros(cap, dtype=np.int64)
+    ex = np.zeros(cap, dtype=np.int64)
+    ne = 0
+    stack = np.zeros(n + 1, dtype=np.int64)
+    succ = np.zeros(max_succ + 1, dtype=np.int64)
+    top = 0
+    for t in range(n - 1, -1, -1):
+        if waiting[t] == 0:
+            stack[top] = t
+            top += 1
+    done = 0
+    while True:
+        while top > 0:
+            top -= 1
+            t = stack[top]
+            _, row = _row(t, inst_of, i_tpl, i_base, t_start)
+            if dev_row[row] < 0:
+                s = ready[t]
+                e = s + d_row[row]
+                start[t] = s
+                end[t] = e
+                done += 1
+                ns = _successors(t, succ, inst_of, i_tpl, i_base, t_start, t_first, t_last, isucc_ptr, isucc, inc_ptr,
+                                 inc_inst, inc_group, g_lastkernel, g_rev_base, g_rel_ptr, rev_ptr, rev_rel, g_rel, i_next)
+                for j in range(ns):
+                    u = succ[j]
+                    if e > ready[u]:
+                        ready[u] = e
+                    waiting[u] -= 1
+                    if waiting[u] == 0:
+                        stack[top] = u
+                        top += 1
+            else:
+                ne = _ev_push(et, ek, ep, ex, ne, ready[t], 0, t, t)
+        if ne == 0:
+            break
+        ne = _ev_pop(et, ek, ep, ex, ne)
+        now = et[ne]
+        kind = ek[ne]
+        p = ep[ne]
+        x = ex[ne]
+        if kind == 0:
+            _, row = _row(x, inst_of, i_tpl, i_base, t_start)
+            v = dev_row[row]
+            if free_at[v] <= now and qsize[v] == 0:
+                t = x
+            else:
+                qsize[v] = _q_push(qp, qt, qbase[v], qsize[v], p, x)
+                if not pending[v]:
+                    pending[v] = True
+                    ne = _ev_push(et, ek, ep, ex, ne, free_at[v] if free_at[v] > now else now, 1, 0, v)
+                continue
+        else:
+            v = x
+            t = _q_pop(qp, qt, qbase[v], qsize[v])
+            qsize[v] -= 1
+            pending[v] = qsize[v] > 0
+        _, row = _row(t, inst_of, i_tpl, i_base, t_start)
+        e = now + d_row[row]
+        start[t] = now
+        end[t] = e
+        free_at[v] = e
+        done += 1
+        if pending[v]:
+            ne = _ev_push(et, ek, ep, ex, ne, e, 1, 0, v)
+        ns = _successors(t, succ, inst_of, i_tpl, i_base, t_start, t_first, t_last, isucc_ptr, isucc, inc_ptr,
+                         inc_inst, inc_group, g_lastkernel, g_rev_base, g_rel_ptr, rev_ptr, rev_rel, g_rel, i_next)
+        for j in range(ns):
+            u = succ[j]
+            if e > ready[u]:
+                ready[u] = e
+            waiting[u] -= 1
+            if waiting[u] == 0:
+                stack[top] = u
+                top += 1
+    return start, ready, end, done
+
+
+@njit(cache=True)
+def earliest_schedule(d_row, n_pred, max_succ, inst_of, i_tpl, i_base, t_start, t_first, t_last, isucc_ptr, isucc,
+                      inc_ptr, inc_inst, inc_group, g_lastkernel, g_rev_base, g_rel_ptr, rev_ptr, rev_rel, g_rel,
+                      i_next):
+    """``(end, done)``: every task starting when its predecessors end (its start is not kept)."""
+    n = n_pred.shape[0]
+    waiting = n_pred.copy()
+    start = np.zeros(n)
+    stack = np.zeros(n + 1, dtype=np.int64)
+    succ = np.zeros(max_succ + 1, dtype=np.int64)
+    top = 0
+    for t in range(n - 1, -1, -1):
+        if waiting[t] == 0:
+            stack[top] = t
+            top += 1
+    done = 0
+    while top > 0:
+        top -= 1
+        t = stack[top]
+        _, row = _row(t, inst_of, i_tpl, i_base, t_start)
+        e = start[t] + d_row[row]
+        start[t] = e  # the array holds each task's end from here on
+        done += 1
+        ns = _successors(t, succ, inst_of, i_tpl, i_base, t_start, t_first, t_last, isucc_ptr, isucc, inc_ptr,
+                         inc_inst, inc_group, g_lastkernel, g_rev_base, g_rel_ptr, rev_ptr, rev_rel, g_rel, i_next)
+        for j in range(ns):
+            u = succ[j]
+            if e > start[u]:
+                start[u] = e
+            waiting[u] -= 1
+            if waiting[u] == 0:
+                stack[top] = u
+                top += 1
+    return start, done

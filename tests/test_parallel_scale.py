@@ -1,0 +1,129 @@
+"""What keeps large parallel configurations tractable: the size of a lowering known before its
+tasks are copied (and refused with its size and reason when too big), progress reported while
+lowering, simulating and estimating."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from marssim.cost import default_cost_model
+from marssim.errors import InputError
+from marssim.parallel import lower_parallel, parse_parallel
+from marssim.parallel.size import MAX_GPUS, SizeEstimate, check_gpus, check_size
+from marssim.system import load_system
+from marssim.workload import load_workload
+
+COST = default_cost_model()
+GPT = "gpt:layers=8,hidden=512,heads=8,vocab=1000,seq=128,mode=train,max_positions=128"
+
+CASES = [
+    # data-parallel replicas on both sides of a partly filled scalable unit (22 nodes, units of 20)
+    ("dgx-a100-cluster:nodes=22", GPT, "tp=8,pp=2,dp=11,global_batch=44,recompute=full", True),
+    ("dgx-a100-cluster:nodes=2", GPT, "tp=4,pp=2,dp=2,schedule=interleaved,virtual_stages=2,sp=true,zero=1,"
+                                      "global_batch=8", True),
+    ("dgx-a100-cluster:nodes=2", GPT, "tp=4,pp=2,dp=2,schedule=interleaved,virtual_stages=2,sp=true,zero=1,"
+                                      "global_batch=8", False),
+    ("dgx-a100-cluster:nodes=1", GPT, "tp=2,pp=1,dp=4,zero=3,global_batch=8", True),
+]
+
+
+@pytest.mark.parametrize("system_spec,workload,config,folding", CASES)
+def test_the_size_known_before_copying_is_the_taskgraphs(system_spec, workload, config, folding):
+    """The tasks counted from one template set per stage (before the others are built) are the
+    tasks of the TaskGraph, and every progress report up to the last one says so."""
+    system = load_system(system_spec)
+    calls: list[dict] = []
+    tg = lower_parallel(load_workload(workload), system, parse_parallel(config), COST, folding=folding,
+                        progress=calls.append)
+    stages = [c["stage"] for c in calls]
+    assert stages[0] == "fold" and stages[-1] == "assemble"
+    assert stages.index("assemble") > stages.index("templates") > stages.index("fold")
+    assert calls[-1]["tasks"] == calls[-1]["total"] == tg.n_tasks
+    done = [c["tasks"] for c in calls]
+    assert done == sorted(done)
+
+
+def test_a_lowering_too_big_for_the_memory_allowed_is_refused_with_its_size():
+    system = load_system("dgx-a100-cluster:nodes=2")
+    graph = load_workload(GPT)
+    cfg = parse_parallel("tp=4,pp=2,dp=2,global_batch=64")
+    tg = lower_parallel(graph, system, cfg, COST)
+    with pytest.raises(InputError) as info:
+        lower_parallel(graph, system, cfg, COST, max_bytes=1e5)
+    message = str(info.value)
+    assert f"{tg.n_tasks:,} tasks" in message and "GiB" in message and "simulated GPUs" in message
+
+
+def test_more_gpus_than_any_cluster_is_refused_before_placing_them():
+    check_gpus(MAX_GPUS)
+    with pytest.raises(InputError, match="800,000 GPUs"):
+        check_gpus(800_000)
+
+
+def test_more_tasks_than_a_taskgraph_indexes_is_refused():
+    with pytest.raises(InputError, match="2\\^31"):
+        check_size(SizeEstimate(gpus=8, classes=1, tasks=2**31), max_bytes=float("inf"))
+    check_size(SizeEstimate(gpus=8, classes=1, tasks=1000), max_bytes=float("inf"))
+
+
+def test_the_estimate_reports_its_passes_to_the_end():
+    from marssim.analytical import estimate
+
+    system = load_system("dgx-a100-cluster:nodes=2")
+    tg = lower_parallel(load_workload(GPT), system, parse_parallel("tp=4,pp=2,dp=2,global_batch=8"), COST)
+    calls: list[dict] = []
+    estimate(tg, system, progress=calls.append)
+    assert [c["stage"] for c in calls] == ["durations", "schedule", "critical_path", "bounds"]
+    assert calls[-1]["tasks_done"] == calls[-1]["tasks"] == tg.n_tasks
+
+
+def test_a_lowering_simulates_from_its_program_as_from_its_columns():
+    """The TaskGraph a lowering returns keeps its unit templates and instances and builds its
+    columns only when read: a simulation walking the program and one of the same TaskGraph with
+    every column built give the same Result and the same Summary (throughput and energy added
+    task after task in the same order)."""
+    import dataclasses
+
+    import pandas as pd
+
+    from marssim.sim import simulate, simulate_summary
+    from marssim.sim.fast import available
+    from marssim.taskgraph import ProgramTaskGraph
+
+    system = load_system("dgx-a100-cluster:nodes=22")
+    tg = lower_parallel(load_workload(GPT), system, parse_parallel("tp=8,pp=2,dp=11,global_batch=44,recompute=full"),
+                        COST)
+    assert isinstance(tg, ProgramTaskGraph) and "kind" not in tg.__dict__
+    engine = "compiled" if available() else "simpy"
+    lazy = simulate_summary(tg, system, engine=engine)
+    assert "kind" not in tg.__dict__  # the summary did not build the columns
+    built = dataclasses.replace(tg)  # every field read: the columns built
+    assert "kind" in built.__dict__ and built.n_tasks == tg.n_tasks
+    again = simulate_summary(built, system, engine=engine)
+    assert (again.makespan, again.throughput) == (lazy.makespan, lazy.throughput)
+    assert again.energy == lazy.energy or (again.energy != again.energy and lazy.energy != lazy.energy)
+    a, b = simulate(tg, system, engine=engine), simulate(built, system, engine=engine)
+    pd.testing.assert_frame_equal(a.intervals, b.intervals)
+    assert a.makespan == b.makespan == lazy.makespan and a.throughput == b.throughput == lazy.throughput
+
+
+@pytest.mark.parametrize("system_spec,workload,config,folding", CASES)
+def test_a_lowering_estimates_from_its_program_as_from_its_columns(system_spec, workload, config, folding):
+    """The estimate of a lowering's TaskGraph walks its program (its columns are not built) and
+    gives every start, ready and end time, duration, busy second and bound of the estimate of the
+    same TaskGraph with every column built."""
+    import dataclasses
+
+    from marssim.analytical import estimate
+    from marssim.analytical.schedule import have_numba
+
+    system = load_system(system_spec)
+    tg = lower_parallel(load_workload(workload), system, parse_parallel(config), COST, folding=folding)
+    lazy = estimate(tg, system)
+    if have_numba():
+        assert "kind" not in tg.__dict__
+    built = estimate(dataclasses.replace(tg), system)
+    for name in ("start", "ready", "end", "duration", "busy"):
+        assert np.array_equal(getattr(lazy, name), getattr(built, name)), name
+    assert (lazy.makespan, lazy.lower_bound, lazy.bounds) == (built.makespan, built.lower_bound, built.bounds)
