@@ -279,3 +279,44 @@ def test_defaults_change_no_result_they_do_not_name(cost, node):
     assert math.isfinite(estimate(slower, node).makespan)
     compute = (base.kind == COMPUTE)
     assert (base.duration[compute] >= 0).all()
+
+
+# ------------------------------------------------------------------ host launch gaps
+def test_launch_gaps_closed_forms():
+    from marssim.parallel.host import launch_gaps
+
+    us = 1e-6
+    # kernels longer than a launch: only the first waits, for its own launch
+    assert launch_gaps([10 * us] * 3, [1] * 3, us) == pytest.approx([us, 0, 0])
+    # shorter ones: the host sets the pace, one launch per kernel
+    gaps = launch_gaps([0.2 * us] * 3, [1] * 3, us)
+    assert gaps == pytest.approx([us, 0.8 * us, 0.8 * us])
+    assert sum(gaps) + 0.6 * us == pytest.approx(3 * us + 0.2 * us)
+    # a task of three kernels waits as three tasks of one; a task of no kernel never waits
+    assert sum(launch_gaps([0.6 * us], [3], us)) == pytest.approx(sum(gaps))
+    assert launch_gaps([0.0, 5 * us], [0, 1], us) == pytest.approx([0.0, us])
+
+
+def test_the_launch_time_is_the_measured_host_forward_over_its_kernels():
+    from marssim.parallel.host import MODEL_LAYERS, VIDUR_KERNELS_PER_LAYER, launch_seconds
+
+    launch = launch_seconds("A100", "vidur-2024")
+    assert 0.5e-6 < launch < 3e-6  # a host forward of 80 layers in about 1.4 ms (the shipped table)
+    assert launch_seconds("H100", "pytorch-2.11.0+cu130") == 0.0  # no host measurement: no gaps
+    assert launch * MODEL_LAYERS["meta-llama/Llama-2-70b-hf"] * (VIDUR_KERNELS_PER_LAYER + 2) == \
+        pytest.approx(1.4e-3, rel=0.2)
+
+
+def test_host_gaps_slow_short_kernels_only(cost, node):
+    tiny = load_workload("gpt:layers=2,hidden=64,heads=2,seq=16,vocab=256,max_positions=16,mode=train,batch=1")
+    big = load_workload(GPT.replace("batch=2", "batch=1"))
+    cost_of = {}
+    for name, graph in (("tiny", tiny), ("big", big)):
+        on = lower_parallel(graph, node, parse_parallel("tp=2,pp=2,dp=2,micro_batch=1"), cost)
+        off = lower_parallel(graph, node, parse_parallel("tp=2,pp=2,dp=2,micro_batch=1,host_gaps=false"), cost)
+        compute = on.kind == COMPUTE
+        gaps = on.duration[compute] - off.duration[compute]
+        assert (gaps >= -1e-15).all() and gaps.max() > 0  # every unit's first kernel waits for its launch
+        cost_of[name] = estimate(on, node).makespan / estimate(off, node).makespan - 1
+        assert cost_of[name] >= 0
+    assert cost_of["tiny"] > 2 * cost_of["big"]

@@ -37,6 +37,7 @@ from marssim.workload import Graph, OpKind
 from .config import ParallelConfig
 from .fold import identity_folding
 from .lower import _Lowering, _model_flops, _parameters, prepare_graph
+from .host import launch_gaps
 from .megatron import grad_scaled, sequence_parallel_params
 from .memory import MemoryEstimate, memory_estimate
 from .placement import Placement, place
@@ -128,6 +129,7 @@ class _Timer:
         seen: set[tuple[str, str]] = set()
         total = 0.0
         received = 0.0
+        kernels: list[tuple[float, int]] = []
         for op in ops:
             rule = low.rules[op.name]
             for name, want in zip(op.inputs, rule.want):
@@ -157,13 +159,18 @@ class _Timer:
             if rule.alias:
                 have[op.name] = rule.out
                 continue
-            total += low.shard(op, self.gpu)[0]
+            seconds = low.shard(op, self.gpu)[0]
+            total += seconds
+            kernels.append((seconds, low.kernels(op, self.gpu)))
             if rule.loss_reduce:
                 total += self.ring("tp+1", tp, 12.0 * low.t.batch * low.t.seq, "all_reduce")
             have[op.name] = rule.out
             if op.name in low.gather_out:
                 total += self.ring("tp+1", tp, low.layout_bytes(op.name, "R"), "all_gather")
                 have[op.name] = "R"
+        launch = low.launch(self.gpu)
+        if launch > 0 and kernels:  # the host's launch gaps (.host), from a synchronised start
+            total += sum(launch_gaps([d for d, _ in kernels], [k for _, k in kernels], launch))
         return total, received
 
 
@@ -299,6 +306,10 @@ def _tail(low: _Lowering, timer: _Timer, stage: int, backward: float) -> tuple[f
     adams = [op for chunk in range(len(low.chunks)) if chunk % cfg.pp == stage
              for op in low.unit_ops.get((chunk, "O"), []) if op.param("fn") == "adam"]
     optimizer = sum(low.shard(op, timer.gpu)[0] + low.optimizer_before_norm(op, timer.gpu)[0] for op in adams)
+    launch = low.launch(timer.gpu)
+    if launch > 0 and adams:  # the host's launch gaps after the optimizer's synchronisation
+        optimizer += sum(launch_gaps([low.shard(op, timer.gpu)[0] for op in adams],
+                                     [low.kernels(op, timer.gpu) for op in adams], launch))
     if adams:
         optimizer += ((cfg.clip_grad > 0) + grad_scaled(low.t)) * _model_parallel_seconds(low, timer, 4.0)
     gather = timer.ring("dp+1", cfg.dp, sum(params) * low.param_bytes, "all_gather") \

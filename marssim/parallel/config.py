@@ -61,6 +61,8 @@ grad_reduce_dtype      the gradient buffer and its data-parallel reduction: ``au
 scatter_gather         pipeline activations sent as ``1/tp`` per rank and all-gathered after
                        (``--no-scatter-gather-tensors-in-pipeline``; not with sequence
                        parallelism, whose activations are split already)
+host_gaps              the GPU waits for the host where its kernels are shorter than their launch
+                       (:mod:`.host`; measured host times of the device and stack)
 =====================  ===========================================================================
 """
 
@@ -109,6 +111,7 @@ class ParallelConfig:
     grads_clipped: bool = False
     grad_reduce_dtype: str = "auto"
     scatter_gather: bool = True
+    host_gaps: bool = True
 
     @property
     def nccl(self) -> bool:
@@ -175,6 +178,7 @@ FIELDS: dict[str, Field] = {
     "fused_adam": Field("bool"),
     "clip_grad": Field("float", low=0.0), "grads_clipped": Field("bool"),
     "grad_reduce_dtype": Field("str", choices=("auto", "fp32", "bf16", "fp16")), "scatter_gather": Field("bool"),
+    "host_gaps": Field("bool"),
 }
 """How each setting of a configuration is written (``global_batch``: at least 1 when given; left out,
 one micro-batch per data-parallel replica)."""

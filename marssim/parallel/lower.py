@@ -45,6 +45,7 @@ from marssim.workload import Graph, Op, OpKind
 
 from .config import ParallelConfig, check_parallel
 from .fold import Folding, fold, identity_folding
+from .host import launch_gaps, launch_seconds
 from .megatron import grad_dtype, grad_scaled, kernels_key, op_kernels, optimizer_kernels, roles, \
     sequence_parallel_params
 from .memory import static_bytes
@@ -185,6 +186,7 @@ class _Template:
     colls: list[Collective] = field(default_factory=list)
     produced: dict[str, tuple[str, tuple]] = field(default_factory=dict)  # tensor -> (layout, refs)
     converted: dict[tuple[str, str], tuple] = field(default_factory=dict)
+    kernels: dict[int, int] = field(default_factory=dict)  # compute task -> kernels it launches
     last_compute: int = -1
     first_compute: int = -1
     arrays: dict[str, np.ndarray] | None = None
@@ -347,10 +349,8 @@ class _Lowering:
         d = self.design(gpu)
         rule = self.rules[op.name]
         adam = op.param("fn") == "adam"
-        share = (self.opt_params.get(op.param("layer"), 0), self.cfg.dp if self.cfg.zero >= 1 else 1) if adam else ()
         op_roles = self.roles.get(op.name, ())
-        key = (self._shape(op), d.name, rule.split, rule.scale, share, op_roles,
-               self.kernels_key if op_roles else (), self.optimizer_key if adam else ())
+        key = self._shard_key(op, d)
         hit = self.shard_cache.get(key)
         if hit is not None:
             self.cost_models.setdefault(op.name, hit[1])
@@ -369,8 +369,29 @@ class _Lowering:
             seconds, flops, energy, out_bytes = seconds / rule.scale, flops / rule.scale, energy / rule.scale, \
                 out_bytes / rule.scale
         timing = (float(seconds), flops, float(energy), out_bytes)
-        self.shard_cache[key] = (timing, c.model)
+        self.shard_cache[key] = (timing, c.model, 1 if kernels is None else len(kernels))
         return timing
+
+    def _shard_key(self, op: Op, design) -> tuple:
+        rule = self.rules[op.name]
+        adam = op.param("fn") == "adam"
+        share = (self.opt_params.get(op.param("layer"), 0), self.cfg.dp if self.cfg.zero >= 1 else 1) if adam else ()
+        op_roles = self.roles.get(op.name, ())
+        return (self._shape(op), design.name, rule.split, rule.scale, share, op_roles,
+                self.kernels_key if op_roles else (), self.optimizer_key if adam else ())
+
+    def kernels(self, op: Op, gpu: int) -> int:
+        """How many kernels the task of ``op`` on ``gpu`` launches (after :meth:`shard`)."""
+        self.shard(op, gpu)
+        return self.shard_cache[self._shard_key(op, self.design(gpu))][2]
+
+    def launch(self, gpu: int) -> float:
+        """Seconds the host takes to launch a kernel on ``gpu`` (:func:`.host.launch_seconds`; 0
+        without ``host_gaps`` or host measurements of its device and stack)."""
+        gpu_spec = self.design(gpu).gpu
+        if not self.cfg.host_gaps or gpu_spec is None:
+            return 0.0
+        return launch_seconds(gpu_spec.calibration, gpu_spec.stack)
 
     def _kernels_time(self, kernels, part: Op, own, design) -> tuple[float, float]:
         """Seconds and joules of ``kernels`` run one after another (``part``: the op's own
@@ -382,17 +403,18 @@ class _Lowering:
             energy += c.energy
         return seconds, energy
 
-    def optimizer_before_norm(self, op: Op, gpu: int) -> tuple[float, str]:
+    def optimizer_before_norm(self, op: Op, gpu: int) -> tuple[float, str, int]:
         """Seconds of the optimizer step's kernels before the global norm's all-reduce over the
-        parameters of ``op``'s group one rank updates (:func:`.megatron.optimizer_kernels`), and
-        the cost model that timed them."""
+        parameters of ``op``'s group one rank updates (:func:`.megatron.optimizer_kernels`), the
+        cost model that timed them and how many they are."""
         d = self.design(gpu)
         params = max(1, -(-self.opt_params.get(op.param("layer"), 0) // (self.cfg.dp if self.cfg.zero >= 1 else 1)))
         key = ("before_norm", params, d.name, self.t.dtype, self.optimizer_key)
         hit = self.shard_cache.get(key)
         if hit is None:
             costs = [self.cost.op_cost(k, d) for k in optimizer_kernels(op.name, params, self.t, self.cfg)[0]]
-            hit = self.shard_cache[key] = (sum(c.time for c in costs), "+".join(sorted({c.model for c in costs})))
+            hit = self.shard_cache[key] = (sum(c.time for c in costs), "+".join(sorted({c.model for c in costs})),
+                                           len(costs))
         return hit
 
     def _shape(self, op: Op) -> tuple:
@@ -475,19 +497,22 @@ class _Builder:
             deps = tuple(deps) + (self.me(t.last_compute),)
         rel = self._row(COMPUTE, self.rep, seconds, -1, -1, 0.0, -1, flops, energy,
                         self.rep if out_bytes > 0 else -1, out_bytes, self.low.op_index[op.name], -1, deps)
+        t.kernels[rel] = self.low.kernels(op, self.rep)
         if t.first_compute < 0:
             t.first_compute = rel
         t.last_compute = rel
         return rel
 
-    def kernel_row(self, op: Op, seconds: float, deps) -> int:
-        """A compute task of ``seconds`` on this GPU labelled ``op`` (kernels Megatron-LM runs
-        for it that are not the op's own shard), after this unit's previous kernel."""
+    def kernel_row(self, op: Op, seconds: float, deps, kernels: int = 1) -> int:
+        """A compute task of ``seconds`` (``kernels`` kernels) on this GPU labelled ``op``
+        (kernels Megatron-LM runs for it that are not the op's own shard), after this unit's
+        previous kernel."""
         t = self.t
         if t.last_compute >= 0:
             deps = tuple(deps) + (self.me(t.last_compute),)
         rel = self._row(COMPUTE, self.rep, seconds, -1, -1, 0.0, -1, 0.0, 0.0, -1, 0.0, self.low.op_index[op.name], -1,
                         deps)
+        t.kernels[rel] = kernels
         if t.first_compute < 0:
             t.first_compute = rel
         t.last_compute = rel
@@ -667,6 +692,12 @@ class _Builder:
                 self._gather_params()
             for op in low.unit_ops.get(self.key, []):
                 self.op(op)
+        launch = low.launch(self.rep)
+        if launch > 0 and t.kernels:  # the host's launch gaps, the unit starting synchronised (.host)
+            rows = sorted(t.kernels)
+            durations = t.cols["duration"]
+            for r, gap in zip(rows, launch_gaps([durations[r] for r in rows], [t.kernels[r] for r in rows], launch)):
+                durations[r] += gap
         t.arrays = {name: np.asarray(t.cols[name]) for name in _COLUMNS}
         return t
 
@@ -774,12 +805,12 @@ class _Builder:
         before = []
         for layer, adam in adams:
             buf = next(op for op in stage_ops if op.param("what") == "grad_buffer" and op.param("layer") == layer)
-            seconds, model = low.optimizer_before_norm(adam, self.rep)
+            seconds, model, count = low.optimizer_before_norm(adam, self.rep)
             if seconds <= 0:
                 continue
             low.cost_models.setdefault(buf.name, model)
             deps = ready_of.get(layer, ()) + (everything if cfg.sp else ())
-            before.append(self.me(self.kernel_row(buf, seconds, deps)))
+            before.append(self.me(self.kernel_row(buf, seconds, deps, count)))
         synced = tuple(before)
         if adams and low.training:
             for _ in range((cfg.clip_grad > 0) + grad_scaled(low.t)):  # fp16's inf/NaN flag, then the norm
