@@ -320,3 +320,28 @@ def test_host_gaps_slow_short_kernels_only(cost, node):
         cost_of[name] = estimate(on, node).makespan / estimate(off, node).makespan - 1
         assert cost_of[name] >= 0
     assert cost_of["tiny"] > 2 * cost_of["big"]
+
+
+# ------------------------------------------------------------------ the per-op lowering shares the plans
+def test_the_per_op_lowering_runs_nccls_plan_on_a_cluster_and_its_own_schedules_elsewhere(node, cost):
+    from marssim.lower import lower
+    from marssim.mapping import Mapping
+
+    graph = load_workload("gpt:layers=1,hidden=1024,heads=16,seq=512,vocab=8192,max_positions=512,batch=2")
+    devices = tuple(f"gpu{i}" for i in range(4))
+    for requested in ("auto", "ring"):
+        m = Mapping.single_set(graph, node, devices=devices, sharding=("ic", "dp"), collective_algorithm=requested)
+        tg = lower(graph, node, m, cost)
+        est = estimate(tg, node)
+        reduces = [c for c, coll in enumerate(tg.collectives) if coll.kind in ("all_reduce", "reduce_scatter")]
+        assert reduces
+        c = reduces[0]
+        coll = tg.collectives[c]
+        rows = np.flatnonzero(tg.collective == c)
+        seconds = float(est.end[rows].max() - est.start[rows].min())
+        plan = group_plan(node, list(coll.devices), coll.kind, coll.nbytes)
+        if requested == "auto":  # NCCL's algorithm, its steps, its time
+            assert coll.algorithm == plan.algorithm and coll.steps == plan.steps
+            assert seconds == pytest.approx(plan.time, rel=1e-9)
+        else:  # the ring the mapping names, at the links' line rate: faster than NCCL on A100
+            assert coll.algorithm == "ring" and seconds < plan.time

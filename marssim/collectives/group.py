@@ -49,7 +49,7 @@ from marssim.errors import InputError
 
 from .plan import CollectivePlan, SystemInfo, plan_collective, system_info
 
-__all__ = ["Hop", "group_plan", "group_info", "hop_step", "route_bottleneck"]
+__all__ = ["Hop", "group_plan", "group_info", "hop_step", "route_bottleneck", "plan_schedule"]
 
 _INFOS: "weakref.WeakKeyDictionary[object, dict]" = weakref.WeakKeyDictionary()
 
@@ -137,3 +137,21 @@ def hop_step(plan: CollectivePlan, bottleneck: float, route_latency: float) -> H
         return Hop(latency, 1.0, latency + (plan.payload_per_step / bottleneck if bottleneck else 0.0))
     factor = busy * bottleneck / plan.payload_per_step
     return Hop(latency, factor, latency + plan.payload_per_step * factor / bottleneck)
+
+
+def plan_schedule(plan: CollectivePlan, system, devices: Sequence[str]) -> list[list[tuple[int, int, float]]]:
+    """``plan`` as a schedule of ring steps over ``devices`` (ring order) for a lowering whose
+    transfers take the system's own routes (:mod:`marssim.collectives.schedules`' format: per
+    step, flows ``(src rank, dst rank, bytes)``): ``plan.steps`` steps in which rank ``i`` sends
+    to rank ``i + 1`` the bytes that, at its route's rate after its route's latency, take the
+    step's time (:func:`hop_step`; the step's latency beyond the route's is carried as bytes at the
+    route's rate: exact alone on the links, shared as bytes where other flows share them)."""
+    n = len(devices)
+    cap = system.resource_capacity
+    step = []
+    for i in range(n):
+        route = system.route(devices[i], devices[(i + 1) % n])
+        bw = route_bottleneck(cap, route.resources)
+        hop = hop_step(plan, bw, route.latency)
+        step.append((i, (i + 1) % n, max(0.0, hop.time - route.latency) * bw if bw != float("inf") else 0.0))
+    return [list(step) for _ in range(plan.steps)]

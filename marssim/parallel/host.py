@@ -61,7 +61,7 @@ def launch_seconds(device: str | None, stack: str | None) -> float:
     docstring); 0 where the shipped host-overhead tables have no such measurement."""
     if not device:
         return 0.0
-    from marssim.calibrate.host_overheads import load_host_overheads
+    from marssim.cost.host_overheads import load_host_overheads
     from marssim.data import host_overheads
 
     per_kernel = []
