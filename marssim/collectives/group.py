@@ -143,13 +143,13 @@ def plan_schedule(plan: CollectivePlan, system, devices: Sequence[str]) -> list[
     """``plan`` as a schedule of ring steps over ``devices`` (ring order) for a lowering whose
     transfers take the system's own routes (:mod:`marssim.collectives.schedules`' format: per
     step, flows ``(src rank, dst rank, bytes)``): ``plan.steps`` steps in which rank ``i`` sends
-    to rank ``i + 1`` the bytes that, at its route's rate after its route's latency, take the
+    to rank ``i + 1`` (a send/receive: rank 0 to rank 1) the bytes that, at its route's rate after its route's latency, take the
     step's time (:func:`hop_step`; the step's latency beyond the route's is carried as bytes at the
     route's rate: exact alone on the links, shared as bytes where other flows share them)."""
     n = len(devices)
     cap = system.resource_capacity
     step = []
-    for i in range(n):
+    for i in range(1 if plan.pattern == "pair" else n):  # a send/receive: rank 0 to rank 1
         route = system.route(devices[i], devices[(i + 1) % n])
         bw = route_bottleneck(cap, route.resources)
         hop = hop_step(plan, bw, route.latency)

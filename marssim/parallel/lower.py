@@ -456,6 +456,7 @@ class _Builder:
         self.key = key
         self.t = _Template()
         self.node_names = low.system.nodes
+        self._issued: dict[str, tuple] = {}  # per ring pattern (communicator): its last collective's refs
 
     # ------------------------------------------------------------------ rows
     def _row(self, kind: int, device: int, duration: float, src: int, dst: int, nbytes: float, route: int,
@@ -558,10 +559,14 @@ class _Builder:
         the step's bytes to its ring neighbour with the step's latency and weight on the links
         (:func:`marssim.collectives.group.hop_step`); without a plan, ring steps at the links'
         line rate: all-reduce 2(n-1) steps, reduce-scatter and all-gather n-1, each sending size/n.
-        ``plan``: the plan to run instead of the group's own (its steps over this ring).
+        ``plan``: the plan to run instead of the group's own (its steps over this ring). The
+        collectives of one ring pattern (one NCCL communicator) run one after another in the
+        order this unit issues them, as NCCL runs a communicator's operations on its stream.
         Returns the refs after which this rank's result is ready."""
         if n <= 1 or size <= 0:
             return tuple(deps)
+        # a communicator runs its collectives one after another, in the order they are issued
+        deps = tuple(dict.fromkeys(tuple(deps) + self._issued.get(pattern, ())))
         low = self.low
         peer = low.place.patterns()[pattern]
         members = self._group(pattern)
@@ -580,6 +585,7 @@ class _Builder:
             # the whole ring is this GPU's class: every rank's steps follow each other in lockstep,
             # so the steps are one transfer of `steps` back-to-back steps (exact, see TaskGraph.steps)
             rel = self.flow(self.rep, nxt, chunk * steps, op, coll, tuple(deps), hold=False, steps=steps, plan=plan)
+            self._issued[pattern] = (self.me(rel),)
             return (self.me(rel),)
         last = None
         for k in range(steps):
@@ -588,7 +594,9 @@ class _Builder:
             else:
                 step_deps = (self.me(last), ("u", prv_rep, self.key, last, "same"))
             last = self.flow(self.rep, nxt, chunk, op, coll, step_deps, hold=False, plan=plan)
-        return tuple(dict.fromkeys((self.me(last), ("u", prv_rep, self.key, last, "same"))))
+        done = tuple(dict.fromkeys((self.me(last), ("u", prv_rep, self.key, last, "same"))))
+        self._issued[pattern] = done
+        return done
 
     def all_to_all(self, size: float, op: str, deps) -> tuple:
         """Direct all-to-all over the expert-parallel group: 1/ep of ``size`` to each peer."""
@@ -738,15 +746,17 @@ class _Builder:
 
     def _optimizer(self) -> None:
         """After the chunk's last backward: its gradients reduced over the data-parallel group in
-        buckets, in the gradient buffer's type (:func:`.megatron.grad_dtype`). On the stage's last
+        buckets, in the gradient buffer's type (:func:`.megatron.grad_dtype`), one bucket after
+        another (:meth:`ring`; the chunks of an interleaved schedule each have their own order
+        here). On the stage's last
         chunk, the optimizer step of the stage as Megatron-LM's ``optimizer.step`` runs it, after
         ``reduce_model_grads`` (``optimizer/optimizer.py``): the norm and bias gradients of sequence
         parallelism all-reduced over the tensor-parallel group (``allreduce_layernorm_grads``), the
         tied word embedding's gradient all-reduced between the first and last stage
         (``allreduce_word_embedding_grads``), per group the kernels before the global norm, the
-        all-reduces over the model-parallel group (fp16's inf/NaN flag, the norm: a barrier of
-        every stage), then per group the Adam step and what follows it; ZeRO's parameter
-        all-gather."""
+        all-reduces over the model-parallel group (fp16's inf/NaN flag, the norm:
+        :meth:`_model_parallel_all_reduce`), then per group the Adam step and what follows it;
+        ZeRO's parameter all-gather."""
         low = self.low
         cfg = low.cfg
         ops = low.unit_ops.get(self.key, [])
