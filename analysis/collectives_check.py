@@ -20,7 +20,12 @@ collective, ranks, ranks per node), the errors ``|predicted / measured - 1|`` of
   around it with that size held out (what a plan inside a measured curve is charged);
 * ``simulated``: the ``fitted`` plan's flows (:func:`marssim.collectives.flows.plan_taskgraph`)
   simulated on the shipped cluster (``marssim.sim.simulate``): equal to ``fitted`` where no two
-  flows share a link, so the difference is contention on the system's links.
+  flows share a link, so the difference is contention on the system's links;
+* ``lowered``: the ``fitted`` plan as the lowerings run it -- ring steps whose bytes take the
+  plan's time per step on the system's routes (:func:`marssim.collectives.group.plan_schedule`,
+  the per-op lowering's form; the parallel lowering's steps take the same time alone on their
+  links, ``tests/test_megatron_iteration.py``) -- expanded (``marssim.lower.expand_collective``)
+  and simulated.
 
 Curves of machines the shipped systems do not describe (Azure's PCIe boxes with NVLink pairs; the
 two-node rows over a network the source does not describe) are listed apart, and only the NCCL
@@ -46,6 +51,19 @@ def _pct(x: float) -> str:
     return f"{100 * x:.1f} %"
 
 
+def _lowered(plan, system, devices) -> float:
+    """Seconds the simulation gives ``plan`` as the lowerings run it (see the module docstring)."""
+    from marssim.collectives.group import plan_schedule
+    from marssim.lower import expand_collective
+    from marssim.sim import simulate
+    from marssim.taskgraph import TaskGraphBuilder
+
+    b = TaskGraphBuilder(system)
+    steps = plan_schedule(plan, system, devices)
+    expand_collective(b, plan.kind, plan.algorithm, tuple(devices), steps, [()] * len(devices), plan.nbytes)
+    return simulate(b.build(), system, record=False, setup=False).makespan
+
+
 def main() -> int:
     from marssim.collectives.flows import plan_taskgraph
     from marssim.collectives.measured import configurations, load_collective_tables
@@ -66,7 +84,7 @@ def main() -> int:
              f"{HI >> 30} GiB ({platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
              f"Python {platform.python_version()})", ""]
     table, fits = [], []
-    pooled: dict[str, list[float]] = {"nccl": [], "fitted": [], "interpolated": [], "simulated": []}
+    pooled: dict[str, list[float]] = {"nccl": [], "fitted": [], "interpolated": [], "simulated": [], "lowered": []}
     by_stack: dict[tuple[str, str], list[float]] = {}
     for check in heldout_check(rows, system):
         sys_name, gpu, stack, coll, ranks, ppn = check.key
@@ -75,9 +93,10 @@ def main() -> int:
         errors = dict(check.errors)
         errors["simulated"] = [simulate(plan_taskgraph(plan, sysobj, devices), sysobj, record=False,
                                         setup=False).makespan / r.time_s - 1 for plan, r in zip(check.plans, check.rows)]
+        errors["lowered"] = [_lowered(plan, sysobj, devices) / r.time_s - 1 for plan, r in zip(check.plans, check.rows)]
         cells = [sys_name, stack, coll, str(ranks), str(len(check.rows)),
                  ", ".join(sorted({f"{p.algorithm}/{p.protocol}" for p in check.plans}))]
-        for name in ("nccl", "fitted", "interpolated", "simulated"):
+        for name in ("nccl", "fitted", "interpolated", "simulated", "lowered"):
             if errors[name]:
                 m, p = _stats(errors[name])
                 cells += [_pct(m), _pct(p)]
@@ -95,12 +114,12 @@ def main() -> int:
     lines.append("")
     lines.extend(format_table(["system", "stack", "collective", "ranks", "sizes", "plan's algorithm/protocol",
                                "nccl median", "p90", "fitted median", "p90", "interp. median", "p90",
-                               "simulated median", "p90"], table, indent="  "))
+                               "simulated median", "p90", "lowered median", "p90"], table, indent="  "))
     lines.append("")
     lines.append("  pooled over every size of these curves:")
-    for name in ("nccl", "fitted", "interpolated", "simulated"):
+    for name in ("nccl", "fitted", "interpolated", "simulated", "lowered"):
         m, p = _stats(pooled[name])
-        target = "  (target: median <= 10 %)" if name in ("fitted", "simulated") else ""
+        target = "  (target: median <= 10 %)" if name in ("fitted", "simulated", "lowered") else ""
         lines.append(f"    {name:13s} {len(pooled[name]):4d} sizes  median {_pct(m):>7s}  p90 {_pct(p):>7s}{target}")
     for (gpu, stack), es in sorted(by_stack.items()):
         m, p = _stats(es)
@@ -144,10 +163,12 @@ def main() -> int:
         for nbytes in (2 ** 20, 2 ** 24, 2 ** 28, 2 ** 30):
             plan = plan_collective("all_reduce", nbytes, devices, info)
             sim = simulate(plan_taskgraph(plan, sysobj, devices), sysobj, record=False, setup=False).makespan
+            low = _lowered(plan, sysobj, devices)
             multi.append([spec, f"{ranks} ({ppn}/node)", f"{nbytes >> 20} MiB", f"{plan.algorithm}/{plan.protocol}",
-                          plan.model, f"{1e6 * plan.time:.1f}", f"{1e6 * sim:.1f}", f"{100 * (sim / plan.time - 1):+.1f} %"])
+                          plan.model, f"{1e6 * plan.time:.1f}", f"{1e6 * sim:.1f}", f"{100 * (sim / plan.time - 1):+.1f} %",
+                          f"{100 * (low / plan.time - 1):+.1f} %"])
     lines.extend(format_table(["system", "ranks", "all-reduce", "algorithm/protocol", "model", "plan us", "simulated us",
-                               "simulated / plan - 1"], multi, indent="  "))
+                               "simulated / plan - 1", "lowered / plan - 1"], multi, indent="  "))
     lines.append("")
     lines.append("5. The tensor-parallel all-reduce of a GPT-3 175B layer (2,048 tokens x 12,288 x 2 bytes = 48 MiB) on "
                  "4 GPUs of one node, as the shipped clusters plan it:")

@@ -33,7 +33,8 @@ from typing import NamedTuple
 
 from marssim.cost.base import CostModel
 from marssim.gcpause import gc_paused
-from marssim.mapping.collectives import choose_algorithm
+from marssim.collectives.group import group_plan, plan_schedule
+from marssim.collectives.schedules import choose_algorithm
 from marssim.mapping.model import Mapping, validate_mapping
 from marssim.mapping.sharding import (
     BATCH_DIM, Box, box_elems, full_box, intersect, shard_regions, split_dim, split_sizes,
@@ -292,13 +293,20 @@ class _Lowering:
         return hit
 
     def choose(self, devices: tuple[str, ...], kind: str, chunks: list[float]) -> tuple[str, int, TransferBlock]:
-        """:func:`choose_algorithm` for the mapping's requested algorithm, memoised: the
-        algorithm, its number of steps and its transfers (see :func:`collective_block`)."""
+        """The collective's algorithm, its number of steps and its transfers (see
+        :func:`collective_block`), memoised: with ``auto`` on a group of a GPU cluster, NCCL's plan
+        (:func:`marssim.collectives.group.group_plan`, as ring steps on the system's routes:
+        :func:`~marssim.collectives.group.plan_schedule`), shared with the parallel lowering;
+        elsewhere, or for an algorithm the mapping names, :func:`choose_algorithm`."""
         requested = self.mapping.collective_algorithm
         key = (devices, kind, tuple(chunks), requested)
         hit = self.cache.collectives.get(key)
         if hit is None:
-            algo, steps = choose_algorithm(self.system, devices, kind, chunks, requested)
+            plan = group_plan(self.system, devices, kind, float(sum(chunks))) if requested == "auto" else None
+            if plan is not None:
+                algo, steps = plan.algorithm, plan_schedule(plan, self.system, devices)
+            else:
+                algo, steps = choose_algorithm(self.system, devices, kind, chunks, requested)
             block = collective_block(self.system, devices, steps, gather=kind != "reduce_scatter")
             hit = self.cache.collectives[key] = (algo, len(steps), block)
         return hit
@@ -566,7 +574,7 @@ def _move_plan(layout: _Layout, needs, latency, system: System) -> tuple:
 def expand_collective(builder: TaskGraphBuilder, kind: str, algorithm: str, devices: tuple[str, ...], steps,
                       initial: list[tuple[int, ...]], total_bytes: float, *, op: str = "", micro_batch: int = 0,
                       gather: bool = True) -> list[tuple[int, ...]]:
-    """Add the transfers of a collective schedule (see :mod:`marssim.mapping.collectives`).
+    """Add the transfers of a collective schedule (see :mod:`marssim.collectives.schedules`).
 
     Rank ``i``'s send of step ``k`` waits for ``initial[i]``, its receives of step ``k-1`` and its
     sends of step ``k-1``. Returns, per rank, the tasks after which its result is ready: with

@@ -51,7 +51,7 @@ def _pairs(names: Sequence[tuple[str, str]]) -> tuple[tuple[tuple[str, str], ...
 
 def collective_block(system: System, devices: Sequence[str], steps, gather: bool) -> TransferBlock:
     """The transfers of collective schedule ``steps`` (flows ``(src rank, dst rank, bytes)``
-    per step; see :mod:`marssim.mapping.collectives`) on ``devices``, as
+    per step; see :mod:`marssim.collectives.schedules`) on ``devices``, as
     :func:`marssim.lower.expand_collective` adds them: rank ``i``'s send of step ``k`` waits for
     the rank's initial data, its receives of step ``k-1`` and its sends of step ``k-1``;
     zero-byte flows are skipped. ``gather``: a rank's result is every piece it received and

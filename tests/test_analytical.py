@@ -13,7 +13,7 @@ import pytest
 from marssim.analytical import estimate, have_numba, transfer_durations
 from marssim.lower import expand_collective, lower
 from marssim.mapping import AcceleratorSet, Mapping
-from marssim.mapping.collectives import schedule
+from marssim.collectives.schedules import schedule
 from marssim.search.evaluate import Problem, estimate_mapping
 from marssim.sim import simulate
 from marssim.taskgraph import COMPUTE, TaskGraphBuilder

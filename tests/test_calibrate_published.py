@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from marssim.calibrate.host_overheads import load_host_overheads, vidur_host_rows
+from marssim.cost.host_overheads import load_host_overheads, vidur_host_rows
 from marssim.calibrate.published import (
     VIDUR_STACK, Provenance, default_tokens, vidur_files, vidur_rows,
 )

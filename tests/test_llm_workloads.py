@@ -155,6 +155,17 @@ def test_optimizer_moves_30_bytes_per_parameter() -> None:
     assert all(op.dtype == "fp32" and op.param("phase") == "opt" for op in adam)
 
 
+def test_a_shard_of_the_optimizer_step_moves_30_bytes_per_parameter_it_updates() -> None:
+    """A rank updating a part of a group's parameters (tensor parallelism, ZeRO) reads and
+    writes the master weights and moments of that part only."""
+    graph = load_workload(SMALL_LLAMA + ",mode=train")
+    adam = graph.op("layers.0.adam")
+    for share in (2, 3, 8):
+        part = adam.with_loops(C=adam.dim("C") // share)
+        assert part.bytes_moved == 30 * part.dim("C")
+        assert part.weight_elems == 3 * part.dim("C")
+
+
 # ---------------------------------------------------------------- activation memory
 
 

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from marssim.lower import expand_collective
-from marssim.mapping.collectives import schedule
+from marssim.collectives.schedules import schedule
 from marssim.sim import max_min_rates, simulate
 from marssim.system import system_from_dict
 from marssim.taskgraph import TaskGraphBuilder

@@ -567,7 +567,7 @@ def _import_vidur_compute(args: argparse.Namespace, files: "_Files") -> int:
 
 
 def _import_vidur_host(args: argparse.Namespace, files: "_Files") -> int:
-    from marssim.calibrate.host_overheads import load_host_overheads, vidur_host_rows, write_host_overheads
+    from marssim.cost.host_overheads import load_host_overheads, vidur_host_rows, write_host_overheads
     from marssim.calibrate.published import VIDUR_LICENSE, VIDUR_SOURCE, VIDUR_STACK
     from marssim.cost.calibrated import traces_dir
 

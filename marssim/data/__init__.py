@@ -57,7 +57,7 @@ def collectives() -> Path:
 
 
 def host_overheads() -> Path:
-    """The shipped host-overhead tables (``*.csv``; see :mod:`marssim.calibrate.host_overheads`)."""
+    """The shipped host-overhead tables (``*.csv``; see :mod:`marssim.cost.host_overheads`)."""
     return _directory("host_overheads")
 
 

@@ -12,8 +12,11 @@ of by a schedule:
   micro-batch crosses every stage, the others follow at the slowest stage's pace; GPipe and 1F1B
   alike), ``(m + (p - 1) / v) * t`` for the interleaved schedule of uniform stages;
 * after the last backward: the data-parallel reduction of the last gradient bucket (the earlier
-  ones overlap the backward; all of them when ``overlap_grad_reduce`` is off), the optimizer, and
-  ZeRO's parameter all-gather;
+  ones overlap the backward; all of them when ``overlap_grad_reduce`` is off), the
+  sequence-parallel norms' and the tied embedding's all-reduces, the optimizer step's kernels and
+  all-reduces, and ZeRO's parameter all-gather; a stage's tail overlapping the last backward of
+  the stages before it (not the last stage's when it waits for the first stage's embedding
+  gradient);
 * memory: :func:`.memory.memory_estimate`.
 
 It ignores contention and the finer overlap of the schedule, so it is a ranking, not a
@@ -34,6 +37,8 @@ from marssim.workload import Graph, OpKind
 from .config import ParallelConfig
 from .fold import identity_folding
 from .lower import _Lowering, _model_flops, _parameters, graph_cached, prepare_graph
+from .host import launch_gaps
+from .megatron import grad_scaled, sequence_parallel_params
 from .memory import MemoryEstimate, memory_estimate
 from .placement import Placement, place
 
@@ -81,18 +86,25 @@ class _Timer:
         return route.latency + (nbytes / bw if nbytes > 0 else 0.0)
 
     def ring(self, pattern: str, n: int, size: float, kind: str) -> float:
+        """Seconds of a collective over ``pattern``'s ring of ``n`` ranks, as the lowering runs it
+        (:meth:`.lower._Builder.ring`): NCCL's plan, its steps at the pace of the slowest hop
+        (:func:`marssim.collectives.group.hop_step`); without a plan, ring steps at line rate."""
         if n <= 1 or size <= 0:
             return 0.0
         key = (pattern, n, size, kind)
         hit = self._ring_cache.get(key)
         if hit is None:
-            # a ring's steps go at the pace of its slowest hop
-            steps = 2 * (n - 1) if kind == "all_reduce" else n - 1
             peer = self.patterns[pattern]
             members = [self.gpu]
             while len(members) < n:
                 members.append(peer(members[-1]))
-            hit = self._ring_cache[key] = steps * max(self.route_time(g, peer(g), size / n) for g in members)
+            plan = self.low.plan(kind, size, members)
+            if plan is None:  # a ring's steps go at the pace of its slowest hop
+                steps = 2 * (n - 1) if kind == "all_reduce" else n - 1
+                hit = steps * max(self.route_time(g, peer(g), size / n) for g in members)
+            else:
+                hit = plan.steps * max(self.low.hop(g, peer(g), plan).time for g in members)
+            self._ring_cache[key] = hit
         return hit
 
     def signature(self) -> tuple:
@@ -121,6 +133,19 @@ class _Timer:
         self._signature = (low.design(self.gpu).name, tp, hops, tuple(sides))
         return self._signature
 
+    def receive(self, peer: int, nbytes: float, layout: str, producer_tp: int) -> float:
+        """Seconds to receive a tensor of ``nbytes`` (``layout``) from ``peer`` on another stage, as
+        the lowering does (:meth:`.lower._Builder.locate`): the send/receive plan, and with
+        Megatron-LM's scatter/gather ``1/tp`` of it and the all-gather after."""
+        low = self.low
+        tp = low.tp_here(self.gpu)
+        split = (low.cfg.scatter_gather and layout == "R" and tp > 1 and producer_tp == tp
+                 and int(round(nbytes)) % tp == 0)
+        sent = nbytes / tp if split else nbytes
+        plan = low.plan("send_recv", sent, [peer, self.gpu])
+        seconds = self.route_time(peer, self.gpu, sent) if plan is None else low.hop(peer, self.gpu, plan).time
+        return seconds + (self.ring("tp+1", tp, nbytes, "all_gather") if split else 0.0)
+
     def unit(self, ops: list) -> tuple[float, float]:
         """Seconds of one pass over ``ops`` on this GPU: kernels and layout conversions, and
         (apart) the activations or gradients received from another stage."""
@@ -131,6 +156,7 @@ class _Timer:
         seen: set[tuple[str, str]] = set()
         total = 0.0
         received = 0.0
+        kernels: list[tuple[float, int]] = []
         for op in ops:
             rule = low.rules[op.name]
             for name, want in zip(op.inputs, rule.want):
@@ -145,7 +171,7 @@ class _Timer:
                         peer = low.gpu_on_stage(self.gpu, stage)
                         if name in low.gather_out:
                             layout = "R"
-                        received += self.route_time(peer, self.gpu, low.layout_bytes(name, layout))
+                        received += self.receive(peer, low.layout_bytes(name, layout), layout, low.cfg.tp_of(stage))
                 if layout == want or want == "*":
                     continue
                 full = low.layout_bytes(name, "R")
@@ -160,13 +186,18 @@ class _Timer:
             if rule.alias:
                 have[op.name] = rule.out
                 continue
-            total += low.shard(op, self.gpu)[0]
+            seconds = low.shard(op, self.gpu)[0]
+            total += seconds
+            kernels.append((seconds, low.kernels(op, self.gpu)))
             if rule.loss_reduce:
                 total += self.ring("tp+1", tp, 12.0 * low.t.batch * low.t.seq, "all_reduce")
             have[op.name] = rule.out
             if op.name in low.gather_out:
                 total += self.ring("tp+1", tp, low.layout_bytes(op.name, "R"), "all_gather")
                 have[op.name] = "R"
+        launch = low.launch(self.gpu)
+        if launch > 0 and kernels:  # the host's launch gaps (.host), from a synchronised start
+            total += sum(launch_gaps([d for d, _ in kernels], [k for _, k in kernels], launch))
         return total, received
 
 
@@ -185,6 +216,7 @@ def screen(graph: Graph, system: System, cfg: ParallelConfig, cost: CostModel, *
     stage_times = []
     receives = []
     tails = []
+    backwards = []
     block_times: dict[tuple, tuple[float, float]] = {}
     split_units = graph_cached(low.graph, ("unit blocks", tuple(map(tuple, low.chunks))), lambda: _split_units(low))
 
@@ -232,6 +264,7 @@ def screen(graph: Graph, system: System, cfg: ParallelConfig, cost: CostModel, *
         stage_times.append(busy)
         receives.append(received)
         tails.append(_tail(low, timer, stage, backward))
+        backwards.append(backward)
     # the first micro-batch crosses every stage, receives included; the others follow at the
     # slowest stage's pace (the next micro-batch's activations arrive while a stage computes)
     if cfg.schedule == "interleaved":
@@ -239,7 +272,22 @@ def screen(graph: Graph, system: System, cfg: ParallelConfig, cost: CostModel, *
         pipeline = m * step + (cfg.pp - 1) / cfg.virtual_stages * max(a + b for a, b in zip(stage_times, receives))
     else:
         pipeline = sum(a + b for a, b in zip(stage_times, receives)) + (m - 1) * max(stage_times)
-    tail = max(tails) if tails else 0.0
+    # a stage's tail runs while the stages before it run the last micro-batch's backward (a chunk
+    # of it with the interleaved schedule); the last stage's waits for the first's end when it
+    # all-reduces the tied word embedding's gradient with it
+    # (the first stage receives the last stage's embedding gradient while the stages before the
+    # last run their last backward)
+    share = 1.0 / cfg.virtual_stages if cfg.schedule == "interleaved" else 1.0
+    ends = []
+    for s, (reduce, emb, step) in enumerate(tails):
+        hidden = sum(backwards[:s]) * share
+        if s == 0:
+            ends.append(max(0.0, emb - sum(backwards[:cfg.pp - 1]) * share) + reduce + step)
+        elif low.tied_copy and s == cfg.pp - 1:
+            ends.append(max(0.0, reduce - hidden) + emb + step)
+        else:
+            ends.append(reduce + step - hidden)
+    tail = max(0.0, max(ends, default=0.0))
     flops, peak = _model_flops(low)
     return Screen(iteration_s=pipeline + tail, stage_s=tuple(stage_times), tail_s=tail, memory=memory,
                   model_flops=flops, peak_flops=peak, gpus=cfg.gpus)
@@ -269,17 +317,20 @@ def _lowering(graph: Graph, system: System, cfg: ParallelConfig,
     return low, where, representative
 
 
-def _tail(low: _Lowering, timer: _Timer, stage: int, backward: float) -> float:
-    """After a stage's last backward (``backward``: seconds of one micro-batch's backward on it):
-    the gradient reduction not hidden by it, the optimizer, ZeRO's parameter all-gather."""
+def _tail(low: _Lowering, timer: _Timer, stage: int, backward: float) -> tuple[float, float, float]:
+    """After a stage's last backward (``backward``: seconds of one micro-batch's backward on it),
+    as the lowering runs it (:meth:`.lower._Builder._optimizer`), in three parts: the gradient
+    reduction not hidden by it and the sequence-parallel norms' all-reduce; the tied embedding's
+    all-reduce (first and last stage); the optimizer step's kernels and its all-reduces over the
+    model-parallel group, and ZeRO's parameter all-gather."""
     cfg = low.cfg
     if not low.training:
-        return 0.0
-    eb = low.param_bytes
+        return 0.0, 0.0, 0.0
+    gb = low.grad_bytes
     layers = [layer for c, chunk in enumerate(low.chunks) if c % cfg.pp == stage for layer in chunk]
-    params = [low.rank_params.get(layer, 0) for layer in layers]
+    params = [low.opt_params.get(layer, 0) for layer in layers]
     kind = "reduce_scatter" if cfg.zero >= 1 else "all_reduce"
-    everything = timer.ring("dp+1", cfg.dp, sum(params) * eb, kind) if cfg.dp > 1 else 0.0
+    everything = timer.ring("dp+1", cfg.dp, sum(params) * gb, kind) if cfg.dp > 1 else 0.0
     if cfg.overlap_grad_reduce:
         # the buckets reduce while the last backward runs; the last one (the stage's first layers,
         # one bucket's worth) after it, and whatever the backward could not hide
@@ -288,15 +339,54 @@ def _tail(low: _Lowering, timer: _Timer, stage: int, backward: float) -> float:
             size += p
             if size >= cfg.bucket:
                 break
-        last = timer.ring("dp+1", cfg.dp, size * eb, kind) if cfg.dp > 1 else 0.0
+        last = timer.ring("dp+1", cfg.dp, size * gb, kind) if cfg.dp > 1 else 0.0
         exposed = max(last, everything - backward)
     else:
         exposed = everything
-    optimizer = sum(timer.low.shard(op, timer.gpu)[0] for chunk in range(len(low.chunks))
-                    if chunk % cfg.pp == stage for op in low.unit_ops.get((chunk, "O"), [])
-                    if op.param("fn") == "adam")
-    gather = timer.ring("dp+1", cfg.dp, sum(params) * eb, "all_gather") if cfg.zero >= 1 and cfg.dp > 1 else 0.0
-    return exposed + optimizer + gather
+    tp = low.tp_here(timer.gpu)
+    if cfg.sp and tp > 1:
+        blocks = sum(1 for layer in layers if 0 <= layer < low.t.layers)
+        exposed += timer.ring("tp+1", tp, blocks * sequence_parallel_params(low.t) * gb, "all_reduce")
+    if low.tied_copy and (stage == 0 or stage == cfg.pp - 1):
+        peer = low.gpu_on_stage(timer.gpu, cfg.pp - 1 if stage == 0 else 0)
+        nbytes = low.word_embedding_params * gb
+        plan = low.plan("all_reduce", nbytes, [peer, timer.gpu])
+        embedding = timer.route_time(peer, timer.gpu, nbytes) if plan is None else \
+            plan.steps * low.hop(peer, timer.gpu, plan).time
+    else:
+        embedding = 0.0
+    adams = [op for chunk in range(len(low.chunks)) if chunk % cfg.pp == stage
+             for op in low.unit_ops.get((chunk, "O"), []) if op.param("fn") == "adam"]
+    optimizer = sum(low.shard(op, timer.gpu)[0] + low.optimizer_before_norm(op, timer.gpu)[0] for op in adams)
+    launch = low.launch(timer.gpu)
+    if launch > 0 and adams:  # the host's launch gaps after the optimizer's synchronisation
+        optimizer += sum(launch_gaps([low.shard(op, timer.gpu)[0] for op in adams],
+                                     [low.kernels(op, timer.gpu) for op in adams], launch))
+    if adams:
+        optimizer += ((cfg.clip_grad > 0) + grad_scaled(low.t)) * _model_parallel_seconds(low, timer, 4.0)
+    gather = timer.ring("dp+1", cfg.dp, sum(params) * low.param_bytes, "all_gather") \
+        if cfg.zero >= 1 and cfg.dp > 1 else 0.0
+    return exposed, embedding, optimizer + gather
+
+
+def _model_parallel_seconds(low: _Lowering, timer: _Timer, nbytes: float) -> float:
+    """An all-reduce of ``nbytes`` over the model-parallel group of the timer's GPU, as the
+    lowering times it (:meth:`.lower._Builder._model_parallel_all_reduce`)."""
+    members: list[int] = []
+    tp_peer = timer.patterns.get("tp+1")
+    starts = [low.gpu_on_stage(timer.gpu, s) for s in range(low.cfg.pp)]
+    for g in starts:
+        members.append(g)
+        while tp_peer is not None and tp_peer(members[-1]) not in (g, members[-1]) and len(members) < 1 << 16:
+            members.append(tp_peer(members[-1]))
+    if len(members) < 2:
+        return 0.0
+    plan = low.plan("all_reduce", nbytes, members)
+    if plan is not None:
+        return plan.time
+    names = low.system.nodes
+    return 2 * (len(members) - 1) * max(low.system.route(names[a], names[b]).latency
+                                        for a, b in zip(members, members[1:] + members[:1]))
 
 
 def serving_times(graph: Graph, system: System, cfg: ParallelConfig, cost: CostModel) -> tuple[float, float]:

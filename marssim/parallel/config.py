@@ -34,6 +34,36 @@ order              rank placement, innermost first: ``tp-pp-dp`` puts the tensor
                    data-parallel replicas
 bucket             parameters per data-parallel gradient bucket (Megatron-LM's default: 40 M)
 =================  ===============================================================================
+
+What a Megatron-LM iteration runs beyond the workload graph's ops (:mod:`.megatron`, each with its
+source there), each a switch whose default is what Megatron-LM does:
+
+=====================  ===========================================================================
+field                  meaning (Megatron-LM's name)
+=====================  ===========================================================================
+collectives            ``nccl``: collectives as NCCL runs them (algorithm, protocol, measured or
+                       fitted time, :mod:`marssim.collectives`); ``line``: rings at the links'
+                       line rate
+bias_gelu_fusion       the MLP's bias add and GeLU one kernel (``--no-bias-gelu-fusion``)
+bias_dropout_fusion    bias add, dropout and residual add one kernel (``--no-bias-dropout-fusion``)
+masked_softmax_fusion  scaling, causal mask and softmax one kernel (``--no-masked-softmax-fusion``)
+persist_layer_norm     apex's persistent LayerNorm kernel where the hidden size allows it
+                       (``--no-persist-layer-norm``)
+fused_adam             the optimizer step one multi-tensor kernel (apex's or Transformer Engine's
+                       FusedAdam); false: PyTorch's ``AdamW`` (``foreach``), Megatron-LM's fallback
+clip_grad              clip gradients by their global L2 norm above this (``--clip-grad``, 1.0);
+                       0: no norm, no clipping
+grads_clipped          whether the norm exceeds ``clip_grad`` so that the gradients are scaled
+                       (data-dependent; Megatron-LM scales only then)
+grad_reduce_dtype      the gradient buffer and its data-parallel reduction: ``auto`` as Megatron-LM
+                       (fp32 for bf16 training, ``--accumulate-allreduce-grads-in-fp32``; the
+                       model's type for fp16), or ``fp32``, ``bf16``, ``fp16``
+scatter_gather         pipeline activations sent as ``1/tp`` per rank and all-gathered after
+                       (``--no-scatter-gather-tensors-in-pipeline``; not with sequence
+                       parallelism, whose activations are split already)
+host_gaps              the GPU waits for the host where its kernels are shorter than their launch
+                       (:mod:`.host`; measured host times of the device and stack)
+=====================  ===========================================================================
 """
 
 from __future__ import annotations
@@ -71,6 +101,22 @@ class ParallelConfig:
     order: str = "tp-pp-dp"
     bucket: int = 40_000_000
     overlap_grad_reduce: bool = True
+    collectives: str = "nccl"
+    bias_gelu_fusion: bool = True
+    bias_dropout_fusion: bool = True
+    masked_softmax_fusion: bool = True
+    persist_layer_norm: bool = True
+    fused_adam: bool = True
+    clip_grad: float = 1.0
+    grads_clipped: bool = False
+    grad_reduce_dtype: str = "auto"
+    scatter_gather: bool = True
+    host_gaps: bool = True
+
+    @property
+    def nccl(self) -> bool:
+        """Collectives as NCCL runs them (else rings at the links' line rate)."""
+        return self.collectives == "nccl"
 
     @property
     def gpus(self) -> int:
@@ -127,6 +173,12 @@ FIELDS: dict[str, Field] = {
     "recompute": Field("str", choices=("none", "selective", "full")), "zero": Field("int", low=0, high=3),
     "layers_per_stage": Field("ints", low=0), "stage_tp": Field("ints", low=1), "stage_start": Field("ints", low=0),
     "order": Field("str", choices=ORDERS), "bucket": Field("int", low=1), "overlap_grad_reduce": Field("bool"),
+    "collectives": Field("str", choices=("nccl", "line")), "bias_gelu_fusion": Field("bool"),
+    "bias_dropout_fusion": Field("bool"), "masked_softmax_fusion": Field("bool"), "persist_layer_norm": Field("bool"),
+    "fused_adam": Field("bool"),
+    "clip_grad": Field("float", low=0.0), "grads_clipped": Field("bool"),
+    "grad_reduce_dtype": Field("str", choices=("auto", "fp32", "bf16", "fp16")), "scatter_gather": Field("bool"),
+    "host_gaps": Field("bool"),
 }
 """How each setting of a configuration is written (``global_batch``: at least 1 when given; left out,
 one micro-batch per data-parallel replica)."""

@@ -29,11 +29,13 @@ from __future__ import annotations
 import weakref
 from collections import defaultdict
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
+from marssim.collectives.group import Hop, group_plan, hop_step, route_bottleneck
+from marssim.collectives.plan import CollectivePlan
 from marssim.cost.base import CostModel
 from marssim.errors import InputError
 from marssim.gcpause import gc_paused
@@ -44,6 +46,9 @@ from marssim.workload import Graph, Op, OpKind
 
 from .config import ParallelConfig, check_parallel
 from .fold import Folding, fold, identity_folding
+from .host import launch_gaps, launch_seconds
+from .megatron import grad_dtype, grad_scaled, kernels_key, op_kernels, optimizer_kernels, roles, \
+    sequence_parallel_params
 from .memory import static_bytes
 from .placement import PULLS, Placement, place
 from .roles import Rule, rule_for, strategy_of
@@ -58,6 +63,7 @@ PROGRESS_EVERY = 0.5  # s of wall time between progress calls
 __all__ = ["lower_parallel", "chunk_layers", "prepare_graph", "lowered_size"]
 
 Ref = tuple  # ("u", rep, unit key, rel task, "same" | "last")
+_GROUP_PLAN = object()  # a ring's plan: its group's own (see _Builder.ring)
 
 
 def chunk_layers(layers: int, cfg: ParallelConfig) -> list[list[int]]:
@@ -187,6 +193,7 @@ class _Template:
     colls: list[Collective] = field(default_factory=list)
     produced: dict[str, tuple[str, tuple]] = field(default_factory=dict)  # tensor -> (layout, refs)
     converted: dict[tuple[str, str], tuple] = field(default_factory=dict)
+    kernels: dict[int, int] = field(default_factory=dict)  # compute task -> kernels it launches
     last_compute: int = -1
     first_compute: int = -1
     arrays: dict[str, np.ndarray] | None = None
@@ -229,6 +236,9 @@ class _Lowering:
         self.cost_models: dict[str, str] = {}  # op -> the cost model that timed it
         self.shape_keys: dict[str, tuple] = graph_cache(graph).setdefault("shape_keys", {})
         self.designs: dict[int, object] = {}
+        self.roles: dict[str, tuple[str, ...]] = graph_cached(graph, "megatron_roles", lambda: roles(graph))
+        self.kernels_key = kernels_key(cfg)
+        self.optimizer_key = (cfg.clip_grad > 0, cfg.grads_clipped, cfg.fused_adam, grad_dtype(cfg, self.t))
         self._rules()
         self._units()
 
@@ -289,6 +299,51 @@ class _Lowering:
             self.routes.append(self.fold.route(src, dst, per))
         return r
 
+    def wait_route(self, gpu: int, seconds: float) -> int:
+        """Index of a route on ``gpu`` that holds no resource and takes ``seconds``: a transfer
+        over it waits beside the GPU's stream (a latency-bound collective whose links do not
+        matter)."""
+        key = ("wait", gpu, seconds)
+        r = self.route_id.get(key)
+        if r is None:
+            r = self.route_id[key] = len(self.routes)
+            name = self.system.nodes[gpu]
+            self.routes.append(Route((name,), (), float(seconds)))
+        return r
+
+    def plan(self, kind: str, nbytes: float, members: list[int]) -> CollectivePlan | None:
+        """NCCL's plan of collective ``kind`` of ``nbytes`` over the GPUs ``members``
+        (:func:`marssim.collectives.group.group_plan`); None where the collective model does not
+        describe the group (the ring then runs at the links' line rate)."""
+        if not self.cfg.nccl:
+            return None
+        names = self.system.nodes
+        return group_plan(self.system, [names[g] for g in members], kind, nbytes)
+
+    def hop(self, src: int, dst: int, plan: CollectivePlan) -> Hop:
+        """A step of ``plan`` on the route ``src`` -> ``dst`` as it is alone on its links (the
+        concrete route, so that folded and full lowerings weigh a step alike)."""
+        names = self.system.nodes
+        concrete = self.system.route(names[src], names[dst])
+        return hop_step(plan, route_bottleneck(self.system.resource_capacity, concrete.resources), concrete.latency)
+
+    def step_route(self, src: int, dst: int, per: int | None, plan: CollectivePlan | None) -> int:
+        """Index of the route of a step of ``plan`` from ``src`` to ``dst`` (see
+        :func:`marssim.collectives.group.hop_step`): the (folded) route with the step's latency
+        and its weights times the step's factor; the plain route without a plan."""
+        r = self.route(src, dst, per)
+        if plan is None:
+            return r
+        hop = self.hop(src, dst, plan)
+        key = (src, dst, per, hop.latency, hop.factor)
+        got = self.route_id.get(key)
+        if got is None:
+            base = self.routes[r]
+            weights = base.weights or (1.0,) * len(base.resources)
+            got = self.route_id[key] = len(self.routes)
+            self.routes.append(replace(base, latency=hop.latency, weights=tuple(w * hop.factor for w in weights)))
+        return got
+
     def design(self, gpu: int):
         d = self.designs.get(gpu)
         if d is None:
@@ -297,28 +352,79 @@ class _Lowering:
         return d
 
     def shard(self, op: Op, gpu: int) -> tuple[float, float, float, float]:
-        """``(seconds, FLOPs, joules, output bytes)`` of ``op``'s part on ``gpu``."""
+        """``(seconds, FLOPs, joules, output bytes)`` of ``op``'s part on ``gpu``: the kernels its
+        task runs in Megatron-LM (:func:`.megatron.op_kernels`; the optimizer step's after the
+        global norm, :func:`.megatron.optimizer_kernels`), each timed by the cost model."""
         d = self.design(gpu)
         rule = self.rules[op.name]
         adam = op.param("fn") == "adam"
-        share = (self.rank_params.get(op.param("layer"), 0), self.cfg.dp if self.cfg.zero >= 1 else 1) if adam else ()
-        key = (self._shape(op), d.name, rule.split, rule.scale, share)
+        op_roles = self.roles.get(op.name, ())
+        key = self._shard_key(op, d)
         hit = self.shard_cache.get(key)
         if hit is not None:
             self.cost_models.setdefault(op.name, hit[1])
             return hit[0]
-        sizes = shard_loops(op, rule, self.rank_params, self.cfg.dp if self.cfg.zero >= 1 else 1)
+        sizes = shard_loops(op, rule, self.opt_params, self.cfg.dp if self.cfg.zero >= 1 else 1)
         part = op.with_loops(**sizes) if sizes else op
         c = self.cost.op_cost(part, d)
         self.cost_models.setdefault(op.name, c.model)
         seconds, flops, energy = c.time, float(part.flops), c.energy
+        kernels = optimizer_kernels(op.name, part.dim("C"), self.t, self.cfg)[1] if adam and self.training \
+            else op_kernels(op, part, op_roles, self.cfg)
+        if kernels is not None:
+            seconds, energy = self._kernels_time(kernels, part, c, d)
         out_bytes = 0.0 if op.param("keep") and op.param("fn") == "adam" else float(part.output_bytes)
         if rule.scale > 1:
             seconds, flops, energy, out_bytes = seconds / rule.scale, flops / rule.scale, energy / rule.scale, \
                 out_bytes / rule.scale
         timing = (float(seconds), flops, float(energy), out_bytes)
-        self.shard_cache[key] = (timing, c.model)
+        self.shard_cache[key] = (timing, c.model, 1 if kernels is None else len(kernels))
         return timing
+
+    def _shard_key(self, op: Op, design) -> tuple:
+        rule = self.rules[op.name]
+        adam = op.param("fn") == "adam"
+        share = (self.opt_params.get(op.param("layer"), 0), self.cfg.dp if self.cfg.zero >= 1 else 1) if adam else ()
+        op_roles = self.roles.get(op.name, ())
+        return (self._shape(op), design.name, rule.split, rule.scale, share, op_roles,
+                self.kernels_key if op_roles else (), self.optimizer_key if adam else ())
+
+    def kernels(self, op: Op, gpu: int) -> int:
+        """How many kernels the task of ``op`` on ``gpu`` launches (after :meth:`shard`)."""
+        self.shard(op, gpu)
+        return self.shard_cache[self._shard_key(op, self.design(gpu))][2]
+
+    def launch(self, gpu: int) -> float:
+        """Seconds the host takes to launch a kernel on ``gpu`` (:func:`.host.launch_seconds`; 0
+        without ``host_gaps`` or host measurements of its device and stack)."""
+        gpu_spec = self.design(gpu).gpu
+        if not self.cfg.host_gaps or gpu_spec is None:
+            return 0.0
+        return launch_seconds(gpu_spec.calibration, gpu_spec.stack)
+
+    def _kernels_time(self, kernels, part: Op, own, design) -> tuple[float, float]:
+        """Seconds and joules of ``kernels`` run one after another (``part``: the op's own
+        shard, already timed as ``own``)."""
+        seconds = energy = 0.0
+        for k in kernels:
+            c = own if k is part else self.cost.op_cost(k, design)
+            seconds += c.time
+            energy += c.energy
+        return seconds, energy
+
+    def optimizer_before_norm(self, op: Op, gpu: int) -> tuple[float, str, int]:
+        """Seconds of the optimizer step's kernels before the global norm's all-reduce over the
+        parameters of ``op``'s group one rank updates (:func:`.megatron.optimizer_kernels`), the
+        cost model that timed them and how many they are."""
+        d = self.design(gpu)
+        params = max(1, -(-self.opt_params.get(op.param("layer"), 0) // (self.cfg.dp if self.cfg.zero >= 1 else 1)))
+        key = ("before_norm", params, d.name, self.t.dtype, self.optimizer_key)
+        hit = self.shard_cache.get(key)
+        if hit is None:
+            costs = [self.cost.op_cost(k, d) for k in optimizer_kernels(op.name, params, self.t, self.cfg)[0]]
+            hit = self.shard_cache[key] = (sum(c.time for c in costs), "+".join(sorted({c.model for c in costs})),
+                                           len(costs))
+        return hit
 
     def _shape(self, op: Op) -> tuple:
         """What an op's shard timing depends on, without its name (blocks share timings)."""
@@ -359,6 +465,7 @@ class _Builder:
         self.key = key
         self.t = _Template()
         self.node_names = low.system.nodes
+        self._issued: dict[str, tuple] = {}  # per ring pattern (communicator): its last collective's refs
 
     # ------------------------------------------------------------------ rows
     def _row(self, kind: int, device: int, duration: float, src: int, dst: int, nbytes: float, route: int,
@@ -400,21 +507,39 @@ class _Builder:
             deps = tuple(deps) + (self.me(t.last_compute),)
         rel = self._row(COMPUTE, self.rep, seconds, -1, -1, 0.0, -1, flops, energy,
                         self.rep if out_bytes > 0 else -1, out_bytes, self.low.op_index[op.name], -1, deps)
+        t.kernels[rel] = self.low.kernels(op, self.rep)
+        if t.first_compute < 0:
+            t.first_compute = rel
+        t.last_compute = rel
+        return rel
+
+    def kernel_row(self, op: Op, seconds: float, deps, kernels: int = 1) -> int:
+        """A compute task of ``seconds`` (``kernels`` kernels) on this GPU labelled ``op``
+        (kernels Megatron-LM runs for it that are not the op's own shard), after this unit's
+        previous kernel."""
+        t = self.t
+        if t.last_compute >= 0:
+            deps = tuple(deps) + (self.me(t.last_compute),)
+        rel = self._row(COMPUTE, self.rep, seconds, -1, -1, 0.0, -1, 0.0, 0.0, -1, 0.0, self.low.op_index[op.name], -1,
+                        deps)
+        t.kernels[rel] = kernels
         if t.first_compute < 0:
             t.first_compute = rel
         t.last_compute = rel
         return rel
 
     def flow(self, src: int, dst: int, nbytes: float, op: str, coll: int, deps, hold: bool, steps: int = 1,
-             pulled: bool = False) -> int:
+             pulled: bool = False, plan: CollectivePlan | None = None, held: float | None = None) -> int:
         """A transfer of ``nbytes`` (in ``steps`` back-to-back steps) from ``src`` to ``dst``;
-        ``hold``: the receiver keeps the bytes until the transfer's readers end; ``pulled``: one
-        such transfer per member of the receiver's class (else of the sender's)."""
+        ``hold``: the receiver keeps ``held`` bytes (default ``nbytes``) until the transfer's
+        readers end; ``pulled``: one such transfer per member of the receiver's class (else of the
+        sender's); ``plan``: the collective whose steps these are (their latency and weight on the
+        links, else the route's own)."""
         low = self.low
-        route = low.route(src, dst, dst if pulled else None)
+        route = low.step_route(src, dst, dst if pulled else None, plan)
         receiver = low.fold.rep(dst) if dst in low.fold.class_of else dst
         return self._row(TRANSFER, -1, 0.0, src, dst, nbytes, route, 0.0, 0.0, receiver if hold else -1,
-                         nbytes if hold else 0.0, low.op_index[op], coll, deps, steps)
+                         (nbytes if held is None else held) if hold else 0.0, low.op_index[op], coll, deps, steps)
 
     # ------------------------------------------------------------------ collectives
     def _collective(self, kind: str, group: str, pattern: str, nbytes: float, op: str, steps: int,
@@ -436,25 +561,40 @@ class _Builder:
             g = peer(g)
         return out
 
-    def ring(self, kind: str, group: str, pattern: str, size: float, n: int, op: str, deps) -> tuple:
-        """A ring collective over ``n`` ranks of ``size`` bytes (the whole tensor per rank):
-        all-reduce 2(n-1) steps, reduce-scatter and all-gather n-1, each sending size/n.
+    def ring(self, kind: str, group: str, pattern: str, size: float, n: int, op: str, deps,
+             plan: "CollectivePlan | None | object" = _GROUP_PLAN) -> tuple:
+        """A collective over the ``n`` ranks of ``pattern``'s ring of ``size`` bytes (the whole
+        tensor per rank) as NCCL runs it (:meth:`_Lowering.plan`): its steps, each rank sending
+        the step's bytes to its ring neighbour with the step's latency and weight on the links
+        (:func:`marssim.collectives.group.hop_step`); without a plan, ring steps at the links'
+        line rate: all-reduce 2(n-1) steps, reduce-scatter and all-gather n-1, each sending size/n.
+        ``plan``: the plan to run instead of the group's own (its steps over this ring). The
+        collectives of one ring pattern (one NCCL communicator) run one after another in the
+        order this unit issues them, as NCCL runs a communicator's operations on its stream.
         Returns the refs after which this rank's result is ready."""
         if n <= 1 or size <= 0:
             return tuple(deps)
-        steps = 2 * (n - 1) if kind == "all_reduce" else n - 1
-        chunk = size / n
+        # a communicator runs its collectives one after another, in the order they are issued
+        deps = tuple(dict.fromkeys(tuple(deps) + self._issued.get(pattern, ())))
         low = self.low
         peer = low.place.patterns()[pattern]
-        inverse = {v: k for k, v in ((g, peer(g)) for g in self._group(pattern))}
+        members = self._group(pattern)
+        if plan is _GROUP_PLAN:
+            plan = low.plan(kind, size, members)
+        if plan is None:
+            steps, chunk, algorithm = (2 * (n - 1) if kind == "all_reduce" else n - 1), size / n, "ring"
+        else:
+            steps, chunk, algorithm = plan.steps, plan.payload_per_step, plan.algorithm
+        inverse = {v: k for k, v in ((g, peer(g)) for g in members)}
         nxt = peer(self.rep)
         prv = inverse.get(self.rep, self.rep)
         prv_rep = low.fold.rep(prv)
-        coll = self._collective(kind, group, pattern, size, op, steps)
+        coll = self._collective(kind, group, pattern, size, op, steps, algorithm)
         if prv_rep == self.rep:
             # the whole ring is this GPU's class: every rank's steps follow each other in lockstep,
             # so the steps are one transfer of `steps` back-to-back steps (exact, see TaskGraph.steps)
-            rel = self.flow(self.rep, nxt, chunk * steps, op, coll, tuple(deps), hold=False, steps=steps)
+            rel = self.flow(self.rep, nxt, chunk * steps, op, coll, tuple(deps), hold=False, steps=steps, plan=plan)
+            self._issued[pattern] = (self.me(rel),)
             return (self.me(rel),)
         last = None
         for k in range(steps):
@@ -462,8 +602,10 @@ class _Builder:
                 step_deps = tuple(deps)
             else:
                 step_deps = (self.me(last), ("u", prv_rep, self.key, last, "same"))
-            last = self.flow(self.rep, nxt, chunk, op, coll, step_deps, hold=False)
-        return tuple(dict.fromkeys((self.me(last), ("u", prv_rep, self.key, last, "same"))))
+            last = self.flow(self.rep, nxt, chunk, op, coll, step_deps, hold=False, plan=plan)
+        done = tuple(dict.fromkeys((self.me(last), ("u", prv_rep, self.key, last, "same"))))
+        self._issued[pattern] = done
+        return done
 
     def all_to_all(self, size: float, op: str, deps) -> tuple:
         """Direct all-to-all over the expert-parallel group: 1/ep of ``size`` to each peer."""
@@ -520,9 +662,21 @@ class _Builder:
         layout, refs = other.produced[name]
         refs = tuple(r if r[4] == "last" else (*r[:4], mode) for r in refs)
         nbytes = low.layout_bytes(name, layout)
-        coll = self._collective("p2p", "emb" if self.key[1] == "O" else "pp", "", nbytes, name, 1, "direct")
-        rel = self.flow(peer, self.rep, nbytes, name, coll, refs, hold=True, pulled=True)
-        result = (layout, (self.me(rel),) + tuple(r for r in refs if r[1] == self.rep))
+        tp = low.tp_here(self.rep)
+        # Megatron-LM's scatter/gather of pipeline activations (p2p_communication.py, _communicate:
+        # scatter_gather_tensors_in_pipeline, not with sequence parallelism): each tensor-parallel
+        # rank sends its 1/tp of the tensor, the receivers all-gather it
+        split = (low.cfg.scatter_gather and layout == "R" and tp > 1 and self.key[1] != "O"
+                 and low.cfg.tp_of(stage) == tp and int(round(nbytes)) % tp == 0)
+        sent = nbytes / tp if split else nbytes
+        plan = low.plan("send_recv", sent, [peer, self.rep])
+        coll = self._collective("p2p", "emb" if self.key[1] == "O" else "pp", "", sent, name, 1,
+                                "direct" if plan is None else plan.algorithm)
+        rel = self.flow(peer, self.rep, sent, name, coll, refs, hold=True, pulled=True, plan=plan, held=nbytes)
+        ready = (self.me(rel),)
+        if split:
+            ready = ready + self.ring("all_gather", "pp", "tp+1", nbytes, tp, name, ready)
+        result = (layout, ready + tuple(r for r in refs if r[1] == self.rep))
         t.produced[name] = result
         return result
 
@@ -555,6 +709,12 @@ class _Builder:
                 self._gather_params()
             for op in low.unit_ops.get(self.key, []):
                 self.op(op)
+        launch = low.launch(self.rep)
+        if launch > 0 and t.kernels:  # the host's launch gaps, the unit starting synchronised (.host)
+            rows = sorted(t.kernels)
+            durations = t.cols["duration"]
+            for r, gap in zip(rows, launch_gaps([durations[r] for r in rows], [t.kernels[r] for r in rows], launch)):
+                durations[r] += gap
         t.arrays = {name: np.asarray(t.cols[name], dtype=dtype) for name, dtype in _COLUMNS.items()}
         return t
 
@@ -594,16 +754,25 @@ class _Builder:
         self._param_deps = self.ring("all_gather", "dp", "dp+1", params * eb, low.cfg.dp, first[0].name, ())
 
     def _optimizer(self) -> None:
-        """Data-parallel gradient reduction in buckets, the optimizer step, ZeRO's parameter
-        all-gather."""
+        """After the chunk's last backward: its gradients reduced over the data-parallel group in
+        buckets, in the gradient buffer's type (:func:`.megatron.grad_dtype`), one bucket after
+        another (:meth:`ring`; the chunks of an interleaved schedule each have their own order
+        here). On the stage's last
+        chunk, the optimizer step of the stage as Megatron-LM's ``optimizer.step`` runs it, after
+        ``reduce_model_grads`` (``optimizer/optimizer.py``): the norm and bias gradients of sequence
+        parallelism all-reduced over the tensor-parallel group (``allreduce_layernorm_grads``), the
+        tied word embedding's gradient all-reduced between the first and last stage
+        (``allreduce_word_embedding_grads``), per group the kernels before the global norm, the
+        all-reduces over the model-parallel group (fp16's inf/NaN flag, the norm:
+        :meth:`_model_parallel_all_reduce`), then per group the Adam step and what follows it;
+        ZeRO's parameter all-gather."""
         low = self.low
         cfg = low.cfg
         ops = low.unit_ops.get(self.key, [])
         if not ops:
             return
-        eb = low.param_bytes
+        gb = low.grad_bytes
         buffers = [op for op in ops if op.param("what") == "grad_buffer"]
-        adams = {op.param("layer"): op for op in ops if op.param("fn") == "adam"}
         # buckets in the order gradients complete: the chunk's later layers first
         buckets: list[list[Op]] = []
         size = 0
@@ -612,33 +781,132 @@ class _Builder:
                 buckets.append([])
                 size = 0
             buckets[-1].append(buf)
-            size += low.rank_params.get(buf.param("layer"), 0)
+            size += low.opt_params.get(buf.param("layer"), 0)
         kind = "reduce_scatter" if cfg.zero >= 1 else "all_reduce"
-        ready_of: dict[int, tuple] = {}
         for bucket in buckets:
             deps: list = []
             dense = expert = 0.0
             for buf in bucket:
                 for name in buf.inputs:
-                    deps.extend(self.tensor(name, "*", buf.name))
-                dense += low.rank_params.get(buf.param("layer"), 0) - low.rank_expert_params.get(buf.param("layer"), 0)
+                    deps.extend(self._gradient(name, buf))
+                dense += low.opt_params.get(buf.param("layer"), 0) - low.rank_expert_params.get(buf.param("layer"), 0)
                 expert += low.rank_expert_params.get(buf.param("layer"), 0)
             if not cfg.overlap_grad_reduce:
                 deps.append(("u", self.rep, ("last-backward", 0), 0, "last"))
             name = bucket[0].name
-            ready = self.ring(kind, "dp", "dp+1", dense * eb, cfg.dp, name, tuple(deps))
+            ready = self.ring(kind, "dp", "dp+1", dense * gb, cfg.dp, name, tuple(deps))
             if expert and cfg.ep > 1:
-                ready = ready + self.ring(kind, "dp", "edp+1", expert * eb, cfg.dp // cfg.ep, name, tuple(deps))
+                ready = ready + self.ring(kind, "dp", "edp+1", expert * gb, cfg.dp // cfg.ep, name, tuple(deps))
             elif expert:
-                ready = ready + self.ring(kind, "dp", "dp+1", expert * eb, cfg.dp, name, tuple(deps))
+                ready = ready + self.ring(kind, "dp", "dp+1", expert * gb, cfg.dp, name, tuple(deps))
             for buf in bucket:
-                ready_of[buf.param("layer")] = tuple(dict.fromkeys(ready))
-        for layer, adam in sorted(adams.items(), key=lambda kv: -kv[0]):
-            rel = self.compute(adam, ready_of.get(layer, ()))
+                self.t.produced[buf.name] = ("R", tuple(dict.fromkeys(ready)))
+        chunk = self.key[0]
+        stage = low.stage_of_chunk(chunk)
+        chunks = [c for c in range(len(low.chunks)) if low.stage_of_chunk(c) == stage and (c, "O") in low.unit_ops]
+        if chunk != chunks[-1]:
+            return  # the stage's last chunk steps the optimizer for all of them
+        stage_ops = [op for c in chunks for op in low.unit_ops[(c, "O")]]
+        ready_of: dict[int, tuple] = {}
+        for buf in stage_ops:
+            if buf.param("what") == "grad_buffer":
+                ready_of[buf.param("layer")] = self.tensor(buf.name, "*", buf.name)
+        everything = tuple(dict.fromkeys(r for refs in ready_of.values() for r in refs))
+        if cfg.sp and low.tp_here(self.rep) > 1:  # the norms' and row-parallel biases' gradients
+            blocks = sum(1 for layer in ready_of if 0 <= layer < low.t.layers)
+            everything = everything + self.ring("all_reduce", "tp", "tp+1", blocks * sequence_parallel_params(low.t)
+                                                * gb, low.tp_here(self.rep), stage_ops[0].name, everything)
+        head = low.t.layers
+        if low.tied_copy and head in ready_of:  # the last stage's copy of the word embedding
+            ready_of[head] = ready_of[head] + self._embedding_all_reduce("embed.tokens.grad", stage_ops[0].name,
+                                                                         everything)
+        adams = sorted(((op.param("layer"), op) for op in stage_ops if op.param("fn") == "adam"), key=lambda kv: -kv[0])
+        before = []
+        for layer, adam in adams:
+            buf = next(op for op in stage_ops if op.param("what") == "grad_buffer" and op.param("layer") == layer)
+            seconds, model, count = low.optimizer_before_norm(adam, self.rep)
+            if seconds <= 0:
+                continue
+            low.cost_models.setdefault(buf.name, model)
+            deps = ready_of.get(layer, ()) + (everything if cfg.sp else ())
+            before.append(self.me(self.kernel_row(buf, seconds, deps, count)))
+        synced = tuple(before)
+        if adams and low.training:
+            for _ in range((cfg.clip_grad > 0) + grad_scaled(low.t)):  # fp16's inf/NaN flag, then the norm
+                synced = self._model_parallel_all_reduce(4.0, adams[0][1].name, synced)
+        for layer, adam in adams:
+            rel = self.compute(adam, ready_of.get(layer, ()) + synced)
             self.t.produced[adam.name] = ("R", (self.me(rel),))
             if cfg.zero >= 1 and cfg.dp > 1:
-                params = low.rank_params.get(layer, 0)
-                self.ring("all_gather", "dp", "dp+1", params * eb, cfg.dp, adam.name, (self.me(rel),))
+                params = low.opt_params.get(layer, 0)
+                self.ring("all_gather", "dp", "dp+1", params * low.param_bytes, cfg.dp, adam.name, (self.me(rel),))
+
+    def _gradient(self, name: str, buf: Op) -> tuple:
+        """Refs to wait for before gradient ``name`` joins the buffer ``buf``: the gradient of the
+        tied output layer, on the last stage, comes to the first stage's word embedding through
+        their all-reduce (:meth:`_embedding_all_reduce`)."""
+        low = self.low
+        key = low.unit_of.get(name)
+        if key is not None and low.tied_copy and low.stage_of_chunk(key[0]) != low.stage_of_chunk(self.key[0]):
+            return self._embedding_all_reduce(name, buf.name, ())
+        return self.tensor(name, "*", buf.name)
+
+    def _embedding_all_reduce(self, name: str, op: str, deps: tuple) -> tuple:
+        """The all-reduce of the word embedding's gradient between the first and the last stage
+        (Megatron-LM's embedding group: the two ranks of the same tensor-parallel rank), of the
+        vocabulary part one rank holds, in the gradient buffer's type, as this rank receives it:
+        after ``name``, produced on the other stage (its gradient), a transfer from that stage's
+        GPU timed as the two ranks' all-reduce."""
+        low = self.low
+        t = self.t
+        hit = t.converted.get((name, "all_reduce"))
+        if hit is not None:
+            return hit
+        key = low.unit_of[name]
+        peer = low.gpu_on_stage(self.rep, low.stage_of_chunk(key[0]))
+        sender = low.fold.rep(peer)
+        layout, refs = low.template(sender, key).produced[name]
+        mode = "last" if key[1] != "O" else "same"
+        refs = tuple(r if r[4] == "last" else (*r[:4], mode) for r in refs)
+        nbytes = low.word_embedding_params * low.grad_bytes
+        plan = low.plan("all_reduce", nbytes, [peer, self.rep])
+        coll = self._collective("all_reduce", "emb", "", nbytes, op, 2 if plan is None else plan.steps,
+                                "ring" if plan is None else plan.algorithm)
+        steps = 1 if plan is None else plan.steps
+        payload = nbytes if plan is None else plan.payload_per_step * plan.steps
+        rel = self.flow(peer, self.rep, payload, op, coll, refs + tuple(deps), hold=False, steps=steps, pulled=True,
+                        plan=plan)
+        out = (self.me(rel),) + tuple(r for r in refs if r[1] == self.rep) + tuple(deps)
+        t.converted[(name, "all_reduce")] = out
+        return out
+
+    def _model_parallel_all_reduce(self, nbytes: float, op: str, deps: tuple) -> tuple:
+        """An all-reduce of ``nbytes`` over the model-parallel group (every stage's tensor-parallel
+        ranks: Megatron-LM's ``get_model_parallel_group``), timed as NCCL's plan of that group and
+        run as a wait beside the GPU's stream (a transfer over no link: a few bytes, latency
+        alone). Each stage waits for its own ranks only: the barrier of every stage it is in
+        Megatron-LM is left out (the first stage ends its backward last in every schedule here, so
+        it delays other stages' updates, not the iteration, but by their difference)."""
+        low = self.low
+        members: list[int] = []
+        tp_peer = low.place.patterns().get("tp+1")
+        for g in (self._group("pull-1") if low.cfg.pp > 1 else [self.rep]):
+            members.append(g)
+            while tp_peer is not None and tp_peer(members[-1]) not in (g, members[-1]) and len(members) < 1 << 16:
+                members.append(tp_peer(members[-1]))
+        if len(members) < 2:
+            return tuple(deps)
+        plan = low.plan("all_reduce", nbytes, members)
+        if plan is not None:
+            seconds = plan.time
+        else:  # a ring at line rate: latency-bound
+            names = low.system.nodes
+            seconds = 2 * (len(members) - 1) * max(
+                low.system.route(names[a], names[b]).latency for a, b in zip(members, members[1:] + members[:1]))
+        coll = self._collective("all_reduce", "mp", "", nbytes, op, 1, "ring" if plan is None else plan.algorithm)
+        rel = self._row(TRANSFER, -1, 0.0, self.rep, self.rep, nbytes, low.wait_route(self.rep, seconds), 0.0, 0.0,
+                        -1, 0.0, low.op_index[op], coll, tuple(deps))
+        return (self.me(rel),)
 
 
 def lower_parallel(graph: Graph, system: System, cfg: ParallelConfig, cost: CostModel | None = None, *,
@@ -758,7 +1026,7 @@ def lowered_size(low: _Lowering, order: list[tuple[int, tuple[int, str], int]]) 
 def _parameters(low: _Lowering) -> None:
     """Per layer group: the parameters one rank of the group holds (and of them the experts'),
     and per chunk the parameters of its layers; the bytes of a parameter."""
-    from .memory import rank_parameters
+    from .memory import rank_parameters, tied_copy_params
 
     from marssim.workload.op import DTYPE_BYTES
 
@@ -769,6 +1037,17 @@ def _parameters(low: _Lowering) -> None:
     low.chunk_params = [sum(per_layer.get(layer, 0) for layer in layers) for layers in low.chunks]
 
     low.param_bytes = float(DTYPE_BYTES[low.t.dtype])
+    low.grad_bytes = float(DTYPE_BYTES[grad_dtype(low.cfg, low.t)])
+    # the last stage's copy of a word embedding tied to the output layer (Megatron-LM keeps one
+    # there with pipeline parallelism; memory.rank_parameters counts it in the head's group)
+    output = low.graph.ops[low.op_index["output"]] if "output" in low.op_index else None
+    low.tied_copy = bool(output is not None and low.training and output.param("shares") and
+                         low.stage_of_chunk(low.chunk_of_layer[output.param("layer")]) != low.stage_of_chunk(0))
+    low.word_embedding_params = tied_copy_params(low.t, low.cfg) if low.tied_copy else 0
+    # what each group's optimizer updates and reduces: its parameters, the head's with the copy
+    low.opt_params = dict(per_layer)
+    if low.tied_copy:
+        low.opt_params[low.t.layers] = low.opt_params.get(low.t.layers, 0) + low.word_embedding_params
 
 
 def _template_edges(tpl: _Template) -> None:

@@ -96,6 +96,14 @@ def _shard_weights(op, rule, tp: int) -> int:
     return part.weight_elems
 
 
+def tied_copy_params(t, cfg: ParallelConfig) -> int:
+    """Parameters of one rank of the last stage's copy of a word embedding tied to the output
+    layer (``t``: the :class:`~marssim.workload.llm.TransformerConfig`): its vocabulary part, padded
+    to ``tp`` equal parts. Megatron-LM keeps the copy there with pipeline parallelism, all-reduces
+    its gradient with the first stage's and updates it (``optimizer.allreduce_word_embedding_grads``)."""
+    return -(-t.vocab // cfg.tp_of(cfg.pp - 1)) * t.hidden
+
+
 def rank_parameters(graph: Graph, cfg: ParallelConfig, rules) -> tuple[dict[int, int], dict[int, int]]:
     """Per layer group (``layer`` of the ops): parameters one rank holds, and how many of them
     are expert weights."""
@@ -162,7 +170,7 @@ def static_bytes(graph: Graph, cfg: ParallelConfig, stage: int, rules, per: dict
     params = sum(per.get(layer, 0) for layer in layers)
     held = sum(_rank_weight_bytes(graph, cfg, rules).get(layer, 0.0) for layer in layers)
     if t.tie_embeddings and cfg.pp > 1 and stage == cfg.pp - 1 and t.training:
-        tied = -(-t.vocab // cfg.tp_of(stage)) * t.hidden  # the last stage's copy of the word embedding
+        tied = tied_copy_params(t, cfg)  # the last stage's copy of the word embedding
         params += tied
         held += tied * DTYPE_BYTES[t.dtype]
     dp = cfg.dp

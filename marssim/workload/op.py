@@ -436,6 +436,8 @@ def _reshape(op: Op, loops: dict[str, int]) -> Op:
                       w if sh[3] == old["W"] else sh[3]) for sh in in_shapes]
         if kind == OpKind.NORM:
             weight = norm_weight_elems(op.param("norm", "batch"), c)
+        elif op.param("fn") == "adam" and weight:  # the master weights and moments of the shard's parameters
+            weight = weight * (n * c * h * w) // max(1, old["N"] * old["C"] * old["H"] * old["W"])
     elif kind == OpKind.SOFTMAX:
         n, a, h, l_ = (loops[d] for d in "NAHL")
         out = (n, a * l_, h, 1)

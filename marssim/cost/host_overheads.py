@@ -6,8 +6,9 @@ the host time of the stages of one iteration of its serving engine (``sarathi-se
 design) per model, batch size and tensor-parallel degree: scheduling, preparing the inputs,
 launching the model's kernels, sampling, processing the outputs, and the Ray call to the
 workers; mean and median over the profiled iterations, in milliseconds. They are what a GPU
-waits for between kernels where kernels are short (decode steps), which the simulator does
-not model yet; this module keeps them, with their provenance, for that model.
+waits for between kernels where kernels are short (decode steps): the parallel lowering's host
+launch gaps take the launch time per kernel from them (:mod:`marssim.parallel.host`); this
+module keeps them, with their provenance.
 
 Table schema (``traces/host-overheads/<GPU>.csv``; ``#`` lines are comments), one row per
 (model, batch, ``tp``, stage, statistic):

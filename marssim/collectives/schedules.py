@@ -13,6 +13,10 @@ step by step, as NCCL-style implementations do), and for the rank's initial data
 
 :func:`estimate_schedule` gives a congestion-aware alpha-beta time (per step: largest route
 latency plus the most loaded resource's bytes over its capacity); ``auto`` picks the cheapest.
+
+The per-op lowering (:mod:`marssim.lower`) uses these where the collective model does not
+describe the group; on a GPU cluster it runs NCCL's plan in the same format
+(:func:`marssim.collectives.group.plan_schedule`).
 """
 
 from __future__ import annotations

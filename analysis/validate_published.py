@@ -1,0 +1,54 @@
+"""Predictions of the shipped published tables (``marssim validate --published``), each row's error
+and where its predicted time went, with the machine, wall and CPU time.
+
+    PYTHONPATH=. python analysis/validate_published.py > analysis/results/validate_published.txt
+    PYTHONPATH=. python analysis/validate_published.py --how simulate
+
+The measured figures are checks, never fitted to: every number of the model comes from a
+datasheet, a kernel or collective measurement, or Megatron-LM's code (docs/parallelism.md, "What
+a Megatron-LM iteration runs beyond the graph"). Besides the tables, a few settings are changed
+one at a time on each table, to show how much each moves the prediction: two the papers do not
+state (whether the gradients were clipped; Megatron-LM's pipeline scatter/gather) and two of the
+model's own (collectives at the links' line rate, no host launch gaps).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+import time
+from dataclasses import replace
+
+
+def main(argv: list[str] | None = None) -> int:
+    from marssim.cost import default_cost_model
+    from marssim.validate.published import format_predictions, load_published, predict_all, published_tables, summary
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--how", choices=("estimate", "simulate"), default="estimate")
+    parser.add_argument("--no-variants", dest="variants", action="store_false")
+    args = parser.parse_args(argv)
+    cost = default_cost_model()
+    print(f"validate_published: the shipped published tables predicted by {args.how} "
+          f"({platform.processor() or platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()})")
+    for name in published_tables():
+        runs = load_published(name)
+        t0, c0 = time.perf_counter(), time.process_time()
+        predictions = predict_all(runs, cost, args.how)
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+        print(f"\n{name}: {len(runs)} published runs, predicted by {args.how} in {wall:.1f} s wall, {cpu:.1f} s CPU")
+        print(format_predictions(predictions))
+        if not args.variants:
+            continue
+        print("\n  the same rows with one setting changed (mean |error|, worst, mean signed):")
+        for setting in ("grads_clipped=true", "scatter_gather=false", "collectives=line", "host_gaps=false"):
+            varied = [replace(r, parallel=f"{r.parallel},{setting}") for r in runs]
+            s = summary(predict_all(varied, cost, args.how))
+            print(f"    {setting:22s} {s['mean_abs']:6.2%}  {s['worst_abs']:6.2%}  {s['mean']:+6.2%}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
