@@ -41,6 +41,7 @@ from marssim.system import Route, System
 from marssim.taskgraph import COMPUTE, TRANSFER, Collective, TaskGraph
 from marssim.workload import Graph, Op, OpKind
 
+from . import context, overlap, userbuffers
 from .config import ParallelConfig, check_parallel
 from .fold import Folding, fold, identity_folding
 from .memory import static_bytes
@@ -148,7 +149,7 @@ def prepare_graph(graph: Graph, cfg: ParallelConfig) -> Graph:
     if t is None:
         raise InputError(graph.spec, "", "a parallel configuration needs an LLM workload (gpt, llama, moe or a "
                                          "preset such as llama3-70b)")
-    key = ("prepared", cfg.micro_batch, cfg.recompute if t.training else t.recompute)
+    key = ("prepared", cfg.micro_batch, cfg.recompute if t.training else t.recompute, cfg.cp)
     return graph_cached(graph, key, lambda: _prepare(graph, t, cfg))
 
 
@@ -161,13 +162,20 @@ def _prepare(graph: Graph, t, cfg: ParallelConfig) -> Graph:
         changes["batch"] = cfg.micro_batch
     if t.training and t.recompute != cfg.recompute:
         changes["recompute"] = cfg.recompute
+    if cfg.cp > 1:  # a context-parallel rank's tokens (the attention core's ring gives it every key)
+        changes["seq"] = t.seq // cfg.cp
     if not changes:
         return graph
     try:
         rebuilt = with_overrides(t, **changes)
     except InputError as err:
         raise InputError(graph.spec, problems=err.problems) from None
-    return build_transformer(rebuilt, spec=graph.spec)
+    out = build_transformer(rebuilt, spec=graph.spec)
+    if cfg.cp > 1:  # the model FLOPs of the whole sequence (attention is quadratic in it)
+        from marssim.workload.llm.footprint import footprint
+
+        out.meta["unsplit_footprint"] = footprint(prepare_graph(graph, cfg.with_(cp=1)))
+    return out
 
 
 @dataclass
@@ -180,6 +188,7 @@ class _Template:
     colls: list[Collective] = field(default_factory=list)
     produced: dict[str, tuple[str, tuple]] = field(default_factory=dict)  # tensor -> (layout, refs)
     converted: dict[tuple[str, str], tuple] = field(default_factory=dict)
+    sends: list[tuple[int, int, tuple]] = field(default_factory=list)  # (pipeline transfer, sender, its unit)
     last_compute: int = -1
     first_compute: int = -1
     arrays: dict[str, np.ndarray] | None = None
@@ -292,13 +301,13 @@ class _Lowering:
         d = self.design(gpu)
         rule = self.rules[op.name]
         adam = op.param("fn") == "adam"
-        share = (self.rank_params.get(op.param("layer"), 0), self.cfg.dp if self.cfg.zero >= 1 else 1) if adam else ()
+        share = (self.rank_params.get(op.param("layer"), 0), self.cfg.dp_cp if self.cfg.zero >= 1 else 1) if adam else ()
         key = (self._shape(op), d.name, rule.split, rule.scale, share)
         hit = self.shard_cache.get(key)
         if hit is not None:
             self.cost_models.setdefault(op.name, hit[1])
             return hit[0]
-        sizes = shard_loops(op, rule, self.rank_params, self.cfg.dp if self.cfg.zero >= 1 else 1)
+        sizes = shard_loops(op, rule, self.rank_params, self.cfg.dp_cp if self.cfg.zero >= 1 else 1)
         part = op.with_loops(**sizes) if sizes else op
         c = self.cost.op_cost(part, d)
         self.cost_models.setdefault(op.name, c.model)
@@ -384,8 +393,10 @@ class _Builder:
     def me(self, rel: int) -> Ref:
         return ("u", self.rep, self.key, rel, "same")
 
-    def compute(self, op: Op, deps) -> int:
-        seconds, flops, energy, out_bytes = self.low.shard(op, self.rep)
+    def compute(self, op: Op, deps, timing: tuple[float, float, float, float] | None = None) -> int:
+        """A kernel of ``op`` (its shard, or ``timing``: seconds, FLOPs, joules, output bytes of a
+        part of it) after ``deps`` and this GPU's kernel before it."""
+        seconds, flops, energy, out_bytes = timing or self.low.shard(op, self.rep)
         t = self.t
         if t.last_compute >= 0:
             deps = tuple(deps) + (self.me(t.last_compute),)
@@ -513,6 +524,8 @@ class _Builder:
         nbytes = low.layout_bytes(name, layout)
         coll = self._collective("p2p", "emb" if self.key[1] == "O" else "pp", "", nbytes, name, 1, "direct")
         rel = self.flow(peer, self.rep, nbytes, name, coll, refs, hold=True, pulled=True)
+        if self.key[1] != "O":  # a pipeline send: the sender may wait for it (overlap_p2p_comm off)
+            t.sends.append((rel, sender, key))
         result = (layout, (self.me(rel),) + tuple(r for r in refs if r[1] == self.rep))
         t.produced[name] = result
         return result
@@ -541,6 +554,8 @@ class _Builder:
         t = self.t
         if direction == "O":
             self._optimizer()
+        elif direction == "G":
+            overlap.param_gather_unit(self)
         else:
             if low.cfg.zero == 3 and low.training:
                 self._gather_params()
@@ -552,16 +567,21 @@ class _Builder:
     def op(self, op: Op) -> None:
         low = self.low
         rule = low.rules[op.name]
-        deps: list = []
-        for name, want in zip(op.inputs, rule.want):
-            deps.extend(self.tensor(name, want, op.name))
-        if self._param_deps:
-            deps.extend(self._param_deps)
-        if rule.alias:
-            self.t.produced[op.name] = (rule.out, tuple(dict.fromkeys(deps)))
-            return
-        rel = self.compute(op, deps)
-        refs: tuple = (self.me(rel),)
+        refs = userbuffers.pipelined(self, op, rule) if low.cfg.tp_comm_overlap and not rule.alias else None
+        if refs is None:
+            deps: list = []
+            for name, want in zip(op.inputs, rule.want):
+                deps.extend(self.tensor(name, want, op.name))
+            if self._param_deps:
+                deps.extend(self._param_deps)
+            deps.extend(overlap.param_gather_deps(self, op))
+            if rule.alias:
+                self.t.produced[op.name] = (rule.out, tuple(dict.fromkeys(deps)))
+                return
+            if context.is_ring_core(op, low.cfg.cp):
+                refs = context.ring_core(self, op, tuple(deps))
+            else:
+                refs = (self.me(self.compute(op, deps)),)
         tp = low.tp_here(self.rep)
         if rule.loss_reduce:  # vocabulary-parallel cross-entropy: max, target logit, sum of exponentials
             t = low.t
@@ -581,8 +601,8 @@ class _Builder:
         first = low.unit_ops.get(self.key, [])
         if not first or params <= 0:
             return
-        eb = low.param_bytes
-        self._param_deps = self.ring("all_gather", "dp", "dp+1", params * eb, low.cfg.dp, first[0].name, ())
+        nbytes = overlap.gather_bytes(low, low.chunks[self.key[0]])
+        self._param_deps = self.ring("all_gather", "dp", "dp+1", nbytes, low.cfg.dp_cp, first[0].name, ())
 
     def _optimizer(self) -> None:
         """Data-parallel gradient reduction in buckets, the optimizer step, ZeRO's parameter
@@ -617,19 +637,17 @@ class _Builder:
             if not cfg.overlap_grad_reduce:
                 deps.append(("u", self.rep, ("last-backward", 0), 0, "last"))
             name = bucket[0].name
-            ready = self.ring(kind, "dp", "dp+1", dense * eb, cfg.dp, name, tuple(deps))
+            ready = self.ring(kind, "dp", "dp+1", dense * eb, cfg.dp_cp, name, tuple(deps))
             if expert and cfg.ep > 1:
-                ready = ready + self.ring(kind, "dp", "edp+1", expert * eb, cfg.dp // cfg.ep, name, tuple(deps))
+                ready = ready + self.ring(kind, "dp", "edp+1", expert * eb, cfg.dp_cp // cfg.ep, name, tuple(deps))
             elif expert:
-                ready = ready + self.ring(kind, "dp", "dp+1", expert * eb, cfg.dp, name, tuple(deps))
+                ready = ready + self.ring(kind, "dp", "dp+1", expert * eb, cfg.dp_cp, name, tuple(deps))
             for buf in bucket:
                 ready_of[buf.param("layer")] = tuple(dict.fromkeys(ready))
         for layer, adam in sorted(adams.items(), key=lambda kv: -kv[0]):
             rel = self.compute(adam, ready_of.get(layer, ()))
             self.t.produced[adam.name] = ("R", (self.me(rel),))
-            if cfg.zero >= 1 and cfg.dp > 1:
-                params = low.rank_params.get(layer, 0)
-                self.ring("all_gather", "dp", "dp+1", params * eb, cfg.dp, adam.name, (self.me(rel),))
+            overlap.after_step(self, layer, adam, rel)
 
 
 def lower_parallel(graph: Graph, system: System, cfg: ParallelConfig, cost: CostModel | None = None, *,
@@ -675,6 +693,10 @@ def _lower(graph: Graph, system: System, cfg: ParallelConfig, cost: CostModel, f
         units = stage_units(cfg.schedule, stage, cfg.pp, low.micro_batches,
                             cfg.virtual_stages if cfg.schedule == "interleaved" else 1,
                             forward_only=not low.training)
+        if cfg.overlap_param_gather and low.training:  # the parameter all-gathers open the iteration
+            for chunk in range(len(low.chunks)):
+                if low.stage_of_chunk(chunk) == stage and (chunk, "O") in low.unit_ops:
+                    order.append((rep, (chunk, "G"), 0))
         for chunk, mb, direction in units:
             if (chunk, direction) in low.unit_ops:
                 order.append((rep, (chunk, direction), mb))
@@ -785,6 +807,9 @@ def _assemble(low: _Lowering, order: list[tuple[int, tuple[int, str], int]]) -> 
                 last_backward[rep] = b + tpl.last_compute
     dst_parts.append(np.asarray(chain_dst, dtype=np.int64))
     src_parts.append(np.asarray(chain_src, dtype=np.int64))
+    blocking_dst, blocking_src = overlap.blocking_send_edges(low, order, base)
+    dst_parts.append(blocking_dst)
+    src_parts.append(blocking_src)
     dst = np.concatenate(dst_parts)
     src = np.concatenate(src_parts)
     order_edges = np.argsort(dst, kind="stable")
@@ -855,7 +880,7 @@ def _model_flops(low: _Lowering) -> tuple[float, float]:
     """Model FLOPs of one iteration (all GPUs) and a GPU's peak FLOP/s for the model's type."""
     from marssim.workload.llm.footprint import footprint
 
-    f = graph_cached(low.graph, "footprint", lambda: footprint(low.graph))
+    f = low.graph.meta.get("unsplit_footprint") or graph_cached(low.graph, "footprint", lambda: footprint(low.graph))
     per_replica = f.model_flops if low.training else f.flops.get("fwd", 0.0)
     total = per_replica * low.micro_batches * low.cfg.dp
     peaks = []

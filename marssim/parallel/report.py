@@ -4,8 +4,8 @@ token and per output token.
 
 Where a GPU's compute stream is idle, the idle time is charged to what the GPU was waiting for,
 walking back the chain of latest-ending predecessors from the kernel that ends the gap: time
-spent in a transfer of the tensor-parallel, data-parallel, pipeline or expert-parallel group is
-that group's *exposed* communication; time spent waiting for another GPU's compute (a previous
+spent in a transfer of the tensor-parallel, context-parallel, data-parallel, pipeline or
+expert-parallel group is that group's *exposed* communication; time spent waiting for another GPU's compute (a previous
 stage's forward, a next stage's backward) and the idle time before a GPU's first and after its
 last kernel are the *bubble*. Per GPU: busy + exposed communication + bubble = iteration time
 (tested). Model FLOPs (for MFU) are forward and backward without recomputation
@@ -30,7 +30,7 @@ from marssim.taskgraph import COMPUTE, TaskGraph
 
 __all__ = ["ParallelReport", "parallel_report", "report_of", "CATEGORIES"]
 
-CATEGORIES = ("tp", "sp", "pp", "dp", "ep", "emb", "bubble")
+CATEGORIES = ("tp", "cp", "sp", "pp", "dp", "ep", "emb", "bubble")
 
 
 @dataclass(frozen=True)
