@@ -112,9 +112,12 @@ class _Timer:
         cfg = low.cfg
         if context.is_ring_core(op, cfg.cp):
             step = low.shard(op, self.gpu)[0]
-            block = self.step_time(context.RING_PATTERN, cfg.cp, context.kv_bytes(low.layout_bytes, op))
-            end = context.backward_ring_end if op.param("fused") == "bwd" else context.forward_ring_end
-            return end(step, block, cfg.cp)
+            kv = context.kv_bytes(low.layout_bytes, op)
+            block = self.step_time(context.RING_PATTERN, cfg.cp, kv)
+            if op.param("fused") == "bwd":
+                return context.backward_ring_end(step, block, self.step_time(context.RING_PATTERN, cfg.cp, 2 * kv),
+                                                 cfg.cp)
+            return context.forward_ring_end(step, block, cfg.cp)
         tp = low.tp_here(self.gpu)
         if not cfg.tp_comm_overlap or tp <= 1:
             return None

@@ -64,18 +64,19 @@ def forward_ring_end(step: float, block: float, cp: int) -> float:
     return max(cp * step, (cp - 1) * block + step)
 
 
-def backward_ring_end(step: float, block: float, cp: int) -> float:
-    """Seconds from the start of a backward core to its gradients' arrival, nothing contending
-    (``block``: seconds to send one key/value block; a transfer of a block and gradients takes
-    twice that): the recurrence of the module docstring."""
+def backward_ring_end(step: float, block: float, both: float, cp: int) -> float:
+    """Seconds from the start of a backward core to its key/value gradients' arrival, nothing
+    contending: ``cp`` steps of ``step`` seconds; transfer ``j`` (``block`` seconds for a block or
+    for its gradients alone, ``both`` for a block with gradients) leaves once the rank has received
+    transfer ``j - 1`` and run step ``j - 1``, step ``j`` once transfer ``j - 1`` has arrived."""
     if cp <= 1:
         return step
     compute_end = step  # step 0
     sent = block  # transfer 0: the block alone, beside step 0
     for j in range(1, cp):
-        leaves = max(sent, compute_end)  # transfer j: after transfer j - 1 arrived and step j - 1 (its gradients)
-        compute_end = max(compute_end, sent) + step  # step j: the block transfer j - 1 brought
-        sent = leaves + (2 * block if j < cp - 1 else block)  # block and gradients; the last: gradients only
+        leaves = max(sent, compute_end)
+        compute_end = max(compute_end, sent) + step
+        sent = leaves + (both if j < cp - 1 else block)  # the last transfer: the gradients only
     return max(compute_end, sent)
 
 
@@ -109,7 +110,9 @@ def ring_core(b, op, deps: tuple) -> tuple:
     def theirs(rel: int) -> tuple:  # the previous rank's task at the same position of its unit
         return ("u", prv_rep, b.key, rel, "same")
 
-    deps = tuple(deps)
+    # the first transfer is launched with the core: after the kernel before it on this GPU's stream
+    # (a send waits for the stream's earlier work, as PyTorch's NCCL process group makes it)
+    deps = tuple(deps) + ((b.me(b.t.last_compute),) if b.t.last_compute >= 0 else ())
     if not backward:
         compute = b.compute(op, deps)
         sends: list[int] = []

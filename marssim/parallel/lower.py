@@ -191,6 +191,7 @@ class _Template:
     sends: list[tuple[int, int, tuple]] = field(default_factory=list)  # (pipeline transfer, sender, its unit)
     last_compute: int = -1
     first_compute: int = -1
+    prev_compute: int = -1  # the kernel before the last one
     arrays: dict[str, np.ndarray] | None = None
 
     def __len__(self) -> int:
@@ -404,7 +405,7 @@ class _Builder:
                         self.rep if out_bytes > 0 else -1, out_bytes, self.low.op_index[op.name], -1, deps)
         if t.first_compute < 0:
             t.first_compute = rel
-        t.last_compute = rel
+        t.prev_compute, t.last_compute = t.last_compute, rel
         return rel
 
     def flow(self, src: int, dst: int, nbytes: float, op: str, coll: int, deps, hold: bool, steps: int = 1,
@@ -497,6 +498,11 @@ class _Builder:
         if hit is not None:
             return hit
         have, refs = self.locate(name)
+        if have != want and want != "*" and self.low.unit_of.get(name) != self.key and t.prev_compute >= 0:
+            # a tensor kept from another unit is converted when the kernel before its reader starts
+            # (Megatron-LM launches the all-gather of a saved input as the input-gradient GEMM
+            # starts), not as soon as it was produced
+            refs = refs + (self.me(t.prev_compute),)
         refs = self.convert(name, have, want, refs, op_name)
         t.converted[(name, want)] = refs
         return refs
@@ -644,10 +650,12 @@ class _Builder:
                 ready = ready + self.ring(kind, "dp", "dp+1", expert * eb, cfg.dp_cp, name, tuple(deps))
             for buf in bucket:
                 ready_of[buf.param("layer")] = tuple(dict.fromkeys(ready))
+        steps = []
         for layer, adam in sorted(adams.items(), key=lambda kv: -kv[0]):
             rel = self.compute(adam, ready_of.get(layer, ()))
             self.t.produced[adam.name] = ("R", (self.me(rel),))
-            overlap.after_step(self, layer, adam, rel)
+            steps.append((layer, adam, rel))
+        overlap.after_steps(self, steps)
 
 
 def lower_parallel(graph: Graph, system: System, cfg: ParallelConfig, cost: CostModel | None = None, *,

@@ -29,7 +29,7 @@ import numpy as np
 
 from marssim.workload import Op
 
-__all__ = ["gather_bytes", "low_precision_parameters", "param_gather_unit", "param_gather_deps", "after_step",
+__all__ = ["gather_bytes", "low_precision_parameters", "param_gather_unit", "param_gather_deps", "after_steps",
            "blocking_send_edges", "gather_buckets", "cast_timing", "step_casts"]
 
 
@@ -138,21 +138,34 @@ def step_casts(low, layer: int) -> tuple[Op | None, int]:
     return cast, count
 
 
-def after_step(b, layer: int, adam: Op, rel: int) -> None:
-    """What follows parameter group ``layer``'s AdamW step (task ``rel`` of the unit): the FP8
-    weight cast and the distributed optimizer's all-gather (see the module docstring)."""
+def after_steps(b, steps: list[tuple[int, Op, int]]) -> None:
+    """What follows a chunk's AdamW steps (``(layer, step op, task of the unit)`` in the order
+    they ran): each group's FP8 weight cast and the distributed optimizer's parameter all-gather,
+    which Megatron-LM starts once every group is updated (``start_param_sync`` after the step),
+    bucket by bucket in forward order; see the module docstring."""
     low = b.low
     cfg = low.cfg
-    cast, count = step_casts(low, layer)
-    gathers = cfg.zero >= 1 and cfg.dp_cp > 1 and not cfg.overlap_param_gather
-    ready: tuple = (b.me(rel),)
-    if cast is not None and low.t.fp8_param_gather:  # the shard cast to FP8, then gathered in FP8
-        ready = (b.me(b.compute(cast, ready, timing=cast_timing(low, b.rep, cast, count))),)
-        cast = None
-    if gathers:
-        ready = b.ring("all_gather", "dp", "dp+1", gather_bytes(low, [layer]), cfg.dp_cp, adam.name, ready)
-    if cast is not None:  # the gathered (or whole) weights cast for the next step's GEMMs
-        b.compute(cast, ready, timing=cast_timing(low, b.rep, cast, count))
+    if not steps:
+        return
+    later: dict[int, tuple[Op, int, int]] = {}
+    for layer, _, rel in steps:
+        cast, count = step_casts(low, layer)
+        if cast is None:
+            continue
+        if low.t.fp8_param_gather:  # the shard cast to FP8, then gathered in FP8
+            b.compute(cast, (b.me(rel),), timing=cast_timing(low, b.rep, cast, count))
+        else:
+            later[layer] = (cast, count, rel)
+    ready_of: dict[int, tuple] = {}
+    if cfg.zero >= 1 and cfg.dp_cp > 1 and not cfg.overlap_param_gather:
+        ready: tuple = (b.me(b.t.last_compute),)
+        names = {layer: adam.name for layer, adam, _ in steps}
+        for bucket in reversed(gather_buckets(sorted(names), low.rank_params, cfg.bucket)):
+            ready = b.ring("all_gather", "dp", "dp+1", gather_bytes(low, bucket), cfg.dp_cp, names[min(bucket)], ready)
+            for layer in bucket:
+                ready_of[layer] = ready
+    for layer, (cast, count, rel) in later.items():  # the gathered (or whole) weights cast for the next step
+        b.compute(cast, ready_of.get(layer, (b.me(rel),)), timing=cast_timing(low, b.rep, cast, count))
 
 
 def blocking_send_edges(low, order, base: dict) -> tuple[np.ndarray, np.ndarray]:

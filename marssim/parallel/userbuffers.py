@@ -166,7 +166,9 @@ def _ring_exchange(b, op: Op, name: str, refs: tuple, tp: int) -> tuple:
     low = b.low
     from .overlap import param_gather_deps
 
-    deps = tuple(refs) + tuple(b._param_deps) + param_gather_deps(b, op)
+    # the copies start with the GEMM: after the kernel before it on this GPU's stream
+    refs = tuple(refs) + ((b.me(b.t.last_compute),) if b.t.last_compute >= 0 else ())
+    deps = refs + tuple(b._param_deps) + param_gather_deps(b, op)
     timing = chunk_timing(low, b.rep, op, tp)
     chunk = low.layout_bytes(name, "S")
     peer = low.place.patterns()["tp+1"]
