@@ -155,10 +155,15 @@ FOLD_CASES = [
      "llama:layers=4,hidden=512,heads=8,kv_heads=4,ffn=1024,vocab=1000,seq=128,mode=train,dtype=fp8,"
      "fp8_param_gather=true", "tp=2,pp=2,dp=4,sp=true,zero=1,overlap_param_gather=true,schedule=interleaved,"
                               "virtual_stages=2,overlap_p2p_comm=true,global_batch=8"),
-    # experts over the data-parallel group
+    # experts over the data-parallel group (split over the tensor-parallel pair, etp = tp)
     ("moe", dict(nodes=2, per_leaf=2, gpus=4),
      "moe:layers=2,hidden=256,heads=4,kv_heads=2,ffn=512,vocab=500,seq=64,experts=4,top_k=2,mode=train",
      "tp=2,pp=1,dp=4,ep=2,sp=true,global_batch=8"),
+    # whole experts on each of four tensor-parallel ranks, expert tensor parallelism over two of
+    # them, uneven routing: the gradients of the copies reduce across nodes
+    ("moe-etp-skew", dict(nodes=2, per_leaf=2, gpus=4),
+     "moe:layers=2,hidden=256,heads=4,kv_heads=2,ffn=512,vocab=500,seq=64,experts=4,top_k=2,mode=train,"
+     "expert_load=3/1/2/1,dtype=fp8", "tp=4,pp=1,dp=2,ep=2,etp=2,sp=true,global_batch=4"),
 ]
 
 

@@ -71,6 +71,9 @@ def _link(system, a: str = "gpu0", b: str = "gpu1") -> tuple[float, float]:
     (_workload(layers=4), "tp=2,pp=2,dp=2,overlap_p2p_comm=true", "overlap_p2p_comm"),  # 1F1B: Megatron turns it off
     (_workload(), "tp=8,overlap_p2p_comm=true", "overlap_p2p_comm"),  # one stage: nothing to overlap
     (_workload(), "tp=2,dp=2,cp=3", "tp"),  # 2 x 2 x 3 is not the node's 8 GPUs
+    (_workload(), "tp=2,dp=4,etp=2", "etp"),  # expert tensor parallelism of a dense model
+    ("moe:layers=1,hidden=256,heads=4,kv_heads=2,ffn=512,vocab=500,seq=64,experts=4,top_k=2,mode=train",
+     "tp=4,dp=2,ep=2,sp=true,etp=3", "etp"),  # not a divisor of tp
 ])
 def test_illegal_combinations_name_the_key(spec, config, key) -> None:
     graph = load_workload(spec)
@@ -351,3 +354,57 @@ def test_search_genes_and_grid_carry_the_settings() -> None:
     values = strategy.gene_values(genome)
     assert values["cp"] == (1, 2, 4) and values["tp_comm_overlap"] == (False, True)
     assert genome.config(space).cp == 2 and genome.config(space).dp == 2
+
+
+# ---------------------------------------------------------------- mixture of experts
+
+
+MOE = "moe:layers=2,hidden=256,heads=4,kv_heads=2,ffn=512,vocab=500,seq=96,experts=4,top_k=2,mode=train"
+
+
+def test_expert_tensor_parallelism_splits_experts_and_gathers_their_tokens() -> None:
+    """tp=2, dp=4, ep=2 on one node. etp=2 (Megatron-LM's default, the tensor-parallel degree):
+    each rank holds 4/2 experts at half their weights and all-gathers its experts' tokens over the
+    pair; the expert gradients reduce over the dp/ep = 2 replicas. etp=1: whole experts, no
+    gather, and their gradients reduce over the 2 tensor-parallel copies times the 2 replicas."""
+    from marssim.parallel.memory import rank_parameters
+    from marssim.parallel.lower import op_rules
+
+    system = load_system(NODE)
+    graph = load_workload(MOE)
+    whole = 3 * 256 * 512  # gate, up, down of one expert
+    for etp, ring in ((0, 2), (1, 4)):
+        cfg = parse_parallel(f"tp=2,dp=4,ep=2,sp=true,etp={etp},bucket=1")  # a bucket per layer
+        prepared = prepare_graph(graph, cfg)
+        _, experts = rank_parameters(prepared, cfg, op_rules(prepared, cfg))
+        assert experts[0] == 4 // 2 * whole // (etp or 2)
+        tg = lower_parallel(graph, system, cfg, COST)
+        gathers = [c for c in tg.collectives if c.kind == "all_gather" and c.op == "layers.0.moe.dispatch"]
+        assert bool(gathers) == (etp != 1)
+        expert_rings = {len(c.devices) for c in tg.collectives if c.group == "dp" and c.op.startswith("layers.0.")}
+        assert expert_rings == {4, ring}  # the dense weights over dp=4, the experts' over their copies
+
+
+def test_the_busiest_expert_rank_sets_the_pace() -> None:
+    """Routing 3/1/1/1 over 4 experts on ep=2 ranks (experts 0-1 and 2-3): the first rank takes
+    4/6 of the tokens, 4/3 of the uniform share; every rank's expert GEMMs and all-to-alls are
+    timed at that share: 4/3 of the uniform FLOPs and all-to-all bytes, and a longer iteration."""
+    from marssim.parallel.experts import busiest_share
+
+    assert busiest_share((3.0, 1.0, 1.0, 1.0), 2) == pytest.approx(4 / 3)
+    assert busiest_share((3.0, 1.0, 1.0, 1.0), 1) == 1 and busiest_share((), 4) == 1
+    system = load_system(NODE)
+    cfg = parse_parallel("tp=2,dp=4,ep=2,sp=true")
+    runs = {}
+    for load in ("", ",expert_load=3/1/1/1"):
+        graph = load_workload(MOE + load)
+        tg = lower_parallel(graph, system, cfg, COST)
+        result = simulate(tg, system)
+        rep = report_of(tg, system, result, memory=memory_estimate(prepare_graph(graph, cfg), cfg, 80e9),
+                        chunks=[[-1, 0, 1, 2]])
+        i = tg.op_names.index("layers.0.moe.gate")
+        runs[load] = (tg.flops[(tg.op == i) & (tg.kind == COMPUTE)].sum(), rep.stages[0].volume["ep"], result.makespan)
+    (f0, v0, t0), (f1, v1, t1) = runs.values()
+    assert f1 == pytest.approx(f0 * 4 / 3, rel=1e-12)
+    assert v1 == pytest.approx(v0 * 4 / 3, rel=1e-12)
+    assert t1 > t0

@@ -37,7 +37,7 @@ from marssim.cost.base import CostModel
 from marssim.system import System
 from marssim.workload import Graph, OpKind
 
-from . import context, overlap, userbuffers
+from . import context, experts, overlap, userbuffers
 from .config import ParallelConfig
 from .fold import identity_folding
 from .lower import _Lowering, _model_flops, _parameters, prepare_graph
@@ -136,6 +136,23 @@ class _Timer:
             return userbuffers.pipeline_end(chunk, scatter, n)
         return None
 
+    def expert_conversion(self, name: str, have: str, want: str) -> float:
+        """Seconds of the collectives between two expert layouts (:func:`.experts.expert_path`)."""
+        low = self.low
+        cfg = low.cfg
+        stage = low.place.stage(self.gpu)
+        etp, pattern = cfg.etp_of(stage), experts.etp_pattern(cfg, stage)
+        total = 0.0
+        for step in experts.expert_path(have, want):
+            if step == "a2a" and cfg.ep > 1:
+                peer = self.patterns["ep+1"](self.gpu)
+                total += self.route_time(self.gpu, peer, low.layout_bytes(name, "E") / cfg.ep) * (cfg.ep - 1)
+            elif step == "ag":
+                total += self.ring(pattern, etp, low.layout_bytes(name, "X"), "all_gather")
+            elif step == "rs":
+                total += self.ring(pattern, etp, low.layout_bytes(name, "Z"), "reduce_scatter")
+        return total
+
     def unit(self, ops: list) -> tuple[float, float]:
         """Seconds of one pass over ``ops`` on this GPU: kernels and layout conversions, and
         (apart) the activations or gradients received from another stage."""
@@ -165,10 +182,8 @@ class _Timer:
                 if layout == want or want == "*":
                     continue
                 full = low.layout_bytes(name, "R")
-                if {layout, want} == {"D", "E"} and low.cfg.ep > 1:
-                    peer = self.patterns["ep+1"](self.gpu)
-                    total += self.route_time(self.gpu, peer, low.layout_bytes(name, layout) / low.cfg.ep) * \
-                        (low.cfg.ep - 1)
+                if layout in experts.EXPERT_LAYOUTS and want in experts.EXPERT_LAYOUTS:
+                    total += self.expert_conversion(name, layout, want)
                 elif layout == "P" and want in ("R", "S", "F"):
                     total += self.ring("tp+1", tp, full, "reduce_scatter" if want != "R" else "all_reduce")
                 elif layout in ("S", "F") and want == "R" or (layout == "S" and want == "F"):

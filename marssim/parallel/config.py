@@ -51,6 +51,10 @@ overlap_param_gather
                    the distributed optimizer's parameter all-gather overlapped with the next forward
                    (``--overlap-param-gather``): bucket by bucket, each layer's first forward waits for its
                    bucket; needs ``zero`` 1 or 2 and ``overlap_grad_reduce``
+etp                expert tensor parallelism (``--expert-tensor-parallel-size``; 0: the tensor-parallel
+                   degree, Megatron-LM's default): the experts' GEMMs split over ``etp`` ranks of the
+                   tensor-parallel group, their tokens all-gathered over it after the all-to-all
+                   (:mod:`.experts`); 1: whole experts on every rank
 overlap_p2p_comm   pipeline sends and receives asynchronous (``--overlap-p2p-communication``, the
                    interleaved schedule's); off (as Megatron-LM runs 1F1B): a GPU's next kernel waits
                    until its send to the neighbouring stage has completed
@@ -96,6 +100,7 @@ class ParallelConfig:
     tp_comm_overlap: bool = False
     overlap_param_gather: bool = False
     overlap_p2p_comm: bool = False
+    etp: int = 0
 
     @property
     def gpus(self) -> int:
@@ -111,6 +116,11 @@ class ParallelConfig:
     def tp_of(self, stage: int) -> int:
         """Tensor parallelism of pipeline stage ``stage``."""
         return self.stage_tp[stage] if self.stage_tp else self.tp
+
+    def etp_of(self, stage: int) -> int:
+        """Expert tensor parallelism of pipeline stage ``stage`` (``etp``, else its tensor
+        parallelism)."""
+        return self.etp or self.tp_of(stage)
 
     @property
     def uniform(self) -> bool:
@@ -160,7 +170,7 @@ FIELDS: dict[str, Field] = {
     "layers_per_stage": Field("ints", low=0), "stage_tp": Field("ints", low=1), "stage_start": Field("ints", low=0),
     "order": Field("str", choices=ORDERS), "bucket": Field("int", low=1), "overlap_grad_reduce": Field("bool"),
     "cp": Field("int", low=1), "tp_comm_overlap": Field("bool"), "overlap_param_gather": Field("bool"),
-    "overlap_p2p_comm": Field("bool"),
+    "overlap_p2p_comm": Field("bool"), "etp": Field("int", low=0),
 }
 """How each setting of a configuration is written (``global_batch``: at least 1 when given; left out,
 one micro-batch per data-parallel replica)."""
@@ -223,6 +233,8 @@ def parallel_problems(cfg: ParallelConfig, transformer, gpus: int) -> list[tuple
                                                f"overlaps; GPU {min(lo, at)} is covered {'twice' if lo < at else 'by none'}"))
                     break
                 at = hi
+    if cfg.etp and not t.is_moe:
+        out.append(("etp", "expert tensor parallelism needs a mixture-of-experts model"))
     if t.is_moe and max(cfg.tp_of(s) for s in range(cfg.pp)) > 1 and not cfg.sp:
         out.append(("sp", "mixture-of-experts layers with tp > 1 need sequence parallelism (as Megatron-LM requires)"))
     layers = t.layers
@@ -264,6 +276,9 @@ def parallel_problems(cfg: ParallelConfig, transformer, gpus: int) -> list[tuple
             out.append(("ep", "expert parallelism needs a mixture-of-experts model"))
         elif t.experts % cfg.ep:
             out.append(("ep", f"expected a divisor of the {t.experts} experts, got {cfg.ep}"))
+        if cfg.etp and any(cfg.tp_of(s) % cfg.etp for s in range(cfg.pp)):
+            out.append(("etp", f"expert tensor parallelism splits within the tensor-parallel group: expected a divisor "
+                               f"of tp, got {cfg.etp}"))
         if cfg.dp_cp % cfg.ep:
             group = f"dp x cp={cfg.dp_cp}" if cfg.cp > 1 else f"dp={cfg.dp}"
             out.append(("ep", f"expert-parallel ranks come from the data-parallel group: expected a divisor of "

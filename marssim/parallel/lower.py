@@ -41,7 +41,7 @@ from marssim.system import Route, System
 from marssim.taskgraph import COMPUTE, TRANSFER, Collective, TaskGraph
 from marssim.workload import Graph, Op, OpKind
 
-from . import context, overlap, userbuffers
+from . import context, experts, overlap, userbuffers
 from .config import ParallelConfig, check_parallel
 from .fold import Folding, fold, identity_folding
 from .memory import static_bytes
@@ -106,8 +106,9 @@ def op_rules(graph: Graph, cfg: ParallelConfig) -> dict[str, Rule]:
 
 def rules_key(cfg: ParallelConfig, stage_of: dict[int, int]) -> tuple:
     """What :func:`op_rules` depends on beyond the graph: sequence and expert parallelism and
-    the tensor-parallel degree of every layer (``stage_of``: :func:`stage_of_layers`)."""
-    return ("rules", cfg.sp, cfg.ep, tuple(sorted((layer, cfg.tp_of(s)) for layer, s in stage_of.items())))
+    the tensor- and expert-tensor-parallel degree of every layer (``stage_of``:
+    :func:`stage_of_layers`)."""
+    return ("rules", cfg.sp, cfg.ep, tuple(sorted((layer, cfg.tp_of(s), cfg.etp_of(s)) for layer, s in stage_of.items())))
 
 
 _MOE_RESHAPES = ("dispatch", "combine", "dispatch_grad", "combine_grad", "gate_grad")
@@ -129,12 +130,16 @@ def shard_loops(op: Op, rule: Rule, rank_params: dict[int, int], zero_share: int
 def _op_rules(graph: Graph, cfg: ParallelConfig, stage_of: dict[int, int]) -> dict[str, Rule]:
     layouts: dict[str, str] = {}
     rules: dict[str, Rule] = {}
+    t = graph.meta["transformer"]
+    share = experts.busiest_share(t.expert_load, cfg.ep)
+    load = (share.numerator, share.denominator)
     for op in graph.ops:
         if op.kind == OpKind.INPUT:
             layouts[op.name] = "R"
             continue
-        tp = cfg.tp_of(stage_of[op.param("layer")])
-        rule = rule_for(op, layouts, tp, cfg.sp, cfg.ep)
+        stage = stage_of[op.param("layer")]
+        tp = cfg.tp_of(stage)
+        rule = rule_for(op, layouts, tp, cfg.sp, cfg.ep, cfg.etp_of(stage) if t.is_moe else 1, load)
         if op.kind == OpKind.RESHAPE and op.param("what") in _MOE_RESHAPES:
             rule = Rule(rule.split, tuple("D" if w == "E" else w for w in rule.want),
                         "D" if rule.out == "E" else rule.out, scale=tp)
@@ -229,6 +234,7 @@ class _Lowering:
         self.shard_cache: dict[tuple, tuple[tuple[float, float, float, float], str]] = entry[1]
         self.cost_models: dict[str, str] = {}  # op -> the cost model that timed it
         self.shape_keys: dict[str, tuple] = graph_cache(graph).setdefault("shape_keys", {})
+        self.expert_share = experts.busiest_share(self.t.expert_load, cfg.ep)
         self.designs: dict[int, object] = {}
         self._rules()
         self._units()
@@ -336,11 +342,12 @@ class _Lowering:
         full = float(op.output_bytes)
         if op.kind == OpKind.INPUT:
             return full
-        tp = self.cfg.tp_of(self.stage_of_chunk(self.chunk_of_layer[op.param("layer")]))
+        stage = self.stage_of_chunk(self.chunk_of_layer[op.param("layer")])
+        tp = self.cfg.tp_of(stage)
         if layout in ("S", "F"):
             return full / tp
-        if layout in ("E", "D"):
-            return full / tp
+        if layout in experts.EXPERT_LAYOUTS:
+            return full * experts.layout_fraction(layout, tp, self.cfg.etp_of(stage), self.expert_share)
         return full
 
     # ------------------------------------------------------------------ templates
@@ -542,8 +549,8 @@ class _Builder:
             return refs
         tp = low.tp_here(self.rep)
         full = low.layout_bytes(name, "R")
-        if {have, want} == {"D", "E"}:
-            return refs + self.all_to_all(low.layout_bytes(name, have), name, refs)
+        if have in experts.EXPERT_LAYOUTS and want in experts.EXPERT_LAYOUTS:
+            return self._expert_conversion(name, have, want, refs)
         if have == "P" and want in ("R", "S", "F"):
             kind = "reduce_scatter" if want in ("S", "F") else "all_reduce"
             return refs + self.ring(kind, "tp", "tp+1", full, tp, name, refs)
@@ -552,6 +559,22 @@ class _Builder:
         if have == "S" and want == "F":
             return refs + self.ring("all_gather", "tp", "tp+1", full, tp, name, refs)
         return refs  # R -> S/F/D/E, D/E among themselves without ep, F -> S: local slices
+
+    def _expert_conversion(self, name: str, have: str, want: str, refs: tuple) -> tuple:
+        """Routed tokens from one expert layout to another (:func:`.experts.expert_path`): the
+        all-to-all over the expert-parallel group (the busiest rank's tokens), the all-gather and
+        reduce-scatter over the expert-tensor-parallel group."""
+        low = self.low
+        stage = low.place.stage(self.rep)
+        etp, pattern = low.cfg.etp_of(stage), experts.etp_pattern(low.cfg, stage)
+        for step in experts.expert_path(have, want):
+            if step == "a2a":
+                refs = refs + self.all_to_all(low.layout_bytes(name, "E"), name, refs)
+            elif step == "ag":
+                refs = refs + self.ring("all_gather", "tp", pattern, low.layout_bytes(name, "X"), etp, name, refs)
+            else:
+                refs = refs + self.ring("reduce_scatter", "tp", pattern, low.layout_bytes(name, "Z"), etp, name, refs)
+        return refs
 
     # ------------------------------------------------------------------ the unit
     def build(self) -> _Template:
@@ -644,10 +667,9 @@ class _Builder:
                 deps.append(("u", self.rep, ("last-backward", 0), 0, "last"))
             name = bucket[0].name
             ready = self.ring(kind, "dp", "dp+1", dense * eb, cfg.dp_cp, name, tuple(deps))
-            if expert and cfg.ep > 1:
-                ready = ready + self.ring(kind, "dp", "edp+1", expert * eb, cfg.dp_cp // cfg.ep, name, tuple(deps))
-            elif expert:
-                ready = ready + self.ring(kind, "dp", "dp+1", expert * eb, cfg.dp_cp, name, tuple(deps))
+            if expert:  # over the ranks that hold the same expert weights
+                pattern, n = experts.gradient_group(cfg, low.place.stage(self.rep))
+                ready = ready + self.ring(kind, "dp", pattern, expert * eb, n, name, tuple(deps))
             for buf in bucket:
                 ready_of[buf.param("layer")] = tuple(dict.fromkeys(ready))
         steps = []

@@ -275,16 +275,23 @@ def _saved_per_layer(graph: Graph, cfg: ParallelConfig, rules) -> dict[int, floa
 
     from .lower import graph_cached, stage_of_layers
 
+    from .experts import EXPERT_LAYOUTS, busiest_share, layout_fraction
+
     t = graph.meta["transformer"]
     per_layer: dict[int, float] = defaultdict(float)
     stage_of = stage_of_layers(t.layers, cfg)
     index = graph.index
     saved = graph_cached(graph, "saved", lambda: saved_tensors(graph))
+    share = busiest_share(t.expert_load, cfg.ep)
     for (name, what), (size, layer) in saved.items():
         rule = rules.get(name)
-        tp = cfg.tp_of(stage_of[graph.ops[index[name]].param("layer")])
-        split = tp if rule is not None and rule.out in ("S", "F", "E", "D") else 1
-        per_layer[layer] += size / split
+        stage = stage_of[graph.ops[index[name]].param("layer")]
+        tp = cfg.tp_of(stage)
+        out = rule.out if rule is not None else "R"
+        if out in EXPERT_LAYOUTS:  # routed tokens: the busiest rank's, gathered over etp where they are
+            per_layer[layer] += size * layout_fraction(out, tp, cfg.etp_of(stage), share)
+        else:
+            per_layer[layer] += size / (tp if out in ("S", "F") else 1)
     return dict(per_layer)
 
 

@@ -57,8 +57,10 @@ class Placement:
 
     def patterns(self) -> dict[str, "callable"]:
         """The communication patterns of the configuration, each a map GPU -> peer GPU (or None):
-        ring neighbours of the tensor-, data- and expert-data-parallel groups and the
-        expert-parallel all-to-all partners (each GPU sends to its peer), and the GPUs of the
+        ring neighbours of the tensor-, context-, data- and expert-data-parallel groups, of the
+        expert-tensor-parallel group where it is smaller than the tensor-parallel one (``etp+1``)
+        and of the ranks holding the same experts (``xdp+1``), and the expert-parallel
+        all-to-all partners (each GPU sends to its peer), and the GPUs of the
         next and previous pipeline stage a GPU receives activations and gradients from
         (:data:`PULLS`: each GPU receives from its peer)."""
         cfg = self.cfg
@@ -74,6 +76,21 @@ class Placement:
         if P > 1:  # pulled: a stage's GPU receives from the GPU of the other stage that on_stage names
             out["pull+1"] = lambda g: self.on_stage(g, (c[g][1] + 1) % P)
             out["pull-1"] = lambda g: self.on_stage(g, (c[g][1] - 1) % P)
+        if any(1 < cfg.etp_of(s) < cfg.tp_of(s) for s in range(P)):
+            def etp_next(g):  # the expert-tensor-parallel ring: etp consecutive tensor-parallel ranks
+                e = cfg.etp_of(c[g][1])
+                return self.at(c[g][0], c[g][1], (c[g][2] // e) * e + (c[g][2] % e + 1) % e)
+
+            out["etp+1"] = etp_next
+        if any(cfg.tp_of(s) > cfg.etp_of(s) for s in range(P)):
+            def copies_next(g):  # the ranks holding the same experts: tp / etp per group, then the replicas
+                dp, s, t = c[g]
+                e, tp = cfg.etp_of(s), cfg.tp_of(s)
+                if t + e < tp:
+                    return self.at(dp, s, t + e)
+                return self.at((dp + E) % D, s, t % e)
+
+            out["xdp+1"] = copies_next
         if E > 1:
             for k in range(1, E):
                 out[f"ep+{k}"] = (lambda k: lambda g: self.at((c[g][0] // E) * E + (c[g][0] % E + k) % E,

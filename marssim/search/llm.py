@@ -12,7 +12,7 @@ carried to the question Megatron-LM users settle by hand:
   level-1 candidate's data-parallel GPUs split each sequence instead of taking sequences of their
   own), tensor-parallel communication overlap, micro-batch size, schedule and virtual stages,
   pipeline communication overlap, recomputation, ZeRO stage and the parameter all-gather's
-  overlap, expert parallelism; for every level-1 candidate the best level-2 choice is found by
+  overlap, expert parallelism and expert tensor parallelism; for every level-1 candidate the best level-2 choice is found by
   coordinate descent over the screen, all candidates of a generation in lockstep (one batch of
   screens per coordinate).
 
@@ -168,6 +168,13 @@ class LLMSpace:
             return (1,)
         return tuple(c for c in self.settings.cp if c == 1 or (dp % c == 0 and t.seq % (2 * c) == 0))
 
+    def etps(self, tp: int) -> tuple[int, ...]:
+        """Expert tensor parallelism for stages of at least ``tp``: 0 (the tensor-parallel degree)
+        and its smaller divisors, for a mixture-of-experts model (a dense model: 0)."""
+        if not self.graph.meta["transformer"].experts or not self.settings.expert_parallel:
+            return (0,)
+        return (0,) + tuple(e for e in range(1, tp) if tp % e == 0)
+
     def eps(self, dp: int) -> tuple[int, ...]:
         """Expert-parallel degrees for ``dp`` replicas: divisors of both ``dp`` and the experts
         (a dense model: 1)."""
@@ -217,6 +224,7 @@ class _Genome:
     tp_comm_overlap: bool = False
     overlap_param_gather: bool = False
     overlap_p2p_comm: bool = False
+    etp: int = 0
 
     def starts(self) -> tuple[int, ...]:
         """The first GPU of each stage: the stages' blocks (``tps[s] * dp`` GPUs) laid along the
@@ -241,7 +249,7 @@ class _Genome:
         return ParallelConfig(
             tp=self.tps[0], pp=self.pp, dp=self.dp // self.cp, cp=self.cp, sp=self.sp, schedule=self.schedule,
             tp_comm_overlap=self.tp_comm_overlap, overlap_param_gather=self.overlap_param_gather,
-            overlap_p2p_comm=self.overlap_p2p_comm,
+            overlap_p2p_comm=self.overlap_p2p_comm, etp=self.etp,
             virtual_stages=self.virtual if self.schedule == "interleaved" else 1,
             micro_batch=self.micro, global_batch=gb, recompute=self.recompute, zero=self.zero, ep=self.ep,
             layers_per_stage=() if balanced else self.layers,
@@ -328,7 +336,7 @@ def megatron_grid(space: LLMSpace) -> list[ParallelConfig]:
 
 # ----------------------------------------------------------------------------- the GA
 _GENES = ("sp", "cp", "tp_comm_overlap", "micro", "schedule", "overlap_p2p_comm", "recompute", "zero",
-          "overlap_param_gather", "ep")
+          "overlap_param_gather", "ep", "etp")
 
 
 class _LLMStrategy:
@@ -422,7 +430,7 @@ class _LLMStrategy:
             perm = tuple(range(pp))
         return _Genome(pp, cfg.dp_cp, tps, tuple(layers), perm, cfg.order, cfg.sp, cfg.micro_batch, cfg.schedule,
                        max(2, cfg.virtual_stages), cfg.recompute, cfg.zero, cfg.ep, cfg.cp, cfg.tp_comm_overlap,
-                       cfg.overlap_param_gather, cfg.overlap_p2p_comm)
+                       cfg.overlap_param_gather, cfg.overlap_p2p_comm, cfg.etp)
 
     def random_level1(self) -> _Genome:
         sp = self.space
@@ -481,7 +489,7 @@ class _LLMStrategy:
         if move == 3:
             return replace(self.random_level1(), **{k: getattr(g, k) for k in (
                 "sp", "micro", "schedule", "virtual", "recompute", "zero", "tp_comm_overlap", "overlap_param_gather",
-                "overlap_p2p_comm")})
+                "overlap_p2p_comm", "etp")})
         orders = ("tp-pp-dp", "tp-dp-pp")
         return replace(g, order=orders[(orders.index(g.order) + 1) % 2] if g.order in orders else orders[0])
 
@@ -575,7 +583,8 @@ class _LLMStrategy:
                 "cp": sp.cps(g.dp),
                 "tp_comm_overlap": s.tp_comm_overlap if max(g.tps) > 1 else (False,),
                 "overlap_p2p_comm": s.overlap_p2p_comm if sp.training and g.pp > 1 else (False,),
-                "overlap_param_gather": s.overlap_param_gather if sp.training and g.dp > 1 else (False,)}
+                "overlap_param_gather": s.overlap_param_gather if sp.training and g.dp > 1 else (False,),
+                "etp": sp.etps(min(g.tps))}
 
     def next_generation(self, scored: list[tuple[_Genome, Evaluation]]) -> list[_Genome]:
         s = self.settings

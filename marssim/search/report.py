@@ -119,7 +119,8 @@ _SHORT = (("sp", lambda v: "sp" if v else ""), ("ep", lambda v: f"ep{v}"), ("mic
           ("virtual_stages", lambda v: f"v{v}"), ("recompute", lambda v: {"selective": "rc-sel", "full": "rc-full"}.get(v, "")),
           ("zero", lambda v: f"z{v}"), ("order", lambda v: v), ("bucket", lambda v: f"bucket{v}"),
           ("overlap_grad_reduce", lambda v: "" if v else "no-overlap"), ("tp_comm_overlap", lambda v: "tpo" if v else ""),
-          ("overlap_param_gather", lambda v: "opg" if v else ""), ("overlap_p2p_comm", lambda v: "p2po" if v else ""))
+          ("overlap_param_gather", lambda v: "opg" if v else ""), ("overlap_p2p_comm", lambda v: "p2po" if v else ""),
+          ("etp", lambda v: f"etp{v}"))
 
 
 def short_config(cfg: ParallelConfig, width: int = 44) -> str:
