@@ -19,7 +19,13 @@ What a Megatron-LM run does, task by task, on one GPU per class of identical GPU
   ``1/dp`` shard and the parameters are all-gathered); ZeRO-3 also all-gathers each chunk's
   parameters before each of its units; then the optimizer steps;
 * weights, gradients and optimizer state are resident (:mod:`.memory`); activations are buffers
-  from their producer's start to their last reader's end.
+  from their producer's start to their last reader's end;
+* the settings of :mod:`.config` that change the tasks live in modules of their own: context
+  parallelism's attention ring (:mod:`.context`), Transformer Engine's overlapped tensor-parallel
+  GEMMs (:mod:`.userbuffers`), the parameter all-gather's and the pipeline sends' overlap and
+  the FP8 weight casts (:mod:`.overlap`), expert tensor parallelism and uneven routing
+  (:mod:`.experts`); a collective on a tensor kept from another unit starts when the kernel
+  before its reader starts.
 
 Units: seconds, bytes. Pure and deterministic.
 """
