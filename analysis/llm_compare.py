@@ -1,4 +1,4 @@
-"""Llama 3 70B training (FP8, Transformer Engine's recipe; sequence 8,192; 144 sequences per
+"""Llama 3 70B training (FP8, Transformer Engine's recipe; sequence 8,192; 72 sequences per
 iteration) on 72 GPUs of each system LLM teams choose between in 2026 -- DGX H100, DGX H200, DGX
 B200 (nine nodes of 8) and one GB200 NVL72 rack -- each searched with ``marssim compare``: the
 Megatron grid of uniform configurations (context parallelism and every overlap setting included,
@@ -34,7 +34,7 @@ WORKLOAD = "llama3-70b:mode=train,seq=8192,dtype=fp8,attention=cudnn"
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--gpus", type=int, default=72, help="a multiple of 72 (default 72)")
-    parser.add_argument("--global-batch", type=int, default=144)
+    parser.add_argument("--global-batch", type=int, default=72)
     parser.add_argument("--budget", type=int, default=12, help="simulations per search (default 12)")
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "llm_compare.txt"))
