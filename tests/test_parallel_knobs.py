@@ -408,3 +408,24 @@ def test_the_busiest_expert_rank_sets_the_pace() -> None:
     assert f1 == pytest.approx(f0 * 4 / 3, rel=1e-12)
     assert v1 == pytest.approx(v0 * 4 / 3, rel=1e-12)
     assert t1 > t0
+
+
+@pytest.mark.parametrize("config,blocking", [
+    ("tp=2,pp=2,dp=2,global_batch=8", True),  # 1F1B: Megatron-LM waits for its sends
+    ("tp=2,pp=2,dp=2,global_batch=8,schedule=interleaved,virtual_stages=2", True),
+    ("tp=2,pp=2,dp=2,global_batch=8,schedule=interleaved,virtual_stages=2,overlap_p2p_comm=true", False),
+])
+def test_a_blocking_send_holds_the_senders_next_kernel(config, blocking) -> None:
+    """With overlap_p2p_comm off every activation or gradient a GPU sends to another stage is a
+    predecessor of that GPU's next kernel; on, no send is."""
+    system = load_system(NODE)
+    tg = lower_parallel(load_workload(_workload(layers=4)), system, parse_parallel(config), COST, folding=False)
+    pp = [c for c, coll in enumerate(tg.collectives) if coll.group == "pp"]
+    sends = np.flatnonzero(np.isin(tg.collective, pp) & (tg.kind != COMPUTE))
+    assert len(sends)
+    waited = 0
+    for t in sends:
+        succ = np.flatnonzero(tg.pred_idx == t)  # positions in the CSR list: their targets
+        targets = np.searchsorted(tg.pred_ptr, succ, side="right") - 1
+        waited += any(tg.kind[x] == COMPUTE and tg.device[x] == tg.src[t] for x in targets)
+    assert waited == (len(sends) if blocking else 0)
