@@ -93,11 +93,23 @@ def graph_cache(graph: Graph) -> dict:
     return cache
 
 
+_BOUNDED = frozenset({"rules", "layouts", "units", "rank_parameters", "low_precision_parameters", "saved_per_layer"})
+_KEEP = 8
+"""Per graph, at most this many values of each kind in :data:`_BOUNDED` (derived per layer
+layout, cheap to make again): a search's thousands of configurations then hold a bounded set."""
+
+
 def graph_cached(graph: Graph, key: Hashable, make: Callable[[], Any]) -> Any:
-    """The value of ``key`` in :func:`graph_cache`, made by ``make()`` on first use."""
+    """The value of ``key`` in :func:`graph_cache`, made by ``make()`` on first use (the oldest
+    value of the same kind dropped past :data:`_KEEP` of them, for the kinds in :data:`_BOUNDED`)."""
     cache = graph_cache(graph)
     hit = cache.get(key)
     if hit is None:
+        kind = key[0] if isinstance(key, tuple) and key else key
+        if kind in _BOUNDED:
+            same = [k for k in cache if isinstance(k, tuple) and k and k[0] == kind]
+            for old in same[:max(0, len(same) - _KEEP + 1)]:
+                del cache[old]
         hit = cache[key] = make()
     return hit
 
