@@ -33,8 +33,9 @@ class Spec:
 
 @dataclass(frozen=True)
 class Field:
-    """What a parameter takes: ``kind`` one of ``bool``, ``int``, ``float``, ``str`` and
-    ``ints`` (one integer per pipeline stage, ``10/12/12/14``); ``low`` and ``high``: the
+    """What a parameter takes: ``kind`` one of ``bool``, ``int``, ``float``, ``str``, ``ints``
+    (one integer per pipeline stage, ``10/12/12/14``) and ``floats`` (one number per item,
+    ``3/1/1/1.5``); ``low`` and ``high``: the
     smallest and largest number allowed (inclusive); ``choices``: the strings allowed."""
 
     kind: str
@@ -63,15 +64,21 @@ class Field:
             return "a finite number" + self._range(lambda x: f"{x:g}")
         if self.kind == "ints":
             return "one integer per stage like 10/12/12/14" + (f", each{self._range(int)}" if self._range(int) else "")
+        if self.kind == "floats":
+            rng = self._range(lambda x: f"{x:g}")
+            return "numbers separated by / like 3/1/1/1.5" + (f", each{rng}" if rng else "")
         if self.choices:
             return "one of " + ", ".join(self.choices)
         return "a value"
 
 
 def field_like(default: Any) -> Field:
-    """The field a default value implies: a bool, an integer >= 1, a finite number >= 0 or text."""
+    """The field a default value implies: a bool, an integer >= 1, a finite number >= 0, numbers
+    >= 0 separated by ``/`` (a tuple) or text."""
     if isinstance(default, bool):
         return Field("bool")
+    if isinstance(default, tuple):
+        return Field("floats", low=0.0)
     if isinstance(default, int):
         return Field("int", low=1)
     if isinstance(default, float):
@@ -147,10 +154,25 @@ def coerce(where: str, key: str, raw: Any, field: Field) -> Any:
         if not values or any(v is None or not field.allows(v) for v in values):
             raise refuse()
         return values
+    if kind == "floats":
+        parts = raw if isinstance(raw, (list, tuple)) else str(raw).replace(" ", "").split("/")
+        numbers = tuple(_number(p) for p in parts)
+        if not numbers or any(v is None or not math.isfinite(v) or not field.allows(v) for v in numbers):
+            raise refuse()
+        return numbers
     text = str(raw).strip()
     if field.choices and text not in field.choices:
         raise refuse()
     return text
+
+
+def _number(raw: Any) -> float | None:
+    if isinstance(raw, bool):
+        return None
+    try:
+        return float(raw)
+    except (TypeError, ValueError):
+        return None
 
 
 def _integer(raw: Any) -> int | None:
@@ -168,4 +190,8 @@ def format_spec(name: str, params: dict[str, Any]) -> str:
     """The canonical spec: ``name`` and ``params`` sorted by key (equal specs compare equal)."""
     if not params:
         return name
-    return name + ":" + ",".join(f"{k}={params[k]}" for k in sorted(params))
+
+    def text(value: Any) -> str:
+        return "/".join(f"{v:g}" for v in value) if isinstance(value, tuple) else str(value)
+
+    return name + ":" + ",".join(f"{k}={text(params[k])}" for k in sorted(params))

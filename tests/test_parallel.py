@@ -145,7 +145,17 @@ FOLD_CASES = [
     # data-parallel replicas on both sides of the spine: the ring's hops differ, more classes than stages
     ("asymmetric-ring", dict(nodes=6, per_leaf=4, gpus=4),
      "gpt:layers=2,hidden=256,heads=4,vocab=1000,seq=64,mode=train,max_positions=64", "tp=4,pp=2,dp=3,global_batch=6"),
-    # experts over the data-parallel group
+    # context parallelism (the key/value ring across nodes) with tensor-parallel overlap and
+    # selective recomputation (the ring run again) on an oversubscribed fabric
+    ("cp-tp-overlap", dict(nodes=4, per_leaf=1, gpus=4, oversubscription=4.0),
+     "llama:layers=4,hidden=512,heads=8,kv_heads=4,ffn=1024,vocab=1000,seq=256,mode=train,attention=flash,"
+     "recompute=selective", "tp=2,pp=2,dp=2,cp=2,sp=true,tp_comm_overlap=true,zero=1,global_batch=4"),
+    # the parameter all-gather before the forward (FP8 bytes), asynchronous pipeline sends
+    ("param-gather-p2p", dict(nodes=4, per_leaf=2, gpus=4),
+     "llama:layers=4,hidden=512,heads=8,kv_heads=4,ffn=1024,vocab=1000,seq=128,mode=train,dtype=fp8,"
+     "fp8_param_gather=true", "tp=2,pp=2,dp=4,sp=true,zero=1,overlap_param_gather=true,schedule=interleaved,"
+                              "virtual_stages=2,overlap_p2p_comm=true,global_batch=8"),
+    # experts over the data-parallel group (split over the tensor-parallel pair, etp = tp)
     ("moe", dict(nodes=2, per_leaf=2, gpus=4),
      "moe:layers=2,hidden=256,heads=4,kv_heads=2,ffn=512,vocab=500,seq=64,experts=4,top_k=2,mode=train",
      "tp=2,pp=1,dp=4,ep=2,sp=true,global_batch=8"),
@@ -160,6 +170,11 @@ FOLD_CASES = [
     ("overlapping-buckets", "dgx-h100-cluster:nodes=4",
      "gpt:layers=8,hidden=1024,heads=16,vocab=2000,seq=256,mode=train,max_positions=256",
      "tp=4,pp=2,dp=4,global_batch=16,bucket=2000000"),
+    # whole experts on each of four tensor-parallel ranks, expert tensor parallelism over two of
+    # them, uneven routing: the gradients of the copies reduce across nodes
+    ("moe-etp-skew", dict(nodes=2, per_leaf=2, gpus=4),
+     "moe:layers=2,hidden=256,heads=4,kv_heads=2,ffn=512,vocab=500,seq=64,experts=4,top_k=2,mode=train,"
+     "expert_load=3/1/2/1,dtype=fp8", "tp=4,pp=1,dp=2,ep=2,etp=2,sp=true,global_batch=4"),
 ]
 
 

@@ -83,3 +83,18 @@ def test_split_and_format_are_inverse_and_canonical():
     # a colon followed by a path belongs to the name (a file on another drive)
     assert split_spec("C:\\systems\\mine.yaml").name == "C:\\systems\\mine.yaml"
     assert split_spec("tp=8,pp=2", named=False).params == {"tp": "8", "pp": "2"}
+
+
+def test_numbers_separated_by_slashes_round_trip() -> None:
+    """``floats`` fields (a tuple default: the workload's ``expert_load``) take ``3/1/1.5``, refuse
+    a non-number or a negative one naming the key, and print back in the same form."""
+    from marssim.specs import coerce, field_like, format_spec
+
+    field = field_like(())
+    assert coerce("spec", "expert_load", "3/1/1.5", field) == (3.0, 1.0, 1.5)
+    assert coerce("spec", "expert_load", [2, 1], field) == (2.0, 1.0)
+    for bad in ("3/x", "1/-2", ""):
+        with pytest.raises(InputError) as info:
+            coerce("spec", "expert_load", bad, field)
+        assert info.value.problems[0][0] == "expert_load"
+    assert format_spec("moe", {"expert_load": (3.0, 1.0, 1.5)}) == "moe:expert_load=3/1/1.5"

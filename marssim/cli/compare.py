@@ -22,8 +22,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "--exhaustive-limit points, each with its own evaluation cache; print makespan, the change "
                     "against data_parallel, simulations and wall time. For an LLM workload on a GPU cluster: the "
                     "Megatron grid of uniform configurations (uniform layers on every GPU kind) and the MARS "
-                    "search over parallel configurations, on the same evaluator.")
+                    "search over parallel configurations, on the same evaluator; with --also-system, the same on other "
+                    "systems of as many GPUs, and one table of each system's winning configuration: iteration "
+                    "time, MFU, tokens per second, memory peak.")
     add_search_args(p)
+    p.add_argument("--also-system", dest="also_system", action="append", default=[], metavar="SYSTEM",
+                   help="an LLM workload: compare on this system too (as many GPUs as --system; repeat for more)")
     p.add_argument("--exhaustive-limit", dest="exhaustive_limit", type=int, default=20_000, metavar="N",
                    help="run exhaustive search when the space has at most N points (default 20000; 0: never)")
     p.add_argument("--csv", metavar="FILE", help="also write the table as CSV")
@@ -45,9 +49,10 @@ def format_table(table, objective: str) -> str:
     return "\n".join(lines)
 
 
-def llm_table(results):
-    """One row per LLM search: best configuration, its simulated time (ms), MFU, the change
-    against the first row (%), screened, rejected by memory, simulated, wall time (s)."""
+def llm_table(results, system: str = ""):
+    """One row per LLM search: best configuration, its simulated time (ms), MFU, memory peak
+    (GiB), the change against the first row (%), screened, rejected by memory, simulated, wall
+    time (s); ``system``: a column naming the system (several systems compared)."""
     import pandas as pd
 
     rows = []
@@ -56,20 +61,39 @@ def llm_table(results):
         e = r.evaluation
         value = e.tpot if e.serving and e.tpot == e.tpot else e.makespan
         base = value if base is None else base
-        rows.append({"algorithm": r.algorithm, "best": r.best.text(), "time_ms": value * 1e3, "mfu": e.mfu,
+        rows.append({**({"system": system} if system else {}), "algorithm": r.algorithm, "best": r.best.text(),
+                     "time_ms": value * 1e3, "mfu": e.mfu, "memory_GiB": e.memory_peak / 2**30,
                      "vs_grid_pct": (value / base - 1) * 100, "screened": r.estimates,
                      "rejected_memory": r.rejected_memory, "simulations": r.simulations, "wall_s": r.wall_s})
     return pd.DataFrame(rows)
 
 
+def systems_table(rows) -> str:
+    """The winning configuration of each system (``rows``: ``(system, GPU capacity in bytes,
+    tokens per iteration, its better search result)``) in one table within 120 columns."""
+    from marssim.search.report import WIDTH
+
+    lines = [f"{'system':<30}{'iteration ms':>13}{'MFU':>7}{'tok/s/GPU':>10}{'memory GiB':>14}  winning configuration"]
+    for system, capacity, tokens, r in rows:
+        e = r.evaluation
+        gpus = r.best.gpus
+        rate = tokens / e.makespan / gpus if e.makespan > 0 else 0.0
+        line = (f"{system:<30.30}{e.makespan * 1e3:>13.1f}{e.mfu:>7.1%}{rate:>10,.0f}"
+                f"{e.memory_peak / 2**30:>7.1f} of {capacity / 2**30:>3.0f}  ")
+        best = r.best.text()
+        rest = WIDTH - len(line)
+        lines.append(line + (best if len(best) <= rest else best[:rest - 1] + "\u2026"))
+    return "\n".join(lines)
+
+
 def format_llm_table(table) -> str:
     from marssim.search.report import WIDTH
 
-    lines = [f"{'algorithm':<15}{'time ms':>11}{'vs grid':>9}{'MFU':>7}{'screened':>10}{'rejected':>10}"
-             f"{'simulated':>11}{'wall s':>8}  best configuration"]
+    lines = [f"{'algorithm':<15}{'time ms':>11}{'vs grid':>9}{'MFU':>7}{'mem GiB':>8}{'screened':>9}{'rejected':>9}"
+             f"{'simulated':>10}{'wall s':>7}  best configuration"]
     for r in table.itertuples():
-        line = (f"{r.algorithm:<15}{r.time_ms:>11.3f}{r.vs_grid_pct:>+8.1f}%{r.mfu:>7.1%}{r.screened:>10d}"
-                f"{r.rejected_memory:>10d}{r.simulations:>11d}{r.wall_s:>8.1f}  ")
+        line = (f"{r.algorithm:<15}{r.time_ms:>11.3f}{r.vs_grid_pct:>+8.1f}%{r.mfu:>7.1%}{r.memory_GiB:>8.1f}"
+                f"{r.screened:>9d}{r.rejected_memory:>9d}{r.simulations:>10d}{r.wall_s:>7.1f}  ")
         rest = WIDTH - len(line)
         lines.append(line + (r.best if len(r.best) <= rest else r.best[:rest - 1] + "\u2026"))
     return "\n".join(lines)
@@ -89,16 +113,42 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(None, "--exhaustive-limit", f"expected 0 or a positive integer, got {args.exhaustive_limit}")
     graph, system, cost, llm = load_case(args)
     quiet = args.quiet or not sys.stderr.isatty()
+    if args.also_system and not llm:
+        raise InputError(None, "--also-system", "applies to an LLM workload (gpt:, llama:, moe: or a preset) on GPU "
+                                                "clusters")
     if llm:
-        from marssim.search.llm import grid_search, mars_llm
+        import pandas as pd
 
+        from marssim.search.llm import grid_search, llm_search_available, mars_llm
+        from marssim.system import load_system
+
+        systems = [system] + [load_system(spec) for spec in args.also_system]
+        for other in systems[1:]:
+            if len(other.accelerators) != len(system.accelerators):
+                raise InputError(other.spec, "--also-system", f"has {len(other.accelerators)} GPUs; expected "
+                                                              f"{len(system.accelerators)}, as --system has")
+            if not llm_search_available(graph, other):
+                raise InputError(other.spec, "--also-system", "expected a cluster of GPUs")
         settings = llm_settings(args, graph)
-        with open_executor(args) as executor:
-            grid = grid_search(graph, system, cost, settings, executor=executor)
-            mars = mars_llm(graph, system, cost, settings, executor=executor)
-        table = llm_table([grid, mars])
-        print(f"{system.spec} / {graph.spec} / objective {settings.objective} / seed {settings.seed}")
-        print(format_llm_table(table))
+        tables, winners = [], []
+        t = graph.meta["transformer"]
+        for one in systems:
+            with open_executor(args) as executor:
+                grid = grid_search(graph, one, cost, settings, executor=executor)
+                mars = mars_llm(graph, one, cost, settings, executor=executor)
+            table = llm_table([grid, mars], system=one.spec if len(systems) > 1 else "")
+            tables.append(table)
+            best = min((grid, mars), key=lambda r: r.evaluation.makespan)
+            capacity = min(a.memory.capacity for a in one.accelerators)
+            winners.append((one.spec, capacity, best.best.batch * t.seq, best))
+            print(f"{one.spec} / {graph.spec} / objective {settings.objective} / seed {settings.seed}")
+            print(format_llm_table(table.drop(columns=["system"], errors="ignore")))
+            print()
+        if len(systems) > 1:
+            print(f"winning configuration per system, {len(system.accelerators)} GPUs each (simulated; MFU over each "
+                  "GPU's dense peak for the model's type; memory: the busiest GPU's peak of its capacity)")
+            print(systems_table(winners))
+        table = pd.concat(tables, ignore_index=True)
     else:
         settings = replace(mapping_settings(args), exhaustive_limit=args.exhaustive_limit)
 

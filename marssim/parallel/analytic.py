@@ -11,11 +11,18 @@ of by a schedule:
 * the pipeline: ``sum over stages of t_s + (m - 1) * max over stages of t_s`` (the first
   micro-batch crosses every stage, the others follow at the slowest stage's pace; GPipe and 1F1B
   alike), ``(m + (p - 1) / v) * t`` for the interleaved schedule of uniform stages;
+* the overlap settings by their closed forms: a context-parallel attention core as its ring
+  (:func:`.context.forward_ring_end`, :func:`.context.backward_ring_end`), a GEMM with its
+  overlapped all-gather or reduce-scatter (:func:`.userbuffers.ring_exchange_end`,
+  :func:`.userbuffers.pipeline_end`); with ``overlap_p2p_comm`` off a stage's sends add to its
+  time per micro-batch;
 * after the last backward: the data-parallel reduction of the last gradient bucket (the earlier
   ones overlap the backward; all of them when ``overlap_grad_reduce`` is off), the
   sequence-parallel norms' and the tied embedding's all-reduces, the optimizer step's kernels and
-  all-reduces, and ZeRO's parameter all-gather; a stage's tail overlapping the last backward of
-  the stages before it (not the last stage's when it waits for the first stage's embedding
+  all-reduces and its FP8 weight casts, and ZeRO's parameter all-gather (with
+  ``overlap_param_gather`` before the first forward instead: the part of it the first
+  micro-batch's forward does not hide); a stage's tail overlapping the last backward of the
+  stages before it (not the last stage's when it waits for the first stage's embedding
   gradient);
 * memory: :func:`.memory.memory_estimate`.
 
@@ -34,6 +41,7 @@ from marssim.cost.base import CostModel
 from marssim.system import System
 from marssim.workload import Graph, OpKind
 
+from . import context, experts, overlap, userbuffers
 from .config import ParallelConfig
 from .fold import identity_folding
 from .lower import _Lowering, _model_flops, _parameters, graph_cached, prepare_graph
@@ -146,6 +154,58 @@ class _Timer:
         seconds = self.route_time(peer, self.gpu, sent) if plan is None else low.hop(peer, self.gpu, plan).time
         return seconds + (self.ring("tp+1", tp, nbytes, "all_gather") if split else 0.0)
 
+    def step_time(self, pattern: str, n: int, nbytes: float) -> float:
+        """Seconds of one step of a ring of ``n`` ranks moving ``nbytes`` per step (its slowest hop)."""
+        return self.ring(pattern, n, nbytes * n, "all_gather") / (n - 1) if n > 1 else 0.0
+
+    def overlapped(self, op, rule, have: dict[str, str], seen: set) -> float | None:
+        """Seconds of ``op`` with the communication it overlaps (context-parallel ring, userbuffers),
+        None where no overlap applies; marks the layouts it leaves."""
+        low = self.low
+        cfg = low.cfg
+        if context.is_ring_core(op, cfg.cp):
+            step = low.shard(op, self.gpu)[0]
+            kv = context.kv_bytes(low.layout_bytes, op)
+            block = self.step_time(context.RING_PATTERN, cfg.cp, kv)
+            if op.param("fused") == "bwd":
+                return context.backward_ring_end(step, block, self.step_time(context.RING_PATTERN, cfg.cp, 2 * kv),
+                                                 cfg.cp)
+            return context.forward_ring_end(step, block, cfg.cp)
+        tp = low.tp_here(self.gpu)
+        if not cfg.tp_comm_overlap or tp <= 1:
+            return None
+        if userbuffers.gathers_input(op, rule):
+            name = op.inputs[0]
+            if (name, "R") in seen or have.get(name, low.layouts.get(name)) != "S":
+                return None
+            seen.add((name, "R"))
+            chunk = userbuffers.chunk_timing(low, self.gpu, op, tp)[0]
+            return userbuffers.ring_exchange_end(chunk, self.step_time("tp+1", tp, low.layout_bytes(name, "S")), tp)
+        if userbuffers.scatters_output(op, rule):
+            n = userbuffers.PIPELINE_SPLITS
+            chunk = userbuffers.chunk_timing(low, self.gpu, op, n)[0] * userbuffers.sm_margin(low.design(self.gpu))
+            scatter = self.ring("tp+1", tp, low.layout_bytes(op.name, "R") / n, "reduce_scatter")
+            have[op.name] = "S"
+            return userbuffers.pipeline_end(chunk, scatter, n)
+        return None
+
+    def expert_conversion(self, name: str, have: str, want: str) -> float:
+        """Seconds of the collectives between two expert layouts (:func:`.experts.expert_path`)."""
+        low = self.low
+        cfg = low.cfg
+        stage = low.place.stage(self.gpu)
+        etp, pattern = cfg.etp_of(stage), experts.etp_pattern(cfg, stage)
+        total = 0.0
+        for step in experts.expert_path(have, want):
+            if step == "a2a" and cfg.ep > 1:
+                peer = self.patterns["ep+1"](self.gpu)
+                total += self.route_time(self.gpu, peer, low.layout_bytes(name, "E") / cfg.ep) * (cfg.ep - 1)
+            elif step == "ag":
+                total += self.ring(pattern, etp, low.layout_bytes(name, "X"), "all_gather")
+            elif step == "rs":
+                total += self.ring(pattern, etp, low.layout_bytes(name, "Z"), "reduce_scatter")
+        return total
+
     def unit(self, ops: list) -> tuple[float, float]:
         """Seconds of one pass over ``ops`` on this GPU: kernels and layout conversions, and
         (apart) the activations or gradients received from another stage."""
@@ -159,6 +219,7 @@ class _Timer:
         kernels: list[tuple[float, int]] = []
         for op in ops:
             rule = low.rules[op.name]
+            both = self.overlapped(op, rule, have, seen) if not rule.alias else None
             for name, want in zip(op.inputs, rule.want):
                 producer = low.graph.ops[low.op_index[name]]
                 if producer.kind == OpKind.INPUT or (name, want) in seen:
@@ -175,16 +236,18 @@ class _Timer:
                 if layout == want or want == "*":
                     continue
                 full = low.layout_bytes(name, "R")
-                if {layout, want} == {"D", "E"} and low.cfg.ep > 1:
-                    peer = self.patterns["ep+1"](self.gpu)
-                    total += self.route_time(self.gpu, peer, low.layout_bytes(name, layout) / low.cfg.ep) * \
-                        (low.cfg.ep - 1)
+                if layout in experts.EXPERT_LAYOUTS and want in experts.EXPERT_LAYOUTS:
+                    total += self.expert_conversion(name, layout, want)
                 elif layout == "P" and want in ("R", "S", "F"):
                     total += self.ring("tp+1", tp, full, "reduce_scatter" if want != "R" else "all_reduce")
                 elif layout in ("S", "F") and want == "R" or (layout == "S" and want == "F"):
                     total += self.ring("tp+1", tp, full, "all_gather")
             if rule.alias:
                 have[op.name] = rule.out
+                continue
+            if both is not None:
+                total += both
+                have.setdefault(op.name, rule.out)
                 continue
             seconds = low.shard(op, self.gpu)[0]
             total += seconds
@@ -215,6 +278,8 @@ def screen(graph: Graph, system: System, cfg: ParallelConfig, cost: CostModel, *
     m = low.micro_batches
     stage_times = []
     receives = []
+    receives_of: list[dict[str, float]] = []
+    forwards = []
     tails = []
     backwards = []
     block_times: dict[tuple, tuple[float, float]] = {}
@@ -232,6 +297,7 @@ def screen(graph: Graph, system: System, cfg: ParallelConfig, cost: CostModel, *
     for stage in range(cfg.pp):
         timer = _Timer(low, representative[stage])
         busy = received = backward = 0.0
+        by_direction = {"F": 0.0, "B": 0.0}
         for chunk, layers in enumerate(low.chunks):
             if chunk % cfg.pp != stage:
                 continue
@@ -259,19 +325,28 @@ def screen(graph: Graph, system: System, cfg: ParallelConfig, cost: CostModel, *
                 for (b, r), n in parts:
                     busy += b * n
                     received += r * n
+                    by_direction[direction] += r * n
                     if direction == "B":
                         backward += b * n
         stage_times.append(busy)
         receives.append(received)
+        receives_of.append(by_direction)
+        forwards.append(busy - backward)
         tails.append(_tail(low, timer, stage, backward))
         backwards.append(backward)
+    # with overlap_p2p_comm off each stage waits for its sends (what its neighbours receive) once the
+    # pipeline is full; while it fills, a send is the receive the next stage already counts
+    p = cfg.pp
+    blocking = [receives_of[(s + 1) % p]["F"] + receives_of[(s - 1) % p]["B"]
+                if p > 1 and not cfg.overlap_p2p_comm else 0.0 for s in range(p)]
+    steady = [a + b for a, b in zip(stage_times, blocking)]
     # the first micro-batch crosses every stage, receives included; the others follow at the
     # slowest stage's pace (the next micro-batch's activations arrive while a stage computes)
     if cfg.schedule == "interleaved":
-        step = max(stage_times)
+        step = max(steady)
         pipeline = m * step + (cfg.pp - 1) / cfg.virtual_stages * max(a + b for a, b in zip(stage_times, receives))
     else:
-        pipeline = sum(a + b for a, b in zip(stage_times, receives)) + (m - 1) * max(stage_times)
+        pipeline = sum(a + b for a, b in zip(stage_times, receives)) + (m - 1) * max(steady)
     # a stage's tail runs while the stages before it run the last micro-batch's backward (a chunk
     # of it with the interleaved schedule); the last stage's waits for the first's end when it
     # all-reduces the tied word embedding's gradient with it
@@ -288,6 +363,8 @@ def screen(graph: Graph, system: System, cfg: ParallelConfig, cost: CostModel, *
         else:
             ends.append(reduce + step - hidden)
     tail = max(0.0, max(ends, default=0.0))
+    if cfg.overlap_param_gather and t.training:  # the gathers open the iteration, hidden by the first forward
+        pipeline += max(_gather_exposed(low, _Timer(low, representative[s]), s, forwards[s]) for s in range(cfg.pp))
     flops, peak = _model_flops(low)
     return Screen(iteration_s=pipeline + tail, stage_s=tuple(stage_times), tail_s=tail, memory=memory,
                   model_flops=flops, peak_flops=peak, gpus=cfg.gpus)
@@ -330,7 +407,8 @@ def _tail(low: _Lowering, timer: _Timer, stage: int, backward: float) -> tuple[f
     layers = [layer for c, chunk in enumerate(low.chunks) if c % cfg.pp == stage for layer in chunk]
     params = [low.opt_params.get(layer, 0) for layer in layers]
     kind = "reduce_scatter" if cfg.zero >= 1 else "all_reduce"
-    everything = timer.ring("dp+1", cfg.dp, sum(params) * gb, kind) if cfg.dp > 1 else 0.0
+    n = cfg.dp_cp
+    everything = timer.ring("dp+1", n, sum(params) * gb, kind) if n > 1 else 0.0
     if cfg.overlap_grad_reduce:
         # the buckets reduce while the last backward runs; the last one (the stage's first layers,
         # one bucket's worth) after it, and whatever the backward could not hide
@@ -339,7 +417,7 @@ def _tail(low: _Lowering, timer: _Timer, stage: int, backward: float) -> tuple[f
             size += p
             if size >= cfg.bucket:
                 break
-        last = timer.ring("dp+1", cfg.dp, size * gb, kind) if cfg.dp > 1 else 0.0
+        last = timer.ring("dp+1", n, size * gb, kind) if n > 1 else 0.0
         exposed = max(last, everything - backward)
     else:
         exposed = everything
@@ -364,8 +442,12 @@ def _tail(low: _Lowering, timer: _Timer, stage: int, backward: float) -> tuple[f
                                      [low.kernels(op, timer.gpu) for op in adams], launch))
     if adams:
         optimizer += ((cfg.clip_grad > 0) + grad_scaled(low.t)) * _model_parallel_seconds(low, timer, 4.0)
-    gather = timer.ring("dp+1", cfg.dp, sum(params) * low.param_bytes, "all_gather") \
-        if cfg.zero >= 1 and cfg.dp > 1 else 0.0
+    for layer in layers:  # the FP8 weight casts after the step
+        cast, count = overlap.step_casts(low, layer)
+        if cast is not None:
+            optimizer += overlap.cast_timing(low, timer.gpu, cast, count)[0]
+    gathers = cfg.zero >= 1 and n > 1 and not cfg.overlap_param_gather
+    gather = timer.ring("dp+1", n, overlap.gather_bytes(low, layers), "all_gather") if gathers else 0.0
     return exposed, embedding, optimizer + gather
 
 
@@ -387,6 +469,21 @@ def _model_parallel_seconds(low: _Lowering, timer: _Timer, nbytes: float) -> flo
     names = low.system.nodes
     return 2 * (len(members) - 1) * max(low.system.route(names[a], names[b]).latency
                                         for a, b in zip(members, members[1:] + members[:1]))
+
+
+def _gather_exposed(low: _Lowering, timer: _Timer, stage: int, forward: float) -> float:
+    """``overlap_param_gather``: seconds of a stage's parameter all-gathers the first micro-batch's
+    forward (``forward`` seconds) does not hide: the first bucket's, or whatever exceeds the
+    forward."""
+    cfg = low.cfg
+    if cfg.dp_cp <= 1:
+        return 0.0
+    layers = [layer for c, chunk in enumerate(low.chunks) if c % cfg.pp == stage for layer in chunk]
+    buckets = [timer.ring("dp+1", cfg.dp_cp, overlap.gather_bytes(low, bucket), "all_gather")
+               for bucket in overlap.gather_buckets(layers, low.rank_params, cfg.bucket)]
+    if not buckets:
+        return 0.0
+    return max(buckets[-1], sum(buckets) - forward)
 
 
 def serving_times(graph: Graph, system: System, cfg: ParallelConfig, cost: CostModel) -> tuple[float, float]:

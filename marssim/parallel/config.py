@@ -33,6 +33,31 @@ order              rank placement, innermost first: ``tp-pp-dp`` puts the tensor
                    group on consecutive GPUs (inside a node), then the pipeline stages, then the
                    data-parallel replicas
 bucket             parameters per data-parallel gradient bucket (Megatron-LM's default: 40 M)
+overlap_grad_reduce
+                   the gradient buckets reduced while the backward runs (``--overlap-grad-reduce``);
+                   off: every bucket after the last backward
+cp                 context parallelism (``--context-parallel-size``): every sequence split into ``2 cp``
+                   chunks, rank ``i`` of the group keeping chunks ``i`` and ``2 cp - 1 - i`` (the load
+                   balancing of causal masks); the attention core a ring of ``cp`` steps passing key/value
+                   blocks around the group, each step's transfer overlapped with the attention of the
+                   block before it (Transformer Engine's ``AttnFuncWithCPAndKVP2P``); gradients reduced
+                   and the distributed optimizer sharded over ``dp x cp`` ranks
+tp_comm_overlap    tensor-parallel communication overlapped with its GEMMs (``--tp-comm-overlap``,
+                   Transformer Engine's userbuffers): the all-gather before a column-parallel GEMM (and
+                   before a row-parallel GEMM's input-gradient GEMM) pipelined with it in ``tp`` chunks
+                   (``ring_exchange``), the reduce-scatter after a row-parallel GEMM in 4 chunks
+                   (``pipeline``, the GEMM on all but 16 of the GPU's SMs); needs ``sp``
+overlap_param_gather
+                   the distributed optimizer's parameter all-gather overlapped with the next forward
+                   (``--overlap-param-gather``): bucket by bucket, each layer's first forward waits for its
+                   bucket; needs ``zero`` 1 or 2 and ``overlap_grad_reduce``
+etp                expert tensor parallelism (``--expert-tensor-parallel-size``; 0: the tensor-parallel
+                   degree, Megatron-LM's default): the experts' GEMMs split over ``etp`` ranks of the
+                   tensor-parallel group, their tokens all-gathered over it after the all-to-all
+                   (:mod:`.experts`); 1: whole experts on every rank
+overlap_p2p_comm   pipeline sends and receives asynchronous (``--overlap-p2p-communication``, the
+                   interleaved schedule's); off (as Megatron-LM runs 1F1B): a GPU's next kernel waits
+                   until its send to the neighbouring stage has completed
 =================  ===============================================================================
 
 What a Megatron-LM iteration runs beyond the workload graph's ops (:mod:`.megatron`, each with its
@@ -117,14 +142,31 @@ class ParallelConfig:
     def nccl(self) -> bool:
         """Collectives as NCCL runs them (else rings at the links' line rate)."""
         return self.collectives == "nccl"
+    cp: int = 1
+    tp_comm_overlap: bool = False
+    overlap_param_gather: bool = False
+    overlap_p2p_comm: bool = False
+    etp: int = 0
 
     @property
     def gpus(self) -> int:
-        return sum(self.tp_of(s) for s in range(self.pp)) * self.dp
+        return sum(self.tp_of(s) for s in range(self.pp)) * self.dp * self.cp
+
+    @property
+    def dp_cp(self) -> int:
+        """Ranks of the data-parallel group with context parallelism (``dp x cp``): those that
+        reduce a parameter's gradients and share the distributed optimizer's state
+        (Megatron-LM's ``data_parallel_group_with_cp``)."""
+        return self.dp * self.cp
 
     def tp_of(self, stage: int) -> int:
         """Tensor parallelism of pipeline stage ``stage``."""
         return self.stage_tp[stage] if self.stage_tp else self.tp
+
+    def etp_of(self, stage: int) -> int:
+        """Expert tensor parallelism of pipeline stage ``stage`` (``etp``, else its tensor
+        parallelism)."""
+        return self.etp or self.tp_of(stage)
 
     @property
     def uniform(self) -> bool:
@@ -179,6 +221,8 @@ FIELDS: dict[str, Field] = {
     "clip_grad": Field("float", low=0.0), "grads_clipped": Field("bool"),
     "grad_reduce_dtype": Field("str", choices=("auto", "fp32", "bf16", "fp16")), "scatter_gather": Field("bool"),
     "host_gaps": Field("bool"),
+    "cp": Field("int", low=1), "tp_comm_overlap": Field("bool"), "overlap_param_gather": Field("bool"),
+    "overlap_p2p_comm": Field("bool"), "etp": Field("int", low=0),
 }
 """How each setting of a configuration is written (``global_batch``: at least 1 when given; left out,
 one micro-batch per data-parallel replica)."""
@@ -212,8 +256,9 @@ def parallel_problems(cfg: ParallelConfig, transformer, gpus: int) -> list[tuple
         out.append(("stage_tp", f"expected {cfg.pp} degrees (one per stage), got {len(cfg.stage_tp)}"))
         return out
     if cfg.gpus != gpus:
-        what = (f"tp x pp x dp = {cfg.tp} x {cfg.pp} x {cfg.dp}" if not cfg.stage_tp else
-                f"(stage tp {'+'.join(map(str, cfg.stage_tp))}) x dp {cfg.dp}")
+        cp = f" x cp {cfg.cp}" if cfg.cp > 1 else ""
+        what = (f"tp x pp x dp = {cfg.tp} x {cfg.pp} x {cfg.dp}{cp}" if not cfg.stage_tp else
+                f"(stage tp {'+'.join(map(str, cfg.stage_tp))}) x dp {cfg.dp}{cp}")
         out.append(("tp" if not cfg.stage_tp else "stage_tp", f"{what} = {cfg.gpus}; expected the system's {gpus} GPUs"))
     key = "stage_tp" if cfg.stage_tp else "tp"
     for tp in sorted(set(cfg.tp_of(s) for s in range(cfg.pp))):
@@ -223,15 +268,16 @@ def parallel_problems(cfg: ParallelConfig, transformer, gpus: int) -> list[tuple
             out.append((key, f"expected a divisor or multiple of the {t.kv} key/value heads, got {tp}"))
         if t.ffn_size % tp:
             out.append((key, f"expected a divisor of the MLP width {t.ffn_size}, got {tp}"))
-        if cfg.sp and t.mode != "decode" and (t.seq % tp):
-            out.append(("sp", f"the sequence ({t.seq}) must split evenly over tp={tp}"))
+        if cfg.sp and t.mode != "decode" and (t.seq % (tp * cfg.cp)):
+            out.append(("sp", f"the sequence ({t.seq}) must split evenly over tp={tp}"
+                              + (f" x cp={cfg.cp}" if cfg.cp > 1 else "")))
     if cfg.sp and min(cfg.tp_of(s) for s in range(cfg.pp)) == 1:
         out.append(("sp", "sequence parallelism splits along the tensor-parallel group; needs tp > 1"))
     if cfg.stage_start:
         if len(cfg.stage_start) != cfg.pp:
             out.append(("stage_start", f"expected {cfg.pp} first GPUs (one per stage), got {len(cfg.stage_start)}"))
         else:
-            blocks = sorted((cfg.stage_start[s], cfg.stage_start[s] + cfg.tp_of(s) * cfg.dp) for s in range(cfg.pp))
+            blocks = sorted((cfg.stage_start[s], cfg.stage_start[s] + cfg.tp_of(s) * cfg.dp_cp) for s in range(cfg.pp))
             at = 0
             for lo, hi in blocks:
                 if lo != at:
@@ -239,6 +285,8 @@ def parallel_problems(cfg: ParallelConfig, transformer, gpus: int) -> list[tuple
                                                f"overlaps; GPU {min(lo, at)} is covered {'twice' if lo < at else 'by none'}"))
                     break
                 at = hi
+    if cfg.etp and not t.is_moe:
+        out.append(("etp", "expert tensor parallelism needs a mixture-of-experts model"))
     if t.is_moe and max(cfg.tp_of(s) for s in range(cfg.pp)) > 1 and not cfg.sp:
         out.append(("sp", "mixture-of-experts layers with tp > 1 need sequence parallelism (as Megatron-LM requires)"))
     layers = t.layers
@@ -280,13 +328,53 @@ def parallel_problems(cfg: ParallelConfig, transformer, gpus: int) -> list[tuple
             out.append(("ep", "expert parallelism needs a mixture-of-experts model"))
         elif t.experts % cfg.ep:
             out.append(("ep", f"expected a divisor of the {t.experts} experts, got {cfg.ep}"))
-        if cfg.dp % cfg.ep:
+        if cfg.etp and any(cfg.tp_of(s) % cfg.etp for s in range(cfg.pp)):
+            out.append(("etp", f"expert tensor parallelism splits within the tensor-parallel group: expected a divisor "
+                               f"of tp, got {cfg.etp}"))
+        if cfg.dp_cp % cfg.ep:
+            group = f"dp x cp={cfg.dp_cp}" if cfg.cp > 1 else f"dp={cfg.dp}"
             out.append(("ep", f"expert-parallel ranks come from the data-parallel group: expected a divisor of "
-                              f"dp={cfg.dp}, got {cfg.ep}"))
+                              f"{group}, got {cfg.ep}"))
+    if t.mode == "serve" and cfg.pp > 1:
+        out.append(("pp", "a serving run (mode=serve) takes one pipeline stage: its decode steps read the token the "
+                          "last stage samples (mode=prefill and mode=decode take pp > 1)"))
+    out.extend(_overlap_problems(cfg, t))
     if cfg.zero and not t.training:
         out.append(("zero", "applies to training"))
     if cfg.recompute != "none" and not t.training:
         out.append(("recompute", "applies to training"))
+    return out
+
+
+def _overlap_problems(cfg: ParallelConfig, t) -> list[tuple[str, str]]:
+    """The problems of the context-parallel and overlap settings (Megatron-LM's argument checks)."""
+    out: list[tuple[str, str]] = []
+    if cfg.cp > 1:
+        if not t.training:
+            out.append(("cp", f"context parallelism applies to training (mode=train), got mode={t.mode}"))
+        elif t.seq % (2 * cfg.cp):
+            out.append(("cp", f"the sequence ({t.seq}) must be a multiple of 2 x cp = {2 * cfg.cp} (each rank "
+                              "keeps two of its 2 cp chunks, the load balancing of causal masks)"))
+        if t.attention == "unfused":
+            out.append(("cp", "context parallelism runs in Transformer Engine's fused attention: give the workload "
+                              "attention=flash, cudnn or efficient"))
+    if cfg.tp_comm_overlap:
+        if not cfg.sp:
+            out.append(("tp_comm_overlap", "overlaps the all-gathers and reduce-scatters of sequence parallelism: "
+                                           "needs sp=true (as Megatron-LM requires)"))
+    if cfg.overlap_param_gather:
+        if cfg.zero not in (1, 2):
+            out.append(("overlap_param_gather", f"overlaps the distributed optimizer's parameter all-gather: needs "
+                                                f"zero=1 or 2, got zero={cfg.zero}"))
+        if not cfg.overlap_grad_reduce:
+            out.append(("overlap_param_gather", "needs overlap_grad_reduce=true (as Megatron-LM requires)"))
+    if cfg.overlap_p2p_comm:
+        if cfg.pp < 2:
+            out.append(("overlap_p2p_comm", "overlaps pipeline sends and receives: needs pp >= 2"))
+        elif cfg.schedule == "1f1b":
+            out.append(("overlap_p2p_comm", "Megatron-LM overlaps pipeline communication in the interleaved "
+                                            "schedule only (it turns the setting off for 1F1B): use "
+                                            "schedule=interleaved"))
     return out
 
 

@@ -19,7 +19,13 @@ What a Megatron-LM run does, task by task, on one GPU per class of identical GPU
   ``1/dp`` shard and the parameters are all-gathered); ZeRO-3 also all-gathers each chunk's
   parameters before each of its units; then the optimizer steps;
 * weights, gradients and optimizer state are resident (:mod:`.memory`); activations are buffers
-  from their producer's start to their last reader's end.
+  from their producer's start to their last reader's end;
+* the settings of :mod:`.config` that change the tasks live in modules of their own: context
+  parallelism's attention ring (:mod:`.context`), Transformer Engine's overlapped tensor-parallel
+  GEMMs (:mod:`.userbuffers`), the parameter all-gather's and the pipeline sends' overlap and
+  the FP8 weight casts (:mod:`.overlap`), expert tensor parallelism and uneven routing
+  (:mod:`.experts`); a collective on a tensor kept from another unit starts when the kernel
+  before its reader starts.
 
 Units: seconds, bytes. Pure and deterministic.
 """
@@ -44,6 +50,7 @@ from marssim.taskgraph import COMPUTE, TRANSFER, Collective, TaskGraph, from_pro
 from marssim.taskprogram import TaskProgram
 from marssim.workload import Graph, Op, OpKind
 
+from . import context, experts, overlap, userbuffers
 from .config import ParallelConfig, check_parallel
 from .fold import Folding, fold, identity_folding
 from .host import launch_gaps, launch_seconds
@@ -99,11 +106,23 @@ def graph_cache(graph: Graph) -> dict:
     return cache
 
 
+_BOUNDED = frozenset({"rules", "layouts", "units", "rank_parameters", "low_precision_parameters", "saved_per_layer"})
+_KEEP = 8
+"""Per graph, at most this many values of each kind in :data:`_BOUNDED` (derived per layer
+layout, cheap to make again): a search's thousands of configurations then hold a bounded set."""
+
+
 def graph_cached(graph: Graph, key: Hashable, make: Callable[[], Any]) -> Any:
-    """The value of ``key`` in :func:`graph_cache`, made by ``make()`` on first use."""
+    """The value of ``key`` in :func:`graph_cache`, made by ``make()`` on first use (the oldest
+    value of the same kind dropped past :data:`_KEEP` of them, for the kinds in :data:`_BOUNDED`)."""
     cache = graph_cache(graph)
     hit = cache.get(key)
     if hit is None:
+        kind = key[0] if isinstance(key, tuple) and key else key
+        if kind in _BOUNDED:
+            same = [k for k in cache if isinstance(k, tuple) and k and k[0] == kind]
+            for old in same[:max(0, len(same) - _KEEP + 1)]:
+                del cache[old]
         hit = cache[key] = make()
     return hit
 
@@ -118,8 +137,9 @@ def op_rules(graph: Graph, cfg: ParallelConfig) -> dict[str, Rule]:
 
 def rules_key(cfg: ParallelConfig, stage_of: dict[int, int]) -> tuple:
     """What :func:`op_rules` depends on beyond the graph: sequence and expert parallelism and
-    the tensor-parallel degree of every layer (``stage_of``: :func:`stage_of_layers`)."""
-    return ("rules", cfg.sp, cfg.ep, tuple(sorted((layer, cfg.tp_of(s)) for layer, s in stage_of.items())))
+    the tensor- and expert-tensor-parallel degree of every layer (``stage_of``:
+    :func:`stage_of_layers`)."""
+    return ("rules", cfg.sp, cfg.ep, tuple(sorted((layer, cfg.tp_of(s), cfg.etp_of(s)) for layer, s in stage_of.items())))
 
 
 _MOE_RESHAPES = ("dispatch", "combine", "dispatch_grad", "combine_grad", "gate_grad")
@@ -141,12 +161,16 @@ def shard_loops(op: Op, rule: Rule, rank_params: dict[int, int], zero_share: int
 def _op_rules(graph: Graph, cfg: ParallelConfig, stage_of: dict[int, int]) -> dict[str, Rule]:
     layouts: dict[str, str] = {}
     rules: dict[str, Rule] = {}
+    t = graph.meta["transformer"]
+    share = experts.busiest_share(t.expert_load, cfg.ep)
+    load = (share.numerator, share.denominator)
     for op in graph.ops:
         if op.kind == OpKind.INPUT:
             layouts[op.name] = "R"
             continue
-        tp = cfg.tp_of(stage_of[op.param("layer")])
-        rule = rule_for(op, layouts, tp, cfg.sp, cfg.ep)
+        stage = stage_of[op.param("layer")]
+        tp = cfg.tp_of(stage)
+        rule = rule_for(op, layouts, tp, cfg.sp, cfg.ep, cfg.etp_of(stage) if t.is_moe else 1, load)
         if op.kind == OpKind.RESHAPE and op.param("what") in _MOE_RESHAPES:
             rule = Rule(rule.split, tuple("D" if w == "E" else w for w in rule.want),
                         "D" if rule.out == "E" else rule.out, scale=tp)
@@ -161,7 +185,7 @@ def prepare_graph(graph: Graph, cfg: ParallelConfig) -> Graph:
     if t is None:
         raise InputError(graph.spec, "", "a parallel configuration needs an LLM workload (gpt, llama, moe or a "
                                          "preset such as llama3-70b)")
-    key = ("prepared", cfg.micro_batch, cfg.recompute if t.training else t.recompute)
+    key = ("prepared", cfg.micro_batch, cfg.recompute if t.training else t.recompute, cfg.cp)
     return graph_cached(graph, key, lambda: _prepare(graph, t, cfg))
 
 
@@ -174,13 +198,20 @@ def _prepare(graph: Graph, t, cfg: ParallelConfig) -> Graph:
         changes["batch"] = cfg.micro_batch
     if t.training and t.recompute != cfg.recompute:
         changes["recompute"] = cfg.recompute
+    if cfg.cp > 1:  # a context-parallel rank's tokens (the attention core's ring gives it every key)
+        changes["seq"] = t.seq // cfg.cp
     if not changes:
         return graph
     try:
         rebuilt = with_overrides(t, **changes)
     except InputError as err:
         raise InputError(graph.spec, problems=err.problems) from None
-    return build_transformer(rebuilt, spec=graph.spec)
+    out = build_transformer(rebuilt, spec=graph.spec)
+    if cfg.cp > 1:  # the model FLOPs of the whole sequence (attention is quadratic in it)
+        from marssim.workload.llm.footprint import footprint
+
+        out.meta["unsplit_footprint"] = footprint(prepare_graph(graph, cfg.with_(cp=1)))
+    return out
 
 
 @dataclass
@@ -194,8 +225,10 @@ class _Template:
     produced: dict[str, tuple[str, tuple]] = field(default_factory=dict)  # tensor -> (layout, refs)
     converted: dict[tuple[str, str], tuple] = field(default_factory=dict)
     kernels: dict[int, int] = field(default_factory=dict)  # compute task -> kernels it launches
+    send_wait: int = -1  # the task after its last kernel that waits for its blocking pipeline sends
     last_compute: int = -1
     first_compute: int = -1
+    prev_compute: int = -1  # the kernel before the last one
     arrays: dict[str, np.ndarray] | None = None
 
     def __len__(self) -> int:
@@ -235,6 +268,7 @@ class _Lowering:
         self.shard_cache: dict[tuple, tuple[tuple[float, float, float, float], str]] = entry[1]
         self.cost_models: dict[str, str] = {}  # op -> the cost model that timed it
         self.shape_keys: dict[str, tuple] = graph_cache(graph).setdefault("shape_keys", {})
+        self.expert_share = experts.busiest_share(self.t.expert_load, cfg.ep)
         self.designs: dict[int, object] = {}
         self.roles: dict[str, tuple[str, ...]] = graph_cached(graph, "megatron_roles", lambda: roles(graph))
         self.kernels_key = kernels_key(cfg)
@@ -364,7 +398,7 @@ class _Lowering:
         if hit is not None:
             self.cost_models.setdefault(op.name, hit[1])
             return hit[0]
-        sizes = shard_loops(op, rule, self.opt_params, self.cfg.dp if self.cfg.zero >= 1 else 1)
+        sizes = shard_loops(op, rule, self.opt_params, self.cfg.dp_cp if self.cfg.zero >= 1 else 1)
         part = op.with_loops(**sizes) if sizes else op
         c = self.cost.op_cost(part, d)
         self.cost_models.setdefault(op.name, c.model)
@@ -384,7 +418,7 @@ class _Lowering:
     def _shard_key(self, op: Op, design) -> tuple:
         rule = self.rules[op.name]
         adam = op.param("fn") == "adam"
-        share = (self.opt_params.get(op.param("layer"), 0), self.cfg.dp if self.cfg.zero >= 1 else 1) if adam else ()
+        share = (self.opt_params.get(op.param("layer"), 0), self.cfg.dp_cp if self.cfg.zero >= 1 else 1) if adam else ()
         op_roles = self.roles.get(op.name, ())
         return (self._shape(op), design.name, rule.split, rule.scale, share, op_roles,
                 self.kernels_key if op_roles else (), self.optimizer_key if adam else ())
@@ -417,7 +451,7 @@ class _Lowering:
         parameters of ``op``'s group one rank updates (:func:`.megatron.optimizer_kernels`), the
         cost model that timed them and how many they are."""
         d = self.design(gpu)
-        params = max(1, -(-self.opt_params.get(op.param("layer"), 0) // (self.cfg.dp if self.cfg.zero >= 1 else 1)))
+        params = max(1, -(-self.opt_params.get(op.param("layer"), 0) // (self.cfg.dp_cp if self.cfg.zero >= 1 else 1)))
         key = ("before_norm", params, d.name, self.t.dtype, self.optimizer_key)
         hit = self.shard_cache.get(key)
         if hit is None:
@@ -441,11 +475,12 @@ class _Lowering:
         full = float(op.output_bytes)
         if op.kind == OpKind.INPUT:
             return full
-        tp = self.cfg.tp_of(self.stage_of_chunk(self.chunk_of_layer[op.param("layer")]))
+        stage = self.stage_of_chunk(self.chunk_of_layer[op.param("layer")])
+        tp = self.cfg.tp_of(stage)
         if layout in ("S", "F"):
             return full / tp
-        if layout in ("E", "D"):
-            return full / tp
+        if layout in experts.EXPERT_LAYOUTS:
+            return full * experts.layout_fraction(layout, tp, self.cfg.etp_of(stage), self.expert_share)
         return full
 
     # ------------------------------------------------------------------ templates
@@ -500,8 +535,10 @@ class _Builder:
     def me(self, rel: int) -> Ref:
         return ("u", self.rep, self.key, rel, "same")
 
-    def compute(self, op: Op, deps) -> int:
-        seconds, flops, energy, out_bytes = self.low.shard(op, self.rep)
+    def compute(self, op: Op, deps, timing: tuple[float, float, float, float] | None = None) -> int:
+        """A kernel of ``op`` (its shard, or ``timing``: seconds, FLOPs, joules, output bytes of a
+        part of it) after ``deps`` and this GPU's kernel before it."""
+        seconds, flops, energy, out_bytes = timing or self.low.shard(op, self.rep)
         t = self.t
         if t.last_compute >= 0:
             deps = tuple(deps) + (self.me(t.last_compute),)
@@ -525,7 +562,7 @@ class _Builder:
         t.kernels[rel] = kernels
         if t.first_compute < 0:
             t.first_compute = rel
-        t.last_compute = rel
+        t.prev_compute, t.last_compute = t.last_compute, rel
         return rel
 
     def flow(self, src: int, dst: int, nbytes: float, op: str, coll: int, deps, hold: bool, steps: int = 1,
@@ -637,6 +674,11 @@ class _Builder:
         if hit is not None:
             return hit
         have, refs = self.locate(name)
+        if have != want and want != "*" and self.low.unit_of.get(name) != self.key and t.prev_compute >= 0:
+            # a tensor kept from another unit is converted when the kernel before its reader starts
+            # (Megatron-LM launches the all-gather of a saved input as the input-gradient GEMM
+            # starts), not as soon as it was produced
+            refs = refs + (self.me(t.prev_compute),)
         refs = self.convert(name, have, want, refs, op_name)
         t.converted[(name, want)] = refs
         return refs
@@ -673,6 +715,8 @@ class _Builder:
         coll = self._collective("p2p", "emb" if self.key[1] == "O" else "pp", "", sent, name, 1,
                                 "direct" if plan is None else plan.algorithm)
         rel = self.flow(peer, self.rep, sent, name, coll, refs, hold=True, pulled=True, plan=plan, held=nbytes)
+        if other.send_wait >= 0 and self.key[1] != "O":  # a blocking pipeline send: its sender waits for it
+            other.ext.append((other.send_wait, self.me(rel)))
         ready = (self.me(rel),)
         if split:
             ready = ready + self.ring("all_gather", "pp", "tp+1", nbytes, tp, name, ready)
@@ -686,8 +730,8 @@ class _Builder:
             return refs
         tp = low.tp_here(self.rep)
         full = low.layout_bytes(name, "R")
-        if {have, want} == {"D", "E"}:
-            return refs + self.all_to_all(low.layout_bytes(name, have), name, refs)
+        if have in experts.EXPERT_LAYOUTS and want in experts.EXPERT_LAYOUTS:
+            return self._expert_conversion(name, have, want, refs)
         if have == "P" and want in ("R", "S", "F"):
             kind = "reduce_scatter" if want in ("S", "F") else "all_reduce"
             return refs + self.ring(kind, "tp", "tp+1", full, tp, name, refs)
@@ -697,6 +741,22 @@ class _Builder:
             return refs + self.ring("all_gather", "tp", "tp+1", full, tp, name, refs)
         return refs  # R -> S/F/D/E, D/E among themselves without ep, F -> S: local slices
 
+    def _expert_conversion(self, name: str, have: str, want: str, refs: tuple) -> tuple:
+        """Routed tokens from one expert layout to another (:func:`.experts.expert_path`): the
+        all-to-all over the expert-parallel group (the busiest rank's tokens), the all-gather and
+        reduce-scatter over the expert-tensor-parallel group."""
+        low = self.low
+        stage = low.place.stage(self.rep)
+        etp, pattern = low.cfg.etp_of(stage), experts.etp_pattern(low.cfg, stage)
+        for step in experts.expert_path(have, want):
+            if step == "a2a":
+                refs = refs + self.all_to_all(low.layout_bytes(name, "E"), name, refs)
+            elif step == "ag":
+                refs = refs + self.ring("all_gather", "tp", pattern, low.layout_bytes(name, "X"), etp, name, refs)
+            else:
+                refs = refs + self.ring("reduce_scatter", "tp", pattern, low.layout_bytes(name, "Z"), etp, name, refs)
+        return refs
+
     # ------------------------------------------------------------------ the unit
     def build(self) -> _Template:
         low = self.low
@@ -704,6 +764,8 @@ class _Builder:
         t = self.t
         if direction == "O":
             self._optimizer()
+        elif direction == "G":
+            overlap.param_gather_unit(self)
         else:
             if low.cfg.zero == 3 and low.training:
                 self._gather_params()
@@ -715,22 +777,31 @@ class _Builder:
             durations = t.cols["duration"]
             for r, gap in zip(rows, launch_gaps([durations[r] for r in rows], [t.kernels[r] for r in rows], launch)):
                 durations[r] += gap
+        if overlap.sends_block(low, self.key):  # its sends' end, which the GPU's next kernel waits for
+            t.send_wait = self._row(COMPUTE, self.rep, 0.0, -1, -1, 0.0, -1, 0.0, 0.0, -1, 0.0,
+                                    low.op_index[low.unit_ops[self.key][-1].name], -1, (self.me(t.last_compute),))
+            t.prev_compute, t.last_compute = t.last_compute, t.send_wait
         t.arrays = {name: np.asarray(t.cols[name], dtype=dtype) for name, dtype in _COLUMNS.items()}
         return t
 
     def op(self, op: Op) -> None:
         low = self.low
         rule = low.rules[op.name]
-        deps: list = []
-        for name, want in zip(op.inputs, rule.want):
-            deps.extend(self.tensor(name, want, op.name))
-        if self._param_deps:
-            deps.extend(self._param_deps)
-        if rule.alias:
-            self.t.produced[op.name] = (rule.out, tuple(dict.fromkeys(deps)))
-            return
-        rel = self.compute(op, deps)
-        refs: tuple = (self.me(rel),)
+        refs = userbuffers.pipelined(self, op, rule) if low.cfg.tp_comm_overlap and not rule.alias else None
+        if refs is None:
+            deps: list = []
+            for name, want in zip(op.inputs, rule.want):
+                deps.extend(self.tensor(name, want, op.name))
+            if self._param_deps:
+                deps.extend(self._param_deps)
+            deps.extend(overlap.param_gather_deps(self, op))
+            if rule.alias:
+                self.t.produced[op.name] = (rule.out, tuple(dict.fromkeys(deps)))
+                return
+            if context.is_ring_core(op, low.cfg.cp):
+                refs = context.ring_core(self, op, tuple(deps))
+            else:
+                refs = (self.me(self.compute(op, deps)),)
         tp = low.tp_here(self.rep)
         if rule.loss_reduce:  # vocabulary-parallel cross-entropy: max, target logit, sum of exponentials
             t = low.t
@@ -750,8 +821,8 @@ class _Builder:
         first = low.unit_ops.get(self.key, [])
         if not first or params <= 0:
             return
-        eb = low.param_bytes
-        self._param_deps = self.ring("all_gather", "dp", "dp+1", params * eb, low.cfg.dp, first[0].name, ())
+        nbytes = overlap.gather_bytes(low, low.chunks[self.key[0]])
+        self._param_deps = self.ring("all_gather", "dp", "dp+1", nbytes, low.cfg.dp_cp, first[0].name, ())
 
     def _optimizer(self) -> None:
         """After the chunk's last backward: its gradients reduced over the data-parallel group in
@@ -794,11 +865,10 @@ class _Builder:
             if not cfg.overlap_grad_reduce:
                 deps.append(("u", self.rep, ("last-backward", 0), 0, "last"))
             name = bucket[0].name
-            ready = self.ring(kind, "dp", "dp+1", dense * gb, cfg.dp, name, tuple(deps))
-            if expert and cfg.ep > 1:
-                ready = ready + self.ring(kind, "dp", "edp+1", expert * gb, cfg.dp // cfg.ep, name, tuple(deps))
-            elif expert:
-                ready = ready + self.ring(kind, "dp", "dp+1", expert * gb, cfg.dp, name, tuple(deps))
+            ready = self.ring(kind, "dp", "dp+1", dense * gb, cfg.dp_cp, name, tuple(deps))
+            if expert:  # over the ranks that hold the same expert weights
+                pattern, n = experts.gradient_group(cfg, low.place.stage(self.rep))
+                ready = ready + self.ring(kind, "dp", pattern, expert * gb, n, name, tuple(deps))
             for buf in bucket:
                 self.t.produced[buf.name] = ("R", tuple(dict.fromkeys(ready)))
         chunk = self.key[0]
@@ -834,12 +904,12 @@ class _Builder:
         if adams and low.training:
             for _ in range((cfg.clip_grad > 0) + grad_scaled(low.t)):  # fp16's inf/NaN flag, then the norm
                 synced = self._model_parallel_all_reduce(4.0, adams[0][1].name, synced)
+        steps = []
         for layer, adam in adams:
             rel = self.compute(adam, ready_of.get(layer, ()) + synced)
             self.t.produced[adam.name] = ("R", (self.me(rel),))
-            if cfg.zero >= 1 and cfg.dp > 1:
-                params = low.opt_params.get(layer, 0)
-                self.ring("all_gather", "dp", "dp+1", params * low.param_bytes, cfg.dp, adam.name, (self.me(rel),))
+            steps.append((layer, adam, rel))
+        overlap.after_steps(self, steps)
 
     def _gradient(self, name: str, buf: Op) -> tuple:
         """Refs to wait for before gradient ``name`` joins the buffer ``buf``: the gradient of the
@@ -980,6 +1050,10 @@ def _lower(graph: Graph, system: System, cfg: ParallelConfig, cost: CostModel, f
         units = stage_units(cfg.schedule, stage, cfg.pp, low.micro_batches,
                             cfg.virtual_stages if cfg.schedule == "interleaved" else 1,
                             forward_only=not low.training)
+        if cfg.overlap_param_gather and low.training:  # the parameter all-gathers open the iteration
+            for chunk in range(len(low.chunks)):
+                if low.stage_of_chunk(chunk) == stage and (chunk, "O") in low.unit_ops:
+                    order.append((rep, (chunk, "G"), 0))
         for chunk, mb, direction in units:
             if (chunk, direction) in low.unit_ops:
                 order.append((rep, (chunk, direction), mb))
@@ -1274,7 +1348,7 @@ def _model_flops(low: _Lowering) -> tuple[float, float]:
     """Model FLOPs of one iteration (all GPUs) and a GPU's peak FLOP/s for the model's type."""
     from marssim.workload.llm.footprint import footprint
 
-    f = graph_cached(low.graph, "footprint", lambda: footprint(low.graph))
+    f = low.graph.meta.get("unsplit_footprint") or graph_cached(low.graph, "footprint", lambda: footprint(low.graph))
     per_replica = f.model_flops if low.training else f.flops.get("fwd", 0.0)
     total = per_replica * low.micro_batches * low.cfg.dp
     peak_of: dict[tuple, float] = {}  # per accelerator design

@@ -8,7 +8,8 @@ splits each op's weights by its tensor- and expert-parallel rule):
   :func:`marssim.workload.llm.precision.held_weight_bytes`; ZeRO-3: ``1/dp`` of them);
 * gradients: 4 B per parameter (fp32 main gradients; ZeRO-2 and 3: ``1/dp``);
 * optimizer state: 12 B per parameter (fp32 master weights and Adam's two moments; ZeRO-1 and
-  above: ``1/dp``); the last stage of a pipeline with tied embeddings keeps a copy of the word
+  above: ``1/dp``; with context parallelism every ``1/dp`` is ``1/(dp x cp)``, the distributed
+  optimizer's group); the last stage of a pipeline with tied embeddings keeps a copy of the word
   embedding (and its gradient and optimizer state), as Megatron-LM does;
 * activations: per micro-batch, the forward outputs and dropout masks the backward reads
   (:func:`marssim.workload.llm.footprint.saved_tensors`) of the stage's layers, each divided by
@@ -16,7 +17,13 @@ splits each op's weights by its tensor- and expert-parallel rule):
   ``min(pp - s, m)`` under 1F1B, ``min((pp - s - 1) * 2 + (v - 1) * pp + 1, m v)`` chunks of
   ``1/v`` of the stage under the interleaved schedule;
 * KV cache (serving): the stage's layers' caches, split over the tensor-parallel ranks by key and
-  value heads.
+  value heads;
+* communication buffers: ZeRO-3's gathered parameters of a model chunk; under context
+  parallelism the key/value ring's buffers of one layer (:func:`.context.kv_buffer_bytes`); under
+  ``tp_comm_overlap`` Transformer Engine's userbuffers (:func:`.userbuffers.buffer_bytes`).
+
+With context parallelism the graph is one rank's ``seq / cp`` tokens, so activations are those of
+its tokens.
 
 The simulation reports the peak it observes (the same static bytes as a resident floor plus
 every buffer while it lives); this closed form is what a search uses to reject a configuration
@@ -35,7 +42,8 @@ from marssim.workload.op import DTYPE_BYTES
 
 from .config import ParallelConfig
 
-__all__ = ["StaticMemory", "MemoryEstimate", "rank_parameters", "static_bytes", "memory_estimate", "check_memory"]
+__all__ = ["StaticMemory", "MemoryEstimate", "rank_parameters", "low_precision_rank_parameters", "static_bytes",
+           "memory_estimate", "check_memory"]
 
 
 @dataclass(frozen=True)
@@ -122,6 +130,23 @@ def rank_parameters(graph: Graph, cfg: ParallelConfig, rules) -> tuple[dict[int,
     return dict(per), dict(experts)
 
 
+def low_precision_rank_parameters(graph: Graph, cfg: ParallelConfig, rules) -> dict[int, int]:
+    """Per layer group: parameters one rank holds of GEMMs whose weights a low-precision recipe
+    casts (``w_dtype`` fp8 or fp4), split as :func:`rank_parameters` splits them."""
+    from marssim.workload.llm.precision import LOW_PRECISION
+
+    from .lower import stage_of_layers
+
+    stage_of = stage_of_layers(graph.meta["transformer"].layers, cfg)
+    per: dict[int, int] = defaultdict(int)
+    for op in graph.ops:
+        if op.param("phase", "fwd") != "fwd" or not op.weight_elems or op.param("shares") or \
+                op.param("w_dtype") not in LOW_PRECISION:
+            continue
+        per[op.param("layer")] += _shard_weights(op, rules[op.name], cfg.tp_of(stage_of[op.param("layer")]))
+    return dict(per)
+
+
 def _rank_weight_bytes(graph: Graph, cfg: ParallelConfig, rules) -> dict[int, float]:
     """Per layer group: bytes of weights one rank holds, each op's parameters at the bytes the
     workload holds per parameter (:func:`marssim.workload.llm.precision.held_weight_bytes`)."""
@@ -173,7 +198,7 @@ def static_bytes(graph: Graph, cfg: ParallelConfig, stage: int, rules, per: dict
         tied = tied_copy_params(t, cfg)  # the last stage's copy of the word embedding
         params += tied
         held += tied * DTYPE_BYTES[t.dtype]
-    dp = cfg.dp
+    dp = cfg.dp_cp  # the distributed optimizer's group: data- and context-parallel ranks
     weights = held / (dp if cfg.zero >= 3 else 1)
     grads = opt = 0.0
     if t.training:
@@ -227,14 +252,36 @@ def memory_estimate(graph: Graph, cfg: ParallelConfig, capacity: float, rules=No
             layers = _stage_layers(graph, cfg, s)
             acts[s] = sum(per_layer.get(layer, 0.0) for layer in layers) * _in_flight(cfg, s, cfg.micro_batches)
             working[s] = max((plain.get(layer, 0.0) - per_layer.get(layer, 0.0) for layer in layers), default=0.0)
-    if cfg.zero >= 3 and cfg.dp > 1:  # the parameters of a model chunk, gathered before each of its units
+    if cfg.zero >= 3 and cfg.dp_cp > 1:  # the parameters of a model chunk, gathered before each of its units
         from .lower import chunk_layers
 
         eb = DTYPE_BYTES[t.dtype]
         for c, layers in enumerate(chunk_layers(t.layers, cfg)):
             s = c % cfg.pp
             buffers[s] = max(buffers.get(s, 0.0), sum(per.get(layer, 0) for layer in layers) * eb)
+    for s, extra in _knob_buffers(graph, cfg).items():
+        buffers[s] = buffers.get(s, 0.0) + extra
     return MemoryEstimate(static, acts, capacity, working, buffers)
+
+
+def _knob_buffers(graph: Graph, cfg: ParallelConfig) -> dict[int, float]:
+    """Per stage, bytes of the context-parallel ring's buffers and of Transformer Engine's
+    userbuffers (``graph``: one micro-batch on one context-parallel rank)."""
+    from . import context, userbuffers
+
+    t = graph.meta["transformer"]
+    out: dict[int, float] = {}
+    core = next((op for op in graph.ops if op.param("fused") == "fwd" and op.param("phase", "fwd") == "fwd"), None)
+    for s in range(cfg.pp):
+        tp = cfg.tp_of(s)
+        extra = userbuffers.buffer_bytes(t, cfg) if tp > 1 else 0.0
+        if cfg.cp > 1 and core is not None and t.training:
+            index = graph.index
+            kv = sum(graph.ops[index[name]].output_bytes for name in core.inputs[1:3]) / tp
+            extra += context.kv_buffer_bytes(cfg.cp, kv, core.output_bytes / tp)
+        if extra:
+            out[s] = extra
+    return out
 
 
 def _saved_per_layer(graph: Graph, cfg: ParallelConfig, rules) -> dict[int, float]:
@@ -244,16 +291,23 @@ def _saved_per_layer(graph: Graph, cfg: ParallelConfig, rules) -> dict[int, floa
 
     from .lower import graph_cached, stage_of_layers
 
+    from .experts import EXPERT_LAYOUTS, busiest_share, layout_fraction
+
     t = graph.meta["transformer"]
     per_layer: dict[int, float] = defaultdict(float)
     stage_of = stage_of_layers(t.layers, cfg)
     index = graph.index
     saved = graph_cached(graph, "saved", lambda: saved_tensors(graph))
+    share = busiest_share(t.expert_load, cfg.ep)
     for (name, what), (size, layer) in saved.items():
         rule = rules.get(name)
-        tp = cfg.tp_of(stage_of[graph.ops[index[name]].param("layer")])
-        split = tp if rule is not None and rule.out in ("S", "F", "E", "D") else 1
-        per_layer[layer] += size / split
+        stage = stage_of[graph.ops[index[name]].param("layer")]
+        tp = cfg.tp_of(stage)
+        out = rule.out if rule is not None else "R"
+        if out in EXPERT_LAYOUTS:  # routed tokens: the busiest rank's, gathered over etp where they are
+            per_layer[layer] += size * layout_fraction(out, tp, cfg.etp_of(stage), share)
+        else:
+            per_layer[layer] += size / (tp if out in ("S", "F") else 1)
     return dict(per_layer)
 
 

@@ -6,6 +6,13 @@ accelerator, so the tensor-parallel ranks of a group sit on consecutive GPUs (on
 ``tp <= 8``), the stages of a pipeline next, the data-parallel replicas outermost. With
 per-stage tensor parallelism (``stage_tp``) or a chosen placement (``stage_start``) each stage
 runs on a block of consecutive GPUs, its tensor-parallel ranks innermost.
+
+Context parallelism (``cp``) splits each data-parallel replica into ``cp`` ranks: the
+data-parallel coordinate runs over ``dp x cp`` ranks, the context-parallel ones innermost
+(``dp_rank * cp + cp_rank``), so the gradient reduction and the distributed optimizer's group
+(``dp+1``) spans ``dp x cp`` ranks, as Megatron-LM's ``data_parallel_group_with_cp`` does, and
+with ``order=tp-dp-pp`` a context-parallel group sits ``tp`` GPUs apart (Megatron-LM's default
+``tp-cp-ep-dp-pp`` has it so).
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ PULLS = ("pull+1", "pull-1")
 @dataclass(frozen=True)
 class Placement:
     """``ranks[(dp, pp, tp)]``: the node index of each rank's GPU; ``coords``: node index ->
-    ``(dp, pp, tp)``."""
+    ``(dp, pp, tp)`` (``dp`` counts ``dp x cp`` ranks, the context-parallel ones innermost)."""
 
     cfg: ParallelConfig
     ranks: dict[tuple[int, int, int], int]
@@ -50,21 +57,40 @@ class Placement:
 
     def patterns(self) -> dict[str, "callable"]:
         """The communication patterns of the configuration, each a map GPU -> peer GPU (or None):
-        ring neighbours of the tensor-, data- and expert-data-parallel groups and the
-        expert-parallel all-to-all partners (each GPU sends to its peer), and the GPUs of the
+        ring neighbours of the tensor-, context-, data- and expert-data-parallel groups, of the
+        expert-tensor-parallel group where it is smaller than the tensor-parallel one (``etp+1``)
+        and of the ranks holding the same experts (``xdp+1``), and the expert-parallel
+        all-to-all partners (each GPU sends to its peer), and the GPUs of the
         next and previous pipeline stage a GPU receives activations and gradients from
         (:data:`PULLS`: each GPU receives from its peer)."""
         cfg = self.cfg
-        P, D, E = cfg.pp, cfg.dp, cfg.ep
+        P, D, E, C = cfg.pp, cfg.dp_cp, cfg.ep, cfg.cp
         c = self.coords
         out: dict[str, object] = {}
         if any(cfg.tp_of(s) > 1 for s in range(P)):
             out["tp+1"] = lambda g: self.at(c[g][0], c[g][1], (c[g][2] + 1) % cfg.tp_of(c[g][1]))
         if D > 1:
             out["dp+1"] = lambda g: self.at((c[g][0] + 1) % D, c[g][1], c[g][2])
+        if C > 1:  # the context-parallel ring: the innermost part of the data-parallel coordinate
+            out["cp+1"] = lambda g: self.at((c[g][0] // C) * C + (c[g][0] % C + 1) % C, c[g][1], c[g][2])
         if P > 1:  # pulled: a stage's GPU receives from the GPU of the other stage that on_stage names
             out["pull+1"] = lambda g: self.on_stage(g, (c[g][1] + 1) % P)
             out["pull-1"] = lambda g: self.on_stage(g, (c[g][1] - 1) % P)
+        if any(1 < cfg.etp_of(s) < cfg.tp_of(s) for s in range(P)):
+            def etp_next(g):  # the expert-tensor-parallel ring: etp consecutive tensor-parallel ranks
+                e = cfg.etp_of(c[g][1])
+                return self.at(c[g][0], c[g][1], (c[g][2] // e) * e + (c[g][2] % e + 1) % e)
+
+            out["etp+1"] = etp_next
+        if any(cfg.tp_of(s) > cfg.etp_of(s) for s in range(P)):
+            def copies_next(g):  # the ranks holding the same experts: tp / etp per group, then the replicas
+                dp, s, t = c[g]
+                e, tp = cfg.etp_of(s), cfg.tp_of(s)
+                if t + e < tp:
+                    return self.at(dp, s, t + e)
+                return self.at((dp + E) % D, s, t % e)
+
+            out["xdp+1"] = copies_next
         if E > 1:
             for k in range(1, E):
                 out[f"ep+{k}"] = (lambda k: lambda g: self.at((c[g][0] // E) * E + (c[g][0] % E + k) % E,
@@ -81,14 +107,14 @@ def place(system: System, cfg: ParallelConfig) -> Placement:
     ranks: dict[tuple[int, int, int], int] = {}
     if cfg.stage_start or (cfg.stage_tp and not cfg.uniform):
         # each stage a block of tp * dp GPUs: where the configuration puts it, else one after another
-        blocks = [cfg.tp_of(stage) * cfg.dp for stage in range(cfg.pp)]
+        blocks = [cfg.tp_of(stage) * cfg.dp_cp for stage in range(cfg.pp)]
         starts = cfg.stage_start or tuple(itertools.accumulate(blocks, initial=0))[:-1]
         for stage, first in enumerate(starts):
             tp = cfg.tp_of(stage)
-            for k in range(tp * cfg.dp):
+            for k in range(tp * cfg.dp_cp):
                 ranks[(k // tp, stage, k % tp)] = nodes[first + k]
     else:
-        sizes = {"tp": cfg.tp_of(0), "pp": cfg.pp, "dp": cfg.dp}
+        sizes = {"tp": cfg.tp_of(0), "pp": cfg.pp, "dp": cfg.dp_cp}
         axes = cfg.order.split("-")
         for rank, node in enumerate(nodes[: cfg.gpus]):
             r = rank

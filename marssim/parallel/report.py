@@ -4,13 +4,14 @@ token and per output token.
 
 Where a GPU's compute stream is idle, the idle time is charged to what the GPU was waiting for,
 walking back the chain of latest-ending predecessors from the kernel that ends the gap: time
-spent in a transfer of the tensor-parallel, data-parallel, pipeline or expert-parallel group is
-that group's *exposed* communication (``emb``: the tied word embedding's gradient between the first
-and last stage; ``mp``: the optimizer step's all-reduces over the model-parallel group); time
-spent waiting for another GPU's compute (a previous stage's forward, a next stage's backward)
-and the idle time before a GPU's first and after its last kernel are the *bubble*. Per GPU:
-busy + exposed communication + bubble = iteration time (tested). Model FLOPs (for MFU) are
-forward and backward without recomputation (Narayanan et al. 2021, appendix; Chowdhery et al. 2022): the workload's
+spent in a transfer of the tensor-parallel, context-parallel, data-parallel, pipeline or
+expert-parallel group is that group's *exposed* communication (``emb``: the tied word embedding's
+gradient between the first and last stage; ``mp``: the optimizer step's all-reduces over the
+model-parallel group); time spent waiting for another GPU's compute (a previous stage's forward,
+a next stage's backward) and the idle time before a GPU's first and after its last kernel are the
+*bubble*. Per GPU: busy + exposed communication + bubble = iteration time (tested). Model FLOPs
+(for MFU) are forward and backward without recomputation (Narayanan et al. 2021, appendix;
+Chowdhery et al. 2022): the workload's
 :attr:`~marssim.workload.llm.Footprint.model_flops` per micro-batch, times micro-batches and
 data-parallel replicas; hardware FLOPs (for HFU) are every FLOP the GPUs ran, recomputation
 included.
@@ -31,7 +32,7 @@ from marssim.taskgraph import COMPUTE, TaskGraph
 
 __all__ = ["ParallelReport", "parallel_report", "report_of", "CATEGORIES"]
 
-CATEGORIES = ("tp", "sp", "pp", "dp", "ep", "emb", "mp", "bubble")
+CATEGORIES = ("tp", "cp", "sp", "pp", "dp", "ep", "emb", "mp", "bubble")
 
 
 @dataclass(frozen=True)

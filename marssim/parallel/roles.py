@@ -9,6 +9,9 @@ S     split along the tokens (sequence parallelism)
 F     split along the features: attention heads, MLP columns, vocabulary entries
 P     partial sums: every rank holds the whole shape, the tensor is their sum
 E     routed to experts: the tokens each expert-parallel rank's experts process (MoE)
+X     routed tokens gathered over the expert-tensor-parallel group (``etp > 1``)
+Y     routed tokens of that group, features split over it
+Z     partial sums over that group (a row-parallel expert GEMM's output)
 ====  ===================================================================================
 
 An op wants a layout for each input and gives one for its output (:class:`Rule`); where the
@@ -26,7 +29,11 @@ expert-parallel all-to-all ``S <-> E``); ``R -> S`` and ``R -> F`` are local sli
 * norms, residual adds and dropouts on the hidden state are ``R``, or ``S`` under sequence
   parallelism; the vocabulary-parallel embedding gives partial sums ``P``;
 * MoE experts (grouped GEMMs) are split over ``ep`` ranks; a group's tokens are split over its
-  ``tp`` ranks in the MoE block (Megatron-LM requires sequence parallelism for MoE with tp > 1).
+  ``tp`` ranks in the MoE block (Megatron-LM requires sequence parallelism for MoE with tp > 1);
+  with expert tensor parallelism (``etp > 1``) each expert's GEMMs split over ``etp`` ranks as the
+  dense MLP's over ``tp`` (``X -> Y`` column-parallel, ``Y -> Z`` row-parallel), on the tokens of
+  those ranks; the tokens per rank scale by the busiest expert-parallel rank's share of the
+  routing (:mod:`.experts`).
 """
 
 from __future__ import annotations
@@ -75,8 +82,11 @@ def _suffix(name: str) -> str:
     return name
 
 
-def rule_for(op: Op, layouts: dict[str, str], tp: int, sp: bool, ep: int) -> Rule:
-    """The rule of ``op`` given its producers' output ``layouts`` (by op name)."""
+def rule_for(op: Op, layouts: dict[str, str], tp: int, sp: bool, ep: int, etp: int = 1,
+             load: tuple[int, int] = (1, 1)) -> Rule:
+    """The rule of ``op`` given its producers' output ``layouts`` (by op name); ``etp``: expert
+    tensor parallelism; ``load``: the busiest expert-parallel rank's tokens over the uniform
+    share, as ``(numerator, denominator)``."""
     H = "S" if sp else "R"
     seq = (("H", 1, tp),) if sp else ()
     n_in = len(op.inputs)
@@ -88,7 +98,11 @@ def rule_for(op: Op, layouts: dict[str, str], tp: int, sp: bool, ep: int) -> Rul
     if kind == OpKind.GEMM:
         grad = op.param("grad")
         if op.param("grouped"):  # experts over ep ranks, each receiving ep ranks' tokens, split over tp
-            return Rule((("B", 1, ep), ("M", ep, tp)), tuple("E" for _ in range(n_in)), "E")
+            num, den = load
+            tokens = ("M", ep * num * (etp if etp > 1 else 1), tp * den)
+            if etp <= 1:
+                return Rule((("B", 1, ep), tokens), tuple("E" for _ in range(n_in)), "E")
+            return _expert_tensor_parallel(op, grad, (("B", 1, ep), tokens), etp)
         suffix = _suffix(_base_name(name))
         column = suffix in COLUMN
         row = suffix in ROW
@@ -135,10 +149,26 @@ def rule_for(op: Op, layouts: dict[str, str], tp: int, sp: bool, ep: int) -> Rul
             ins = ["E" if lay == "D" else lay for lay in ins]
         if "F" in ins:
             return Rule((("C", 1, tp),), tuple("F" for _ in ins), "F")
+        num, den = load
+        for lay in ("Y", "Z"):  # expert tensor parallelism: the etp group's tokens
+            if lay in ins:
+                split = (("N", 1, ep), ("H", ep * num * etp, tp * den)) + ((("C", 1, etp),) if lay == "Y" else ())
+                return Rule(split, tuple(lay for _ in ins), lay)
         if "E" in ins:
-            return Rule((("N", 1, ep), ("H", ep, tp)), tuple("E" for _ in ins), "E")
+            return Rule((("N", 1, ep), ("H", ep * num, tp * den)), tuple("E" for _ in ins), "E")
         return Rule(seq, tuple(H for _ in ins), H)
     return Rule((), tuple(ins), H)
+
+
+def _expert_tensor_parallel(op: Op, grad, base: tuple, etp: int) -> Rule:
+    """An expert GEMM split over ``etp`` ranks as the dense column- and row-parallel rule over
+    ``tp``, with the expert layouts (``R -> X``, ``F -> Y``, ``P -> Z``)."""
+    column = _suffix(_base_name(op.name)) in COLUMN
+    if grad is None:
+        return Rule(base + (("N", 1, etp),), ("X",), "Y") if column else Rule(base + (("K", 1, etp),), ("Y",), "Z")
+    if grad == "input":
+        return Rule(base + (("K", 1, etp),), ("Y",), "Z") if column else Rule(base + (("N", 1, etp),), ("X",), "Y")
+    return Rule(base + (("N", 1, etp),), ("X", "Y"), "Y") if column else Rule(base + (("K", 1, etp),), ("Y", "X"), "Y")
 
 
 def strategy_of(op, rule) -> str:

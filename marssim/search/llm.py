@@ -8,10 +8,13 @@ carried to the question Megatron-LM users settle by hand:
   each stage takes (uneven: a faster kind takes more; the first guesses give each stage layers in
   proportion to its GPUs' peak), the tensor-parallel degree of each stage, and on a uniform
   configuration the placement order of tensor, pipeline and data-parallel ranks;
-* **level 2 (communication-aware)**: sequence and expert parallelism, micro-batch size, schedule
-  and virtual stages, recomputation, ZeRO stage; for every level-1 candidate the best level-2
-  choice is found by coordinate descent over the screen, all candidates of a generation in
-  lockstep (one batch of screens per coordinate).
+* **level 2 (communication-aware)**: sequence parallelism, context parallelism (how many of a
+  level-1 candidate's data-parallel GPUs split each sequence instead of taking sequences of their
+  own), tensor-parallel communication overlap, micro-batch size, schedule and virtual stages,
+  pipeline communication overlap, recomputation, ZeRO stage and the parameter all-gather's
+  overlap, expert parallelism and expert tensor parallelism; for every level-1 candidate the best level-2 choice is found by
+  coordinate descent over the screen, all candidates of a generation in lockstep (one batch of
+  screens per coordinate).
 
 Every candidate is first *screened* in closed form (:mod:`marssim.parallel.analytic`, a few ms;
 memory-infeasible ones rejected there and counted) and the ``simulate_top`` best screened
@@ -32,6 +35,7 @@ executor); results come back in order, so a seed gives the same search on any ex
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
@@ -88,6 +92,10 @@ class LLMSearchSettings:
     zero: tuple[int, ...] = (0, 1)
     schedules: tuple[str, ...] = ("1f1b", "interleaved", "gpipe")
     sp: tuple[bool, ...] = (False, True)
+    cp: tuple[int, ...] = (1, 2, 4, 8)
+    tp_comm_overlap: tuple[bool, ...] = (False, True)
+    overlap_param_gather: tuple[bool, ...] = (False, True)
+    overlap_p2p_comm: tuple[bool, ...] = (False, True)
     expert_parallel: bool = True
     max_pp: int = 64
     time_limit_s: float | None = None
@@ -146,7 +154,26 @@ class LLMSpace:
         return len(set(self.kind_of_gpu)) > 1
 
     def dps(self) -> list[int]:
-        return [d for d in range(1, self.gpus + 1) if self.gpus % d == 0 and (not self.training or self.global_batch % d == 0)]
+        """Data-parallel x context-parallel GPUs per model-parallel rank: divisors of the GPUs
+        that, for some context-parallel degree, leave a replica count dividing the global batch."""
+        return [d for d in range(1, self.gpus + 1) if self.gpus % d == 0 and
+                (not self.training or any(self.global_batch % (d // c) == 0 for c in self.cps(d)))]
+
+    def cps(self, dp: int) -> tuple[int, ...]:
+        """Context-parallel degrees open to ``dp`` data-parallel GPUs per model-parallel rank: the
+        settings' degrees that divide ``dp`` and the sequence into ``2 cp`` chunks, for a training
+        workload with a fused attention core (1 otherwise)."""
+        t = self.graph.meta["transformer"]
+        if not self.training or t.attention == "unfused":
+            return (1,)
+        return tuple(c for c in self.settings.cp if c == 1 or (dp % c == 0 and t.seq % (2 * c) == 0))
+
+    def etps(self, tp: int) -> tuple[int, ...]:
+        """Expert tensor parallelism for stages of at least ``tp``: 0 (the tensor-parallel degree)
+        and its smaller divisors, for a mixture-of-experts model (a dense model: 0)."""
+        if not self.graph.meta["transformer"].experts or not self.settings.expert_parallel:
+            return (0,)
+        return (0,) + tuple(e for e in range(1, tp) if tp % e == 0)
 
     def eps(self, dp: int) -> tuple[int, ...]:
         """Expert-parallel degrees for ``dp`` replicas: divisors of both ``dp`` and the experts
@@ -181,7 +208,7 @@ def _proportional(total: int, weights: Sequence[float]) -> tuple[int, ...]:
 @dataclass(frozen=True)
 class _Genome:
     pp: int
-    dp: int
+    dp: int  # data-parallel x context-parallel GPUs per model-parallel rank (level 1); cp divides it
     tps: tuple[int, ...]  # per stage
     layers: tuple[int, ...]
     perm: tuple[int, ...]  # stage -> position of its block along the GPUs
@@ -193,6 +220,11 @@ class _Genome:
     recompute: str
     zero: int
     ep: int = 1
+    cp: int = 1
+    tp_comm_overlap: bool = False
+    overlap_param_gather: bool = False
+    overlap_p2p_comm: bool = False
+    etp: int = 0
 
     def starts(self) -> tuple[int, ...]:
         """The first GPU of each stage: the stages' blocks (``tps[s] * dp`` GPUs) laid along the
@@ -215,7 +247,9 @@ class _Genome:
         balanced = self.layers == _balanced(space.layers, self.pp)
         gb = space.global_batch if space.training else 0
         return ParallelConfig(
-            tp=self.tps[0], pp=self.pp, dp=self.dp, sp=self.sp, schedule=self.schedule,
+            tp=self.tps[0], pp=self.pp, dp=self.dp // self.cp, cp=self.cp, sp=self.sp, schedule=self.schedule,
+            tp_comm_overlap=self.tp_comm_overlap, overlap_param_gather=self.overlap_param_gather,
+            overlap_p2p_comm=self.overlap_p2p_comm, etp=self.etp,
             virtual_stages=self.virtual if self.schedule == "interleaved" else 1,
             micro_batch=self.micro, global_batch=gb, recompute=self.recompute, zero=self.zero, ep=self.ep,
             layers_per_stage=() if balanced else self.layers,
@@ -258,10 +292,12 @@ def simulate_configs(graph: Graph, system: System, cost: CostModel, configs: Seq
 
 # ----------------------------------------------------------------------------- the baseline grid
 def megatron_grid(space: LLMSpace) -> list[ParallelConfig]:
-    """Every uniform Megatron-legal configuration: ``tp * pp * dp`` = the GPUs, ``tp`` within a
-    node, every micro-batch, schedule (interleaved with 2 virtual stages where legal), sequence
-    parallelism, recomputation, ZeRO and (mixture-of-experts models) expert-parallel choice of the
-    settings; balanced layers, default
+    """Every uniform Megatron-legal configuration: ``tp * pp * dp * cp`` = the GPUs, ``tp`` within
+    a node, every context-parallel degree, micro-batch, schedule (interleaved with 2 virtual
+    stages where legal), sequence parallelism, recomputation, ZeRO and (mixture-of-experts models)
+    expert-parallel choice of the settings; the overlap settings on wherever they apply
+    (``tp_comm_overlap`` with sequence parallelism, ``overlap_param_gather`` with ZeRO,
+    ``overlap_p2p_comm`` with the interleaved schedule); balanced layers, default
     placement. On a cluster of several GPU kinds these are the "uniform layers on every kind"
     configurations."""
     s = space.settings
@@ -273,8 +309,9 @@ def megatron_grid(space: LLMSpace) -> list[ParallelConfig]:
             pp = space.gpus // (tp * dp)
             if pp > min(space.layers, s.max_pp):
                 continue
-            for micro in (s.micro_batches if space.training else (space.graph.batch,)):
-                if space.training and (space.global_batch % (micro * dp)):
+            for cp, micro in itertools.product(space.cps(dp), s.micro_batches if space.training
+                                               else (space.graph.batch,)):
+                if space.training and (space.global_batch % (micro * (dp // cp))):
                     continue
                 for schedule in (s.schedules if space.training else ("1f1b",)):
                     if schedule != "1f1b" and pp == 1:
@@ -285,8 +322,12 @@ def megatron_grid(space: LLMSpace) -> list[ParallelConfig]:
                         for recompute in (s.recompute if space.training else ("none",)):
                             for zero in (s.zero if space.training and dp > 1 else (0,)):
                                 for ep in space.eps(dp):
+                                    # the overlaps on wherever they apply, as NeMo's performance recipes run
                                     g = _Genome(pp, dp, (tp,) * pp, _balanced(space.layers, pp), tuple(range(pp)),
-                                                "tp-pp-dp", sp, micro, schedule, 2, recompute, zero, ep)
+                                                "tp-pp-dp", sp, micro, schedule, 2, recompute, zero, ep, cp,
+                                                sp and True in s.tp_comm_overlap,
+                                                zero in (1, 2) and True in s.overlap_param_gather,
+                                                schedule == "interleaved" and True in s.overlap_p2p_comm)
                                     cfg = g.config(space)
                                     if _legal(space, cfg):
                                         out.append(cfg)
@@ -294,7 +335,8 @@ def megatron_grid(space: LLMSpace) -> list[ParallelConfig]:
 
 
 # ----------------------------------------------------------------------------- the GA
-_GENES = ("sp", "micro", "schedule", "recompute", "zero", "ep")
+_GENES = ("sp", "cp", "tp_comm_overlap", "micro", "schedule", "overlap_p2p_comm", "recompute", "zero",
+          "overlap_param_gather", "ep", "etp")
 
 
 class _LLMStrategy:
@@ -386,8 +428,9 @@ class _LLMStrategy:
             perm = tuple(order.index(s) for s in range(pp))
         else:
             perm = tuple(range(pp))
-        return _Genome(pp, cfg.dp, tps, tuple(layers), perm, cfg.order, cfg.sp, cfg.micro_batch, cfg.schedule,
-                       max(2, cfg.virtual_stages), cfg.recompute, cfg.zero, cfg.ep)
+        return _Genome(pp, cfg.dp_cp, tps, tuple(layers), perm, cfg.order, cfg.sp, cfg.micro_batch, cfg.schedule,
+                       max(2, cfg.virtual_stages), cfg.recompute, cfg.zero, cfg.ep, cfg.cp, cfg.tp_comm_overlap,
+                       cfg.overlap_param_gather, cfg.overlap_p2p_comm, cfg.etp)
 
     def random_level1(self) -> _Genome:
         sp = self.space
@@ -444,8 +487,9 @@ class _LLMStrategy:
         if move == 4:
             return self.split_or_merge(g)
         if move == 3:
-            return replace(self.random_level1(), **{k: getattr(g, k) for k in ("sp", "micro", "schedule", "virtual",
-                                                                                 "recompute", "zero")})
+            return replace(self.random_level1(), **{k: getattr(g, k) for k in (
+                "sp", "micro", "schedule", "virtual", "recompute", "zero", "tp_comm_overlap", "overlap_param_gather",
+                "overlap_p2p_comm", "etp")})
         orders = ("tp-pp-dp", "tp-dp-pp")
         return replace(g, order=orders[(orders.index(g.order) + 1) % 2] if g.order in orders else orders[0])
 
@@ -535,7 +579,12 @@ class _LLMStrategy:
                 "schedule": s.schedules if sp.training and g.pp > 1 else ("1f1b",),
                 "recompute": s.recompute if sp.training else ("none",),
                 "zero": s.zero if sp.training and g.dp > 1 else (0,),
-                "ep": sp.eps(g.dp)}
+                "ep": sp.eps(g.dp),
+                "cp": sp.cps(g.dp),
+                "tp_comm_overlap": s.tp_comm_overlap if max(g.tps) > 1 else (False,),
+                "overlap_p2p_comm": s.overlap_p2p_comm if sp.training and g.pp > 1 else (False,),
+                "overlap_param_gather": s.overlap_param_gather if sp.training and g.dp > 1 else (False,),
+                "etp": sp.etps(min(g.tps))}
 
     def next_generation(self, scored: list[tuple[_Genome, Evaluation]]) -> list[_Genome]:
         s = self.settings

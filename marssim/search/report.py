@@ -118,14 +118,16 @@ _SHORT = (("sp", lambda v: "sp" if v else ""), ("ep", lambda v: f"ep{v}"), ("mic
           ("global_batch", lambda v: f"gb{v}"), ("schedule", lambda v: {"1f1b": "", "gpipe": "gpipe"}.get(v, "il")),
           ("virtual_stages", lambda v: f"v{v}"), ("recompute", lambda v: {"selective": "rc-sel", "full": "rc-full"}.get(v, "")),
           ("zero", lambda v: f"z{v}"), ("order", lambda v: v), ("bucket", lambda v: f"bucket{v}"),
-          ("overlap_grad_reduce", lambda v: "" if v else "no-overlap"))
+          ("overlap_grad_reduce", lambda v: "" if v else "no-overlap"), ("tp_comm_overlap", lambda v: "tpo" if v else ""),
+          ("overlap_param_gather", lambda v: "opg" if v else ""), ("overlap_p2p_comm", lambda v: "p2po" if v else ""),
+          ("etp", lambda v: f"etp{v}"))
 
 
 def short_config(cfg: ParallelConfig, width: int = 44) -> str:
     """A configuration in a few characters (``tp8 pp2 dp8 sp mb1 gb64 rc-full z1``; per-stage
     settings as ``stp=8/4``, ``lps=10/12``, ``start=0/16``), cut to ``width`` with an ellipsis."""
     parts = [f"tp{cfg.tp}" if not cfg.stage_tp else "stp=" + "/".join(map(str, cfg.stage_tp)),
-             f"pp{cfg.pp}", f"dp{cfg.dp}"]
+             f"pp{cfg.pp}", f"dp{cfg.dp}"] + ([f"cp{cfg.cp}"] if cfg.cp > 1 else [])
     default = ParallelConfig()
     for name, fmt in _SHORT:
         value = getattr(cfg, name)

@@ -25,7 +25,11 @@ Presets and their sources:
   vocabulary 32,000 (8x7B) / 32,768 (8x22B). 8x7B: 32 layers, hidden 4,096, 32 heads, FFN
   14,336; 8x22B: 56 layers, 6,144, 48 heads, 16,384.
 
-Sizes are exact integers; ``dropout`` and ``capacity_factor`` are real numbers.
+Sizes are exact integers; ``dropout`` and ``capacity_factor`` are real numbers; ``expert_load``
+(a mixture of experts' routing: the tokens each expert receives, relative, measured or assumed,
+``3/1/1/1/1/1/1/1``; uniform when left out) is one number per expert. The graph holds the
+uniform capacity (the FLOPs of a step do not depend on the routing when no token is dropped);
+a parallel configuration times every expert-parallel rank at the busiest rank's share.
 
 Precision: ``dtype`` is the type of activations, weights as stored, and every kernel but the
 low-precision GEMMs; ``dtype=fp8`` (or ``fp4``) is Transformer Engine's recipe, short for
@@ -97,6 +101,7 @@ class TransformerConfig:
     experts: int = 0  # moe
     top_k: int = 0
     capacity_factor: float = 1.0
+    expert_load: tuple[float, ...] = ()  # moe: tokens routed to each expert, relative (): uniform
     context: int = 0  # decode: tokens in the KV cache
     prompt: int = 0  # serve
     generate: int = 0  # serve
@@ -272,8 +277,13 @@ def check_config(cfg: TransformerConfig) -> None:
             _fail("top_k", f"expected at most experts ({cfg.experts}), got {cfg.top_k}")
         if not cfg.capacity_factor > 0:
             _fail("capacity_factor", f"expected a positive number, got {cfg.capacity_factor!r}")
+        if cfg.expert_load and (len(cfg.expert_load) != cfg.experts or not all(x > 0 for x in cfg.expert_load)):
+            _fail("expert_load", f"expected {cfg.experts} positive numbers (the tokens routed to each expert, "
+                                 f"relative), got {'/'.join(f'{x:g}' for x in cfg.expert_load)}")
     elif cfg.top_k:
         _fail("top_k", "applies to mixture-of-experts models (set experts)")
+    elif cfg.expert_load:
+        _fail("expert_load", "applies to mixture-of-experts models (set experts)")
     if cfg.mode == "decode":
         if not cfg.context:
             _fail("context", "mode=decode needs context=C, the tokens already in the KV cache")
