@@ -22,7 +22,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "--exhaustive-limit points, each with its own evaluation cache; print makespan, the change "
                     "against data_parallel, simulations and wall time. For an LLM workload on a GPU cluster: the "
                     "Megatron grid of uniform configurations (uniform layers on every GPU kind) and the MARS "
-                    "search over parallel configurations, on the same evaluator.")
+                    "search over parallel configurations, on the same evaluator. For serving deployments (--model): "
+                    "the grid of uniform deployments, the MARS search seeded with its best, and exhaustive search "
+                    "when the space has at most --exhaustive-limit deployments.")
     add_search_args(p)
     p.add_argument("--exhaustive-limit", dest="exhaustive_limit", type=int, default=20_000, metavar="N",
                    help="run exhaustive search when the space has at most N points (default 20000; 0: never)")
@@ -87,6 +89,12 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(args.csv, "--csv", "expected a file name ending in .csv")
     if args.exhaustive_limit < 0:
         raise InputError(None, "--exhaustive-limit", f"expected 0 or a positive integer, got {args.exhaustive_limit}")
+    from ._serve_search import run_compare, serving_requested
+    from .search import plan_case
+
+    if serving_requested(args):
+        return run_compare(args, open_executor)
+    plan_case(args)
     graph, system, cost, llm = load_case(args)
     quiet = args.quiet or not sys.stderr.isatty()
     if llm:

@@ -38,7 +38,7 @@ from .requests import Requests
 from .router import Router
 from .sequence import Seq
 
-__all__ = ["simulate_serving", "ServeResult", "ReplicaInfo", "place_replicas", "check_pool"]
+__all__ = ["simulate_serving", "ServeResult", "ReplicaInfo", "place_replicas", "check_pool", "iteration_model"]
 
 
 @dataclass(frozen=True)
@@ -253,6 +253,13 @@ def _iteration_model(model: TransformerConfig, system: System, stages: tuple[tup
     im = IterationModel(model, system, stages, cost, context_bucket=bucket)
     _MODELS[key] = (cost, system, im)
     return im
+
+
+def iteration_model(model: TransformerConfig, system: System, stages: tuple[tuple[str, ...], ...], cost: CostModel,
+                    bucket: int = 1) -> IterationModel:
+    """The iteration-time model a simulation would give a replica on ``stages`` (the same object,
+    with its memo, for every replica of the same design and ring routes in this process)."""
+    return _iteration_model(model, system, stages, cost, bucket)
 
 
 def _ring_signature(system: System, gpus: tuple[str, ...]) -> list[tuple[float, float]]:

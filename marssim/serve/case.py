@@ -1,0 +1,238 @@
+"""A capacity-planning case: the model, the request stream, the seed, the service-level
+constraints and the GPU prices a deployment is judged by, and the one function that judges it
+-- by simulation or by the closed-form screen.
+
+Two questions, as an operator asks them:
+
+* *at the offered load* (``goodput=False``): the stream as given (its rate, its lengths) is
+  simulated once; the run meets the constraints or not, and costs its GPUs' dollars per hour
+  for the output tokens it generates;
+* *goodput* (``goodput=True``): the highest arrival rate at which the deployment meets the
+  constraints (DistServe's goodput), found by simulating the same stream at other rates
+  (:meth:`~.requests.RequestSpec.with_rate`: the same lengths, the arrivals stretched or
+  compressed): from the screen's goodput, up or down by factors 1.25, 1.25^2, ... until the
+  constraints flip, then halving the bracket geometrically until its ends are within
+  ``tolerance``; the figures reported are those of the highest rate that met them. Trial
+  rates are rounded to 4 significant digits, so the rate is one a person can type back.
+
+Units: seconds, requests/s, tokens/s, dollars.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from marssim.cost.base import CostModel
+from marssim.system import System
+from marssim.workload.llm.config import TransformerConfig
+
+from .deployment import Deployment
+from .requests import Requests, RequestSpec
+from .slo import Constraints, cost_per_million_tokens, dollars_per_hour
+
+__all__ = ["ServeCase", "CaseRun", "evaluate_case", "screen_case", "simulate_case", "highest_rate",
+           "gpus_by_design"]
+
+
+@dataclass(frozen=True)
+class ServeCase:
+    """What a deployment is evaluated on (see the module docstring). ``prices``: dollars per
+    GPU-hour by GPU design, as pairs; ``tolerance``: relative width of the goodput bracket."""
+
+    model: TransformerConfig
+    spec: RequestSpec
+    seed: int = 0
+    constraints: Constraints = Constraints()
+    prices: tuple[tuple[str, float], ...] = ()
+    goodput: bool = False
+    tolerance: float = 0.02
+
+    @property
+    def rate(self) -> float:
+        """The offered rate (requests/s)."""
+        return self.spec.rate
+
+    def requests(self, rate: float | None = None) -> Requests:
+        """The stream (at ``rate`` requests/s instead of its own, if given), drawn with the seed."""
+        key = (self.spec, self.seed, rate)
+        hit = _REQUESTS.get(key)
+        if hit is None:
+            if len(_REQUESTS) >= 16:
+                _REQUESTS.clear()
+            spec = self.spec if rate is None else self.spec.with_rate(rate)
+            hit = _REQUESTS[key] = spec.draw(self.seed)
+        return hit
+
+    def stats(self):
+        """:class:`~.screen.StreamStats` of the stream at its own rate."""
+        from .screen import StreamStats
+
+        key = (self.spec, self.seed)
+        hit = _STATS.get(key)
+        if hit is None:
+            if len(_STATS) >= 16:
+                _STATS.clear()
+            hit = _STATS[key] = StreamStats.of(self.requests())
+        return hit
+
+
+_REQUESTS: dict = {}
+_STATS: dict = {}
+
+
+@dataclass(frozen=True)
+class CaseRun:
+    """A deployment judged on a case: the ``summary`` (a simulation's, or the screen's entries of
+    it) at ``rate`` requests/s; ``ratio``: the constraints' largest value / bound (<= 1: met);
+    ``goodput``: the highest rate meeting them (NaN unless the case asks for it); GPUs, their
+    dollars per hour and the dollars per million output tokens at ``rate``; ``runs``:
+    simulations spent; ``capacity_rps``: the screen's capacity (NaN for a simulation);
+    ``feasible`` False when the deployment cannot run at all (``error`` says why)."""
+
+    rate: float
+    summary: dict
+    ratio: float
+    goodput: float
+    gpus: int
+    gpus_by_design: dict = field(default_factory=dict)
+    dollars_per_hour: float = math.nan
+    cost_per_mtok: float = math.nan
+    runs: int = 0
+    capacity_rps: float = math.nan
+    feasible: bool = True
+    error: str = ""
+
+
+def gpus_by_design(deployment: Deployment, system: System) -> dict[str, int]:
+    """GPUs of each design the deployment's replicas are placed on."""
+    from .simulate import place_replicas
+
+    out: dict[str, int] = {}
+    for _, stages in place_replicas(system, deployment):
+        design = system.accelerator(stages[0][0]).designs[0]
+        out[design] = out.get(design, 0) + sum(len(s) for s in stages)
+    return out
+
+
+def _round(rate: float) -> float:
+    """``rate`` to 4 significant digits."""
+    if not rate > 0 or not math.isfinite(rate):
+        return rate
+    return float(f"{rate:.4g}")
+
+
+def highest_rate(meets: Callable[[float], bool], start: float, tolerance: float = 0.02,
+                 expansions: int = 8) -> float:
+    """The highest rate at which ``meets`` holds, bracketed from ``start`` (see the module
+    docstring); 0 when it fails ``expansions`` times going down. ``meets`` is called in a fixed
+    order for a given start, so the search is deterministic."""
+    start = _round(start)
+    step = 1.25
+    if meets(start):
+        lo, hi = start, math.inf
+        for _ in range(expansions):
+            trial = _round(lo * step)
+            if trial <= lo:
+                break
+            if meets(trial):
+                lo = trial
+                step *= step
+            else:
+                hi = trial
+                break
+        if hi == math.inf:
+            return lo
+    else:
+        lo, hi = 0.0, start
+        for _ in range(expansions):
+            trial = _round(hi / step)
+            if meets(trial):
+                lo = trial
+                break
+            hi = trial
+            step *= step
+        if lo == 0.0:
+            return 0.0
+    while hi / lo > 1 + tolerance:
+        mid = _round(math.sqrt(lo * hi))
+        if mid <= lo or mid >= hi:
+            break
+        if meets(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def simulate_case(deployment: Deployment, case: ServeCase, system: System, cost: CostModel,
+                  rate: float | None = None, *, trace: bool = False):
+    """The :class:`~.simulate.ServeResult` of ``deployment`` serving the case's stream (at
+    ``rate`` instead of its own rate, if given), its goodput counted against the constraints'
+    per-request bounds."""
+    from .simulate import simulate_serving
+
+    return simulate_serving(deployment, case.model, system, cost, case.requests(rate), seed=case.seed,
+                            slo=case.constraints.request_slo(), trace=trace)
+
+
+def _priced(case: ServeCase, by_design: dict[str, int], tokens_per_s: float) -> tuple[float, float]:
+    per_hour = dollars_per_hour(by_design, dict(case.prices)) if case.prices else math.nan
+    return per_hour, cost_per_million_tokens(per_hour, tokens_per_s)
+
+
+def evaluate_case(deployment: Deployment, case: ServeCase, system: System, cost: CostModel) -> CaseRun:
+    """``deployment`` simulated on ``case`` (module docstring)."""
+    by_design = gpus_by_design(deployment, system)
+    gpus = sum(by_design.values())
+    if not case.goodput:
+        summary = simulate_case(deployment, case, system, cost).summary
+        per_hour, per_mtok = _priced(case, by_design, summary["output_tokens_per_s"])
+        return CaseRun(case.rate, summary, case.constraints.ratio(summary), math.nan, gpus, by_design, per_hour,
+                       per_mtok, 1)
+    runs: dict[float, dict] = {}
+
+    def meets(rate: float) -> bool:
+        if rate not in runs:
+            runs[rate] = simulate_case(deployment, case, system, cost, rate).summary
+        return case.constraints.met(runs[rate])
+
+    screened = screen_case(deployment, case, system, cost)
+    start = screened.goodput if screened.goodput > 0 else case.rate
+    best = highest_rate(meets, start, case.tolerance)
+    if best > 0:
+        rate, summary = best, runs[best]
+    else:  # nothing met: the figures of the lowest rate tried
+        rate = min(runs)
+        summary = runs[rate]
+    per_hour, per_mtok = _priced(case, by_design, summary["output_tokens_per_s"])
+    return CaseRun(rate, summary, case.constraints.ratio(summary), best, gpus, by_design, per_hour, per_mtok,
+                   len(runs))
+
+
+def screen_case(deployment: Deployment, case: ServeCase, system: System, cost: CostModel) -> CaseRun:
+    """``deployment`` screened on ``case`` in closed form (:mod:`.screen`): at the offered
+    load, or at the screen's own goodput."""
+    from marssim.errors import InputError
+
+    from .screen import DeploymentScreen, screen_goodput
+
+    stats = case.stats()
+    try:
+        scr = DeploymentScreen(deployment, case.model, system, cost, stats)
+    except InputError as err:
+        if "no room for a KV cache" not in str(err):
+            raise
+        return CaseRun(case.rate, {}, math.inf, 0.0 if case.goodput else math.nan, deployment.gpus, {},
+                       feasible=False, error=str(err).split(": ", 1)[-1])
+    by_design = dict(scr.gpus_by_design)
+    if case.goodput:
+        best = screen_goodput(scr, case.constraints, case.tolerance / 4)
+        rate = best if best > 0 else min(case.rate, scr.capacity * 0.5) if scr.capacity > 0 else case.rate
+    else:
+        best, rate = math.nan, case.rate
+    summary = scr.at(rate)
+    per_hour, per_mtok = _priced(case, by_design, summary["output_tokens_per_s"])
+    return CaseRun(rate, summary, case.constraints.ratio(summary), best, sum(by_design.values()), by_design,
+                   per_hour, per_mtok, 0, scr.capacity)
