@@ -346,17 +346,44 @@ class _ServeStrategy:
         if todo:
             self.ev.simulate(todo, side_by_side=True)
 
+    def bound(self, e: Evaluation, simulated: bool = False) -> float:
+        """The objective's value a deployment could reach were the constraints no object: its
+        GPUs, its cost, or for goodput the inverse of its capacity (the screen's; a simulated
+        deployment's goodput)."""
+        obj = self.settings.objective
+        if obj == "gpus":
+            return float(e.gpus)
+        if obj == "cost":
+            return e.cost_per_mtok if e.cost_per_mtok == e.cost_per_mtok else math.inf
+        value = e.goodput if simulated else e.capacity
+        return 1.0 / value if value > 0 else math.inf
+
     def to_simulate(self, n: int) -> list[Deployment]:
-        """The ``n`` deployments to simulate next: the best screened of level-1 deployments not
-        simulated yet, among those the screen finds within the relaxed constraints; then the best
-        screened of any (other engine settings of a simulated level 1)."""
+        """The ``n`` deployments to simulate next. Only those whose bound (:meth:`bound`) beats
+        the best simulated deployment's can improve on it (when none can, any): of those, the
+        ones the screen finds within the relaxed constraints first, by the objective, then the
+        rest, closest to the bounds first; a level-1 deployment not simulated yet before other
+        engine settings of one that was."""
+        best = min((self.bound(e, simulated=True) for _, e in self.ev.simulated_plans()
+                    if math.isfinite(self.fitness(e))), default=math.inf)
         done = {_level1(d) for d, _ in self.ev.simulated_plans()}
-        ranked = self.ranked_screened()
+        candidates = self.ranked_screened()
+        improving = [d for d in candidates if self.bound(self.ev.screened(d)) < best * (1 - 1e-9)]
+        pool = improving or candidates
+
+        def key(d: Deployment) -> tuple:
+            e = self.ev.screened(d)
+            k = self.screen_key(e)
+            if k[0] == 0:
+                return (0, k[1], 0.0, d.text())
+            return (1, rank_value(e.slo_ratio), self.bound(e), d.text())
+
+        ranked = sorted(pool, key=key)
         out: list[Deployment] = []
         seen: set = set()
         for d in ranked:
             k = _level1(d)
-            if self.screen_key(self.ev.screened(d))[0] == 0 and k not in done and k not in seen:
+            if k not in done and k not in seen:
                 seen.add(k)
                 out.append(d)
         out = out[:n]
@@ -475,9 +502,18 @@ class _ServeStrategy:
             return most
         return int(self.rng.integers(1, most + 1))
 
+    def random_scheduler(self) -> SchedulerConfig:
+        """Engine settings drawn from level 2's values (level 2 then descends from them)."""
+        s = self.settings
+        kind = str(self.rng.choice(s.schedulers))
+        return SchedulerConfig(kind="chunked" if kind == "chunked" else "continuous", mixed=kind == "mixed",
+                               max_num_seqs=int(self.rng.choice(s.max_num_seqs)),
+                               max_batched_tokens=int(self.rng.choice(s.max_batched_tokens)),
+                               block_size=int(self.rng.choice(s.block_sizes)))
+
     def random_level1(self) -> Deployment:
         sp, s = self.space, self.settings
-        sched = sp.default_scheduler(chunked=bool(self.rng.random() < 0.5))
+        sched = self.random_scheduler()
         for _ in range(200):
             if s.disaggregation and self.rng.random() < 0.4:
                 kp, kd = (str(self.rng.choice(sp.kinds)) for _ in range(2))

@@ -89,7 +89,8 @@ class CaseRun:
     ``goodput``: the highest rate meeting them (NaN unless the case asks for it); GPUs, their
     dollars per hour and the dollars per million output tokens at ``rate``; ``runs``:
     simulations spent; ``capacity_rps``: the screen's capacity (NaN for a simulation);
-    ``feasible`` False when the deployment cannot run at all (``error`` says why)."""
+    ``feasible`` False when the deployment cannot run at all (``error`` says why); ``ceiling``:
+    the lowest rate tried above the goodput that missed the constraints (inf when none did)."""
 
     rate: float
     summary: dict
@@ -103,6 +104,7 @@ class CaseRun:
     capacity_rps: float = math.nan
     feasible: bool = True
     error: str = ""
+    ceiling: float = math.inf
 
 
 def gpus_by_design(deployment: Deployment, system: System) -> dict[str, int]:
@@ -207,8 +209,9 @@ def evaluate_case(deployment: Deployment, case: ServeCase, system: System, cost:
         rate = min(runs)
         summary = runs[rate]
     per_hour, per_mtok = _priced(case, by_design, summary["output_tokens_per_s"])
+    ceiling = min((r for r, s in runs.items() if r > best and not case.constraints.met(s)), default=math.inf)
     return CaseRun(rate, summary, case.constraints.ratio(summary), best, gpus, by_design, per_hour, per_mtok,
-                   len(runs))
+                   len(runs), ceiling=ceiling)
 
 
 def screen_case(deployment: Deployment, case: ServeCase, system: System, cost: CostModel) -> CaseRun:
