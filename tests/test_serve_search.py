@@ -119,6 +119,30 @@ def test_the_goodput_is_the_highest_rate_meeting_the_constraints(model, quad):
     assert simulate_case(dep, case, quad, RooflineCost(), run.goodput).summary == run.summary
 
 
+def test_a_watched_run_stops_only_when_a_bound_is_certainly_missed(model, quad):
+    """Stopping a run early changes nothing but its length: it stops exactly when the run to its
+    end misses a bound, and a run that meets them is the same run."""
+    from marssim.serve.metrics import ConstraintsMissed
+
+    deps = [Deployment((Pool(replicas=r, tp=tp, scheduler=SchedulerConfig(kind="chunked", max_batched_tokens=512)),))
+            for r, tp in ((1, 1), (2, 1), (2, 2))]
+    outcomes = set()
+    for dep in deps:
+        for slo in ("ttft_p99=15ms", "tbt_p99=3ms", "e2e_p90=200ms,queue_p50=1ms", "ttft_max=20ms,tpot_p99=2ms"):
+            case = case_of(model, slo=slo, n=100)
+            full = simulate_case(dep, case, quad, RooflineCost()).summary
+            met = case.constraints.met(full)
+            try:
+                watched = simulate_case(dep, case, quad, RooflineCost(), watch=True).summary
+            except ConstraintsMissed:
+                assert not met, (dep.text(), slo)
+                outcomes.add("stopped")
+            else:
+                assert met and watched == full, (dep.text(), slo)
+                outcomes.add("met")
+    assert outcomes == {"stopped", "met"}
+
+
 @pytest.mark.parametrize("threshold", [0.37, 37.3, 5123.0])
 def test_highest_rate_brackets_a_threshold(threshold):
     calls = []
@@ -157,10 +181,10 @@ def test_the_screen_ranks_deployments_as_their_simulations_do(model, octo):
             for s in (chunked, plain)]
     deps += [Deployment((Pool(replicas=2, tp=1, role="prefill"), Pool(replicas=4, tp=1, role="decode"))),
              Deployment((Pool(replicas=1, tp=2, role="prefill"), Pool(replicas=2, tp=2, role="decode")))]
-    ev = Evaluator(serve_problem(case, octo, RooflineCost()))
-    screened, simulated = ev.estimate(deps), ev.simulate(deps)
-    for key in ("ttft_p99", "tbt_p99"):
-        rho = spearmanr([e.latency[key] for e in screened], [e.latency[key] for e in simulated]).statistic
+    screened = Evaluator(serve_problem(case, octo, RooflineCost())).estimate(deps)
+    simulated = [simulate_case(d, case, octo, RooflineCost()).summary for d in deps]  # to their ends
+    for key in ("ttft", "tbt"):
+        rho = spearmanr([e.latency[f"{key}_p99"] for e in screened], [s[f"{key}_s"]["p99"] for s in simulated]).statistic
         assert rho > 0.75, (key, rho)
     # capacity: the screen's against the throughput each sustains under twice its load
     over = case_of(model, rate=3000.0, n=200)

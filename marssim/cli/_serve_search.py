@@ -64,11 +64,11 @@ def add_serving_args(p: argparse.ArgumentParser) -> None:
                    help="only deployments whose replicas prefill and decode (no separate prefill and decode pools)")
     g.add_argument("--max-gpus", dest="max_gpus", type=positive_int, metavar="N",
                    help="deployments of at most N GPUs (default: the system's)")
-    g.add_argument("--max-pp", dest="max_pp", type=positive_int, default=4, metavar="N",
+    g.add_argument("--max-pp", dest="max_pp", type=positive_int, metavar="N",
                    help="largest pipeline-parallel degree of a replica (default 4)")
     g.add_argument("--router", choices=("round_robin", "least_tokens", "least_requests", "random"),
-                   default="least_tokens", help="how requests pick a replica (default least_tokens)")
-    g.add_argument("--context-bucket", dest="context_bucket", type=positive_int, default=1, metavar="TOKENS",
+                   help="how requests pick a replica (default least_tokens)")
+    g.add_argument("--context-bucket", dest="context_bucket", type=positive_int, metavar="TOKENS",
                    help="time decode attention at the batch's mean context rounded to this many tokens (default 1: "
                         "exact; 16 is about twice as fast, docs/serving.md)")
 
@@ -79,7 +79,7 @@ def serving_requested(args: argparse.Namespace) -> bool:
 
 def refuse_serving_flags(args: argparse.Namespace) -> None:
     """Without --model: InputError for a serving flag that would be ignored."""
-    for flag in REQUEST_FLAGS + ("slo", "gpu_price", "max_gpus"):
+    for flag in REQUEST_FLAGS + ("slo", "gpu_price", "max_gpus", "max_pp", "router", "context_bucket"):
         if getattr(args, flag, None) is not None:
             raise InputError(None, "--" + flag.replace("_", "-"), "applies to a search over serving deployments "
                                                                   "(--model with a request stream)")
@@ -147,8 +147,9 @@ def serving_inputs(args: argparse.Namespace):
     changes = {k: v for k, v in (("generations", args.generations), ("population", args.population),
                                  ("max_simulations", args.budget), ("time_limit_s", args.time_limit)) if v}
     settings = ServeSearchSettings(objective=objective, seed=args.seed, disaggregation=args.disaggregation,
-                                   max_gpus=args.max_gpus, max_pp=args.max_pp, router=args.router,
-                                   context_bucket=args.context_bucket,
+                                   max_gpus=args.max_gpus, max_pp=args.max_pp or 4,
+                                   router=args.router or "least_tokens",
+                                   context_bucket=args.context_bucket or 1,
                                    seed_with_grid=getattr(args, "seed_baseline", True), **changes)
     return case, system, cost_model(args), settings, args.model
 
@@ -335,7 +336,7 @@ def keep_interrupted(result, case, system, args, model_spec: str) -> int:
 
 
 # ---------------------------------------------------------------------------- compare
-def compare_table(results: list) -> "pandas.DataFrame":  # noqa: F821
+def compare_table(results: list):
     """One row per search: the objective in its unit, the change against the first row (%),
     GPUs, rate or goodput, TTFT and TBT P99 (ms), $/M tokens, screens, simulations, wall time,
     the best deployment."""
@@ -355,7 +356,7 @@ def compare_table(results: list) -> "pandas.DataFrame":  # noqa: F821
                      "ttft_p99_ms": e.latency.get("ttft_p99", float("nan")) * 1e3,
                      "tbt_p99_ms": e.latency.get("tbt_p99", float("nan")) * 1e3, "cost_per_mtok": e.cost_per_mtok,
                      "screened": r.estimates, "simulations": r.simulations, "runs": r.notes.get("runs", 0),
-                     "wall_s": r.wall_s, "best": r.best.text()})
+                     "wall_s": r.wall_s, "best": r.best.text(), "best_short": _short(r.best)})
     return pd.DataFrame(rows)
 
 
@@ -368,10 +369,18 @@ def format_compare(table, objective: str) -> str:
     for r in table.itertuples():
         cost = f"{r.cost_per_mtok:>8.3g}" if r.cost_per_mtok == r.cost_per_mtok else f"{'-':>8}"
         line = (f"{r.algorithm:<14}{r.value:>10.4g}{r.vs_grid_pct:>+8.1f}%{r.gpus:>6d}{r.rate_rps:>9.4g}"
-                f"{r.ttft_p99_ms:>10.1f}{r.tbt_p99_ms:>9.1f}{cost}{r.screened:>9d}{r.simulations:>6d}{r.wall_s:>8.1f}  ")
+                f"{r.ttft_p99_ms:>10.1f}{r.tbt_p99_ms:>9.1f}{cost}{r.screened:>9d}{r.simulations:>6d}"
+                f"{r.wall_s:>8.1f}  ")
         rest = WIDTH - len(line)
-        lines.append(line + (r.best if len(r.best) <= rest else r.best[:rest - 1] + "\u2026"))
+        best = r.best if len(r.best) <= rest else r.best_short
+        lines.append(line + (best if len(best) <= rest else best[:rest - 1] + "\u2026"))
     return "\n".join(lines)
+
+
+def _short(dep) -> str:
+    from marssim.search.report import short_deployment
+
+    return short_deployment(dep, width=200)
 
 
 def run_compare(args: argparse.Namespace, open_executor) -> int:

@@ -55,9 +55,10 @@ def add_search_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--budget", type=positive_int, metavar="N",
                    help="most simulations (mars stops at the first generation past it, its screens not counted, "
                         "instead of after its default budget: 3000 evaluations for a mapping, 12 simulations for an "
-                        "LLM; random runs exactly N)")
+                        "LLM, 24 for serving deployments; random runs exactly N)")
     p.add_argument("--generations", type=positive_int,
-                   help="most GA generations (default 100 for a mapping, 30 for an LLM; the GA also stops after "
+                   help="most GA generations (default 100 for a mapping, 30 for an LLM, 20 for serving deployments; "
+                        "the GA also stops after "
                         "generations without improvement or at its budget)")
     p.add_argument("--population", type=positive_int, help="GA population (default 12)")
     p.add_argument("--time-limit", dest="time_limit", type=positive_float, metavar="SECONDS",
@@ -69,7 +70,8 @@ def add_search_args(p: argparse.ArgumentParser) -> None:
                    help="evaluate candidates on a Dask cluster (scheduler address; needs marssim[dask])")
     p.add_argument("--dask-timeout", dest="dask_timeout", type=positive_float, default=10.0, metavar="SECONDS",
                    help="seconds to wait for the Dask scheduler to answer (default 10)")
-    p.add_argument("--seed", type=int, default=0, help="random seed (same seed, same result; default 0)")
+    p.add_argument("--seed", type=int, default=0, help="random seed (same seed, same result; default 0); for serving "
+                                                       "deployments also the requests' and the random router's")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--global-batch", dest="global_batch", type=positive_int, metavar="N",
                    help="LLM training: sequences per iteration (default: the workload's batch)")

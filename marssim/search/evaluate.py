@@ -40,7 +40,8 @@ from marssim.system import System
 from marssim.workercache import pickled, worker_copy
 from marssim.workload import Graph
 
-__all__ = ["OBJECTIVES", "SERVING_OBJECTIVES", "RANK_DIGITS", "rank_value", "Problem", "Evaluation", "Evaluator", "evaluate_mapping",
+__all__ = ["OBJECTIVES", "SERVING_OBJECTIVES", "RANK_DIGITS", "rank_value", "Problem", "Evaluation", "Evaluator",
+           "evaluate_mapping",
            "estimate_mapping", "estimate_evaluation", "simulate_plan", "screen_plan", "deployment_evaluation"]
 
 OBJECTIVES = ("latency", "throughput", "energy", "edp")
@@ -260,7 +261,8 @@ def deployment_evaluation(problem: Problem, deployment: Deployment, how: str) ->
     the run's span (first arrival to last token, s), ``throughput`` output tokens/s, ``rate``
     the requests/s the figures are at, ``goodput`` (requests/s), GPUs, dollars per million
     output tokens, the constraints' ratio and what it missed, the latency statistics
-    (``latency["ttft_p99"]``, s). A deployment that cannot run is infeasible."""
+    (``latency["ttft_p99"]``, s; none for a run stopped once it could no longer meet them). A
+    deployment that cannot run is infeasible."""
     from marssim.plan import run_deployment
 
     t0 = time.perf_counter()
@@ -274,7 +276,12 @@ def deployment_evaluation(problem: Problem, deployment: Deployment, how: str) ->
                           gpus=deployment.gpus, slo_ratio=math.inf)
     s = done.summary
     latency = {f"{m}_{k}": float(v) for m in _LATENCY for k, v in s.get(f"{m}_s", {}).items()}
-    miss = "" if not done.feasible or done.ratio <= 1 else "; ".join(case.constraints.violations(s))
+    if not done.feasible or done.ratio <= 1:
+        miss = ""
+    elif "missed" in s:
+        miss = f"stopped: {s['missed']}"
+    else:
+        miss = "; ".join(case.constraints.violations(s))
     return Evaluation(float(s.get("duration_s", math.nan)), float(s.get("output_tokens_per_s", math.nan)),
                       feasible=done.feasible, error=done.error, wall_s=time.perf_counter() - t0, rate=done.rate,
                       goodput=done.goodput, gpus=done.gpus, cost_per_mtok=done.cost_per_mtok, slo_ratio=done.ratio,

@@ -17,7 +17,8 @@ from marssim.workload import Graph
 from .result import Candidate, SearchResult
 
 __all__ = ["fitness_display", "plot_convergence", "save_figure", "describe_best", "describe_mapping", "format_top",
-           "top_candidates", "top_rows", "equivalence_key", "search_summary", "short_config", "short_deployment", "WIDTH"]
+           "top_candidates", "top_rows", "equivalence_key", "search_summary", "short_config", "short_deployment",
+           "describe_deployment", "deployment_class", "WIDTH"]
 
 WIDTH = 120
 """Columns the printed tables fit in."""
@@ -129,7 +130,8 @@ def describe_deployment(dep: Deployment, e) -> str:
     from .result import deployment_figures
 
     lines = [f"  pool {i}: {p.text()}" for i, p in enumerate(dep.pools)]
-    lines.append(f"  router {dep.router}" + (f", context bucket {dep.context_bucket}" if dep.context_bucket != 1 else ""))
+    bucket = f", context bucket {dep.context_bucket}" if dep.context_bucket != 1 else ""
+    lines.append(f"  router {dep.router}{bucket}")
     lines.append(f"  {deployment_figures(e)}")
     return "\n".join(lines)
 

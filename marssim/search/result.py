@@ -115,7 +115,8 @@ def deployment_figures(e: Evaluation) -> str:
     lat = e.latency
     parts = [f"{e.gpus} GPUs"]
     parts.append(f"goodput {e.goodput:.4g} requests/s" if e.goodput == e.goodput else f"at {e.rate:.4g} requests/s")
-    parts.append(f"TTFT P99 {lat.get('ttft_p99', math.nan) * 1e3:.1f} ms, TBT P99 {lat.get('tbt_p99', math.nan) * 1e3:.1f} ms")
+    parts.append(f"TTFT P99 {lat.get('ttft_p99', math.nan) * 1e3:.1f} ms, "
+                 f"TBT P99 {lat.get('tbt_p99', math.nan) * 1e3:.1f} ms")
     parts.append(f"{e.throughput:.4g} output tokens/s")
     if e.cost_per_mtok == e.cost_per_mtok:
         parts.append(f"${e.cost_per_mtok:.4g} per million output tokens")

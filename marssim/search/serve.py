@@ -654,12 +654,18 @@ class _ServeStrategy:
 
 
 def _grid_best(strategy: _ServeStrategy, n: int) -> list[Deployment]:
-    """The grid screened; its best ``n`` by the screen simulated, then more in screened order
-    until one meets the constraints (at most ``grid_max_simulate``); the simulated ones, best
-    first."""
+    """The grid screened; its best ``n`` by the screen (those it finds meeting the constraints
+    first, by the objective; then the closest) simulated, then more in that order until one
+    meets the constraints (at most ``grid_max_simulate``); the simulated ones, best first."""
     s = strategy.settings
-    strategy.screen(uniform_grid(strategy.space))
-    order = strategy.ranked_screened(exclude_simulated=False)
+    grid = uniform_grid(strategy.space)
+
+    def key(item):  # the screen's figures against the constraints as given: no slack for a baseline
+        dep, e = item
+        f = strategy.fitness(e)
+        return (0, rank_value(f), dep.text()) if math.isfinite(f) else (1, rank_value(e.slo_ratio), dep.text())
+
+    order = [d for d, e in sorted(((d, e) for d, e in zip(grid, strategy.screen(grid)) if e.feasible), key=key)]
     budget = min(s.grid_max_simulate, s.max_simulations)
     strategy.simulate(order[:n])
     at = n
@@ -729,8 +735,19 @@ def _check(ev: Evaluator, space: ServeSpace, result: SearchResult | None) -> Non
              f"at {case.rate:.4g} requests/s")
     if s.objective == "cost" and ratio <= 1:
         raise InputError(None, "--gpu-price", "a deployment meets the constraints but its GPUs have no price")
+    miss = e.slo_miss
+    if not math.isfinite(ratio):  # every run stopped early: the one the screen found closest, run to its end
+        from marssim.serve.case import evaluate_case
+
+        def closest(item):
+            screened = ev.screened(item[2])
+            return (screened.slo_ratio if screened is not None else math.inf, item[1])
+
+        _, _, dep, _ = min(runs, key=closest)
+        full = evaluate_case(dep, case, ev.problem.system, ev.problem.cost, watch=False)
+        miss = "; ".join(case.constraints.violations(full.summary))
     raise InputError(None, "--slo", f"no deployment meets {case.constraints.text()} {where} "
-                                    f"({len(simulated)} simulated); the closest, {dep.text()}: {e.slo_miss}")
+                                    f"({len(simulated)} simulated); the closest, {dep.text()}: {miss}")
 
 
 def _run(strategy_cls, case: ServeCase, system: System, cost: CostModel, settings: ServeSearchSettings,

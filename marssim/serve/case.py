@@ -126,10 +126,11 @@ def _round(rate: float) -> float:
 
 
 def highest_rate(meets: Callable[[float], bool], start: float, tolerance: float = 0.02,
-                 expansions: int = 8) -> float:
+                 expansions: int = 4) -> float:
     """The highest rate at which ``meets`` holds, bracketed from ``start`` (see the module
-    docstring); 0 when it fails ``expansions`` times going down. ``meets`` is called in a fixed
-    order for a given start, so the search is deterministic."""
+    docstring: at most ``expansions`` steps of 1.25, 1.25^2, 1.25^4, ... up or down, a factor of
+    28 with 4); 0 when it still fails going down. ``meets`` is called in a fixed order for a
+    given start, so the search is deterministic."""
     start = _round(start)
     step = 1.25
     if meets(start):
@@ -169,14 +170,16 @@ def highest_rate(meets: Callable[[float], bool], start: float, tolerance: float 
 
 
 def simulate_case(deployment: Deployment, case: ServeCase, system: System, cost: CostModel,
-                  rate: float | None = None, *, trace: bool = False):
+                  rate: float | None = None, *, trace: bool = False, watch: bool = False):
     """The :class:`~.simulate.ServeResult` of ``deployment`` serving the case's stream (at
     ``rate`` instead of its own rate, if given), its goodput counted against the constraints'
-    per-request bounds."""
+    per-request bounds. ``watch``: stop as soon as a percentile bound can no longer be met
+    (raises :class:`~.metrics.ConstraintsMissed`); a run that meets them is the same run."""
     from .simulate import simulate_serving
 
     return simulate_serving(deployment, case.model, system, cost, case.requests(rate), seed=case.seed,
-                            slo=case.constraints.request_slo(), trace=trace)
+                            slo=case.constraints.request_slo(), trace=trace,
+                            stop_when_missed=case.constraints.watch_terms() if watch else ())
 
 
 def _priced(case: ServeCase, by_design: dict[str, int], tokens_per_s: float) -> tuple[float, float]:
@@ -184,34 +187,51 @@ def _priced(case: ServeCase, by_design: dict[str, int], tokens_per_s: float) -> 
     return per_hour, cost_per_million_tokens(per_hour, tokens_per_s)
 
 
-def evaluate_case(deployment: Deployment, case: ServeCase, system: System, cost: CostModel) -> CaseRun:
-    """``deployment`` simulated on ``case`` (module docstring)."""
+def evaluate_case(deployment: Deployment, case: ServeCase, system: System, cost: CostModel, *,
+                  watch: bool = True) -> CaseRun:
+    """``deployment`` simulated on ``case`` (module docstring). ``watch``: a run stops as soon as
+    it can no longer meet a percentile bound (:class:`~.metrics.WatchedRecorder`; an overloaded
+    deployment's queues would take long to drain for nothing): such a run's ``summary`` holds only
+    ``missed`` (which bound) and its ratio is infinite. When a goodput search finds no rate, the
+    lowest rate tried is simulated to its end for its figures."""
+    from .metrics import ConstraintsMissed
+
     by_design = gpus_by_design(deployment, system)
     gpus = sum(by_design.values())
+
+    def run(rate: float | None, watched: bool) -> dict:
+        try:
+            return simulate_case(deployment, case, system, cost, rate, watch=watched).summary
+        except ConstraintsMissed as missed:
+            return {"missed": missed.what, "requests": len(case.requests(rate)), "completed": 0}
+
+    def priced(summary: dict) -> tuple[float, float]:
+        return _priced(case, by_design, summary.get("output_tokens_per_s", math.nan))
+
     if not case.goodput:
-        summary = simulate_case(deployment, case, system, cost).summary
-        per_hour, per_mtok = _priced(case, by_design, summary["output_tokens_per_s"])
-        return CaseRun(case.rate, summary, case.constraints.ratio(summary), math.nan, gpus, by_design, per_hour,
-                       per_mtok, 1)
+        summary = run(None, watch)
+        return CaseRun(case.rate, summary, case.constraints.ratio(summary), math.nan, gpus, by_design,
+                       *priced(summary), 1)
     runs: dict[float, dict] = {}
 
     def meets(rate: float) -> bool:
         if rate not in runs:
-            runs[rate] = simulate_case(deployment, case, system, cost, rate).summary
+            runs[rate] = run(rate, watch)
         return case.constraints.met(runs[rate])
 
     screened = screen_case(deployment, case, system, cost)
     start = screened.goodput if screened.goodput > 0 else case.rate
     best = highest_rate(meets, start, case.tolerance)
+    count = len(runs)
     if best > 0:
         rate, summary = best, runs[best]
-    else:  # nothing met: the figures of the lowest rate tried
+    else:  # nothing met: the figures of the lowest rate tried, run to its end
         rate = min(runs)
-        summary = runs[rate]
-    per_hour, per_mtok = _priced(case, by_design, summary["output_tokens_per_s"])
+        summary = runs[rate] if "missed" not in runs[rate] else run(rate, False)
+        count += "missed" in runs[rate]
     ceiling = min((r for r, s in runs.items() if r > best and not case.constraints.met(s)), default=math.inf)
-    return CaseRun(rate, summary, case.constraints.ratio(summary), best, gpus, by_design, per_hour, per_mtok,
-                   len(runs), ceiling=ceiling)
+    return CaseRun(rate, summary, case.constraints.ratio(summary), best, gpus, by_design, *priced(summary), count,
+                   ceiling=ceiling)
 
 
 def screen_case(deployment: Deployment, case: ServeCase, system: System, cost: CostModel) -> CaseRun:

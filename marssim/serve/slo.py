@@ -57,7 +57,7 @@ class Bound:
 
 
 def _time(seconds: float) -> str:
-    return f"{seconds:g} s" if seconds >= 1 else f"{seconds * 1e3:g} ms"
+    return f"{seconds:.4g} s" if seconds >= 1 else f"{seconds * 1e3:.4g} ms"
 
 
 @dataclass(frozen=True)
@@ -104,6 +104,13 @@ class Constraints:
             if b.metric in ("ttft", "tpot", "e2e"):
                 limits[b.metric] = min(limits.get(b.metric, math.inf), b.limit)
         return SLO(**limits)
+
+    def watch_terms(self) -> tuple[tuple[str, float, float], ...]:
+        """The bounds a run can be stopped on once missed (:class:`~.metrics.WatchedRecorder`):
+        ``(metric, quantile, limit)`` of each percentile or maximum bound (means are known only
+        at the end)."""
+        q = {"p50": 0.5, "p90": 0.9, "p99": 0.99, "max": 1.0}
+        return tuple((b.metric, q[b.stat], b.limit) for b in self.bounds if b.stat in q)
 
     def text(self) -> str:
         return ", ".join(b.text() for b in self.bounds) or "none"
@@ -152,7 +159,8 @@ def parse_prices(texts: list[str] | str, kinds: set[str], where: str = "--gpu-pr
             kind, eq, value = part.partition("=")
             kind = kind.strip()
             if not eq:
-                raise InputError(None, where, f"expected DESIGN=DOLLARS_PER_GPU_HOUR like h100=2.5, got {part.strip()!r}")
+                raise InputError(None, where, f"expected DESIGN=DOLLARS_PER_GPU_HOUR like h100=2.5, "
+                                              f"got {part.strip()!r}")
             if kind not in kinds:
                 raise InputError(None, f"{where}.{kind}", f"not a GPU design of the system; expected one of "
                                                           f"{', '.join(sorted(kinds))}")
