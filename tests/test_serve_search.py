@@ -143,6 +143,20 @@ def test_a_watched_run_stops_only_when_a_bound_is_certainly_missed(model, quad):
     assert outcomes == {"stopped", "met"}
 
 
+def test_a_burst_too_short_for_a_steady_state_does_not_meet_the_constraints(model, quad):
+    """40 requests arriving within a few milliseconds meet generous bounds, but they arrive over
+    less than 4 times their mean end-to-end latency: a system filling up, not a steady state."""
+    dep = Deployment((Pool(replicas=1, tp=1, scheduler=SchedulerConfig(kind="chunked", max_batched_tokens=512)),))
+    case = case_of(model, rate=20000.0, slo="ttft_p99=10s,tbt_p99=1s", n=40)
+    run = evaluate_case(dep, case, quad, RooflineCost())
+    arrival = case.requests().arrival
+    span = arrival[-1] - arrival[0]
+    assert case.constraints.ratio(run.summary) <= 1  # the bounds themselves hold
+    assert run.ratio == pytest.approx(4.0 * run.summary["e2e_s"]["mean"] / span, rel=1e-12) and run.ratio > 1
+    assert any("not a steady state" in v for v in case.violations(run.summary))
+    assert evaluate_case(dep, replace(case, settle=0.0), quad, RooflineCost()).ratio <= 1
+
+
 @pytest.mark.parametrize("threshold", [0.37, 37.3, 5123.0])
 def test_highest_rate_brackets_a_threshold(threshold):
     calls = []
@@ -151,11 +165,14 @@ def test_highest_rate_brackets_a_threshold(threshold):
         calls.append(rate)
         return rate <= threshold
 
-    for start in (threshold / 7, threshold * 9):
+    for start in (threshold / 7, threshold * 1.9):
         calls.clear()
         found = highest_rate(meets, start, tolerance=0.02)
         assert threshold / 1.02 / 1.0005 <= found <= threshold
         assert len(calls) <= 12
+    # more than 1.95 times below the start: given up on (goodput 0) after three runs
+    calls.clear()
+    assert highest_rate(meets, threshold * 2.1) == 0.0 and len(calls) == 3
     assert highest_rate(lambda r: False, 10.0) == 0.0
 
 

@@ -70,7 +70,7 @@ def add_serving_args(p: argparse.ArgumentParser) -> None:
                    help="how requests pick a replica (default least_tokens)")
     g.add_argument("--context-bucket", dest="context_bucket", type=positive_int, metavar="TOKENS",
                    help="time decode attention at the batch's mean context rounded to this many tokens (default 1: "
-                        "exact; 16 is about twice as fast, docs/serving.md)")
+                        "exact; 16 almost halves a simulation's CPU time, docs/serving.md)")
 
 
 def serving_requested(args: argparse.Namespace) -> bool:

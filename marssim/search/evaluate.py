@@ -281,7 +281,7 @@ def deployment_evaluation(problem: Problem, deployment: Deployment, how: str) ->
     elif "missed" in s:
         miss = f"stopped: {s['missed']}"
     else:
-        miss = "; ".join(case.constraints.violations(s))
+        miss = "; ".join(case.violations(s, done.rate if case.goodput else None))
     return Evaluation(float(s.get("duration_s", math.nan)), float(s.get("output_tokens_per_s", math.nan)),
                       feasible=done.feasible, error=done.error, wall_s=time.perf_counter() - t0, rate=done.rate,
                       goodput=done.goodput, gpus=done.gpus, cost_per_mtok=done.cost_per_mtok, slo_ratio=done.ratio,

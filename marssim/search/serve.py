@@ -745,7 +745,7 @@ def _check(ev: Evaluator, space: ServeSpace, result: SearchResult | None) -> Non
 
         _, _, dep, _ = min(runs, key=closest)
         full = evaluate_case(dep, case, ev.problem.system, ev.problem.cost, watch=False)
-        miss = "; ".join(case.constraints.violations(full.summary))
+        miss = "; ".join(case.violations(full.summary, full.rate if case.goodput else None))
     raise InputError(None, "--slo", f"no deployment meets {case.constraints.text()} {where} "
                                     f"({len(simulated)} simulated); the closest, {dep.text()}: {miss}")
 

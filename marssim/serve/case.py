@@ -10,10 +10,13 @@ Two questions, as an operator asks them:
 * *goodput* (``goodput=True``): the highest arrival rate at which the deployment meets the
   constraints (DistServe's goodput), found by simulating the same stream at other rates
   (:meth:`~.requests.RequestSpec.with_rate`: the same lengths, the arrivals stretched or
-  compressed): from the screen's goodput, up or down by factors 1.25, 1.25^2, ... until the
-  constraints flip, then halving the bracket geometrically until its ends are within
-  ``tolerance``; the figures reported are those of the highest rate that met them. Trial
-  rates are rounded to 4 significant digits, so the rate is one a person can type back.
+  compressed): from the screen's goodput, up by factors 1.25, 1.25^2, ... (at most 4 steps)
+  or down by 1.25 and 1.25^2 until the constraints flip, then halving the bracket geometrically
+  until its ends are within ``tolerance``; the figures reported are those of the highest rate
+  that met them. A deployment that misses them at half the screen's goodput has goodput 0 for
+  the search (it is far from the best, and runs at low rates are the longest: every decode
+  iteration holds few sequences). Trial rates are rounded to 4 significant digits, so the rate
+  is one a person can type back.
 
 Units: seconds, requests/s, tokens/s, dollars.
 """
@@ -48,6 +51,36 @@ class ServeCase:
     prices: tuple[tuple[str, float], ...] = ()
     goodput: bool = False
     tolerance: float = 0.02
+    settle: float = 4.0
+
+    def ratio(self, summary: dict, rate: float | None = None) -> float:
+        """The constraints' ratio of a run (:meth:`Constraints.ratio`), and, as one more bound, its
+        steadiness: ``settle x mean E2E / arrival span`` (at most 1: the requests arrive over at
+        least ``settle`` times their mean end-to-end latency, so most of them meet the queues and
+        batches of a steady state rather than a system filling up from empty)."""
+        ratio = self.constraints.ratio(summary)
+        if not math.isfinite(ratio) or not self.settle:
+            return ratio
+        return max(ratio, self.unsteadiness(summary, rate))
+
+    def unsteadiness(self, summary: dict, rate: float | None = None) -> float:
+        """``settle x mean E2E / arrival span`` of a run (see :meth:`ratio`)."""
+        arrival = self.requests(rate).arrival
+        span = float(arrival[-1] - arrival[0]) if len(arrival) > 1 else 0.0
+        e2e = summary.get("e2e_s", {}).get("mean", math.nan)
+        if not e2e == e2e:
+            return math.inf
+        return self.settle * e2e / span if span > 0 else math.inf
+
+    def violations(self, summary: dict, rate: float | None = None) -> list[str]:
+        """What a run missed: the constraints' violations and, if so, its steadiness."""
+        out = self.constraints.violations(summary)
+        if self.settle and self.constraints.ratio(summary) < math.inf and self.unsteadiness(summary, rate) > 1:
+            arrival = self.requests(rate).arrival
+            out.append(f"its {len(arrival)} requests arrive over {arrival[-1] - arrival[0]:.4g} s, less than "
+                       f"{self.settle:g} x their mean E2E ({summary['e2e_s']['mean']:.4g} s): not a steady state "
+                       f"(give more requests)")
+        return out
 
     @property
     def rate(self) -> float:
@@ -126,11 +159,11 @@ def _round(rate: float) -> float:
 
 
 def highest_rate(meets: Callable[[float], bool], start: float, tolerance: float = 0.02,
-                 expansions: int = 4) -> float:
+                 expansions: int = 4, down: int = 2) -> float:
     """The highest rate at which ``meets`` holds, bracketed from ``start`` (see the module
-    docstring: at most ``expansions`` steps of 1.25, 1.25^2, 1.25^4, ... up or down, a factor of
-    28 with 4); 0 when it still fails going down. ``meets`` is called in a fixed order for a
-    given start, so the search is deterministic."""
+    docstring: at most ``expansions`` steps of 1.25, 1.25^2, 1.25^4, ... up, a factor of 28 with
+    4, and ``down`` steps down, a factor of 1.95 with 2); 0 when it still fails going down.
+    ``meets`` is called in a fixed order for a given start, so the search is deterministic."""
     start = _round(start)
     step = 1.25
     if meets(start):
@@ -149,7 +182,7 @@ def highest_rate(meets: Callable[[float], bool], start: float, tolerance: float 
             return lo
     else:
         lo, hi = 0.0, start
-        for _ in range(expansions):
+        for _ in range(down):
             trial = _round(hi / step)
             if meets(trial):
                 lo = trial
@@ -210,14 +243,13 @@ def evaluate_case(deployment: Deployment, case: ServeCase, system: System, cost:
 
     if not case.goodput:
         summary = run(None, watch)
-        return CaseRun(case.rate, summary, case.constraints.ratio(summary), math.nan, gpus, by_design,
-                       *priced(summary), 1)
+        return CaseRun(case.rate, summary, case.ratio(summary), math.nan, gpus, by_design, *priced(summary), 1)
     runs: dict[float, dict] = {}
 
     def meets(rate: float) -> bool:
         if rate not in runs:
             runs[rate] = run(rate, watch)
-        return case.constraints.met(runs[rate])
+        return case.ratio(runs[rate], rate) <= 1
 
     screened = screen_case(deployment, case, system, cost)
     start = screened.goodput if screened.goodput > 0 else case.rate
@@ -229,8 +261,8 @@ def evaluate_case(deployment: Deployment, case: ServeCase, system: System, cost:
         rate = min(runs)
         summary = runs[rate] if "missed" not in runs[rate] else run(rate, False)
         count += "missed" in runs[rate]
-    ceiling = min((r for r, s in runs.items() if r > best and not case.constraints.met(s)), default=math.inf)
-    return CaseRun(rate, summary, case.constraints.ratio(summary), best, gpus, by_design, *priced(summary), count,
+    ceiling = min((r for r, s in runs.items() if r > best and case.ratio(s, r) > 1), default=math.inf)
+    return CaseRun(rate, summary, case.ratio(summary, rate), best, gpus, by_design, *priced(summary), count,
                    ceiling=ceiling)
 
 

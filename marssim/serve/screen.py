@@ -479,16 +479,23 @@ class _Engine:
             else:
                 f = 1 - math.exp(-arrivals)
                 extra = (arrivals / f - 1) * s.prompt_mean if f > 0 else 0.0
-            if f > tail:
-                q = s.prompt_at(1 - tail / f)
+
+            def with_prompt(q: int) -> float:
                 if self.cfg.kind == "chunked":
-                    gap = self.chunk_time(st, q + extra)
-                elif self.cfg.mixed:
-                    gap = self.M(st.batch, q)
-                else:
-                    # the prefill iterations until the engine decodes again: a busy period
-                    # started by that prompt (mean: its time over 1 - load, M/G/1)
-                    gap = st.decode + self.prefill_batch(q, extra) / (1 - st.busy)
+                    return self.chunk_time(st, q + extra)
+                if self.cfg.mixed:
+                    return self.M(st.batch, q)
+                # the prefill iterations until the engine decodes again: a busy period started
+                # by that prompt (mean: its time over 1 - load, M/G/1)
+                return st.decode + self.prefill_batch(q, extra) / (1 - st.busy)
+
+            pp = self.t.pp
+            others = 1 - (1 - min(f, 1.0)) ** pp  # some engine of the replica has prompt work
+            if f > tail:
+                gap = with_prompt(s.prompt_at(1 - tail / f))
+            elif pp > 1 and others > tail:
+                # another virtual engine's prompt work holds the shared stages for its share
+                gap = st.decode + (with_prompt(s.prompt_at(1 - tail / others)) - st.decode) / pp
         if kv is not None:
             h = 1 / max(s.decode_mean, 1.0)  # first decode gaps among all gaps
             if h > tail:
