@@ -21,16 +21,23 @@ as the token-balancing router makes it):
   E[P(q)]`` of the time; decodes fill the rest, so a token's mean gap is ``g = D(B) / (1 - rho)``
   and Little's law gives the batch: ``B = lambda o1 g`` (solved for the smallest ``B``; no
   solution below the sequence cap and the KV-cache capacity ``blocks / c``: the load is beyond
-  the engine's capacity). ``mixed``: the same with ``M(B, q) - D(B)`` per prompt. ``chunked``: a
-  fraction ``phi`` of iterations carry a full chunk (``phi (K - B) = lambda p T``), the others
-  only decode; ``T = phi F(B) + (1 - phi) D(B)``, ``B = lambda o1 T``;
-* quantile ``x`` of time between tokens: a gap holds a prefill with probability ``f = 1 -
-  exp(-lambda g)``; above ``1 - x`` the gap is ``D(B)`` plus the prefill of the prompt at
-  quantile ``1 - (1 - x) / f`` (chunked: ``F(B)`` when ``phi > 1 - x``), else ``D(B)``;
-* quantile ``x`` of time to first token: the iteration in flight, the wait for the prompts ahead
-  (the M/M/1 tail of a server of load ``rho`` and mean service ``S``: ``S / (1 - rho)
-  ln(rho / (1 - x))``), and the prompt's own prefill at quantile ``x`` (chunked: ``ceil(q / (K -
-  B))`` iterations of ``F(B)``); the three added, an upper bound of the quantile of their sum;
+  the engine's capacity). ``mixed``: the same with ``M(B, q) - D(B)`` per prompt. ``chunked``: an
+  iteration carrying ``x`` prompt tokens takes ``D(B) + (F(B) - D(B)) x / (K - B)``, so prompt
+  tokens take ``rho = lambda p (F - D) / (K - B)`` of the time, ``g = D(B) / (1 - rho)``, and a
+  fraction ``lambda g ceil(q / (K - B))`` of iterations carry some;
+* quantile ``x`` of time between tokens: a gap holds prompt work with probability ``f`` (``1 -
+  exp(-lambda g)``, the chance a prompt arrived during the previous gap; chunked: the fraction
+  above); above ``1 - x`` the gap holds the prompt at quantile ``1 - (1 - x) / f`` (continuous:
+  its prefill iterations until the engine decodes again, a busy period of mean ``P(q) / (1 -
+  rho)``; chunked: its chunk; mixed: ``M(B, q)``), else it is ``D(B)``; on a pipeline, another
+  virtual engine's prompt work holds the shared stages for ``1/pp`` of its time, in ``1 - (1 -
+  f)^pp`` of the gaps;
+* quantile ``x`` of time to first token: the iteration in flight (prompt work when every engine of
+  the pool has some: Erlang's C of their load), the wait for the prompt tokens ahead (the pool's
+  engines as an M/M/c queue, as a load-balancing router makes them: ``P(W > t) = C exp(-c (1 -
+  rho) t / S)``, ``S`` a prompt's share of a full token budget's iteration), and the prompt's own
+  prefill at quantile ``x`` (chunked: ``ceil(q / (K - B))`` iterations); the three added, an
+  upper bound of the quantile of their sum;
 * a disaggregated deployment: the prefill pool's engines only prefill, the decode pool's only
   decode, and a request's first decode gap also holds its KV cache's move (its bytes over the
   slowest GPU link of the :func:`~.disagg.kv_plan`);
