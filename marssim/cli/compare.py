@@ -24,7 +24,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "Megatron grid of uniform configurations (uniform layers on every GPU kind) and the MARS "
                     "search over parallel configurations, on the same evaluator; with --also-system, the same on other "
                     "systems of as many GPUs, and one table of each system's winning configuration: iteration "
-                    "time, MFU, tokens per second, memory peak.")
+                    "time, MFU, tokens per second, memory peak. For serving deployments (--model): the grid of "
+                    "uniform deployments, the MARS search seeded with its best, and exhaustive search when the "
+                    "space has at most --exhaustive-limit deployments.")
     add_search_args(p)
     p.add_argument("--also-system", dest="also_system", action="append", default=[], metavar="SYSTEM",
                    help="an LLM workload: compare on this system too (as many GPUs as --system; repeat for more)")
@@ -111,6 +113,15 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(args.csv, "--csv", "expected a file name ending in .csv")
     if args.exhaustive_limit < 0:
         raise InputError(None, "--exhaustive-limit", f"expected 0 or a positive integer, got {args.exhaustive_limit}")
+    from ._serve_search import run_compare, serving_requested
+    from .search import plan_case
+
+    if serving_requested(args):
+        if args.also_system:
+            raise InputError(None, "--also-system", "applies to an LLM's parallel configurations; a serving "
+                                                    "comparison (--model) runs on one system")
+        return run_compare(args, open_executor)
+    plan_case(args)
     graph, system, cost, llm = load_case(args)
     quiet = args.quiet or not sys.stderr.isatty()
     if args.also_system and not llm:

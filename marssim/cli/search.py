@@ -38,20 +38,27 @@ def add_search_args(p: argparse.ArgumentParser) -> None:
     """The flags ``search`` and ``compare`` share: case, objective, budget, parallelism, seed."""
     from marssim.search import OBJECTIVES
 
+    from marssim.search.evaluate import SERVING_OBJECTIVES
+
+    from ._serve_search import add_serving_args
+
     p.add_argument("--system", required=True, metavar="SYSTEM", help="system YAML or shipped name")
-    p.add_argument("--workload", required=True, metavar="SPEC", help="zoo spec like resnet50:batch=8, an LLM like "
-                                                                     "llama3-8b:mode=train,seq=2048, or an .onnx file")
+    p.add_argument("--workload", metavar="SPEC", help="zoo spec like resnet50:batch=8, an LLM like "
+                                                      "llama3-8b:mode=train,seq=2048, or an .onnx file (or --model: "
+                                                      "serving deployments)")
     p.add_argument("--batch", type=positive_int, help="override the workload's batch")
-    p.add_argument("--objective", choices=OBJECTIVES, default="latency",
+    p.add_argument("--objective", choices=OBJECTIVES + SERVING_OBJECTIVES,
                    help="what to minimise: latency (makespan, default; an LLM's iteration, or serving's time per "
                         "output token), throughput (maximised: samples/s, an LLM's sequences/s or serving's output "
-                        "tokens/s), energy or edp (energy-delay product; need designs with energy figures)")
+                        "tokens/s), energy or edp (energy-delay product; need designs with energy figures); serving "
+                        "deployments (--model): goodput (default; maximised), gpus or cost, under --slo")
     p.add_argument("--budget", type=positive_int, metavar="N",
                    help="most simulations (mars stops at the first generation past it, its screens not counted, "
                         "instead of after its default budget: 3000 evaluations for a mapping, 12 simulations for an "
-                        "LLM; random runs exactly N)")
+                        "LLM, 24 for serving deployments; random runs exactly N)")
     p.add_argument("--generations", type=positive_int,
-                   help="most GA generations (default 100 for a mapping, 30 for an LLM; the GA also stops after "
+                   help="most GA generations (default 100 for a mapping, 30 for an LLM, 20 for serving deployments; "
+                        "the GA also stops after "
                         "generations without improvement or at its budget)")
     p.add_argument("--population", type=positive_int, help="GA population (default 12)")
     p.add_argument("--time-limit", dest="time_limit", type=positive_float, metavar="SECONDS",
@@ -63,7 +70,8 @@ def add_search_args(p: argparse.ArgumentParser) -> None:
                    help="evaluate candidates on a Dask cluster (scheduler address; needs marssim[dask])")
     p.add_argument("--dask-timeout", dest="dask_timeout", type=positive_float, default=10.0, metavar="SECONDS",
                    help="seconds to wait for the Dask scheduler to answer (default 10)")
-    p.add_argument("--seed", type=int, default=0, help="random seed (same seed, same result; default 0)")
+    p.add_argument("--seed", type=int, default=0, help="random seed (same seed, same result; default 0); for serving "
+                                                       "deployments also the requests' and the random router's")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--global-batch", dest="global_batch", type=positive_int, metavar="N",
                    help="LLM training: sequences per iteration (default: the workload's batch)")
@@ -71,6 +79,7 @@ def add_search_args(p: argparse.ArgumentParser) -> None:
                    help="LLM serving with --objective throughput: only configurations whose time to first token "
                         "is at most this count (a constraint, not a weighted sum)")
     add_cost_args(p)
+    add_serving_args(p)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -88,10 +97,15 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "top10.csv, history.csv, search.json, convergence.png/.svg, the best plan's result/ and a "
                     "Perfetto trace.json. Ctrl-C writes the best plan so far and exits 130.")
     add_search_args(p)
-    p.add_argument("--algorithm", choices=tuple(dict.fromkeys(ALGORITHMS + LLM_ALGORITHMS)), default="mars",
+    from ._serve_search import SERVE_ALGORITHMS
+
+    p.add_argument("--algorithm", choices=tuple(dict.fromkeys(ALGORITHMS + LLM_ALGORITHMS + SERVE_ALGORITHMS)),
+                   default="mars",
                    help="mars (default), data_parallel, h2h, random or exhaustive (small spaces only); for an LLM "
                         "workload on a GPU cluster: mars (the search over parallel configurations) or megatron_grid "
-                        "(every uniform Megatron-legal configuration, screened, the best simulated)")
+                        "(every uniform Megatron-legal configuration, screened, the best simulated); for serving "
+                        "deployments (--model): mars, uniform_grid (every uniform deployment, screened, the best "
+                        "simulated) or exhaustive (every deployment simulated, small spaces only)")
     p.add_argument("--no-seed", dest="seed_baseline", action="store_false",
                    help="do not seed the GA with the baselines (data_parallel and h2h; an LLM: the best of the "
                         "Megatron grid); seeded by default, the GA then never returns a worse plan than them")
@@ -253,10 +267,34 @@ def search(args: argparse.Namespace, graph, system, cost, llm: bool, executor, p
         raise InputError(None, "--algorithm", str(exc)) from None
 
 
+def plan_case(args: argparse.Namespace) -> None:
+    """Checks for a search of a workload's plans (not serving deployments): a workload given, no
+    serving flag, the objective defaulting to latency."""
+    from marssim.search.evaluate import SERVING_OBJECTIVES
+
+    from ._serve_search import refuse_serving_flags
+
+    refuse_serving_flags(args)
+    if args.workload is None:
+        raise InputError(None, "--workload", "give the workload (e.g. --workload resnet50:batch=8), or --model for "
+                                             "serving deployments")
+    if args.objective in SERVING_OBJECTIVES:
+        raise InputError(None, "--objective", f"{args.objective} applies to serving deployments (--model)")
+    if args.objective is None:
+        args.objective = "latency"
+    if getattr(args, "algorithm", "mars") == "uniform_grid":
+        raise InputError(None, "--algorithm", "uniform_grid applies to serving deployments (--model)")
+
+
 def run(args: argparse.Namespace) -> int:
     from marssim.search.report import describe_best, fitness_display, format_top
     from marssim.search.result import SearchInterrupted
 
+    from ._serve_search import run_search, serving_requested
+
+    if serving_requested(args):
+        return run_search(args, _progress_bar, open_executor)
+    plan_case(args)
     check_output_dir(args.out)
     graph, system, cost, llm = load_case(args)
     _refuse_unused_flags(args, llm)

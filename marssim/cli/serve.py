@@ -77,7 +77,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="mean arrival rate in requests/s (Poisson, or the replayed trace sped up to it)")
     g.add_argument("--prefix", metavar="SETTINGS",
                    help="shared prompt prefixes: tokens=T,groups=G,share=S (for prefix_caching)")
-    g.add_argument("--seed", type=int, default=0, help="random seed of the requests and the random router (default 0)")
+    g.add_argument("--seed", type=int, help="random seed of the requests and the random router (default: the "
+                                            "file's requests.seed, else 0)")
     p.add_argument("--slo", metavar="BOUNDS", help="service-level objectives for goodput, e.g. ttft=2s,tpot=100ms,e2e=30s")
     s = p.add_argument_group("rate sweep")
     s.add_argument("--rates", metavar="R1,R2,...", help="simulate each arrival rate (requests/s): a latency-vs-load curve")
@@ -146,11 +147,11 @@ def _requests(args: argparse.Namespace, data: dict):
     file = args.deployment
     section = data.get("requests") or {}
     if not isinstance(section, dict):
-        raise InputError(file, "requests", "expected a mapping (arrival, prompt, output, count, replay, prefix)")
+        raise InputError(file, "requests", "expected a mapping (arrival, prompt, output, count, replay, prefix, seed)")
     for key in section:
-        if key not in ("arrival", "prompt", "output", "count", "replay", "rate", "prefix"):
+        if key not in ("arrival", "prompt", "output", "count", "replay", "rate", "prefix", "seed"):
             raise InputError(file, f"requests.{key}", "unknown key; expected one of: arrival, prompt, output, count, "
-                                                      "replay, rate, prefix")
+                                                      "replay, rate, prefix, seed")
 
     def pick(flag: str, key: str):
         value = getattr(args, flag)
@@ -202,6 +203,17 @@ def _requests(args: argparse.Namespace, data: dict):
     if rate is not None and (arrivals.kind == "trace" or arrival):
         spec = spec.with_rate(float(rate))
     return spec
+
+
+def request_seed(args: argparse.Namespace, data: dict) -> int:
+    """The seed of the requests and the random router: --seed, else the file's requests.seed,
+    else 0."""
+    if args.seed is not None:
+        return args.seed
+    value = (data.get("requests") or {}).get("seed", 0)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InputError(args.deployment, "requests.seed", f"expected an integer, got {value!r}")
+    return value
 
 
 def _slo(args: argparse.Namespace, data: dict):
@@ -294,6 +306,7 @@ def run(args: argparse.Namespace) -> int:
     deployment = _deployment(args, data)
     spec = _requests(args, data)
     slo = _slo(args, data)
+    args.seed = request_seed(args, data)
     rates = _rates(args.rates)
     cost = cost_model(args)
     if rates:

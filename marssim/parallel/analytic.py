@@ -141,10 +141,11 @@ class _Timer:
         self._signature = (low.design(self.gpu).name, tp, hops, tuple(sides))
         return self._signature
 
-    def receive(self, peer: int, nbytes: float, layout: str, producer_tp: int) -> float:
+    def receive(self, peer: int, nbytes: float, layout: str, producer_tp: int) -> tuple[float, float]:
         """Seconds to receive a tensor of ``nbytes`` (``layout``) from ``peer`` on another stage, as
         the lowering does (:meth:`.lower._Builder.locate`): the send/receive plan, and with
-        Megatron-LM's scatter/gather ``1/tp`` of it and the all-gather after."""
+        Megatron-LM's scatter/gather ``1/tp`` of it and the all-gather after: ``(seconds of the
+        send/receive, seconds of the all-gather)``."""
         low = self.low
         tp = low.tp_here(self.gpu)
         split = (low.cfg.scatter_gather and layout == "R" and tp > 1 and producer_tp == tp
@@ -152,7 +153,7 @@ class _Timer:
         sent = nbytes / tp if split else nbytes
         plan = low.plan("send_recv", sent, [peer, self.gpu])
         seconds = self.route_time(peer, self.gpu, sent) if plan is None else low.hop(peer, self.gpu, plan).time
-        return seconds + (self.ring("tp+1", tp, nbytes, "all_gather") if split else 0.0)
+        return seconds, (self.ring("tp+1", tp, nbytes, "all_gather") if split else 0.0)
 
     def step_time(self, pattern: str, n: int, nbytes: float) -> float:
         """Seconds of one step of a ring of ``n`` ranks moving ``nbytes`` per step (its slowest hop)."""
@@ -206,16 +207,17 @@ class _Timer:
                 total += self.ring(pattern, etp, low.layout_bytes(name, "Z"), "reduce_scatter")
         return total
 
-    def unit(self, ops: list) -> tuple[float, float]:
-        """Seconds of one pass over ``ops`` on this GPU: kernels and layout conversions, and
-        (apart) the activations or gradients received from another stage."""
+    def unit(self, ops: list) -> tuple[float, float, float]:
+        """Seconds of one pass over ``ops`` on this GPU: kernels and layout conversions; (apart)
+        the activations or gradients received from another stage; of those the send/receive
+        alone (what a blocking sender waits for)."""
         low = self.low
         tp = low.tp_here(self.gpu)
         here = low.place.stage(self.gpu)
         have: dict[str, str] = {}
         seen: set[tuple[str, str]] = set()
         total = 0.0
-        received = 0.0
+        received = sent = 0.0
         kernels: list[tuple[float, int]] = []
         for op in ops:
             rule = low.rules[op.name]
@@ -232,7 +234,9 @@ class _Timer:
                         peer = low.gpu_on_stage(self.gpu, stage)
                         if name in low.gather_out:
                             layout = "R"
-                        received += self.receive(peer, low.layout_bytes(name, layout), layout, low.cfg.tp_of(stage))
+                        p2p, gather = self.receive(peer, low.layout_bytes(name, layout), layout, low.cfg.tp_of(stage))
+                        received += p2p + gather
+                        sent += p2p
                 if layout == want or want == "*":
                     continue
                 full = low.layout_bytes(name, "R")
@@ -261,7 +265,7 @@ class _Timer:
         launch = low.launch(self.gpu)
         if launch > 0 and kernels:  # the host's launch gaps (.host), from a synchronised start
             total += sum(launch_gaps([d for d, _ in kernels], [k for _, k in kernels], launch))
-        return total, received
+        return total, received, sent
 
 
 def screen(graph: Graph, system: System, cfg: ParallelConfig, cost: CostModel, *,
@@ -282,10 +286,10 @@ def screen(graph: Graph, system: System, cfg: ParallelConfig, cost: CostModel, *
     forwards = []
     tails = []
     backwards = []
-    block_times: dict[tuple, tuple[float, float]] = {}
+    block_times: dict[tuple, tuple[float, float, float]] = {}
     split_units = graph_cached(low.graph, ("unit blocks", tuple(map(tuple, low.chunks))), lambda: _split_units(low))
 
-    def block_time(timer: _Timer, kind: tuple, ops: list) -> tuple[float, float]:
+    def block_time(timer: _Timer, kind: tuple, ops: list) -> tuple[float, float, float]:
         if not cfg.uniform:
             return timer.unit(ops)
         key = (kind, timer.signature())
@@ -322,10 +326,10 @@ def screen(graph: Graph, system: System, cfg: ParallelConfig, cost: CostModel, *
                                       len(blocks) - 1))
                 if ends:
                     parts.append((timer.unit(ends), 1))
-                for (b, r), n in parts:
+                for (b, r, q), n in parts:
                     busy += b * n
                     received += r * n
-                    by_direction[direction] += r * n
+                    by_direction[direction] += q * n
                     if direction == "B":
                         backward += b * n
         stage_times.append(busy)
@@ -496,9 +500,9 @@ def serving_times(graph: Graph, system: System, cfg: ParallelConfig, cost: CostM
         timer = _Timer(low, representative[stage])
         ops = [op for chunk in range(len(low.chunks)) if chunk % cfg.pp == stage
                for op in low.unit_ops.get((chunk, "F"), [])]
-        busy, received = timer.unit([op for op in ops if op.name.startswith("prefill.")])
+        busy, received, _ = timer.unit([op for op in ops if op.name.startswith("prefill.")])
         prefill += busy + received
-        busy, received = timer.unit([op for op in ops if op.name.startswith("decode.")])
+        busy, received, _ = timer.unit([op for op in ops if op.name.startswith("decode.")])
         decode += busy + received
     steps = low.t.generate or 1
     return prefill, decode / steps

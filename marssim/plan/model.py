@@ -1,7 +1,10 @@
 """What a plan is: a per-op :class:`~marssim.mapping.Mapping` (the MARS mapping space: sets,
-designs, segments, shardings) or a :class:`~marssim.parallel.ParallelConfig` (Megatron-LM-style
-tensor, sequence, pipeline, data and expert parallelism of an LLM on a GPU cluster). Each kind
-has its own lowering; :func:`marssim.plan.run` evaluates either.
+designs, segments, shardings), a :class:`~marssim.parallel.ParallelConfig` (Megatron-LM-style
+tensor, sequence, pipeline, data and expert parallelism of an LLM on a GPU cluster) or a serving
+:class:`~marssim.serve.Deployment` (pools of model replicas, their parallelism, GPU kind and
+engine scheduler). Each kind has its own evaluation: :func:`marssim.plan.run` lowers and
+evaluates the first two, :func:`marssim.plan.run_deployment` serves a stream of requests with
+the third.
 
 A parallel configuration runs micro-batches: its graph is one micro-batch of the workload
 (:func:`graph_for`), and the configuration's ``micro_batch`` is that graph's batch.
@@ -15,13 +18,14 @@ from typing import Union
 from marssim.errors import InputError
 from marssim.mapping import Mapping
 from marssim.parallel import ParallelConfig, check_parallel
+from marssim.serve.deployment import Deployment
 from marssim.specs import split_spec
 from marssim.system import System
 from marssim.workload import Graph, load_workload
 
 __all__ = ["Plan", "plan_key", "plan_text", "is_llm", "graph_for", "bind_parallel"]
 
-Plan = Union[Mapping, ParallelConfig]
+Plan = Union[Mapping, ParallelConfig, Deployment]
 
 
 def plan_key(plan: Plan) -> str:
@@ -32,8 +36,8 @@ def plan_key(plan: Plan) -> str:
 
 
 def plan_text(plan: Plan) -> str:
-    """One line naming ``plan``: a configuration's settings, a mapping's key."""
-    return plan.text() if isinstance(plan, ParallelConfig) else f"mapping {plan.key[:12]}"
+    """One line naming ``plan``: a configuration's or a deployment's settings, a mapping's key."""
+    return plan.text() if isinstance(plan, (ParallelConfig, Deployment)) else f"mapping {plan.key[:12]}"
 
 
 def is_llm(graph: Graph) -> bool:

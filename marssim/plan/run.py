@@ -3,6 +3,9 @@
 
 * a per-op :class:`~marssim.mapping.Mapping`: :func:`marssim.lower.lower`, then the simulation
   or the contention-free estimate of the TaskGraph;
+* a serving :class:`~marssim.serve.Deployment`: :func:`run_deployment` serves the stream of a
+  :class:`~marssim.serve.case.ServeCase` (simulated, at the offered load or at the highest rate
+  meeting its constraints; or screened in closed form);
 * a :class:`~marssim.parallel.ParallelConfig`: the closed-form memory check
   (:func:`marssim.parallel.memory.check_memory`; one memory model, the one the search screens
   with), :func:`marssim.parallel.lower_parallel` (one GPU per class of identical GPUs unless
@@ -33,7 +36,7 @@ from marssim.workload import Graph
 
 from .model import Plan
 
-__all__ = ["HOW", "Run", "run", "lower_plan", "trace_gpus"]
+__all__ = ["HOW", "Run", "run", "run_deployment", "lower_plan", "trace_gpus"]
 
 HOW = ("simulate", "estimate")
 """How a plan is evaluated: event by event with contention, or the contention-free estimate."""
@@ -138,6 +141,18 @@ def run(plan: Plan, graph: Graph, system: System, cost: CostModel | None = None,
             out.result.meta["parallel_report"] = out.report.to_dict()
     out.wall_s = {"lower_s": lowered - wall, "evaluate_s": time.perf_counter() - lowered}
     return out
+
+
+def run_deployment(deployment, case, system: System, cost: CostModel, *, how: str = "simulate"):
+    """Serve ``case``'s requests with ``deployment`` on ``system`` (:mod:`marssim.serve.case`):
+    ``how="simulate"`` by simulation, ``"estimate"`` by the closed-form screen. Returns a
+    :class:`~marssim.serve.case.CaseRun`; raises InputError for a deployment the system or the
+    model cannot take."""
+    from marssim.serve.case import evaluate_case, screen_case
+
+    if how not in HOW:
+        raise ValueError(f"how must be one of {', '.join(HOW)}, got {how!r}")
+    return (evaluate_case if how == "simulate" else screen_case)(deployment, case, system, cost)
 
 
 def _report(cfg: ParallelConfig, graph: Graph, system: System, tg: TaskGraph, schedule) -> ParallelReport:

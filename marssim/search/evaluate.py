@@ -1,14 +1,17 @@
-"""Evaluate candidate plans -- per-op mappings or parallel configurations -- in parallel on any
-``concurrent.futures.Executor``, with caching.
+"""Evaluate candidate plans -- per-op mappings, parallel configurations or serving deployments --
+in parallel on any ``concurrent.futures.Executor``, with caching.
 
-Two evaluations per plan, both through :func:`marssim.plan.run` or its closed form:
+Two evaluations per plan, both through :func:`marssim.plan.run` (or
+:func:`marssim.plan.run_deployment`) or its closed form:
 
-* ``simulate``: event by event (headline numbers only; a configuration's report figures too);
+* ``simulate``: event by event (headline numbers only; a configuration's report figures too; a
+  deployment's request stream served, at the offered load or at its goodput);
 * ``estimate``, the *screen*: a mapping's contention-free analytical estimate, a
   configuration's closed form (:func:`marssim.parallel.analytic.screen`, which also checks its
-  memory).
+  memory), a deployment's closed form (:mod:`marssim.serve.screen`).
 
-A :class:`Problem` (graph, system, cost model) is pickled once; each task sends only the bytes
+A :class:`Problem` (graph, system, cost model; for deployments the serving case: model, requests,
+seed, constraints, prices) is pickled once; each task sends only the bytes
 of the problem (unpickled once per worker process and kept) and its plans. Results come back
 in order, so a search is deterministic whatever the executor and the number of workers. Any
 executor works: ``ProcessPoolExecutor``, ``ThreadPoolExecutor``, or a Dask cluster's
@@ -31,29 +34,41 @@ from marssim.lower import LoweringCache
 from marssim.mapping import Mapping
 from marssim.parallel import ParallelConfig
 from marssim.plan import Plan, graph_for, plan_key
+from marssim.serve.case import CaseRun, ServeCase
+from marssim.serve.deployment import Deployment
 from marssim.system import System
 from marssim.workercache import pickled, worker_copy
 from marssim.workload import Graph
 
-__all__ = ["OBJECTIVES", "RANK_DIGITS", "rank_value", "Problem", "Evaluation", "Evaluator", "evaluate_mapping",
-           "estimate_mapping", "estimate_evaluation", "simulate_plan", "screen_plan"]
+__all__ = ["OBJECTIVES", "SERVING_OBJECTIVES", "RANK_DIGITS", "rank_value", "Problem", "Evaluation", "Evaluator",
+           "evaluate_mapping",
+           "estimate_mapping", "estimate_evaluation", "simulate_plan", "screen_plan", "deployment_evaluation"]
 
 OBJECTIVES = ("latency", "throughput", "energy", "edp")
 """``latency``: makespan of the batch (an LLM's iteration; serving: time per output token);
 ``throughput``: steady-state samples/s (LLM training: sequences/s, serving: output tokens/s),
 maximised; ``energy``: joules; ``edp``: energy-delay product (J*s). All are minimised as fitness."""
 
+SERVING_OBJECTIVES = ("goodput", "gpus", "cost")
+"""A serving deployment's objectives, each under the case's constraints (a deployment that
+misses them has infinite fitness): ``goodput``: the highest request rate meeting them,
+maximised (fitness: its inverse, s per request); ``gpus``: the GPUs serving the offered load,
+ties going to the lower mean end-to-end latency (fitness ``GPUs + E2E / (E2E + 1 s)``, the
+fraction below 1, so the order is lexicographic); ``cost``: dollars per million output tokens
+at the offered load."""
+
 
 @dataclass(frozen=True)
 class Problem:
     """What every evaluation needs: the workload, the system and the cost model (for a parallel
     configuration, ``graph`` is the workload at any batch: each configuration is evaluated on one
-    micro-batch of it)."""
+    micro-batch of it; for a deployment, ``graph`` is None and ``serving`` the case)."""
 
-    graph: Graph
+    graph: Graph | None
     system: System
     cost: CostModel
     memory_policy: str = "error"
+    serving: ServeCase | None = None
 
 
 RANK_DIGITS = 12
@@ -89,15 +104,44 @@ class Evaluation:
     ttft: float = float("nan")
     tpot: float = float("nan")
     memory_peak: float = float("nan")
+    # a serving deployment: the rate its figures are at, its goodput, GPUs, cost, constraints
+    rate: float = float("nan")
+    goodput: float = float("nan")
+    gpus: int = 0
+    cost_per_mtok: float = float("nan")
+    slo_ratio: float = float("nan")
+    slo_miss: str = ""
+    capacity: float = float("nan")
+    runs: int = 0
+    latency: dict = field(default_factory=dict, compare=False)
 
     @property
     def serving(self) -> bool:
         return self.tpot == self.tpot or self.ttft == self.ttft
 
+    @property
+    def deployment(self) -> bool:
+        """Whether this evaluates a serving deployment."""
+        return self.gpus > 0
+
+    @property
+    def slo_met(self) -> bool:
+        """A deployment's figures meet its case's constraints."""
+        return self.slo_ratio <= 1.0
+
     def fitness(self, objective: str = "latency") -> float:
         """The value to minimise for ``objective``."""
         if not self.feasible:
             return math.inf
+        if objective in SERVING_OBJECTIVES:
+            if not self.slo_ratio <= 1.0:
+                return math.inf
+            if objective == "goodput":
+                return 1.0 / self.goodput if self.goodput > 0 else math.inf
+            if objective == "gpus":
+                e2e = self.latency.get("e2e_mean", math.inf)
+                return self.gpus + (e2e / (e2e + 1.0) if e2e == e2e and e2e < math.inf else 0.999999)
+            return self.cost_per_mtok if self.cost_per_mtok == self.cost_per_mtok else math.inf
         if objective == "latency":
             value = self.tpot if self.tpot == self.tpot else self.makespan
             return value if value == value else math.inf
@@ -107,7 +151,8 @@ class Evaluation:
             return self.energy if self.energy == self.energy else math.inf
         if objective == "edp":
             return self.energy * self.makespan if self.energy == self.energy else math.inf
-        raise ValueError(f"unknown objective {objective!r}; expected one of {', '.join(OBJECTIVES)}")
+        raise ValueError(f"unknown objective {objective!r}; expected one of "
+                         f"{', '.join(OBJECTIVES + SERVING_OBJECTIVES)}")
 
 
 # ---------------------------------------------------------------------- one plan, here
@@ -161,6 +206,8 @@ def simulate_plan(problem: Problem, plan: Plan, cache: LoweringCache | None = No
     shared by the configurations of a search)."""
     if isinstance(plan, Mapping):
         return evaluate_mapping(problem, plan, cache)
+    if isinstance(plan, Deployment):
+        return deployment_evaluation(problem, plan, "simulate")
     from marssim.plan import run
 
     t0 = time.perf_counter()
@@ -181,9 +228,12 @@ def simulate_plan(problem: Problem, plan: Plan, cache: LoweringCache | None = No
 def screen_plan(problem: Problem, plan: Plan, cache: LoweringCache | None = None,
                 graphs: dict | None = None) -> Evaluation:
     """The screened :class:`Evaluation` of ``plan``: a mapping's analytical estimate, a
-    configuration's closed form (infeasible when its memory does not fit)."""
+    configuration's closed form (infeasible when its memory does not fit), a deployment's closed
+    form."""
     if isinstance(plan, Mapping):
         return estimate_evaluation(problem, plan, cache)
+    if isinstance(plan, Deployment):
+        return deployment_evaluation(problem, plan, "estimate")
     from marssim.parallel.analytic import screen, serving_times
 
     t0 = time.perf_counter()
@@ -202,6 +252,42 @@ def screen_plan(problem: Problem, plan: Plan, cache: LoweringCache | None = None
                       memory_peak=peak)
 
 
+_LATENCY = ("ttft", "tbt", "tpot", "e2e", "queue")
+
+
+def deployment_evaluation(problem: Problem, deployment: Deployment, how: str) -> Evaluation:
+    """A deployment simulated (``how="simulate"``) or screened (``"estimate"``) on the problem's
+    serving case (:func:`marssim.plan.run_deployment`), as an :class:`Evaluation`: ``makespan``
+    the run's span (first arrival to last token, s), ``throughput`` output tokens/s, ``rate``
+    the requests/s the figures are at, ``goodput`` (requests/s), GPUs, dollars per million
+    output tokens, the constraints' ratio and what it missed, the latency statistics
+    (``latency["ttft_p99"]``, s; none for a run stopped once it could no longer meet them). A
+    deployment that cannot run is infeasible."""
+    from marssim.plan import run_deployment
+
+    t0 = time.perf_counter()
+    case = problem.serving
+    if case is None:
+        raise ValueError("a deployment needs a problem with a serving case")
+    try:
+        done: CaseRun = run_deployment(deployment, case, problem.system, problem.cost, how=how)
+    except (CapacityError, InputError) as err:
+        return Evaluation(math.inf, feasible=False, error=str(err), wall_s=time.perf_counter() - t0,
+                          gpus=deployment.gpus, slo_ratio=math.inf)
+    s = done.summary
+    latency = {f"{m}_{k}": float(v) for m in _LATENCY for k, v in s.get(f"{m}_s", {}).items()}
+    if not done.feasible or done.ratio <= 1:
+        miss = ""
+    elif "missed" in s:
+        miss = f"stopped: {s['missed']}"
+    else:
+        miss = "; ".join(case.violations(s, done.rate if case.goodput else None))
+    return Evaluation(float(s.get("duration_s", math.nan)), float(s.get("output_tokens_per_s", math.nan)),
+                      feasible=done.feasible, error=done.error, wall_s=time.perf_counter() - t0, rate=done.rate,
+                      goodput=done.goodput, gpus=done.gpus, cost_per_mtok=done.cost_per_mtok, slo_ratio=done.ratio,
+                      slo_miss=miss, capacity=done.capacity_rps, runs=done.runs, latency=latency)
+
+
 # ---------------------------------------------------------------------- worker side
 _PROBLEMS: dict[str, tuple[Problem, LoweringCache, dict]] = {}
 
@@ -212,8 +298,9 @@ def _problem(key: str, blob: bytes | None) -> tuple[Problem, LoweringCache, dict
     return worker_copy(_PROBLEMS, key, blob, build=lambda b: _with_cache(pickle.loads(b)), keep=5)
 
 
-def _with_cache(problem: Problem) -> tuple[Problem, LoweringCache, dict]:
-    return problem, LoweringCache(problem.graph, problem.system, problem.cost), {}
+def _with_cache(problem: Problem) -> tuple[Problem, LoweringCache | None, dict]:
+    cache = LoweringCache(problem.graph, problem.system, problem.cost) if problem.graph is not None else None
+    return problem, cache, {}
 
 
 def _simulate_chunk(args: tuple[str, bytes, list[Plan]]) -> list[Evaluation]:

@@ -10,13 +10,15 @@ from pathlib import Path
 
 from marssim.parallel import ParallelConfig
 from marssim.plan import plan_key
+from marssim.serve.deployment import Deployment
 from marssim.system import System
 from marssim.workload import Graph
 
 from .result import Candidate, SearchResult
 
 __all__ = ["fitness_display", "plot_convergence", "save_figure", "describe_best", "describe_mapping", "format_top",
-           "top_candidates", "top_rows", "equivalence_key", "search_summary", "short_config", "WIDTH"]
+           "top_candidates", "top_rows", "equivalence_key", "search_summary", "short_config", "short_deployment",
+           "describe_deployment", "deployment_class", "WIDTH"]
 
 WIDTH = 120
 """Columns the printed tables fit in."""
@@ -24,6 +26,12 @@ WIDTH = 120
 
 def fitness_display(objective: str, fitness: float, serving: bool = False) -> tuple[str, float]:
     """A fitness (the value minimised) as a person reads it: ``(label with unit, value)``."""
+    if objective == "goodput":
+        return "goodput (requests/s)", 1.0 / fitness if fitness > 0 and math.isfinite(fitness) else 0.0
+    if objective == "gpus":
+        return "GPUs", float(math.floor(fitness)) if math.isfinite(fitness) else math.inf
+    if objective == "cost":
+        return "$ per million output tokens", fitness
     if objective == "latency":
         return ("time per output token (ms)" if serving else "makespan (ms)"), fitness * 1e3
     if objective == "throughput":
@@ -104,7 +112,10 @@ def describe_mapping(result: SearchResult, graph: Graph) -> str:
 
 
 def describe_best(result: SearchResult, graph: Graph) -> str:
-    """The best plan in a few lines: a mapping's sets, a configuration's settings and figures."""
+    """The best plan in a few lines: a mapping's sets, a configuration's or a deployment's
+    settings and figures."""
+    if isinstance(result.best, Deployment):
+        return describe_deployment(result.best, result.evaluation)
     if not isinstance(result.best, ParallelConfig):
         return describe_mapping(result, graph)
     cfg, e = result.best, result.evaluation
@@ -112,6 +123,35 @@ def describe_best(result: SearchResult, graph: Graph) -> str:
     if e.mfu == e.mfu:
         lines.append(f"  MFU {e.mfu:.1%}, memory peak {e.memory_peak / 2**30:.2f} GiB per GPU")
     return "\n".join(lines)
+
+
+def describe_deployment(dep: Deployment, e) -> str:
+    """A deployment's pools (one line each) and its simulated figures."""
+    from .result import deployment_figures
+
+    lines = [f"  pool {i}: {p.text()}" for i, p in enumerate(dep.pools)]
+    bucket = f", context bucket {dep.context_bucket}" if dep.context_bucket != 1 else ""
+    lines.append(f"  router {dep.router}{bucket}")
+    lines.append(f"  {deployment_figures(e)}")
+    return "\n".join(lines)
+
+
+def short_deployment(dep: Deployment, width: int = 46) -> str:
+    """A deployment in a few characters: per pool ``16xtp4`` (``pp2``), the GPU kind on a mixed
+    cluster, the role (``P:``, ``D:``), the scheduler (``cont``, ``mixed``, ``chunk``) with its
+    token budget, sequence cap and block size (``2k/s128/b32``); cut to ``width``."""
+    parts = []
+    for p in dep.pools:
+        c = p.scheduler
+        kind = "chunk" if c.kind == "chunked" else "mixed" if c.mixed else "cont" if c.kind == "continuous" else c.kind
+        tokens = f"{c.max_batched_tokens // 1024}k" if c.max_batched_tokens % 1024 == 0 else str(c.max_batched_tokens)
+        text = {"prefill": "P:", "decode": "D:"}.get(p.role, "") + f"{p.replicas}xtp{p.tp}"
+        text += f"pp{p.pp}" if p.pp > 1 else ""
+        text += f"@{p.gpu}" if p.gpu else ""
+        text += f" {kind}/{tokens}/s{c.max_num_seqs}/b{c.block_size}"
+        parts.append(text)
+    out = " + ".join(parts)
+    return out if len(out) <= width else out[:width - 1] + "\u2026"
 
 
 _SHORT = (("sp", lambda v: "sp" if v else ""), ("ep", lambda v: f"ep{v}"), ("micro_batch", lambda v: f"mb{v}"),
@@ -153,12 +193,24 @@ def equivalence_key(cfg: ParallelConfig, evaluation, objective: str = "latency")
     return (replace(cfg, order="tp-pp-dp", stage_start=()), rank_value(evaluation.fitness(objective)))
 
 
+def deployment_class(dep: Deployment, evaluation) -> tuple:
+    """Deployments of the same pools and parallelism whose engine settings give the same figures
+    (at 12 digits) are one deployment to a reader of the top list."""
+    from .evaluate import rank_value
+
+    figures = tuple(rank_value(evaluation.latency.get(k, float("nan"))) for k in ("ttft_p99", "tbt_p99", "e2e_mean"))
+    return (tuple((p.role, p.gpu, p.replicas, p.tp, p.pp) for p in dep.pools), rank_value(evaluation.goodput),
+            rank_value(evaluation.rate), figures)
+
+
 def top_candidates(result: SearchResult, n: int = 10) -> list[Candidate]:
     """The ``n`` best candidates, simulated ones first, equivalent configurations once
     (:func:`equivalence_key`)."""
+    evaluation = {plan_key(c.plan): c.evaluation for c in result.candidates}
+    if isinstance(result.best, Deployment):
+        return result.top(n, key=lambda p: deployment_class(p, evaluation[plan_key(p)]))
     if not isinstance(result.best, ParallelConfig):
         return result.top(n)
-    evaluation = {plan_key(c.plan): c.evaluation for c in result.candidates}
     return result.top(n, key=lambda p: equivalence_key(p, evaluation[plan_key(p)], result.objective))
 
 
@@ -172,6 +224,9 @@ def top_rows(result: SearchResult, n: int = 10) -> list[dict]:
 def _row(c: Candidate) -> dict:
     def ms(x):
         return x * 1e3 if x is not None and x == x else float("nan")
+
+    if isinstance(c.plan, Deployment):
+        return _deployment_row(c)
 
     sim, scr = c.simulated, c.screened
     row = {"plan": c.plan.text() if isinstance(c.plan, ParallelConfig) else plan_key(c.plan)[:12],
@@ -187,6 +242,46 @@ def _row(c: Candidate) -> dict:
     return row
 
 
+def _deployment_row(c: Candidate) -> dict:
+    """A deployment's record: its text, GPUs, and the figures of its simulation (or, screened
+    only, of the screen; ``simulated`` says which): rate and goodput (requests/s), latency
+    percentiles (ms), output tokens/s, dollars per million output tokens, the constraints'
+    ratio; the screen's rate, goodput, TTFT and TBT P99 beside them."""
+    e = c.evaluation
+    row = {"deployment": c.plan.text(), "simulated": c.simulated is not None, "gpus": e.gpus, "rate_rps": e.rate,
+           "goodput_rps": e.goodput}
+    for m in ("ttft", "tbt", "tpot", "e2e"):
+        for st in ("p50", "p99"):
+            row[f"{m}_{st}_ms"] = e.latency.get(f"{m}_{st}", float("nan")) * 1e3
+    row.update(output_tokens_per_s=e.throughput, cost_per_mtok=e.cost_per_mtok, slo_ratio=e.slo_ratio,
+               runs=e.runs)
+    scr = c.screened
+    if scr is not None:
+        row.update(screened_rate_rps=scr.rate, screened_goodput_rps=scr.goodput,
+                   screened_ttft_p99_ms=scr.latency.get("ttft_p99", float("nan")) * 1e3,
+                   screened_tbt_p99_ms=scr.latency.get("tbt_p99", float("nan")) * 1e3,
+                   screened_capacity_rps=scr.capacity)
+    return row
+
+
+def _format_top_deployments(result: SearchResult, cands: list[Candidate]) -> str:
+    goodput = result.objective == "goodput"
+    head = (f"{'#':>2}  {'deployment':<46}{'by':>7}{'GPUs':>6}{'goodput' if goodput else 'req/s':>9}"
+            f"{'TTFT P99':>10}{'TBT P99':>9}{'tok/s':>10}{'$/Mtok':>9}")
+    lines = [head, f"{'':<55}{'':>6}{'req/s':>9}{'ms':>10}{'ms':>9}"]
+    for i, c in enumerate(cands, start=1):
+        e = c.evaluation
+        rate = e.goodput if goodput else e.rate
+        cost = f"{e.cost_per_mtok:>9.3g}" if e.cost_per_mtok == e.cost_per_mtok else f"{'-':>9}"
+        line = (f"{i:>2}  {short_deployment(c.plan):<46}{'sim' if c.simulated is not None else 'screen':>7}"
+                f"{e.gpus:>6d}{rate:>9.4g}{_num_cell(e.latency.get('ttft_p99', float('nan')) * 1e3, 10)}"
+                f"{_num_cell(e.latency.get('tbt_p99', float('nan')) * 1e3, 9)}{e.throughput:>10.4g}{cost}")
+        lines.append(line[:WIDTH])
+    lines.append("(sim: simulated; screen: the closed form only; only deployments meeting the constraints; engine "
+                 "settings that change no figure shown once)")
+    return "\n".join(lines)
+
+
 def _num_cell(x: float, width: int) -> str:
     return f"{'-':>{width}}" if x != x else f"{x:>{width}.3f}"
 
@@ -199,6 +294,8 @@ def format_top(result: SearchResult, n: int = 10) -> str:
     cands = top_candidates(result, n)
     if not cands:
         return "(no candidate evaluated)"
+    if isinstance(result.best, Deployment):
+        return _format_top_deployments(result, cands)
     rows = [_row(c) for c in cands]
     parallel = isinstance(result.best, ParallelConfig)
     serving = parallel and any(r["tpot_ms"] == r["tpot_ms"] for r in rows)
@@ -229,7 +326,7 @@ def format_top(result: SearchResult, n: int = 10) -> str:
     return "\n".join(lines)
 
 
-def search_summary(result: SearchResult, graph: Graph, system: System) -> dict:
+def search_summary(result: SearchResult, graph: Graph | None, system: System) -> dict:
     """What ``search.json`` holds: algorithm, objective, seed, fitness, makespan (s), throughput,
     energy (J), counts, wall time (s), system, workload, the best plan (a mapping's key, a
     configuration's settings and report figures) and notes (JSON-ready: NaN and infinities
@@ -240,10 +337,18 @@ def search_summary(result: SearchResult, graph: Graph, system: System) -> dict:
         "fitness": _num(result.fitness), "makespan_s": _num(result.makespan),
         "throughput": _num(e.throughput), "energy_j": _num(e.energy),
         "simulations": result.simulations, "estimates": result.estimates, "rejected_memory": result.rejected_memory,
-        "wall_s": result.wall_s, "interrupted": result.interrupted, "system": system.spec, "workload": graph.spec,
+        "wall_s": result.wall_s, "interrupted": result.interrupted, "system": system.spec,
+        "workload": graph.spec if graph is not None else None,
         "notes": {k: str(v) for k, v in result.notes.items()},
     }
-    if isinstance(result.best, ParallelConfig):
+    if isinstance(result.best, Deployment):
+        from marssim.serve.deployment import deployment_to_dict
+
+        out.update(best=deployment_to_dict(result.best), best_text=result.best.text(), gpus=e.gpus,
+                   rate_rps=_num(e.rate), goodput_rps=_num(e.goodput), output_tokens_per_s=_num(e.throughput),
+                   cost_per_mtok=_num(e.cost_per_mtok), slo_ratio=_num(e.slo_ratio), simulation_runs=e.runs,
+                   latency_s={k: _num(v) for k, v in sorted(e.latency.items())})
+    elif isinstance(result.best, ParallelConfig):
         out.update(best=result.best.to_dict(), best_text=result.best.text(), mfu=_num(e.mfu),
                    ttft_s=_num(e.ttft), tpot_s=_num(e.tpot), memory_peak_bytes=_num(e.memory_peak),
                    exposed_s={k: _num(v) for k, v in e.exposed.items()})

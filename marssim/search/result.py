@@ -10,10 +10,11 @@ import pandas as pd
 
 from marssim.parallel import ParallelConfig
 from marssim.plan import Plan, plan_key
+from marssim.serve.deployment import Deployment
 
 from .evaluate import Evaluation, rank_value
 
-__all__ = ["SearchResult", "SearchInterrupted", "Candidate"]
+__all__ = ["SearchResult", "SearchInterrupted", "Candidate", "deployment_figures"]
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,9 @@ class SearchResult:
     def summary(self) -> str:
         e = self.evaluation
         tail = f"{self.simulations} simulations, {self.estimates} estimates in {self.wall_s:.1f} s"
+        if isinstance(self.best, Deployment):
+            return f"{self.algorithm}: best {self.best.text()}: {deployment_figures(e)}; {tail} " \
+                   f"({self.rejected_memory} without room for a KV cache)"
         if isinstance(self.best, ParallelConfig):
             what = ("time per output token", e.tpot) if e.tpot == e.tpot else ("iteration", e.makespan)
             text = (f"{self.algorithm}: best {self.best.text()}: {what[0]} {what[1] * 1e3:.3f} ms, MFU {e.mfu:.1%}; "
@@ -105,10 +109,28 @@ class SearchResult:
         return out
 
 
+def deployment_figures(e: Evaluation) -> str:
+    """A deployment's simulated figures in a line: GPUs, goodput or rate, latency percentiles,
+    throughput, cost, whether it met the constraints."""
+    lat = e.latency
+    parts = [f"{e.gpus} GPUs"]
+    parts.append(f"goodput {e.goodput:.4g} requests/s" if e.goodput == e.goodput else f"at {e.rate:.4g} requests/s")
+    parts.append(f"TTFT P99 {lat.get('ttft_p99', math.nan) * 1e3:.1f} ms, "
+                 f"TBT P99 {lat.get('tbt_p99', math.nan) * 1e3:.1f} ms")
+    parts.append(f"{e.throughput:.4g} output tokens/s")
+    if e.cost_per_mtok == e.cost_per_mtok:
+        parts.append(f"${e.cost_per_mtok:.4g} per million output tokens")
+    if not e.slo_met:
+        parts.append(f"misses the constraints ({e.slo_miss or e.error})")
+    return ", ".join(parts)
+
+
 class SearchInterrupted(KeyboardInterrupt):
     """Ctrl-C during a search that had found a plan: ``result`` is the best one so far (its
     evaluation simulated, ``notes["interrupted"]`` True), for the caller to keep before exiting."""
 
     def __init__(self, result: SearchResult) -> None:
-        super().__init__(f"interrupted: best so far {result.makespan * 1e3:.4f} ms")
+        what = deployment_figures(result.evaluation) if isinstance(result.best, Deployment) else \
+            f"{result.makespan * 1e3:.4f} ms"
+        super().__init__(f"interrupted: best so far {what}")
         self.result = result

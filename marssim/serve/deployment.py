@@ -49,7 +49,7 @@ from typing import Any
 from marssim.errors import InputError
 
 __all__ = ["SchedulerConfig", "Pool", "Deployment", "SCHEDULERS", "ROUTERS", "ROLES", "parse_pool",
-           "deployment_from_dict"]
+           "deployment_from_dict", "deployment_to_dict", "pool_to_dict"]
 
 SCHEDULERS = ("static", "continuous", "chunked")
 ROUTERS = ("round_robin", "least_tokens", "least_requests", "random")
@@ -276,6 +276,44 @@ def deployment_from_dict(data: dict, where: str) -> Deployment:
                      context_bucket=_int(data.get("context_bucket", 1), where, "context_bucket", 1, 4096),
                      tp_comm=_choice(data.get("tp_comm", "closed"), where, "tp_comm", TP_COMM))
     check_deployment(out, where)
+    return out
+
+
+def pool_to_dict(pool: Pool) -> dict[str, Any]:
+    """A pool's settings as a file holds them (:func:`pool_from_dict` reads them back to the same
+    pool): replicas and tp always, the rest where they differ from the defaults."""
+    out: dict[str, Any] = {}
+    if pool.role != "both":
+        out["role"] = pool.role
+    out["replicas"] = pool.replicas
+    out["tp"] = pool.tp
+    if pool.pp != 1:
+        out["pp"] = pool.pp
+    if pool.gpu:
+        out["gpu"] = pool.gpu
+    default = SchedulerConfig()
+    for f in fields(SchedulerConfig):
+        value = getattr(pool.scheduler, f.name)
+        if value == getattr(default, f.name):
+            continue
+        if f.name == "swap_space":
+            out[f.name] = f"{int(value)} B" if float(value).is_integer() else f"{value!r} B"
+        else:
+            out["scheduler" if f.name == "kind" else f.name] = value
+    return out
+
+
+def deployment_to_dict(dep: Deployment) -> dict[str, Any]:
+    """A deployment as a file holds it (:func:`deployment_from_dict` reads it back to the same
+    value): its pools, its router, and the settings that differ from the defaults."""
+    out: dict[str, Any] = {"router": dep.router}
+    if dep.disaggregated or dep.decode_router != "least_tokens":
+        out["decode_router"] = dep.decode_router
+    if dep.context_bucket != 1:
+        out["context_bucket"] = dep.context_bucket
+    if dep.tp_comm != "closed":
+        out["tp_comm"] = dep.tp_comm
+    out["pools"] = [pool_to_dict(p) for p in dep.pools]
     return out
 
 

@@ -23,7 +23,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["Recorder", "SLO", "summarise", "PERCENTILES", "ITERATION_COLUMNS"]
+__all__ = ["Recorder", "WatchedRecorder", "ConstraintsMissed", "SLO", "summarise", "PERCENTILES",
+           "ITERATION_COLUMNS"]
 
 PERCENTILES = (50, 90, 99)
 ITERATION_COLUMNS = ("replica", "engine", "start", "end", "prefill_tokens", "decode_tokens", "prefill_seqs",
@@ -70,6 +71,7 @@ class Recorder:
         self.area = 0.0
         self._last = 0.0
         self.window_start = math.nan
+        self.stops_on_reject = False
 
     # ------------------------------------------------------------------ requests
     def arrived(self, now: float) -> None:
@@ -124,6 +126,71 @@ class Recorder:
             for s in work.decodes:
                 ids.append(s.id)
             self.iteration_offsets.append(len(ids))
+
+
+class ConstraintsMissed(Exception):
+    """A run stopped once it could no longer meet a bound (``what`` says which)."""
+
+    def __init__(self, what: str, now: float = math.nan) -> None:
+        super().__init__(what, now)  # SimPy raises it again from its arguments
+        self.what = what
+        self.now = now
+
+    def __str__(self) -> str:
+        return f"{self.what} (certain at {self.now:.6g} s of simulated time)"
+
+
+class WatchedRecorder(Recorder):
+    """A :class:`Recorder` that stops the run (:class:`ConstraintsMissed`) as soon as a bound on a
+    percentile of TTFT, TBT, TPOT, E2E or queueing delay can no longer be met: ``terms`` are
+    ``(metric, quantile, limit s)``. The percentile of ``n`` values (numpy's linear
+    interpolation) is at least the ``k``-th smallest, ``k = floor(q (n - 1))`` (0-based), so once
+    ``n - k`` values exceed the limit it exceeds it too, whatever the values still to come;
+    ``n`` is the number of requests (TTFT, E2E, queueing; every one must be served), of requests
+    with more than one output token (TPOT), or of gaps between tokens (TBT). A rejected request
+    misses the constraints outright."""
+
+    def __init__(self, n: int, terms, output: np.ndarray, *, requests_per_iteration: bool = False) -> None:
+        super().__init__(n, requests_per_iteration=requests_per_iteration)
+        count = {"ttft": n, "e2e": n, "queue": n, "tpot": int((output > 1).sum()), "tbt": int((output - 1).sum())}
+        self._terms: dict[str, list] = {}
+        for metric, q, limit in terms:
+            m = count[metric]
+            if m < 1:
+                continue
+            k = int(math.floor(q * (m - 1)))
+            self._terms.setdefault(metric, []).append([limit, m - k, 0, f"{metric} at quantile {q:g} above {limit:g} s"])
+        self._gap_terms = self._terms.get("tbt", [])
+        self.stops_on_reject = True
+
+    def _over(self, metric: str, value: float, now: float) -> None:
+        for term in self._terms.get(metric, ()):
+            if value > term[0]:
+                term[2] += 1
+                if term[2] >= term[1]:
+                    raise ConstraintsMissed(term[3], now)
+
+    def started(self, s, now: float) -> None:
+        super().started(s, now)
+        self._over("queue", now - s.arrival, now)
+
+    def first_token(self, s, now: float) -> None:
+        super().first_token(s, now)
+        self._over("ttft", now - s.arrival, now)
+
+    def gap(self, s, gap: float) -> None:
+        super().gap(s, gap)
+        for term in self._gap_terms:
+            if gap > term[0]:
+                term[2] += 1
+                if term[2] >= term[1]:
+                    raise ConstraintsMissed(term[3], s.last_token)
+
+    def finished(self, s, now: float) -> None:
+        super().finished(s, now)
+        self._over("e2e", now - s.arrival, now)
+        if s.output > 1:
+            self._over("tpot", (now - s.first_token) / (s.output - 1), now)
 
 
 def _stats(values: np.ndarray) -> dict[str, float]:

@@ -33,12 +33,12 @@ from .engine import Replica
 from .fabric import Fabric
 from .itermodel import IterationModel
 from .memory import ReplicaMemory, replica_memory
-from .metrics import ITERATION_COLUMNS, SLO, Recorder, summarise
+from .metrics import ITERATION_COLUMNS, SLO, ConstraintsMissed, Recorder, WatchedRecorder, summarise
 from .requests import Requests
 from .router import Router
 from .sequence import Seq
 
-__all__ = ["simulate_serving", "ServeResult", "ReplicaInfo", "place_replicas", "check_pool"]
+__all__ = ["simulate_serving", "ServeResult", "ReplicaInfo", "place_replicas", "check_pool", "iteration_model"]
 
 
 @dataclass(frozen=True)
@@ -179,6 +179,8 @@ class _Cluster:
             rep = self.router.pick()
             if not self._admissible(rep, p, o):
                 rec.rejected[i] = True
+                if rec.stops_on_reject:
+                    raise ConstraintsMissed(f"request {i} rejected", env.now)
                 continue
             seq = Seq(i, t, p, o, int(prefix[i]) if prefix is not None else -1,
                       int(req.prefix_tokens[i]) if prefix is not None else 0)
@@ -255,6 +257,13 @@ def _iteration_model(model: TransformerConfig, system: System, stages: tuple[tup
     return im
 
 
+def iteration_model(model: TransformerConfig, system: System, stages: tuple[tuple[str, ...], ...], cost: CostModel,
+                    bucket: int = 1) -> IterationModel:
+    """The iteration-time model a simulation would give a replica on ``stages`` (the same object,
+    with its memo, for every replica of the same design and ring routes in this process)."""
+    return _iteration_model(model, system, stages, cost, bucket)
+
+
 def _ring_signature(system: System, gpus: tuple[str, ...]) -> list[tuple[float, float]]:
     cap = system.resource_capacity
     out = []
@@ -265,14 +274,22 @@ def _ring_signature(system: System, gpus: tuple[str, ...]) -> list[tuple[float, 
 
 
 def simulate_serving(deployment: Deployment, model: TransformerConfig, system: System, cost: CostModel,
-                     requests: Requests, *, seed: int = 0, slo: SLO = SLO(), trace: bool = False) -> ServeResult:
+                     requests: Requests, *, seed: int = 0, slo: SLO = SLO(), trace: bool = False,
+                     stop_when_missed: tuple = ()) -> ServeResult:
     """Serve ``requests`` with ``deployment`` of ``model`` on ``system``, every iteration timed by
     ``cost`` (see the module docstring); ``seed`` drives the random router; ``trace`` keeps the
-    requests of every iteration and every transfer (for :mod:`.outputs`' Perfetto trace)."""
+    requests of every iteration and every transfer (for :mod:`.outputs`' Perfetto trace).
+    ``stop_when_missed``: bounds ``(metric, quantile, limit s)`` on percentiles of ``ttft``,
+    ``tbt``, ``tpot``, ``e2e``, ``queue``: the run stops with
+    :class:`~.metrics.ConstraintsMissed` as soon as one can no longer be met, or a request is
+    rejected (:class:`~.metrics.WatchedRecorder`); a run that meets them is the same run."""
     check_deployment(deployment)
     env = simpy.Environment()
     n = len(requests)
-    recorder = Recorder(n, requests_per_iteration=trace)
+    if stop_when_missed:
+        recorder = WatchedRecorder(n, stop_when_missed, requests.output, requests_per_iteration=trace)
+    else:
+        recorder = Recorder(n, requests_per_iteration=trace)
     fabric = Fabric(env, system, log=True if trace else ("kv", "swap_out", "swap_in"))
     cluster = _Cluster(env, deployment, model, system, cost, requests, seed, recorder, fabric)
     env.run()
