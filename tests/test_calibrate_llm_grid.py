@@ -72,8 +72,11 @@ def test_every_shard_the_lowering_times_is_a_grid_point(small_grid, spec, parall
     table, median = _table(small_grid)
     cost = Recording(table)
     system = load_system("dgx-h100-cluster:nodes=1")
-    lower_parallel(load_workload(spec + ",layers=2"), system, parallel, cost)
-    timed = [(op, c) for op, c in cost.seen if op.kind != OpKind.RESHAPE]
+    graph = load_workload(spec + ",layers=2")
+    lower_parallel(graph, system, parallel, cost)
+    # the graph's ops (the kernels Megatron-LM adds around them in training -- bias adds, fused
+    # bias-dropout-add, the optimizer's bookkeeping -- are not grid points: docs/parallelism.md)
+    timed = [(op, c) for op, c in cost.seen if op.kind != OpKind.RESHAPE and op.name in graph.index]
     # the lowering times each distinct shape once; every family of a block was among them
     suffixes = {op.name.split(".", 2)[-1] if op.name.startswith("layers.") else op.name for op, _ in timed}
     assert {"attn.qkv", "attn.proj", "input_norm", "mlp.act", "embed.tokens", "output"} <= suffixes

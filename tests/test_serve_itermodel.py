@@ -46,7 +46,8 @@ def test_one_request_alone_takes_the_serve_modes_prefill_and_decode_times(spec, 
     model = load_model(spec)
     graph = load_workload(f"{spec}{':' if ':' not in spec else ','}mode=serve,prompt={prompt},"
                           f"generate={output - 1},batch=1")
-    ttft, tpot = serving_times(graph, dgx, parse_parallel(f"tp={tp},pp={pp}"), cost)
+    # a serving engine sends a stage's activations whole (no Megatron-LM scatter/gather)
+    ttft, tpot = serving_times(graph, dgx, parse_parallel(f"tp={tp},pp={pp},scatter_gather=false"), cost)
     dep = Deployment((Pool(replicas=1, tp=tp, pp=pp),))
     result = simulate_serving(dep, model, dgx, cost, Requests.of([0.0], [prompt], [output]))
     pr = result.per_request

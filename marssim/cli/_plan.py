@@ -5,6 +5,7 @@ the plan, loading it with every check made before any work, running it through
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 
 from marssim.errors import InputError
@@ -163,8 +164,10 @@ def run_plan_verb(args: argparse.Namespace, how: str) -> int:
     plan, graph, system = load_plan_args(args)
     gpus = trace_gpus(args.trace_gpus, system) if getattr(args, "trace_gpus", None) else None
     cost = cost_model(args)
-    done = run(plan, graph, system, cost, how=how, memory_policy=getattr(args, "memory_policy", "error"),
-               streams=getattr(args, "streams", 1), fold=args.fold, level=args.group or "block")
+    with progress_bar(args, how) as progress:
+        done = run(plan, graph, system, cost, how=how, memory_policy=getattr(args, "memory_policy", "error"),
+                   streams=getattr(args, "streams", 1), fold=args.fold, level=args.group or "block",
+                   progress=progress)
     result = done.result
     result.meta["mapping_file"] = args.mapping or ""
     shown = None
@@ -193,6 +196,38 @@ def run_plan_verb(args: argparse.Namespace, how: str) -> int:
         print()
         print("\n".join(lines))
     return 0
+
+
+@contextlib.contextmanager
+def progress_bar(args: argparse.Namespace, how: str):
+    """A tqdm bar on stderr fed by the progress callbacks of a run (yields the callback, or None
+    when no bar is drawn): the lowering's tasks built, then the tasks the simulation or the
+    estimate has ended."""
+    if not progress_stderr(args):
+        yield None
+        return
+    from tqdm import tqdm
+
+    bar = tqdm(total=0, desc="lowering", unit=" tasks", unit_scale=True, file=sys.stderr, leave=False)
+    phase = {"name": "lowering"}
+
+    def update(info: dict) -> None:
+        name = "lowering" if "stage" in info and "total" in info else ("simulating" if how == "simulate"
+                                                                        else "estimating")
+        done = info.get("tasks_done", info.get("tasks", 0))
+        total = info.get("tasks", 0) if "tasks_done" in info else info.get("total", 0)
+        if name != phase["name"]:
+            phase["name"] = name
+            bar.reset(total=total)
+            bar.set_description(name)
+        bar.total = total
+        bar.n = done
+        bar.refresh()
+
+    try:
+        yield update
+    finally:
+        bar.close()
 
 
 def progress_stderr(args: argparse.Namespace) -> bool:

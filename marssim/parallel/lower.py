@@ -403,8 +403,9 @@ class _Lowering:
         c = self.cost.op_cost(part, d)
         self.cost_models.setdefault(op.name, c.model)
         seconds, flops, energy = c.time, float(part.flops), c.energy
-        kernels = optimizer_kernels(op.name, part.dim("C"), self.t, self.cfg)[1] if adam and self.training \
-            else op_kernels(op, part, op_roles, self.cfg)
+        # Megatron-LM's kernels in training; a serving engine runs the graph's own
+        kernels = None if not self.training else optimizer_kernels(op.name, part.dim("C"), self.t, self.cfg)[1] \
+            if adam else op_kernels(op, part, op_roles, self.cfg)
         if kernels is not None:
             seconds, energy = self._kernels_time(kernels, part, c, d)
         out_bytes = 0.0 if op.param("keep") and op.param("fn") == "adam" else float(part.output_bytes)
