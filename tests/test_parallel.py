@@ -8,7 +8,6 @@ from __future__ import annotations
 import itertools
 
 import networkx as nx
-import numpy as np
 import pytest
 
 from marssim.cli import main

@@ -582,7 +582,6 @@ class _Builder:
     # ------------------------------------------------------------------ collectives
     def _collective(self, kind: str, group: str, pattern: str, nbytes: float, op: str, steps: int,
                     algorithm: str = "ring") -> int:
-        low = self.low
         members = self._group(pattern)
         coll = Collective(kind, algorithm, tuple(self.node_names[g] for g in members), float(nbytes), op, steps, group)
         self.t.colls.append(coll)

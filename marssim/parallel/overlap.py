@@ -25,12 +25,10 @@ Units: bytes, seconds.
 
 from __future__ import annotations
 
-import numpy as np
-
 from marssim.workload import Op
 
 __all__ = ["gather_bytes", "low_precision_parameters", "param_gather_unit", "param_gather_deps", "after_steps",
-           "blocking_send_edges", "gather_buckets", "cast_timing", "step_casts"]
+           "sends_block", "gather_buckets", "cast_timing", "step_casts"]
 
 
 def low_precision_parameters(low) -> dict[int, int]:

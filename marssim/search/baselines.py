@@ -294,7 +294,7 @@ def h2h(graph: Graph, system: System, cost: CostModel | None = None, *, objectiv
             for (trial, m), e in zip(trials, ev.simulate([m for _, m in trials])):
                 candidates.append((m, e))
                 if e.fitness(objective) < best_e.fitness(objective) * (1 - 1e-12):
-                    where, best_m, best_e = trial, m, e
+                    where, best_e = trial, e
                     improved = True
     return _result("h2h", objective, candidates, ev, sims0, est0, t0,
                    notes={"designs": designs, "micro_batches": micro})

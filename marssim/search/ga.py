@@ -368,7 +368,7 @@ class _MARS:
         partition into single accelerators too, with one segment per model for multi-model
         workloads), up to half the population; the rest drawn at random, a third of them with
         computation-aware designs and a third with computation-aware assignments too."""
-        space, cfg, rng = self.space, self.cfg, self.rng
+        space, cfg = self.space, self.cfg
         genomes: list[Genome] = []
         for m in seeds:
             with contextlib.suppress(ValueError, KeyError):

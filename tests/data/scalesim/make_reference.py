@@ -36,7 +36,6 @@ import csv
 import io
 import itertools
 import math
-import os
 import sys
 import tempfile
 import time
