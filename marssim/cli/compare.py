@@ -157,7 +157,8 @@ def run(args: argparse.Namespace) -> int:
             print()
         if len(systems) > 1:
             print(f"winning configuration per system, {len(system.accelerators)} GPUs each (simulated; MFU over each "
-                  "GPU's dense peak for the model's type; memory: the busiest GPU's peak of its capacity)")
+                  "GPU's dense peak for the model's tensor type: bf16 under an FP8 recipe, whose GEMM inputs alone "
+                  "are FP8; memory: the busiest GPU's peak of its capacity)")
             print(systems_table(winners))
         table = pd.concat(tables, ignore_index=True)
     else:
