@@ -210,18 +210,32 @@ class _Timer:
     def unit(self, ops: list) -> tuple[float, float, float]:
         """Seconds of one pass over ``ops`` on this GPU: kernels and layout conversions; (apart)
         the activations or gradients received from another stage; of those the send/receive
-        alone (what a blocking sender waits for)."""
+        alone (what a blocking sender waits for).
+
+        The kernels run one after another; the conversions' collectives one after another on
+        the communication stream, each before its reader, which waits for it. In the backward
+        each starts from its tensor's kernel (a tensor kept from another unit: from the start of
+        the kernel before its reader), so the kernels between hide it, as the lowering runs them
+        (:meth:`.lower._Builder.tensor`); in the forward from its reader's turn."""
         low = self.low
         tp = low.tp_here(self.gpu)
         here = low.place.stage(self.gpu)
         have: dict[str, str] = {}
         seen: set[tuple[str, str]] = set()
-        total = 0.0
+        clock = comm = last_start = 0.0  # compute stream, communication stream, the last kernel's start
+        done: dict[str, float] = {}  # tensor -> when its kernel ended (this pass)
         received = sent = 0.0
         kernels: list[tuple[float, int]] = []
+
+        def collective(seconds: float, ready: float) -> float:
+            nonlocal comm
+            comm = max(comm, ready) + seconds
+            return comm
+
         for op in ops:
             rule = low.rules[op.name]
             both = self.overlapped(op, rule, have, seen) if not rule.alias else None
+            start = clock
             for name, want in zip(op.inputs, rule.want):
                 producer = low.graph.ops[low.op_index[name]]
                 if producer.kind == OpKind.INPUT or (name, want) in seen:
@@ -241,27 +255,38 @@ class _Timer:
                     continue
                 full = low.layout_bytes(name, "R")
                 if layout in experts.EXPERT_LAYOUTS and want in experts.EXPERT_LAYOUTS:
-                    total += self.expert_conversion(name, layout, want)
+                    seconds = self.expert_conversion(name, layout, want)
                 elif layout == "P" and want in ("R", "S", "F"):
-                    total += self.ring("tp+1", tp, full, "reduce_scatter" if want != "R" else "all_reduce")
+                    seconds = self.ring("tp+1", tp, full, "reduce_scatter" if want != "R" else "all_reduce")
                 elif layout in ("S", "F") and want == "R" or (layout == "S" and want == "F"):
-                    total += self.ring("tp+1", tp, full, "all_gather")
+                    seconds = self.ring("tp+1", tp, full, "all_gather")
+                else:
+                    continue
+                # Megatron-LM launches the backward's collectives asynchronously (the input
+                # gradient's all-reduce beside the weight-gradient GEMM); the forward's wait
+                ready = done.get(name, last_start) if op.param("phase", "fwd") == "bwd" else clock
+                start = max(start, collective(seconds, ready))
+            clock = start
             if rule.alias:
                 have[op.name] = rule.out
+                done[op.name] = done.get(op.inputs[0], clock) if op.inputs else clock
                 continue
             if both is not None:
-                total += both
+                last_start, clock = clock, clock + both
                 have.setdefault(op.name, rule.out)
+                done[op.name] = clock
                 continue
             seconds = low.shard(op, self.gpu)[0]
-            total += seconds
+            last_start, clock = clock, clock + seconds
             kernels.append((seconds, low.kernels(op, self.gpu)))
             if rule.loss_reduce:
-                total += self.ring("tp+1", tp, 12.0 * low.t.batch * low.t.seq, "all_reduce")
+                clock = collective(self.ring("tp+1", tp, 12.0 * low.t.batch * low.t.seq, "all_reduce"), clock)
             have[op.name] = rule.out
             if op.name in low.gather_out:
-                total += self.ring("tp+1", tp, low.layout_bytes(op.name, "R"), "all_gather")
+                clock = collective(self.ring("tp+1", tp, low.layout_bytes(op.name, "R"), "all_gather"), clock)
                 have[op.name] = "R"
+            done[op.name] = clock
+        total = clock
         launch = low.launch(self.gpu)
         if launch > 0 and kernels:  # the host's launch gaps (.host), from a synchronised start
             total += sum(launch_gaps([d for d, _ in kernels], [k for _, k in kernels], launch))
