@@ -120,9 +120,10 @@ def graph_cached(graph: Graph, key: Hashable, make: Callable[[], Any]) -> Any:
     if hit is None:
         kind = key[0] if isinstance(key, tuple) and key else key
         if kind in _BOUNDED:
-            same = [k for k in cache if isinstance(k, tuple) and k and k[0] == kind]
+            # a copy of the keys: evaluators on threads (Dask's local cluster) share the graph
+            same = [k for k in list(cache) if isinstance(k, tuple) and k and k[0] == kind]
             for old in same[:max(0, len(same) - _KEEP + 1)]:
-                del cache[old]
+                cache.pop(old, None)
         hit = cache[key] = make()
     return hit
 

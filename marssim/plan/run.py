@@ -69,12 +69,13 @@ class Run:
 
 
 def lower_plan(plan: Plan, graph: Graph, system: System, cost: CostModel, *, fold: bool = True, cache=None,
-               validate: bool = True, progress: Callable | None = None) -> TaskGraph:
+               validate: bool = True, progress: Callable | None = None, max_bytes: float | None = None) -> TaskGraph:
     """The TaskGraph of ``plan`` (each plan kind by its own lowering). ``graph``: for a
-    configuration, one micro-batch of it (:func:`marssim.plan.graph_for`)."""
+    configuration, one micro-batch of it (:func:`marssim.plan.graph_for`). ``max_bytes``: the
+    most a configuration's lowering and simulation may need (default: this machine's memory)."""
     if isinstance(plan, ParallelConfig):
         kwargs = {"progress": progress} if progress is not None else {}
-        return lower_parallel(graph, system, plan, cost, folding=fold, **kwargs)
+        return lower_parallel(graph, system, plan, cost, folding=fold, max_bytes=max_bytes, **kwargs)
     from marssim.lower import lower
 
     if validate:
@@ -85,7 +86,7 @@ def lower_plan(plan: Plan, graph: Graph, system: System, cost: CostModel, *, fol
 def run(plan: Plan, graph: Graph, system: System, cost: CostModel | None = None, *, how: str = "simulate",
         memory_policy: str = "error", streams: int = 1, fold: bool = True, detail: bool = True,
         record: bool | None = None, level: str = "block", cache=None, validate: bool = True,
-        taskgraph: TaskGraph | None = None, progress: Callable | None = None) -> Run:
+        taskgraph: TaskGraph | None = None, progress: Callable | None = None, max_bytes: float | None = None) -> Run:
     """Evaluate ``plan`` (see the module docstring).
 
     ``how``: ``simulate`` or ``estimate``; ``memory_policy``: ``error`` (a configuration that does
@@ -93,7 +94,9 @@ def run(plan: Plan, graph: Graph, system: System, cost: CostModel | None = None,
     ``ignore``; ``detail``: False keeps only the summary (and a configuration's report), as a
     search needs; ``record``: keep a simulation's memory and link timelines and simulate the
     weight loads (default: ``detail``); ``level``: the layer groups of an estimate's report;
-    ``taskgraph``: the plan already lowered (by an earlier run), not lowered again. Raises
+    ``taskgraph``: the plan already lowered (by an earlier run), not lowered again; ``max_bytes``:
+    the most a configuration's lowering and simulation may need (default: this machine's memory;
+    a search running several side by side gives each its share). Raises
     InputError for a plan the workload or the system cannot take, CapacityError for one that
     does not fit."""
     if how not in HOW:
@@ -108,7 +111,8 @@ def run(plan: Plan, graph: Graph, system: System, cost: CostModel | None = None,
     record = detail if record is None else record
     wall = time.perf_counter()
     tg = taskgraph if taskgraph is not None else \
-        lower_plan(plan, graph, system, cost, fold=fold, cache=cache, validate=validate, progress=progress)
+        lower_plan(plan, graph, system, cost, fold=fold, cache=cache, validate=validate, progress=progress,
+                   max_bytes=max_bytes)
     lowered = time.perf_counter()
     out = Run(plan, graph, system, how, tg, Summary(0.0, float("nan"), float("nan")))
     kwargs = {"progress": progress} if progress is not None else {}

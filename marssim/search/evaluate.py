@@ -201,9 +201,10 @@ def _config_throughput(graph: Graph, cfg: ParallelConfig, seconds: float) -> flo
 
 
 def simulate_plan(problem: Problem, plan: Plan, cache: LoweringCache | None = None,
-                  graphs: dict | None = None) -> Evaluation:
+                  graphs: dict | None = None, max_bytes: float | None = None) -> Evaluation:
     """The simulated :class:`Evaluation` of ``plan`` (``graphs``: workloads by micro-batch,
-    shared by the configurations of a search)."""
+    shared by the configurations of a search; ``max_bytes``: the most its lowering and
+    simulation may need, default this machine's memory; beyond it the plan is infeasible)."""
     if isinstance(plan, Mapping):
         return evaluate_mapping(problem, plan, cache)
     if isinstance(plan, Deployment):
@@ -213,7 +214,8 @@ def simulate_plan(problem: Problem, plan: Plan, cache: LoweringCache | None = No
     t0 = time.perf_counter()
     graph = graph_for(problem.graph, plan, graphs)
     try:
-        done = run(plan, graph, problem.system, problem.cost, memory_policy=problem.memory_policy, detail=False)
+        done = run(plan, graph, problem.system, problem.cost, memory_policy=problem.memory_policy, detail=False,
+                   max_bytes=max_bytes)
     except (CapacityError, InputError) as err:
         return Evaluation(math.inf, feasible=False, error=str(err), wall_s=time.perf_counter() - t0)
     rep = done.report
@@ -303,14 +305,19 @@ def _with_cache(problem: Problem) -> tuple[Problem, LoweringCache | None, dict]:
     return problem, cache, {}
 
 
-def _simulate_chunk(args: tuple[str, bytes, list[Plan]]) -> list[Evaluation]:
-    key, blob, plans = args
+def _simulate_chunk(args: tuple[str, bytes, list[Plan], int]) -> list[Evaluation]:
+    """Simulations of ``plans`` in a process that runs beside ``share - 1`` others: each may
+    take ``1/share`` of this machine's memory (or of ``MARSSIM_MAX_BYTES``)."""
+    from marssim.parallel.size import machine_memory
+
+    key, blob, plans, share = args
     problem, cache, graphs = _problem(key, blob)
-    return [simulate_plan(problem, p, cache, graphs) for p in plans]
+    limit = machine_memory() / share
+    return [simulate_plan(problem, p, cache, graphs, max_bytes=limit) for p in plans]
 
 
-def _estimate_chunk(args: tuple[str, bytes, list[Plan]]) -> list[Evaluation]:
-    key, blob, plans = args
+def _estimate_chunk(args: tuple[str, bytes, list[Plan], int]) -> list[Evaluation]:
+    key, blob, plans, _ = args
     problem, cache, graphs = _problem(key, blob)
     return [screen_plan(problem, p, cache, graphs) for p in plans]
 
@@ -383,10 +390,11 @@ class Evaluator:
         if todo:
             pending = list(todo.values())
             if self.executor is None or len(pending) == 1:
-                outs = fn((self._key, self._blob, pending))
+                outs = fn((self._key, self._blob, pending, self.parallelism))
             else:
                 parts = _chunks(pending, per_worker * self.parallelism)
-                outs = _unchunk(list(self.executor.map(fn, [(self._key, self._blob, c) for c in parts])))
+                outs = _unchunk(list(self.executor.map(fn, [(self._key, self._blob, c, self.parallelism)
+                                                            for c in parts])))
             for k, out in zip(todo, outs):
                 cache[k] = out
                 self._plans.setdefault(k, todo[k])
