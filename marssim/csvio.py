@@ -1,13 +1,19 @@
-"""Read CSV tables with floats parsed exactly (so a write then read gives the same bits)."""
+"""Read CSV tables with floats parsed exactly (so a write then read gives the same bits), and the
+measured tables shipped under ``traces/``: ``#`` comment lines (provenance), a header, rows."""
 
 from __future__ import annotations
 
+import csv
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-__all__ = ["read_csv_exact", "EXACT_FLOATS"]
+from marssim.errors import InputError
+from marssim.fsutil import atomic_file
+
+__all__ = ["read_csv_exact", "EXACT_FLOATS", "read_commented_table", "write_commented_table"]
 
 
 def _exact_floats() -> dict[str, str]:
@@ -24,3 +30,35 @@ EXACT_FLOATS = _exact_floats()
 def read_csv_exact(path: str | Path, **kwargs: Any) -> pd.DataFrame:
     """:func:`pandas.read_csv` with exact float parsing; ``kwargs`` go to it unchanged."""
     return pd.read_csv(path, **EXACT_FLOATS, **kwargs)
+
+
+def write_commented_table(path: str | Path, columns: Sequence[str], rows: Iterable[Sequence[Any]],
+                          comments: Sequence[str]) -> None:
+    """Write a table atomically: ``comments`` first (``# `` prepended where missing), the header
+    ``columns``, then ``rows`` (cells already formatted, or values ``str()`` gives)."""
+    with atomic_file(Path(path), "w", newline="") as fh:
+        for line in comments:
+            fh.write((line if line.startswith("#") else f"# {line}") + "\n")
+        w = csv.writer(fh, lineterminator="\n")
+        w.writerow(columns)
+        w.writerows(rows)
+
+
+def read_commented_table(path: str | Path, columns: Sequence[str], what: str) -> list[tuple[int, dict[str, str]]]:
+    """The rows of a table written by :func:`write_commented_table` as ``(line number, cells by
+    column)``; blank and ``#`` lines skipped. ``what`` names the table in errors: an
+    :class:`~marssim.errors.InputError` names the file (and line) when it cannot be read or lacks
+    one of ``columns``."""
+    name = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as err:
+        raise InputError(name, "", f"cannot read {what}: {err.strerror or err}") from None
+    lines = [(i + 1, ln) for i, ln in enumerate(text.splitlines()) if ln.strip() and not ln.lstrip().startswith("#")]
+    if not lines:
+        raise InputError(name, "", f"expected a header with the columns {', '.join(columns)}")
+    header = [h.strip() for h in next(csv.reader([lines[0][1]]))]
+    missing = [c for c in columns if c not in header]
+    if missing:
+        raise InputError(name, f"line {lines[0][0]}", f"missing columns: {', '.join(missing)}")
+    return [(lineno, dict(zip(header, next(csv.reader([ln]))))) for lineno, ln in lines[1:]]

@@ -51,8 +51,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from marssim.csvio import read_commented_table, write_commented_table
 from marssim.errors import InputError
-from marssim.fsutil import atomic_file
 
 __all__ = ["COLUMNS", "COLLECTIVES", "CollectiveRow", "load_collectives", "load_collective_tables", "write_collectives",
            "vidur_network_rows", "xla_textproto_rows", "geometric_sizes", "interpolate", "Achieved", "fit_achieved",
@@ -115,33 +115,16 @@ def collectives_dir() -> Path:
 
 def write_collectives(path: str | Path, rows: Sequence[CollectiveRow], comments: Sequence[str]) -> None:
     """Write a table atomically, ``comments`` first (``# `` prepended where missing)."""
-    with atomic_file(Path(path), "w", newline="") as fh:
-        for line in comments:
-            fh.write((line if line.startswith("#") else f"# {line}") + "\n")
-        w = csv.writer(fh, lineterminator="\n")
-        w.writerow(COLUMNS)
-        for r in rows:
-            w.writerow([r.system, r.gpu, r.stack, r.collective, r.ranks, r.ranks_per_node, f"{r.bytes:.0f}",
-                        f"{r.time_s:.6e}", r.dtype, r.source, r.commit, r.file, r.license, r.date, r.note])
+    write_commented_table(path, COLUMNS, ([r.system, r.gpu, r.stack, r.collective, r.ranks, r.ranks_per_node,
+                                           f"{r.bytes:.0f}", f"{r.time_s:.6e}", r.dtype, r.source, r.commit, r.file,
+                                           r.license, r.date, r.note] for r in rows), comments)
 
 
 def load_collectives(path: str | Path) -> list[CollectiveRow]:
     """Read and check one table (an :class:`~marssim.errors.InputError` naming file, line, column)."""
     name = str(path)
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as err:
-        raise InputError(name, "", f"cannot read collective table: {err.strerror or err}") from None
-    lines = [(i + 1, ln) for i, ln in enumerate(text.splitlines()) if ln.strip() and not ln.lstrip().startswith("#")]
-    if not lines:
-        raise InputError(name, "", f"expected a header with the columns {', '.join(COLUMNS)}")
-    header = [h.strip() for h in next(csv.reader([lines[0][1]]))]
-    missing = [c for c in COLUMNS if c not in header]
-    if missing:
-        raise InputError(name, f"line {lines[0][0]}", f"missing columns: {', '.join(missing)}")
     out = []
-    for lineno, ln in lines[1:]:
-        cells = dict(zip(header, next(csv.reader([ln]))))
+    for lineno, cells in read_commented_table(path, COLUMNS, "collective table"):
         where = f"line {lineno}"
         if cells["collective"] not in COLLECTIVES:
             raise InputError(name, f"{where}: collective", f"expected one of {', '.join(COLLECTIVES)}, "

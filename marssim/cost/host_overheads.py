@@ -44,8 +44,8 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from marssim.csvio import read_commented_table, write_commented_table
 from marssim.errors import InputError
-from marssim.fsutil import atomic_file
 
 __all__ = ["COLUMNS", "STAGES", "HostOverhead", "vidur_host_rows", "load_host_overheads", "write_host_overheads"]
 
@@ -104,33 +104,16 @@ def vidur_host_rows(text: str, device: str, stack: str, source: str, commit: str
 
 def write_host_overheads(path: str | Path, rows: list[HostOverhead], comments: list[str]) -> None:
     """Write a table (atomically), ``comments`` first (``# `` prepended where missing)."""
-    with atomic_file(Path(path), "w", newline="") as fh:
-        for line in comments:
-            fh.write((line if line.startswith("#") else f"# {line}") + "\n")
-        w = csv.writer(fh, lineterminator="\n")
-        w.writerow(COLUMNS)
-        for r in rows:
-            w.writerow([r.device, r.stack, r.model, r.batch_size, r.tp, r.stage, r.statistic, f"{r.seconds:.6e}",
-                        r.source, r.commit, r.file, r.license, r.date])
+    write_commented_table(path, COLUMNS, ([r.device, r.stack, r.model, r.batch_size, r.tp, r.stage, r.statistic,
+                                           f"{r.seconds:.6e}", r.source, r.commit, r.file, r.license, r.date]
+                                          for r in rows), comments)
 
 
 def load_host_overheads(path: str | Path) -> list[HostOverhead]:
     """Read and check a host-overhead table (InputError naming the file, line and column)."""
     name = str(path)
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as err:
-        raise InputError(name, "", f"cannot read host-overhead table: {err.strerror or err}") from None
-    lines = [(i + 1, ln) for i, ln in enumerate(text.splitlines()) if ln.strip() and not ln.lstrip().startswith("#")]
-    if not lines:
-        raise InputError(name, "", f"expected a header with the columns {', '.join(COLUMNS)}")
-    header = next(csv.reader([lines[0][1]]))
-    missing = [c for c in COLUMNS if c not in header]
-    if missing:
-        raise InputError(name, f"line {lines[0][0]}", f"missing columns: {', '.join(missing)}")
     out = []
-    for lineno, ln in lines[1:]:
-        cells = dict(zip(header, next(csv.reader([ln]))))
+    for lineno, cells in read_commented_table(path, COLUMNS, "host-overhead table"):
         try:
             batch, tp = int(cells["batch_size"]), int(cells["tp"])
             if batch < 1 or tp < 1:
