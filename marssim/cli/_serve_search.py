@@ -8,29 +8,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from pathlib import Path
 
 from marssim.errors import InputError
 
-from ._common import positive_int
+from ._common import positive_float, positive_int
 
 SERVE_ALGORITHMS = ("mars", "uniform_grid", "exhaustive")
 REQUEST_FLAGS = ("replay", "arrival", "prompt", "output", "requests", "rate", "prefix")
 DEPLOYMENT_FILE = "best_deployment.yaml"
 INTERRUPTED_FILE = "interrupted-best-deployment.yaml"
 """Where an interrupted search without --out leaves its best deployment (working directory)."""
-
-
-def positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not value > 0 or value == math.inf:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
-    return value
 
 
 def add_serving_args(p: argparse.ArgumentParser) -> None:

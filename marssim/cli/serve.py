@@ -9,7 +9,7 @@ import math
 
 from marssim.errors import InputError
 
-from ._common import add_cost_args, check_output_dir, check_output_file, cost_model, positive_int
+from ._common import add_cost_args, check_output_dir, check_output_file, cost_model, positive_float, positive_int
 
 VERB = "serve"
 ORDER = 47
@@ -33,16 +33,6 @@ or --arrival poisson:rate=4 | gamma:rate=4,cv=2 | offline with --prompt and --ou
 (512, uniform:128-2048, zipf:a=1.2,low=16,high=4096, trace:NAME); --rate sets the mean rate.
 --rates 1,2,4,8 sweeps the rate (on --workers processes or a --dask cluster) instead of one run.
 """
-
-
-def positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not value > 0 or value == math.inf:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
-    return value
 
 
 def register(sub: argparse._SubParsersAction) -> None:
