@@ -274,11 +274,10 @@ def write_outputs(result, case, system, cost, out: str | Path, model_spec: str, 
     ``history.csv``, ``top10.csv``, ``convergence.png``/``.svg`` and ``result/`` (the best
     deployment's simulation: summary.json and the tables of ``marssim serve --out``). The best
     deployment is simulated again and must give the reported figures. One line per file."""
-    import pandas as pd
-
     from marssim.fsutil import staged_dir
-    from marssim.search.report import plot_convergence, search_summary, top_rows
     from marssim.serve import outputs
+
+    from .search import write_search_files
 
     run = resimulate(result, case, system, cost)
     out_dir = Path(out)
@@ -286,15 +285,7 @@ def write_outputs(result, case, system, cost, out: str | Path, model_spec: str, 
     with staged_dir(out_dir) as tmp:
         save_deployment(result, case, system, model_spec, args, tmp / DEPLOYMENT_FILE)
         lines.append(f"deployment   {out_dir / DEPLOYMENT_FILE} (marssim serve --deployment ...)")
-        (tmp / "search.json").write_text(json.dumps(
-            {**search_summary(result, None, system),
-             "baselines": [search_summary(b, None, system) for b in baselines]}, indent=2, sort_keys=True) + "\n")
-        result.history.to_csv(tmp / "history.csv", index=False)
-        lines.append(f"history      {out_dir / 'history.csv'} ({len(result.history)} rows)")
-        pd.DataFrame(top_rows(result, 10)).to_csv(tmp / "top10.csv", index=False)
-        lines.append(f"top 10       {out_dir / 'top10.csv'}")
-        for p in plot_convergence([result, *baselines], tmp / "convergence.png"):
-            lines.append(f"figure       {out_dir / p.name}")
+        lines += write_search_files(result, None, system, baselines, tmp, out_dir)
         (tmp / "result").mkdir()
         outputs.write_tables(run, tmp / "result")
         lines.append(f"result       {out_dir / 'result'}/ (summary.json, requests.csv, iterations.csv, replicas.csv)")

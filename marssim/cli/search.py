@@ -370,18 +370,35 @@ def _header(result) -> str:
     return text + "\n"
 
 
+def write_search_files(result, graph, system, baselines: tuple, tmp: Path, out_dir: Path) -> list[str]:
+    """What every search writes into its staged output folder ``tmp`` (shown as ``out_dir``):
+    ``search.json`` (summary with the ``baselines``'), ``history.csv``, ``top10.csv`` and the
+    convergence figure. ``graph``: the workload, None for serving deployments. One line per file."""
+    import pandas as pd
+
+    from marssim.search.report import plot_convergence, search_summary, top_rows
+
+    (tmp / "search.json").write_text(json.dumps(
+        {**search_summary(result, graph, system),
+         "baselines": [search_summary(b, graph, system) for b in baselines]}, indent=2, sort_keys=True) + "\n")
+    result.history.to_csv(tmp / "history.csv", index=False)
+    lines = [f"history      {out_dir / 'history.csv'} ({len(result.history)} rows)"]
+    pd.DataFrame(top_rows(result, 10)).to_csv(tmp / "top10.csv", index=False)
+    lines.append(f"top 10       {out_dir / 'top10.csv'}")
+    lines += [f"figure       {out_dir / p.name}" for p in plot_convergence([result, *baselines], tmp / "convergence.png")]
+    return lines
+
+
 def write_search_outputs(result, graph, system, cost, out: str | Path, baselines: tuple = ()) -> list[str]:
     """Write into ``out`` atomically (it appears whole or not at all): ``best_mapping.yaml``,
     ``search.json`` (summary), ``history.csv``, ``top10.csv``, ``convergence.png``/``.svg`` (with
     the ``baselines``' lines), ``result/`` (the best plan's full simulation,
     :meth:`Result.save`) and ``trace.json`` (Perfetto). The best plan is simulated again and must
     give the reported number. Returns one line per file for the user."""
-    import pandas as pd
 
     from marssim.fsutil import staged_dir
     from marssim.parallel import ParallelConfig
     from marssim.plan import graph_for, run, save_plan
-    from marssim.search.report import plot_convergence, search_summary, top_rows
     from marssim.trace import write_chrome_trace
 
     plan = result.best
@@ -396,15 +413,7 @@ def write_search_outputs(result, graph, system, cost, out: str | Path, baselines
     with staged_dir(out_dir) as tmp:
         save_plan(plan, graph_of_plan, system, tmp / "best_mapping.yaml", header=_header(result))
         lines.append(f"mapping      {out_dir / 'best_mapping.yaml'} (marssim simulate --mapping ...)")
-        (tmp / "search.json").write_text(json.dumps(
-            {**search_summary(result, graph, system),
-             "baselines": [search_summary(b, graph, system) for b in baselines]}, indent=2, sort_keys=True) + "\n")
-        result.history.to_csv(tmp / "history.csv", index=False)
-        lines.append(f"history      {out_dir / 'history.csv'} ({len(result.history)} rows)")
-        pd.DataFrame(top_rows(result, 10)).to_csv(tmp / "top10.csv", index=False)
-        lines.append(f"top 10       {out_dir / 'top10.csv'}")
-        for p in plot_convergence([result, *baselines], tmp / "convergence.png"):
-            lines.append(f"figure       {out_dir / p.name}")
+        lines += write_search_files(result, graph, system, baselines, tmp, out_dir)
         sim.save(tmp / "result")
         write_chrome_trace(sim, tmp / "trace.json")
         lines += [f"result       {out_dir / 'result'}/ (marssim simulate --out format)",
