@@ -86,12 +86,13 @@ def group_info(system, devices: Sequence[str]) -> SystemInfo | None:
     """:func:`~marssim.collectives.plan.system_info` of the group ``devices``, memoised per system
     and group shape; None where the collective model does not describe the group (see the module
     docstring)."""
-    shape = _shape(system, devices)
-    if shape is None or shape[1] < 2:
-        return None
     cache = _INFOS.get(system)
     if cache is None:
         cache = _INFOS[system] = {}
+    group = ("group", tuple(devices))
+    shape = cache[group] if group in cache else cache.setdefault(group, _shape(system, devices))
+    if shape is None or shape[1] < 2:
+        return None
     key = shape
     if key not in cache:
         try:

@@ -483,9 +483,20 @@ def _tail(low: _Lowering, timer: _Timer, stage: int, backward: float) -> tuple[f
 def _model_parallel_seconds(low: _Lowering, timer: _Timer, nbytes: float) -> float:
     """An all-reduce of ``nbytes`` over the model-parallel group of the timer's GPU, as the
     lowering times it (:meth:`.lower._Builder._model_parallel_all_reduce`)."""
+    cache = low.__dict__.setdefault("_model_parallel_seconds", {})
+    hit = cache.get((timer.gpu, nbytes))
+    if hit is None:
+        starts = tuple(low.gpu_on_stage(timer.gpu, s) for s in range(low.cfg.pp))
+        hit = cache.get((starts, nbytes))  # every stage of a replica: one group
+        if hit is None:
+            hit = cache[(starts, nbytes)] = _group_all_reduce_seconds(low, timer, starts, nbytes)
+        cache[(timer.gpu, nbytes)] = hit
+    return hit
+
+
+def _group_all_reduce_seconds(low: _Lowering, timer: _Timer, starts: tuple[int, ...], nbytes: float) -> float:
     members: list[int] = []
     tp_peer = timer.patterns.get("tp+1")
-    starts = [low.gpu_on_stage(timer.gpu, s) for s in range(low.cfg.pp)]
     for g in starts:
         members.append(g)
         while tp_peer is not None and tp_peer(members[-1]) not in (g, members[-1]) and len(members) < 1 << 16:

@@ -118,7 +118,8 @@ def ring_core(b, op, deps: tuple) -> tuple:
         sends: list[int] = []
         for j in range(1, cp):
             # the block for step j: the sender holds it once it received it (step j - 1's transfer)
-            send = b.flow(b.rep, nxt, kv, op.name, coll, deps if j == 1 else (theirs(sends[-1]),), hold=False)
+            send = b.flow(b.rep, nxt, kv, op.name, coll, deps if j == 1 else (theirs(sends[-1]),), hold=False,
+                          pattern=RING_PATTERN)
             sends.append(send)
             compute = b.compute(op, (theirs(send),))
         return (b.me(compute),)
@@ -127,7 +128,7 @@ def ring_core(b, op, deps: tuple) -> tuple:
         size = kv if j in (0, cp - 1) else 2 * kv
         # transfer j: after this rank received transfer j - 1 and ran step j - 1 (the gradients it adds)
         new_send = b.flow(b.rep, nxt, size, op.name, coll, deps if j == 0 else (theirs(send), b.me(compute)),
-                          hold=False)
+                          hold=False, pattern=RING_PATTERN)
         compute = b.compute(op, deps if j == 0 else (theirs(send),))  # step j: the block transfer j - 1 brought
         send = new_send
     return (b.me(compute), theirs(send))

@@ -19,19 +19,35 @@ tensor-parallel rank") and lets the lowering emit tasks for one representative p
   (the progressive-filling steps treat the resources of a class alike), so it satisfies the
   bottleneck condition of the folded network and vice versa, and that allocation is unique.
 
-With ``fold=False`` every GPU is its own class (the full simulation), which the tests compare
-with the folded one.
+Two facts of the network let classes survive a partly filled scalable unit (its GPUs reach the
+spine over smaller uplinks, and some data-parallel or pipeline neighbours sit across the spine):
+
+* the links no flow's rate can depend on (:attr:`marssim.system.System.dominated_links`: a
+  non-blocking fat tree's leaf uplinks and downlinks) are left out of every route, folded or not,
+  so a route across the spine and one inside a leaf cross the same kinds of resources;
+* the transfers of a communication pattern (one NCCL communicator's ring or pipeline neighbours)
+  take, each, the largest route latency among the pattern's hops (:func:`latency_floors`): a ring
+  proceeds at the pace of its slowest hop in any case (the cycle time of ``start(k+1) =
+  max(end_i(k), end_{i-1}(k))`` is the largest step time), so a hop inside a leaf waits like one
+  across the spine; a collective's step takes its plan's per-step latency where that is larger,
+  as before.
+
+With ``fold=False`` every GPU is its own class (the full simulation, on the same routes), which the
+tests compare with the folded one.
 """
 
 from __future__ import annotations
 
+import weakref
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from marssim.system import Route, System
 
-__all__ = ["Folding", "fold", "identity_folding"]
+__all__ = ["Folding", "fold", "identity_folding", "latency_floors", "binding_route"]
+
+_BINDING: "weakref.WeakKeyDictionary[System, dict]" = weakref.WeakKeyDictionary()  # binding_route's memo
 
 Peer = Callable[[int], int | None]
 """A pattern: the GPU (node index) a GPU sends to, or None."""
@@ -46,7 +62,8 @@ class Folding:
     system: System
     resource_class: list[int] = field(default_factory=list)  # resource index -> class id
     resource_members: list[list[int]] = field(default_factory=list)
-    _routes: dict[tuple[int, int], Route] = field(default_factory=dict)
+    floors: dict[tuple[str, int, int], float] = field(default_factory=dict)  # see latency_floors
+    _routes: dict[tuple, Route] = field(default_factory=dict)
 
     @property
     def reps(self) -> list[int]:
@@ -60,64 +77,119 @@ class Folding:
     def size(self, gpu: int) -> int:
         return len(self.members[self.class_of[gpu]])
 
+    def latency(self, src: int, dst: int, pattern: str | None = None) -> float:
+        """Seconds a transfer ``src`` -> ``dst`` of communication pattern ``pattern`` waits before
+        its bytes flow: the pattern's largest route latency (:func:`latency_floors`), the route's
+        own for a direct transfer or one of no pattern."""
+        hit = self.floors.get((pattern, src, dst))
+        if hit is not None:
+            return hit
+        names = self.system.nodes
+        return self.system.route(names[src], names[dst]).latency
+
     @property
     def folded(self) -> bool:
         return any(len(m) > 1 for m in self.members)
 
-    def route(self, src: int, dst: int, per: int | None = None) -> Route:
+    def route(self, src: int, dst: int, per: int | None = None, pattern: str | None = None) -> Route:
         """The route of the flow ``src`` -> ``dst`` standing for one flow per member of the class
         of ``per`` (default ``src``: a send of every member; ``dst`` for a transfer every member
         of the receiver's class pulls): the concrete route with each resource replaced by its
-        class's representative and weighted by the flows it stands for."""
+        class's representative and weighted by the flows it stands for, and the latency its
+        pattern's transfers wait (:meth:`latency`)."""
         per = src if per is None else per
-        key = (src, dst, per)
+        key = (src, dst, per, pattern)
         hit = self._routes.get(key)
         if hit is not None:
             return hit
         names = self.system.nodes
-        concrete = self.system.route(names[src], names[dst])
+        concrete = binding_route(self.system, names[src], names[dst])
+        latency = self.floors.get((pattern, src, dst), concrete.latency)
         if not self.folded:
-            self._routes[key] = concrete
-            return concrete
+            route = concrete if latency == concrete.latency else replace(concrete, latency=latency)
+            self._routes[key] = route
+            return route
         n_flows = self.size(per)
         hops = Counter(self.resource_class[r] for r in concrete.resources)
         resources, weights = [], []
         for cls, count in sorted(hops.items(), key=lambda kv: self.resource_members[kv[0]][0]):
             resources.append(self.resource_members[cls][0])
             weights.append(count * n_flows / len(self.resource_members[cls]))
-        route = Route(concrete.nodes, tuple(resources), concrete.latency, tuple(weights))
+        route = Route(concrete.nodes, tuple(resources), latency, tuple(weights))
         self._routes[key] = route
         return route
 
 
-def identity_folding(system: System, gpus: Sequence[int]) -> Folding:
-    """Every GPU its own class (no folding)."""
+def binding_route(system: System, src: str, dst: str) -> Route:
+    """``system.route(src, dst)`` without the links no rate can depend on
+    (:attr:`~marssim.system.System.dominated_links`)."""
+    cache = _BINDING.get(system)
+    if cache is None:
+        cache = _BINDING[system] = {}
+    hit = cache.get((src, dst))
+    if hit is None:
+        dominated = system.dominated_links
+        hit = route = system.route(src, dst)
+        if dominated and any(r in dominated for r in route.resources):
+            hit = replace(route, resources=tuple(r for r in route.resources if r not in dominated))
+        cache[(src, dst)] = hit
+    return hit
+
+
+def _pattern_sends(gpus: Sequence[int], patterns: dict[str, Peer], pulls: Sequence[str]):
+    """``(pattern, the GPU the flow is counted for, src, dst)`` of every pattern's flow."""
+    for pname, peer in sorted(patterns.items()):
+        pull = pname in pulls
+        for g in gpus:
+            p = peer(g)
+            if p is None or p == g:
+                continue
+            yield (pname, g) + ((p, g) if pull else (g, p))
+
+
+def latency_floors(system: System, sends, direct: Sequence[str] = ()) -> dict[tuple[str, int, int], float]:
+    """(pattern, src, dst) -> the latency (s) a transfer of that pattern waits: the largest route
+    latency among the pattern's hops (``sends``: :func:`_pattern_sends`' tuples). Every member of
+    a pattern then waits alike, wherever the scalable units cut its rings. The patterns named in
+    ``direct`` (an all-to-all's partners, each pair on its own) are left out: their transfers
+    wait their own route's latency."""
+    names = system.nodes
+    worst: dict[str, float] = {}
+    hops: list[tuple[str, int, int]] = []
+    for pname, _, src, dst in sends:
+        if pname in direct:
+            continue
+        lat = system.route(names[src], names[dst]).latency
+        if lat > worst.get(pname, -1.0):
+            worst[pname] = lat
+        hops.append((pname, src, dst))
+    return {hop: worst[hop[0]] for hop in hops}
+
+
+def identity_folding(system: System, gpus: Sequence[int], patterns: dict[str, Peer] | None = None,
+                     pulls: Sequence[str] = (), direct: Sequence[str] = ()) -> Folding:
+    """Every GPU its own class (no folding); with ``patterns``, its transfers wait as the folded
+    lowering's do (:func:`latency_floors`), so the two simulate the same network."""
     gpus = sorted(gpus)
-    return Folding({g: i for i, g in enumerate(gpus)}, [[g] for g in gpus], system)
+    floors = latency_floors(system, list(_pattern_sends(gpus, patterns, pulls)), direct) if patterns else {}
+    return Folding({g: i for i, g in enumerate(gpus)}, [[g] for g in gpus], system, floors=floors)
 
 
 def fold(system: System, gpus: Sequence[int], role: dict[int, object], patterns: dict[str, Peer],
-         max_rounds: int = 64, pulls: Sequence[str] = ()) -> Folding:
+         max_rounds: int = 64, pulls: Sequence[str] = (), direct: Sequence[str] = ()) -> Folding:
     """The coarsest equitable classes of ``gpus`` that refine ``role`` (see the module
     docstring). ``patterns``: name -> peer map (node index -> node index or None): GPU ``g``
     sends one flow to ``peer(g)``, or, for the names in ``pulls``, receives one flow from it."""
     gpus = sorted(gpus)
     names = system.nodes
     routes: dict[tuple[int, int], Route] = {}
-    sends: list[tuple[str, int, int, int]] = []  # (pattern, the GPU the flow is counted for, src, dst)
-    inverse: dict[str, dict[int, list[int]]] = {}
-    for pname, peer in sorted(patterns.items()):
-        inv = inverse.setdefault(pname, {})
-        pull = pname in pulls
-        for g in gpus:
-            p = peer(g)
-            if p is None or p == g:
-                continue
-            src, dst = (p, g) if pull else (g, p)
-            sends.append((pname, g, src, dst))
-            inv.setdefault(p, []).append(g)
-            if (src, dst) not in routes:
-                routes[(src, dst)] = system.route(names[src], names[dst])
+    sends = list(_pattern_sends(gpus, patterns, pulls))  # (pattern, the GPU the flow is counted for, src, dst)
+    inverse: dict[str, dict[int, list[int]]] = {name: {} for name in patterns}
+    for pname, g, src, dst in sends:
+        inverse[pname].setdefault(dst if pname not in pulls else src, []).append(g)
+        if (src, dst) not in routes:
+            routes[(src, dst)] = binding_route(system, names[src], names[dst])
+    floors = latency_floors(system, sends, direct)
     capacity = system.resource_capacity
     first = {}
     cls = {}
@@ -152,7 +224,8 @@ def fold(system: System, gpus: Sequence[int], role: dict[int, object], patterns:
                 else:
                     route = routes[(p, g) if pull else (g, p)]
                     shape = tuple(sorted(Counter(res_class[r] for r in route.resources).items()))
-                    sig_of[g].append((pname, cls[p], shape, route.latency))
+                    hop = (pname, p, g) if pull else (pname, g, p)
+                    sig_of[g].append((pname, cls[p], shape, floors.get(hop, route.latency)))
                 q = inv.get(g, ())
                 sig_of[g].append((pname, "from", tuple(sorted(Counter(cls[x] for x in q).items()))))
         new: dict[int, int] = {}
@@ -171,4 +244,5 @@ def fold(system: System, gpus: Sequence[int], role: dict[int, object], patterns:
     res_members: dict[int, list[int]] = {}
     for r, c in enumerate(res_class):
         res_members.setdefault(c, []).append(r)
-    return Folding(class_of, ordered, system, res_class, [res_members[c] for c in range(len(res_members))])
+    return Folding(class_of, ordered, system, res_class, [res_members[c] for c in range(len(res_members))],
+                   floors=floors)

@@ -32,6 +32,8 @@ Units: seconds, bytes. Pure and deterministic.
 
 from __future__ import annotations
 
+import functools
+
 import weakref
 from collections import defaultdict
 from collections.abc import Callable, Hashable
@@ -52,12 +54,12 @@ from marssim.workload import Graph, Op, OpKind
 
 from . import context, experts, overlap, userbuffers
 from .config import ParallelConfig, check_parallel
-from .fold import Folding, fold, identity_folding
+from .fold import Folding, binding_route, fold, identity_folding
 from .host import launch_gaps, launch_seconds
 from .megatron import grad_dtype, grad_scaled, kernels_key, op_kernels, optimizer_kernels, roles, \
     sequence_parallel_params
 from .memory import static_bytes
-from .placement import PULLS, Placement, place
+from .placement import PULLS, Placement, direct_patterns, place
 from .roles import Rule, rule_for, strategy_of
 from .schedule import stage_units
 from .size import SizeEstimate, check_gpus, check_size
@@ -73,10 +75,11 @@ Ref = tuple  # ("u", rep, unit key, rel task, "same" | "last")
 _GROUP_PLAN = object()  # a ring's plan: its group's own (see _Builder.ring)
 
 
-def chunk_layers(layers: int, cfg: ParallelConfig) -> list[list[int]]:
+@functools.lru_cache(maxsize=1024)
+def chunk_layers(layers: int, cfg: ParallelConfig) -> tuple[tuple[int, ...], ...]:
     """The layers of each model chunk: ``pp * virtual_stages`` chunks (``layers_per_stage`` when
     given), balanced with the larger ones first; chunk 0 also holds the embedding (layer -1), the
-    last the head (layer ``layers``)."""
+    last the head (layer ``layers``). Memoised: read it, do not change it."""
     n = cfg.pp * (cfg.virtual_stages if cfg.schedule == "interleaved" else 1)
     sizes = list(cfg.layers_per_stage) if cfg.layers_per_stage else \
         [layers // n + (1 if i < layers % n else 0) for i in range(n)]
@@ -86,7 +89,7 @@ def chunk_layers(layers: int, cfg: ParallelConfig) -> list[list[int]]:
         at += size
     out[0].insert(0, -1)
     out[-1].append(layers)
-    return out
+    return tuple(tuple(chunk) for chunk in out)
 
 
 def stage_of_layers(layers: int, cfg: ParallelConfig) -> dict[int, int]:
@@ -259,7 +262,8 @@ class _Lowering:
         self.chunk_of_layer = {layer: c for c, layers in enumerate(self.chunks) for layer in layers}
         self.op_index = graph.index
         self.routes: list[Route] = []
-        self.route_id: dict[tuple[int, int], int] = {}
+        self.route_id: dict[tuple, int] = {}
+        self._hops: dict[tuple, Hop] = {}  # hop()'s memo
         self.templates: dict[tuple[int, tuple], _Template] = {}
         # shard timings by (op, design, split) and the cost model that timed them: shared by every
         # lowering of this graph with this cost model (kept beside it, so its id is never reused)
@@ -324,14 +328,15 @@ class _Lowering:
         return self.place.on_stage(gpu, stage)
 
     # ------------------------------------------------------------------ routes and shards
-    def route(self, src: int, dst: int, per: int | None = None) -> int:
+    def route(self, src: int, dst: int, per: int | None = None, pattern: str | None = None) -> int:
         """Index of the (folded) route ``src`` -> ``dst``, standing for a flow per member of
-        ``per``'s class (default: the sender's)."""
-        key = (src, dst, per)
+        ``per``'s class (default: the sender's), of communication pattern ``pattern`` (its
+        latency, :meth:`Folding.latency`)."""
+        key = (src, dst, per, pattern)
         r = self.route_id.get(key)
         if r is None:
             r = self.route_id[key] = len(self.routes)
-            self.routes.append(self.fold.route(src, dst, per))
+            self.routes.append(self.fold.route(src, dst, per, pattern))
         return r
 
     def wait_route(self, gpu: int, seconds: float) -> int:
@@ -355,22 +360,37 @@ class _Lowering:
         names = self.system.nodes
         return group_plan(self.system, [names[g] for g in members], kind, nbytes)
 
-    def hop(self, src: int, dst: int, plan: CollectivePlan) -> Hop:
-        """A step of ``plan`` on the route ``src`` -> ``dst`` as it is alone on its links (the
-        concrete route, so that folded and full lowerings weigh a step alike)."""
-        names = self.system.nodes
-        concrete = self.system.route(names[src], names[dst])
-        return hop_step(plan, route_bottleneck(self.system.resource_capacity, concrete.resources), concrete.latency)
+    def pull_pattern(self, stage: int, source: int) -> str | None:
+        """The pattern of a pipeline transfer that ``stage`` pulls from ``source``."""
+        if self.cfg.pp > 1 and source == (stage + 1) % self.cfg.pp:
+            return "pull+1"
+        if self.cfg.pp > 1 and source == (stage - 1) % self.cfg.pp:
+            return "pull-1"
+        return None
 
-    def step_route(self, src: int, dst: int, per: int | None, plan: CollectivePlan | None) -> int:
+    def hop(self, src: int, dst: int, plan: CollectivePlan, pattern: str | None = None) -> Hop:
+        """A step of ``plan`` on the route ``src`` -> ``dst`` as it is alone on its links (the
+        concrete route, so that folded and full lowerings weigh a step alike; the latency its
+        pattern's transfers wait, :meth:`Folding.latency`)."""
+        key = (src, dst, pattern, plan)
+        hit = self._hops.get(key)
+        if hit is None:
+            names = self.system.nodes
+            concrete = binding_route(self.system, names[src], names[dst])
+            hit = self._hops[key] = hop_step(plan, route_bottleneck(self.system.resource_capacity, concrete.resources),
+                                             self.fold.latency(src, dst, pattern))
+        return hit
+
+    def step_route(self, src: int, dst: int, per: int | None, plan: CollectivePlan | None,
+                   pattern: str | None = None) -> int:
         """Index of the route of a step of ``plan`` from ``src`` to ``dst`` (see
         :func:`marssim.collectives.group.hop_step`): the (folded) route with the step's latency
         and its weights times the step's factor; the plain route without a plan."""
-        r = self.route(src, dst, per)
+        r = self.route(src, dst, per, pattern)
         if plan is None:
             return r
-        hop = self.hop(src, dst, plan)
-        key = (src, dst, per, hop.latency, hop.factor)
+        hop = self.hop(src, dst, plan, pattern)
+        key = (src, dst, per, pattern, hop.latency, hop.factor)
         got = self.route_id.get(key)
         if got is None:
             base = self.routes[r]
@@ -568,14 +588,16 @@ class _Builder:
         return rel
 
     def flow(self, src: int, dst: int, nbytes: float, op: str, coll: int, deps, hold: bool, steps: int = 1,
-             pulled: bool = False, plan: CollectivePlan | None = None, held: float | None = None) -> int:
+             pulled: bool = False, plan: CollectivePlan | None = None, held: float | None = None,
+             pattern: str | None = None) -> int:
         """A transfer of ``nbytes`` (in ``steps`` back-to-back steps) from ``src`` to ``dst``;
         ``hold``: the receiver keeps ``held`` bytes (default ``nbytes``) until the transfer's
         readers end; ``pulled``: one such transfer per member of the receiver's class (else of the
         sender's); ``plan``: the collective whose steps these are (their latency and weight on the
-        links, else the route's own)."""
+        links, else the route's own); ``pattern``: the communication pattern it belongs to (the
+        latency it waits, :meth:`Folding.latency`)."""
         low = self.low
-        route = low.step_route(src, dst, dst if pulled else None, plan)
+        route = low.step_route(src, dst, dst if pulled else None, plan, pattern)
         receiver = low.fold.rep(dst) if dst in low.fold.class_of else dst
         return self._row(TRANSFER, -1, 0.0, src, dst, nbytes, route, 0.0, 0.0, receiver if hold else -1,
                          (nbytes if held is None else held) if hold else 0.0, low.op_index[op], coll, deps, steps)
@@ -631,7 +653,8 @@ class _Builder:
         if prv_rep == self.rep:
             # the whole ring is this GPU's class: every rank's steps follow each other in lockstep,
             # so the steps are one transfer of `steps` back-to-back steps (exact, see TaskGraph.steps)
-            rel = self.flow(self.rep, nxt, chunk * steps, op, coll, tuple(deps), hold=False, steps=steps, plan=plan)
+            rel = self.flow(self.rep, nxt, chunk * steps, op, coll, tuple(deps), hold=False, steps=steps, plan=plan,
+                            pattern=pattern)
             self._issued[pattern] = (self.me(rel),)
             return (self.me(rel),)
         last = None
@@ -640,7 +663,7 @@ class _Builder:
                 step_deps = tuple(deps)
             else:
                 step_deps = (self.me(last), ("u", prv_rep, self.key, last, "same"))
-            last = self.flow(self.rep, nxt, chunk, op, coll, step_deps, hold=False, plan=plan)
+            last = self.flow(self.rep, nxt, chunk, op, coll, step_deps, hold=False, plan=plan, pattern=pattern)
         done = tuple(dict.fromkeys((self.me(last), ("u", prv_rep, self.key, last, "same"))))
         self._issued[pattern] = done
         return done
@@ -715,7 +738,8 @@ class _Builder:
         plan = low.plan("send_recv", sent, [peer, self.rep])
         coll = self._collective("p2p", "emb" if self.key[1] == "O" else "pp", "", sent, name, 1,
                                 "direct" if plan is None else plan.algorithm)
-        rel = self.flow(peer, self.rep, sent, name, coll, refs, hold=True, pulled=True, plan=plan, held=nbytes)
+        rel = self.flow(peer, self.rep, sent, name, coll, refs, hold=True, pulled=True, plan=plan, held=nbytes,
+                        pattern=low.pull_pattern(here, stage))
         if other.send_wait >= 0 and self.key[1] != "O":  # a blocking pipeline send: its sender waits for it
             other.ext.append((other.send_wait, self.me(rel)))
         ready = (self.me(rel),)
@@ -946,7 +970,7 @@ class _Builder:
         steps = 1 if plan is None else plan.steps
         payload = nbytes if plan is None else plan.payload_per_step * plan.steps
         rel = self.flow(peer, self.rep, payload, op, coll, refs + tuple(deps), hold=False, steps=steps, pulled=True,
-                        plan=plan)
+                        plan=plan, pattern=low.pull_pattern(low.stage_of_chunk(self.key[0]), low.stage_of_chunk(key[0])))
         out = (self.me(rel),) + tuple(r for r in refs if r[1] == self.rep) + tuple(deps)
         t.converted[(name, "all_reduce")] = out
         return out
@@ -1038,9 +1062,9 @@ def _lower(graph: Graph, system: System, cfg: ParallelConfig, cost: CostModel, f
         for g in where.gpus:
             acc = system.accelerator(system.nodes[g])
             role[g] = (where.stage(g), acc.designs, acc.memory.capacity)
-        folded = fold(system, where.gpus, role, patterns, pulls=PULLS)
+        folded = fold(system, where.gpus, role, patterns, pulls=PULLS, direct=direct_patterns(patterns))
     else:
-        folded = identity_folding(system, where.gpus)
+        folded = identity_folding(system, where.gpus, patterns, PULLS, direct_patterns(patterns))
     low = _Lowering(graph, system, cfg, cost, folded, where)
     _parameters(low)
     reps = folded.reps

@@ -185,15 +185,19 @@ def _resident_inputs(graph: Graph) -> list:
                                                             if op.kind == OpKind.INPUT and op.param("resident")])
 
 
-def static_bytes(graph: Graph, cfg: ParallelConfig, stage: int, rules, per: dict[int, int] | None = None) -> StaticMemory:
+def static_bytes(graph: Graph, cfg: ParallelConfig, stage: int, rules, per: dict[int, int] | None = None,
+                 held_per: dict[int, float] | None = None) -> StaticMemory:
     """The static bytes of one rank of ``stage`` (see the module docstring); ``per``: the
-    :func:`rank_parameters` per layer, when the caller has them."""
+    :func:`rank_parameters` per layer, ``held_per``: the bytes of weights a rank holds per layer,
+    when the caller has them."""
     t = graph.meta["transformer"]
     layers = _stage_layers(graph, cfg, stage)
     if per is None:
         per, _ = rank_parameters(graph, cfg, rules)
+    if held_per is None:
+        held_per = _rank_weight_bytes(graph, cfg, rules)
     params = sum(per.get(layer, 0) for layer in layers)
-    held = sum(_rank_weight_bytes(graph, cfg, rules).get(layer, 0.0) for layer in layers)
+    held = sum(held_per.get(layer, 0.0) for layer in layers)
     if t.tie_embeddings and cfg.pp > 1 and stage == cfg.pp - 1 and t.training:
         tied = tied_copy_params(t, cfg)  # the last stage's copy of the word embedding
         params += tied
@@ -234,7 +238,8 @@ def memory_estimate(graph: Graph, cfg: ParallelConfig, capacity: float, rules=No
         rules = op_rules(graph, cfg)
     if per is None:
         per, _ = rank_parameters(graph, cfg, rules)
-    static = {s: static_bytes(graph, cfg, s, rules, per) for s in range(cfg.pp)}
+    held_per = _rank_weight_bytes(graph, cfg, rules)
+    static = {s: static_bytes(graph, cfg, s, rules, per, held_per) for s in range(cfg.pp)}
     acts: dict[int, float] = {}
     working: dict[int, float] = {}
     buffers: dict[int, float] = {}

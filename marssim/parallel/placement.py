@@ -24,10 +24,16 @@ from marssim.system import System
 
 from .config import ParallelConfig
 
-__all__ = ["Placement", "place", "PULLS"]
+__all__ = ["Placement", "place", "PULLS", "direct_patterns"]
 
 PULLS = ("pull+1", "pull-1")
 """Patterns whose flows go from the peer to the GPU (pipeline transfers are pulled by receivers)."""
+
+
+def direct_patterns(patterns) -> tuple[str, ...]:
+    """The patterns whose transfers are an all-to-all's direct sends (each pair on its own route,
+    not steps of a ring): the expert-parallel partners ``ep+k``."""
+    return tuple(name for name in patterns if name.startswith("ep+"))
 
 
 @dataclass(frozen=True)
@@ -63,6 +69,14 @@ class Placement:
         all-to-all partners (each GPU sends to its peer), and the GPUs of the
         next and previous pipeline stage a GPU receives activations and gradients from
         (:data:`PULLS`: each GPU receives from its peer)."""
+        hit = self.__dict__.get("_patterns")
+        if hit is not None:
+            return hit
+        out = self._patterns()
+        object.__setattr__(self, "_patterns", out)  # memoised: the maps are pure functions of the placement
+        return out
+
+    def _patterns(self) -> dict[str, "callable"]:
         cfg = self.cfg
         P, D, E, C = cfg.pp, cfg.dp_cp, cfg.ep, cfg.cp
         c = self.coords

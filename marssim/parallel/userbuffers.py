@@ -184,7 +184,8 @@ def _ring_exchange(b, op: Op, name: str, refs: tuple, tp: int) -> tuple:
     arrived = []
     send = -1
     for j in range(1, tp):
-        send = b.flow(b.rep, nxt, chunk, name, coll, refs if j == 1 else (theirs(send),), hold=False)
+        send = b.flow(b.rep, nxt, chunk, name, coll, refs if j == 1 else (theirs(send),), hold=False,
+                      pattern="tp+1")
         arrived.append(theirs(send))
         compute = b.compute(op, (theirs(send),), timing=timing)
     b.t.converted[(name, "R")] = tuple(dict.fromkeys(tuple(refs) + tuple(arrived)))

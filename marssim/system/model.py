@@ -9,6 +9,7 @@ a transfer holds plus its total latency (links and switches). Units: bytes, byte
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Literal
@@ -189,6 +190,54 @@ class System:
             self.resource_energy_per_byte[idx] = joules
         self.resource_energy_per_byte.setflags(write=False)
         self.has_link_energy: bool = bool(energies)
+
+    @cached_property
+    def dominated_links(self) -> frozenset[int]:
+        """Resource indices of the switch-to-switch link directions that can never limit a flow's
+        max-min fair rate: a direction ``u -> v`` whose traffic all enters switch ``u`` over
+        full-duplex links from endpoints (GPUs, hosts) of total capacity no more than its own, or
+        all leaves switch ``v`` over such links to endpoints (a non-blocking fat tree's uplinks and
+        downlinks). Every flow on it crosses one of those links, so its load never exceeds their
+        summed capacity: leaving it out of the rate computation changes no rate (the max-min fair
+        allocation without it satisfies its constraint, and that allocation is unique). Links with
+        an energy per byte are kept (their traffic is reported). The endpoint links themselves are
+        never left out."""
+        switches = set(self._switch)
+        full: dict[tuple[str, str], float] = {}
+        for link in self.links:
+            if link.duplex == "full":
+                full[(link.a, link.b)] = full[(link.b, link.a)] = float(link.bandwidth)
+        neighbours: dict[str, list[str]] = {}
+        for link in self.links:
+            neighbours.setdefault(link.a, []).append(link.b)
+            neighbours.setdefault(link.b, []).append(link.a)
+        energy = self.resource_energy_per_byte
+
+        def fed_by_endpoints(switch: str, other: str, inbound: bool) -> float | None:
+            total = []
+            for w in neighbours.get(switch, ()):
+                if w == other:
+                    continue
+                pair = (w, switch) if inbound else (switch, w)
+                if w in switches or pair not in full:
+                    return None
+                total.append(full[pair])
+            return math.fsum(total)
+
+        out = set()
+        for link in self.links:
+            if link.duplex != "full" or link.a not in switches or link.b not in switches:
+                continue
+            for u, v in ((link.a, link.b), (link.b, link.a)):
+                idx = self._link_res[(u, v)]
+                if energy[idx] > 0:
+                    continue
+                cap = float(link.bandwidth) * (1 + 1e-12)  # summed capacities in floating point
+                for fed in (fed_by_endpoints(u, v, True), fed_by_endpoints(v, u, False)):
+                    if fed is not None and fed <= cap:
+                        out.add(idx)
+                        break
+        return frozenset(out)
 
     @cached_property
     def graph(self) -> nx.Graph:
