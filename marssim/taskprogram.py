@@ -101,6 +101,24 @@ class TaskProgram:
         """The instance of every task (int32)."""
         return np.repeat(np.arange(self.n_instances, dtype=np.int32), self.sizes[self.inst_tpl])
 
+    def take_rows(self, values: np.ndarray, chunk: int = 1 << 20) -> np.ndarray:
+        """``values`` (one per template row) per task, built instance run by instance run (no
+        whole-length index array)."""
+        out = np.empty(self.n_tasks, dtype=values.dtype)
+        sizes = self.sizes[self.inst_tpl]
+        starts = self.tpl_start[self.inst_tpl]
+        bounds = self.inst_base
+        i = 0
+        n_inst = self.n_instances
+        while i < n_inst:
+            j = int(np.searchsorted(bounds, bounds[i] + chunk, side="right")) - 1
+            j = min(max(j, i + 1), n_inst)
+            rows = np.repeat(starts[i:j] - bounds[i:j], sizes[i:j])
+            rows += np.arange(bounds[i], bounds[j], dtype=np.int64)
+            out[bounds[i]:bounds[j]] = values[rows]
+            i = j
+        return out
+
     def _rows_of_tasks(self) -> np.ndarray:
         sizes = self.sizes[self.inst_tpl]
         rows = np.repeat(self.tpl_start[self.inst_tpl] - self.inst_base[:-1], sizes)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import itertools
 
 import networkx as nx
+import numpy as np
 import pytest
 
 from marssim.cli import main
@@ -60,6 +61,63 @@ def test_cluster_routes_are_shortest_paths() -> None:
         assert all(graph.has_edge(u, v) for u, v in zip(route.nodes, route.nodes[1:]))
         best = nx.shortest_path_length(graph, a, b, weight=weight)
         assert route.latency == pytest.approx(best, rel=1e-12, abs=1e-15), (a, b, route.nodes)
+
+
+def test_dominated_links_are_the_non_blocking_uplinks_and_change_no_rate() -> None:
+    """A non-blocking fat tree: every leaf-spine direction (and only those) carries no more than
+    its leaf's network adapters can feed it (its capacity is their sum), so it is dominated; at
+    oversubscription 2 none is. Leaving them out changes no max-min rate (brute-force fair share
+    of many cross-spine flows with and without them)."""
+    from marssim.parallel.fold import binding_route
+    from marssim.sim.network import max_min_rates
+
+    system = _small_cluster(nodes=6, per_leaf=4, gpus=4)
+    names = system.resource_names
+    uplinks = {i for i, n in enumerate(names) if "spine" in n}
+    assert uplinks and system.dominated_links == frozenset(uplinks)
+    assert _small_cluster(nodes=6, per_leaf=4, gpus=4, oversubscription=2.0).dominated_links == frozenset()
+    gpus = system.accelerator_ids
+    pairs = [(gpus[i], gpus[(i * 7 + 5) % len(gpus)]) for i in range(len(gpus))]
+    pairs += [(gpus[i], gpus[-1 - i]) for i in range(8)]
+    full = [system.route(a, b).resources for a, b in pairs if a != b]
+    kept = [binding_route(system, a, b).resources for a, b in pairs if a != b]
+    assert any(set(r) & uplinks for r in full) and not any(set(r) & uplinks for r in kept)
+    cap = system.resource_capacity
+    assert max_min_rates(full, cap) == pytest.approx(max_min_rates(kept, cap), rel=1e-12)
+
+
+def test_pattern_transfers_wait_the_patterns_largest_latency() -> None:
+    """Every data-parallel hop of a ring cut by a partly filled unit waits the hop across the
+    spine; an all-to-all's direct sends keep their own latencies."""
+    from marssim.parallel.fold import _pattern_sends, latency_floors
+    from marssim.parallel.placement import PULLS, direct_patterns, place
+
+    system = _small_cluster(nodes=5, per_leaf=2, gpus=4)
+    where = place(system, parse_parallel("tp=2,pp=2,dp=5,global_batch=10"))
+    patterns = where.patterns()
+    sends = list(_pattern_sends(where.gpus, patterns, PULLS))
+    floors = latency_floors(system, sends, direct_patterns(patterns))
+    names = system.nodes
+    dp = [(src, dst) for name, _, src, dst in sends if name == "dp+1"]
+    own = [system.route(names[a], names[b]).latency for a, b in dp]
+    assert len(set(own)) > 1  # inside a leaf and across the spine
+    assert {floors[("dp+1", a, b)] for a, b in dp} == {max(own)}
+    moe = place(system, parse_parallel("tp=1,pp=1,dp=20,ep=4,global_batch=20"))
+    pats = moe.patterns()
+    got = latency_floors(system, list(_pattern_sends(moe.gpus, pats, PULLS)), direct_patterns(pats))
+    assert not any(name.startswith("ep+") for name, _, _ in got)
+
+
+def test_per_task_values_taken_in_runs_equal_the_whole_index() -> None:
+    """TaskProgram.take_rows (instance runs of a few tasks) equals indexing by every task's row."""
+    system = _small_cluster(nodes=2, per_leaf=2, gpus=4)
+    tg = lower_parallel(load_workload("gpt:layers=2,hidden=256,heads=4,vocab=1000,seq=64,mode=train,max_positions=64"),
+                        system, parse_parallel("tp=2,pp=2,dp=2,global_batch=8"), COST)
+    program = tg.__dict__["program"]
+    values = np.arange(len(program.rows["duration"]), dtype=np.float64) * 1.5
+    want = values[program._rows_of_tasks()]
+    for chunk in (1, 7, 1 << 20):
+        assert np.array_equal(program.take_rows(values, chunk=chunk), want)
 
 
 def test_cluster_parameters_and_shipped_sizes() -> None:

@@ -73,15 +73,15 @@ def list_schedule(d_row, dev_row, n_pred, n_devices, per_dev, max_succ, inst_of,
     for v in range(n_devices):
         qbase[v + 1] = qbase[v] + per_dev[v]
     qsize = np.zeros(n_devices, dtype=np.int64)
-    qp = np.zeros(max(qbase[n_devices], 1), dtype=np.int64)
-    qt = np.zeros(max(qbase[n_devices], 1), dtype=np.int64)
+    qp = np.zeros(max(qbase[n_devices], 1), dtype=np.int32)
+    qt = np.zeros(max(qbase[n_devices], 1), dtype=np.int32)
     cap = n + n_devices + 1
     et = np.zeros(cap)
-    ek = np.zeros(cap, dtype=np.int64)
-    ep = np.zeros(cap, dtype=np.int64)
-    ex = np.zeros(cap, dtype=np.int64)
+    ek = np.zeros(cap, dtype=np.int8)
+    ep = np.zeros(cap, dtype=np.int32)
+    ex = np.zeros(cap, dtype=np.int32)
     ne = 0
-    stack = np.zeros(n + 1, dtype=np.int64)
+    stack = np.zeros(n + 1, dtype=np.int32)
     succ = np.zeros(max_succ + 1, dtype=np.int64)
     top = 0
     for t in range(n - 1, -1, -1):
@@ -164,7 +164,7 @@ def earliest_schedule(d_row, n_pred, max_succ, inst_of, i_tpl, i_base, t_start, 
     n = n_pred.shape[0]
     waiting = n_pred.copy()
     start = np.zeros(n)
-    stack = np.zeros(n + 1, dtype=np.int64)
+    stack = np.zeros(n + 1, dtype=np.int32)
     succ = np.zeros(max_succ + 1, dtype=np.int64)
     top = 0
     for t in range(n - 1, -1, -1):

@@ -311,16 +311,18 @@ def _estimate_program(tg: TaskGraph, system: System, program, bottleneck: np.nda
     max_succ = int(n_succ.max(initial=0))
     del n_succ
     report("durations", 0)
-    start, ready, end, done = K.list_schedule(d_row, dev_row, n_pred, len(used), per_dev, max_succ, *walk)
+    # the earliest schedule first: its arrays are gone before the list schedule's are made
+    cp_end, done = K.earliest_schedule(d_row, n_pred, max_succ, *walk)
     if done != n:
         raise ValueError(f"the task graph has a cycle ({n - done} tasks never become ready)")
-    report("schedule", n)
-    makespan = float(end.max())
-    cp_end, _ = K.earliest_schedule(d_row, n_pred, max_succ, *walk)
     critical = float(cp_end.max())
     del cp_end
+    start, ready, end, done = K.list_schedule(d_row, dev_row, n_pred, len(used), per_dev, max_succ, *walk)
+    del n_pred
+    report("schedule", n)
     report("critical_path", n)
-    duration = d_row[program._rows_of_tasks()]
+    makespan = float(end.max())
+    duration = program.take_rows(d_row)
     busy = np.zeros(n_nodes)
     for c in column_chunks(tg, ("kind", "device", "duration")):  # compute seconds per node, task after task
         compute = c["kind"] == COMPUTE

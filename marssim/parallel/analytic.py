@@ -37,13 +37,14 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass
 
+from marssim.collectives.group import hop_step, route_bottleneck
 from marssim.cost.base import CostModel
 from marssim.system import System
 from marssim.workload import Graph, OpKind
 
 from . import context, experts, overlap, userbuffers
 from .config import ParallelConfig
-from .fold import identity_folding
+from .fold import binding_route, identity_folding
 from .lower import _Lowering, _model_flops, _parameters, graph_cached, prepare_graph
 from .host import launch_gaps
 from .megatron import grad_scaled, sequence_parallel_params
@@ -102,17 +103,40 @@ class _Timer:
         key = (pattern, n, size, kind)
         hit = self._ring_cache.get(key)
         if hit is None:
+            members, profile = self._ring_hops(pattern, n)
+            plan = self.low.plan(kind, size, members)
+            if plan is None:  # a ring's steps go at the pace of its slowest hop
+                steps = 2 * (n - 1) if kind == "all_reduce" else n - 1
+                chunk = size / n
+                hit = steps * max(lat + (chunk / bw if chunk > 0 else 0.0) for lat, bw in profile)
+            else:  # one plan's step on each kind of hop: shared by every stage's ring alike
+                cache = self.low.__dict__.setdefault("_ring_steps", {})
+                got = cache.get((plan, profile))
+                if got is None:
+                    got = cache[(plan, profile)] = plan.steps * max(hop_step(plan, bw, lat).time for lat, bw in profile)
+                hit = got
+            self._ring_cache[key] = hit
+        return hit
+
+    def _ring_hops(self, pattern: str, n: int) -> tuple[list[int], frozenset]:
+        """The ``n`` GPUs of ``pattern``'s ring from this one, and its hops' kinds: the set of
+        (latency s, bottleneck bytes/s) over its hops (:meth:`.lower._Lowering.hop`'s inputs)."""
+        key = ("hops", pattern, n)
+        hit = self._ring_cache.get(key)
+        if hit is None:
             peer = self.patterns[pattern]
             members = [self.gpu]
             while len(members) < n:
                 members.append(peer(members[-1]))
-            plan = self.low.plan(kind, size, members)
-            if plan is None:  # a ring's steps go at the pace of its slowest hop
-                steps = 2 * (n - 1) if kind == "all_reduce" else n - 1
-                hit = steps * max(self.route_time(g, peer(g), size / n) for g in members)
-            else:
-                hit = plan.steps * max(self.low.hop(g, peer(g), plan).time for g in members)
-            self._ring_cache[key] = hit
+            cap = self.system.resource_capacity
+            names = self.system.nodes
+            low = self.low
+            profile = set()
+            for g in members:
+                nxt = peer(g)
+                route = binding_route(self.system, names[g], names[nxt])
+                profile.add((low.fold.latency(g, nxt), route_bottleneck(cap, route.resources)))
+            hit = self._ring_cache[key] = (members, frozenset(profile))
         return hit
 
     def signature(self) -> tuple:
@@ -314,6 +338,23 @@ def screen(graph: Graph, system: System, cfg: ParallelConfig, cost: CostModel, *
     block_times: dict[tuple, tuple[float, float, float]] = {}
     split_units = graph_cached(low.graph, ("unit blocks", tuple(map(tuple, low.chunks))), lambda: _split_units(low))
 
+    tail_times: dict[tuple, tuple[float, float, float]] = {}
+
+    def tail_time(timer: _Timer, stage: int, backward: float) -> tuple[float, float, float]:
+        # a stage between the first and the last holding blocks only: its tail is alike on every
+        # such stage whose GPU is alike, whose data-parallel ring's hops are alike and whose
+        # blocks' parameters are the same
+        layers = [layer for c, chunk in enumerate(low.chunks) if c % cfg.pp == stage for layer in chunk]
+        if not cfg.uniform or stage in (0, cfg.pp - 1) or not all(0 <= x < t.layers for x in layers):
+            return _tail(low, timer, stage, backward)
+        ring = timer._ring_hops("dp+1", cfg.dp_cp)[1] if cfg.dp_cp > 1 else None
+        key = (timer.signature(), ring, low.place.coords[timer.gpu][::2],
+               tuple(low.opt_params.get(x, 0) for x in layers), backward)
+        hit = tail_times.get(key)
+        if hit is None:
+            hit = tail_times[key] = _tail(low, timer, stage, backward)
+        return hit
+
     def block_time(timer: _Timer, kind: tuple, ops: list) -> tuple[float, float, float]:
         if not cfg.uniform:
             return timer.unit(ops)
@@ -361,7 +402,7 @@ def screen(graph: Graph, system: System, cfg: ParallelConfig, cost: CostModel, *
         receives.append(received)
         receives_of.append(by_direction)
         forwards.append(busy - backward)
-        tails.append(_tail(low, timer, stage, backward))
+        tails.append(tail_time(timer, stage, backward))
         backwards.append(backward)
     # with overlap_p2p_comm off each stage waits for its sends (what its neighbours receive) once the
     # pipeline is full; while it fills, a send is the receive the next stage already counts
@@ -484,13 +525,12 @@ def _model_parallel_seconds(low: _Lowering, timer: _Timer, nbytes: float) -> flo
     """An all-reduce of ``nbytes`` over the model-parallel group of the timer's GPU, as the
     lowering times it (:meth:`.lower._Builder._model_parallel_all_reduce`)."""
     cache = low.__dict__.setdefault("_model_parallel_seconds", {})
-    hit = cache.get((timer.gpu, nbytes))
+    dp, _, tp = low.place.coords[timer.gpu]
+    key = (dp, tp, nbytes)  # every stage of a replica: one group
+    hit = cache.get(key)
     if hit is None:
         starts = tuple(low.gpu_on_stage(timer.gpu, s) for s in range(low.cfg.pp))
-        hit = cache.get((starts, nbytes))  # every stage of a replica: one group
-        if hit is None:
-            hit = cache[(starts, nbytes)] = _group_all_reduce_seconds(low, timer, starts, nbytes)
-        cache[(timer.gpu, nbytes)] = hit
+        hit = cache[key] = _group_all_reduce_seconds(low, timer, starts, nbytes)
     return hit
 
 

@@ -234,9 +234,10 @@ class _Template:
     first_compute: int = -1
     prev_compute: int = -1  # the kernel before the last one
     arrays: dict[str, np.ndarray] | None = None
+    n_rows: int = 0  # once built (its rows then held as arrays, see _freeze)
 
     def __len__(self) -> int:
-        return len(self.preds)
+        return self.n_rows if self.preds is None else len(self.preds)
 
 
 _COLUMNS = {"kind": np.int8, "device": np.int32, "duration": np.float64, "src": np.int32, "dst": np.int32,
@@ -264,6 +265,7 @@ class _Lowering:
         self.routes: list[Route] = []
         self.route_id: dict[tuple, int] = {}
         self._hops: dict[tuple, Hop] = {}  # hop()'s memo
+        self.groups: dict[tuple[int, str], list[int]] = {}  # _Builder._group's memo
         self.templates: dict[tuple[int, tuple], _Template] = {}
         # shard timings by (op, design, split) and the cost model that timed them: shared by every
         # lowering of this graph with this cost model (kept beside it, so its id is never reused)
@@ -554,6 +556,21 @@ class _Builder:
         t.preds.append(local)
         return rel
 
+    def _repeat_step(self, first: int, count: int, prv_rep: int) -> int:
+        """``count`` more rows like ``first`` (a ring step's transfer), each after the one before
+        it here and the same step of ``prv_rep``'s ring rank (the rank that sends to this one):
+        :meth:`ring`'s steps, appended at once. Returns the last row."""
+        if count <= 0:
+            return first
+        t = self.t
+        c = t.cols
+        for name, col in c.items():
+            col.extend([col[first]] * count)
+        t.preds.extend([rel - 1] for rel in range(first + 1, first + 1 + count))
+        # the references to prv_rep's steps, as one entry (expanded by _template_edges)
+        t.ext.append((first + 1, ("steps", count, prv_rep, self.key)))
+        return first + count
+
     def me(self, rel: int) -> Ref:
         return ("u", self.rep, self.key, rel, "same")
 
@@ -611,14 +628,21 @@ class _Builder:
         return len(self.t.colls) - 1
 
     def _group(self, pattern: str) -> list[int]:
+        """The GPUs of ``pattern``'s ring from this representative on (memoised per lowering)."""
+        key = (self.rep, pattern)
+        hit = self.low.groups.get(key)
+        if hit is not None:
+            return hit
         peer = self.low.place.patterns().get(pattern) if pattern else None
         out = [self.rep]
-        if peer is None:
-            return out
-        g = peer(self.rep)
-        while g != self.rep and g not in out and len(out) < 4096:
-            out.append(g)
-            g = peer(g)
+        if peer is not None:
+            seen = {self.rep}
+            g = peer(self.rep)
+            while g not in seen and len(out) < 1 << 16:
+                out.append(g)
+                seen.add(g)
+                g = peer(g)
+        self.low.groups[key] = out
         return out
 
     def ring(self, kind: str, group: str, pattern: str, size: float, n: int, op: str, deps,
@@ -645,9 +669,8 @@ class _Builder:
             steps, chunk, algorithm = (2 * (n - 1) if kind == "all_reduce" else n - 1), size / n, "ring"
         else:
             steps, chunk, algorithm = plan.steps, plan.payload_per_step, plan.algorithm
-        inverse = {v: k for k, v in ((g, peer(g)) for g in members)}
         nxt = peer(self.rep)
-        prv = inverse.get(self.rep, self.rep)
+        prv = members[-1] if peer(members[-1]) == self.rep else self.rep  # the ring's rank before this one
         prv_rep = low.fold.rep(prv)
         coll = self._collective(kind, group, pattern, size, op, steps, algorithm)
         if prv_rep == self.rep:
@@ -657,13 +680,8 @@ class _Builder:
                             pattern=pattern)
             self._issued[pattern] = (self.me(rel),)
             return (self.me(rel),)
-        last = None
-        for k in range(steps):
-            if last is None:
-                step_deps = tuple(deps)
-            else:
-                step_deps = (self.me(last), ("u", prv_rep, self.key, last, "same"))
-            last = self.flow(self.rep, nxt, chunk, op, coll, step_deps, hold=False, plan=plan, pattern=pattern)
+        first = self.flow(self.rep, nxt, chunk, op, coll, tuple(deps), hold=False, plan=plan, pattern=pattern)
+        last = self._repeat_step(first, steps - 1, prv_rep)
         done = tuple(dict.fromkeys((self.me(last), ("u", prv_rep, self.key, last, "same"))))
         self._issued[pattern] = done
         return done
@@ -807,6 +825,7 @@ class _Builder:
                                     low.op_index[low.unit_ops[self.key][-1].name], -1, (self.me(t.last_compute),))
             t.prev_compute, t.last_compute = t.last_compute, t.send_wait
         t.arrays = {name: np.asarray(t.cols[name], dtype=dtype) for name, dtype in _COLUMNS.items()}
+        _freeze(t)
         return t
 
     def op(self, op: Op) -> None:
@@ -1149,18 +1168,45 @@ def _parameters(low: _Lowering) -> None:
         low.opt_params[low.t.layers] = low.opt_params.get(low.t.layers, 0) + low.word_embedding_params
 
 
-def _template_edges(tpl: _Template) -> None:
-    """Precompute a template's internal edges and its references grouped by target unit."""
+def _freeze(tpl: _Template) -> None:
+    """A built template's rows as arrays only: its predecessors in the unit (per row, how many;
+    the rows they are, row after row); the lists it was built in are dropped."""
     counts = np.fromiter(map(len, tpl.preds), dtype=np.int64, count=len(tpl.preds))
-    tpl.edge_dst = np.repeat(np.arange(len(tpl.preds), dtype=np.int64), counts)
+    tpl.n_rows = len(tpl.preds)
+    tpl.pred_counts = counts
     tpl.edge_src = np.fromiter((p for ps in tpl.preds for p in ps), dtype=np.int64, count=int(counts.sum()))
-    groups: dict[tuple, tuple[list[int], list[int]]] = {}
+    tpl.preds = None
+    tpl.cols = None
+
+
+def _template_edges(tpl: _Template) -> None:
+    """Precompute a template's references grouped by target unit (a ring's repeated steps, one
+    ``("steps", count, rep, key)`` entry, expanded: row ``r`` reads row ``r - 1`` of ``rep``)."""
+    groups: dict[tuple, tuple[list, list, list, list]] = {}  # key -> (parts, parts read, rows, rows read)
     for rel, ref in tpl.ext:
+        if ref[0] == "steps":
+            _, count, r_rep, r_key = ref
+            parts, parts_read, rows, rows_read = groups.setdefault((r_rep, r_key, "same"), ([], [], [], []))
+            if rows:
+                parts.append(np.asarray(rows, dtype=np.int64))
+                parts_read.append(np.asarray(rows_read, dtype=np.int64))
+                rows.clear()
+                rows_read.clear()
+            steps = np.arange(rel, rel + count, dtype=np.int64)
+            parts.append(steps)
+            parts_read.append(steps - 1)
+            continue
         _, r_rep, r_key, r_rel, mode = ref
-        g = groups.setdefault((r_rep, r_key, mode), ([], []))
-        g[0].append(rel)
-        g[1].append(r_rel)
-    tpl.ext_groups = [(k, np.asarray(a, dtype=np.int64), np.asarray(b, dtype=np.int64)) for k, (a, b) in groups.items()]
+        _, _, rows, rows_read = groups.setdefault((r_rep, r_key, mode), ([], [], [], []))
+        rows.append(rel)
+        rows_read.append(r_rel)
+    out = []
+    for k, (parts, parts_read, rows, rows_read) in groups.items():
+        if rows:
+            parts.append(np.asarray(rows, dtype=np.int64))
+            parts_read.append(np.asarray(rows_read, dtype=np.int64))
+        out.append((k, np.concatenate(parts), np.concatenate(parts_read)))
+    tpl.ext_groups = out
 
 
 @dataclass
@@ -1231,14 +1277,14 @@ def _program(low: _Lowering, order: list[tuple[int, tuple[int, str], int]]) -> T
     inst = _instances(low, order)
     templates = inst.templates
     for tpl in templates:
-        if not hasattr(tpl, "edge_dst"):
+        if not hasattr(tpl, "ext_groups"):
             _template_edges(tpl)
     sizes = np.asarray([len(t) for t in templates], dtype=np.int64)
     tpl_start = np.zeros(len(templates) + 1, dtype=np.int64)
     np.cumsum(sizes, out=tpl_start[1:])
     rows = {name: (np.concatenate([t.arrays[name] for t in templates]) if templates else np.zeros(0, dtype=dtype))
             for name, dtype in _COLUMNS.items()}
-    n_ipred = np.concatenate([np.fromiter(map(len, t.preds), dtype=np.int64, count=len(t)) for t in templates]) \
+    n_ipred = np.concatenate([t.pred_counts for t in templates]) \
         if templates else np.zeros(0, dtype=np.int64)
     ipred_ptr = np.zeros(len(n_ipred) + 1, dtype=np.int64)
     np.cumsum(n_ipred, out=ipred_ptr[1:])
@@ -1376,22 +1422,41 @@ def _model_flops(low: _Lowering) -> tuple[float, float]:
     f = low.graph.meta.get("unsplit_footprint") or graph_cached(low.graph, "footprint", lambda: footprint(low.graph))
     per_replica = f.model_flops if low.training else f.flops.get("fwd", 0.0)
     total = per_replica * low.micro_batches * low.cfg.dp
-    peak_of: dict[tuple, float] = {}  # per accelerator design
     peaks = []
-    for g in low.place.gpus:
-        acc = low.system.accelerator(low.system.nodes[g])
-        key = acc.designs[:1]
-        peak = peak_of.get(key)
-        if peak is None:
-            design = low.design(g)
-            if design.gpu is not None:
-                table = design.gpu.peak_flops
-                peak = float(table.get(low.t.dtype) or table.get("bf16") or table.get("fp16") or max(table.values()))
-            else:
-                peak = 2.0 * design.peak_macs_per_s
-            peak_of[key] = peak
-        peaks.append(peak)
-    return total, sum(peaks) / len(peaks)  # per GPU, averaged over the GPUs of a mixed cluster
+    for g, count in _design_counts(low.system, tuple(low.place.gpus)):
+        design = low.design(g)
+        if design.gpu is not None:
+            table = design.gpu.peak_flops
+            peak = float(table.get(low.t.dtype) or table.get("bf16") or table.get("fp16") or max(table.values()))
+        else:
+            peak = 2.0 * design.peak_macs_per_s
+        peaks.append(peak * count)
+    return total, sum(peaks) / len(low.place.gpus)  # per GPU, averaged over the GPUs of a mixed cluster
+
+
+_DESIGN_COUNTS: "weakref.WeakKeyDictionary[System, dict]" = weakref.WeakKeyDictionary()
+
+
+def _design_counts(system: System, gpus: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
+    """(a GPU of each accelerator design, how many of ``gpus`` have it), in the order met;
+    memoised per system (weakly: a system's memo goes with it)."""
+    memo = _DESIGN_COUNTS.setdefault(system, {})
+    hit = memo.get(gpus)
+    if hit is None:
+        hit = memo[gpus] = _count_designs(system, gpus)
+    return hit
+
+
+def _count_designs(system: System, gpus: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
+    first: dict[tuple, list[int]] = {}
+    for g in gpus:
+        key = system.accelerator(system.nodes[g]).designs[:1]
+        hit = first.get(key)
+        if hit is None:
+            first[key] = [g, 1]
+        else:
+            hit[1] += 1
+    return tuple((g, n) for g, n in first.values())
 
 
 def _meta(low: _Lowering) -> dict:

@@ -276,7 +276,9 @@ def _knob_buffers(graph: Graph, cfg: ParallelConfig) -> dict[int, float]:
 
     t = graph.meta["transformer"]
     out: dict[int, float] = {}
-    core = next((op for op in graph.ops if op.param("fused") == "fwd" and op.param("phase", "fwd") == "fwd"), None)
+    core = None
+    if cfg.cp > 1:
+        core = next((op for op in graph.ops if op.param("fused") == "fwd" and op.param("phase", "fwd") == "fwd"), None)
     for s in range(cfg.pp):
         tp = cfg.tp_of(s)
         extra = userbuffers.buffer_bytes(t, cfg) if tp > 1 else 0.0
