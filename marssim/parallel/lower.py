@@ -33,6 +33,7 @@ Units: seconds, bytes. Pure and deterministic.
 from __future__ import annotations
 
 import functools
+import itertools
 
 import weakref
 from collections import defaultdict
@@ -73,6 +74,7 @@ __all__ = ["lower_parallel", "chunk_layers", "prepare_graph", "lowered_size"]
 
 Ref = tuple  # ("u", rep, unit key, rel task, "same" | "last")
 _GROUP_PLAN = object()  # a ring's plan: its group's own (see _Builder.ring)
+_AFTER_PREVIOUS = ("previous row",)  # a template row's predecessors: the row before it alone (a ring's repeated steps)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -566,7 +568,7 @@ class _Builder:
         c = t.cols
         for name, col in c.items():
             col.extend([col[first]] * count)
-        t.preds.extend([rel - 1] for rel in range(first + 1, first + 1 + count))
+        t.preds.extend(itertools.repeat(_AFTER_PREVIOUS, count))
         # the references to prv_rep's steps, as one entry (expanded by _template_edges)
         t.ext.append((first + 1, ("steps", count, prv_rep, self.key)))
         return first + count
@@ -1170,11 +1172,15 @@ def _parameters(low: _Lowering) -> None:
 
 def _freeze(tpl: _Template) -> None:
     """A built template's rows as arrays only: its predecessors in the unit (per row, how many;
-    the rows they are, row after row); the lists it was built in are dropped."""
-    counts = np.fromiter(map(len, tpl.preds), dtype=np.int64, count=len(tpl.preds))
-    tpl.n_rows = len(tpl.preds)
+    the rows they are, row after row; :data:`_AFTER_PREVIOUS`: the row before it); the lists it
+    was built in are dropped."""
+    preds = tpl.preds
+    counts = np.fromiter((1 if ps is _AFTER_PREVIOUS else len(ps) for ps in preds), dtype=np.int64, count=len(preds))
+    tpl.n_rows = len(preds)
     tpl.pred_counts = counts
-    tpl.edge_src = np.fromiter((p for ps in tpl.preds for p in ps), dtype=np.int64, count=int(counts.sum()))
+    tpl.edge_src = np.fromiter((p for rel, ps in enumerate(preds)
+                                for p in ((rel - 1,) if ps is _AFTER_PREVIOUS else ps)),
+                               dtype=np.int64, count=int(counts.sum()))
     tpl.preds = None
     tpl.cols = None
 
