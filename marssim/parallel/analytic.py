@@ -103,22 +103,22 @@ class _Timer:
         key = (pattern, n, size, kind)
         hit = self._ring_cache.get(key)
         if hit is None:
-            members, profile = self._ring_hops(pattern, n)
+            members, profile = self.ring_hops(pattern, n)
             plan = self.low.plan(kind, size, members)
             if plan is None:  # a ring's steps go at the pace of its slowest hop
                 steps = 2 * (n - 1) if kind == "all_reduce" else n - 1
                 chunk = size / n
                 hit = steps * max(lat + (chunk / bw if chunk > 0 else 0.0) for lat, bw in profile)
             else:  # one plan's step on each kind of hop: shared by every stage's ring alike
-                cache = self.low.__dict__.setdefault("_ring_steps", {})
-                got = cache.get((plan, profile))
-                if got is None:
-                    got = cache[(plan, profile)] = plan.steps * max(hop_step(plan, bw, lat).time for lat, bw in profile)
-                hit = got
+                memo = self.low.memo
+                hit = memo.get(("ring steps", plan, profile))
+                if hit is None:
+                    hit = memo[("ring steps", plan, profile)] = plan.steps * max(hop_step(plan, bw, lat).time
+                                                                                for lat, bw in profile)
             self._ring_cache[key] = hit
         return hit
 
-    def _ring_hops(self, pattern: str, n: int) -> tuple[list[int], frozenset]:
+    def ring_hops(self, pattern: str, n: int) -> tuple[list[int], frozenset]:
         """The ``n`` GPUs of ``pattern``'s ring from this one, and its hops' kinds: the set of
         (latency s, bottleneck bytes/s) over its hops (:meth:`.lower._Lowering.hop`'s inputs)."""
         key = ("hops", pattern, n)
@@ -347,7 +347,7 @@ def screen(graph: Graph, system: System, cfg: ParallelConfig, cost: CostModel, *
         layers = [layer for c, chunk in enumerate(low.chunks) if c % cfg.pp == stage for layer in chunk]
         if not cfg.uniform or stage in (0, cfg.pp - 1) or not all(0 <= x < t.layers for x in layers):
             return _tail(low, timer, stage, backward)
-        ring = timer._ring_hops("dp+1", cfg.dp_cp)[1] if cfg.dp_cp > 1 else None
+        ring = timer.ring_hops("dp+1", cfg.dp_cp)[1] if cfg.dp_cp > 1 else None
         key = (timer.signature(), ring, low.place.coords[timer.gpu][::2],
                tuple(low.opt_params.get(x, 0) for x in layers), backward)
         hit = tail_times.get(key)
@@ -524,13 +524,12 @@ def _tail(low: _Lowering, timer: _Timer, stage: int, backward: float) -> tuple[f
 def _model_parallel_seconds(low: _Lowering, timer: _Timer, nbytes: float) -> float:
     """An all-reduce of ``nbytes`` over the model-parallel group of the timer's GPU, as the
     lowering times it (:meth:`.lower._Builder._model_parallel_all_reduce`)."""
-    cache = low.__dict__.setdefault("_model_parallel_seconds", {})
     dp, _, tp = low.place.coords[timer.gpu]
-    key = (dp, tp, nbytes)  # every stage of a replica: one group
-    hit = cache.get(key)
+    key = ("model-parallel all-reduce", dp, tp, nbytes)  # every stage of a replica: one group
+    hit = low.memo.get(key)
     if hit is None:
         starts = tuple(low.gpu_on_stage(timer.gpu, s) for s in range(low.cfg.pp))
-        hit = cache[key] = _group_all_reduce_seconds(low, timer, starts, nbytes)
+        hit = low.memo[key] = _group_all_reduce_seconds(low, timer, starts, nbytes)
     return hit
 
 

@@ -104,7 +104,7 @@ class Folding:
             return hit
         names = self.system.nodes
         concrete = binding_route(self.system, names[src], names[dst])
-        latency = self.floors.get((pattern, src, dst), concrete.latency)
+        latency = self.latency(src, dst, pattern)
         if not self.folded:
             route = concrete if latency == concrete.latency else replace(concrete, latency=latency)
             self._routes[key] = route

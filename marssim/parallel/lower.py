@@ -268,6 +268,7 @@ class _Lowering:
         self.route_id: dict[tuple, int] = {}
         self._hops: dict[tuple, Hop] = {}  # hop()'s memo
         self.groups: dict[tuple[int, str], list[int]] = {}  # _Builder._group's memo
+        self.memo: dict[tuple, object] = {}  # the closed-form screen's memo (.analytic), by named keys
         self.templates: dict[tuple[int, tuple], _Template] = {}
         # shard timings by (op, design, split) and the cost model that timed them: shared by every
         # lowering of this graph with this cost model (kept beside it, so its id is never reused)
