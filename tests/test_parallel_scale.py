@@ -127,3 +127,27 @@ def test_a_lowering_estimates_from_its_program_as_from_its_columns(system_spec, 
     for name in ("start", "ready", "end", "duration", "busy"):
         assert np.array_equal(getattr(lazy, name), getattr(built, name)), name
     assert (lazy.makespan, lazy.lower_bound, lazy.bounds) == (built.makespan, built.lower_bound, built.bounds)
+
+
+@pytest.mark.parametrize("engine", ["compiled", "simpy"])
+def test_a_searchs_schedule_is_the_full_simulations(engine):
+    """simulate_schedule: the same summary and every task's start and end as simulate's Result
+    (what a search's report reads), on either engine; the search's run gives the same report."""
+    from marssim.plan import run
+    from marssim.sim import simulate, simulate_schedule
+
+    if engine == "compiled":
+        pytest.importorskip("numba")
+    system = load_system("dgx-a100-cluster:nodes=2")
+    graph = load_workload(GPT)
+    cfg = parse_parallel("tp=4,pp=2,dp=2,global_batch=8")
+    tg = lower_parallel(graph, system, cfg, COST)
+    full = simulate(tg, system, memory_policy="ignore", engine=engine)
+    got = simulate_schedule(tg, system, memory_policy="ignore", engine=engine)
+    assert (got.summary.makespan, got.summary.throughput) == (full.makespan, full.throughput)
+    iv = full.intervals[full.intervals["task"] >= 0]
+    assert np.array_equal(got.start[iv["task"].to_numpy()], iv["start"].to_numpy())
+    assert np.array_equal(got.end[iv["task"].to_numpy()], iv["end"].to_numpy())
+    detailed = run(cfg, graph, system, COST, detail=True).report.to_dict()
+    searched = run(cfg, graph, system, COST, detail=False).report.to_dict()
+    assert searched == detailed

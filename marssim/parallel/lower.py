@@ -138,7 +138,36 @@ def op_rules(graph: Graph, cfg: ParallelConfig) -> dict[str, Rule]:
     graph order; the MoE re-layouts as ``D`` (locally permuted, before the all-to-all).
     Memoised per graph by the degree of every layer, sequence and expert parallelism."""
     stage_of = stage_of_layers(graph.meta["transformer"].layers, cfg)
-    return graph_cached(graph, rules_key(cfg, stage_of), lambda: _op_rules(graph, cfg, stage_of))
+    key = rules_key(cfg, stage_of)
+    return graph_cached(graph, key, lambda: _shared_rules(graph, cfg, stage_of, key))
+
+
+_SHARED_RULES: dict[tuple, dict[str, Rule]] = {}
+"""op_rules by (graph structure, rules key): the graphs of one model prepared for several
+micro-batch sizes differ in their ops' sizes only, which no rule reads (bounded, oldest dropped)."""
+_SHARED_KEEP = 64
+
+
+def _structure(graph: Graph) -> tuple:
+    """What :func:`~.roles.rule_for` reads of a graph's ops (names, kinds, inputs, the params it
+    looks at) and the expert routing: graphs alike in it get the same rules."""
+    def make() -> tuple:
+        params = ("view", "grad", "grouped", "fn", "what")
+        t = graph.meta["transformer"]
+        return (getattr(t, "expert_load", None),) + tuple(
+            (op.name, op.kind, tuple(op.inputs), tuple(op.param(p) for p in params)) for op in graph.ops)
+    return graph_cached(graph, "rule structure", make)
+
+
+def _shared_rules(graph: Graph, cfg: ParallelConfig, stage_of: dict[int, int], key: tuple) -> dict[str, Rule]:
+    shared = (_structure(graph), key)
+    hit = _SHARED_RULES.get(shared)
+    if hit is None:
+        hit = _op_rules(graph, cfg, stage_of)
+        while len(_SHARED_RULES) >= _SHARED_KEEP:
+            _SHARED_RULES.pop(next(iter(_SHARED_RULES)), None)
+        _SHARED_RULES[shared] = hit
+    return hit
 
 
 def rules_key(cfg: ParallelConfig, stage_of: dict[int, int]) -> tuple:

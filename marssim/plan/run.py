@@ -126,6 +126,12 @@ def run(plan: Plan, graph: Graph, system: System, cost: CostModel | None = None,
         if detail:
             out.result = est.result(level=level)
         schedule = est
+    elif parallel and not detail:  # the report reads every task's start and end, nothing more
+        from marssim.sim import simulate_schedule
+
+        policy = "ignore" if memory_policy == "error" else memory_policy
+        schedule = simulate_schedule(tg, system, memory_policy=policy, streams=streams, **kwargs)
+        out.summary = schedule.summary
     elif detail or parallel:
         from marssim.sim import simulate
 

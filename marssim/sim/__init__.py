@@ -2,10 +2,10 @@
 
 from marssim.results.summary import Summary, summarise
 
-from .engine import setup_time, simulate, simulate_summary
+from .engine import Schedule, setup_time, simulate, simulate_schedule, simulate_summary
 from .memory import POLICIES, MemoryPool
 from .network import FairShareNetwork, max_min_rates
 from marssim.results.result import INTERVAL_COLUMNS, Result
 
-__all__ = ["simulate", "simulate_summary", "summarise", "Summary", "setup_time", "POLICIES", "MemoryPool",
+__all__ = ["simulate", "simulate_summary", "simulate_schedule", "Schedule", "summarise", "Summary", "setup_time", "POLICIES", "MemoryPool",
            "FairShareNetwork", "max_min_rates", "INTERVAL_COLUMNS", "Result"]

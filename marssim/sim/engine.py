@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import heapq
 import time
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -34,7 +35,7 @@ from .memory import POLICIES, MemoryPool
 from .network import FairShareNetwork
 from marssim.results.result import Result
 
-__all__ = ["simulate", "simulate_summary", "setup_time", "ENGINES"]
+__all__ = ["simulate", "simulate_summary", "simulate_schedule", "Schedule", "setup_time", "ENGINES"]
 
 
 ENGINES = ("auto", "compiled", "simpy")
@@ -111,6 +112,34 @@ def simulate_summary(taskgraph: TaskGraph, system: System, *, memory_policy: str
         summary = sim.summary()
         del sim  # acyclic once run: freed here, before the collector is back
     return summary
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """What a search's report needs of a simulation: its :class:`Summary` and every task's start
+    and end (s; ``start[t]``, ``end[t]`` as :attr:`Result.intervals` has them)."""
+
+    summary: Summary
+    start: np.ndarray
+    end: np.ndarray
+
+
+def simulate_schedule(taskgraph: TaskGraph, system: System, *, memory_policy: str = "error",
+                      streams: int = 1, engine: str = "auto", progress: "Progress | None" = None) -> Schedule:
+    """Simulate like :func:`simulate_summary` and keep every task's start and end too (no interval
+    log, no per-resource tables)."""
+    _check(memory_policy, streams, engine)
+    with gc_paused():
+        if _compiled(taskgraph, memory_policy, engine):
+            from .fast import run_compiled
+
+            return run_compiled(taskgraph, system, memory_policy, streams, False, schedule_only=True,
+                                progress=progress)
+        sim = _Simulation(taskgraph, system, memory_policy, streams, False)
+        sim.run(progress)
+        out = Schedule(sim.summary(), np.asarray(sim.start, dtype=float), np.asarray(sim.end, dtype=float))
+        del sim  # acyclic once run: freed here, before the collector is back
+    return out
 
 
 def setup_time(taskgraph: TaskGraph, system: System) -> float:

@@ -289,9 +289,10 @@ def _grow_links(arrays: dict) -> None:
 
 
 def run_compiled(taskgraph: TaskGraph, system: System, memory_policy: str, streams: int, record: bool,
-                 summary_only: bool = False, progress: Progress | None = None) -> Result | Summary:
+                 summary_only: bool = False, progress: Progress | None = None, schedule_only: bool = False):
     """Simulate on the compiled engine (callers check :func:`usable` first): the
-    :class:`Result` (or with ``summary_only`` the :class:`Summary`) the SimPy engine gives."""
+    :class:`Result` (or with ``summary_only`` the :class:`Summary`, with ``schedule_only`` the
+    :class:`~marssim.sim.engine.Schedule`) the SimPy engine gives."""
     k = _kernels()
     tg = taskgraph
     arrays, pools, n_res = _prepare(tg, system, memory_policy, streams, record)
@@ -336,6 +337,10 @@ def run_compiled(taskgraph: TaskGraph, system: System, memory_policy: str, strea
     del state, arrays  # the loop's state goes before the results are built
     if summary_only:
         return summarise(tg, system, end, streams)
+    if schedule_only:
+        from .engine import Schedule
+
+        return Schedule(summarise(tg, system, end, streams), start, end)
     return build_result(tg, system, start, end, streams=streams, memories=memories, memory_timeline=memory_timeline,
                         link_timeline=link_timeline, link_busy=busy, spills=[], meta=meta)
 
