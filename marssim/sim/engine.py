@@ -100,18 +100,8 @@ def simulate_summary(taskgraph: TaskGraph, system: System, *, memory_policy: str
                      streams: int = 1, engine: str = "auto", progress: "Progress | None" = None) -> Summary:
     """Simulate like :func:`simulate` but return only the :class:`Summary`: no interval log, no
     per-resource tables (what a search needs, several times faster on small graphs)."""
-    _check(memory_policy, streams, engine)
-    with gc_paused():
-        if _compiled(taskgraph, memory_policy, engine):
-            from .fast import run_compiled
-
-            return run_compiled(taskgraph, system, memory_policy, streams, False, summary_only=True,
-                                progress=progress)
-        sim = _Simulation(taskgraph, system, memory_policy, streams, False)
-        sim.run(progress)
-        summary = sim.summary()
-        del sim  # acyclic once run: freed here, before the collector is back
-    return summary
+    return simulate_schedule(taskgraph, system, memory_policy=memory_policy, streams=streams, engine=engine,
+                             progress=progress).summary
 
 
 @dataclass(frozen=True)

@@ -289,10 +289,10 @@ def _grow_links(arrays: dict) -> None:
 
 
 def run_compiled(taskgraph: TaskGraph, system: System, memory_policy: str, streams: int, record: bool,
-                 summary_only: bool = False, progress: Progress | None = None, schedule_only: bool = False):
+                 progress: Progress | None = None, schedule_only: bool = False):
     """Simulate on the compiled engine (callers check :func:`usable` first): the
-    :class:`Result` (or with ``summary_only`` the :class:`Summary`, with ``schedule_only`` the
-    :class:`~marssim.sim.engine.Schedule`) the SimPy engine gives."""
+    :class:`Result` (or with ``schedule_only`` the :class:`~marssim.sim.engine.Schedule`: its
+    summary and every task's start and end) the SimPy engine gives."""
     k = _kernels()
     tg = taskgraph
     arrays, pools, n_res = _prepare(tg, system, memory_policy, streams, record)
@@ -335,8 +335,6 @@ def run_compiled(taskgraph: TaskGraph, system: System, memory_policy: str, strea
             "network_recomputes": int(arrays["it"][k.I.RECOMPUTES]), "memory_policy": memory_policy, "spills": 0}
     busy = arrays["rs_busy"][:len(system.resource_capacity)].copy()
     del state, arrays  # the loop's state goes before the results are built
-    if summary_only:
-        return summarise(tg, system, end, streams)
     if schedule_only:
         from .engine import Schedule
 
