@@ -164,8 +164,9 @@ def _shared_rules(graph: Graph, cfg: ParallelConfig, stage_of: dict[int, int], k
     hit = _SHARED_RULES.get(shared)
     if hit is None:
         hit = _op_rules(graph, cfg, stage_of)
-        while len(_SHARED_RULES) >= _SHARED_KEEP:
-            _SHARED_RULES.pop(next(iter(_SHARED_RULES)), None)
+        # a copy of the keys: evaluators on threads (Dask's local cluster) share this memo
+        for old in list(_SHARED_RULES)[:max(0, len(_SHARED_RULES) - _SHARED_KEEP + 1)]:
+            _SHARED_RULES.pop(old, None)
         _SHARED_RULES[shared] = hit
     return hit
 
