@@ -21,7 +21,8 @@ bound refuses (``marssim.parallel.size``; here at 8 GiB, ``SIZE_BOUND``) is list
 and the time to the refusal.
 Then fitted exponents of time and memory against GPUs, layers and micro-batches (least squares on
 log-log over the rows that ran). The one-time costs of a process (imports, the cost model's
-table fit, loading the compiled kernels) are paid before the timers start.
+table fit, loading the compiled kernels of the evaluator measured) are paid before the timers
+start.
 
 Usage: ``python analysis/bench_megatron_scale.py [--quick] [--only TEXT] [--out FILE]``: quick
 runs micro-batch 2, 1F1B, full recomputation only. Results are appended to ``--out`` (JSON lines,
@@ -128,13 +129,16 @@ _CHILD = textwrap.dedent("""
 
     cost = default_cost_model()
     # the one-time costs of a process: imports, the cost model's table fit, the compiled kernels
+    # of the evaluator measured (a process that only estimates never loads the simulator's)
     small = load_system("dgx-a100-cluster:nodes=1")
     tiny = lower_parallel(load_workload("gpt:layers=2,hidden=256,heads=4,vocab=1000,seq=64,mode=train,max_positions=64"),
                           small, parse_parallel("tp=2,pp=2,dp=2,global_batch=4"), cost)
-    from marssim.analytical import estimate
-    from marssim.sim import simulate_summary
-    simulate_summary(tiny, small, memory_policy="ignore")
-    estimate(tiny, small)
+    if what == "sim":
+        from marssim.sim import simulate_summary
+        simulate_summary(tiny, small, memory_policy="ignore")
+    elif what == "estimate":
+        from marssim.analytical import estimate
+        estimate(tiny, small)
     out = {}
     w0, c0 = time.perf_counter(), cpu()
     system, graph = load_system(system_spec), load_workload(workload_spec)

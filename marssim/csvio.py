@@ -8,28 +8,26 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
-
 from marssim.errors import InputError
 from marssim.fsutil import atomic_file
+from marssim.lazymodule import lazy_module
 
-__all__ = ["read_csv_exact", "EXACT_FLOATS", "read_commented_table", "write_commented_table"]
+pd = lazy_module("pandas")  # imported when a table is first built
+
+__all__ = ["read_csv_exact", "exact_floats", "read_commented_table", "write_commented_table"]
 
 
-def _exact_floats() -> dict[str, str]:
-    """read_csv options that parse floats exactly: pandas >= 3.1 always does (and deprecates the
-    option); older versions need ``float_precision="round_trip"``."""
+def exact_floats() -> dict[str, str]:
+    """Keyword options for :func:`pandas.read_csv` that make float parsing exact: pandas >= 3.1
+    always parses exactly (and deprecates the option); older versions need
+    ``float_precision="round_trip"``."""
     major, minor = (int(x) for x in pd.__version__.split(".")[:2])
     return {} if (major, minor) >= (3, 1) else {"float_precision": "round_trip"}
 
 
-EXACT_FLOATS = _exact_floats()
-"""Keyword options for :func:`pandas.read_csv` that make float parsing exact."""
-
-
 def read_csv_exact(path: str | Path, **kwargs: Any) -> pd.DataFrame:
     """:func:`pandas.read_csv` with exact float parsing; ``kwargs`` go to it unchanged."""
-    return pd.read_csv(path, **EXACT_FLOATS, **kwargs)
+    return pd.read_csv(path, **exact_floats(), **kwargs)
 
 
 def write_commented_table(path: str | Path, columns: Sequence[str], rows: Iterable[Sequence[Any]],

@@ -229,17 +229,15 @@ class TaskProgram:
     # ------------------------------------------------------------------ for evaluators
     def counts(self) -> tuple[np.ndarray, np.ndarray]:
         """Per task, its predecessors and its successors (int32): what an evaluator starts from."""
-        row_of_task = self._rows_of_tasks()
         dst_x, src_x = self._reference_edges()
         dst_c, src_c = self._chain_edges()
         n = self.n_tasks
-        preds = np.diff(self.ipred_ptr).astype(np.int32)[row_of_task]
+        preds = self.take_rows(np.diff(self.ipred_ptr).astype(np.int32))
         preds += np.bincount(dst_x, minlength=n).astype(np.int32)
-        preds += np.bincount(dst_c, minlength=n).astype(np.int32)
-        succs = np.diff(self.successors().isucc_ptr).astype(np.int32)[row_of_task]
-        del row_of_task
+        np.add.at(preds, dst_c, 1)
+        succs = self.take_rows(np.diff(self.successors().isucc_ptr).astype(np.int32))
         succs += np.bincount(src_x, minlength=n).astype(np.int32)
-        succs += np.bincount(src_c, minlength=n).astype(np.int32)
+        np.add.at(succs, src_c, 1)
         return preds, succs
 
     def successors(self) -> Successors:
@@ -289,8 +287,10 @@ class TaskProgram:
             for g in range(int(self.grp_start[j + 1] - self.grp_start[j])):
                 gg = int(self.grp_start[j]) + g
                 mine = groups == g
-                my_rels = rels[mine]
-                grp_rel_parts.append(np.unique(my_rels).astype(np.int32))
+                my_rels = rels[mine]  # ascending (rows in order, a row's references together)
+                first = np.ones(len(my_rels), dtype=np.bool_)
+                np.not_equal(my_rels[1:], my_rels[:-1], out=first[1:])
+                grp_rel_parts.append(my_rels[first].astype(np.int32))  # the distinct rows, ascending
                 grp_rel_ptr[gg + 1] = len(grp_rel_parts[-1])
                 tt = int(self.grp_target_tpl[gg])
                 size = int(self.sizes[tt]) if tt >= 0 else 0

@@ -76,7 +76,9 @@ def device_choice_at_ready_instant(tg, start, end) -> bool:
         own = {u for u in compute if tg.device[u] == dev and end[u] == s}
         first = min(rivals, key=lambda u: (int(tg.priority[u]), u))  # the one the device should take
         preds = tg.preds(first).tolist()
-        if preds and ready[first] == s and not any(p in own for p in preds if end[p] == s):
+        # made ready at s by another device's task (one of its last predecessors not the device's
+        # own): the simulator may take that event after the device has chosen
+        if preds and ready[first] == s and not all(p in own for p in preds if end[p] == s):
             return True
     return False
 

@@ -129,6 +129,81 @@ def test_a_lowering_estimates_from_its_program_as_from_its_columns(system_spec, 
     assert (lazy.makespan, lazy.lower_bound, lazy.bounds) == (built.makespan, built.lower_bound, built.bounds)
 
 
+@pytest.mark.parametrize("system_spec,workload,config,folding", CASES)
+def test_chained_kernels_make_one_pass_the_list_schedule(system_spec, workload, config, folding):
+    """A lowering chains every GPU's kernels (each after the one before it, unit after unit), so
+    the estimate's single pass (no kernel waits for its GPU, ready = start) gives what the list
+    schedule and the earliest schedule give run separately: the same floats."""
+    import sys
+
+    from marssim.analytical import estimate
+    from marssim.analytical.schedule import have_numba
+
+    if not have_numba():
+        pytest.skip("the program's kernels need numba")
+    est = sys.modules["marssim.analytical.estimate"]
+    system = load_system(system_spec)
+    tg = lower_parallel(load_workload(workload), system, parse_parallel(config), COST, folding=folding)
+    program = tg.program
+    is_compute = program.rows["kind"] == 0
+    assert est._kernels_in_chains(program, is_compute)
+    one = estimate(tg, system)
+    assert one.ready is one.start and one.bounds["critical_path"] == one.makespan
+    bottleneck, latency, *incidence = est._route_arrays(tg, system)
+    two = est._estimate_program(tg, system, program, bottleneck, latency, tuple(incidence), lambda *a: None, 0.0,
+                                chained=False)
+    for name in ("start", "ready", "end", "duration", "busy"):
+        assert np.array_equal(getattr(one, name), getattr(two, name)), name
+    assert (one.makespan, one.lower_bound, one.bounds) == (two.makespan, two.lower_bound, two.bounds)
+
+
+def test_kernels_out_of_one_chain_take_the_list_schedule():
+    """Two chains of units on one GPU (an instance's kernels no longer after the previous
+    unit's), or a template's kernels on two GPUs: the single pass no longer applies."""
+    import dataclasses
+    import sys
+
+    from marssim.analytical.schedule import have_numba
+
+    if not have_numba():
+        pytest.skip("the program's kernels need numba")
+    est = sys.modules["marssim.analytical.estimate"]
+    system = load_system(CASES[1][0])
+    program = lower_parallel(load_workload(CASES[1][1]), system, parse_parallel(CASES[1][2]), COST).program
+    is_compute = program.rows["kind"] == 0
+    assert est._kernels_in_chains(program, is_compute)
+    linked = np.flatnonzero(program.chain_prev >= 0)
+    cut = program.chain_prev.copy()
+    cut[linked[len(linked) // 2]] = -1
+    assert not est._kernels_in_chains(dataclasses.replace(program, chain_prev=cut), is_compute)
+    rows = dict(program.rows)
+    device = rows["device"].copy()
+    j = int(np.flatnonzero(program.last_compute > program.first_compute)[0])
+    device[program.tpl_start[j] + program.last_compute[j]] += 1
+    rows["device"] = device
+    assert not est._kernels_in_chains(dataclasses.replace(program, rows=rows), is_compute)
+
+
+def test_an_estimate_does_not_import_pandas():
+    """Lowering and estimating build no table: the process never imports pandas."""
+    import subprocess
+    import sys
+
+    code = ("import sys\n"
+            "from marssim.analytical import estimate\n"
+            "from marssim.cost import default_cost_model\n"
+            "from marssim.parallel import lower_parallel, parse_parallel\n"
+            "from marssim.system import load_system\n"
+            "from marssim.workload import load_workload\n"
+            f"s = load_system({CASES[1][0]!r})\n"
+            f"tg = lower_parallel(load_workload({CASES[1][1]!r}), s, parse_parallel({CASES[1][2]!r}), "
+            "default_cost_model())\n"
+            "assert estimate(tg, s).makespan > 0\n"
+            "print('pandas' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
 @pytest.mark.parametrize("engine", ["compiled", "simpy"])
 def test_a_searchs_schedule_is_the_full_simulations(engine):
     """simulate_schedule: the same summary and every task's start and end as simulate's Result

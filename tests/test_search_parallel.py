@@ -27,12 +27,26 @@ def serial():
 
 
 def test_chunks_deal_items_round_robin_and_unchunk_restores_the_order():
-    items = list(range(11))
+    items = [f"plan {i}" for i in range(11)]
     for parts in (1, 2, 3, 4, 11, 50):
         chunks = _chunks(items, parts)
-        assert sorted(x for c in chunks for x in c) == items and _unchunk(chunks) == items
+        assert sorted(x for c in chunks for x in c) == list(range(11))
+        assert _unchunk(chunks, [[items[i] for i in c] for c in chunks], len(items)) == items
         assert len(chunks) == min(parts, 11) and max(map(len, chunks)) - min(map(len, chunks)) <= 1
         assert all(c == sorted(c) and all(b - a == len(chunks) for a, b in zip(c, c[1:])) for c in chunks)
+
+
+def test_configurations_are_chunked_by_the_graph_and_rules_they_share():
+    """Parallel configurations go to chunks by micro-batch (the graph a worker prepares for
+    them), in runs of equal length; unchunking restores the order."""
+    from marssim.parallel import parse_parallel
+
+    configs = [parse_parallel(f"tp={tp},pp=2,dp=2,micro_batch={mb},global_batch=32")
+               for tp in (1, 2) for mb in (4, 1, 2, 8) for _ in range(2)]
+    chunks = _chunks(configs, 4)
+    assert [len(c) for c in chunks] == [4, 4, 4, 4]
+    assert [{configs[i].micro_batch for i in c} for c in chunks] == [{1}, {2}, {4}, {8}]
+    assert _unchunk(chunks, [[configs[i] for i in c] for c in chunks], len(configs)) == configs
 
 
 def test_evaluator_results_follow_the_input_order_on_any_executor():
@@ -48,6 +62,30 @@ def test_evaluator_results_follow_the_input_order_on_any_executor():
         ev = Evaluator(Problem(graph, sys_, COST), pool)
         assert [e.makespan for e in ev.simulate(mappings)] == [e.makespan for e in reference]
         assert ev.simulations == len({m.key for m in mappings})
+
+
+def test_a_worker_without_the_problem_gets_it_again():
+    """After the first batch tasks carry the problem's key alone; a worker that no longer holds
+    the problem answers Missing and its chunk is sent again with the bytes: same results."""
+    import numpy as np
+
+    from marssim.search import evaluate
+    from marssim.workercache import Missing, worker_copy
+
+    assert isinstance(worker_copy({}, "key", None), Missing)
+    graph, sys_ = chain(), system(3)
+    space = MappingSpace(graph, sys_)
+    rng = np.random.default_rng(1)
+    mappings = [space.decode(space.random(rng)) for _ in range(8)]
+    reference = [e.makespan for e in Evaluator(Problem(graph, sys_, COST)).simulate(mappings)]
+    with ThreadPoolExecutor(2) as pool:
+        ev = Evaluator(Problem(graph, sys_, COST), pool)
+        first = ev.simulate(mappings[:4])
+        assert ev._shipped
+        evaluate._PROBLEMS.pop(ev._key)  # as a new worker process would be: without the problem
+        second = ev.simulate(mappings[4:])
+        assert ev._key in evaluate._PROBLEMS  # sent again, with the bytes
+    assert [e.makespan for e in first + second] == reference
 
 
 def test_process_pool_gives_the_serial_search(serial):

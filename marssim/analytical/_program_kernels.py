@@ -16,7 +16,7 @@ from numba import njit
 
 from ._numba_kernels import _ev_pop, _ev_push, _q_pop, _q_push
 
-__all__ = ["list_schedule", "earliest_schedule"]
+__all__ = ["list_schedule", "earliest_schedule", "chained_schedule", "compute_chains"]
 
 
 @njit(cache=True, inline="always")
@@ -190,3 +190,79 @@ def earliest_schedule(d_row, n_pred, max_succ, inst_of, i_tpl, i_base, t_start, 
                 stack[top] = u
                 top += 1
     return start, done
+
+
+@njit(cache=True)
+def chained_schedule(d_row, n_pred, max_succ, inst_of, i_tpl, i_base, t_start, t_first, t_last, isucc_ptr, isucc,
+                     inc_ptr, inc_inst, inc_group, g_lastkernel, g_rev_base, g_rel_ptr, rev_ptr, rev_rel, g_rel,
+                     i_next):
+    """``(start, end, done)``: every task starting when its predecessors end, start kept. This is
+    the list schedule (and its ``ready`` is ``start``) when each GPU's kernels are totally ordered
+    by their dependencies (:func:`compute_chains`): a kernel never finds its GPU busy."""
+    n = n_pred.shape[0]
+    waiting = n_pred.copy()
+    start = np.zeros(n)
+    end = np.zeros(n)
+    stack = np.zeros(n + 1, dtype=np.int32)
+    succ = np.zeros(max_succ + 1, dtype=np.int64)
+    top = 0
+    for t in range(n - 1, -1, -1):
+        if waiting[t] == 0:
+            stack[top] = t
+            top += 1
+    done = 0
+    while top > 0:
+        top -= 1
+        t = stack[top]
+        _, row = _row(t, inst_of, i_tpl, i_base, t_start)
+        e = start[t] + d_row[row]
+        end[t] = e
+        done += 1
+        ns = _successors(t, succ, inst_of, i_tpl, i_base, t_start, t_first, t_last, isucc_ptr, isucc, inc_ptr,
+                         inc_inst, inc_group, g_lastkernel, g_rev_base, g_rel_ptr, rev_ptr, rev_rel, g_rel, i_next)
+        for j in range(ns):
+            u = succ[j]
+            if e > start[u]:
+                start[u] = e
+            waiting[u] -= 1
+            if waiting[u] == 0:
+                stack[top] = u
+                top += 1
+    return start, end, done
+
+
+@njit(cache=True)
+def compute_chains(is_compute, device, t_start, ipred_ptr, ipred, t_first, t_last):
+    """Whether every template's kernels (its ``is_compute`` rows) run on one ``device`` and each follows
+    the one before it through its predecessors in the unit, the first and last being
+    ``t_first``/``t_last``; predecessors in the unit must be earlier rows."""
+    n_tpl = t_start.shape[0] - 1
+    latest = np.full(device.shape[0], -1, dtype=np.int64)  # per row: its latest kernel ancestor (rel)
+    for j in range(n_tpl):
+        a = t_start[j]
+        prev = -1
+        dev = -1
+        for row in range(a, t_start[j + 1]):
+            rel = row - a
+            m = -1
+            for e in range(ipred_ptr[row], ipred_ptr[row + 1]):
+                p = ipred[e]
+                if p >= rel or p < 0:
+                    return False
+                q = p if is_compute[a + p] else latest[a + p]
+                if q > m:
+                    m = q
+            latest[row] = m
+            if is_compute[row]:
+                if m != prev:
+                    return False
+                if prev < 0:
+                    if t_first[j] != rel:
+                        return False
+                    dev = device[row]
+                elif device[row] != dev:
+                    return False
+                prev = rel
+        if prev != t_last[j]:
+            return False
+    return True

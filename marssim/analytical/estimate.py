@@ -277,11 +277,37 @@ def estimate(taskgraph: TaskGraph, system: System, *, backend: str = "auto",
                     meta={"wall_s": time.perf_counter() - wall, "tasks": n})
 
 
+def _kernels_in_chains(program, is_compute: np.ndarray) -> bool:
+    """Whether every GPU's kernels in ``program`` are totally ordered by their dependencies: in
+    each template they follow each other on one GPU (:func:`._program_kernels.compute_chains`),
+    and the instances with kernels on a GPU form one chain (each instance's first kernel after
+    the last kernel of its ``chain_prev``), as a parallel lowering makes them."""
+    from . import _program_kernels as K
+
+    rows = program.rows
+    if not K.compute_chains(is_compute, rows["device"], program.tpl_start, program.ipred_ptr, program.ipred,
+                            program.first_compute, program.last_compute):
+        return False
+    first = program.first_compute[program.inst_tpl].astype(np.int64)
+    has = first >= 0
+    device = np.where(has, rows["device"][program.tpl_start[program.inst_tpl] + np.maximum(first, 0)], -1)
+    prev = program.chain_prev.astype(np.int64)
+    linked = prev >= 0
+    if (linked & ~has).any():
+        return False
+    after = prev[linked]
+    if not has[after].all() or (device[after] != device[linked]).any():
+        return False
+    heads = device[has & ~linked]
+    return bool(np.bincount(heads).max(initial=0) <= 1 and np.bincount(after).max(initial=0) <= 1)
+
+
 def _estimate_program(tg: TaskGraph, system: System, program, bottleneck: np.ndarray, latency: np.ndarray,
-                      incidence: tuple, report, wall: float) -> Estimate:
+                      incidence: tuple, report, wall: float, chained: bool = True) -> Estimate:
     """:func:`estimate` of a lowering's TaskGraph from its :class:`~marssim.taskprogram.TaskProgram`
     (its columns are not built): the same schedules over template rows (see
-    :mod:`._program_kernels`), the same arrays."""
+    :mod:`._program_kernels`), the same arrays. Where every GPU's kernels form one chain of
+    dependencies (``chained`` and :func:`_kernels_in_chains`), one pass gives both schedules."""
     from . import _program_kernels as K
 
     n = tg.n_tasks
@@ -311,17 +337,27 @@ def _estimate_program(tg: TaskGraph, system: System, program, bottleneck: np.nda
     max_succ = int(n_succ.max(initial=0))
     del n_succ
     report("durations", 0)
-    # the earliest schedule first: its arrays are gone before the list schedule's are made
-    cp_end, done = K.earliest_schedule(d_row, n_pred, max_succ, *walk)
-    if done != n:
-        raise ValueError(f"the task graph has a cycle ({n - done} tasks never become ready)")
-    critical = float(cp_end.max())
-    del cp_end
-    start, ready, end, done = K.list_schedule(d_row, dev_row, n_pred, len(used), per_dev, max_succ, *walk)
-    del n_pred
+    if chained and _kernels_in_chains(program, is_compute):
+        # no kernel ever waits for its GPU: the list schedule is the earliest schedule, each task
+        # ready when it starts, and its makespan the critical path (the same floats)
+        start, end, done = K.chained_schedule(d_row, n_pred, max_succ, *walk)
+        if done != n:
+            raise ValueError(f"the task graph has a cycle ({n - done} tasks never become ready)")
+        del n_pred
+        ready = start
+        makespan = critical = float(end.max())
+    else:
+        # the earliest schedule first: its arrays are gone before the list schedule's are made
+        cp_end, done = K.earliest_schedule(d_row, n_pred, max_succ, *walk)
+        if done != n:
+            raise ValueError(f"the task graph has a cycle ({n - done} tasks never become ready)")
+        critical = float(cp_end.max())
+        del cp_end
+        start, ready, end, done = K.list_schedule(d_row, dev_row, n_pred, len(used), per_dev, max_succ, *walk)
+        del n_pred
+        makespan = float(end.max())
     report("schedule", n)
     report("critical_path", n)
-    makespan = float(end.max())
     duration = program.take_rows(d_row)
     busy = np.zeros(n_nodes)
     for c in column_chunks(tg, ("kind", "device", "duration")):  # compute seconds per node, task after task

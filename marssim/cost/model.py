@@ -249,8 +249,16 @@ class DataflowCost:
         """Rows of the table whose device or file name equals ``name`` (lower case) and, for a
         ``stack``, measured on it or on an unknown stack (:meth:`KernelTable.for_stack`)."""
         table = self._load_table()
+        stems: dict[str, str] = {}  # per source: its file's name without suffix, lower case
+
+        def stem(source: str) -> str:
+            hit = stems.get(source)
+            if hit is None:
+                hit = stems[source] = Path(source.rsplit(":", 1)[0]).stem.lower()
+            return hit
+
         return tuple(r for r in table.rows
-                     if (r.device.lower() == name or Path(r.source.rsplit(":", 1)[0]).stem.lower() == name)
+                     if (r.device.lower() == name or stem(r.source) == name)
                      and (stack is None or r.stack in (stack, "")))
 
     def fits_for(self, device: str, peaks: dict[str, float] | None = None,

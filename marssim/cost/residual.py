@@ -224,9 +224,11 @@ def _square_distances(x: np.ndarray, start: np.ndarray | None = None) -> np.ndar
     """Squared Euclidean distances between the rows of ``x``, summed column by column (fixed
     order) onto a copy of ``start`` (the sum over earlier columns) when given."""
     d2 = np.zeros((len(x), len(x))) if start is None else start.copy()
+    diff = np.empty_like(d2)  # one buffer for every column's differences and their squares
     for j in range(x.shape[1]):
-        diff = x[:, j][:, None] - x[:, j][None, :]
-        d2 += diff * diff
+        np.subtract(x[:, j][:, None], x[:, j][None, :], out=diff)
+        np.multiply(diff, diff, out=diff)
+        d2 += diff
     return d2
 
 

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
+from marssim.lazymodule import lazy_module
 from marssim.system import System
 from marssim.taskgraph import COMPUTE, TaskGraph
 
@@ -26,6 +26,8 @@ from .report import group_table, op_device_table, op_table
 from .result import INTERVAL_COLUMNS, Result
 from .schedule import busy_time
 from .summary import steady_throughput
+
+pd = lazy_module("pandas")  # imported when a table is first built
 
 __all__ = ["Spill", "build_result", "interval_frame", "device_table", "link_table"]
 

@@ -36,14 +36,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-import pandas as pd
 
+from marssim.lazymodule import lazy_module
 from marssim.system import System
 from marssim.taskgraph import COMPUTE, OpInfo, TaskGraph
 
 from .aggregate import transfer_energy
 from .groups import layer_groups
 from .schedule import critical_path
+
+pd = lazy_module("pandas")  # imported when a table is first built
 
 __all__ = ["OP_COLUMNS", "GROUP_COLUMNS", "op_table", "group_table", "op_device_table", "format_layers"]
 

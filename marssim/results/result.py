@@ -28,11 +28,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
-
 from marssim.csvio import read_csv_exact
 from marssim.fsutil import staged_dir
+from marssim.lazymodule import lazy_module
 from marssim.units import fmt_bytes, fmt_rate, fmt_time
+
+pd = lazy_module("pandas")  # imported when a table is first built
 
 __all__ = ["Result", "INTERVAL_COLUMNS"]
 

@@ -16,10 +16,12 @@ Units: seconds, bytes, bytes/s.
 from __future__ import annotations
 
 import numpy as np
-import pandas as pd
 
+from marssim.lazymodule import lazy_module
 from marssim.system import System
 from marssim.taskgraph import COMPUTE, TaskGraph
+
+pd = lazy_module("pandas")  # imported when a table is first built
 
 __all__ = ["buffer_timeline", "flow_timeline"]
 

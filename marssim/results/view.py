@@ -13,9 +13,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-import pandas as pd
+from marssim.lazymodule import lazy_module
 
 from .result import Result
+
+pd = lazy_module("pandas")  # imported when a table is first built
 
 __all__ = ["MAX_ROWS", "shown_devices", "folded_view"]
 

@@ -11,8 +11,9 @@ Two evaluations per plan, both through :func:`marssim.plan.run` (or
   memory), a deployment's closed form (:mod:`marssim.serve.screen`).
 
 A :class:`Problem` (graph, system, cost model; for deployments the serving case: model, requests,
-seed, constraints, prices) is pickled once; each task sends only the bytes
-of the problem (unpickled once per worker process and kept) and its plans. Results come back
+seed, constraints, prices) is pickled once; the first batch's tasks send its bytes (unpickled
+once per worker process and kept) with their plans, later tasks its key alone (a worker without
+it asks for the bytes again). Results come back
 in order, so a search is deterministic whatever the executor and the number of workers. Any
 executor works: ``ProcessPoolExecutor``, ``ThreadPoolExecutor``, or a Dask cluster's
 ``Client.get_executor()``.
@@ -37,7 +38,7 @@ from marssim.plan import Plan, graph_for, plan_key
 from marssim.serve.case import CaseRun, ServeCase
 from marssim.serve.deployment import Deployment
 from marssim.system import System
-from marssim.workercache import pickled, worker_copy
+from marssim.workercache import Missing, pickled, worker_copy
 from marssim.workload import Graph
 
 __all__ = ["OBJECTIVES", "SERVING_OBJECTIVES", "RANK_DIGITS", "rank_value", "Problem", "Evaluation", "Evaluator",
@@ -311,29 +312,52 @@ def _simulate_chunk(args: tuple[str, bytes, list[Plan], int]) -> list[Evaluation
     from marssim.parallel.size import machine_memory
 
     key, blob, plans, share = args
-    problem, cache, graphs = _problem(key, blob)
+    got = _problem(key, blob)
+    if isinstance(got, Missing):
+        return got
+    problem, cache, graphs = got
     limit = machine_memory() / share
     return [simulate_plan(problem, p, cache, graphs, max_bytes=limit) for p in plans]
 
 
 def _estimate_chunk(args: tuple[str, bytes, list[Plan], int]) -> list[Evaluation]:
     key, blob, plans, _ = args
-    problem, cache, graphs = _problem(key, blob)
+    got = _problem(key, blob)
+    if isinstance(got, Missing):
+        return got
+    problem, cache, graphs = got
     return [screen_plan(problem, p, cache, graphs) for p in plans]
 
 
-def _chunks(items: list, parts: int) -> list[list]:
-    """``items`` dealt round-robin into at most ``parts`` chunks (neighbouring candidates, often
-    alike in cost, land in different chunks, which balances the workers)."""
+def _affinity(plan: Plan) -> tuple:
+    """What a worker builds once and reuses for ``plan``: for a parallel configuration, the model
+    graph prepared for its micro-batch, recomputation and context parallelism, then the rules of
+    its tensor, sequence and expert parallelism (() for other plans)."""
+    if isinstance(plan, ParallelConfig):
+        return (plan.micro_batch, plan.recompute, plan.cp, plan.sp, plan.tp, plan.ep, plan.etp, plan.text())
+    return ()
+
+
+def _chunks(items: list, parts: int) -> list[list[int]]:
+    """The indexes of ``items`` in at most ``parts`` chunks: parallel configurations sorted by
+    :func:`_affinity` and cut into runs of equal length (a worker then prepares the graphs and
+    rules of a few micro-batch sizes, not of all); other plans dealt round-robin (neighbouring
+    candidates, often alike in cost, land in different chunks, which balances the workers)."""
     parts = max(1, min(parts, len(items)))
-    return [items[i::parts] for i in range(parts)]
+    if all(isinstance(p, ParallelConfig) for p in items):
+        order = sorted(range(len(items)), key=lambda i: _affinity(items[i]))
+        bounds = [len(items) * k // parts for k in range(parts + 1)]
+        return [order[bounds[k]:bounds[k + 1]] for k in range(parts)]
+    return [list(range(i, len(items), parts)) for i in range(parts)]
 
 
-def _unchunk(chunks: list[list]) -> list:
-    """The inverse of :func:`_chunks`: the items in their original order."""
-    out = []
-    for i in range(max((len(c) for c in chunks), default=0)):
-        out.extend(c[i] for c in chunks if i < len(c))
+def _unchunk(chunks: list[list[int]], outs: list[list], n: int) -> list:
+    """The inverse of :func:`_chunks`: every chunk's results (``outs``) at their items'
+    indexes, ``n`` in all."""
+    out: list = [None] * n
+    for idx, results in zip(chunks, outs):
+        for i, r in zip(idx, results):
+            out[i] = r
     return out
 
 
@@ -344,8 +368,9 @@ class Evaluator:
     ``executor``: any ``concurrent.futures.Executor`` (None: evaluate in this process). A batch
     is dealt into ``chunks_per_worker`` chunks per worker (``workers``: how many the executor
     runs at once; read from the executor when not given, see
-    :func:`~marssim.search.parallel.executor_parallelism`), each carrying the pickled problem, so
-    per-task overheads do not dominate small simulations; a batch of long simulations (the best
+    :func:`~marssim.search.parallel.executor_parallelism`; parallel configurations grouped by the
+    graph and rules they share, :func:`_chunks`), so per-task overheads do not dominate small
+    simulations; a batch of long simulations (the best
     configurations of a generation) is dealt one per task, side by side. Results come back in the
     order given, whatever the executor. Counters: ``simulations`` and ``estimates`` run (cache
     misses), ``cache_hits``, ``sim_seconds`` (the simulations' own wall time, summed where they
@@ -363,6 +388,7 @@ class Evaluator:
     _sim: dict[str, Evaluation] = field(default_factory=dict, repr=False)
     _est: dict[str, Evaluation] = field(default_factory=dict, repr=False)
     _plans: dict[str, Plan] = field(default_factory=dict, repr=False)
+    _shipped: bool = field(default=False, repr=False)  # a batch has gone out with the problem's bytes
 
     def __post_init__(self) -> None:
         self._key, self._blob = pickled(self.problem)
@@ -389,16 +415,29 @@ class Evaluator:
                 todo[k] = p
         if todo:
             pending = list(todo.values())
-            if self.executor is None or len(pending) == 1:
+            if self.executor is None:
                 outs = fn((self._key, self._blob, pending, self.parallelism))
             else:
-                parts = _chunks(pending, per_worker * self.parallelism)
-                outs = _unchunk(list(self.executor.map(fn, [(self._key, self._blob, c, self.parallelism)
-                                                            for c in parts])))
+                chunks = _chunks(pending, per_worker * self.parallelism)
+                outs = _unchunk(chunks, self._map(fn, [[pending[i] for i in c] for c in chunks]), len(pending))
             for k, out in zip(todo, outs):
                 cache[k] = out
                 self._plans.setdefault(k, todo[k])
         return [cache[k] for k in keys], len(todo)
+
+    def _map(self, fn, parts: list[list[Plan]]) -> list:
+        """``fn`` of every part on the executor, in order. After the first batch the tasks carry
+        the problem's key alone; a worker without the problem (new, or one that dropped it)
+        answers :class:`~marssim.workercache.Missing` and gets its part again with the bytes."""
+        blob = None if self._shipped else self._blob
+        outs = list(self.executor.map(fn, [(self._key, blob, c, self.parallelism) for c in parts]))
+        self._shipped = True
+        again = [i for i, out in enumerate(outs) if isinstance(out, Missing)]
+        if again:
+            redone = self.executor.map(fn, [(self._key, self._blob, parts[i], self.parallelism) for i in again])
+            for i, out in zip(again, redone):
+                outs[i] = out
+        return outs
 
     def simulate(self, plans: Sequence[Plan], *, side_by_side: bool = False) -> list[Evaluation]:
         """Simulated evaluations, in the order given. ``side_by_side``: one plan per task (long

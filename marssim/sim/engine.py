@@ -20,11 +20,11 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
-import pandas as pd
 import simpy
 
 from marssim.errors import CapacityError
 from marssim.gcpause import gc_paused
+from marssim.lazymodule import lazy_module
 from marssim.system import System
 from marssim.taskgraph import COMPUTE, TaskGraph
 from marssim.results.build import Spill, build_result
@@ -34,6 +34,8 @@ from .fast import Progress  # noqa: F401  (the progress callback type)
 from .memory import POLICIES, MemoryPool
 from .network import FairShareNetwork
 from marssim.results.result import Result
+
+pd = lazy_module("pandas")  # imported when a table is first built
 
 __all__ = ["simulate", "simulate_summary", "simulate_schedule", "Schedule", "setup_time", "ENGINES"]
 

@@ -17,14 +17,16 @@ import time
 from collections.abc import Callable
 
 import numpy as np
-import pandas as pd
 
 from marssim.errors import CapacityError
+from marssim.lazymodule import lazy_module
 from marssim.results.build import build_result
 from marssim.results.result import Result
 from marssim.results.summary import Summary, summarise
 from marssim.system import System
 from marssim.taskgraph import COMPUTE, TaskGraph
+
+pd = lazy_module("pandas")  # imported when a table is first built
 
 __all__ = ["available", "usable", "run_compiled", "Progress"]
 

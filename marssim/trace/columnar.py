@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from marssim.csvio import EXACT_FLOATS
+from marssim.csvio import exact_floats
 from marssim.errors import InputError
 from marssim.fsutil import atomic_file
 from marssim.results.result import INTERVAL_COLUMNS
@@ -78,7 +78,7 @@ def import_intervals(path: str | Path) -> pd.DataFrame:
         table = pd.read_parquet(path, engine="pyarrow")
     else:
         table = pd.read_csv(path, dtype={c: str for c in _TEXT}, keep_default_na=False,
-                            na_values={"energy_j": ["", "nan", "NaN"]}, **EXACT_FLOATS)
+                            na_values={"energy_j": ["", "nan", "NaN"]}, **exact_floats())
     missing = [c for c in TABLE_COLUMNS if c not in table.columns]
     if missing:
         raise InputError(str(path), "columns", f"missing {', '.join(missing)}; expected a file written by "
