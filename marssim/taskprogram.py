@@ -256,7 +256,7 @@ class TaskProgram:
         src_row = self.tpl_start[tpl_of_row[row_of_edge]] + self.ipred.astype(np.int64) if len(row_of_edge) else \
             np.zeros(0, dtype=np.int64)
         dst_rel = row_of_edge - self.tpl_start[tpl_of_row[row_of_edge]] if len(row_of_edge) else row_of_edge
-        order = np.lexsort((dst_rel, src_row))
+        order = np.argsort(src_row, kind="stable")  # by source row, then target (edges ascend by target)
         isucc = dst_rel[order].astype(np.int32)
         isucc_ptr = np.zeros(rows + 1, dtype=np.int64)
         np.cumsum(np.bincount(src_row, minlength=rows), out=isucc_ptr[1:])
@@ -298,7 +298,8 @@ class TaskProgram:
                 ptr = np.zeros(size + 1, dtype=np.int64)
                 np.cumsum(counts, out=ptr[1:])
                 rev_ptr_parts.append(ptr + at)
-                ordr = np.lexsort((my_rels, r_rels[mine])) if tt >= 0 else np.zeros(0, dtype=np.int64)
+                # by target row, then reading row: a stable sort by target row (my_rels ascend)
+                ordr = np.argsort(r_rels[mine], kind="stable") if tt >= 0 else np.zeros(0, dtype=np.int64)
                 rev_rel_parts.append(my_rels[ordr].astype(np.int32))
                 at += int(counts.sum())
                 rev_base[gg + 1] = size + 1

@@ -267,6 +267,7 @@ class _Template:
     prev_compute: int = -1  # the kernel before the last one
     arrays: dict[str, np.ndarray] | None = None
     n_rows: int = 0  # once built (its rows then held as arrays, see _freeze)
+    runs: list[tuple[int, int]] = field(default_factory=list)  # (first, count): rows copying the row before first
 
     def __len__(self) -> int:
         return self.n_rows if self.preds is None else len(self.preds)
@@ -298,6 +299,7 @@ class _Lowering:
         self.route_id: dict[tuple, int] = {}
         self._hops: dict[tuple, Hop] = {}  # hop()'s memo
         self.groups: dict[tuple[int, str], list[int]] = {}  # _Builder._group's memo
+        self.group_names: dict[tuple[int, str], tuple[str, ...]] = {}  # the names of its GPUs
         self.memo: dict[tuple, object] = {}  # the closed-form screen's memo (.analytic), by named keys
         self.templates: dict[tuple[int, tuple], _Template] = {}
         # shard timings by (op, design, split) and the cost model that timed them: shared by every
@@ -600,6 +602,7 @@ class _Builder:
         for name, col in c.items():
             col.extend([col[first]] * count)
         t.preds.extend(itertools.repeat(_AFTER_PREVIOUS, count))
+        t.runs.append((first + 1, count))
         # the references to prv_rep's steps, as one entry (expanded by _template_edges)
         t.ext.append((first + 1, ("steps", count, prv_rep, self.key)))
         return first + count
@@ -655,8 +658,10 @@ class _Builder:
     # ------------------------------------------------------------------ collectives
     def _collective(self, kind: str, group: str, pattern: str, nbytes: float, op: str, steps: int,
                     algorithm: str = "ring") -> int:
-        members = self._group(pattern)
-        coll = Collective(kind, algorithm, tuple(self.node_names[g] for g in members), float(nbytes), op, steps, group)
+        names = self.low.group_names.get((self.rep, pattern))
+        if names is None:
+            names = self.low.group_names[(self.rep, pattern)] = tuple(self.node_names[g] for g in self._group(pattern))
+        coll = Collective(kind, algorithm, names, float(nbytes), op, steps, group)
         self.t.colls.append(coll)
         return len(self.t.colls) - 1
 
@@ -857,7 +862,7 @@ class _Builder:
             t.send_wait = self._row(COMPUTE, self.rep, 0.0, -1, -1, 0.0, -1, 0.0, 0.0, -1, 0.0,
                                     low.op_index[low.unit_ops[self.key][-1].name], -1, (self.me(t.last_compute),))
             t.prev_compute, t.last_compute = t.last_compute, t.send_wait
-        t.arrays = {name: np.asarray(t.cols[name], dtype=dtype) for name, dtype in _COLUMNS.items()}
+        t.arrays = {name: _column_array(t.cols[name], dtype, t.runs) for name, dtype in _COLUMNS.items()}
         _freeze(t)
         return t
 
@@ -1201,35 +1206,71 @@ def _parameters(low: _Lowering) -> None:
         low.opt_params[low.t.layers] = low.opt_params.get(low.t.layers, 0) + low.word_embedding_params
 
 
+def _segments(n: int, runs: list[tuple[int, int]]):
+    """Rows ``0..n`` as ``(start, stop, run)`` in order: the rows between runs (``run`` False)
+    and each run of copied rows (``run`` True)."""
+    at = 0
+    for first, count in runs:
+        if first > at:
+            yield at, first, False
+        yield first, first + count, True
+        at = first + count
+    if n > at:
+        yield at, n, False
+
+
+def _column_array(values: list, dtype, runs: list[tuple[int, int]]) -> np.ndarray:
+    """``values`` as an array of ``dtype``: a run's rows (copies of the row before it) filled
+    without reading them one by one."""
+    if not runs:
+        return np.asarray(values, dtype=dtype)
+    out = np.empty(len(values), dtype=dtype)
+    for a, b, run in _segments(len(values), runs):
+        out[a:b] = values[a] if run else np.asarray(values[a:b], dtype=dtype)
+    return out
+
+
 def _freeze(tpl: _Template) -> None:
     """A built template's rows as arrays only: its predecessors in the unit (per row, how many;
-    the rows they are, row after row; :data:`_AFTER_PREVIOUS`: the row before it); the lists it
-    was built in are dropped."""
+    the rows they are, row after row; :data:`_AFTER_PREVIOUS`: the row before it, a run of them
+    filled at once); the lists it was built in are dropped."""
     preds = tpl.preds
-    counts = np.fromiter((1 if ps is _AFTER_PREVIOUS else len(ps) for ps in preds), dtype=np.int64, count=len(preds))
-    tpl.n_rows = len(preds)
-    tpl.pred_counts = counts
-    tpl.edge_src = np.fromiter((p for rel, ps in enumerate(preds)
-                                for p in ((rel - 1,) if ps is _AFTER_PREVIOUS else ps)),
-                               dtype=np.int64, count=int(counts.sum()))
+    n = len(preds)
+    counts_parts, src_parts = [], []
+    for a, b, run in _segments(n, tpl.runs):
+        if run:
+            counts_parts.append(np.ones(b - a, dtype=np.int64))
+            src_parts.append(np.arange(a - 1, b - 1, dtype=np.int32))
+            continue
+        part = preds[a:b]
+        c = np.fromiter((1 if ps is _AFTER_PREVIOUS else len(ps) for ps in part), dtype=np.int64, count=b - a)
+        counts_parts.append(c)
+        src_parts.append(np.fromiter((p for rel, ps in enumerate(part, a)
+                                      for p in ((rel - 1,) if ps is _AFTER_PREVIOUS else ps)),
+                                     dtype=np.int32, count=int(c.sum())))
+    tpl.n_rows = n
+    tpl.pred_counts = np.concatenate(counts_parts) if counts_parts else np.zeros(0, dtype=np.int64)
+    tpl.edge_src = np.concatenate(src_parts) if src_parts else np.zeros(0, dtype=np.int32)  # rels in the unit
     tpl.preds = None
     tpl.cols = None
+    tpl.runs = []
 
 
 def _template_edges(tpl: _Template) -> None:
     """Precompute a template's references grouped by target unit (a ring's repeated steps, one
-    ``("steps", count, rep, key)`` entry, expanded: row ``r`` reads row ``r - 1`` of ``rep``)."""
+    ``("steps", count, rep, key)`` entry, expanded: row ``r`` reads row ``r - 1`` of ``rep``); rows
+    as int32, as the program keeps them."""
     groups: dict[tuple, tuple[list, list, list, list]] = {}  # key -> (parts, parts read, rows, rows read)
     for rel, ref in tpl.ext:
         if ref[0] == "steps":
             _, count, r_rep, r_key = ref
             parts, parts_read, rows, rows_read = groups.setdefault((r_rep, r_key, "same"), ([], [], [], []))
             if rows:
-                parts.append(np.asarray(rows, dtype=np.int64))
-                parts_read.append(np.asarray(rows_read, dtype=np.int64))
+                parts.append(np.asarray(rows, dtype=np.int32))
+                parts_read.append(np.asarray(rows_read, dtype=np.int32))
                 rows.clear()
                 rows_read.clear()
-            steps = np.arange(rel, rel + count, dtype=np.int64)
+            steps = np.arange(rel, rel + count, dtype=np.int32)
             parts.append(steps)
             parts_read.append(steps - 1)
             continue
@@ -1240,8 +1281,8 @@ def _template_edges(tpl: _Template) -> None:
     out = []
     for k, (parts, parts_read, rows, rows_read) in groups.items():
         if rows:
-            parts.append(np.asarray(rows, dtype=np.int64))
-            parts_read.append(np.asarray(rows_read, dtype=np.int64))
+            parts.append(np.asarray(rows, dtype=np.int32))
+            parts_read.append(np.asarray(rows_read, dtype=np.int32))
         out.append((k, np.concatenate(parts), np.concatenate(parts_read)))
     tpl.ext_groups = out
 
@@ -1319,30 +1360,42 @@ def _program(low: _Lowering, order: list[tuple[int, tuple[int, str], int]]) -> T
     sizes = np.asarray([len(t) for t in templates], dtype=np.int64)
     tpl_start = np.zeros(len(templates) + 1, dtype=np.int64)
     np.cumsum(sizes, out=tpl_start[1:])
-    rows = {name: (np.concatenate([t.arrays[name] for t in templates]) if templates else np.zeros(0, dtype=dtype))
-            for name, dtype in _COLUMNS.items()}
+    # each template's arrays are dropped once copied (a lowering whose units run once holds its
+    # tasks twice otherwise)
+    rows = {}
+    for name, dtype in _COLUMNS.items():
+        rows[name] = np.concatenate([t.arrays[name] for t in templates]) if templates else np.zeros(0, dtype=dtype)
+        for t in templates:
+            del t.arrays[name]
     n_ipred = np.concatenate([t.pred_counts for t in templates]) \
         if templates else np.zeros(0, dtype=np.int64)
     ipred_ptr = np.zeros(len(n_ipred) + 1, dtype=np.int64)
     np.cumsum(n_ipred, out=ipred_ptr[1:])
-    ipred = np.concatenate([t.edge_src for t in templates]).astype(np.int32) if templates else np.zeros(0, np.int32)
+    ipred = np.concatenate([t.edge_src for t in templates]) if templates else np.zeros(0, np.int32)
+    for t in templates:
+        t.pred_counts = t.edge_src = None
     # references: per row, (group, row read) in group order; the groups of each template
     tpl_index = {key: j for j, key in enumerate(inst.keys)}
-    x_rows, x_group, x_rel, x_seq = [], [], [], []
+    x_rows, x_group, x_rel = [], [], []
     grp_start = np.zeros(len(templates) + 1, dtype=np.int64)
     grp_keys: list[tuple] = []
     for j, tpl in enumerate(templates):
         for g, (key, rels, r_rels) in enumerate(tpl.ext_groups):
-            x_rows.append(rels + tpl_start[j])
-            x_group.append(np.full(len(rels), g, dtype=np.int64))
+            x_rows.append(rels + np.int32(tpl_start[j]))
+            x_group.append(np.full(len(rels), g, dtype=np.int32))
             x_rel.append(r_rels)
-            x_seq.append(np.arange(len(rels), dtype=np.int64))
             grp_keys.append(key)
         grp_start[j + 1] = grp_start[j] + len(tpl.ext_groups)
+        tpl.ext_groups = [(key, None, None) for key, _, _ in tpl.ext_groups]  # copied; its keys kept
     if x_rows:
-        xr, xg, xl, xs = (np.concatenate(a) for a in (x_rows, x_group, x_rel, x_seq))
-        order_x = np.lexsort((xs, xg, xr))
+        xr, xg, xl = (np.concatenate(a) for a in (x_rows, x_group, x_rel))
+        del x_rows, x_group, x_rel
+        # by row, then group, then order within the group: a stable sort by (row, group), as each
+        # (row, group) belongs to one group's references, listed in their order
+        width = int(np.diff(grp_start).max()) + 1
+        order_x = np.argsort(xr.astype(np.int64) * width + xg, kind="stable")
         xr, xg, xl = xr[order_x], xg[order_x], xl[order_x]
+        del order_x
     else:
         xr = xg = xl = np.zeros(0, dtype=np.int64)
     xref_ptr = np.zeros(len(n_ipred) + 1, dtype=np.int64)
@@ -1362,7 +1415,7 @@ def _program(low: _Lowering, order: list[tuple[int, tuple[int, str], int]]) -> T
     np.cumsum(n_groups[inst.tpl], out=inst_gstart[1:])
     return TaskProgram(
         rows=rows, tpl_start=tpl_start, ipred_ptr=ipred_ptr, ipred=ipred, xref_ptr=xref_ptr,
-        xref_group=xg.astype(np.int32), xref_rel=xl.astype(np.int32), grp_start=grp_start, grp_lastkernel=lastkernel,
+        xref_group=xg.astype(np.int32, copy=False), xref_rel=xl.astype(np.int32, copy=False), grp_start=grp_start, grp_lastkernel=lastkernel,
         grp_target_tpl=target_tpl, first_compute=first, last_compute=last,
         tpl_colls=tuple(tuple(t.colls) for t in templates), inst_tpl=inst.tpl.astype(np.int32),
         inst_mb=inst.mb.astype(np.int32), inst_base=inst.base, inst_coll=inst.coll, inst_gstart=inst_gstart,
