@@ -36,7 +36,7 @@ import functools
 import itertools
 
 import weakref
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -1172,8 +1172,9 @@ def lowered_size(low: _Lowering, order: list[tuple[int, tuple[int, str], int]]) 
         kind = (low.place.stage(rep), low.fold.size(rep))
         n = sized.get(kind)
         if n is None:
-            n = sized[kind] = (sum(len(low.template(rep, key)) for key in keys),
-                               sum(len(low.template(rep, key)) for key in dict.fromkeys(keys)))
+            uses = Counter(keys)  # each unit's instances (one per micro-batch)
+            n = sized[kind] = (sum(len(low.template(rep, key)) * count for key, count in uses.items()),
+                               sum(len(low.template(rep, key)) for key in uses))
         tasks += n[0]
         rows += n[1]
     return SizeEstimate(len(low.place.gpus), len(low.fold.members), tasks, rows)
