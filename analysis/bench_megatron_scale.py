@@ -261,18 +261,55 @@ def exponents(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
+def markdown(rows: list[dict]) -> str:
+    """The two tables of README and docs/parallelism.md: per Table 1 model its micro-batch 2,
+    1F1B, full-recomputation row and its slowest variant (simulation; estimate), then the ZeRO-3
+    and the largest runs."""
+    def ok(r, part):
+        return part in r and "wall_s" in r[part] and "refused" not in r[part] and "error" not in r[part]
+
+    lines = ["| model | GPUs | tasks | classes | simulate s | RSS MiB | estimate s | RSS MiB | screen ms | slowest of "
+             "the 8 variants: simulate s / RSS MiB, estimate s / RSS MiB |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for name, *_ in NARAYANAN:
+        mine = [r for r in rows if r.get("group") == "narayanan" and r["model"] == name and ok(r, "sim")]
+        base = next((r for r in mine if (r["micro"], r["schedule"], r["recompute"]) == (2, "1f1b", "full")), None)
+        if base is None or not ok(base, "estimate"):
+            continue
+        sim = max(mine, key=lambda r: r["sim"]["wall_s"])
+        est = max((r for r in mine if ok(r, "estimate")), key=lambda r: r["estimate"]["wall_s"])
+        lines.append(f"| {name} | {base['gpus']:,} | {base['sim']['tasks']:,} | {base['sim']['classes']} | "
+                     f"{base['sim']['wall_s']:.1f} | {base['sim']['rss_mib']:.0f} | {base['estimate']['wall_s']:.1f} | "
+                     f"{base['estimate']['rss_mib']:.0f} | {base['screen']['screen_ms']:.1f} | "
+                     f"{sim['sim']['wall_s']:.1f} / {sim['sim']['rss_mib']:.0f}, "
+                     f"{est['estimate']['wall_s']:.1f} / {est['estimate']['rss_mib']:.0f} |")
+    lines += ["", "| ZeRO-3 and the largest runs | GPUs | tasks | classes | simulate s | RSS MiB | estimate s | RSS MiB "
+              "| screen ms |", "|---|---|---|---|---|---|---|---|---|"]
+    labels = {"llama3": "Llama-3 405B (tp 8, pp 16, dp 128, seq 8192), DGX H100",
+              "gpt3-11616": "GPT-3 175B (tp 4, pp 6, interleaved 8, dp 484, sp, ZeRO-1), DGX H100"}
+    for r in rows:
+        if r.get("group") not in ("zero3", "llama3", "gpt3-11616") or not ok(r, "sim") or not ok(r, "estimate"):
+            continue
+        label = labels.get(r["group"], f"{r['model']} ZeRO-3, micro-batch {r['micro']}")
+        lines.append(f"| {label} | {r['gpus']:,} | {r['sim']['tasks']:,} | {r['sim']['classes']} | "
+                     f"{r['sim']['wall_s']:.1f} | {r['sim']['rss_mib']:.0f} | {r['estimate']['wall_s']:.1f} | "
+                     f"{r['estimate']['rss_mib']:.0f} | {r['screen']['screen_ms']:.1f} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--only", default="", help="run only the cases whose model or group contains this")
     ap.add_argument("--out", default=str(OUT))
     ap.add_argument("--table", action="store_true", help="print the table from --out without running")
+    ap.add_argument("--markdown", action="store_true",
+                    help="print README's and docs/parallelism.md's tables from --out without running")
     ap.add_argument("--parts", default="sim,estimate,screen",
                     help="what to measure (a configuration's other parts are kept from earlier runs in --out)")
     args = ap.parse_args()
     parts = args.parts.split(",")
     out = pathlib.Path(args.out)
-    if not args.table:
+    if not (args.table or args.markdown):
         with out.open("a") as f:
             f.write(json.dumps({"machine": f"{platform.machine()}, {os.cpu_count()} cores, Python "
                                            f"{platform.python_version()}, {platform.processor() or ''}"}) + "\n")
@@ -295,6 +332,9 @@ def main() -> None:
             continue
         key = (r["system"], r["workload"], r["config"])
         rows[key] = {**rows.get(key, {}), **r}  # each part from the latest run that measured it
+    if args.markdown:
+        print(markdown(list(rows.values())))
+        return
     print(f"\nmachine: {machine}; every case in a fresh process pinned to one core")
     print(table(list(rows.values())))
     print("sim s / est s: wall time of lowering + simulation / + estimate (cpu s: user + sys), RSS: peak resident "

@@ -190,6 +190,13 @@ def _history(result):
     return result.history.drop(columns=["wall_s"]).to_dict("list")
 
 
+def _candidates(result):
+    """Every plan met, in order, with what its screen and its simulation gave."""
+    def of(e):
+        return None if e is None else (e.makespan, e.throughput, e.feasible, e.error)
+    return [(c.plan.text(), of(c.screened), of(c.simulated)) for c in result.candidates]
+
+
 def test_same_seed_same_search_on_one_or_two_workers_and_dask(mixed_case, cost) -> None:
     graph, system = mixed_case
     settings = LLMSearchSettings(max_simulations=5, generations=3, seed=3)
@@ -198,6 +205,9 @@ def test_same_seed_same_search_on_one_or_two_workers_and_dask(mixed_case, cost) 
         two = mars_llm(graph, system, cost, settings, executor=pool)
     assert two.best == serial.best and two.makespan == serial.makespan
     assert _history(two) == _history(serial)
+    # the workers simulate while the next generation is screened: the same plans evaluated
+    assert (two.simulations, two.estimates) == (serial.simulations, serial.estimates)
+    assert _candidates(two) == _candidates(serial)
     distributed = pytest.importorskip("distributed")
     with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None) as lc, \
             distributed.Client(lc) as client:

@@ -88,6 +88,36 @@ def test_a_worker_without_the_problem_gets_it_again():
     assert [e.makespan for e in first + second] == reference
 
 
+def test_simulations_in_flight_settle_in_order_as_waited_for_ones():
+    """simulate_soon submits without waiting (counted at once, each plan once); settle_next
+    gives each batch's evaluations in the order asked, the same as simulate's, and caches them
+    in submission order."""
+    import numpy as np
+
+    graph, sys_ = chain(), system(3)
+    space = MappingSpace(graph, sys_)
+    rng = np.random.default_rng(2)
+    mappings = [space.decode(space.random(rng)) for _ in range(6)]
+    serial = Evaluator(Problem(graph, sys_, COST))
+    reference = [serial.simulate(mappings[:4]), serial.simulate(mappings[2:])]
+    with ThreadPoolExecutor(2) as pool:
+        ev = Evaluator(Problem(graph, sys_, COST), pool)
+        ev.simulate_soon(mappings[:4])
+        ev.simulate_soon(mappings[2:])  # two of them already in flight: not submitted again
+        assert ev.simulations == 6 and ev.in_flight(mappings[5]) and ev.known(mappings[0]) is not None
+        assert not ev._in_flight  # known() waited for everything in flight
+        assert (ev.soon_batches, ev.settled_batches) == (2, 2)
+    with ThreadPoolExecutor(2) as pool:
+        ev = Evaluator(Problem(graph, sys_, COST), pool)
+        ev.simulate_soon(mappings[:4])
+        ev.simulate_soon(mappings[2:])
+        got = [ev.settle_next(), ev.settle_next(), ev.settle_next()]
+    assert got[2] is None
+    for (plans, evals), ref, asked in zip(got, reference, (mappings[:4], mappings[2:])):
+        assert plans == asked and [e.makespan for e in evals] == [e.makespan for e in ref]
+    assert [p.key for p, _ in ev.simulated_plans()] == [p.key for p, _ in serial.simulated_plans()]
+
+
 def test_process_pool_gives_the_serial_search(serial):
     graph, sys_, expected = serial
     with ProcessPoolExecutor(2) as pool:

@@ -25,6 +25,7 @@ import itertools
 import math
 import pickle
 import time
+from typing import Any
 from collections.abc import Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
@@ -389,6 +390,10 @@ class Evaluator:
     _est: dict[str, Evaluation] = field(default_factory=dict, repr=False)
     _plans: dict[str, Plan] = field(default_factory=dict, repr=False)
     _shipped: bool = field(default=False, repr=False)  # a batch has gone out with the problem's bytes
+    # batches of simulations submitted and not yet settled, oldest first: (plans asked, futures by key)
+    _in_flight: list[tuple[list[Plan], dict[str, Any]]] = field(default_factory=list, repr=False)
+    soon_batches: int = 0  # batches of simulate_soon submitted
+    settled_batches: int = 0  # of them, settled
 
     def __post_init__(self) -> None:
         self._key, self._blob = pickled(self.problem)
@@ -441,7 +446,10 @@ class Evaluator:
 
     def simulate(self, plans: Sequence[Plan], *, side_by_side: bool = False) -> list[Evaluation]:
         """Simulated evaluations, in the order given. ``side_by_side``: one plan per task (long
-        simulations, spread over the workers as evenly as they come)."""
+        simulations, spread over the workers as evenly as they come). Simulations in flight
+        (:meth:`simulate_soon`) are settled first."""
+        if self._in_flight:
+            self.settle()
         before = len(self._sim)
         t0 = time.perf_counter()
         out, n = self._run(_simulate_chunk, plans, self._sim, 1 if side_by_side else self.chunks_per_worker)
@@ -459,8 +467,67 @@ class Evaluator:
         self.estimates += n
         return out
 
+    def simulate_soon(self, plans: Sequence[Plan]) -> None:
+        """Simulations of ``plans`` submitted side by side without waiting for them (simulated
+        at once without an executor): they count in ``simulations`` now, and join the cache, in
+        the order submitted, when :meth:`settle_next` or :meth:`settle` takes them (a search
+        screens its next generation meanwhile, on the workers the shorter ones free)."""
+        if self.executor is None:
+            self.simulate(plans, side_by_side=True)
+            self.soon_batches += 1
+            self.settled_batches += 1
+            return
+        futures: dict[str, Any] = {}
+        for p in plans:
+            k = plan_key(p)
+            if k in self._sim or self.in_flight(p):
+                self.cache_hits += 1  # as simulate() counts it, the batches before settled
+                continue
+            if k in futures:
+                continue
+            blob = None if self._shipped else self._blob
+            futures[k] = (p, self.executor.submit(_simulate_chunk, (self._key, blob, [p], self.parallelism)))
+            self._shipped = True
+        self.simulations += len(futures)
+        self._in_flight.append((list(plans), futures))
+        self.soon_batches += 1
+
+    def in_flight(self, plan: Plan) -> bool:
+        """Whether ``plan``'s simulation was submitted and not yet settled."""
+        k = plan_key(plan)
+        return any(k in futures for _, futures in self._in_flight)
+
+    def simulated_or_in_flight(self, plan: Plan) -> bool:
+        """Whether ``plan`` was simulated, or its simulation is in flight (without waiting)."""
+        return plan_key(plan) in self._sim or self.in_flight(plan)
+
+    def settle_next(self) -> tuple[list[Plan], list[Evaluation]] | None:
+        """The oldest batch of :meth:`simulate_soon` waited for and cached: its plans and their
+        evaluations, in the order asked (None when nothing is in flight)."""
+        if not self._in_flight:
+            return None
+        plans, futures = self._in_flight.pop(0)
+        self.settled_batches += 1
+        t0 = time.perf_counter()
+        for k, (p, future) in futures.items():
+            out = future.result()
+            if isinstance(out, Missing):  # a worker without the problem: again, with its bytes
+                out = self.executor.submit(_simulate_chunk, (self._key, self._blob, [p], self.parallelism)).result()
+            self._sim[k] = out[0]
+            self._plans.setdefault(k, p)
+            self.sim_seconds += out[0].wall_s
+        self.wait_s["simulate"] += time.perf_counter() - t0
+        return plans, [self._sim[plan_key(p)] for p in plans]
+
+    def settle(self) -> None:
+        """Every batch in flight waited for and cached, oldest first."""
+        while self.settle_next() is not None:
+            pass
+
     def known(self, plan: Plan) -> Evaluation | None:
-        """The cached simulated evaluation of ``plan``, if any."""
+        """The cached simulated evaluation of ``plan``, if any (waiting for it when in flight)."""
+        if self.in_flight(plan):
+            self.settle()
         return self._sim.get(plan_key(plan))
 
     def screened(self, plan: Plan) -> Evaluation | None:
@@ -468,7 +535,10 @@ class Evaluator:
         return self._est.get(plan_key(plan))
 
     def simulated_plans(self) -> list[tuple[Plan, Evaluation]]:
-        """Every plan simulated so far with its evaluation, in the order they were simulated."""
+        """Every plan simulated so far with its evaluation, in the order they were simulated
+        (those in flight waited for)."""
+        if self._in_flight:
+            self.settle()
         return [(self._plans[k], e) for k, e in self._sim.items()]
 
     def screened_plans(self) -> list[tuple[Plan, Evaluation]]:

@@ -18,8 +18,11 @@ carried to the question Megatron-LM users settle by hand:
 
 Every candidate is first *screened* in closed form (:mod:`marssim.parallel.analytic`, a few ms;
 memory-infeasible ones rejected there and counted) and the ``simulate_top`` best screened
-candidates of each generation are *simulated*, side by side on the executor; the search returns
-the best simulated configuration. It is seeded with the best configurations of the baseline,
+candidates of each generation are *simulated*, side by side on the executor, while the next
+generation is screened on the workers the shorter ones free (nothing the search decides reads a
+simulation before the stopping rule of its generation needs it; see
+:meth:`~marssim.search.evaluate.Evaluator.simulate_soon`); the search returns the best simulated
+configuration. It is seeded with the best configurations of the baseline,
 the exhaustive grid of uniform Megatron-legal configurations ranked by the same screen
 (:func:`megatron_grid`), so it never returns a worse one. The loop, the evaluator, the result
 and Ctrl-C are those of every search (:mod:`marssim.search.skeleton`); this module is the
@@ -363,18 +366,20 @@ class _LLMStrategy:
 
     def simulate(self, configs: Sequence[ParallelConfig]) -> None:
         """Simulate the configurations not simulated yet that fit, side by side, within the
-        budget of simulations."""
-        todo = [c for c in dict.fromkeys(configs) if self.ev.known(c) is None
+        budget of simulations, without waiting for them (:meth:`Evaluator.simulate_soon`: the
+        search screens on while they run; nothing it decides reads them before the history row
+        of their generation, which waits for them)."""
+        todo = [c for c in dict.fromkeys(configs) if not self.ev.simulated_or_in_flight(c)
                 and (self.ev.screened(c) is None or self.ev.screened(c).feasible)]
         todo = todo[:max(0, self.settings.max_simulations - self.ev.simulations)]
         if todo:
-            self.ev.simulate(todo, side_by_side=True)
+            self.ev.simulate_soon(todo)
 
     def best_screened(self, n: int, exclude_simulated: bool = True) -> list[ParallelConfig]:
         ranked = []
         for cfg, e in self.ev.screened_plans():
             f = self.fitness(e)
-            if math.isfinite(f) and (not exclude_simulated or self.ev.known(cfg) is None):
+            if math.isfinite(f) and (not exclude_simulated or not self.ev.simulated_or_in_flight(cfg)):
                 ranked.append((rank_value(f), cfg.text(), cfg))
         return [c for _, _, c in sorted(ranked, key=lambda x: x[:2])[:n]]
 
@@ -386,7 +391,7 @@ class _LLMStrategy:
             self.screen(megatron_grid(self.space))
             seeds = self.best_screened(self.settings.grid_simulate, exclude_simulated=False)
             self.simulate(seeds)
-            seeds = [c for c in seeds if self.ev.known(c) is not None]
+            seeds = [c for c in seeds if self.ev.simulated_or_in_flight(c)]
         population = [self.genome_of(cfg) for cfg in seeds]
         while len(population) < self.settings.population:
             population.append(self.random_level1())

@@ -11,7 +11,10 @@ genome and the level-2 strategy differ between the two; this module holds what i
 * per generation: the strategy's level 2 over the population (:meth:`Strategy.evaluate`), one
   history row, the progress callback, and the stopping rules: ``generations``, ``patience``
   generations without improvement, budgets in simulations and in evaluations (simulations and
-  screens), a wall-time limit; then the next generation (:meth:`Strategy.breed`);
+  screens), a wall-time limit; then the next generation (:meth:`Strategy.breed`). Simulations a
+  strategy leaves in flight (:meth:`~.evaluate.Evaluator.simulate_soon`) are waited for only
+  where the stopping rule needs them (a generation whose screen did not improve, the last one);
+  the rows wait for them, and come out the same as if every simulation had been waited for;
 * the best plan: of every simulation the evaluator ran during the search (cached ones
   included), the smallest fitness at :data:`~marssim.search.evaluate.RANK_DIGITS` digits, ties
   to the smaller plan key;
@@ -86,7 +89,9 @@ class BestTracker:
         self.ev = ev
         self.fitness = fitness
         self.best: tuple[float, str, Plan, Evaluation] | None = None
+        self.after_batch: dict[int, tuple | None] = {}  # the best once each batch in flight was settled
         self._simulate = ev.simulate
+        self._settle_next = ev.settle_next
 
         def simulate(plans: Sequence[Plan], **kwargs) -> list[Evaluation]:
             out = self._simulate(plans, **kwargs)
@@ -94,7 +99,16 @@ class BestTracker:
                 self.consider(p, e)
             return out
 
+        def settle_next() -> tuple[list[Plan], list[Evaluation]] | None:
+            got = self._settle_next()
+            if got is not None:
+                for p, e in zip(*got):
+                    self.consider(p, e)
+                self.after_batch[ev.settled_batches] = self.best
+            return got
+
         ev.simulate = simulate  # type: ignore[method-assign]
+        ev.settle_next = settle_next  # type: ignore[method-assign]
 
     def consider(self, plan: Plan, evaluation: Evaluation) -> None:
         f = self.fitness(evaluation)
@@ -104,6 +118,7 @@ class BestTracker:
 
     def detach(self) -> None:
         self.ev.simulate = self._simulate  # type: ignore[method-assign]
+        self.ev.settle_next = self._settle_next  # type: ignore[method-assign]
 
 
 def candidates_of(ev: Evaluator) -> list[Candidate]:
@@ -150,31 +165,56 @@ def two_level(strategy: Strategy, ev: Evaluator, budget: Budget, objective: str,
             return True
         return budget.time_limit_s is not None and time.perf_counter() - t0 >= budget.time_limit_s
 
+    # history rows waiting for simulations in flight (Evaluator.simulate_soon): the row, and how
+    # many batches were submitted by the end of its generation
+    waiting: list[tuple[dict, int]] = []
+    best_seen = math.inf
+
+    def finish_rows() -> bool:
+        """Settle the simulations in flight, finishing the waiting rows in order (best so far,
+        progress callback); whether the last row's best improved on the rows before it."""
+        nonlocal best_seen
+        improved = False
+        while waiting:
+            row, batches = waiting.pop(0)
+            while ev.settled_batches < batches:
+                ev.settle_next()
+            best = tracker.after_batch.get(batches, tracker.best)  # as it was when they were in
+            row["best_fitness"] = best[0] if best else math.inf
+            row["best_makespan_s"] = best[3].makespan if best else math.inf
+            rows.append(row)
+            if progress is not None:
+                progress({**row, "evaluations_per_s": (row["simulations"] + row["estimates"]) / max(row["wall_s"], 1e-9)})
+            improved = best is not None and best[0] < best_seen * (1 - 1e-12)
+            if improved:
+                best_seen = best[0]
+        return improved
+
     try:
         if seeds:
             ev.simulate(list(seeds))
         population = strategy.initial(seeds)
         stale = 0
-        best_seen = math.inf
         for gen in range(budget.generations):
             strategy.evaluate(population)
             wall = time.perf_counter() - t0
-            best = tracker.best
             sims, ests = ev.simulations - sims0, ev.estimates - est0
-            rows.append({"generation": gen, "best_fitness": best[0] if best else math.inf,
-                         "best_makespan_s": best[3].makespan if best else math.inf, **strategy.stats(population),
-                         "simulations": sims, "estimates": ests, "wall_s": wall})
-            if progress is not None:
-                progress({**rows[-1], "evaluations_per_s": (sims + ests) / max(wall, 1e-9)})
+            waiting.append(({"generation": gen, "best_fitness": math.inf, "best_makespan_s": math.inf,
+                             **strategy.stats(population), "simulations": sims, "estimates": ests, "wall_s": wall},
+                            ev.soon_batches))
             improved = strategy.improved()
-            if best is not None and best[0] < best_seen * (1 - 1e-12):
-                best_seen = best[0]
-                improved = True
+            # a generation whose screen improved is not stale whatever its simulations give: the
+            # next one goes on while they run (its row is finished when they are settled)
+            if ev.settled_batches == ev.soon_batches or not improved or out_of_budget() \
+                    or gen == budget.generations - 1:
+                improved = finish_rows() or improved
             stale = 0 if improved else stale + 1
             if stale >= budget.patience or out_of_budget() or gen == budget.generations - 1:
                 break
             population = strategy.breed(population)
+        finish_rows()
         strategy.finish()
+        ev.settle()
     except KeyboardInterrupt:
         tracker.detach()
         if tracker.best is None:
