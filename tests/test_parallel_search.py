@@ -215,6 +215,27 @@ def test_same_seed_same_search_on_one_or_two_workers_and_dask(mixed_case, cost) 
     assert dask.best == serial.best and _history(dask) == _history(serial)
 
 
+def test_a_search_that_stops_forgets_the_generation_it_evaluated_ahead(mixed_case, cost, monkeypatch) -> None:
+    """On two workers a generation whose screen did not improve evaluates the next one while its
+    simulations finish; when the stopping rule then ends the search, that generation is rolled
+    back: the same best, history, counts and candidates as one worker."""
+    from marssim.search.evaluate import Evaluator
+
+    graph, system = mixed_case
+    settings = LLMSearchSettings(max_simulations=8, generations=12, patience=1, population=6, seed=5)
+    serial = mars_llm(graph, system, cost, settings)
+    rolled = []
+    rollback = Evaluator.rollback
+    monkeypatch.setattr(Evaluator, "rollback", lambda self, mark: (rolled.append(mark), rollback(self, mark)))
+    with ProcessPoolExecutor(2) as pool:
+        two = mars_llm(graph, system, cost, settings, executor=pool)
+    assert rolled, "the search did not stop on its stopping rule with a generation evaluated ahead"
+    assert two.best == serial.best and two.makespan == serial.makespan
+    assert _history(two) == _history(serial)
+    assert (two.simulations, two.estimates) == (serial.simulations, serial.estimates)
+    assert _candidates(two) == _candidates(serial)
+
+
 def test_simulate_configs_matches_a_direct_simulation(mixed_case, cost) -> None:
     graph, system = mixed_case
     cfg = ParallelConfig(pp=2, dp=4, micro_batch=2, global_batch=8, layers_per_stage=(1, 3), order="tp-dp-pp")

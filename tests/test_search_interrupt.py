@@ -116,6 +116,7 @@ def test_a_real_ctrl_c_reaches_only_the_parent_and_leaves_no_traceback(tmp_path)
     """SIGINT to the whole process group, as a terminal sends it: the workers ignore it, the
     parent keeps its best so far, says where in one line and exits 130."""
     import os
+    import pathlib
     import signal
     import subprocess
     import sys
@@ -125,7 +126,14 @@ def test_a_real_ctrl_c_reaches_only_the_parent_and_leaves_no_traceback(tmp_path)
     proc = subprocess.Popen([sys.executable, "-m", "marssim", "search", *LLM_CASE, "--workers", "2", "--budget", "400",
                              "--generations", "200", "--out", "found"], cwd=tmp_path, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    time.sleep(12.0)
+    # interrupt while it searches: once its worker processes run (the first screens), a few
+    # seconds on (the search then takes about 9 s on a 2-core machine; writing its outputs after
+    # is not what this tests)
+    children = pathlib.Path(f"/proc/{proc.pid}/task/{proc.pid}/children")
+    deadline = time.monotonic() + 60.0
+    while children.exists() and not children.read_text().split() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(3.0 if children.exists() else 12.0)
     assert proc.poll() is None, "the search ended before it could be interrupted"
     os.killpg(proc.pid, signal.SIGINT)
     out, err = proc.communicate(timeout=120)

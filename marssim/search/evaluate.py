@@ -524,6 +524,30 @@ class Evaluator:
         while self.settle_next() is not None:
             pass
 
+    def checkpoint(self) -> tuple:
+        """What :meth:`rollback` returns to: the screens and simulations cached, the counters and
+        the batches in flight now."""
+        return (len(self._est), len(self._sim), self.simulations, self.estimates, self.cache_hits,
+                len(self._in_flight), self.soon_batches, self.settled_batches)
+
+    def rollback(self, mark: tuple) -> None:
+        """Forget what was evaluated since ``mark`` (:meth:`checkpoint`): screens cached since,
+        and the batches submitted since, which must not have been settled (their simulations
+        still running are left to finish unread). Simulations settled since that were in flight
+        at ``mark`` are kept."""
+        n_est, _, sims, ests, hits, n_flight, soon, settled = mark
+        settled_since = self.settled_batches - settled
+        submitted_since = self.soon_batches - soon
+        if settled_since > n_flight:
+            raise ValueError("a batch submitted after the checkpoint was settled")
+        for _, futures in self._in_flight[len(self._in_flight) - submitted_since:]:
+            for _, future in futures.values():
+                future.cancel()
+        del self._in_flight[len(self._in_flight) - submitted_since:]
+        while len(self._est) > n_est:
+            self._est.popitem()
+        self.simulations, self.estimates, self.cache_hits, self.soon_batches = sims, ests, hits, soon
+
     def known(self, plan: Plan) -> Evaluation | None:
         """The cached simulated evaluation of ``plan``, if any (waiting for it when in flight)."""
         if self.in_flight(plan):

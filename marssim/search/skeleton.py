@@ -195,23 +195,36 @@ def two_level(strategy: Strategy, ev: Evaluator, budget: Budget, objective: str,
             ev.simulate(list(seeds))
         population = strategy.initial(seeds)
         stale = 0
+        evaluated = False  # the population already evaluated (ahead, see below)
         for gen in range(budget.generations):
-            strategy.evaluate(population)
+            if not evaluated:
+                strategy.evaluate(population)
             wall = time.perf_counter() - t0
             sims, ests = ev.simulations - sims0, ev.estimates - est0
             waiting.append(({"generation": gen, "best_fitness": math.inf, "best_makespan_s": math.inf,
                              **strategy.stats(population), "simulations": sims, "estimates": ests, "wall_s": wall},
                             ev.soon_batches))
             improved = strategy.improved()
+            spent = out_of_budget()
+            last = spent or gen == budget.generations - 1
+            ahead = None
             # a generation whose screen improved is not stale whatever its simulations give: the
             # next one goes on while they run (its row is finished when they are settled)
-            if ev.settled_batches == ev.soon_batches or not improved or out_of_budget() \
-                    or gen == budget.generations - 1:
+            if ev.settled_batches == ev.soon_batches or not improved or last:
+                if ev.settled_batches < ev.soon_batches and not last:
+                    # whether to stop waits for simulations in flight: the next generation is
+                    # evaluated meanwhile (on the workers they free), and forgotten if it stops
+                    mark = ev.checkpoint()
+                    ahead = strategy.breed(population)
+                    strategy.evaluate(ahead)
                 improved = finish_rows() or improved
             stale = 0 if improved else stale + 1
-            if stale >= budget.patience or out_of_budget() or gen == budget.generations - 1:
+            if stale >= budget.patience or last:
+                if ahead is not None:
+                    ev.rollback(mark)
                 break
-            population = strategy.breed(population)
+            evaluated = ahead is not None
+            population = ahead if evaluated else strategy.breed(population)
         finish_rows()
         strategy.finish()
         ev.settle()
