@@ -125,7 +125,10 @@ def test_a_real_ctrl_c_reaches_only_the_parent_and_leaves_no_traceback(tmp_path)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "marssim", "search", *LLM_CASE, "--workers", "2", "--budget", "400",
                              "--generations", "200", "--out", "found"], cwd=tmp_path, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            # as from a terminal: Ctrl-C reaches it (a runner started in the background
+                            # hands its children SIGINT ignored, and Python then never raises it)
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     # interrupt while it searches: once its worker processes run (the first screens), a few
     # seconds on (the search then takes about 9 s on a 2-core machine; writing its outputs after
     # is not what this tests)
