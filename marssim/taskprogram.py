@@ -240,6 +240,33 @@ class TaskProgram:
         np.add.at(succs, src_c, 1)
         return preds, succs
 
+    def pred_counts(self) -> np.ndarray:
+        """Per task, its predecessors (int32): :meth:`counts`' first array alone."""
+        dst_x, _ = self._reference_edges()
+        dst_c, _ = self._chain_edges()
+        preds = self.take_rows(np.diff(self.ipred_ptr).astype(np.int32))
+        preds += np.bincount(dst_x, minlength=self.n_tasks).astype(np.int32)
+        np.add.at(preds, dst_c, 1)
+        return preds
+
+    def max_successors(self) -> int:
+        """A bound on any task's successors: the most its row has in the unit, plus the most the
+        references into one instance can add to one of its tasks (per group, the most rows
+        reading one target row, or every row of a ``lastkernel`` group), plus the next kernel."""
+        su = self.successors()
+        in_unit = int(np.diff(su.isucc_ptr).max(initial=0))
+        n_groups = len(self.grp_lastkernel)
+        fan = np.zeros(n_groups, dtype=np.int64)
+        readers = np.diff(su.rev_ptr)
+        for g in range(n_groups):
+            if self.grp_lastkernel[g]:
+                fan[g] = su.grp_rel_ptr[g + 1] - su.grp_rel_ptr[g]
+            elif su.rev_base[g + 1] > su.rev_base[g] + 1:
+                fan[g] = readers[su.rev_base[g]:su.rev_base[g + 1] - 1].max()
+        refs = np.repeat(np.arange(self.n_instances), np.diff(su.inc_ptr))
+        into = np.bincount(refs, weights=fan[su.inc_group], minlength=self.n_instances) if len(refs) else np.zeros(1)
+        return in_unit + int(into.max(initial=0)) + 1
+
     def successors(self) -> Successors:
         """The successor indexes (built once)."""
         hit = self._cache.get("successors")

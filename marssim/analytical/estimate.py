@@ -329,13 +329,12 @@ def _estimate_program(tg: TaskGraph, system: System, program, bottleneck: np.nda
     dense[used] = np.arange(len(used))
     dev_row = np.where(is_compute, dense[np.where(is_compute, rows["device"], 0)], -1)
     per_dev = np.bincount(dev_row[is_compute], weights=per_row[is_compute], minlength=len(used)).astype(np.int64)
-    n_pred, n_succ = program.counts()
+    n_pred = program.pred_counts()
     su = program.successors()
     walk = (program.inst_of, program.inst_tpl, program.inst_base, program.tpl_start, program.first_compute,
             program.last_compute, su.isucc_ptr, su.isucc, su.inc_ptr, su.inc_inst, su.inc_group, program.grp_lastkernel,
             su.rev_base, su.grp_rel_ptr, su.rev_ptr, su.rev_rel, su.grp_rel, su.chain_next)
-    max_succ = int(n_succ.max(initial=0))
-    del n_succ
+    max_succ = program.max_successors()
     report("durations", 0)
     if chained and _kernels_in_chains(program, is_compute):
         # no kernel ever waits for its GPU: the list schedule is the earliest schedule, each task

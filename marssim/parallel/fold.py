@@ -130,8 +130,9 @@ def binding_route(system: System, src: str, dst: str) -> Route:
     if hit is None:
         dominated = system.dominated_links
         hit = route = system.route(src, dst)
-        if dominated and any(r in dominated for r in route.resources):
-            hit = replace(route, resources=tuple(r for r in route.resources if r not in dominated))
+        if dominated and not dominated.isdisjoint(route.resources):
+            hit = Route(route.nodes, tuple(r for r in route.resources if r not in dominated), route.latency,
+                        route.weights)
         cache[(src, dst)] = hit
     return hit
 
@@ -197,20 +198,21 @@ def fold(system: System, gpus: Sequence[int], role: dict[int, object], patterns:
         key = repr(role[g])
         cls[g] = first.setdefault(key, len(first))
     res_class: list[int] = []
+    send_res = [routes[(src, dst)].resources for _, _, src, dst in sends]
     for _ in range(max_rounds):
         # resource classes: the flows each (GPU class, pattern) puts on them, and their capacity
-        load: dict[int, Counter] = {}
-        for pname, g, src, dst in sends:
+        load: dict[int, dict] = {}
+        for (pname, g, _, _), resources in zip(sends, send_res):
             tag = (cls[g], pname)
-            for r in routes[(src, dst)].resources:
+            for r in resources:
                 c = load.get(r)
                 if c is None:
-                    c = load[r] = Counter()
-                c[tag] += 1
+                    c = load[r] = {}
+                c[tag] = c.get(tag, 0) + 1
         signature_of_res: dict[tuple, int] = {}
         res_class = []
         for r in range(len(capacity)):
-            sig = (float(capacity[r]), tuple(sorted(load.get(r, Counter()).items())))
+            sig = (float(capacity[r]), tuple(sorted(load.get(r, {}).items())))
             res_class.append(signature_of_res.setdefault(sig, len(signature_of_res)))
         # GPU signatures: class, peers' classes both ways, route shapes
         sig_of: dict[int, list] = {g: [cls[g]] for g in gpus}
@@ -223,11 +225,12 @@ def fold(system: System, gpus: Sequence[int], role: dict[int, object], patterns:
                     sig_of[g].append((pname, None))
                 else:
                     route = routes[(p, g) if pull else (g, p)]
-                    shape = tuple(sorted(Counter(res_class[r] for r in route.resources).items()))
+                    # the multiset of its resources' classes (as a sorted tuple)
+                    shape = tuple(sorted([res_class[r] for r in route.resources]))
                     hop = (pname, p, g) if pull else (pname, g, p)
                     sig_of[g].append((pname, cls[p], shape, floors.get(hop, route.latency)))
                 q = inv.get(g, ())
-                sig_of[g].append((pname, "from", tuple(sorted(Counter(cls[x] for x in q).items()))))
+                sig_of[g].append((pname, "from", tuple(sorted([cls[x] for x in q]))))
         new: dict[int, int] = {}
         index: dict[tuple, int] = {}
         for g in gpus:
