@@ -120,7 +120,7 @@ class Estimate:
 
     ``makespan``: seconds until the last task ends. ``start``, ``ready``, ``end``: seconds, one per
     task (``ready`` is when a task's predecessors have all ended; compute tasks may wait for their
-    device after that). ``duration``: contention-free seconds per task. ``busy``: seconds of compute
+    device after that; where none ever waits, ``ready`` is the ``start`` array itself). ``duration``: contention-free seconds per task. ``busy``: seconds of compute
     per node index (zero for nodes that run nothing). ``lower_bound``: seconds no schedule of the
     TaskGraph on the System can beat, contention or not (see :attr:`bounds`)."""
 

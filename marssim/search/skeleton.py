@@ -184,7 +184,8 @@ def two_level(strategy: Strategy, ev: Evaluator, budget: Budget, objective: str,
             row["best_makespan_s"] = best[3].makespan if best else math.inf
             rows.append(row)
             if progress is not None:
-                progress({**row, "evaluations_per_s": (row["simulations"] + row["estimates"]) / max(row["wall_s"], 1e-9)})
+                rate = (row["simulations"] + row["estimates"]) / max(row["wall_s"], 1e-9)
+                progress({**row, "evaluations_per_s": rate})
             improved = best is not None and best[0] < best_seen * (1 - 1e-12)
             if improved:
                 best_seen = best[0]
