@@ -160,36 +160,12 @@ def list_schedule(d_row, dev_row, n_pred, n_devices, per_dev, max_succ, inst_of,
 def earliest_schedule(d_row, n_pred, max_succ, inst_of, i_tpl, i_base, t_start, t_first, t_last, isucc_ptr, isucc,
                       inc_ptr, inc_inst, inc_group, g_lastkernel, g_rev_base, g_rel_ptr, rev_ptr, rev_rel, g_rel,
                       i_next):
-    """``(end, done)``: every task starting when its predecessors end (its start is not kept)."""
-    n = n_pred.shape[0]
-    waiting = n_pred.copy()
-    start = np.zeros(n)
-    stack = np.zeros(n + 1, dtype=np.int32)
-    succ = np.zeros(max_succ + 1, dtype=np.int64)
-    top = 0
-    for t in range(n - 1, -1, -1):
-        if waiting[t] == 0:
-            stack[top] = t
-            top += 1
-    done = 0
-    while top > 0:
-        top -= 1
-        t = stack[top]
-        _, row = _row(t, inst_of, i_tpl, i_base, t_start)
-        e = start[t] + d_row[row]
-        start[t] = e  # the array holds each task's end from here on
-        done += 1
-        ns = _successors(t, succ, inst_of, i_tpl, i_base, t_start, t_first, t_last, isucc_ptr, isucc, inc_ptr,
-                         inc_inst, inc_group, g_lastkernel, g_rev_base, g_rel_ptr, rev_ptr, rev_rel, g_rel, i_next)
-        for j in range(ns):
-            u = succ[j]
-            if e > start[u]:
-                start[u] = e
-            waiting[u] -= 1
-            if waiting[u] == 0:
-                stack[top] = u
-                top += 1
-    return start, done
+    """``(end, done)``: every task starting when its predecessors end (:func:`chained_schedule`'s
+    ends)."""
+    _, end, done = chained_schedule(d_row, n_pred, max_succ, inst_of, i_tpl, i_base, t_start, t_first, t_last,
+                                    isucc_ptr, isucc, inc_ptr, inc_inst, inc_group, g_lastkernel, g_rev_base,
+                                    g_rel_ptr, rev_ptr, rev_rel, g_rel, i_next)
+    return end, done
 
 
 @njit(cache=True)
