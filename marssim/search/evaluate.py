@@ -506,8 +506,7 @@ class Evaluator:
         evaluations, in the order asked (None when nothing is in flight)."""
         if not self._in_flight:
             return None
-        plans, futures = self._in_flight.pop(0)
-        self.settled_batches += 1
+        plans, futures = self._in_flight[0]
         t0 = time.perf_counter()
         for k, (p, future) in futures.items():
             out = future.result()
@@ -517,6 +516,8 @@ class Evaluator:
             self._plans.setdefault(k, p)
             self.sim_seconds += out[0].wall_s
         self.wait_s["simulate"] += time.perf_counter() - t0
+        self._in_flight.pop(0)  # taken once every result is in (an interrupted wait leaves it in flight)
+        self.settled_batches += 1
         return plans, [self._sim[plan_key(p)] for p in plans]
 
     def settle(self) -> None:
@@ -525,17 +526,17 @@ class Evaluator:
             pass
 
     def checkpoint(self) -> tuple:
-        """What :meth:`rollback` returns to: the screens and simulations cached, the counters and
-        the batches in flight now."""
-        return (len(self._est), len(self._sim), self.simulations, self.estimates, self.cache_hits,
-                len(self._in_flight), self.soon_batches, self.settled_batches)
+        """What :meth:`rollback` returns to: the screens cached, the counters and the batches in
+        flight now."""
+        return (len(self._est), self.simulations, self.estimates, self.cache_hits, len(self._in_flight),
+                self.soon_batches, self.settled_batches)
 
     def rollback(self, mark: tuple) -> None:
         """Forget what was evaluated since ``mark`` (:meth:`checkpoint`): screens cached since,
         and the batches submitted since, which must not have been settled (their simulations
         still running are left to finish unread). Simulations settled since that were in flight
         at ``mark`` are kept."""
-        n_est, _, sims, ests, hits, n_flight, soon, settled = mark
+        n_est, sims, ests, hits, n_flight, soon, settled = mark
         settled_since = self.settled_batches - settled
         submitted_since = self.soon_batches - soon
         if settled_since > n_flight:
