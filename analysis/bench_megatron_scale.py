@@ -14,8 +14,9 @@ The configurations (the configurations only, none of the published throughputs):
   stages, dp 484, sequence parallel, ZeRO-1, global batch 2,904: 6 micro-batches per pipeline).
 
 For each, in a fresh process pinned to one core: lowering + simulation (compiled engine,
-``simulate_summary``) and lowering + analytical estimate, each with wall time, CPU time (user +
-sys) and peak RSS; the closed-form screen in ms of CPU time per configuration (the median of 20
+``simulate_summary``) and lowering + analytical estimate (lowered as ``marssim estimate`` lowers:
+each ring over several GPU classes one task per class with coupled steps, ``coupled_rings``; the
+``tasks`` column is the simulation's), each with wall time, CPU time (user + sys) and peak RSS; the closed-form screen in ms of CPU time per configuration (the median of 20
 calls, after a first call); a configuration the size bound refuses (``marssim.parallel.size``;
 here at 8 GiB, ``SIZE_BOUND``) is listed with its size and the time to the refusal.
 Then fitted exponents of time and memory against GPUs, layers and micro-batches (least squares on
@@ -129,9 +130,12 @@ _CHILD = textwrap.dedent("""
     cost = default_cost_model()
     # the one-time costs of a process: imports, the cost model's table fit, the compiled kernels
     # of the evaluator measured (a process that only estimates never loads the simulator's)
+    # the estimate's lowering holds each ring over several GPU classes as one task per class with
+    # coupled steps, as `marssim estimate` lowers it (lower_parallel's coupled_rings)
+    coupled = what == "estimate"
     small = load_system("dgx-a100-cluster:nodes=1")
     tiny = lower_parallel(load_workload("gpt:layers=2,hidden=256,heads=4,vocab=1000,seq=64,mode=train,max_positions=64"),
-                          small, parse_parallel("tp=2,pp=2,dp=2,global_batch=4"), cost)
+                          small, parse_parallel("tp=2,pp=2,dp=2,global_batch=4"), cost, coupled_rings=coupled)
     if what == "sim":
         from marssim.sim import simulate_summary
         simulate_summary(tiny, small, memory_policy="ignore")
@@ -147,7 +151,7 @@ _CHILD = textwrap.dedent("""
     out["load_s"] = time.perf_counter() - w0
     w1, c1 = time.perf_counter(), cpu()
     try:
-        tg = lower_parallel(graph, system, cfg, cost)
+        tg = lower_parallel(graph, system, cfg, cost, coupled_rings=coupled)
     except InputError as err:
         out["refused"] = str(err)
         out["wall_s"] = time.perf_counter() - w1

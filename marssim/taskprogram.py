@@ -17,7 +17,9 @@ predecessors are its row's, shifted to the instance, then its references (group 
 in order), then the chain; ``priority`` is ``t``. :meth:`TaskProgram.column` and
 :meth:`TaskProgram.edges` give the columns and predecessor lists of the TaskGraph it stands for
 (what :class:`~marssim.taskgraph.TaskGraph` materialises on demand); :meth:`successors` the
-per-row and per-instance indexes an evaluator walks instead. Units: as TaskGraph's.
+per-row and per-instance indexes an evaluator walks instead. A lowering for the estimate may
+also hold rings as :class:`CoupledSteps`: one task per GPU class whose steps are coupled to the
+previous rank's, instead of one task per step. Units: as TaskGraph's.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import numpy as np
 
 from marssim.taskgraph import Collective
 
-__all__ = ["TaskProgram", "ROW_COLUMNS", "Successors"]
+__all__ = ["TaskProgram", "ROW_COLUMNS", "Successors", "CoupledSteps"]
 
 ROW_COLUMNS = {"kind": np.int8, "device": np.int32, "duration": np.float64, "src": np.int32, "dst": np.int32,
                "nbytes": np.float64, "route": np.int32, "flops": np.float64, "energy": np.float64,
@@ -58,6 +60,55 @@ class Successors:
 
 
 @dataclass(frozen=True, eq=False)
+class CoupledSteps:
+    """Ring transfers held as one task per GPU class instead of one per step (a lowering's
+    ``coupled_rings``). Such a task's row says its steps (``steps``), route and bytes
+    (``nbytes``: all its steps'); its step k > 0 starts once its own step k - 1 and step k - 1 of
+    ``prev`` (the task of the ring's previous rank, the one sending to it) have ended; its first
+    step once its predecessors have. That coupling is not a predecessor edge of the TaskGraph.
+    The tasks of one ring are one *component* (a cycle through ``prev``). Arrays sorted by task."""
+
+    task: np.ndarray  # int64: the coupled tasks, ascending
+    prev: np.ndarray  # int64: the task feeding each one's steps (itself coupled)
+    chunk: np.ndarray  # float64: bytes per step
+
+    def __len__(self) -> int:
+        return len(self.task)
+
+    @cached_property
+    def prev_index(self) -> np.ndarray:
+        """``prev`` as positions in ``task`` (int64)."""
+        at = np.searchsorted(self.task, self.prev)
+        if (at >= len(self.task)).any() or (self.task[np.minimum(at, len(self.task) - 1)] != self.prev).any():
+            raise ValueError("a coupled transfer is fed by a task that is not coupled")
+        return at
+
+    @cached_property
+    def components(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(component, ptr, members)``: each coupled task's component, and per component its
+        positions in ``task`` (``members[ptr[c]:ptr[c + 1]]``, ascending; components numbered by
+        their first member)."""
+        # every task has one feeder, so a component is a cycle (with any tasks leading into it):
+        # by pointer doubling, each task's least position over its 2^k feeders back, and the
+        # task 2^k feeders back; once 2^k exceeds the tasks, that one is on the cycle and its
+        # least position is the cycle's, which names the component
+        n = len(self.task)
+        least = np.arange(n, dtype=np.int64)
+        back = self.prev_index.astype(np.int64)
+        for _ in range(max(1, int(n).bit_length())):
+            np.minimum(least, least[back], out=least)
+            back = back[back]
+        label = least[back]
+        _, first = np.unique(label, return_inverse=True)
+        comp = first.astype(np.int64)
+        count = int(comp.max()) + 1 if n else 0
+        members = np.argsort(comp, kind="stable")
+        ptr = np.zeros(count + 1, dtype=np.int64)
+        np.cumsum(np.bincount(comp, minlength=count), out=ptr[1:])
+        return comp.astype(np.int64), ptr, members.astype(np.int64)
+
+
+@dataclass(frozen=True, eq=False)
 class TaskProgram:
     """See the module docstring."""
 
@@ -81,6 +132,7 @@ class TaskProgram:
     inst_gstart: np.ndarray  # int64 (instances + 1)
     target: np.ndarray  # int32: per (instance, group), the target instance or -1
     chain_prev: np.ndarray  # int32 (instances): -1 none
+    coupled: CoupledSteps | None = None  # ring transfers whose steps are coupled (None: none)
     _cache: dict = field(default_factory=dict, repr=False)
 
     @property

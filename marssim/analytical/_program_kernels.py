@@ -6,6 +6,9 @@ program (its row's successors in the unit, the references pointing at its instan
 after it on its GPU) instead of a per-task list. A task's start and end do not depend on the
 order in which its successors are visited (a transfer ends at its ready time plus its duration; a
 compute task waits in a heap ordered by time, priority and task), so both give the same arrays.
+The transfers of a ring of coupled steps (:class:`~marssim.taskprogram.CoupledSteps`) wait until
+all of them are ready; then their steps are timed one by one (:func:`_coupled_ends`) and they
+end together, with the floats those steps give when held as one task each.
 Importing this module raises ImportError when numba is missing.
 """
 
@@ -57,10 +60,52 @@ def _successors(t, out, inst_of, i_tpl, i_base, t_start, t_first, t_last, isucc_
     return k
 
 
+@njit(cache=True, inline="always")
+def _release(t, e, at, waiting, stack, top, succ, inst_of, i_tpl, i_base, t_start, t_first, t_last, isucc_ptr, isucc,
+             inc_ptr, inc_inst, inc_group, g_lastkernel, g_rev_base, g_rel_ptr, rev_ptr, rev_rel, g_rel, i_next):
+    """Task ``t`` ended at ``e``: raise its successors' ``at`` (ready time) to ``e`` and push
+    those with no predecessor left onto ``stack``; return the new top."""
+    ns = _successors(t, succ, inst_of, i_tpl, i_base, t_start, t_first, t_last, isucc_ptr, isucc, inc_ptr, inc_inst,
+                     inc_group, g_lastkernel, g_rev_base, g_rel_ptr, rev_ptr, rev_rel, g_rel, i_next)
+    for j in range(ns):
+        u = succ[j]
+        if e > at[u]:
+            at[u] = e
+        waiting[u] -= 1
+        if waiting[u] == 0:
+            stack[top] = u
+            top += 1
+    return top
+
+
 @njit(cache=True)
-def list_schedule(d_row, dev_row, n_pred, n_devices, per_dev, max_succ, inst_of, i_tpl, i_base, t_start, t_first,
-                  t_last, isucc_ptr, isucc, inc_ptr, inc_inst, inc_group, g_lastkernel, g_rev_base, g_rel_ptr, rev_ptr,
-                  rev_rel, g_rel, i_next):
+def _coupled_ends(comp, at, end, c_task, c_ptr, c_members, c_prev_local, c_d, c_k):
+    """The ends of a ring of coupled transfers (:class:`~marssim.taskprogram.CoupledSteps`)
+    whose tasks are all ready (``at``): step 0 of each starts when it is ready, step k once its
+    own step k - 1 and its feeder's have ended, each step taking its ``c_d`` seconds; the same
+    floats as those steps held as one task each."""
+    a = c_ptr[comp]
+    size = c_ptr[comp + 1] - a
+    cur = np.empty(size)
+    nxt = np.empty(size)
+    for i in range(size):
+        m = c_members[a + i]
+        cur[i] = at[c_task[m]] + c_d[m]
+    for _ in range(1, c_k[c_members[a]]):
+        for i in range(size):
+            m = c_members[a + i]
+            own = cur[i]
+            fed = cur[c_prev_local[m]]
+            nxt[i] = (own if own > fed else fed) + c_d[m]
+        cur, nxt = nxt, cur
+    for i in range(size):
+        end[c_task[c_members[a + i]]] = cur[i]
+
+
+@njit(cache=True)
+def list_schedule(d_row, dev_row, n_pred, n_devices, per_dev, max_succ, row_coupled, c_task, c_comp, c_ptr, c_members,
+                  c_prev_local, c_d, c_k, c_wait, inst_of, i_tpl, i_base, t_start, t_first, t_last, isucc_ptr, isucc,
+                  inc_ptr, inc_inst, inc_group, g_lastkernel, g_rev_base, g_rel_ptr, rev_ptr, rev_rel, g_rel, i_next):
     """``(start, ready, end, done)``: the list schedule of :mod:`._numba_kernels` (priority = task)."""
     n = n_pred.shape[0]
     waiting = n_pred.copy()
@@ -94,7 +139,19 @@ def list_schedule(d_row, dev_row, n_pred, n_devices, per_dev, max_succ, inst_of,
             top -= 1
             t = stack[top]
             _, row = _row(t, inst_of, i_tpl, i_base, t_start)
-            if dev_row[row] < 0:
+            if row_coupled[row]:
+                comp = c_comp[np.searchsorted(c_task, t)]
+                c_wait[comp] -= 1
+                if c_wait[comp] == 0:  # the whole ring is ready: its steps, then its successors
+                    _coupled_ends(comp, ready, end, c_task, c_ptr, c_members, c_prev_local, c_d, c_k)
+                    for q in range(c_ptr[comp], c_ptr[comp + 1]):
+                        tm = c_task[c_members[q]]
+                        start[tm] = ready[tm]
+                        done += 1
+                        top = _release(tm, end[tm], ready, waiting, stack, top, succ, inst_of, i_tpl, i_base, t_start,
+                                       t_first, t_last, isucc_ptr, isucc, inc_ptr, inc_inst, inc_group, g_lastkernel,
+                                       g_rev_base, g_rel_ptr, rev_ptr, rev_rel, g_rel, i_next)
+            elif dev_row[row] < 0:
                 s = ready[t]
                 e = s + d_row[row]
                 start[t] = s
@@ -157,21 +214,22 @@ def list_schedule(d_row, dev_row, n_pred, n_devices, per_dev, max_succ, inst_of,
 
 
 @njit(cache=True)
-def earliest_schedule(d_row, n_pred, max_succ, inst_of, i_tpl, i_base, t_start, t_first, t_last, isucc_ptr, isucc,
-                      inc_ptr, inc_inst, inc_group, g_lastkernel, g_rev_base, g_rel_ptr, rev_ptr, rev_rel, g_rel,
-                      i_next):
+def earliest_schedule(d_row, n_pred, max_succ, row_coupled, c_task, c_comp, c_ptr, c_members, c_prev_local, c_d, c_k,
+                      c_wait, inst_of, i_tpl, i_base, t_start, t_first, t_last, isucc_ptr, isucc, inc_ptr, inc_inst,
+                      inc_group, g_lastkernel, g_rev_base, g_rel_ptr, rev_ptr, rev_rel, g_rel, i_next):
     """``(end, done)``: every task starting when its predecessors end (:func:`chained_schedule`'s
     ends)."""
-    _, end, done = chained_schedule(d_row, n_pred, max_succ, inst_of, i_tpl, i_base, t_start, t_first, t_last,
+    _, end, done = chained_schedule(d_row, n_pred, max_succ, row_coupled, c_task, c_comp, c_ptr, c_members,
+                                    c_prev_local, c_d, c_k, c_wait, inst_of, i_tpl, i_base, t_start, t_first, t_last,
                                     isucc_ptr, isucc, inc_ptr, inc_inst, inc_group, g_lastkernel, g_rev_base,
                                     g_rel_ptr, rev_ptr, rev_rel, g_rel, i_next)
     return end, done
 
 
 @njit(cache=True)
-def chained_schedule(d_row, n_pred, max_succ, inst_of, i_tpl, i_base, t_start, t_first, t_last, isucc_ptr, isucc,
-                     inc_ptr, inc_inst, inc_group, g_lastkernel, g_rev_base, g_rel_ptr, rev_ptr, rev_rel, g_rel,
-                     i_next):
+def chained_schedule(d_row, n_pred, max_succ, row_coupled, c_task, c_comp, c_ptr, c_members, c_prev_local, c_d, c_k,
+                     c_wait, inst_of, i_tpl, i_base, t_start, t_first, t_last, isucc_ptr, isucc, inc_ptr, inc_inst,
+                     inc_group, g_lastkernel, g_rev_base, g_rel_ptr, rev_ptr, rev_rel, g_rel, i_next):
     """``(start, end, done)``: every task starting when its predecessors end, start kept. This is
     the list schedule (and its ``ready`` is ``start``) when each GPU's kernels are totally ordered
     by their dependencies (:func:`compute_chains`): a kernel never finds its GPU busy."""
@@ -191,19 +249,24 @@ def chained_schedule(d_row, n_pred, max_succ, inst_of, i_tpl, i_base, t_start, t
         top -= 1
         t = stack[top]
         _, row = _row(t, inst_of, i_tpl, i_base, t_start)
+        if row_coupled[row]:
+            comp = c_comp[np.searchsorted(c_task, t)]
+            c_wait[comp] -= 1
+            if c_wait[comp] == 0:  # the whole ring is ready: its steps, then its successors
+                _coupled_ends(comp, start, end, c_task, c_ptr, c_members, c_prev_local, c_d, c_k)
+                for q in range(c_ptr[comp], c_ptr[comp + 1]):
+                    tm = c_task[c_members[q]]
+                    done += 1
+                    top = _release(tm, end[tm], start, waiting, stack, top, succ, inst_of, i_tpl, i_base, t_start,
+                                   t_first, t_last, isucc_ptr, isucc, inc_ptr, inc_inst, inc_group, g_lastkernel,
+                                   g_rev_base, g_rel_ptr, rev_ptr, rev_rel, g_rel, i_next)
+            continue
         e = start[t] + d_row[row]
         end[t] = e
         done += 1
-        ns = _successors(t, succ, inst_of, i_tpl, i_base, t_start, t_first, t_last, isucc_ptr, isucc, inc_ptr,
-                         inc_inst, inc_group, g_lastkernel, g_rev_base, g_rel_ptr, rev_ptr, rev_rel, g_rel, i_next)
-        for j in range(ns):
-            u = succ[j]
-            if e > start[u]:
-                start[u] = e
-            waiting[u] -= 1
-            if waiting[u] == 0:
-                stack[top] = u
-                top += 1
+        top = _release(t, e, start, waiting, stack, top, succ, inst_of, i_tpl, i_base, t_start, t_first, t_last,
+                       isucc_ptr, isucc, inc_ptr, inc_inst, inc_group, g_lastkernel, g_rev_base, g_rel_ptr, rev_ptr,
+                       rev_rel, g_rel, i_next)
     return start, end, done
 
 

@@ -239,12 +239,16 @@ def estimate(taskgraph: TaskGraph, system: System, *, backend: str = "auto",
     n_nodes = len(tg.node_names)
     bottleneck, latency, res_idx, res_route, res_weight = _route_arrays(tg, system)
     program = getattr(tg, "program", None)
-    if program is not None and n and backend != "python" and "kind" not in tg.__dict__:
+    coupled = program is not None and program.coupled is not None
+    if program is not None and n and backend != "python" and ("kind" not in tg.__dict__ or coupled):
         from .schedule import _compiled
 
         if _compiled() is not None:
             return _estimate_program(tg, system, program, bottleneck, latency, (res_idx, res_route, res_weight),
                                      report, wall)
+    if coupled:
+        raise ValueError("this TaskGraph couples ring steps (lowered with coupled_rings=True): only the compiled "
+                         "estimate (numba) times them; lower it with coupled_rings=False")
     duration = _durations(tg, bottleneck, latency)
     is_compute = tg.kind == COMPUTE
     if n == 0:
@@ -302,6 +306,39 @@ def _kernels_in_chains(program, is_compute: np.ndarray) -> bool:
     return bool(np.bincount(heads).max(initial=0) <= 1 and np.bincount(after).max(initial=0) <= 1)
 
 
+def _coupling(program, rows: dict, bottleneck: np.ndarray, latency: np.ndarray) -> Callable[[], tuple]:
+    """The program's coupled ring transfers as the schedules read them: per row whether it is one;
+    per coupled task (ascending) its component, per component its members, each one's feeder
+    among them, its seconds per step (as a one-step transfer of its bytes per step takes) and
+    its steps; returns a function giving them with a fresh count of members not yet ready."""
+    n_rows = len(rows["kind"])
+    coupled = program.coupled
+    if coupled is None or not len(coupled):
+        row_coupled = np.zeros(n_rows, dtype=np.bool_)
+        empty_i, empty_f = np.zeros(0, dtype=np.int64), np.zeros(0)
+        fixed = (row_coupled, empty_i, empty_i, np.zeros(1, dtype=np.int64), empty_i, empty_i, empty_f, empty_i)
+        return lambda: fixed + (np.zeros(0, dtype=np.int64),)
+    task = coupled.task
+    inst = program.inst_of[task]
+    row = program.tpl_start[program.inst_tpl[inst]] + task - program.inst_base[inst]
+    row_coupled = np.zeros(n_rows, dtype=np.bool_)
+    row_coupled[row] = True
+    comp, ptr, members = coupled.components
+    position = np.empty(len(task), dtype=np.int64)
+    position[members] = np.arange(len(task)) - np.repeat(ptr[:-1], np.diff(ptr))
+    prev_local = position[coupled.prev_index]
+    route = rows["route"][row]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        serial = np.where(coupled.chunk > 0, coupled.chunk / bottleneck[route], 0.0)
+    step = serial + latency[route] * np.ones(len(task), dtype=np.int32)
+    steps = rows["steps"][row].astype(np.int64)
+    if (steps[members] != np.repeat(steps[members[ptr[:-1]]], np.diff(ptr))).any():
+        raise ValueError("the coupled transfers of one ring have different step counts")
+    fixed = (row_coupled, task, comp, ptr, members, prev_local, step, steps)
+    sizes = np.diff(ptr)
+    return lambda: fixed + (sizes.copy(),)
+
+
 def _estimate_program(tg: TaskGraph, system: System, program, bottleneck: np.ndarray, latency: np.ndarray,
                       incidence: tuple, report, wall: float, chained: bool = True) -> Estimate:
     """:func:`estimate` of a lowering's TaskGraph from its :class:`~marssim.taskprogram.TaskProgram`
@@ -335,11 +372,12 @@ def _estimate_program(tg: TaskGraph, system: System, program, bottleneck: np.nda
             program.last_compute, su.isucc_ptr, su.isucc, su.inc_ptr, su.inc_inst, su.inc_group, program.grp_lastkernel,
             su.rev_base, su.grp_rel_ptr, su.rev_ptr, su.rev_rel, su.grp_rel, su.chain_next)
     max_succ = program.max_successors()
+    coupling = _coupling(program, rows, bottleneck, latency)
     report("durations", 0)
     if chained and _kernels_in_chains(program, is_compute):
         # no kernel ever waits for its GPU: the list schedule is the earliest schedule, each task
         # ready when it starts, and its makespan the critical path (the same floats)
-        start, end, done = K.chained_schedule(d_row, n_pred, max_succ, *walk)
+        start, end, done = K.chained_schedule(d_row, n_pred, max_succ, *coupling(), *walk)
         if done != n:
             raise ValueError(f"the task graph has a cycle ({n - done} tasks never become ready)")
         del n_pred
@@ -347,12 +385,13 @@ def _estimate_program(tg: TaskGraph, system: System, program, bottleneck: np.nda
         makespan = critical = float(end.max())
     else:
         # the earliest schedule first: its arrays are gone before the list schedule's are made
-        cp_end, done = K.earliest_schedule(d_row, n_pred, max_succ, *walk)
+        cp_end, done = K.earliest_schedule(d_row, n_pred, max_succ, *coupling(), *walk)
         if done != n:
             raise ValueError(f"the task graph has a cycle ({n - done} tasks never become ready)")
         critical = float(cp_end.max())
         del cp_end
-        start, ready, end, done = K.list_schedule(d_row, dev_row, n_pred, len(used), per_dev, max_succ, *walk)
+        start, ready, end, done = K.list_schedule(d_row, dev_row, n_pred, len(used), per_dev, max_succ, *coupling(),
+                                                  *walk)
         del n_pred
         makespan = float(end.max())
     report("schedule", n)

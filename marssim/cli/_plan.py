@@ -174,7 +174,9 @@ def run_plan_verb(args: argparse.Namespace, how: str) -> int:
     if isinstance(plan, ParallelConfig):
         tg = done.taskgraph
         what = "simulated" if how == "simulate" else "estimated"
-        print(f"{graph.spec} on {system.spec} with {plan.text()}: {tg.n_tasks:,} tasks, "
+        coupled = tg.program.coupled if getattr(tg, "program", None) is not None else None
+        rings = f" ({len(coupled):,} of them ring transfers of coupled steps)" if coupled is not None else ""
+        print(f"{graph.spec} on {system.spec} with {plan.text()}: {tg.n_tasks:,} tasks{rings}, "
               f"{tg.meta['fold_classes']} classes of identical GPUs {what}")
         print("\n".join(done.report.lines()))
         if getattr(args, "estimate", False):

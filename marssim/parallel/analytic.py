@@ -34,8 +34,9 @@ measures its error and rank correlation against simulations.
 from __future__ import annotations
 
 import math
+import weakref
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from marssim.collectives.group import hop_step, route_bottleneck
 from marssim.cost.base import CostModel
@@ -44,7 +45,7 @@ from marssim.workload import Graph, OpKind
 
 from . import context, experts, overlap, userbuffers
 from .config import ParallelConfig
-from .fold import binding_route, identity_folding
+from .fold import Folding, binding_route, identity_folding
 from .lower import _Lowering, _model_flops, _parameters, graph_cached, prepare_graph
 from .host import launch_gaps
 from .megatron import grad_scaled, sequence_parallel_params
@@ -128,6 +129,12 @@ class _Timer:
             members = [self.gpu]
             while len(members) < n:
                 members.append(peer(members[-1]))
+            ring = (tuple(members), peer(members[-1]))
+            layout = getattr(self.low, "layout", None)
+            known = layout.hops.get(ring) if layout is not None else None
+            if known is not None:
+                hit = self._ring_cache[key] = (members, known)
+                return hit
             cap = self.system.resource_capacity
             names = self.system.nodes
             low = self.low
@@ -137,6 +144,8 @@ class _Timer:
                 route = binding_route(self.system, names[g], names[nxt])
                 profile.add((low.fold.latency(g, nxt), route_bottleneck(cap, route.resources)))
             hit = self._ring_cache[key] = (members, frozenset(profile))
+            if layout is not None:
+                layout.hops[ring] = hit[1]
         return hit
 
     def signature(self) -> tuple:
@@ -324,7 +333,7 @@ def screen(graph: Graph, system: System, cfg: ParallelConfig, cost: CostModel, *
     (its ``iteration_s`` is infinite; a search rejects it anyway)."""
     low, where, representative = _lowering(graph, system, cfg, cost)
     t = low.t
-    capacity = min(a.memory.capacity for a in system.accelerators)
+    capacity = low.layout.capacity
     memory = memory_estimate(low.graph, cfg, capacity, low.rules, low.rank_params)
     if not memory.fits and not time_infeasible:
         return Screen(math.inf, (), math.inf, memory, 0.0, 0.0, len(where.gpus))
@@ -452,16 +461,50 @@ def _split_units(low: _Lowering) -> dict[tuple[int, str], tuple[dict[int, list],
     return out
 
 
+_LAYOUTS: "weakref.WeakKeyDictionary[System, dict]" = weakref.WeakKeyDictionary()
+
+
+@dataclass
+class _Layout:
+    """What the screen reads of a rank layout on a system, whatever else the configuration says:
+    every GPU its own class (:func:`.fold.identity_folding`), each stage's first GPU, the hops of
+    the rings it has timed (:meth:`_Timer.ring_hops`), the smallest GPU memory (bytes)."""
+
+    coords: dict  # the placement's (kept, so that its id is not reused)
+    folding: Folding
+    representative: dict[int, int]
+    capacity: float
+    hops: dict = field(default_factory=dict)
+
+
+def _layout(system: System, where: Placement) -> _Layout:
+    """The :class:`_Layout` of ``where``, memoised per system and rank layout (the placement
+    memoises its layout, so one layout is one ``coords`` dict)."""
+    memo = _LAYOUTS.get(system)
+    if memo is None:
+        memo = _LAYOUTS[system] = {}
+    hit = memo.get(id(where.coords))
+    if hit is None or hit.coords is not where.coords:
+        if len(memo) >= 8:
+            memo.clear()
+        gpus = where.gpus
+        hit = memo[id(where.coords)] = _Layout(where.coords, identity_folding(system, gpus),
+                                               {where.stage(g): g for g in reversed(gpus)},
+                                               min(a.memory.capacity for a in system.accelerators))
+    return hit
+
+
 def _lowering(graph: Graph, system: System, cfg: ParallelConfig,
               cost: CostModel) -> tuple[_Lowering, Placement, dict[int, int]]:
     """The lowering state the screen reads (graph prepared for ``cfg``, rules, units, each
     rank's parameters; no folding), the placement, and each stage's first GPU."""
     prepared = prepare_graph(graph, cfg)
     where = place(system, cfg)
-    low = _Lowering(prepared, system, cfg, cost, identity_folding(system, where.gpus), where)
+    layout = _layout(system, where)
+    low = _Lowering(prepared, system, cfg, cost, layout.folding, where)
+    low.layout = layout
     _parameters(low)
-    representative = {where.stage(g): g for g in reversed(where.gpus)}
-    return low, where, representative
+    return low, where, layout.representative
 
 
 def _tail(low: _Lowering, timer: _Timer, stage: int, backward: float) -> tuple[float, float, float]:

@@ -50,7 +50,7 @@ from marssim.errors import InputError
 from marssim.gcpause import gc_paused
 from marssim.system import Route, System
 from marssim.taskgraph import COMPUTE, TRANSFER, Collective, TaskGraph, from_program
-from marssim.taskprogram import TaskProgram
+from marssim.taskprogram import CoupledSteps, TaskProgram
 from marssim.workload import Graph, Op, OpKind
 
 from . import context, experts, overlap, userbuffers
@@ -268,6 +268,9 @@ class _Template:
     arrays: dict[str, np.ndarray] | None = None
     n_rows: int = 0  # once built (its rows then held as arrays, see _freeze)
     runs: list[tuple[int, int]] = field(default_factory=list)  # (first, count): rows copying the row before first
+    # coupled ring transfers (lowered with coupled rings): (row, the representative whose same row
+    # feeds its steps, bytes per step)
+    coupled: list[tuple[int, int, float]] = field(default_factory=list)
 
     def __len__(self) -> int:
         return self.n_rows if self.preds is None else len(self.preds)
@@ -281,8 +284,9 @@ _COLUMNS = {"kind": np.int8, "device": np.int32, "duration": np.float64, "src": 
 
 class _Lowering:
     def __init__(self, graph: Graph, system: System, cfg: ParallelConfig, cost: CostModel, folding: Folding,
-                 where: Placement) -> None:
+                 where: Placement, coupled_rings: bool = False) -> None:
         self.graph = graph
+        self.coupled_rings = coupled_rings
         self.system = system
         self.cfg = cfg
         self.cost = cost
@@ -298,6 +302,7 @@ class _Lowering:
         self.routes: list[Route] = []
         self.route_id: dict[tuple, int] = {}
         self._hops: dict[tuple, Hop] = {}  # hop()'s memo
+        self._plans: dict[tuple, tuple] = {}  # plan()'s memo, by the members' list (kept: its id is the key)
         self.groups: dict[tuple[int, str], list[int]] = {}  # _Builder._group's memo
         self.group_names: dict[tuple[int, str], tuple[str, ...]] = {}  # the names of its GPUs
         self.memo: dict[tuple, object] = {}  # the closed-form screen's memo (.analytic), by named keys
@@ -307,7 +312,8 @@ class _Lowering:
         entry = graph_cache(graph).get(("shards", id(cost)))
         if entry is None or entry[0] is not cost:
             entry = graph_cache(graph)[("shards", id(cost))] = (cost, {})
-        self.shard_cache: dict[tuple, tuple[tuple[float, float, float, float], str]] = entry[1]
+        self.shard_cache: dict[tuple, tuple[tuple[float, float, float, float], str, int]] = entry[1]
+        self._shards: dict[tuple[str, str], tuple] = {}  # (op, design) -> its shard_cache entry
         self.cost_models: dict[str, str] = {}  # op -> the cost model that timed it
         self.shape_keys: dict[str, tuple] = graph_cache(graph).setdefault("shape_keys", {})
         self.expert_share = experts.busiest_share(self.t.expert_load, cfg.ep)
@@ -394,8 +400,12 @@ class _Lowering:
         describe the group (the ring then runs at the links' line rate)."""
         if not self.cfg.nccl:
             return None
-        names = self.system.nodes
-        return group_plan(self.system, [names[g] for g in members], kind, nbytes)
+        key = (kind, nbytes, id(members))
+        hit = self._plans.get(key)
+        if hit is None or hit[0] is not members:
+            names = self.system.nodes
+            hit = self._plans[key] = (members, group_plan(self.system, [names[g] for g in members], kind, nbytes))
+        return hit[1]
 
     def pull_pattern(self, stage: int, source: int) -> str | None:
         """The pattern of a pipeline transfer that ``stage`` pulls from ``source``."""
@@ -447,15 +457,24 @@ class _Lowering:
         """``(seconds, FLOPs, joules, output bytes)`` of ``op``'s part on ``gpu``: the kernels its
         task runs in Megatron-LM (:func:`.megatron.op_kernels`; the optimizer step's after the
         global norm, :func:`.megatron.optimizer_kernels`), each timed by the cost model."""
+        return self._shard_entry(op, gpu)[0]
+
+    def _shard_entry(self, op: Op, gpu: int) -> tuple:
+        """``(timing, cost model, kernels)`` of ``op`` on ``gpu`` (:meth:`shard`), memoised in
+        this lowering by op and design (what else its key holds is fixed within a lowering)."""
         d = self.design(gpu)
-        rule = self.rules[op.name]
-        adam = op.param("fn") == "adam"
-        op_roles = self.roles.get(op.name, ())
+        mine = self._shards.get((op.name, d.name))
+        if mine is not None:
+            return mine
         key = self._shard_key(op, d)
         hit = self.shard_cache.get(key)
         if hit is not None:
             self.cost_models.setdefault(op.name, hit[1])
-            return hit[0]
+            self._shards[(op.name, d.name)] = hit
+            return hit
+        rule = self.rules[op.name]
+        adam = op.param("fn") == "adam"
+        op_roles = self.roles.get(op.name, ())
         sizes = shard_loops(op, rule, self.opt_params, self.cfg.dp_cp if self.cfg.zero >= 1 else 1)
         part = op.with_loops(**sizes) if sizes else op
         c = self.cost.op_cost(part, d)
@@ -471,8 +490,9 @@ class _Lowering:
             seconds, flops, energy, out_bytes = seconds / rule.scale, flops / rule.scale, energy / rule.scale, \
                 out_bytes / rule.scale
         timing = (float(seconds), flops, float(energy), out_bytes)
-        self.shard_cache[key] = (timing, c.model, 1 if kernels is None else len(kernels))
-        return timing
+        entry = self.shard_cache[key] = self._shards[(op.name, d.name)] = \
+            (timing, c.model, 1 if kernels is None else len(kernels))
+        return entry
 
     def _shard_key(self, op: Op, design) -> tuple:
         rule = self.rules[op.name]
@@ -484,8 +504,7 @@ class _Lowering:
 
     def kernels(self, op: Op, gpu: int) -> int:
         """How many kernels the task of ``op`` on ``gpu`` launches (after :meth:`shard`)."""
-        self.shard(op, gpu)
-        return self.shard_cache[self._shard_key(op, self.design(gpu))][2]
+        return self._shard_entry(op, gpu)[2]
 
     def launch(self, gpu: int) -> float:
         """Seconds the host takes to launch a kernel on ``gpu`` (:func:`.host.launch_seconds`; 0
@@ -718,8 +737,15 @@ class _Builder:
                             pattern=pattern)
             self._issued[pattern] = (self.me(rel),)
             return (self.me(rel),)
-        first = self.flow(self.rep, nxt, chunk, op, coll, tuple(deps), hold=False, plan=plan, pattern=pattern)
-        last = self._repeat_step(first, steps - 1, prv_rep)
+        if low.coupled_rings and steps > 1:
+            # one transfer of `steps` steps whose k-th step waits for its own (k-1)-th and for the
+            # (k-1)-th of prv_rep's same transfer: the steps below as one row (TaskProgram.coupled)
+            last = self.flow(self.rep, nxt, chunk * steps, op, coll, tuple(deps), hold=False, steps=steps, plan=plan,
+                             pattern=pattern)
+            self.t.coupled.append((last, prv_rep, float(chunk)))
+        else:
+            first = self.flow(self.rep, nxt, chunk, op, coll, tuple(deps), hold=False, plan=plan, pattern=pattern)
+            last = self._repeat_step(first, steps - 1, prv_rep)
         done = tuple(dict.fromkeys((self.me(last), ("u", prv_rep, self.key, last, "same"))))
         self._issued[pattern] = done
         return done
@@ -1063,7 +1089,7 @@ class _Builder:
 
 def lower_parallel(graph: Graph, system: System, cfg: ParallelConfig, cost: CostModel | None = None, *,
                    folding: bool = True, where: str = "--parallel", progress: Progress | None = None,
-                   max_bytes: float | None = None) -> TaskGraph:
+                   max_bytes: float | None = None, coupled_rings: bool = False) -> TaskGraph:
     """Lower ``graph`` (an LLM workload) under ``cfg`` on ``system`` (see the module docstring).
 
     ``folding``: simulate one GPU per class of identical GPUs (exact, :mod:`.fold`); False: every
@@ -1071,7 +1097,12 @@ def lower_parallel(graph: Graph, system: System, cfg: ParallelConfig, cost: Cost
     "templates" or "assemble", "tasks": tasks lowered so far, "total": tasks of the TaskGraph}``.
     ``max_bytes``: the most a simulation of the result may need (default: this machine's memory;
     :mod:`.size`). Raises InputError when the configuration cannot run the workload on the
-    system, or spans more GPUs or would need more memory than that bound (saying its size)."""
+    system, or spans more GPUs or would need more memory than that bound (saying its size).
+
+    ``coupled_rings``: a ring collective over GPUs of several classes is one transfer per class
+    whose steps are coupled to the previous rank's (:class:`~marssim.taskprogram.CoupledSteps`)
+    instead of one task per step: far fewer tasks for the estimate, which times those steps
+    exactly as it times the tasks; the simulators refuse such a TaskGraph."""
     if cost is None:
         from marssim.cost import default_cost_model
 
@@ -1083,7 +1114,7 @@ def lower_parallel(graph: Graph, system: System, cfg: ParallelConfig, cost: Cost
     check_gpus(cfg.gpus, where)
     graph = prepare_graph(graph, cfg)
     with gc_paused():
-        return _lower(graph, system, cfg, cost, folding, _Reporter(progress), where, max_bytes)
+        return _lower(graph, system, cfg, cost, folding, _Reporter(progress), where, max_bytes, coupled_rings)
 
 
 class _Reporter:
@@ -1107,7 +1138,7 @@ class _Reporter:
 
 
 def _lower(graph: Graph, system: System, cfg: ParallelConfig, cost: CostModel, folding: bool, report: _Reporter,
-           where_key: str = "--parallel", max_bytes: float | None = None) -> TaskGraph:
+           where_key: str = "--parallel", max_bytes: float | None = None, coupled_rings: bool = False) -> TaskGraph:
     import time
 
     wall = time.perf_counter()
@@ -1122,7 +1153,7 @@ def _lower(graph: Graph, system: System, cfg: ParallelConfig, cost: CostModel, f
         folded = fold(system, where.gpus, role, patterns, pulls=PULLS, direct=direct_patterns(patterns))
     else:
         folded = identity_folding(system, where.gpus, patterns, PULLS, direct_patterns(patterns))
-    low = _Lowering(graph, system, cfg, cost, folded, where)
+    low = _Lowering(graph, system, cfg, cost, folded, where, coupled_rings)
     _parameters(low)
     reps = folded.reps
     # every representative's units in schedule order, then its chunks' optimizer units
@@ -1420,7 +1451,7 @@ def _program(low: _Lowering, order: list[tuple[int, tuple[int, str], int]]) -> T
         grp_target_tpl=target_tpl, first_compute=first, last_compute=last,
         tpl_colls=tuple(tuple(t.colls) for t in templates), inst_tpl=inst.tpl.astype(np.int32),
         inst_mb=inst.mb.astype(np.int32), inst_base=inst.base, inst_coll=inst.coll, inst_gstart=inst_gstart,
-        target=targets, chain_prev=chain_prev)
+        target=targets, chain_prev=chain_prev, coupled=_coupled(inst, templates, tpl_index))
 
 
 def _group_targets(inst: _Instances, templates: list[_Template], grp_start: np.ndarray, grp_keys: list[tuple],
@@ -1433,16 +1464,7 @@ def _group_targets(inst: _Instances, templates: list[_Template], grp_start: np.n
     inst_gstart = np.zeros(n_inst + 1, dtype=np.int64)
     np.cumsum(n_groups[inst.tpl], out=inst_gstart[1:])
     out = np.full(int(inst_gstart[-1]), -1, dtype=np.int32)
-    # every (rep, key): its instances by micro-batch
-    by_key: dict[tuple, np.ndarray] = {}
-    last_mb: dict[tuple, int] = {}
-    for (rep, key), j in tpl_index.items():
-        mine = np.flatnonzero(inst.tpl == j)
-        mbs = inst.mb[mine]
-        table = np.full(int(mbs.max()) + 1 if len(mbs) else 1, -1, dtype=np.int64)
-        table[mbs] = mine
-        by_key[(rep, key)] = table
-        last_mb[(rep, key)] = int(mbs.max()) if len(mbs) else 0
+    by_key, last_mb = _instances_by_key(inst, tpl_index)
     needs_backward = bool(lastkernel.any())
     last_backward = np.full(n_inst, -1, dtype=np.int64)
     if needs_backward:  # the latest instance before each one, on its GPU, with a backward kernel
@@ -1469,6 +1491,46 @@ def _group_targets(inst: _Instances, templates: list[_Template], grp_start: np.n
             inside = r_mb < len(table)
             out[slots[inside]] = table[r_mb[inside]]
     return out
+
+
+def _instances_by_key(inst: _Instances, tpl_index: dict) -> tuple[dict[tuple, np.ndarray], dict[tuple, int]]:
+    """Per (rep, unit key): its instances by micro-batch (-1: none), and its last micro-batch."""
+    by_key: dict[tuple, np.ndarray] = {}
+    last_mb: dict[tuple, int] = {}
+    for (rep, key), j in tpl_index.items():
+        mine = np.flatnonzero(inst.tpl == j)
+        mbs = inst.mb[mine]
+        table = np.full(int(mbs.max()) + 1 if len(mbs) else 1, -1, dtype=np.int64)
+        table[mbs] = mine
+        by_key[(rep, key)] = table
+        last_mb[(rep, key)] = int(mbs.max()) if len(mbs) else 0
+    return by_key, last_mb
+
+
+def _coupled(inst: _Instances, templates: list[_Template], tpl_index: dict) -> CoupledSteps | None:
+    """The coupled ring transfers of the instances (:class:`~marssim.taskprogram.CoupledSteps`):
+    each one's task, the task of the same micro-batch of the representative feeding its steps,
+    and its bytes per step; None when the lowering made none."""
+    if not any(t.coupled for t in templates):
+        return None
+    by_key, _ = _instances_by_key(inst, tpl_index)
+    tasks, prevs, chunks = [], [], []
+    for j, tpl in enumerate(templates):
+        if not tpl.coupled:
+            continue
+        mine = np.flatnonzero(inst.tpl == j)
+        key = inst.keys[j][1]
+        for rel, prv_rep, chunk in tpl.coupled:
+            table = by_key[(prv_rep, key)]
+            feeder = table[inst.mb[mine]]
+            if (feeder < 0).any():
+                raise AssertionError(f"a coupled ring transfer of unit {key} has no feeder on GPU {prv_rep}")
+            tasks.append(inst.base[mine] + rel)
+            prevs.append(inst.base[feeder] + rel)
+            chunks.append(np.full(len(mine), chunk))
+    task = np.concatenate(tasks)
+    order = np.argsort(task, kind="stable")
+    return CoupledSteps(task=task[order], prev=np.concatenate(prevs)[order], chunk=np.concatenate(chunks)[order])
 
 
 def _memory(low: _Lowering) -> tuple[dict[str, float], tuple[tuple[str, str, float], ...]]:

@@ -18,6 +18,8 @@ with ``order=tp-dp-pp`` a context-parallel group sits ``tp`` GPUs apart (Megatro
 from __future__ import annotations
 
 import itertools
+import weakref
+from collections import OrderedDict
 from dataclasses import dataclass
 
 from marssim.system import System
@@ -114,12 +116,36 @@ class Placement:
         return out  # type: ignore[return-value]
 
 
+_LAYOUTS: "weakref.WeakKeyDictionary[System, OrderedDict]" = weakref.WeakKeyDictionary()
+_LAYOUTS_KEPT = 8  # layouts memoised per system (a search's configurations share a few)
+
+
 def place(system: System, cfg: ParallelConfig) -> Placement:
     """The placement of ``cfg`` on the system's accelerators (see the module docstring and
-    ``ParallelConfig.stage_start``)."""
+    ``ParallelConfig.stage_start``). The rank layout is memoised per system by what it depends
+    on (the stages' blocks, tensor-parallel degrees, ``dp x cp``, ``order``)."""
+    blocked = bool(cfg.stage_start or (cfg.stage_tp and not cfg.uniform))
+    key = (blocked, cfg.stage_start if blocked else (), tuple(cfg.tp_of(s) for s in range(cfg.pp)), cfg.pp,
+           cfg.dp_cp, cfg.order, cfg.gpus)
+    memo = _LAYOUTS.get(system)
+    if memo is None:
+        memo = _LAYOUTS[system] = OrderedDict()
+    hit = memo.get(key)
+    if hit is None:
+        hit = memo[key] = _layout(system, cfg, blocked)
+        while len(memo) > _LAYOUTS_KEPT:
+            memo.popitem(last=False)
+    else:
+        memo.move_to_end(key)
+    ranks, coords = hit
+    return Placement(cfg, ranks, coords)
+
+
+def _layout(system: System, cfg: ParallelConfig, blocked: bool) -> tuple[dict, dict]:
+    """``(ranks, coords)`` of :func:`place`."""
     nodes = [system.node_index[a] for a in system.accelerator_ids]
     ranks: dict[tuple[int, int, int], int] = {}
-    if cfg.stage_start or (cfg.stage_tp and not cfg.uniform):
+    if blocked:
         # each stage a block of tp * dp GPUs: where the configuration puts it, else one after another
         blocks = [cfg.tp_of(stage) * cfg.dp_cp for stage in range(cfg.pp)]
         starts = cfg.stage_start or tuple(itertools.accumulate(blocks, initial=0))[:-1]
@@ -138,4 +164,4 @@ def place(system: System, cfg: ParallelConfig) -> Placement:
                 r //= sizes[axis]
             ranks[(pos["dp"], pos["pp"], pos["tp"])] = node
     coords = {node: key for key, node in ranks.items()}
-    return Placement(cfg, ranks, coords)
+    return ranks, coords

@@ -69,12 +69,20 @@ class Run:
 
 
 def lower_plan(plan: Plan, graph: Graph, system: System, cost: CostModel, *, fold: bool = True, cache=None,
-               validate: bool = True, progress: Callable | None = None, max_bytes: float | None = None) -> TaskGraph:
+               validate: bool = True, progress: Callable | None = None, max_bytes: float | None = None,
+               how: str = "simulate") -> TaskGraph:
     """The TaskGraph of ``plan`` (each plan kind by its own lowering). ``graph``: for a
     configuration, one micro-batch of it (:func:`marssim.plan.graph_for`). ``max_bytes``: the
-    most a configuration's lowering and simulation may need (default: this machine's memory)."""
+    most a configuration's lowering and simulation may need (default: this machine's memory).
+    ``how``: what will evaluate it; a configuration lowered for the compiled estimate holds each
+    ring over several classes as one task per class with coupled steps (``coupled_rings``, the
+    same estimate from far fewer tasks; the simulators refuse that TaskGraph)."""
     if isinstance(plan, ParallelConfig):
         kwargs = {"progress": progress} if progress is not None else {}
+        if how == "estimate":
+            from marssim.analytical import have_numba
+
+            kwargs["coupled_rings"] = have_numba()
         return lower_parallel(graph, system, plan, cost, folding=fold, max_bytes=max_bytes, **kwargs)
     from marssim.lower import lower
 
@@ -112,7 +120,7 @@ def run(plan: Plan, graph: Graph, system: System, cost: CostModel | None = None,
     wall = time.perf_counter()
     tg = taskgraph if taskgraph is not None else \
         lower_plan(plan, graph, system, cost, fold=fold, cache=cache, validate=validate, progress=progress,
-                   max_bytes=max_bytes)
+                   max_bytes=max_bytes, how=how)
     lowered = time.perf_counter()
     out = Run(plan, graph, system, how, tg, Summary(0.0, float("nan"), float("nan")))
     kwargs = {"progress": progress} if progress is not None else {}

@@ -46,7 +46,11 @@ Python objects per task); ``simpy``: this module; ``auto``: compiled where it ca
 installed, not the ``spill`` policy), else SimPy."""
 
 
-def _check(memory_policy: str, streams: int, engine: str) -> None:
+def _check(memory_policy: str, streams: int, engine: str, taskgraph: TaskGraph | None = None) -> None:
+    program = getattr(taskgraph, "program", None)
+    if program is not None and program.coupled is not None:
+        raise ValueError("this TaskGraph couples ring steps in one task per class (lowered with coupled_rings=True, "
+                         "for the estimate); the simulators time every step: lower it with coupled_rings=False")
     if memory_policy not in POLICIES:
         raise ValueError(f"memory_policy must be one of {POLICIES}, got {memory_policy!r}")
     if streams < 1:
@@ -80,7 +84,7 @@ def simulate(taskgraph: TaskGraph, system: System, *, memory_policy: str = "erro
     to report ``Result.setup_time``. ``engine``: see :data:`ENGINES` (the same result from
     either). ``progress``: called at most every half second of wall time with
     ``{"time_s": simulated seconds so far, "tasks_done", "tasks"}``."""
-    _check(memory_policy, streams, engine)
+    _check(memory_policy, streams, engine, taskgraph)
     wall = time.perf_counter()
     with gc_paused():
         if _compiled(taskgraph, memory_policy, engine):
@@ -120,7 +124,7 @@ def simulate_schedule(taskgraph: TaskGraph, system: System, *, memory_policy: st
                       streams: int = 1, engine: str = "auto", progress: "Progress | None" = None) -> Schedule:
     """Simulate like :func:`simulate_summary` and keep every task's start and end too (no interval
     log, no per-resource tables)."""
-    _check(memory_policy, streams, engine)
+    _check(memory_policy, streams, engine, taskgraph)
     with gc_paused():
         if _compiled(taskgraph, memory_policy, engine):
             from .fast import run_compiled
