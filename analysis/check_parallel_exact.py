@@ -5,7 +5,8 @@ ZeRO 1 and 3, experts, recomputation, uneven stages on a mixed cluster, serving,
 scalable units, an oversubscribed fabric, folded and unfolded), it lowers each one and records
 
 * the simulation: iteration time (makespan), each simulated GPU's memory peak and last kernel end;
-* the analytical estimate: makespan and lower bound;
+* the analytical estimate (of the lowering ``marssim estimate`` makes: ``coupled_rings``): makespan
+  and lower bound;
 * the closed-form screen: iteration time (training) or time to first token and per output token
   (serving);
 
@@ -111,7 +112,9 @@ def run_case(system_spec, workload: str, config: str, folded: bool) -> dict[str,
     cost = default_cost_model()
     tg = lower_parallel(graph, system, cfg, cost, folding=folded)
     out: dict[str, str] = {}
-    est = estimate(tg, system)  # first: from the lowering's program (the columns not built yet)
+    # the estimate as `marssim estimate` lowers it: rings over several classes one task per class
+    # with coupled steps (the same floats as one task per step)
+    est = estimate(lower_parallel(graph, system, cfg, cost, folding=folded, coupled_rings=True), system)
     result = simulate(tg, system, memory_policy="ignore", setup=False)
     out["simulate.makespan"] = result.makespan.hex()
     reps = sorted(set(tg.meta["fold"].values()))

@@ -264,9 +264,16 @@ def chained_schedule(d_row, n_pred, max_succ, row_coupled, c_task, c_comp, c_ptr
         e = start[t] + d_row[row]
         end[t] = e
         done += 1
-        top = _release(t, e, start, waiting, stack, top, succ, inst_of, i_tpl, i_base, t_start, t_first, t_last,
-                       isucc_ptr, isucc, inc_ptr, inc_inst, inc_group, g_lastkernel, g_rev_base, g_rel_ptr, rev_ptr,
-                       rev_rel, g_rel, i_next)
+        ns = _successors(t, succ, inst_of, i_tpl, i_base, t_start, t_first, t_last, isucc_ptr, isucc, inc_ptr,
+                         inc_inst, inc_group, g_lastkernel, g_rev_base, g_rel_ptr, rev_ptr, rev_rel, g_rel, i_next)
+        for j in range(ns):
+            u = succ[j]
+            if e > start[u]:
+                start[u] = e
+            waiting[u] -= 1
+            if waiting[u] == 0:
+                stack[top] = u
+                top += 1
     return start, end, done
 
 
