@@ -103,6 +103,27 @@ def _coupled_ends(comp, at, end, c_task, c_ptr, c_members, c_prev_local, c_d, c_
 
 
 @njit(cache=True)
+def _coupled_ready(t, at, start, end, waiting, stack, top, succ, c_task, c_comp, c_ptr, c_members, c_prev_local, c_d,
+                   c_k, c_wait, inst_of, i_tpl, i_base, t_start, t_first, t_last, isucc_ptr, isucc, inc_ptr, inc_inst,
+                   inc_group, g_lastkernel, g_rev_base, g_rel_ptr, rev_ptr, rev_rel, g_rel, i_next):
+    """Coupled transfer ``t`` is ready (at ``at[t]``). Once every transfer of its ring is, time
+    their steps (:func:`_coupled_ends`), start each at its ready time and release their
+    successors. Returns the new stack top and how many tasks ended."""
+    comp = c_comp[np.searchsorted(c_task, t)]
+    c_wait[comp] -= 1
+    if c_wait[comp] > 0:
+        return top, 0
+    _coupled_ends(comp, at, end, c_task, c_ptr, c_members, c_prev_local, c_d, c_k)
+    for q in range(c_ptr[comp], c_ptr[comp + 1]):
+        tm = c_task[c_members[q]]
+        start[tm] = at[tm]
+        top = _release(tm, end[tm], at, waiting, stack, top, succ, inst_of, i_tpl, i_base, t_start, t_first, t_last,
+                       isucc_ptr, isucc, inc_ptr, inc_inst, inc_group, g_lastkernel, g_rev_base, g_rel_ptr, rev_ptr,
+                       rev_rel, g_rel, i_next)
+    return top, c_ptr[comp + 1] - c_ptr[comp]
+
+
+@njit(cache=True)
 def list_schedule(d_row, dev_row, n_pred, n_devices, per_dev, max_succ, row_coupled, c_task, c_comp, c_ptr, c_members,
                   c_prev_local, c_d, c_k, c_wait, inst_of, i_tpl, i_base, t_start, t_first, t_last, isucc_ptr, isucc,
                   inc_ptr, inc_inst, inc_group, g_lastkernel, g_rev_base, g_rel_ptr, rev_ptr, rev_rel, g_rel, i_next):
@@ -140,17 +161,11 @@ def list_schedule(d_row, dev_row, n_pred, n_devices, per_dev, max_succ, row_coup
             t = stack[top]
             _, row = _row(t, inst_of, i_tpl, i_base, t_start)
             if row_coupled[row]:
-                comp = c_comp[np.searchsorted(c_task, t)]
-                c_wait[comp] -= 1
-                if c_wait[comp] == 0:  # the whole ring is ready: its steps, then its successors
-                    _coupled_ends(comp, ready, end, c_task, c_ptr, c_members, c_prev_local, c_d, c_k)
-                    for q in range(c_ptr[comp], c_ptr[comp + 1]):
-                        tm = c_task[c_members[q]]
-                        start[tm] = ready[tm]
-                        done += 1
-                        top = _release(tm, end[tm], ready, waiting, stack, top, succ, inst_of, i_tpl, i_base, t_start,
-                                       t_first, t_last, isucc_ptr, isucc, inc_ptr, inc_inst, inc_group, g_lastkernel,
-                                       g_rev_base, g_rel_ptr, rev_ptr, rev_rel, g_rel, i_next)
+                top, ended = _coupled_ready(t, ready, start, end, waiting, stack, top, succ, c_task, c_comp, c_ptr,
+                                            c_members, c_prev_local, c_d, c_k, c_wait, inst_of, i_tpl, i_base,
+                                            t_start, t_first, t_last, isucc_ptr, isucc, inc_ptr, inc_inst, inc_group,
+                                            g_lastkernel, g_rev_base, g_rel_ptr, rev_ptr, rev_rel, g_rel, i_next)
+                done += ended
             elif dev_row[row] < 0:
                 s = ready[t]
                 e = s + d_row[row]
@@ -250,16 +265,11 @@ def chained_schedule(d_row, n_pred, max_succ, row_coupled, c_task, c_comp, c_ptr
         t = stack[top]
         _, row = _row(t, inst_of, i_tpl, i_base, t_start)
         if row_coupled[row]:
-            comp = c_comp[np.searchsorted(c_task, t)]
-            c_wait[comp] -= 1
-            if c_wait[comp] == 0:  # the whole ring is ready: its steps, then its successors
-                _coupled_ends(comp, start, end, c_task, c_ptr, c_members, c_prev_local, c_d, c_k)
-                for q in range(c_ptr[comp], c_ptr[comp + 1]):
-                    tm = c_task[c_members[q]]
-                    done += 1
-                    top = _release(tm, end[tm], start, waiting, stack, top, succ, inst_of, i_tpl, i_base, t_start,
-                                   t_first, t_last, isucc_ptr, isucc, inc_ptr, inc_inst, inc_group, g_lastkernel,
-                                   g_rev_base, g_rel_ptr, rev_ptr, rev_rel, g_rel, i_next)
+            top, ended = _coupled_ready(t, start, start, end, waiting, stack, top, succ, c_task, c_comp, c_ptr,
+                                        c_members, c_prev_local, c_d, c_k, c_wait, inst_of, i_tpl, i_base, t_start,
+                                        t_first, t_last, isucc_ptr, isucc, inc_ptr, inc_inst, inc_group, g_lastkernel,
+                                        g_rev_base, g_rel_ptr, rev_ptr, rev_rel, g_rel, i_next)
+            done += ended
             continue
         e = start[t] + d_row[row]
         end[t] = e
