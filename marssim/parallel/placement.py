@@ -18,6 +18,7 @@ with ``order=tp-dp-pp`` a context-parallel group sits ``tp`` GPUs apart (Megatro
 from __future__ import annotations
 
 import itertools
+import threading
 import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -118,6 +119,7 @@ class Placement:
 
 _LAYOUTS: "weakref.WeakKeyDictionary[System, OrderedDict]" = weakref.WeakKeyDictionary()
 _LAYOUTS_KEPT = 8  # layouts memoised per system (a search's configurations share a few)
+_LAYOUTS_LOCK = threading.Lock()
 
 
 def place(system: System, cfg: ParallelConfig) -> Placement:
@@ -127,16 +129,19 @@ def place(system: System, cfg: ParallelConfig) -> Placement:
     blocked = bool(cfg.stage_start or (cfg.stage_tp and not cfg.uniform))
     key = (blocked, cfg.stage_start if blocked else (), tuple(cfg.tp_of(s) for s in range(cfg.pp)), cfg.pp,
            cfg.dp_cp, cfg.order, cfg.gpus)
-    memo = _LAYOUTS.get(system)
-    if memo is None:
-        memo = _LAYOUTS[system] = OrderedDict()
-    hit = memo.get(key)
+    with _LAYOUTS_LOCK:  # screens may run in threads (a Dask cluster of threads)
+        memo = _LAYOUTS.get(system)
+        if memo is None:
+            memo = _LAYOUTS[system] = OrderedDict()
+        hit = memo.get(key)
+        if hit is not None:
+            memo.move_to_end(key)
     if hit is None:
-        hit = memo[key] = _layout(system, cfg, blocked)
-        while len(memo) > _LAYOUTS_KEPT:
-            memo.popitem(last=False)
-    else:
-        memo.move_to_end(key)
+        hit = _layout(system, cfg, blocked)
+        with _LAYOUTS_LOCK:
+            hit = memo.setdefault(key, hit)
+            while len(memo) > _LAYOUTS_KEPT:
+                memo.popitem(last=False)
     ranks, coords = hit
     return Placement(cfg, ranks, coords)
 
