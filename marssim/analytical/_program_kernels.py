@@ -274,6 +274,7 @@ def chained_schedule(d_row, n_pred, max_succ, row_coupled, c_task, c_comp, c_ptr
         e = start[t] + d_row[row]
         end[t] = e
         done += 1
+        # the loop of _release, written out: numba's inlining of it made this pass ~40% slower
         ns = _successors(t, succ, inst_of, i_tpl, i_base, t_start, t_first, t_last, isucc_ptr, isucc, inc_ptr,
                          inc_inst, inc_group, g_lastkernel, g_rev_base, g_rel_ptr, rev_ptr, rev_rel, g_rel, i_next)
         for j in range(ns):
