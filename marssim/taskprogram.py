@@ -86,8 +86,8 @@ class CoupledSteps:
     @cached_property
     def components(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(component, ptr, members)``: each coupled task's component, and per component its
-        positions in ``task`` (``members[ptr[c]:ptr[c + 1]]``, ascending; components numbered by
-        their first member)."""
+        positions in ``task`` (``members[ptr[c]:ptr[c + 1]]``, ascending; components numbered in
+        the order of their cycles' least positions)."""
         # every task has one feeder, so a component is a cycle (with any tasks leading into it):
         # by pointer doubling, each task's least position over its 2^k feeders back, and the
         # task 2^k feeders back; once 2^k exceeds the tasks, that one is on the cycle and its
@@ -98,14 +98,12 @@ class CoupledSteps:
         for _ in range(max(1, int(n).bit_length())):
             np.minimum(least, least[back], out=least)
             back = back[back]
-        label = least[back]
-        _, first = np.unique(label, return_inverse=True)
-        comp = first.astype(np.int64)
+        _, comp = np.unique(least[back], return_inverse=True)
+        comp = comp.astype(np.int64)
         count = int(comp.max()) + 1 if n else 0
-        members = np.argsort(comp, kind="stable")
         ptr = np.zeros(count + 1, dtype=np.int64)
         np.cumsum(np.bincount(comp, minlength=count), out=ptr[1:])
-        return comp.astype(np.int64), ptr, members.astype(np.int64)
+        return comp, ptr, np.argsort(comp, kind="stable").astype(np.int64)
 
 
 @dataclass(frozen=True, eq=False)

@@ -330,7 +330,7 @@ def _coupling(program, rows: dict, bottleneck: np.ndarray, latency: np.ndarray) 
     route = rows["route"][row]
     with np.errstate(divide="ignore", invalid="ignore"):
         serial = np.where(coupled.chunk > 0, coupled.chunk / bottleneck[route], 0.0)
-    step = serial + latency[route] * np.ones(len(task), dtype=np.int32)
+    step = serial + latency[route]  # a one-step transfer's latency times 1, exactly
     steps = rows["steps"][row].astype(np.int64)
     if (steps[members] != np.repeat(steps[members[ptr[:-1]]], np.diff(ptr))).any():
         raise ValueError("the coupled transfers of one ring have different step counts")
