@@ -25,14 +25,24 @@ every mapping is evaluated by discrete-event simulation.
 """
 
 
+class _ExactParser(argparse.ArgumentParser):
+    """An argument parser that takes no abbreviation of a long option (``--out`` is never taken
+    for ``--output``): every verb's parser and sub-parser is one of these."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs["allow_abbrev"] = False
+        super().__init__(*args, **kwargs)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    """The argument parser with every verb module found in ``marssim.cli`` registered."""
-    parser = argparse.ArgumentParser(prog="marssim", description=_DESCRIPTION,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    """The argument parser with every verb module found in ``marssim.cli`` registered; no long
+    option may be abbreviated."""
+    parser = _ExactParser(prog="marssim", description=_DESCRIPTION,
+                          formatter_class=argparse.RawDescriptionHelpFormatter)
     from marssim import __version__
 
     parser.add_argument("--version", action="version", version=f"marssim {__version__}")
-    sub = parser.add_subparsers(dest="verb", metavar="VERB", title="verbs")
+    sub = parser.add_subparsers(dest="verb", metavar="VERB", title="verbs", parser_class=_ExactParser)
     modules = []
     for info in pkgutil.iter_modules(__path__):
         if info.name.startswith("_"):
