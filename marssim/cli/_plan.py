@@ -111,6 +111,7 @@ def load_plan_args(args: argparse.Namespace):
             cfg = parse_parallel(args.parallel)
             plan, graph = bind_parallel(cfg, graph, system, "--parallel",
                                         micro_batch_given="micro_batch" in _keys(args.parallel),
+                                        order_given="order" in _keys(args.parallel),
                                         batch_given=workload_sets_batch(args.workload, args.batch))
         else:
             if is_llm(graph) and _gpu_cluster(system) and args.strategy is None:

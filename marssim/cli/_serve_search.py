@@ -342,6 +342,7 @@ def compare_table(results: list):
 
 def format_compare(table, objective: str) -> str:
     from marssim.search.report import WIDTH
+    from marssim.tables import wrap_last_cell
 
     rate = "goodput" if objective == "goodput" else "req/s"
     lines = [f"{'algorithm':<14}{'value':>10}{'vs grid':>9}{'GPUs':>6}{rate:>9}{'TTFT P99':>10}{'TBT P99':>9}"
@@ -351,16 +352,15 @@ def format_compare(table, objective: str) -> str:
         line = (f"{r.algorithm:<14}{r.value:>10.4g}{r.vs_grid_pct:>+8.1f}%{r.gpus:>6d}{r.rate_rps:>9.4g}"
                 f"{r.ttft_p99_ms:>10.1f}{r.tbt_p99_ms:>9.1f}{cost}{r.screened:>9d}{r.simulations:>6d}"
                 f"{r.wall_s:>8.1f}  ")
-        rest = WIDTH - len(line)
-        best = r.best if len(r.best) <= rest else r.best_short
-        lines.append(line + (best if len(best) <= rest else best[:rest - 1] + "\u2026"))
+        best = r.best if len(r.best) <= WIDTH - len(line) else r.best_short
+        lines += wrap_last_cell(line, best, WIDTH)
     return "\n".join(lines)
 
 
 def _short(dep) -> str:
     from marssim.search.report import short_deployment
 
-    return short_deployment(dep, width=200)
+    return short_deployment(dep)
 
 
 def run_compare(args: argparse.Namespace, open_executor) -> int:

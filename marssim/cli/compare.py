@@ -72,32 +72,33 @@ def llm_table(results, system: str = ""):
 
 def systems_table(rows) -> str:
     """The winning configuration of each system (``rows``: ``(system, GPU capacity in bytes,
-    tokens per iteration, its better search result)``) in one table within 120 columns."""
+    tokens per iteration, its better search result)``) in one table within 120 columns, a long
+    configuration continued on the next lines."""
     from marssim.search.report import WIDTH
+    from marssim.tables import wrap_last_cell
 
-    lines = [f"{'system':<30}{'iteration ms':>13}{'MFU':>7}{'tok/s/GPU':>10}{'memory GiB':>14}  winning configuration"]
+    name = max([30, *(len(str(row[0])) + 1 for row in rows)])
+    lines = [f"{'system':<{name}}{'iteration ms':>13}{'MFU':>7}{'tok/s/GPU':>10}{'memory GiB':>14}  winning configuration"]
     for system, capacity, tokens, r in rows:
         e = r.evaluation
         gpus = r.best.gpus
         rate = tokens / e.makespan / gpus if e.makespan > 0 else 0.0
-        line = (f"{system:<30.30}{e.makespan * 1e3:>13.1f}{e.mfu:>7.1%}{rate:>10,.0f}"
+        line = (f"{system:<{name}}{e.makespan * 1e3:>13.1f}{e.mfu:>7.1%}{rate:>10,.0f}"
                 f"{e.memory_peak / 2**30:>7.1f} of {capacity / 2**30:>3.0f}  ")
-        best = r.best.text()
-        rest = WIDTH - len(line)
-        lines.append(line + (best if len(best) <= rest else best[:rest - 1] + "\u2026"))
+        lines += wrap_last_cell(line, r.best.text(), WIDTH)
     return "\n".join(lines)
 
 
 def format_llm_table(table) -> str:
     from marssim.search.report import WIDTH
+    from marssim.tables import wrap_last_cell
 
     lines = [f"{'algorithm':<15}{'time ms':>11}{'vs grid':>9}{'MFU':>7}{'mem GiB':>8}{'screened':>9}{'rejected':>9}"
              f"{'simulated':>10}{'wall s':>7}  best configuration"]
     for r in table.itertuples():
         line = (f"{r.algorithm:<15}{r.time_ms:>11.3f}{r.vs_grid_pct:>+8.1f}%{r.mfu:>7.1%}{r.memory_GiB:>8.1f}"
                 f"{r.screened:>9d}{r.rejected_memory:>9d}{r.simulations:>10d}{r.wall_s:>7.1f}  ")
-        rest = WIDTH - len(line)
-        lines.append(line + (r.best if len(r.best) <= rest else r.best[:rest - 1] + "\u2026"))
+        lines += wrap_last_cell(line, r.best, WIDTH)
     return "\n".join(lines)
 
 

@@ -21,13 +21,13 @@ import itertools
 import threading
 import weakref
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from marssim.system import System
 
 from .config import ParallelConfig
 
-__all__ = ["Placement", "place", "PULLS", "direct_patterns"]
+__all__ = ["Placement", "place", "default_order", "PULLS", "direct_patterns"]
 
 PULLS = ("pull+1", "pull-1")
 """Patterns whose flows go from the peer to the GPU (pipeline transfers are pulled by receivers)."""
@@ -144,6 +144,43 @@ def place(system: System, cfg: ParallelConfig) -> Placement:
                 memo.popitem(last=False)
     ranks, coords = hit
     return Placement(cfg, ranks, coords)
+
+
+MEGATRON_ORDER = "tp-dp-pp"
+"""Megatron-LM's rank order (``tp-cp-ep-dp-pp``): a pipeline's stages outermost."""
+
+
+def default_order(system: System, cfg: ParallelConfig) -> str:
+    """The rank order of ``cfg`` on ``system`` when the configuration names none.
+
+    ``cfg.order`` (``tp-pp-dp``: a pipeline's stages inside a data-parallel replica) on systems
+    whose scale-up domain is one server (a DGX node: its eight GPUs hold a tensor-parallel group,
+    any order sends data-parallel rings between nodes). On a rack-scale NVLink domain -- one
+    scale-up fabric across several hosts, as GB200 NVL72's 72 GPUs -- Megatron-LM's own order
+    ``tp-dp-pp`` where it keeps every data-parallel group inside one domain and ``tp-pp-dp`` does
+    not: the gradient rings then run on NVLink and only the pipeline's activations cross the
+    network between domains, as a framework places ranks on that machine."""
+    if cfg.pp == 1 or cfg.dp_cp == 1 or cfg.stage_start or not cfg.uniform:
+        return cfg.order
+    accelerators = system.accelerator_ids[: cfg.gpus]
+    where = [system.cluster_node(a) for a in accelerators]
+    if any(w is None for w in where):
+        return cfg.order
+    if not any(group is not None and group.gpus_per_node > group.per_host for _, group in where):
+        return cfg.order  # no rack-scale domain: the server's GPUs are one node
+    domain = {system.node_index[a]: node for a, (node, _) in zip(accelerators, where)}
+
+    def groups_inside(order: str) -> bool:
+        ranks, _ = _layout(system, replace(cfg, order=order), False)
+        seen: dict[tuple[int, int], int] = {}
+        for (dp, pp, tp), node in ranks.items():
+            if seen.setdefault((pp, tp), domain[node]) != domain[node]:
+                return False
+        return True
+
+    if not groups_inside(cfg.order) and groups_inside(MEGATRON_ORDER):
+        return MEGATRON_ORDER
+    return cfg.order
 
 
 def _layout(system: System, cfg: ParallelConfig, blocked: bool) -> tuple[dict, dict]:

@@ -74,6 +74,7 @@ def load_plan(name_or_path: str | Path, *, system: System | str | None = None, w
         graph, system = mapping_inputs(data, path, system, workload, batch)
         spec = workload if isinstance(workload, str) else data.get("workload", "")
         config, graph = bind_parallel(config, graph, system, file, micro_batch_given="micro_batch" in raw,
+                                      order_given="order" in raw,
                                       batch_given=workload_sets_batch(str(spec), batch))
         return config, graph, system
     graph, system = mapping_inputs(data, path, system, workload, batch)
@@ -84,7 +85,13 @@ def load_plan(name_or_path: str | Path, *, system: System | str | None = None, w
 def plan_to_dict(plan: Plan, graph: Graph, system: System) -> dict[str, Any]:
     """The canonical YAML-ready form of ``plan`` (its system and workload included)."""
     if isinstance(plan, ParallelConfig):
-        return {"system": canonical_system_ref(system), "workload": graph.spec, "parallel": plan.to_dict()}
+        parallel = plan.to_dict()
+        if "order" not in parallel:  # written where the file read back would take another default order
+            from marssim.parallel.placement import default_order
+
+            if default_order(system, plan) != plan.order:
+                parallel["order"] = plan.order
+        return {"system": canonical_system_ref(system), "workload": graph.spec, "parallel": parallel}
     return mapping_to_dict(plan, graph)
 
 

@@ -64,11 +64,14 @@ def workload_sets_batch(spec: str, batch: int | None = None) -> bool:
 
 
 def bind_parallel(config: ParallelConfig, graph: Graph, system: System, where: str, *,
-                  micro_batch_given: bool, batch_given: bool) -> tuple[ParallelConfig, Graph]:
+                  micro_batch_given: bool, batch_given: bool,
+                  order_given: bool = True) -> tuple[ParallelConfig, Graph]:
     """``config`` and the graph of one micro-batch of it, checked against ``system``.
 
     The configuration's ``micro_batch`` sets the graph's batch; left out, the workload's batch is
-    the micro-batch. Both given and different is refused (which one would hold is a guess).
+    the micro-batch. Both given and different is refused (which one would hold is a guess). A
+    configuration that names no rank ``order`` (``order_given=False``) takes the system's default
+    (:func:`marssim.parallel.placement.default_order`).
     Raises InputError naming ``where`` and the key: a workload that is no LLM, or a configuration
     the workload or the system cannot take."""
     if not is_llm(graph):
@@ -87,4 +90,8 @@ def bind_parallel(config: ParallelConfig, graph: Graph, system: System, where: s
     else:
         config = config.with_(micro_batch=graph.batch)
     check_parallel(config, graph.meta["transformer"], len(system.accelerators), where)
+    if not order_given:
+        from marssim.parallel.placement import default_order
+
+        config = config.with_(order=default_order(system, config))
     return config, graph

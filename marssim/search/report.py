@@ -136,10 +136,10 @@ def describe_deployment(dep: Deployment, e) -> str:
     return "\n".join(lines)
 
 
-def short_deployment(dep: Deployment, width: int = 46) -> str:
+def short_deployment(dep: Deployment) -> str:
     """A deployment in a few characters: per pool ``16xtp4`` (``pp2``), the GPU kind on a mixed
     cluster, the role (``P:``, ``D:``), the scheduler (``cont``, ``mixed``, ``chunk``) with its
-    token budget, sequence cap and block size (``2k/s128/b32``); cut to ``width``."""
+    token budget, sequence cap and block size (``2k/s128/b32``); whole (tables widen to it)."""
     parts = []
     for p in dep.pools:
         c = p.scheduler
@@ -150,8 +150,7 @@ def short_deployment(dep: Deployment, width: int = 46) -> str:
         text += f"@{p.gpu}" if p.gpu else ""
         text += f" {kind}/{tokens}/s{c.max_num_seqs}/b{c.block_size}"
         parts.append(text)
-    out = " + ".join(parts)
-    return out if len(out) <= width else out[:width - 1] + "\u2026"
+    return " + ".join(parts)
 
 
 _SHORT = (("sp", lambda v: "sp" if v else ""), ("ep", lambda v: f"ep{v}"), ("micro_batch", lambda v: f"mb{v}"),
@@ -163,9 +162,9 @@ _SHORT = (("sp", lambda v: "sp" if v else ""), ("ep", lambda v: f"ep{v}"), ("mic
           ("etp", lambda v: f"etp{v}"))
 
 
-def short_config(cfg: ParallelConfig, width: int = 44) -> str:
+def short_config(cfg: ParallelConfig) -> str:
     """A configuration in a few characters (``tp8 pp2 dp8 sp mb1 gb64 rc-full z1``; per-stage
-    settings as ``stp=8/4``, ``lps=10/12``, ``start=0/16``), cut to ``width`` with an ellipsis."""
+    settings as ``stp=8/4``, ``lps=10/12``, ``start=0/16``); whole (tables widen to it)."""
     parts = [f"tp{cfg.tp}" if not cfg.stage_tp else "stp=" + "/".join(map(str, cfg.stage_tp)),
              f"pp{cfg.pp}", f"dp{cfg.dp}"] + ([f"cp{cfg.cp}"] if cfg.cp > 1 else [])
     default = ParallelConfig()
@@ -179,8 +178,7 @@ def short_config(cfg: ParallelConfig, width: int = 44) -> str:
         parts.append("lps=" + "/".join(map(str, cfg.layers_per_stage)))
     if cfg.stage_start:
         parts.append("start=" + "/".join(map(str, cfg.stage_start)))
-    text = " ".join(parts)
-    return text if len(text) <= width else text[:width - 1] + "\u2026"
+    return " ".join(parts)
 
 
 def equivalence_key(cfg: ParallelConfig, evaluation, objective: str = "latency") -> tuple:
@@ -266,17 +264,18 @@ def _deployment_row(c: Candidate) -> dict:
 
 def _format_top_deployments(result: SearchResult, cands: list[Candidate]) -> str:
     goodput = result.objective == "goodput"
-    head = (f"{'#':>2}  {'deployment':<46}{'by':>7}{'GPUs':>6}{'goodput' if goodput else 'req/s':>9}"
+    col = max([46, *(len(short_deployment(c.plan)) + 1 for c in cands)])  # widened, never cut
+    head = (f"{'#':>2}  {'deployment':<{col}}{'by':>7}{'GPUs':>6}{'goodput' if goodput else 'req/s':>9}"
             f"{'TTFT P99':>10}{'TBT P99':>9}{'tok/s':>10}{'$/Mtok':>9}")
-    lines = [head, f"{'':<55}{'':>6}{'req/s':>9}{'ms':>10}{'ms':>9}"]
+    lines = [head, f"{'':<{col + 9}}{'':>6}{'req/s':>9}{'ms':>10}{'ms':>9}"]
     for i, c in enumerate(cands, start=1):
         e = c.evaluation
         rate = e.goodput if goodput else e.rate
         cost = f"{e.cost_per_mtok:>9.3g}" if e.cost_per_mtok == e.cost_per_mtok else f"{'-':>9}"
-        line = (f"{i:>2}  {short_deployment(c.plan):<46}{'sim' if c.simulated is not None else 'screen':>7}"
+        line = (f"{i:>2}  {short_deployment(c.plan):<{col}}{'sim' if c.simulated is not None else 'screen':>7}"
                 f"{e.gpus:>6d}{rate:>9.4g}{_num_cell(e.latency.get('ttft_p99', float('nan')) * 1e3, 10)}"
                 f"{_num_cell(e.latency.get('tbt_p99', float('nan')) * 1e3, 9)}{e.throughput:>10.4g}{cost}")
-        lines.append(line[:WIDTH])
+        lines.append(line)
     lines.append("(sim: simulated; screen: the closed form only; only deployments meeting the constraints; engine "
                  "settings that change no figure shown once)")
     return "\n".join(lines)
@@ -287,8 +286,8 @@ def _num_cell(x: float, width: int) -> str:
 
 
 def format_top(result: SearchResult, n: int = 10) -> str:
-    """The ``n`` best candidates as aligned text within :data:`WIDTH` columns: simulated ones
-    first; for configurations MFU, memory and where the time not computing went (the pipeline
+    """The ``n`` best candidates as aligned text (the plan column as wide as its longest entry):
+    simulated ones first; for configurations MFU, memory and where the time not computing went (the pipeline
     bubble, or for serving the time to first token and per output token, and the two groups with
     the most exposed communication)."""
     cands = top_candidates(result, n)
@@ -299,16 +298,17 @@ def format_top(result: SearchResult, n: int = 10) -> str:
     rows = [_row(c) for c in cands]
     parallel = isinstance(result.best, ParallelConfig)
     serving = parallel and any(r["tpot_ms"] == r["tpot_ms"] for r in rows)
-    head = f"{'#':>2}  {'configuration' if parallel else 'mapping':<44}{'sim ms':>10}{'screen ms':>10}"
+    plans = [short_config(c.plan) if parallel else r["plan"] for r, c in zip(rows, cands)]
+    col = max([44, *(len(p) + 1 for p in plans)])  # widened to the longest, never cut
+    head = f"{'#':>2}  {'configuration' if parallel else 'mapping':<{col}}{'sim ms':>10}{'screen ms':>10}"
     if parallel:
         head += f"{'MFU':>7}{'mem GiB':>8}" + (f"{'TTFT ms':>9}{'TPOT ms':>9}" if serving else f"{'bubble ms':>10}")
         head += "  exposed ms"
     else:
         head += f"{'sets':>6}{'stages':>7}{'micro':>6}"
     lines = [head]
-    for i, (r, c) in enumerate(zip(rows, cands), start=1):
-        plan = short_config(c.plan) if parallel else r["plan"]
-        line = f"{i:>2}  {plan:<44}{_num_cell(r['simulated_ms'], 10)}{_num_cell(r['screened_ms'], 10)}"
+    for i, (r, c, plan) in enumerate(zip(rows, cands, plans), start=1):
+        line = f"{i:>2}  {plan:<{col}}{_num_cell(r['simulated_ms'], 10)}{_num_cell(r['screened_ms'], 10)}"
         if parallel:
             line += f"{r['mfu']:>7.1%}" if r["mfu"] == r["mfu"] else f"{'-':>7}"
             mem = r["memory_peak_GiB"]
@@ -320,7 +320,7 @@ def format_top(result: SearchResult, n: int = 10) -> str:
             line += "  " + (" ".join(f"{g} {v:.1f}" for v, g in groups) or "-")
         else:
             line += f"{r['sets']:>6}{r['stages']:>7}{r['micro_batches']:>6}"
-        lines.append(line[:WIDTH])
+        lines.append(line)
     lines.append("('-': screened only, not simulated; equivalent placements shown once)" if parallel else
                  "('-': screened only, not simulated)")
     return "\n".join(lines)
