@@ -1575,16 +1575,22 @@ def _model_flops(low: _Lowering) -> tuple[float, float]:
     f = low.graph.meta.get("unsplit_footprint") or graph_cached(low.graph, "footprint", lambda: footprint(low.graph))
     per_replica = f.model_flops if low.training else f.flops.get("fwd", 0.0)
     total = per_replica * low.micro_batches * low.cfg.dp
+    return total, _peak(low, low.t.dtype)
+
+
+def _peak(low: _Lowering, dtype: str) -> float:
+    """A GPU's dense peak FLOP/s for ``dtype`` (bf16, fp16, then the largest where the design
+    lists no such type), averaged over the GPUs of a mixed cluster."""
     peaks = []
     for g, count in _design_counts(low.system, tuple(low.place.gpus)):
         design = low.design(g)
         if design.gpu is not None:
             table = design.gpu.peak_flops
-            peak = float(table.get(low.t.dtype) or table.get("bf16") or table.get("fp16") or max(table.values()))
+            peak = float(table.get(dtype) or table.get("bf16") or table.get("fp16") or max(table.values()))
         else:
             peak = 2.0 * design.peak_macs_per_s
         peaks.append(peak * count)
-    return total, sum(peaks) / len(low.place.gpus)  # per GPU, averaged over the GPUs of a mixed cluster
+    return sum(peaks) / len(low.place.gpus)
 
 
 _DESIGN_COUNTS: "weakref.WeakKeyDictionary[System, dict]" = weakref.WeakKeyDictionary()
@@ -1625,5 +1631,8 @@ def _meta(low: _Lowering) -> dict:
         "device_design": {names[g]: low.system.accelerator(names[g]).designs[0] for g in low.place.gpus},
         "op_model": {op.name: op.model for op in low.graph.ops},
         "op_kind": {op.name: op.kind.value for op in low.graph.ops},
-        "model_flops": model_flops, "peak_flops": peak,
+        "model_flops": model_flops, "peak_flops": peak, "peak_dtype": low.t.dtype,
+        # the low-precision GEMMs' own peak (Transformer Engine's fp8/fp4): MFU against it too
+        **({"gemm_dtype": low.t.gemm_dtype, "gemm_peak_flops": _peak(low, low.t.gemm_dtype)}
+           if low.t.gemm_dtype and low.t.gemm_dtype != low.t.dtype else {}),
     }

@@ -34,6 +34,13 @@ __all__ = ["ParallelReport", "parallel_report", "report_of", "CATEGORIES"]
 
 CATEGORIES = ("tp", "cp", "sp", "pp", "dp", "ep", "emb", "mp", "bubble")
 
+GROUP_NAMES = {"tp": "tensor-parallel", "cp": "context-parallel", "sp": "sequence-parallel",
+               "pp": "pipeline sends and receives", "dp": "data-parallel gradients and parameters",
+               "ep": "expert-parallel all-to-all",
+               "emb": "the tied word embedding's gradient all-reduce between the first and last stage",
+               "mp": "the optimizer step's all-reduces over the model-parallel group (gradient norm, overflow flag)"}
+"""What each communication column of a report stands for (its legend)."""
+
 
 @dataclass(frozen=True)
 class StageFigures:
@@ -49,10 +56,18 @@ class StageFigures:
     exposed_s: dict[str, float]
     volume: dict[str, float]
     memory: dict[str, float]
+    chunks: tuple[tuple[int, int], ...] = ()  # first and last layer of each model chunk (interleaved: several)
 
     @property
     def memory_peak(self) -> float:
         return sum(self.memory.values())
+
+    def layer_text(self, head: int) -> str:
+        """The stage's layers as the per-stage table names them: ``emb-11``, ``12-head``; an
+        interleaved stage's chunks each as a range, ``0-2/24-26/48-50/72-74``."""
+        ranges = self.chunks if len(self.chunks) > 1 else (self.layers,)
+        return "/".join(f"{_layer_name(lo, head)}-{_layer_name(hi, head)}" if lo != hi else _layer_name(lo, head)
+                        for lo, hi in ranges)
 
 
 @dataclass(frozen=True)
@@ -78,6 +93,15 @@ class ParallelReport:
     tokens: float = 0.0
     samples: float = 0.0
     stages: tuple[StageFigures, ...] = ()
+    peak_dtype: str = ""  # the type whose peak ``peak_flops`` is
+    gemm_dtype: str = ""  # fp8 or fp4 GEMMs (Transformer Engine's recipe); "": the model's type
+    gemm_peak_flops: float = 0.0  # per GPU, the peak of ``gemm_dtype``
+
+    @property
+    def mfu_gemm_peak(self) -> float:
+        """Model FLOPs utilisation against the peak of the low-precision GEMMs' type (0 when the
+        run has none)."""
+        return self.tflops_per_gpu * 1e12 / self.gemm_peak_flops if self.gemm_peak_flops else 0.0
 
     @property
     def tflops_per_gpu(self) -> float:
@@ -107,14 +131,20 @@ class ParallelReport:
         if self.tokens and it > 0:
             what = "output tokens" if self.tpot_s is not None else "tokens"
             out.append(f"throughput         {self.tokens / it:,.0f} {what}/s, {self.samples / it:,.2f} sequences/s")
+        peak = f"{self.peak_dtype} dense peak" if self.peak_dtype else "peak"
         out.append(f"model FLOP/s       {self.tflops_per_gpu:.1f} TFLOP/s per GPU, MFU {self.mfu:.1%}, HFU "
                    f"{self.hfu:.1%} (model FLOPs {self.model_flops:.4g} per iteration, hardware "
-                   f"{self.hardware_flops:.4g}; peak {self.peak_flops / 1e12:.1f} TFLOP/s)")
+                   f"{self.hardware_flops:.4g}; {peak} {self.peak_flops / 1e12:.1f} TFLOP/s)")
+        if self.gemm_peak_flops:
+            out.append(f"                   MFU {self.mfu_gemm_peak:.1%} against the {self.gemm_dtype} dense peak "
+                       f"{self.gemm_peak_flops / 1e12:.1f} TFLOP/s of the {self.gemm_dtype} GEMMs")
         out.append(f"compute busy       {self.busy_s * 1e3:.3f} ms per GPU ({self.busy_s / it:.1%})" if it
                    else "compute busy       -")
         out.append(f"pipeline bubble    {self.exposed_s.get('bubble', 0.0) * 1e3:.3f} ms ({self.bubble_share:.1%})")
         exposed = ", ".join(f"{k.upper()} {v * 1e3:.3f} ms" for k, v in self.exposed_s.items() if k != "bubble" and v > 0)
         out.append(f"exposed comm.      {exposed or 'none'}")
+        if not self.stages:
+            out += _legend([k for k, v in self.exposed_s.items() if k != "bubble" and v > 0])
         if self.memory_peak:
             worst = max(self.memory_peak, key=self.memory_peak.get)
             out.append(f"memory peak        {self.memory_peak[worst] / 2**30:.2f} GiB on {worst} "
@@ -137,14 +167,14 @@ class ParallelReport:
         terms = [t for t in MEMORY_TERMS if any(s.memory.get(t, 0) > 0 for s in self.stages)]
         short = {"weights": "weights", "gradients": "grads", "optimizer state": "optim", "activations": "activ",
                  "KV cache": "KV", "communication buffers": "buffers"}
-        head = f"{'stage':>5}{'layers':>10}{'GPUs':>6}{'busy':>10}{'bubble':>10}"
+        texts = [st.layer_text(self.layers) for st in self.stages]
+        width = max([10, *(len(t) + 2 for t in texts)])  # an interleaved stage's chunks widen the column
+        head = f"{'stage':>5}{'layers':>{width}}{'GPUs':>6}{'busy':>10}{'bubble':>10}"
         head += "".join(f"{g.upper():>9}" for g in groups)
         out = ["per pipeline stage, per GPU: time in ms (busy computing, pipeline bubble, exposed communication)",
                head]
-        for st in self.stages:
-            lo, hi = st.layers
-            layers = f"{_layer_name(lo, self.layers)}-{_layer_name(hi, self.layers)}"
-            out.append(f"{st.stage:>5}{layers:>10}{st.gpus:>6}{st.busy_s * 1e3:>10.2f}{st.bubble_s * 1e3:>10.2f}"
+        for st, layers in zip(self.stages, texts):
+            out.append(f"{st.stage:>5}{layers:>{width}}{st.gpus:>6}{st.busy_s * 1e3:>10.2f}{st.bubble_s * 1e3:>10.2f}"
                        + "".join(f"{st.exposed_s.get(g, 0.0) * 1e3:>9.2f}" for g in groups))
         out += ["", "per pipeline stage, per GPU: communication sent in MiB, memory in GiB by term (closed form)"]
         out.append(f"{'stage':>5}" + "".join(f"{g.upper() + ' MiB':>11}" for g in groups)
@@ -153,6 +183,9 @@ class ParallelReport:
             out.append(f"{st.stage:>5}" + "".join(f"{st.volume.get(g, 0.0) / 2**20:>11.1f}" for g in groups)
                        + "".join(f"{st.memory.get(t, 0.0) / 2**30:>9.2f}" for t in terms)
                        + f"{st.memory_peak / 2**30:>8.2f}")
+        if any(len(st.chunks) > 1 for st in self.stages):
+            out.append("layers: the model chunks of each stage (interleaved schedule), first-last layer of each")
+        out += _legend(groups)
         return out
 
     @property
@@ -163,17 +196,29 @@ class ParallelReport:
     def to_dict(self) -> dict:
         return {"iteration_s": self.iteration_s, "gpus": self.gpus, "model_flops": self.model_flops,
                 "hardware_flops": self.hardware_flops, "tflops_per_gpu": self.tflops_per_gpu, "mfu": self.mfu,
-                "hfu": self.hfu, "busy_s": self.busy_s, "tokens": self.tokens, "samples": self.samples,
+                "hfu": self.hfu, "peak_dtype": self.peak_dtype, "gemm_dtype": self.gemm_dtype,
+                "gemm_peak_flops": self.gemm_peak_flops, "mfu_gemm_peak": self.mfu_gemm_peak, "busy_s": self.busy_s, "tokens": self.tokens, "samples": self.samples,
                 "bubble_share": self.bubble_share, "exposed_s": dict(self.exposed_s),
                 "memory_peak_bytes": dict(self.memory_peak), "memory_capacity_bytes": self.memory_capacity,
                 "ttft_s": self.ttft_s, "tpot_s": self.tpot_s, "per_gpu": self.per_gpu,
-                "stages": [{"stage": s.stage, "layers": list(s.layers), "gpus": s.gpus, "busy_s": s.busy_s,
+                "stages": [{"stage": s.stage, "layers": list(s.layers), "chunks": [list(c) for c in s.chunks],
+                            "gpus": s.gpus, "busy_s": s.busy_s,
                             "bubble_s": s.bubble_s, "exposed_s": dict(s.exposed_s), "volume_bytes": dict(s.volume),
                             "memory_bytes": dict(s.memory)} for s in self.stages]}
 
 
 MEMORY_TERMS = ("weights", "gradients", "optimizer state", "activations", "KV cache", "communication buffers")
 """The memory terms of a GPU, in the order reports and figures stack them."""
+
+
+def _legend(groups) -> list[str]:
+    """One line defining the communication columns shown (``groups``), within 120 columns."""
+    from marssim.tables import wrap_last_cell
+
+    if not groups:
+        return []
+    text = "; ".join(f"{g.upper()}: {GROUP_NAMES[g]}" for g in groups if g in GROUP_NAMES)
+    return wrap_last_cell("groups: ", text, 120, breaks=";")
 
 
 def _layer_name(layer: int, head: int) -> str:
@@ -293,6 +338,7 @@ def parallel_report(tg: TaskGraph, system, start: np.ndarray, end: np.ndarray, m
             reps = [r for r in weight if stage_of.get(r) == s]
             n = sum(weight[r] for r in reps) or 1
             layers = [layer for c, ls in enumerate(chunks) if c % pp == s for layer in ls]
+            spans = tuple((min(ls), max(ls)) for c, ls in enumerate(chunks) if c % pp == s and len(ls))
 
             def mean(key: str) -> float:
                 return sum(per_gpu[r].get(key, 0.0) * weight[r] for r in reps) / n
@@ -300,12 +346,14 @@ def parallel_report(tg: TaskGraph, system, start: np.ndarray, end: np.ndarray, m
             stages.append(StageFigures(
                 s, (min(layers), max(layers)) if layers else (0, 0), n, mean("busy_s"), mean("bubble_s"),
                 {g: mean(f"{g}_s") for g in CATEGORIES if g != "bubble"},
-                {g: mean(f"{g}_bytes") for g in CATEGORIES if g != "bubble"}, memory.terms(s)))
+                {g: mean(f"{g}_bytes") for g in CATEGORIES if g != "bubble"}, memory.terms(s), spans))
     return ParallelReport(iteration_s=makespan, gpus=gpus, model_flops=float(meta.get("model_flops", 0.0)),
                           peak_flops=float(meta.get("peak_flops", 0.0)), busy_s=busy_total / gpus,
                           exposed_s=exposed, memory_peak=dict(memory_peak), memory_capacity=float(capacity),
                           ttft_s=ttft, tpot_s=tpot, per_gpu=per_gpu, hardware_flops=hardware, tokens=tokens,
-                          samples=samples, stages=tuple(stages))
+                          samples=samples, stages=tuple(stages), peak_dtype=str(meta.get("peak_dtype", "")),
+                          gemm_dtype=str(meta.get("gemm_dtype", "")),
+                          gemm_peak_flops=float(meta.get("gemm_peak_flops", 0.0)))
 
 
 def _volumes(tg: TaskGraph, reps: set[int]) -> dict[int, dict[str, float]]:
