@@ -7,11 +7,12 @@ and exits with status 2, without a traceback.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 __all__ = ["InputError", "InputWarning", "MarssimError", "CapacityError", "format_path", "summarise_names",
-           "warn_input"]
+           "warn_input", "plain_reprs"]
 
 
 class MarssimError(Exception):
@@ -42,6 +43,15 @@ def summarise_names(names: Sequence[str], *, contiguous: bool = False, limit: in
     return f"{', '.join(names[:limit])} and {len(names) - limit} more"
 
 
+_NUMPY_REPR = re.compile(r"\bnp\.(?:float|int|uint|complex|str_|bytes_)\d*_?\((.*?)\)|\bnp\.(True|False)_")
+
+
+def plain_reprs(text: str) -> str:
+    """``text`` with numpy 2's scalar reprs (``np.float64(1.0)``, ``np.int64(3)``, ``np.True_``)
+    written as the plain values a user typed (``1.0``, ``3``, ``True``)."""
+    return _NUMPY_REPR.sub(lambda m: m.group(1) if m.group(1) is not None else m.group(2), text)
+
+
 class InputError(MarssimError, ValueError):
     """Bad user input: names the file, the key path and what was expected.
 
@@ -69,7 +79,7 @@ class InputError(MarssimError, ValueError):
         lines = []
         for key, message in self.problems:
             lines.append(f"{prefix}{key}: {message}" if key else f"{prefix}{message}")
-        return "\n".join(lines)
+        return plain_reprs("\n".join(lines))
 
     @property
     def path(self) -> str:
@@ -91,6 +101,7 @@ def warn_input(file: str | None, message: str) -> None:
     """Issue an :class:`InputWarning` naming ``file`` (when given)."""
     import warnings
 
+    message = plain_reprs(message)
     warnings.warn(InputWarning(f"{file}: {message}" if file else message), stacklevel=3)
 
 

@@ -6,6 +6,7 @@ written by the command)."""
 from __future__ import annotations
 
 import math
+import numbers
 from pathlib import Path
 
 from marssim.parallel import ParallelConfig
@@ -339,7 +340,7 @@ def search_summary(result: SearchResult, graph: Graph | None, system: System) ->
         "simulations": result.simulations, "estimates": result.estimates, "rejected_memory": result.rejected_memory,
         "wall_s": result.wall_s, "interrupted": result.interrupted, "system": system.spec,
         "workload": graph.spec if graph is not None else None,
-        "notes": {k: str(v) for k, v in result.notes.items()},
+        "notes": _json_ready(result.notes),
     }
     if isinstance(result.best, Deployment):
         from marssim.serve.deployment import deployment_to_dict
@@ -355,6 +356,22 @@ def search_summary(result: SearchResult, graph: Graph | None, system: System) ->
     else:
         out["mapping_key"] = result.best.key
     return out
+
+
+def _json_ready(value):
+    """``value`` as JSON holds it: mappings and sequences kept as such (``notes.timing`` stays an
+    object), numbers as numbers (NaN and infinities null), anything else as its text."""
+    if isinstance(value, dict):
+        return {str(k): _json_ready(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_ready(v) for v in value]
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        return _num(float(value))
+    return str(value)
 
 
 def _num(x: float) -> float | None:

@@ -38,8 +38,9 @@ class SearchResult:
 
     ``best`` is valid for the searched graph and system; ``evaluation`` is its *simulated*
     evaluation (never an estimate). ``history`` has one row per generation (or batch):
-    ``generation``, ``best_fitness``, ``best_makespan_s``, ``mean_fitness``, ``simulations``,
-    ``estimates``, ``wall_s``. ``simulations``/``estimates`` count distinct candidates run (an
+    ``generation``, ``best_fitness``, ``best_makespan_s`` (a serving search: ``best_gpus``,
+    ``best_rate_rps``, ``best_goodput_rps``, ``best_cost_per_mtok``), ``mean_fitness``,
+    ``simulations``, ``estimates``, ``wall_s``. ``simulations``/``estimates`` count distinct candidates run (an
     estimate is a screen: a mapping's analytical estimate, a configuration's closed form);
     ``rejected_memory``: candidates the screen found not to fit; ``candidates``: every plan met
     (see :meth:`top`)."""
@@ -83,7 +84,7 @@ class SearchResult:
             text = (f"{self.algorithm}: makespan {e.makespan * 1e3:.4f} ms, throughput {e.throughput:.4g} samples/s, "
                     f"{len(self.best.sets)} sets, {self.best.n_stages} stages, {self.best.micro_batches} "
                     f"micro-batches; {tail}")
-        if e.energy == e.energy:
+        if e.energy == e.energy and e.energy > 0:  # no energy figures (a GPU cluster's): no energy to state
             text += f"; energy {e.energy * 1e3:.4g} mJ"
         return text
 

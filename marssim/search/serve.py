@@ -423,6 +423,14 @@ class _ServeStrategy:
     def improved(self) -> bool:
         return self._improved
 
+    def best_columns(self, evaluation) -> dict[str, float]:
+        """History columns of the best deployment so far (NaN before there is one): its GPUs, the
+        rate it served and its goodput (requests/s), $ per million output tokens."""
+        if evaluation is None:
+            return dict.fromkeys(("best_gpus", "best_rate_rps", "best_goodput_rps", "best_cost_per_mtok"), math.nan)
+        return {"best_gpus": evaluation.gpus, "best_rate_rps": evaluation.rate, "best_goodput_rps": evaluation.goodput,
+                "best_cost_per_mtok": evaluation.cost_per_mtok}
+
     def stats(self, population: list[Deployment]) -> dict[str, float]:
         values = [self.fitness(e) for _, e in self.scored]
         finite = [v for v in values if math.isfinite(v)]

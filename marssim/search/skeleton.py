@@ -81,6 +81,15 @@ class Strategy(Protocol):
         """After the last generation (e.g. simulate the best screened plan not yet simulated)."""
 
 
+def _best_columns(strategy: Strategy, evaluation: Evaluation | None) -> dict[str, float]:
+    """History columns of the best plan so far: the strategy's own (``best_columns``; a serving
+    search's GPUs and rates), else its makespan (s)."""
+    own = getattr(strategy, "best_columns", None)
+    if own is not None:
+        return own(evaluation)
+    return {"best_makespan_s": evaluation.makespan if evaluation is not None else math.inf}
+
+
 class BestTracker:
     """The best simulated plan among every evaluation the evaluator returns while attached
     (cached ones included): smallest fitness at 12 digits, ties to the smaller plan key."""
@@ -181,7 +190,7 @@ def two_level(strategy: Strategy, ev: Evaluator, budget: Budget, objective: str,
                 ev.settle_next()
             best = tracker.after_batch.get(batches, tracker.best)  # as it was when they were in
             row["best_fitness"] = best[0] if best else math.inf
-            row["best_makespan_s"] = best[3].makespan if best else math.inf
+            row.update(_best_columns(strategy, best[3] if best else None))
             rows.append(row)
             if progress is not None:
                 rate = (row["simulations"] + row["estimates"]) / max(row["wall_s"], 1e-9)
@@ -202,7 +211,7 @@ def two_level(strategy: Strategy, ev: Evaluator, budget: Budget, objective: str,
                 strategy.evaluate(population)
             wall = time.perf_counter() - t0
             sims, ests = ev.simulations - sims0, ev.estimates - est0
-            waiting.append(({"generation": gen, "best_fitness": math.inf, "best_makespan_s": math.inf,
+            waiting.append(({"generation": gen, "best_fitness": math.inf, **_best_columns(strategy, None),
                              **strategy.stats(population), "simulations": sims, "estimates": ests, "wall_s": wall},
                             ev.soon_batches))
             improved = strategy.improved()
