@@ -60,9 +60,8 @@ def _example_mapping(system_name: str, workload: str) -> Path | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from concurrent.futures import ProcessPoolExecutor
-
     from marssim.analytical import estimate
+    from marssim.search.parallel import worker_pool
     from marssim.fsutil import staged_dir
     from marssim.lower import lower
     from marssim.mapping import load_mapping, save_mapping
@@ -86,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
     print()
 
     rows: list[tuple[str, float, float, str]] = []
-    executor = ProcessPoolExecutor(args.workers) if args.workers > 1 else None
+    executor = worker_pool(args.workers, ignore_ctrl_c=False) if args.workers > 1 else None
     try:
         settings = SearchSettings(config=GAConfig(max_evaluations=args.evaluations), seed=args.seed)
         baselines = {}

@@ -75,9 +75,9 @@ def run(args: argparse.Namespace) -> int:
         meta["seed"] = args.seed
     progress = None if args.quiet or not sys.stderr.isatty() else _progress
     if args.workers > 1:
-        from concurrent.futures import ProcessPoolExecutor
+        from marssim.search.parallel import worker_pool
 
-        with ProcessPoolExecutor(max_workers=args.workers) as pool:
+        with worker_pool(args.workers, ignore_ctrl_c=False) as pool:
             report = validate(graph, system, mappings, cost_model(args), memory_policy=args.memory_policy,
                               estimates=estimates, executor=pool, progress=progress, meta=meta)
     else:

@@ -10,7 +10,8 @@ import os
 from collections.abc import Iterator
 from concurrent.futures import Executor, ProcessPoolExecutor
 
-__all__ = ["open_executor", "executor_parallelism", "ignore_interrupts", "stop_now", "DASK_TIMEOUT"]
+__all__ = ["open_executor", "executor_parallelism", "ignore_interrupts", "stop_now", "worker_pool", "end_with_parent",
+           "DASK_TIMEOUT"]
 
 
 DASK_TIMEOUT = 10.0
@@ -46,13 +47,64 @@ def open_executor(workers: int | None = None, dask: str | None = None, *,
     if n <= 1:
         yield None
         return
-    pool = ProcessPoolExecutor(n, initializer=ignore_interrupts)
+    pool = worker_pool(n)
     try:
         yield pool
     except KeyboardInterrupt:
         stop_now(pool)
         raise
     pool.shutdown(wait=True)
+
+
+def worker_pool(workers: int, ignore_ctrl_c: bool = True) -> ProcessPoolExecutor:
+    """A pool of ``workers`` processes that ignore Ctrl-C (:func:`ignore_interrupts`; unless
+    ``ignore_ctrl_c`` is False) and end when this process ends, however it ends (:func:`end_with_parent`: a process killed with
+    SIGKILL leaves no worker computing on). Its processes are started at once, from the calling
+    thread."""
+    import multiprocessing
+    import threading
+
+    forked = multiprocessing.get_start_method(allow_none=False) == "fork"
+    # the kernel's parent-death signal follows the thread that forked: asked for only when the
+    # workers are forked here, now, by the main thread (whose end is the process's)
+    kernel = forked and threading.current_thread() is threading.main_thread()
+    pool = ProcessPoolExecutor(workers, initializer=_init_worker, initargs=(os.getpid(), kernel, ignore_ctrl_c))
+    if forked:
+        pool.submit(int).result()  # a forking pool starts every worker on its first task
+    return pool
+
+
+def _init_worker(parent: int, kernel: bool, ignore_ctrl_c: bool) -> None:
+    if ignore_ctrl_c:
+        ignore_interrupts()
+    end_with_parent(parent, kernel)
+
+
+def end_with_parent(parent: int, kernel: bool = True, period: float = 0.5) -> None:
+    """Make this worker process end when ``parent`` (the process that started it) ends: on Linux
+    the kernel's parent-death signal (``prctl(PR_SET_PDEATHSIG, SIGKILL)``, when ``kernel``),
+    and everywhere a daemon thread that checks every ``period`` seconds whether the process has
+    been given another parent, and then ends it."""
+    import signal
+    import sys
+    import threading
+    import time
+
+    if kernel and sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # 1: PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # the parent ended before the signal was asked for
+        os._exit(1)
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(period)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="marssim-parent-watch", daemon=True).start()
 
 
 def ignore_interrupts() -> None:
