@@ -29,6 +29,7 @@ __all__ = ["plot_result", "gantt_figure", "utilisation_figure", "memory_figure",
 COLOR_BY = ("auto", "layer", "model")
 _LEGEND_MAX = 12  # more categories than this: a colour bar instead of a legend
 _IDLE = "#d0d0d0"
+_VECTOR_BARS = 20_000  # more intervals than this: the Gantt chart's bars rasterised in an SVG
 
 
 def plot_result(result, png_path: str | Path, *, color_by: str = "auto", max_links: int = 24,
@@ -104,32 +105,45 @@ def _ordered_ops(result) -> list[str]:
 
 
 def _colouring(result, color_by: str):
-    """(colour per interval row, legend handles or None, (cmap, norm, tick positions, labels) or None)."""
+    """(RGBA per interval row as an ``(n, 4)`` array, legend handles or None, (cmap, norm, tick
+    positions, labels) or None, what the colours say). Vectorised: a folded run's timeline has
+    hundreds of thousands of intervals."""
     from matplotlib import colormaps
-    from matplotlib.colors import Normalize
+    from matplotlib.colors import Normalize, to_rgba
     from matplotlib.patches import Patch
 
     iv = result.intervals
+    idle = np.asarray(to_rgba(_IDLE), dtype=float)
     models = [m for m in pd.unique(iv["model"]) if m] if len(iv) else []
     if color_by == "auto":
         color_by = "model" if len(models) > 1 else "layer"
+
+    def paint(codes: np.ndarray, palette: np.ndarray) -> np.ndarray:
+        out = np.tile(idle, (len(codes), 1))
+        known = codes >= 0
+        out[known] = palette[codes[known]]
+        return out
+
     if color_by == "model":
         cmap = colormaps["tab10"] if len(models) <= 10 else colormaps["tab20"]
-        palette = {m: cmap(i % cmap.N) for i, m in enumerate(models)}
-        colours = [palette.get(m, _IDLE) for m in iv["model"].tolist()]
-        handles = [Patch(color=palette[m], label=m) for m in models]
-        return colours, handles, None, "model"
+        palette = np.asarray([cmap(i % cmap.N) for i in range(len(models))], dtype=float).reshape(-1, 4)
+        codes = iv["model"].map({m: i for i, m in enumerate(models)}).fillna(-1).to_numpy(dtype=np.int64) \
+            if len(iv) else np.zeros(0, dtype=np.int64)
+        handles = [Patch(color=tuple(palette[i]), label=m) for i, m in enumerate(models)]
+        return paint(codes, palette), handles, None, "model"
     ops = _ordered_ops(result)
     index = {op: i for i, op in enumerate(ops)}
-    layer = np.asarray([index.get(op, -1) for op in iv["op"].tolist()], dtype=float)
+    layer = iv["op"].astype(str).map(index).fillna(-1).to_numpy(dtype=np.int64) if len(iv) \
+        else np.zeros(0, dtype=np.int64)
     if len(ops) <= _LEGEND_MAX:
         cmap = colormaps["tab20"] if len(ops) > 10 else colormaps["tab10"]
-        palette = [cmap(i % cmap.N) for i in range(len(ops))]
-        colours = [palette[int(i)] if i >= 0 else _IDLE for i in layer]
-        return colours, [Patch(color=palette[i], label=op) for i, op in enumerate(ops)], None, "layer"
+        palette = np.asarray([cmap(i % cmap.N) for i in range(len(ops))], dtype=float).reshape(-1, 4)
+        handles = [Patch(color=tuple(palette[i]), label=op) for i, op in enumerate(ops)]
+        return paint(layer, palette), handles, None, "layer"
     cmap = colormaps["turbo"]
     norm = Normalize(vmin=0, vmax=max(len(ops) - 1, 1))
-    colours = [cmap(norm(i)) if i >= 0 else _IDLE for i in layer]
+    colours = np.asarray(cmap(norm(layer.astype(float))), dtype=float).reshape(-1, 4)
+    colours[layer < 0] = idle
     ticks = np.unique(np.linspace(0, len(ops) - 1, 7).round().astype(int))
     return colours, None, (cmap, norm, ticks, [ops[t] for t in ticks]), "layer"
 
@@ -176,7 +190,10 @@ def gantt_figure(result, *, color_by: str = "auto", max_links: int = 24):
         k = row_of.get((t.pid, t.role))
         if k is not None:
             t_row[t.tid], t_lane[t.tid], t_lanes[t.tid] = k, t.lane, n_lanes[(t.pid, t.role)]
-    rgba = np.asarray(colours, dtype=float).reshape(-1, 4)
+    rgba = colours
+    # past this many bars an SVG draws them as one embedded image (the axes, labels and text stay
+    # vectors): a folded run's hundreds of thousands of bars would make a file of tens of MB
+    raster = len(iv) > _VECTOR_BARS
     compute_rows = np.flatnonzero(iv["kind"].to_numpy(dtype=object) == "compute") if len(iv) else np.zeros(0, int)
     bar_row = np.r_[compute_rows, layout.hop_row].astype(np.int64)
     bar_tid = np.r_[layout.tid[compute_rows], layout.hop_tid].astype(np.int64)
@@ -193,7 +210,7 @@ def gantt_figure(result, *, color_by: str = "auto", max_links: int = 24):
         y = t_row[tid0] - 0.4 + t_lane[tid0] * h
         # a thin edge in the bar's colour keeps nanosecond-long tasks visible at a glance
         ax.broken_barh(np.c_[start[rows_i], dur[rows_i]], (y, h * 0.92), facecolors=rgba[rows_i],
-                       edgecolors=rgba[rows_i], linewidth=0.3)
+                       edgecolors=rgba[rows_i], linewidth=0.3, rasterized=raster)
     ax.set_yticks(range(len(rows)), [label for label, _, _ in rows], fontsize=8 if len(rows) < 40 else 6)
     ax.set_ylim(len(rows) - 0.5, -0.5)
     if link_rows and len(rows) > len(link_rows):
