@@ -17,7 +17,7 @@ from test_trace_columnar import assert_identical
 def saved(tmp_path_factory):
     result = CASES["pipeline-oc"]()
     directory = tmp_path_factory.mktemp("result") / "run"
-    result.save(directory)
+    result.save(directory, per_link=True)  # the links' bandwidth counters of the trace come from link_timeline
     return result, directory
 
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
+import sys
 import tempfile
 from pathlib import Path
 
@@ -56,6 +58,9 @@ def add_output_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trace", metavar="FILE", help="write a Perfetto/Chrome trace (.json or .json.gz)")
     p.add_argument("--plot", metavar="FILE", help="write figures (PNG and SVG; FILE names the PNG stem)")
     p.add_argument("--intervals", metavar="FILE", help="write the interval log as .parquet or .csv")
+    p.add_argument("--per-link", dest="per_link", action="store_true",
+                   help="with --out: also write link_timeline.csv, every link's bandwidth in use over time (tens of "
+                        "MB on a cluster; the Perfetto trace of `marssim trace DIR` then has bandwidth counters)")
 
 
 def _check_suffix(path: str, allowed: tuple[str, ...], flag: str) -> None:
@@ -114,6 +119,8 @@ def check_outputs(args: argparse.Namespace) -> None:
     """Check every output path of :func:`add_output_args` before any work (see
     :func:`check_output_dir`, :func:`check_output_file`)."""
     check_output_dir(getattr(args, "out", None))
+    if getattr(args, "per_link", False) and not getattr(args, "out", None):
+        raise InputError(None, "--per-link", "adds link_timeline.csv to the result directory: give --out DIR too")
     check_output_file(getattr(args, "trace", None), "--trace", TRACE_SUFFIXES)
     check_output_file(getattr(args, "intervals", None), "--intervals", INTERVAL_SUFFIXES)
     check_output_file(getattr(args, "plot", None), "--plot", PLOT_SUFFIXES)
@@ -127,22 +134,42 @@ def write_outputs(result, args: argparse.Namespace, shown=None) -> list[str]:
     lines = []
     check_outputs(args)
     shown = result if shown is None else shown
-    if getattr(args, "out", None):
-        result.save(args.out)
-        lines.append(f"result    {args.out}/")
-    if getattr(args, "trace", None) or getattr(args, "plot", None) or getattr(args, "intervals", None):
-        from marssim import trace
+    with _steps(args) as step:
+        if getattr(args, "out", None):
+            result.save(args.out, per_link=getattr(args, "per_link", False), progress=lambda n: step(f"--out {n}"))
+            lines.append(f"result    {args.out}/")
+        if getattr(args, "trace", None) or getattr(args, "plot", None) or getattr(args, "intervals", None):
+            from marssim import trace
 
-        if args.trace:
-            size = trace.write_chrome_trace(shown, args.trace)
-            lines.append(f"trace     {args.trace} ({size / 2**20:.2f} MiB; open in https://ui.perfetto.dev)")
-        if args.intervals:
-            trace.export_intervals(shown, args.intervals)
-            lines.append(f"intervals {args.intervals}")
-        if args.plot:
-            for path in trace.plot_result(shown, args.plot):
-                lines.append(f"figure    {path}")
+            if args.trace:
+                step("--trace")
+                size = trace.write_chrome_trace(shown, args.trace)
+                lines.append(f"trace     {args.trace} ({size / 2**20:.2f} MiB; open in https://ui.perfetto.dev)")
+            if args.intervals:
+                step("--intervals")
+                trace.export_intervals(shown, args.intervals)
+                lines.append(f"intervals {args.intervals}")
+            if args.plot:
+                for path in trace.plot_result(shown, args.plot, progress=lambda n: step(f"--plot {n}")):
+                    lines.append(f"figure    {path}")
     return lines
+
+
+@contextlib.contextmanager
+def _steps(args: argparse.Namespace):
+    """A line on stderr naming the output being written (a terminal, without --quiet): on a
+    cluster of a thousand GPUs the tables, trace and figures take seconds each. Yields the
+    callback that names the next step."""
+    if getattr(args, "quiet", False) or not sys.stderr.isatty():
+        yield lambda name: None
+        return
+    from tqdm import tqdm
+
+    bar = tqdm(total=0, desc="writing", bar_format="{desc} ({elapsed})", file=sys.stderr, leave=False)
+    try:
+        yield lambda name: bar.set_description(f"writing {name}")
+    finally:
+        bar.close()
 
 
 def existing_dir(path: str) -> Path:

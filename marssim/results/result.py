@@ -40,6 +40,19 @@ __all__ = ["Result", "INTERVAL_COLUMNS"]
 INTERVAL_COLUMNS = ("kind", "resource", "task", "op", "model", "micro_batch", "start", "end", "bytes", "flops",
                     "energy", "src", "dst", "collective", "collective_id", "links")
 
+GZIP_ROWS = 100_000
+"""Tables of more rows than this are saved gzip-compressed (``NAME.csv.gz``)."""
+_GZIP = {"method": "gzip", "compresslevel": 1, "mtime": 0}  # fast, and the same bytes for the same table
+
+
+def _table_file(directory: Path, file: str) -> Path | None:
+    """``directory/file``, or its gzip-compressed form ``file.gz``; None when neither exists."""
+    for path in (directory / file, directory / (file + ".gz")):
+        if path.is_file():
+            return path
+    return None
+
+
 _REPORT_FILES = {"ops": ("ops.csv", "op"), "layers": ("layers.csv", "group"), "op_devices": ("op_devices.csv", None)}
 
 
@@ -163,9 +176,23 @@ class Result:
         table = self.ops if per_op else (self.layers if level is None else self.layers_by(level))
         return "\n".join(format_layers(table, self.makespan, limit=limit, by="op" if per_op else "layer group"))
 
-    def save(self, directory: str | Path) -> Path:
-        """Write ``summary.json`` and the tables as CSV into ``directory`` (atomically)."""
+    def save(self, directory: str | Path, *, per_link: bool = False, progress: Callable[[str], None] | None = None
+             ) -> Path:
+        """Write ``summary.json`` and the tables as CSV into ``directory`` (atomically). A table
+        of more than :data:`GZIP_ROWS` rows is written gzip-compressed (``intervals.csv.gz``:
+        pandas and most tools read it as it is). ``per_link``: also ``link_timeline.csv``, every
+        link's bandwidth in use over time (tens of MB on a cluster). ``progress``: called with
+        the name of each table before it is written."""
         directory = Path(directory)
+        tell = progress or (lambda name: None)
+
+        def write(table, tmp: Path, name: str, **kwargs) -> None:
+            tell(name)
+            if len(table) > GZIP_ROWS:
+                table.to_csv(tmp / f"{name}.csv.gz", compression=_GZIP, **kwargs)
+            else:
+                table.to_csv(tmp / f"{name}.csv", **kwargs)
+
         with staged_dir(directory) as tmp:
             summary = {"makespan_s": self.makespan, "throughput_samples_per_s": self.throughput,
                        "setup_time_s": self.setup_time, "energy_j": _json_number(self.energy),
@@ -173,16 +200,17 @@ class Result:
                        "communication_energy_j": _json_number(self.communication_energy),
                        "meta": _jsonable(self.meta)}
             (tmp / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
-            self.intervals.to_csv(tmp / "intervals.csv", index=False)
-            self.devices.to_csv(tmp / "devices.csv", index_label="device")
-            self.links.to_csv(tmp / "links.csv", index_label="resource")
-            self.memories.to_csv(tmp / "memories.csv", index_label="node")
-            self.memory_timeline.to_csv(tmp / "memory_timeline.csv", index=False)
-            self.link_timeline.to_csv(tmp / "link_timeline.csv", index=False)
-            self.edges.to_csv(tmp / "edges.csv", index=False)
+            write(self.intervals, tmp, "intervals", index=False)
+            write(self.devices, tmp, "devices", index_label="device")
+            write(self.links, tmp, "links", index_label="resource")
+            write(self.memories, tmp, "memories", index_label="node")
+            write(self.memory_timeline, tmp, "memory_timeline", index=False)
+            if per_link:
+                write(self.link_timeline, tmp, "link_timeline", index=False)
+            write(self.edges, tmp, "edges", index=False)
             for name, (file, index) in _REPORT_FILES.items():
                 table = self._table(name)
-                table.to_csv(tmp / file, index=index is not None, index_label=index)
+                write(table, tmp, file[:-len(".csv")], index=index is not None, index_label=index)
         return directory
 
     @classmethod
@@ -191,31 +219,38 @@ class Result:
         from marssim.errors import InputError
 
         directory = Path(directory)
-        need = ["summary.json", "intervals.csv", "devices.csv", "links.csv", "memories.csv",
-                "memory_timeline.csv", "link_timeline.csv"]
-        for name in need:
-            if not (directory / name).is_file():
-                raise InputError(str(directory), name, "missing; expected a directory written by `marssim simulate --out`")
+        if not (directory / "summary.json").is_file():
+            raise InputError(str(directory), "summary.json", "missing; expected a directory written by `marssim "
+                                                             "simulate --out`")
+        for name in ("intervals", "devices", "links", "memories", "memory_timeline"):
+            if _table_file(directory, name + ".csv") is None:
+                raise InputError(str(directory), name + ".csv", "missing; expected a directory written by `marssim "
+                                                                "simulate --out`")
+
+        def table(file: str, **kwargs):
+            return read_csv_exact(_table_file(directory, file), **kwargs)
+
         summary = json.loads((directory / "summary.json").read_text())
-        intervals = read_csv_exact(directory / "intervals.csv", keep_default_na=False,
-                                na_values={"energy": ["", "nan", "NaN"]})
+        intervals = table("intervals.csv", keep_default_na=False, na_values={"energy": ["", "nan", "NaN"]})
         for col in ("op", "model", "src", "dst", "collective", "links", "resource", "kind"):
             intervals[col] = intervals[col].astype(str)
         return cls(
             makespan=float(summary["makespan_s"]), intervals=intervals,
-            devices=read_csv_exact(directory / "devices.csv", index_col="device"),
-            links=read_csv_exact(directory / "links.csv", index_col="resource"),
-            memories=read_csv_exact(directory / "memories.csv", index_col="node"),
-            memory_timeline=read_csv_exact(directory / "memory_timeline.csv"),
-            link_timeline=read_csv_exact(directory / "link_timeline.csv"),
-            edges=read_csv_exact(directory / "edges.csv") if (directory / "edges.csv").is_file() else
+            devices=table("devices.csv", index_col="device"),
+            links=table("links.csv", index_col="resource"),
+            memories=table("memories.csv", index_col="node"),
+            memory_timeline=table("memory_timeline.csv"),
+            link_timeline=table("link_timeline.csv") if _table_file(directory, "link_timeline.csv") else
+            pd.DataFrame({"resource": pd.Series(dtype=str), "time": pd.Series(dtype=float),
+                          "rate": pd.Series(dtype=float), "flows": pd.Series(dtype=float)}),
+            edges=table("edges.csv") if _table_file(directory, "edges.csv") else
             pd.DataFrame(columns=["src_task", "dst_task"]),
             throughput=float(summary.get("throughput_samples_per_s") or float("nan")),
             setup_time=float(summary.get("setup_time_s") or 0.0), meta=summary.get("meta", {}),
             compute_energy=_number(summary.get("compute_energy_j", summary.get("energy_j"))),
             communication_energy=_number(summary.get("communication_energy_j")),
-            tables={name: _read_table(directory / file, index) for name, (file, index) in _REPORT_FILES.items()
-                    if (directory / file).is_file()},
+            tables={name: _read_table(_table_file(directory, file), index) for name, (file, index) in
+                    _REPORT_FILES.items() if _table_file(directory, file) is not None},
         )
 
 

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import io
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -33,24 +34,31 @@ _VECTOR_BARS = 20_000  # more intervals than this: the Gantt chart's bars raster
 
 
 def plot_result(result, png_path: str | Path, *, color_by: str = "auto", max_links: int = 24,
-                formats: tuple[str, ...] = ("png", "svg"), dpi: int = 150) -> list[Path]:
+                formats: tuple[str, ...] = ("png", "svg"), dpi: int = 150,
+                progress: Callable[[str], None] | None = None) -> list[Path]:
     """Write the Gantt chart to ``png_path`` and the utilisation and memory figures beside it
     (``<stem>-utilisation``, ``<stem>-memory``), each in every format of ``formats``, atomically.
     Returns the written paths. ``color_by``: ``layer``, ``model`` or ``auto`` (model when the
-    result holds several models, else layer). ``max_links``: the busiest links shown."""
+    result holds several models, else layer). ``max_links``: the busiest links shown.
+    ``progress``: called with each figure's name before it is drawn and each file's before it
+    is written."""
     png_path = Path(png_path)
     if not png_path.name.endswith(".png"):
         raise InputError(str(png_path), "--plot", "expected a file name ending in .png")
     if color_by not in COLOR_BY:
         raise InputError(None, "--color-by", f"expected one of {', '.join(COLOR_BY)}, got {color_by!r}")
     stem = png_path.with_suffix("")
-    figures = [(stem, gantt_figure(result, color_by=color_by, max_links=max_links)),
-               (stem.with_name(stem.name + "-utilisation"), utilisation_figure(result, max_links=max_links)),
-               (stem.with_name(stem.name + "-memory"), memory_figure(result))]
+    tell = progress or (lambda name: None)
+    figures = [(stem, lambda: gantt_figure(result, color_by=color_by, max_links=max_links)),
+               (stem.with_name(stem.name + "-utilisation"), lambda: utilisation_figure(result, max_links=max_links)),
+               (stem.with_name(stem.name + "-memory"), lambda: memory_figure(result))]
     written = []
-    for base, fig in figures:
+    for base, draw in figures:
+        tell(f"{base.name}: drawing")
+        fig = draw()
         for fmt in formats:
             path = base.with_name(base.name + "." + fmt)
+            tell(path.name)
             _save(fig, path, fmt, dpi)
             written.append(path)
     return written
