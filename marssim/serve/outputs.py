@@ -5,7 +5,8 @@
 * :func:`write_tables`: ``summary.json``, ``requests.csv`` (one row per request),
   ``iterations.csv`` (one per engine iteration), ``replicas.csv``, ``transfers.csv``;
 * :func:`plot_run`: latency CDFs (TTFT, TPOT, TBT, E2E) and, beside them (``-timeline``),
-  KV-cache occupancy, queue length and batch size over time per replica; :func:`plot_sweep`:
+  KV-cache occupancy, queue length and batch size over time (a line per replica, or for many replicas
+  per pool the median and percentile bands); :func:`plot_sweep`:
   throughput, goodput and latency percentiles against the arrival rate;
 * :func:`write_trace`: Chrome Trace Event JSON for ui.perfetto.dev: a process per replica, a
   track per engine with its iterations (their requests and tokens in the args), counters of
@@ -212,6 +213,9 @@ def plot_run(result, png: str | Path) -> list[Path]:
     slo = {"TTFT": result.slo.ttft, "TPOT": result.slo.tpot, "E2E": result.slo.e2e}
     for ax, (name, values) in zip(axes.flat, series.items()):
         values = np.sort(values[np.isfinite(values)])
+        log = name.startswith("TBT")  # token gaps span decode steps to preemptions: orders of magnitude
+        if log:
+            values = values[values > 0]
         if len(values):
             ax.plot(values * 1e3, np.arange(1, len(values) + 1) / len(values), lw=1.2)
         bound = slo.get(name)
@@ -221,7 +225,9 @@ def plot_run(result, png: str | Path) -> list[Path]:
         for p in PERCENTILES:
             if len(values):
                 ax.axhline(p / 100, color="0.85", lw=0.6, zorder=0)
-        ax.set_xlabel(f"{name} (ms)")
+        if log and len(values):
+            ax.set_xscale("log")
+        ax.set_xlabel(f"{name} (ms{', log scale' if log else ''})")
         ax.set_ylabel("fraction of requests" if not name.startswith("TBT") else "fraction of token gaps")
         ax.set_ylim(0, 1.01)
         ax.grid(alpha=0.3)
@@ -231,30 +237,69 @@ def plot_run(result, png: str | Path) -> list[Path]:
     return written
 
 
+_PER_REPLICA_LINES = 4  # more replicas than this in a pool: its median and percentile bands, not a line each
+_GRID_POINTS = 600  # time points the bands are read at
+
+
 def _timeline(result):
+    """KV-cache use, waiting requests and batch size over time: a line per replica for a few
+    replicas; for more, per pool the median over its replicas with the 25-75 and 0-100
+    percentile bands (sixteen lines would overplot into one band)."""
     it = result.iterations
     fig = _figure(10, 7.5)
     axes = fig.subplots(3, 1, sharex=True)
     replicas = sorted(set(int(r) for r in it["replica"])) if len(it["replica"]) else []
-    shown = replicas[:16]
-    for r in shown:
-        mask = it["replica"] == r
-        t = it["end"][mask]
-        label = f"replica {r}"
-        axes[0].step(t, it["kv_blocks"][mask] / it["kv_capacity"][mask] * 100, where="post", lw=0.8, label=label)
-        axes[1].step(t, it["waiting"][mask], where="post", lw=0.8)
-        axes[2].step(t, it["prefill_seqs"][mask] + it["decode_seqs"][mask], where="post", lw=0.8)
+    pool_of = {info.index: info.pool for info in result.replicas}
+    pools: dict[int, list[int]] = {}
+    for r in replicas:
+        pools.setdefault(pool_of.get(r, 0), []).append(r)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        metrics = (it["kv_blocks"] / it["kv_capacity"] * 100, it["waiting"], it["prefill_seqs"] + it["decode_seqs"])
+    end = float(it["end"].max()) if len(it["end"]) else 1.0
+    grid = np.linspace(0.0, end, _GRID_POINTS)
+    colours = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown")
+    banded = False
+    for k, (pool, members) in enumerate(sorted(pools.items())):
+        colour = colours[k % len(colours)]
+        name = f"pool {pool}" if len(pools) > 1 else ""
+        if len(members) <= _PER_REPLICA_LINES:
+            for r in members:
+                mask = it["replica"] == r
+                label = f"replica {r}" + (f" ({name})" if name else "")
+                for ax, values in zip(axes, metrics):
+                    ax.step(it["end"][mask], values[mask], where="post", lw=0.8, label=label if ax is axes[0] else None)
+            continue
+        banded = True
+        for ax, values in zip(axes, metrics):
+            at = np.vstack([_steps_at(it["end"][it["replica"] == r], values[it["replica"] == r], grid)
+                            for r in members])
+            lo, q1, mid, q3, hi = np.nanpercentile(at, [0, 25, 50, 75, 100], axis=0)
+            ax.fill_between(grid, lo, hi, step="post", color=colour, alpha=0.12, lw=0,
+                            label=f"{name or 'replicas'}: min-max" if ax is axes[0] else None)
+            ax.fill_between(grid, q1, q3, step="post", color=colour, alpha=0.3, lw=0,
+                            label=f"{name or 'replicas'}: 25-75%" if ax is axes[0] else None)
+            ax.step(grid, mid, where="post", color=colour, lw=1.0,
+                    label=f"{name or 'replicas'}: median of {len(members)}" if ax is axes[0] else None)
     axes[0].set_ylabel("KV cache in use (%)")
     axes[1].set_ylabel("waiting requests")
     axes[2].set_ylabel("batch (sequences)")
     axes[2].set_xlabel("time (s)")
     for ax in axes:
         ax.grid(alpha=0.3)
-    if 1 < len(shown) <= 16:
-        axes[0].legend(fontsize=6, ncol=4, loc="upper left")
-    if len(replicas) > len(shown):
-        axes[0].set_title(f"first {len(shown)} of {len(replicas)} replicas", fontsize=8)
+    if replicas:
+        axes[0].legend(fontsize=6, ncol=3 if banded else 4, loc="upper left")
+    if banded:
+        axes[0].set_title(f"{len(replicas)} replicas: per pool the median over its replicas and the bands their "
+                          "values span at each time", fontsize=8)
     return fig
+
+
+def _steps_at(t: np.ndarray, values: np.ndarray, grid: np.ndarray) -> np.ndarray:
+    """A step function (``values[i]`` from ``t[i]`` on, 0 before the first) read at ``grid``."""
+    order = np.argsort(t, kind="stable")
+    t, values = t[order], values[order]
+    k = np.searchsorted(t, grid, side="right") - 1
+    return np.where(k >= 0, values[np.clip(k, 0, None)] if len(values) else 0.0, 0.0)
 
 
 def plot_sweep(rows: list[dict], png: str | Path, title: str = "") -> list[Path]:
