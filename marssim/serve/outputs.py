@@ -248,11 +248,13 @@ def _timeline(result):
     it = result.iterations
     fig = _figure(10, 7.5)
     axes = fig.subplots(3, 1, sharex=True)
-    replicas = sorted(set(int(r) for r in it["replica"])) if len(it["replica"]) else []
-    pool_of = {info.index: info.pool for info in result.replicas}
-    pools: dict[int, list[int]] = {}
-    for r in replicas:
-        pools.setdefault(pool_of.get(r, 0), []).append(r)
+    ran = set(int(r) for r in it["replica"]) if len(it["replica"]) else set()
+    pools: dict[int, list[int]] = {}  # every replica of each pool (one that ran no iteration: at zero)
+    for info in result.replicas:
+        pools.setdefault(info.pool, []).append(info.index)
+    for r in sorted(ran - {i for m in pools.values() for i in m}):
+        pools.setdefault(0, []).append(r)
+    replicas = sorted(i for m in pools.values() for i in m)
     with np.errstate(invalid="ignore", divide="ignore"):
         metrics = (it["kv_blocks"] / it["kv_capacity"] * 100, it["waiting"], it["prefill_seqs"] + it["decode_seqs"])
     end = float(it["end"].max()) if len(it["end"]) else 1.0
@@ -263,7 +265,7 @@ def _timeline(result):
         colour = colours[k % len(colours)]
         name = f"pool {pool}" if len(pools) > 1 else ""
         if len(members) <= _PER_REPLICA_LINES:
-            for r in members:
+            for r in (m for m in members if m in ran):
                 mask = it["replica"] == r
                 label = f"replica {r}" + (f" ({name})" if name else "")
                 for ax, values in zip(axes, metrics):
