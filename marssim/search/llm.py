@@ -270,16 +270,6 @@ def _legal(space: LLMSpace, cfg: ParallelConfig) -> bool:
     return not parallel_problems(cfg, replace(t, batch=cfg.micro_batch), space.gpus)
 
 
-def _level1(g: _Genome) -> tuple:
-    """The level-1 genes of ``g`` (what a generation's coordinate descent does not change)."""
-    return (g.pp, g.dp, g.tps, g.layers, g.perm, g.order)
-
-
-def _legal(space: LLMSpace, cfg: ParallelConfig) -> bool:
-    t = space.graph.meta["transformer"]
-    return not parallel_problems(cfg, replace(t, batch=cfg.micro_batch), space.gpus)
-
-
 # ----------------------------------------------------------------------------- evaluation
 def screen_configs(graph: Graph, system: System, cost: CostModel, configs: Sequence[ParallelConfig],
                    executor: Executor | None = None) -> list[Evaluation]:

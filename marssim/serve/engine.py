@@ -180,12 +180,13 @@ class Replica:
 
     def stage_on_network(self, stage: int, part: tuple[float, float, int]):
         """A stage's iteration with its tensor-parallel collectives as flows: the compute and the
-        ring steps' latencies but one, then every rank sends its ring neighbour the collectives'
-        bytes (alone on its route: one more latency and the bytes over the bandwidth, which is
-        the closed form on a ring of equal hops; slower where other flows share the links)."""
-        compute, nbytes, steps = part
+        collectives' step latencies but one route latency, then every rank sends its ring
+        neighbour the collectives' bytes (alone on its route: one more latency and the bytes over
+        the bandwidth, which is the closed form on a ring of equal hops; slower where other flows
+        share the links)."""
+        compute, nbytes, latency = part
         hops = self.model.ring_hops(stage)
-        lead = (steps - 1) * max(lat for lat, _ in hops) if steps else 0.0
+        lead = max(0.0, latency - max(lat for lat, _ in hops)) if nbytes > 0 else latency
         yield self.env.timeout(compute + lead)
         if nbytes > 0:
             gpus = self.gpus[stage]

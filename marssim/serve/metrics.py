@@ -104,10 +104,6 @@ class Recorder:
         self._last = now
         self.in_system -= 1
 
-    @property
-    def window_end(self) -> float:
-        return self._last
-
     # ------------------------------------------------------------------ iterations
     def iteration(self, replica: int, engine: int, start: float, end: float, work, scheduler) -> None:
         it = self.iterations
