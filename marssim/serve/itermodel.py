@@ -44,7 +44,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from marssim.collectives.group import group_plan, hop_step
+from marssim.collectives.group import group_plan, ring_time
 from marssim.cost.base import CostModel
 from marssim.errors import InputError
 from marssim.system import System
@@ -374,17 +374,8 @@ class IterationModel:
         hit = self._collectives.get(key)
         if hit is not None:
             return hit
-        plan = group_plan(self.system, self.stages[stage], kind, size)
-        hops = self._rings[stage]
-        if plan is None:
-            steps = 2 * (n - 1) if kind == "all_reduce" else n - 1
-            chunk = size / n
-            lat, bw = max(hops, key=lambda h: h[0] + (chunk / h[1] if chunk > 0 else 0.0))
-            hit = (steps * (lat + (chunk / bw if chunk > 0 else 0.0)), steps * chunk, steps * lat)
-        else:
-            steps = plan.steps
-            hop = max((hop_step(plan, bw, lat) for lat, bw in hops), key=lambda h: h.time)
-            hit = (steps * hop.time, steps * plan.payload_per_step * hop.factor, steps * hop.latency)
+        ring = ring_time(kind, size, n, self._rings[stage], group_plan(self.system, self.stages[stage], kind, size))
+        hit = (ring.seconds, ring.nbytes, ring.latency)
         self._collectives[key] = hit
         return hit
 
