@@ -54,6 +54,7 @@ from marssim.system import System
 
 from .evaluate import SERVING_OBJECTIVES, Evaluation, Evaluator, Problem, rank_value
 from .result import SearchResult
+from .operators import coordinate_descent, next_population
 from .skeleton import Budget, two_level
 
 __all__ = ["ServeSearchSettings", "ServeSpace", "serve_problem", "uniform_grid", "level1_deployments",
@@ -459,31 +460,19 @@ class _ServeStrategy:
         """The best engine settings of each deployment's pools, by coordinate descent over the
         screen: a gene of a pool at a time, every deployment's trials screened as one batch; a
         deployment whose round changed nothing stops."""
-        best = list(population)
-        active = [True] * len(best)
-        for _ in range(2):
-            changed = [False] * len(best)
+        def coordinates(best: list[Deployment]) -> list[tuple[str, int]]:
             width = max((len(d.pools) for d in best), default=0)
-            for gene in _GENES:
-                for i_pool in range(width):
-                    trials: list[tuple[int, list[Deployment]]] = []
-                    batch: list[Deployment] = []
-                    for i, dep in enumerate(best):
-                        if not active[i] or i_pool >= len(dep.pools):
-                            continue
-                        options = list(dict.fromkeys(self.with_gene(dep, i_pool, gene, v)
-                                                     for v in self.gene_values(dep.pools[i_pool], gene)))
-                        trials.append((i, options))
-                        batch.extend(options)
-                    evals = iter(self.screen(batch))
-                    for i, options in trials:
-                        ranked = sorted(((self.screen_key(next(evals)), d.text(), d) for d in options),
-                                        key=lambda x: x[:2])
-                        if ranked[0][2] != best[i]:
-                            best[i], changed[i] = ranked[0][2], True
-            active = [a and c for a, c in zip(active, changed)]
-            if not any(active):
-                break
+            return [(gene, i_pool) for gene in _GENES for i_pool in range(width)]
+
+        def options(dep: Deployment, coordinate: tuple[str, int]) -> list[tuple[Deployment, Deployment]]:
+            gene, i_pool = coordinate
+            if i_pool >= len(dep.pools):
+                return []
+            return [(d, d) for d in dict.fromkeys(self.with_gene(dep, i_pool, gene, v)
+                                                  for v in self.gene_values(dep.pools[i_pool], gene))]
+
+        best = coordinate_descent(population, coordinates, options, self.screen,
+                                  lambda d, e: (self.screen_key(e), d.text()))
         return list(zip(best, self.screen(best)))
 
     # --------------------------------------------------------------- level 1
@@ -634,23 +623,8 @@ class _ServeStrategy:
             return (rank_value(f) if math.isfinite(f) else math.inf, self.screen_key(e), dep.text())
 
         ranked = sorted(scored, key=key)
-        elite = [d for d, _ in ranked[:max(1, s.population // 4)]]
-        out = list(dict.fromkeys(elite))
-        while len(out) < s.population:
-            i, j = self.rng.integers(len(ranked), size=2)
-            a = ranked[min(i, j)][0]
-            k, m = self.rng.integers(len(ranked), size=2)
-            b = ranked[min(k, m)][0]
-            child = self.crossover1(a, b)
-            if self.rng.random() < 0.8:
-                child = self.mutate1(child)
-            for _ in range(8):  # a level 1 already tried is mutated again (its screen is known)
-                if _level1(child) not in self.tried:
-                    break
-                child = self.mutate1(child)
-            self.tried.add(_level1(child))
-            out.append(child)
-        return out
+        return next_population([d for d, _ in ranked], s.population, self.rng, self.crossover1, self.mutate1,
+                               _level1, self.tried)
 
 
 def _grid_best(strategy: _ServeStrategy, n: int) -> list[Deployment]:
