@@ -129,9 +129,9 @@ def serving_inputs(args: argparse.Namespace):
                                                   f"of {system.spec}; missing: {', '.join(missing)} (e.g. "
                                                   f"--gpu-price {missing[0]}=2.5)")
     spec = _requests(_RequestArgs(args), {})
-    if spec.arrivals.kind == "offline":
+    if spec.arrivals.kind in ("offline", "closed"):
         raise InputError(None, "--arrival", "a serving search needs arrivals at a rate (poisson, gamma or a trace), "
-                                            "not offline")
+                                            f"not {spec.arrivals.kind}")
     case = ServeCase(model, spec, args.seed, constraints, tuple(sorted(prices.items())), goodput=objective == "goodput")
     changes = {k: v for k, v in (("generations", args.generations), ("population", args.population),
                                  ("max_simulations", args.budget), ("time_limit_s", args.time_limit)) if v}
