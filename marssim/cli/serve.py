@@ -369,7 +369,7 @@ def run(args: argparse.Namespace) -> int:
                     json.dump(outputs.json_clean(rows), f, indent=1, sort_keys=True)
                     f.write("\n")
                 _sweep_csv(rows, tmp / "sweep.csv")
-            lines.append(f"sweep     {args.out}/ (sweep.csv, sweep.json)")
+            lines.append(f"sweep     {_dir(args.out)} (sweep.csv, sweep.json)")
         if args.plot:
             for path in outputs.plot_sweep(rows, args.plot, f"{model.name}: {deployment.text()}"):
                 lines.append(f"figure    {path}")
@@ -385,7 +385,7 @@ def run(args: argparse.Namespace) -> int:
     if args.out:
         with staged_dir(args.out) as tmp:
             outputs.write_tables(result, tmp)
-        lines.append(f"result    {args.out}/ (summary.json, requests.csv, iterations.csv, replicas.csv)")
+        lines.append(f"result    {_dir(args.out)} (summary.json, requests.csv, iterations.csv, replicas.csv)")
     if args.trace:
         size = outputs.write_trace(result, args.trace)
         lines.append(f"trace     {args.trace} ({size / 2**20:.2f} MiB; open in https://ui.perfetto.dev)")
@@ -396,6 +396,14 @@ def run(args: argparse.Namespace) -> int:
         print()
         print("\n".join(lines))
     return 0
+
+
+def _dir(path: str) -> str:
+    """A directory as the report names it: its path with one trailing separator."""
+    import os
+
+    stripped = path.rstrip("/" + os.sep)
+    return (stripped or path[:1]) + ("" if not stripped else "/")
 
 
 def _sweep_csv(rows: list[dict], path) -> None:
