@@ -193,3 +193,8 @@ def test_a_config_json_is_searched(tiny, quad, tmp_path, capsys):
                  "--out", str(out)]) == 0
     found = yaml.safe_load((out / "best_deployment.yaml").read_text())
     assert found["model"] == f"hf:{tiny}"
+    # beside it, the engines' command lines load the model from the configuration's directory
+    vllm = [line for line in (out / "launch_vllm.sh").read_text().splitlines() if line.startswith("vllm serve")]
+    assert len(vllm) == len(found["pools"]) and all(line.startswith(f"vllm serve {Path(tiny).parent} ")
+                                                     for line in vllm)
+    assert f"--tensor-parallel-size {found['pools'][0]['tp']} " in vllm[0]

@@ -379,13 +379,21 @@ def run(args: argparse.Namespace) -> int:
         return 0
     from marssim.serve.simulate import simulate_spec
 
+    from marssim.serve.launch import SGLANG_SCRIPT, VLLM_SCRIPT, launch_commands, launch_lines, write_launch_scripts
+
     result = simulate_spec(deployment, model, system, cost, spec, seed=args.seed, slo=slo, trace=bool(args.trace))
     print("\n".join(outputs.report_lines(result)))
+    commands = launch_commands(deployment, model, str(model_spec))
+    print()
+    print("launch settings (one command per replica; docs/serving.md):")
+    print("\n".join(launch_lines(commands)))
     lines = []
     if args.out:
         with staged_dir(args.out) as tmp:
             outputs.write_tables(result, tmp)
-        lines.append(f"result    {_dir(args.out)} (summary.json, requests.csv, iterations.csv, replicas.csv)")
+            write_launch_scripts(commands, deployment, tmp)
+        lines.append(f"result    {_dir(args.out)} (summary.json, requests.csv, iterations.csv, replicas.csv, "
+                     f"{VLLM_SCRIPT}, {SGLANG_SCRIPT})")
     if args.trace:
         size = outputs.write_trace(result, args.trace)
         lines.append(f"trace     {args.trace} ({size / 2**20:.2f} MiB; open in https://ui.perfetto.dev)")
