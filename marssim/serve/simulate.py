@@ -7,6 +7,11 @@ Where the replicas run: each pool's replicas take the next free GPUs of the syst
 (of the pool's GPU design, when it names one), ``tp x pp`` consecutive ones each, the
 tensor-parallel ranks innermost, as the parallel placement puts a stage.
 
+Requests arrive at their times (open loop, offline), or, when the :class:`~.requests.Requests`
+carry a concurrency, from a closed loop of that many users: each sends the next request of the
+stream the instant its previous one ends or is rejected (its arrival is then that instant, in
+the result), until the stream or the duration ends.
+
 A request is *rejected* (counted, not simulated) when its replica could never hold it: its prompt
 and output need more KV blocks than the replica has (less the watermark), or, with the
 ``continuous`` and ``static`` schedulers, its prompt exceeds ``max_batched_tokens`` (vLLM ignores
