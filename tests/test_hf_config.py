@@ -110,6 +110,19 @@ def test_fields_that_cannot_be_mapped_are_refused_by_name(tmp_path, changes, key
     assert f"{key}:" in text and message in text and str(path) in text, text
 
 
+def test_a_qwen2_moe_without_shared_experts_counts_its_experts(tmp_path):
+    h, layers, vocab, experts, width = 512, 3, 1000, 6, 256
+    path = write(tmp_path, model_type="qwen2_moe", hidden_size=h, num_hidden_layers=layers, num_attention_heads=8,
+                 num_key_value_heads=2, vocab_size=vocab, num_experts=experts, num_experts_per_tok=2,
+                 moe_intermediate_size=width, shared_expert_intermediate_size=0, intermediate_size=4096)
+    kv = 2 * h // 8
+    # attention, experts, router, norms
+    block = (h * h + 2 * h * kv + h * h) + experts * 3 * h * width + h * experts + 2 * h
+    f = footprint(load_workload(f"hf:{path}:mode=forward,seq=2"))
+    assert f.parameters == 2 * vocab * h + layers * block + h
+    assert f.parameters - f.active_parameters == layers * (experts - 2) * 3 * h * width
+
+
 def test_deepseek_mla_is_refused_naming_the_field():
     with pytest.raises(InputError, match="kv_lora_rank: multi-head latent attention"):
         load_workload(hf("deepseek-v3"))

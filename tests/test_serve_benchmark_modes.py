@@ -144,7 +144,8 @@ def test_closed_loop_specs_are_checked():
     assert parse_arrivals("closed:concurrency=8,duration=60") == closed_loop(8, 60.0)
     assert closed_loop(8, 60.0).text() == "closed:concurrency=8,duration=60"
     for text, key in (("closed", "arrival.concurrency"), ("closed:concurrency=0", "arrival.concurrency"),
-                      ("closed:concurrency=2.5", "arrival.concurrency"), ("closed:concurrency=4,rate=2", "arrival.rate"),
+                      ("closed:concurrency=2.5", "arrival.concurrency"),
+                      ("closed:concurrency=4,rate=2", "arrival.rate"),
                       ("closed:concurrency=4,duration=-1", "arrival.duration")):
         with pytest.raises(InputError) as err:
             parse_arrivals(text)

@@ -71,7 +71,8 @@ def test_output_directories_print_with_one_separator(given, tmp_path, capsys, mo
                   {"between": ["host0", "sw0"], "bandwidth": "32 GB/s", "latency": "1 us"}],
     }))
     monkeypatch.chdir(tmp_path)
-    assert main(["serve", "--system", str(system), "--model", "llama:layers=1,hidden=128,heads=2,kv_heads=2,ffn=256,vocab=500",
+    model = "llama:layers=1,hidden=128,heads=2,kv_heads=2,ffn=256,vocab=500"
+    assert main(["serve", "--system", str(system), "--model", model,
                  "--pool", "replicas=1", "--rate", "100", "--prompt", "16", "--output", "4", "--requests", "5",
                  "--out", given]) == 0
     text = capsys.readouterr().out

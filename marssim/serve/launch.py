@@ -47,8 +47,8 @@ from marssim.workload.llm.config import TransformerConfig
 
 from .deployment import Deployment, Pool
 
-__all__ = ["LaunchCommand", "launch_commands", "launch_lines", "script_text", "model_source", "write_launch_scripts", "HF_REPOSITORIES",
-           "VLLM_SCRIPT", "SGLANG_SCRIPT"]
+__all__ = ["LaunchCommand", "launch_commands", "launch_lines", "script_text", "model_source", "write_launch_scripts",
+           "HF_REPOSITORIES", "VLLM_SCRIPT", "SGLANG_SCRIPT"]
 
 HF_REPOSITORIES = {
     "llama3-8b": "meta-llama/Meta-Llama-3-8B",

@@ -43,7 +43,8 @@ from .requests import Requests, RequestSpec
 from .router import Router
 from .sequence import Seq
 
-__all__ = ["simulate_serving", "simulate_spec", "ServeResult", "ReplicaInfo", "place_replicas", "check_pool", "iteration_model"]
+__all__ = ["simulate_serving", "simulate_spec", "ServeResult", "ReplicaInfo", "place_replicas", "check_pool",
+           "iteration_model"]
 
 
 @dataclass(frozen=True)

@@ -122,7 +122,8 @@ def hf_base(spec: str) -> tuple[dict[str, Any], str]:
     def get(key: str, default: Any = None, *, required: bool = True, kind: type = int) -> Any:
         if key not in data or data[key] is None:
             if required and default is None:
-                raise InputError(where, key, f"missing; expected {'a positive integer' if kind is int else kind.__name__}")
+                what = "a positive integer" if kind is int else kind.__name__
+                raise InputError(where, key, f"missing; expected {what}")
             return default
         value = data[key]
         if kind is int and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
