@@ -111,6 +111,18 @@ def test_n_users_keep_exactly_n_requests_in_the_system(model, system, users):
     assert result.summary["concurrency"] == users
 
 
+def test_n_users_of_disaggregated_pools_keep_n_requests_in_the_system(model, system):
+    """A request ends on a decode replica after its KV cache moved there: its user learns of it
+    there, and the next request starts at the prefill pool."""
+    dep = Deployment((Pool(replicas=1, tp=1, role="prefill", scheduler=SchedulerConfig(kind="chunked",
+                                                                                        max_batched_tokens=512)),
+                      Pool(replicas=1, tp=2, role="decode"), Pool(replicas=1, tp=1, role="decode")))
+    result = simulate_serving(dep, model, system, RooflineCost(), spec(closed_loop(10), 200).draw(0), seed=0)
+    last_sent = float(result.per_request["arrival_s"][-1])
+    assert result.summary["completed"] == 200 and result.summary["kv_transfer_s"]["count"] == 200
+    assert in_system_integral(result, last_sent) == pytest.approx(10 * last_sent, rel=1e-9)
+
+
 def test_a_duration_keeps_every_user_busy_until_it_ends(model, system):
     loop = closed_loop(6, duration=0.02)
     result = simulate_spec(Deployment((Pool(replicas=2, tp=1, scheduler=ENGINE),)), model, system, RooflineCost(),
