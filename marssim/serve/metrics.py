@@ -76,7 +76,7 @@ class Recorder:
         self.window_start = math.nan
         self.stops_on_reject = False
         # a closed loop: when each request was sent (its arrival), and who hears of its end
-        self.issue_times = np.full(n, np.nan)
+        self.sent_at = np.full(n, np.nan)
         self.on_finish = None
 
     # ------------------------------------------------------------------ requests
@@ -115,7 +115,7 @@ class Recorder:
     def keep(self, n: int) -> None:
         """Keep the first ``n`` requests' records (a closed loop that sent only those)."""
         for name in ("started_at", "first", "finish", "replica", "decode_replica", "preemptions", "gap_max",
-                     "kv_start", "kv_end", "rejected", "finished_count", "issue_times"):
+                     "kv_start", "kv_end", "rejected", "finished_count", "sent_at"):
             setattr(self, name, getattr(self, name)[:n])
 
     @property

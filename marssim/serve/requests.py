@@ -23,7 +23,7 @@ arrivals                    meaning
 
 A closed loop's arrival times come out of the simulation: :meth:`RequestSpec.draw` gives its
 requests arrival 0 (their lengths are those of ``offline`` with the same count and seed) and
-the :class:`Requests` carry the concurrency and duration for the simulation to issue them.
+the :class:`Requests` carry the concurrency and duration for the simulation to send them.
 
 ==========================  =====================================================================
 lengths (prompt, output)    meaning
@@ -116,7 +116,7 @@ class Requests:
     source: str = ""
     prefix: np.ndarray | None = None  # shared prompt prefix of each request (-1: none)
     prefix_tokens: np.ndarray | None = None  # its tokens (part of the prompt)
-    concurrency: int = 0  # > 0: a closed loop of this many users issues them (arrival is then set by the run)
+    concurrency: int = 0  # > 0: a closed loop of this many users sends them (arrival is then set by the run)
     duration: float = 0.0  # closed loop: users send requests until this time (s; 0: until all are sent)
 
     def __post_init__(self) -> None:

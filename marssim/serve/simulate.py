@@ -153,7 +153,7 @@ class _Cluster:
         self.decode_router = Router(deployment.decode_router, self.decoders, seed + 1) if self.decoders else None
         self.pending: dict[int, deque] = {r.index: deque() for r in self.decoders}
         self._plans: dict[tuple[int, int], list] = {}
-        self.issued = 0  # closed loop: requests sent so far
+        self.sent = 0  # closed loop: requests sent so far
         self.exhausted = False  # closed loop with a duration: a user found no request left before it
         self.done: dict[int, simpy.Event] = {}
         if requests.concurrency:
@@ -186,9 +186,9 @@ class _Cluster:
             t = float(arrival[i])
             if t > env.now:
                 yield env.timeout(t - env.now)
-            self._issue(i, t)
+            self._send(i, t)
 
-    def _issue(self, i: int, t: float) -> bool:
+    def _send(self, i: int, t: float) -> bool:
         """Request ``i`` arrives at the router at ``t`` (now): False when it is rejected (see the module
         docstring)."""
         env = self.env
@@ -221,13 +221,13 @@ class _Cluster:
         while True:
             if duration and env.now >= duration:
                 return
-            if self.issued >= n:
+            if self.sent >= n:
                 self.exhausted = bool(duration)
                 return
-            i = self.issued
-            self.issued += 1
-            self.recorder.issue_times[i] = env.now
-            if self._issue(i, env.now):
+            i = self.sent
+            self.sent += 1
+            self.recorder.sent_at[i] = env.now
+            if self._send(i, env.now):
                 done = self.done[i] = env.event()
                 yield done
 
@@ -344,9 +344,9 @@ def simulate_serving(deployment: Deployment, model: TransformerConfig, system: S
     env.run()
     fabric.close()
     if requests.concurrency:  # a closed loop: the requests sent, arriving when their users sent them
-        sent = cluster.issued
+        sent = cluster.sent
         recorder.keep(sent)
-        requests = Requests(recorder.issue_times.copy(), requests.prompt[:sent], requests.output[:sent],
+        requests = Requests(recorder.sent_at.copy(), requests.prompt[:sent], requests.output[:sent],
                             requests.source,
                             requests.prefix[:sent] if requests.prefix is not None else None,
                             requests.prefix_tokens[:sent] if requests.prefix_tokens is not None else None,
