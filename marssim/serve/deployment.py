@@ -58,6 +58,17 @@ TP_COMM = ("closed", "network")
 PREEMPTION = ("recompute", "swap")
 
 
+def bytes_text(n: float) -> str:
+    """``n`` bytes as a person writes them and the parser reads them back to the same number:
+    ``16 GiB``, else the exact count (``4294967297 B``)."""
+    from marssim import units
+
+    text = units.fmt_bytes(n)
+    if units.parse(text, "bytes", allow_zero=True) == n:
+        return text
+    return f"{int(n)} B" if float(n).is_integer() else f"{n!r} B"
+
+
 @dataclass(frozen=True)
 class SchedulerConfig:
     """One replica's engine: its batching policy and KV cache (see the module docstring)."""
@@ -107,6 +118,8 @@ class Pool:
             value = getattr(self.scheduler, f.name)
             if value != getattr(default, f.name):
                 key = "scheduler" if f.name == "kind" else f.name
+                if f.name == "swap_space":
+                    value = bytes_text(value).replace(" ", "")
                 parts.append(f"{key}={str(value).lower() if isinstance(value, bool) else value}")
         return ",".join(parts)
 
@@ -297,7 +310,7 @@ def pool_to_dict(pool: Pool) -> dict[str, Any]:
         if value == getattr(default, f.name):
             continue
         if f.name == "swap_space":
-            out[f.name] = f"{int(value)} B" if float(value).is_integer() else f"{value!r} B"
+            out[f.name] = bytes_text(value)
         else:
             out["scheduler" if f.name == "kind" else f.name] = value
     return out

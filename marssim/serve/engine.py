@@ -205,18 +205,18 @@ class Replica:
         return self.fabric.transfers([(a, b, nbytes) for a, b in zip(self.gpus[-1], self.gpus[0])], "token")
 
     def swap(self, work: Work):
-        """Blocks swapped out and in before an iteration, over each GPU's route to its host."""
+        """Blocks swapped out and in before an iteration, over each GPU's route to its host: a
+        flow per request and GPU (the request's blocks of that GPU's stage)."""
         system = self.fabric.system
-        flows = []
-        for blocks, kind in ((work.swap_out, "swap_out"), (work.swap_in, "swap_in")):
-            if not blocks:
-                continue
-            for s, gpus in enumerate(self.gpus):
-                nbytes = blocks * self.block_bytes[s]
-                for g in gpus:
-                    host = system.nearest_host(g)
-                    flows.append(((g, host) if kind == "swap_out" else (host, g), nbytes, kind))
-        events = [self.fabric.transfer(a, b, n, kind) for (a, b), n, kind in flows]
+        events = []
+        for moved, kind in ((work.swapped_out, "swap_out"), (work.swapped_in, "swap_in")):
+            for request, blocks in moved:
+                for s, gpus in enumerate(self.gpus):
+                    nbytes = blocks * self.block_bytes[s]
+                    for g in gpus:
+                        host = system.nearest_host(g)
+                        src, dst = (g, host) if kind == "swap_out" else (host, g)
+                        events.append(self.fabric.transfer(src, dst, nbytes, kind, request))
         if events:
             yield simpy.AllOf(self.env, events)
 

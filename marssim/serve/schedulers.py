@@ -42,15 +42,17 @@ __all__ = ["Scheduler", "Work"]
 
 class Work:
     """An iteration: prefill chunks ``(seq, tokens)``, decoding sequences, and the blocks swapped
-    out and in before it runs."""
+    out and in before it runs (in all, and per request: ``(request id, blocks)``)."""
 
-    __slots__ = ("prefills", "decodes", "swap_out", "swap_in")
+    __slots__ = ("prefills", "decodes", "swap_out", "swap_in", "swapped_out", "swapped_in")
 
     def __init__(self) -> None:
         self.prefills: list[tuple[Seq, int]] = []
         self.decodes: list[Seq] = []
         self.swap_out = 0
         self.swap_in = 0
+        self.swapped_out: list[tuple[int, int]] = []
+        self.swapped_in: list[tuple[int, int]] = []
 
     def __bool__(self) -> bool:
         return bool(self.prefills or self.decodes or self.swap_out)
@@ -231,6 +233,7 @@ class Scheduler:
         if self.cfg.preemption == "swap" and s.computed >= s.target and not s.prefix_blocks and \
                 bm.swap_out(s.blocks):
             work.swap_out += s.blocks
+            work.swapped_out.append((s.id, s.blocks))
             s.swapped = True
             self.swapped.append(s)
             return
@@ -259,6 +262,7 @@ class Scheduler:
             self.swapped.popleft()
             bm.swap_in(s.blocks)
             work.swap_in += s.blocks
+            work.swapped_in.append((s.id, s.blocks))
             if grow > 0:
                 bm.take(grow)
                 s.blocks += grow
