@@ -17,6 +17,7 @@ from marssim.errors import InputError
 from marssim.serve import load_model
 from marssim.workload import load_workload
 from marssim.workload.llm import footprint
+from support import write_switch_system
 
 DATA = Path(__file__).parent / "data" / "hf"
 
@@ -155,19 +156,7 @@ def tiny(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="module")
 def quad(tmp_path_factory) -> str:
-    path = tmp_path_factory.mktemp("sys") / "quad.yaml"
-    path.write_text(yaml.safe_dump({
-        "name": "quad",
-        "designs": {"os32": {"dataflow": "os", "pe_rows": 32, "pe_cols": 32, "clock": "1 GHz", "sram": "8 MiB",
-                             "sram_bandwidth": "400 GB/s"}},
-        "accelerators": [{"id": "acc[0-3]", "designs": ["os32"], "memory": {"capacity": "4 GiB",
-                                                                           "bandwidth": "1 TB/s"}}],
-        "hosts": [{"id": "host0", "dram": {"capacity": "1 TiB", "bandwidth": "200 GB/s"}}],
-        "switches": [{"id": "sw0", "latency": "0.5 us"}],
-        "links": [{"pattern": "star", "hub": "sw0", "nodes": "acc[0-3]", "bandwidth": "50 GB/s", "latency": "1 us"},
-                  {"between": ["host0", "sw0"], "bandwidth": "32 GB/s", "latency": "1 us"}],
-    }))
-    return str(path)
+    return write_switch_system(tmp_path_factory.mktemp("sys"))
 
 
 def test_a_config_json_serves_as_the_same_model_by_parameters(tiny, quad, tmp_path, capsys):

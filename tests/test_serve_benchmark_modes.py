@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import yaml
 
-from support import RooflineCost, make_system
+from support import RooflineCost, make_system, write_switch_system
 
 from marssim.cli import main
 from marssim.errors import InputError
@@ -172,19 +172,7 @@ CLI_MODEL = "llama:layers=2,hidden=256,heads=4,ffn=512,kv_heads=4,vocab=1000"
 
 @pytest.fixture(scope="module")
 def quad(tmp_path_factory) -> str:
-    path = tmp_path_factory.mktemp("sys") / "quad.yaml"
-    path.write_text(yaml.safe_dump({
-        "name": "quad",
-        "designs": {"os32": {"dataflow": "os", "pe_rows": 32, "pe_cols": 32, "clock": "1 GHz", "sram": "8 MiB",
-                             "sram_bandwidth": "400 GB/s"}},
-        "accelerators": [{"id": "acc[0-3]", "designs": ["os32"], "memory": {"capacity": "4 GiB",
-                                                                           "bandwidth": "1 TB/s"}}],
-        "hosts": [{"id": "host0", "dram": {"capacity": "1 TiB", "bandwidth": "200 GB/s"}}],
-        "switches": [{"id": "sw0", "latency": "0.5 us"}],
-        "links": [{"pattern": "star", "hub": "sw0", "nodes": "acc[0-3]", "bandwidth": "50 GB/s", "latency": "1 us"},
-                  {"between": ["host0", "sw0"], "bandwidth": "32 GB/s", "latency": "1 us"}],
-    }))
-    return str(path)
+    return write_switch_system(tmp_path_factory.mktemp("sys"))
 
 
 def test_concurrency_from_the_command_line_and_a_deployment_file(quad, tmp_path, capsys):

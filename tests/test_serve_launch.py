@@ -8,11 +8,11 @@ import shlex
 from dataclasses import replace
 
 import pytest
-import yaml
 
 from marssim.cli import main
 from marssim.serve import Deployment, Pool, SchedulerConfig, load_model
 from marssim.serve.launch import launch_commands, model_source, script_text
+from support import write_switch_system
 
 MODEL = "llama:layers=2,hidden=256,heads=4,ffn=512,kv_heads=4,vocab=1000"
 
@@ -153,18 +153,7 @@ def test_what_has_no_flag_is_a_comment_in_the_script():
 
 
 def test_marssim_serve_prints_and_writes_the_launch_settings(tmp_path, capsys):
-    system = tmp_path / "quad.yaml"
-    system.write_text(yaml.safe_dump({
-        "name": "quad",
-        "designs": {"os32": {"dataflow": "os", "pe_rows": 32, "pe_cols": 32, "clock": "1 GHz", "sram": "8 MiB",
-                             "sram_bandwidth": "400 GB/s"}},
-        "accelerators": [{"id": "acc[0-3]", "designs": ["os32"], "memory": {"capacity": "4 GiB",
-                                                                           "bandwidth": "1 TB/s"}}],
-        "hosts": [{"id": "host0", "dram": {"capacity": "1 TiB", "bandwidth": "200 GB/s"}}],
-        "switches": [{"id": "sw0", "latency": "0.5 us"}],
-        "links": [{"pattern": "star", "hub": "sw0", "nodes": "acc[0-3]", "bandwidth": "50 GB/s", "latency": "1 us"},
-                  {"between": ["host0", "sw0"], "bandwidth": "32 GB/s", "latency": "1 us"}],
-    }))
+    system = write_switch_system(tmp_path)
     out = tmp_path / "run"
     assert main(["serve", "--system", str(system), "--model", MODEL, "--pool",
                  "replicas=2,tp=2,scheduler=chunked,max_batched_tokens=512,max_num_seqs=32", "--rate", "100",

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import yaml
 
-from support import RooflineCost, make_system
+from support import RooflineCost, make_system, write_switch_system
 
 from marssim.cli import main
 from marssim.serve import Arrivals, Deployment, Lengths, Pool, RequestSpec, SchedulerConfig, load_model, parse_pool
@@ -58,18 +57,7 @@ def test_swap_space_prints_in_binary_units_and_reads_back():
 
 @pytest.mark.parametrize("given", ["run/", "run//", "run"])
 def test_output_directories_print_with_one_separator(given, tmp_path, capsys, monkeypatch):
-    system = tmp_path / "quad.yaml"
-    system.write_text(yaml.safe_dump({
-        "name": "quad",
-        "designs": {"os32": {"dataflow": "os", "pe_rows": 32, "pe_cols": 32, "clock": "1 GHz", "sram": "8 MiB",
-                             "sram_bandwidth": "400 GB/s"}},
-        "accelerators": [{"id": "acc[0-1]", "designs": ["os32"], "memory": {"capacity": "4 GiB",
-                                                                           "bandwidth": "1 TB/s"}}],
-        "hosts": [{"id": "host0", "dram": {"capacity": "1 TiB", "bandwidth": "200 GB/s"}}],
-        "switches": [{"id": "sw0", "latency": "0.5 us"}],
-        "links": [{"pattern": "star", "hub": "sw0", "nodes": "acc[0-1]", "bandwidth": "50 GB/s", "latency": "1 us"},
-                  {"between": ["host0", "sw0"], "bandwidth": "32 GB/s", "latency": "1 us"}],
-    }))
+    system = write_switch_system(tmp_path, accelerators=2)
     monkeypatch.chdir(tmp_path)
     model = "llama:layers=1,hidden=128,heads=2,kv_heads=2,ffn=256,vocab=500"
     assert main(["serve", "--system", str(system), "--model", model,
