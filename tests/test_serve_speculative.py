@@ -212,3 +212,15 @@ def test_a_draft_of_another_vocabulary_is_refused(model, system):
     with pytest.raises(InputError, match="the draft model") as err:
         lone(model, system, cfg, 40, 4, tp=2)
     assert err.value.problems[0][0] == "pools[0].spec_model"
+
+
+def test_collectives_on_the_network_give_the_closed_form_alone(model, system):
+    """A lone request on a switch of equal hops: the tensor-parallel collectives as flows take
+    their closed form, speculative steps included."""
+    req = Requests(np.array([0.0]), np.array([40]), np.array([17]), "one")
+    cfg = spec_cfg("draft", 3, 1.0)
+    ends = []
+    for comm in ("closed", "network"):
+        dep = Deployment((Pool(replicas=1, tp=2, scheduler=cfg),), tp_comm=comm)
+        ends.append(simulate_serving(dep, model, system, RooflineCost(), req).per_request["finish_s"][0])
+    assert ends[1] == pytest.approx(ends[0], rel=1e-9)
