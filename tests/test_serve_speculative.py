@@ -224,3 +224,50 @@ def test_collectives_on_the_network_give_the_closed_form_alone(model, system):
         dep = Deployment((Pool(replicas=1, tp=2, scheduler=cfg),), tp_comm=comm)
         ends.append(simulate_serving(dep, model, system, RooflineCost(), req).per_request["finish_s"][0])
     assert ends[1] == pytest.approx(ends[0], rel=1e-9)
+
+
+CLI_MODEL = "llama:layers=2,hidden=256,heads=4,ffn=512,kv_heads=4,vocab=1000"
+CLI_SYSTEM = {
+    "name": "quad",
+    "designs": {"os32": {"dataflow": "os", "pe_rows": 32, "pe_cols": 32, "clock": "1 GHz", "sram": "8 MiB",
+                         "sram_bandwidth": "400 GB/s"}},
+    "accelerators": [{"id": "acc[0-3]", "designs": ["os32"], "memory": {"capacity": "4 GiB", "bandwidth": "1 TB/s"}}],
+    "hosts": [{"id": "host0", "dram": {"capacity": "1 TiB", "bandwidth": "200 GB/s"}}],
+    "switches": [{"id": "sw0", "latency": "0.5 us"}],
+    "links": [{"pattern": "star", "hub": "sw0", "nodes": "acc[0-3]", "bandwidth": "50 GB/s", "latency": "1 us"},
+              {"between": ["host0", "sw0"], "bandwidth": "32 GB/s", "latency": "1 us"}],
+}
+
+
+def test_the_command_line_runs_reports_and_refuses(tmp_path, capsys):
+    """A deployment file with a draft model (its spec's commas in YAML), the report's line and
+    summary, the launch flags; a bad combination is one line and exit 2, nothing written."""
+    import json
+
+    import yaml
+
+    from marssim.cli import main
+
+    system = tmp_path / "quad.yaml"
+    system.write_text(yaml.safe_dump(CLI_SYSTEM))
+    pool = {"replicas": 1, "tp": 2, "spec_method": "draft", "spec_k": 3, "spec_alpha": 0.75,
+            "spec_model": "llama:layers=1,hidden=128,heads=2,ffn=256,kv_heads=2,vocab=1000"}
+    dep = {"model": CLI_MODEL, "system": str(system), "pools": [pool],
+           "requests": {"arrival": "poisson:rate=50", "prompt": "uniform:20-200", "output": 40, "count": 30}}
+    path = tmp_path / "dep.yaml"
+    path.write_text(yaml.safe_dump(dep))
+    out = tmp_path / "run"
+    assert main(["serve", "--deployment", str(path), "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "tokens per step on average" in text and "--speculative-config" in text
+    summary = json.loads((out / "summary.json").read_text())
+    sp = summary["speculative"]
+    assert sp["steps"] > 0 and sp["proposed"] == 3 * sp["steps"]
+    assert sp["emitted_per_step"] * sp["steps"] == 30 * 39
+    bad = tmp_path / "bad"
+    assert main(["serve", "--system", str(system), "--model", CLI_MODEL, "--pool",
+                 "replicas=1,spec_method=draft,spec_model=llama3-8b,spec_k=2,spec_alpha=0.5", "--rate", "2",
+                 "--prompt", "9", "--output", "4", "--out", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "spec_model" in err and "vocabulary" in err and len(err.strip().splitlines()) == 1, err
+    assert not bad.exists()

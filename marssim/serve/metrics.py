@@ -140,7 +140,8 @@ class Recorder:
         pt = 0
         for _, q in work.prefills:
             pt += q
-        values = (replica, engine, start, end, pt, len(work.decodes), len(work.prefills), len(work.decodes),
+        decode_tokens = len(work.decodes) * (1 + scheduler.lookahead)  # verified tokens, when speculative
+        values = (replica, engine, start, end, pt, decode_tokens, len(work.prefills), len(work.decodes),
                   scheduler.bm.used, scheduler.bm.total, len(scheduler.waiting), len(scheduler.running),
                   len(scheduler.swapped))
         for name, value in zip(ITERATION_COLUMNS, values):
