@@ -179,6 +179,8 @@ def test_settings_round_trip():
     assert parse_pool(pool.text()) == pool
     dep = Deployment((pool,))
     assert deployment_from_dict(deployment_to_dict(dep), "x.yaml") == dep
+    byhand = parse_pool(f"replicas=1,spec_method=draft,spec_model={DRAFT},tp=2,spec_k=2,spec_alpha=0.5")
+    assert byhand.scheduler.spec_model == DRAFT and byhand.tp == 2 and parse_pool(byhand.text()) == byhand
     mtp = parse_pool("replicas=1,spec_method=mtp,spec_layers=2,spec_k=2,spec_alpha=0")
     assert mtp.scheduler.spec_alpha == 0.0 and mtp.scheduler.lookahead == 2 and parse_pool(mtp.text()) == mtp
 
