@@ -120,10 +120,10 @@ def test_draw_accepted_is_a_truncated_geometric():
     assert (draw_accepted(rng, 7, k, 1.0) == k).all() and (draw_accepted(rng, 7, k, 0.0) == 0).all()
 
 
-@pytest.mark.parametrize("sched", [dict(max_batched_tokens=2048), dict(kind="chunked", max_batched_tokens=256),
-                                   dict(mixed=True, max_batched_tokens=2048),
-                                   dict(gpu_memory_utilization=0.35, max_batched_tokens=2048, preemption="swap"),
-                                   dict(gpu_memory_utilization=0.35, max_batched_tokens=2048)])
+@pytest.mark.parametrize("sched", [{"max_batched_tokens": 2048}, {"kind": "chunked", "max_batched_tokens": 256},
+                                   {"mixed": True, "max_batched_tokens": 2048},
+                                   {"gpu_memory_utilization": 0.35, "max_batched_tokens": 2048, "preemption": "swap"},
+                                   {"gpu_memory_utilization": 0.35, "max_batched_tokens": 2048}])
 def test_every_token_request_and_block_accounted_under_load(sched, model, system):
     rng = np.random.default_rng(1)
     n = 150

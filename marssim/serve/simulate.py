@@ -38,11 +38,11 @@ from .engine import Replica
 from .fabric import Fabric
 from .itermodel import IterationModel
 from .memory import ReplicaMemory, replica_memory
-from .speculative import SpecTimer, draft_config, draft_memory
 from .metrics import ITERATION_COLUMNS, SLO, ConstraintsMissed, Recorder, WatchedRecorder, summarise
 from .requests import Requests, RequestSpec
 from .router import Router
 from .sequence import Seq
+from .speculative import SpecTimer, draft_config, draft_memory
 
 __all__ = ["simulate_serving", "simulate_spec", "ServeResult", "ReplicaInfo", "place_replicas", "check_pool",
            "iteration_model"]
