@@ -273,3 +273,18 @@ def test_the_command_line_runs_reports_and_refuses(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "spec_model" in err and "vocabulary" in err and len(err.strip().splitlines()) == 1, err
     assert not bad.exists()
+
+
+def test_a_decode_pool_decodes_speculatively_behind_a_prefill_pool(model, system):
+    rng = np.random.default_rng(4)
+    n = 100
+    req = Requests(np.sort(rng.uniform(0, 0.02, n)), rng.integers(20, 500, n), rng.integers(2, 150, n), "pd")
+    dep = Deployment((Pool(replicas=1, tp=1, role="prefill", scheduler=SchedulerConfig(kind="chunked",
+                                                                                       max_batched_tokens=512)),
+                      Pool(replicas=1, tp=2, role="decode", scheduler=spec_cfg("mtp", 2, 0.8))))
+    r = simulate_serving(dep, model, system, RooflineCost(), req)
+    s = r.summary
+    assert s["completed"] == n and len(r.gaps) == int((req.output - 1).sum())
+    assert s["little"]["mean_in_system"] == pytest.approx(s["little"]["rate_x_latency"], rel=1e-9)
+    assert s["speculative"]["emitted_per_step"] * s["speculative"]["steps"] == pytest.approx(
+        float((req.output - 1).sum()), rel=1e-12)
