@@ -26,7 +26,8 @@ A deployment is one or more --pool settings (or a --deployment YAML file):
   --pool role=prefill,replicas=2,tp=4 --pool role=decode,replicas=6,tp=4   disaggregated prefill/decode
 Pool keys: role, replicas, tp, pp, gpu, scheduler (static|continuous|chunked), max_num_seqs,
 max_batched_tokens, mixed, block_size, watermark, gpu_memory_utilization, preemption
-(recompute|swap), swap_space, prefix_caching (see docs/serving.md).
+(recompute|swap), swap_space, prefix_caching, and speculative decoding: spec_method (draft|mtp),
+spec_model (the draft model), spec_layers (MTP head blocks), spec_k, spec_alpha (see docs/serving.md).
 
 Requests: --replay azure-conv-2023 (a shipped trace, or a CSV of arrival_s,prompt_tokens,output_tokens),
 or --arrival poisson:rate=4 | gamma:rate=4,cv=2 | offline with --prompt and --output lengths

@@ -23,6 +23,12 @@ the model's ``dtype``                 ``--dtype``                     ``--dtype`
                                       (NIXL connector)                ``prefill`` / ``decode``
 ``preemption=swap``, ``swap_space``   ``--swap-space`` (GiB; vLLM's   (none: SGLang recomputes)
                                       V0 engine)
+``spec_method=draft``, ``spec_model``,  ``--speculative-config``         ``--speculative-algorithm
+``spec_k``                            ``{"model": ...,                STANDALONE``,
+                                      "num_speculative_tokens": k}``  ``--speculative-draft-model-path``,
+                                                                      ``--speculative-num-steps k``
+``spec_method=mtp``, ``spec_k``       ``--speculative-config``         ``--speculative-algorithm EAGLE``
+                                      ``{"method": "eagle", ...}``     (the head's path: ``DRAFT_HEAD``)
 ====================================  ==============================  ==============================
 
 Each command runs one replica (``tp x pp`` GPUs); a pool of ``replicas`` replicas is that many
@@ -118,6 +124,13 @@ def _common_notes(pool: Pool, engine: str) -> list[str]:
     return notes
 
 
+def _spec_note(cfg) -> str:
+    text = f"spec_alpha={cfg.spec_alpha:g} is the draft's acceptance on the workload, not a setting"
+    if cfg.spec_method == "mtp":
+        text += "; DRAFT_HEAD: the path of the model's trained draft head"
+    return text
+
+
 def _vllm(p: int, pool: Pool, model: TransformerConfig, source: str) -> LaunchCommand:
     cfg = pool.scheduler
     args: list[tuple[str, str]] = [
@@ -136,6 +149,14 @@ def _vllm(p: int, pool: Pool, model: TransformerConfig, source: str) -> LaunchCo
     if cfg.preemption == "swap":
         args.append(("--swap-space", f"{cfg.swap_space / 2**30:g}"))
         notes.append("preemption=swap: --swap-space is the V0 engine's (vLLM before 0.10); V1 recomputes")
+    if cfg.speculative:
+        import json
+
+        spec = {"model": model_source(cfg.spec_model)} if cfg.spec_method == "draft" else \
+            {"method": "eagle", "model": "DRAFT_HEAD"}
+        spec["num_speculative_tokens"] = cfg.spec_k
+        args.append(("--speculative-config", json.dumps(spec, separators=(",", ":"))))
+        notes.append(_spec_note(cfg))
     if pool.role != "both":
         args.append(("--kv-transfer-config", '{"kv_connector":"NixlConnector","kv_role":"kv_both"}'))
         notes.append(f"{pool.role} pool of a disaggregated deployment: run behind a prefill/decode proxy")
@@ -167,6 +188,15 @@ def _sglang(p: int, pool: Pool, model: TransformerConfig, source: str) -> Launch
     notes = _common_notes(pool, "sglang")
     if cfg.preemption == "swap":
         notes.append("preemption=swap has no SGLang setting (it recomputes)")
+    if cfg.speculative:
+        if cfg.spec_method == "draft":
+            args += [("--speculative-algorithm", "STANDALONE"),
+                     ("--speculative-draft-model-path", model_source(cfg.spec_model))]
+        else:
+            args += [("--speculative-algorithm", "EAGLE"), ("--speculative-draft-model-path", "DRAFT_HEAD")]
+        args += [("--speculative-num-steps", str(cfg.spec_k)), ("--speculative-eagle-topk", "1"),
+                 ("--speculative-num-draft-tokens", str(cfg.spec_k + 1))]
+        notes.append(_spec_note(cfg))
     if pool.role != "both":
         args.append(("--disaggregation-mode", pool.role))
     return LaunchCommand("sglang", p, pool.replicas, ("python", "-m", "sglang.launch_server"), tuple(args),

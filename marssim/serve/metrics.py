@@ -13,6 +13,9 @@ KV-cache blocks in use, queue lengths. From those (:func:`summarise`):
   over the requests;
 * goodput: requests/s that met every SLO given (TTFT, TPOT, E2E bounds);
 * KV-cache occupancy, queue length and batch size, time-weighted over each engine's iterations;
+* speculative decoding (:mod:`.speculative`): sequence steps, proposed and accepted tokens, the
+  acceptance rate, mean tokens per step, the draft's and the verification's share of the engines'
+  busy time;
 * Little's law: the time-average number of requests in the system (integrated as requests come
   and go) against arrival rate x mean latency; the two agree on every run (they must: the
   simulation counts requests in and out independently of the latencies it records).
@@ -78,6 +81,8 @@ class Recorder:
         # a closed loop: when each request was sent (its arrival), and who hears of its end
         self.sent_at = np.full(n, np.nan)
         self.on_finish = None
+        # speculative decoding: sequence steps, tokens proposed, accepted, emitted; seconds drafting, verifying
+        self.spec = {"steps": 0, "proposed": 0, "accepted": 0, "emitted": 0, "draft_s": 0.0, "verify_s": 0.0}
 
     # ------------------------------------------------------------------ requests
     def arrived(self, now: float) -> None:
@@ -102,6 +107,17 @@ class Recorder:
     def preempted(self, s) -> None:
         self.preemptions[s.id] += 1
 
+    def speculated(self, steps: int, proposed: int, accepted: int, emitted: int) -> None:
+        spec = self.spec
+        spec["steps"] += steps
+        spec["proposed"] += proposed
+        spec["accepted"] += accepted
+        spec["emitted"] += emitted
+
+    def spec_time(self, draft: float, verify: float) -> None:
+        self.spec["draft_s"] += draft
+        self.spec["verify_s"] += verify
+
     def finished(self, s, now: float) -> None:
         i = s.id
         self.finish[i] = now
@@ -124,7 +140,8 @@ class Recorder:
         pt = 0
         for _, q in work.prefills:
             pt += q
-        values = (replica, engine, start, end, pt, len(work.decodes), len(work.prefills), len(work.decodes),
+        decode_tokens = len(work.decodes) * (1 + scheduler.lookahead)  # verified tokens, when speculative
+        values = (replica, engine, start, end, pt, decode_tokens, len(work.prefills), len(work.decodes),
                   scheduler.bm.used, scheduler.bm.total, len(scheduler.waiting), len(scheduler.running),
                   len(scheduler.swapped))
         for name, value in zip(ITERATION_COLUMNS, values):
@@ -277,4 +294,14 @@ def summarise(arrival: np.ndarray, output: np.ndarray, rec: Recorder, iterations
         summary["iterations"] = int(len(dur))
     else:
         summary["iterations"] = 0
+    spec = rec.spec
+    if spec["steps"]:
+        busy = spec["draft_s"] + spec["verify_s"]
+        summary["speculative"] = {
+            "steps": spec["steps"], "proposed": spec["proposed"], "accepted": spec["accepted"],
+            "acceptance_rate": spec["accepted"] / spec["proposed"] if spec["proposed"] else math.nan,
+            "tokens_per_step": (spec["accepted"] + spec["steps"]) / spec["steps"],
+            "emitted_per_step": spec["emitted"] / spec["steps"],
+            "draft_share": spec["draft_s"] / busy if busy > 0 else math.nan,
+            "verify_share": spec["verify_s"] / busy if busy > 0 else math.nan}
     return summary

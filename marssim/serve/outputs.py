@@ -91,6 +91,13 @@ def report_lines(result) -> list[str]:
     if s.get("kv_transfer_s"):
         kv = s["kv_transfer_s"]
         out.append(f"KV moves    {kv['count']:,} transfers, mean {_ms(kv['mean'])} ms, P99 {_ms(kv['p99'])} ms")
+    if s.get("speculative"):
+        sp = s["speculative"]
+        out.append(f"speculative {sp['tokens_per_step']:.3f} tokens per step on average ({sp['accepted']:,} of "
+                   f"{sp['proposed']:,} proposed tokens accepted: {sp['acceptance_rate']:.1%}; "
+                   f"{sp['emitted_per_step']:.3f} emitted within the outputs' lengths); draft "
+                   f"{sp['draft_share']:.1%}, verification and prompts {sp['verify_share']:.1%} of the engines' "
+                   "time")
     little = s["little"]
     out.append(f"Little's law: mean in system {little['mean_in_system']:.4f} = arrival rate x mean latency "
                f"{little['rate_x_latency']:.4f}")

@@ -42,6 +42,7 @@ from .metrics import ITERATION_COLUMNS, SLO, ConstraintsMissed, Recorder, Watche
 from .requests import Requests, RequestSpec
 from .router import Router
 from .sequence import Seq
+from .speculative import SpecTimer, draft_config, draft_memory
 
 __all__ = ["simulate_serving", "simulate_spec", "ServeResult", "ReplicaInfo", "place_replicas", "check_pool",
            "iteration_model"]
@@ -132,19 +133,28 @@ class _Cluster:
         self.requests = requests
         self.replicas: list[Replica] = []
         self.infos: list[ReplicaInfo] = []
+        drafts: dict[int, TransformerConfig] = {}
         for p, stages in place_replicas(system, deployment):
             pool = deployment.pools[p]
             check_pool(pool, model, "deployment", f"pools[{p}].")
             design = system.accelerator(stages[0][0]).designs[0]
             im = _iteration_model(model, system, stages, cost, deployment.context_bucket)
             capacity = system.accelerator(stages[0][0]).memory.capacity
-            mem = replica_memory(im, pool.scheduler, capacity, where=f"pools[{p}]")
+            spec = None
+            draft = (0.0, 0.0)
+            if pool.scheduler.speculative:
+                if p not in drafts:
+                    drafts[p] = draft_config(model, pool, "deployment", f"pools[{p}].")
+                draft_im = _iteration_model(drafts[p], system, stages, cost, deployment.context_bucket)
+                spec = SpecTimer(im, draft_im, pool.scheduler)
+                draft = draft_memory(draft_im, pool.scheduler.spec_method)
+            mem = replica_memory(im, pool.scheduler, capacity, where=f"pools[{p}]", draft=draft)
             swap = int(pool.scheduler.swap_space // max(mem.block_bytes(s) for s in range(pool.pp))) \
                 if pool.scheduler.preemption == "swap" else 0
             index = len(self.replicas)
             rep = Replica(env, index, p, pool.role, stages, im, pool.scheduler, mem.blocks, swap,
                           tuple(mem.block_bytes(s) for s in range(pool.pp)), fabric, recorder, self,
-                          tp_network=deployment.tp_comm == "network")
+                          tp_network=deployment.tp_comm == "network", spec=spec, seed=seed)
             self.replicas.append(rep)
             self.infos.append(ReplicaInfo(index, p, pool.role, stages, design, mem))
         front = [r for r in self.replicas if r.role in ("both", "prefill")]
@@ -169,10 +179,11 @@ class _Cluster:
         bm = rep.engines[0].scheduler.bm
         if rep.role == "prefill":
             fits = bm.blocks(prompt) <= bm.total - bm.watermark
-            fits = fits and all(bm.blocks(prompt + output) <= d.engines[0].scheduler.bm.total -
+            fits = fits and all(bm.blocks(prompt + output + d.cfg.lookahead) <= d.engines[0].scheduler.bm.total -
                                 d.engines[0].scheduler.bm.watermark for d in self.decoders)
         else:
-            fits = bm.blocks(prompt + output) <= bm.total - (0 if cfg.kind == "static" else bm.watermark)
+            fits = bm.blocks(prompt + output + cfg.lookahead) <= bm.total - (0 if cfg.kind == "static" else
+                                                                               bm.watermark)
         if cfg.kind == "continuous" and prompt > cfg.max_batched_tokens:
             fits = False
         if self.model.positions == "learned" and prompt + output > self.model.max_positions:
