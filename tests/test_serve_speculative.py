@@ -11,7 +11,7 @@ import math
 import numpy as np
 import pytest
 
-from support import RooflineCost, make_system
+from support import RooflineCost, make_system, write_switch_system
 
 from marssim.errors import InputError
 from marssim.serve import Deployment, Pool, Requests, SchedulerConfig, load_model, simulate_serving
@@ -229,18 +229,6 @@ def test_collectives_on_the_network_give_the_closed_form_alone(model, system):
 
 
 CLI_MODEL = "llama:layers=2,hidden=256,heads=4,ffn=512,kv_heads=4,vocab=1000"
-CLI_SYSTEM = {
-    "name": "quad",
-    "designs": {"os32": {"dataflow": "os", "pe_rows": 32, "pe_cols": 32, "clock": "1 GHz", "sram": "8 MiB",
-                         "sram_bandwidth": "400 GB/s"}},
-    "accelerators": [{"id": "acc[0-3]", "designs": ["os32"], "memory": {"capacity": "4 GiB", "bandwidth": "1 TB/s"}}],
-    "hosts": [{"id": "host0", "dram": {"capacity": "1 TiB", "bandwidth": "200 GB/s"}}],
-    "switches": [{"id": "sw0", "latency": "0.5 us"}],
-    "links": [{"pattern": "star", "hub": "sw0", "nodes": "acc[0-3]", "bandwidth": "50 GB/s", "latency": "1 us"},
-              {"between": ["host0", "sw0"], "bandwidth": "32 GB/s", "latency": "1 us"}],
-}
-
-
 def test_the_command_line_runs_reports_and_refuses(tmp_path, capsys):
     """A deployment file with a draft model (its spec's commas in YAML), the report's line and
     summary, the launch flags; a bad combination is one line and exit 2, nothing written."""
@@ -250,8 +238,7 @@ def test_the_command_line_runs_reports_and_refuses(tmp_path, capsys):
 
     from marssim.cli import main
 
-    system = tmp_path / "quad.yaml"
-    system.write_text(yaml.safe_dump(CLI_SYSTEM))
+    system = write_switch_system(tmp_path)
     pool = {"replicas": 1, "tp": 2, "spec_method": "draft", "spec_k": 3, "spec_alpha": 0.75,
             "spec_model": "llama:layers=1,hidden=128,heads=2,ffn=256,kv_heads=2,vocab=1000"}
     dep = {"model": CLI_MODEL, "system": str(system), "pools": [pool],
