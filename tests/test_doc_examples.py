@@ -7,7 +7,8 @@ comments dropped), so a page's new example is tested without listing it here. Ea
 * checked: the systems, workloads, models, mappings and parallel configurations it names load,
   and a configuration fits the GPUs' memory (the closed form the CLI checks before simulating);
 * and the light ones are run in full, in page order in one directory (``marssim trace run/`` reads
-  what the ``simulate --out run/`` before it wrote), each exiting 0. Heavy ones run in a smaller
+  what the ``simulate --out run/`` before it wrote; the checkout's ``tests``, ``topologies`` and
+  ``traces`` linked into it, as the pages' relative paths are the checkout's), each exiting 0. Heavy ones run in a smaller
   form, stated in :data:`SMALLER` (fewer sampled mappings); the rest, whose run takes from
   tens of seconds to minutes of CPU (searches, sweeps, lowerings of a hundred GPUs or more, the
   published-run validation) or a GPU, are parsed and checked only (:func:`_how` says why).
@@ -110,7 +111,9 @@ def _how(argv: tuple[str, ...]) -> tuple[str, str]:
         if "--mapping" in words or system in ("dgx-h100",):
             return "run", ""
         return "check", "a lowering of a hundred GPUs or more (ten seconds to minutes of CPU)"
-    return "check", "a search or sweep of minutes"
+    if verb == "serve":
+        return "check", "a serving run of thousands of requests on a cluster (minutes of CPU)"
+    return "check", "a search, sweep or validation of minutes"
 
 
 def _value(argv, flag: str) -> str | None:
@@ -163,17 +166,23 @@ def test_every_example_parses(example):
 
 
 @pytest.mark.parametrize("example", [e for e in EXAMPLES if _how(e.argv)[0] == "check"], ids=lambda e: e.id)
-def test_every_example_not_run_here_loads_its_inputs(example):
+def test_every_example_not_run_here_loads_its_inputs(example, monkeypatch):
     why = _how(example.argv)[1]
     if why in ("needs a CUDA GPU", "CUBIN stands for the reader's own file",
                "reads the reader's own files, or a search's output", "tested by tests/test_demo.py"):
         pytest.skip(why)
+    monkeypatch.chdir(ROOT)  # the pages' relative paths are the checkout's
     _check(example.argv)
 
 
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory):
-    return tmp_path_factory.mktemp("examples")
+    """A directory where the examples write, reading the checkout's files by the relative paths
+    the pages give (run from the checkout's root)."""
+    path = tmp_path_factory.mktemp("examples")
+    for name in ("tests", "topologies", "traces"):
+        (path / name).symlink_to(ROOT / name, target_is_directory=True)
+    return path
 
 
 @pytest.mark.parametrize("example", [e for e in EXAMPLES if _how(e.argv)[0] == "run"], ids=lambda e: e.id)
