@@ -266,9 +266,10 @@ class DataflowCost:
         stems: dict[str, str] = {}  # per source: its file's name without suffix, lower case
 
         def stem(source: str) -> str:
-            hit = stems.get(source)
+            file = source.rsplit(":", 1)[0]
+            hit = stems.get(file)
             if hit is None:
-                hit = stems[source] = Path(source.rsplit(":", 1)[0]).stem.lower()
+                hit = stems[file] = Path(file).stem.lower()
             return hit
 
         return tuple(r for r in table.rows
