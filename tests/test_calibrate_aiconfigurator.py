@@ -153,3 +153,35 @@ def test_a_stack_without_rows_is_one_error(capsys):
     design = next(iter(load_system("dgx-h200-cluster:nodes=1,stack=vllm-0.24.0").designs.values()))
     with pytest.raises(InputError, match="vllm-0.24.0"):
         default_cost_model().op_cost(_gemm("llama3-70b", "layers.0.attn.qkv"), design)
+
+
+def test_the_default_h100_takes_fp8_gemms_from_the_fallback_stack_and_bf16_from_the_harness(shipped):
+    design = next(iter(load_system("dgx-h100-cluster:nodes=1").designs.values()))
+    assert design.gpu.fallback_stacks == [STACK]
+    model = default_cost_model()
+    fp8 = _gemm("llama3-70b:dtype=fp8", "layers.0.attn.qkv", M=64)
+    rows = {(r.m, r.n, r.k): r.median_s for r in shipped["H100"].rows if r.dtype == "fp8"}
+    cost = model.op_cost(fp8, design)
+    assert (cost.model, cost.time) == ("measured", rows[(64, 10240, 8192)])
+    stacks = {(code[0], code[1], r.stack) for code, r in model.measured_for("H100", (design.gpu.stack, STACK)).items()}
+    assert {s for *_, s in stacks} - {""} == {"pytorch-2.11.0+cu130", STACK}  # "": rows of unknown stack
+    from marssim.cost.features import DTYPES, KERNEL_KINDS
+    gemm = KERNEL_KINDS.index("gemm")
+    by_dtype = {DTYPES[d]: s for k, d, s in stacks if k == gemm}
+    assert by_dtype["fp8"] == STACK and by_dtype["bf16"] == "pytorch-2.11.0+cu130"
+
+
+def test_each_family_comes_from_the_first_stack_that_measured_it():
+    from marssim.cost.calibrated import KernelTiming
+    from marssim.cost.model import _first_stack_rows
+
+    def row(kind, dtype, stack, backend=""):
+        return KernelTiming(kind, dtype, 1, 8, 8, 8, 1024.0, 384.0, "X", 1, "d", "c", "vendor", 1e-6, 0.0, 1,
+                            "2026-01-01", backend=backend, stack=stack)
+    rows = [row("gemm", "bf16", "a"), row("gemm", "bf16", "b"), row("gemm", "fp8", "b"), row("gemm", "fp8", "c"),
+            row("attention", "bf16", "b", "flash"), row("attention", "bf16", "a"), row("norm", "bf16", ""),
+            row("gemm", "fp4", "z")]
+    got = _first_stack_rows(rows, ("a", "b", "c"))
+    assert [(r.kind, r.dtype, r.stack, r.backend) for r in got] == [
+        ("gemm", "bf16", "a", ""), ("gemm", "fp8", "b", ""), ("attention", "bf16", "b", "flash"),
+        ("attention", "bf16", "a", ""), ("norm", "bf16", "", "")]
