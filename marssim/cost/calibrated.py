@@ -123,9 +123,13 @@ so every row says which stack measured it (``stack``) and a design says which st
 (``gpu.stack`` of :class:`marssim.system.design.GpuSpec`): its measured lookups and its curve
 fits use that stack's rows (and rows of unknown stack, e.g. the SIP tuner's), never another
 stack's. A design without ``gpu.stack`` uses every row of its device, as tables with one stack
-always did. Shipped tables: ``H100.csv`` holds ``pytorch-2.11.0+cu130`` (the measurement
-harness, 2026) and ``vidur-2024`` (Vidur's published profiles, :mod:`marssim.calibrate.published`);
-``A100.csv`` holds ``vidur-2024``.
+always did. A design may also name ``gpu.fallback_stacks``: the kernel families (kind, dtype,
+attention backend) its stack did not measure take the rows of the first of them that did
+(:func:`marssim.cost.model.design_stacks`). Shipped tables: ``H100.csv`` holds
+``pytorch-2.11.0+cu130`` (the measurement harness, 2026) and ``vidur-2024`` (Vidur's published
+profiles, :mod:`marssim.calibrate.published`); ``A100.csv`` holds ``vidur-2024``;
+``H100-aiconfigurator.csv``, ``H200-aiconfigurator.csv`` and ``B200-aiconfigurator.csv`` hold
+``trtllm-1.3.0rc20`` (NVIDIA AIConfigurator's GEMMs, :mod:`marssim.calibrate.aiconfigurator`).
 
 Bad rows raise :class:`~marssim.errors.InputError` naming the file, the line and the column.
 
