@@ -184,6 +184,8 @@ class DataflowCost:
         self._calibrated = calibration is not None  # None: the analytical roofline, by choice
         self._device_fits: dict[str, dict[tuple[str, str], KernelFit]] = {}
         self._device_measured: dict[str, dict[tuple[int, ...], KernelTiming]] = {}
+        self._file_tables: dict[Path, KernelTable] = {}  # a directory's tables, each read when first needed
+        self._file_list: tuple[Path, ...] | None = None  # the directory's tables when first looked at
         self._reset()
 
     # ------------------------------------------------------------------ pickling and caches
@@ -206,11 +208,14 @@ class DataflowCost:
         return {"source": self._source, "table": self._table, "given_fits": self._given_fits,
                 "tuning": self.tuning, "device_fits": self._device_fits, "measured": self.measured,
                 "device_measured": self._device_measured, "correction": self.correction,
-                "allow_uncalibrated": self.allow_uncalibrated, "calibrated": self._calibrated}
+                "allow_uncalibrated": self.allow_uncalibrated, "calibrated": self._calibrated,
+                "file_tables": self._file_tables, "file_list": self._file_list}
 
     def __setstate__(self, state: dict) -> None:
         self._source = state["source"]
         self._table = state["table"]
+        self._file_tables = state.get("file_tables", {})
+        self._file_list = state.get("file_list")
         self._given_fits = state["given_fits"]
         self.tuning = state["tuning"]
         self._device_fits = state["device_fits"]
@@ -269,7 +274,24 @@ class DataflowCost:
         return did
 
     # ------------------------------------------------------------------ calibration
-    def _load_table(self) -> KernelTable:
+    def _load_table(self, name: str | None = None) -> KernelTable:
+        """The rows this model reads; from a directory of tables and for a device ``name`` (lower
+        case), those of the files that can hold its rows (the name is the file's or appears in its
+        text), each file read once, of the files the directory held when first looked at."""
+        if self._table is None and name is not None and self._source is not None and self._source.is_dir():
+            if self._file_list is None:
+                self._file_list = tuple(sorted(self._source.glob("*.csv")))
+            table = KernelTable(())
+            for path in self._file_list:
+                got = self._file_tables.get(path)
+                if got is None:
+                    if path.stem.lower() != name and name not in path.read_text(encoding="utf-8-sig").lower():
+                        continue
+                    got = self._file_tables[path] = load_table(path)
+                elif path.stem.lower() != name and name not in {d.lower() for d in got.devices()}:
+                    continue
+                table = table + got
+            return table
         if self._table is None:
             src = self._source
             if src is None:
@@ -292,7 +314,7 @@ class DataflowCost:
         backend) rows of the first stack that measured it."""
         if isinstance(stack, tuple):
             return _first_stack_rows(self._device_rows(name), stack)
-        table = self._load_table()
+        table = self._load_table(name)
         stems: dict[str, str] = {}  # per source: its file's name without suffix, lower case
 
         def stem(source: str) -> str:
