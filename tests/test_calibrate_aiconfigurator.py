@@ -121,9 +121,10 @@ def _gemm(spec: str, name: str, **loops):
     return op.with_loops(**loops) if loops else op
 
 
-@pytest.mark.parametrize("system,gpu", [("dgx-h200-cluster:nodes=1", "H200"), ("dgx-b200-cluster:nodes=1", "B200"),
-                                        (f"dgx-h100-cluster:nodes=1,stack={STACK}", "H100")])
-@pytest.mark.parametrize("dtype", ["bf16", "fp8"])
+@pytest.mark.parametrize("system,gpu,dtype", [
+    (system, gpu, dtype) for system, gpu in (("dgx-h200-cluster:nodes=1", "H200"), ("dgx-b200-cluster:nodes=1", "B200"),
+                                             (f"dgx-h100-cluster:nodes=1,stack={STACK}", "H100"))
+    for dtype in ("bf16", "fp8")] + [("dgx-b200-cluster:nodes=1", "B200", "fp4")])
 def test_a_design_times_grid_shapes_as_measured_and_others_between_neighbours(system, gpu, dtype, shipped):
     design = next(iter(load_system(system).designs.values()))
     assert design.gpu.stack == STACK
