@@ -16,10 +16,10 @@ from marssim.cli import main
 from marssim.cost import default_cost_model, load_table
 from marssim.data import calibration
 from marssim.errors import InputError
+from marssim.serve import load_model
 from marssim.system import load_system
 from marssim.workload.llm import build_transformer
 from marssim.workload.llm.config import with_overrides
-from marssim.serve import load_model
 
 STACK = "trtllm-1.3.0rc20"
 SHIPPED = ("H100", "H200", "B200")

@@ -5,7 +5,6 @@ cache at 1 B per element; closed forms from the model's dimensions."""
 from __future__ import annotations
 
 import pytest
-
 from support import RooflineCost
 
 from marssim.errors import InputError

@@ -88,7 +88,7 @@ def data_root(given: str | Path | None = None) -> Path:
         if spec is None or not spec.submodule_search_locations:
             raise InputError(None, "--from", "aiconfigurator-core is not installed; `pip install "
                                              "aiconfigurator-core==0.12.0` or give the unpacked package's directory")
-        given = Path(list(spec.submodule_search_locations)[0])
+        given = Path(next(iter(spec.submodule_search_locations)))
     root = Path(given)
     for cand in (root, root / "systems" / "data", root / "aiconfigurator_core" / "systems" / "data"):
         if cand.is_dir() and any(p.name in AIC_GPUS for p in cand.iterdir() if p.is_dir()):

@@ -155,7 +155,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "(default: --padding)")
     b.set_defaults(func=run_backfill)
 
-    i = s.add_parser("import", help="convert published measurements (Vidur's profiles) into marssim's tables",
+    i = s.add_parser("import", help="convert published measurements (Vidur's profiles, AIConfigurator's kernels) into "
+                                    "marssim's tables",
                      description="Read published measurements from a checkout or a git directory of their repository "
                                  "at COMMIT and write them in marssim's schemas with their provenance: vidur-compute "
                                  "(per-operator kernel times, data/profiling/compute/<gpu>/<model>/mlp.csv -> "
@@ -163,13 +164,18 @@ def register(sub: argparse._SubParsersAction) -> None:
                                  "iteration, data/profiling/a100/cpu_overheads.csv -> traces/host-overheads/A100.csv), "
                                  "vidur-network (collective times, data/profiling/network/<system>/*.csv -> "
                                  "traces/collectives/vidur-2024.csv), xla-collectives (XLA's H100 collective table, "
-                                 "a textproto file given to --from -> traces/collectives/xla-2025.csv). Runs anywhere.")
+                                 "a textproto file given to --from -> traces/collectives/xla-2025.csv), aiconfigurator "
+                                 "(NVIDIA AIConfigurator's measured GEMMs from aiconfigurator-core's parquet files, "
+                                 "systems/data/<gpu>/gemm/<framework>/<version>/gemm_perf.parquet -> "
+                                 "traces/calibration/<GPU>-aiconfigurator.csv, merged; needs pyarrow). Runs anywhere.")
     i.add_argument("source", choices=("vidur-compute", "vidur-host", "vidur-network", "xla-collectives", "aiconfigurator"))
     i.add_argument("--from", dest="origin", required=True, metavar="PATH",
                    help="the repository: a git directory (bare or a checkout) or a plain directory of its files; "
-                        "xla-collectives: the textproto file")
+                        "xla-collectives: the textproto file; aiconfigurator: the package's systems/data directory, "
+                        "the unpacked package, or 'installed'")
     i.add_argument("--commit", help="the commit the files are read at (recorded in every row; not for aiconfigurator)")
-    i.add_argument("--date", help="ISO date of the files when PATH is not a git directory (default: from git)")
+    i.add_argument("--date", help="ISO date of the files when PATH is not a git directory (default: from git; "
+                                  "aiconfigurator: the date of the import)")
     i.add_argument("--gpus", default="a100,h100", help="vidur-compute: GPU directories to import (default a100,h100)")
     i.add_argument("--tokens", default="default",
                    help="vidur-compute: 'default' (powers of two and 3 x powers of two), 'all', or a comma-separated list")
@@ -184,7 +190,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     i.add_argument("--out", metavar="PATH",
                    help="where to write: a directory for vidur-compute (default traces/calibration) and vidur-network "
                         "(default traces/collectives), a .csv file for vidur-host (default "
-                        "traces/host-overheads/A100.csv)")
+                        "traces/host-overheads/A100.csv), a directory for aiconfigurator (default traces/calibration)")
     i.set_defaults(func=run_import)
     p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
 
