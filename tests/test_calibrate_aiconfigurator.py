@@ -186,3 +186,45 @@ def test_each_family_comes_from_the_first_stack_that_measured_it():
     assert [(r.kind, r.dtype, r.stack, r.backend) for r in got] == [
         ("gemm", "bf16", "a", ""), ("gemm", "fp8", "b", ""), ("attention", "bf16", "b", "flash"),
         ("attention", "bf16", "a", ""), ("norm", "bf16", "", "")]
+
+
+def test_context_attention_becomes_fused_attention_rows_in_closed_form(tmp_path):
+    pd = pytest.importorskip("pandas")
+    root = _package(tmp_path, [("bfloat16", 1, 256, 256, 0.003)])
+    where = root / "aiconfigurator_core" / "systems" / "data" / "h100_sxm" / "attention" / "trtllm" / "1.3.0rc20"
+    where.mkdir(parents=True)
+    cols = ["batch_size", "isl", "num_heads", "num_key_value_heads", "head_dim", "window_size", "beam_width",
+            "attn_dtype", "kv_cache_dtype", "latency"]
+    given = [(2, 2048, 16, 2, 128, 0, 1, "bfloat16", "bfloat16", 0.15),
+             (2, 2048, 16, 2, 128, 0, 1, "fp8", "fp8", 0.09),          # fp8 attention: not imported
+             (2, 2048, 16, 2, 128, 8192, 1, "bfloat16", "bfloat16", 0.1),  # sliding window: not imported
+             (2, 2048, 16, 2, 64, 0, 1, "bfloat16", "bfloat16", 0.08),     # head dim 64: outside the subset
+             (4, 64, 16, 2, 128, 0, 1, "bfloat16", "bfloat16", 0.01)]      # 64 tokens: outside the subset
+    pd.DataFrame(given, columns=cols).to_parquet(where / "context_attention_perf.parquet")
+    out = tmp_path / "cal"
+    assert main(["calibrate", "import", "aiconfigurator", "--from", str(root), "--date", "2026-01-02",
+                 "--aic-gpus", "h100_sxm", "--out", str(out)]) == 0
+    rows = [r for r in load_table(out / "H100-aiconfigurator.csv").rows if r.kind == "attention"]
+    assert len(rows) == 1
+    r = rows[0]
+    assert (r.dtype, r.batch, r.m, r.n, r.k, r.phase, r.backend) == ("bf16", 2 * 2 * 16, 2048, 2048, 128, "fwd", "flash")
+    assert r.flops == 2 * r.batch * 2048 * 2048 * 128
+    assert r.bytes == 2 * 2048 * 128 * 2 * (2 * 16 + 2 * 2)  # q, o with 16 heads; k, v with 2; bf16
+    assert r.median_s == pytest.approx(0.15e-3) and "kv_heads=2" in r.note and r.stack == STACK
+
+
+@pytest.mark.parametrize("system,gpu", [("dgx-h100-cluster:nodes=1", "H100"), ("dgx-h200-cluster:nodes=1", "H200"),
+                                        ("dgx-b200-cluster:nodes=1", "B200")])
+def test_fused_prefill_attention_is_timed_as_measured(system, gpu, shipped):
+    """A prompt of 2,048 tokens of Llama 3 70B at tp 4 (16 query heads, head dim 128): the fused
+    core takes the fastest measured kernel of its shape; the default H100 takes it from TensorRT-LLM's
+    rows (the harness measured no fused attention), its unfused products stay the harness's."""
+    design = next(iter(load_system(system).designs.values()))
+    cfg = with_overrides(load_model("llama3-70b"), mode="prefill", seq=2048, batch=1, layers=1, attention="flash")
+    core = build_transformer(cfg).op("layers.0.attn.core").with_loops(H=16)
+    want = min(r.median_s for r in shipped[gpu].rows
+               if (r.kind, r.backend, r.batch, r.m, r.n, r.k) == ("attention", "flash", 32, 2048, 2048, 128))
+    cost = default_cost_model().op_cost(core, design)
+    assert (cost.model, cost.time) == ("measured", want)
+    # causal work at 2,048 tokens runs at 150-1,200 TFLOP/s on these GPUs, not the roofline's ~190 full-s^2 rate
+    assert 150e12 < core.flops / 2 / cost.time < 1200e12

@@ -25,6 +25,17 @@ framework and version (``trtllm-1.3.0rc20``), and on every row the source, its v
 licence in the note. The package publishes neither the spread nor the sample count nor the
 date of a measurement: ``spread_s`` is 0, ``samples`` 1 and ``date`` the date of the import.
 
+:func:`context_attention_rows` converts the context (prefill) attention table -- the fused, causal
+attention kernel of the engine by ``batch_size``, ``isl`` (prompt tokens), ``num_heads``,
+``num_key_value_heads`` and ``head_dim`` -- into fused attention rows as the cost model looks them
+up (:mod:`marssim.cost.calibrated`): ``kind=attention``, ``backend=flash``, phase ``fwd``,
+``batch = 2 x batch_size x num_heads`` (its two products), ``m = n = isl``, ``k = head_dim``,
+``flops = 2 batch m n k`` (the full ``s^2``, the workloads' convention; the kernel runs the causal
+half), ``bytes`` the queries, keys, values and output in bf16 (the key/value heads in the note).
+Only bf16 attention over a bf16 cache without a sliding window is imported; rows of one shape
+that differ in key/value heads are kept apart by their bytes, and a lookup takes the fastest
+(:meth:`marssim.cost.model.DataflowCost.measured_for`). No backward attention is measured there.
+
 The shipped tables hold a subset (:data:`DEFAULT_M`, :data:`DEFAULT_WIDTHS`): the token counts
 and widths of transformer GEMMs, enough for the curve and its local correction to interpolate
 between them (:mod:`marssim.cost.calibrated`), a few MB rather than the package's 89.
@@ -43,7 +54,8 @@ from marssim.errors import InputError
 from .table import format_note
 
 __all__ = ["AIC_SOURCE", "AIC_LICENSE", "AicGpu", "AIC_GPUS", "GEMM_DTYPES", "DEFAULT_M", "DEFAULT_WIDTHS",
-           "data_root", "table_path", "stack_name", "gemm_rows"]
+           "DEFAULT_HEAD_DIMS", "DEFAULT_MIN_TOKENS", "data_root", "table_path", "stack_name", "gemm_rows",
+           "context_attention_rows"]
 
 AIC_SOURCE = "aiconfigurator-core"
 AIC_LICENSE = "Apache-2.0"
@@ -77,6 +89,11 @@ DEFAULT_WIDTHS = (256, 512, 768, 1024, 1536, 2048, 2560, 3072, 3584, 4096, 5120,
                   16384, 51200, 65536)
 """``n`` and ``k`` of the shipped subset: the package's grid from 256 up (transformer widths and
 their tensor-parallel shards, the vocabularies' 51,200 and 65,536)."""
+
+DEFAULT_HEAD_DIMS = (128,)
+"""Head dimensions of the shipped attention subset (Llama 2/3, GPT-3 175B and most models since)."""
+DEFAULT_MIN_TOKENS = 128
+"""Fewest prompt tokens of the shipped attention subset (shorter prompts: launch-bound kernels)."""
 
 
 def data_root(given: str | Path | None = None) -> Path:
@@ -162,4 +179,47 @@ def gemm_rows(path: Path, gpu: str, stack: str, package_version: str, date: str,
             driver="unknown", cuda="unknown", tuning="vendor", median_s=float(ms) * 1e-3, spread_s=0.0, samples=1,
             date=date, kernel=f"aiconfigurator:{src}" if src else "aiconfigurator", note=note, phase="fwd",
             stack=stack))
+    return out
+
+
+def context_attention_rows(path: Path, gpu: str, stack: str, package_version: str, date: str,
+                           head_dims: Iterable[int] | None = DEFAULT_HEAD_DIMS,
+                           min_tokens: int = DEFAULT_MIN_TOKENS) -> list[KernelTiming]:
+    """The bf16 rows of the package's ``context_attention_perf.parquet`` at ``path`` measured on
+    ``gpu`` as fused attention rows (see the module docstring); ``head_dims`` (None: all) and
+    ``min_tokens`` select the subset."""
+    if gpu not in AIC_GPUS:
+        raise InputError(str(path), "gpu", f"expected one of {', '.join(AIC_GPUS)}, got {gpu!r}")
+    dev = AIC_GPUS[gpu]
+    frame = _read_parquet(path)
+    need = {"batch_size", "isl", "num_heads", "num_key_value_heads", "head_dim", "attn_dtype", "kv_cache_dtype",
+            "latency"}
+    missing = need - set(frame.columns)
+    if missing:
+        raise InputError(str(path), "columns", f"missing {', '.join(sorted(missing))}")
+    keep = (frame["attn_dtype"] == "bfloat16") & (frame["kv_cache_dtype"] == "bfloat16")
+    if "window_size" in frame:
+        keep &= frame["window_size"] == 0
+    if "beam_width" in frame:
+        keep &= frame["beam_width"] == 1
+    if head_dims is not None:
+        keep &= frame["head_dim"].isin(list(head_dims))
+    keep &= frame["isl"] >= min_tokens
+    frame = frame[keep]
+    device = str(frame["device"].iloc[0]) if "device" in frame and len(frame) else gpu
+    out = []
+    for b, s, h, kvh, d, ms in zip(frame["batch_size"], frame["isl"], frame["num_heads"],
+                                   frame["num_key_value_heads"], frame["head_dim"], frame["latency"]):
+        b, s, h, kvh, d = int(b), int(s), int(h), int(kvh), int(d)
+        if not (ms > 0 and min(b, s, h, kvh, d) > 0):
+            raise InputError(str(path), f"batch {b} isl {s} heads {h}/{kvh} dim {d}",
+                             f"expected positive sizes and latency, got {ms!r}")
+        batch = 2 * b * h
+        note = format_note({"source": f"{AIC_SOURCE} {package_version}", "license": AIC_LICENSE, "device": device,
+                            "batch": b, "heads": h, "kv_heads": kvh, "causal": "true"})
+        out.append(KernelTiming(
+            kind="attention", dtype="bf16", batch=batch, m=s, n=s, k=d, flops=2.0 * batch * s * s * d,
+            bytes=float(b * s * d * 2 * (2 * h + 2 * kvh)), device=dev.device, sms=dev.sms, driver="unknown",
+            cuda="unknown", tuning="vendor", median_s=float(ms) * 1e-3, spread_s=0.0, samples=1, date=date,
+            kernel="aiconfigurator:context_attention", note=note, phase="fwd", backend="flash", stack=stack))
     return out

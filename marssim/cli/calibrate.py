@@ -185,6 +185,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="aiconfigurator: whose kernels (default trtllm); the rows' stack is <framework>-<version>")
     i.add_argument("--version", dest="framework_version", default="1.3.0rc20",
                    help="aiconfigurator: the framework's version directory (default 1.3.0rc20)")
+    i.add_argument("--families", default="gemm,context-attention",
+                   help="aiconfigurator: the kernel families to import, some of gemm, context-attention "
+                        "(default both)")
     i.add_argument("--shapes", default="default", choices=("default", "all"),
                    help="aiconfigurator: the transformer subset of GEMM shapes (default) or every shape")
     i.add_argument("--out", metavar="PATH",
@@ -694,7 +697,7 @@ def _import_aiconfigurator(args: argparse.Namespace) -> int:
     import datetime
 
     from marssim.calibrate.aiconfigurator import (
-        AIC_GPUS, AIC_LICENSE, AIC_SOURCE, data_root, gemm_rows, stack_name, table_path,
+        AIC_GPUS, AIC_LICENSE, AIC_SOURCE, context_attention_rows, data_root, gemm_rows, stack_name, table_path,
     )
     from marssim.calibrate.table import merge_rows
     from marssim.cost.calibrated import load_table, traces_dir
@@ -705,28 +708,43 @@ def _import_aiconfigurator(args: argparse.Namespace) -> int:
     for g in gpus:
         if g not in AIC_GPUS:
             raise InputError(None, "--aic-gpus", f"expected some of {', '.join(AIC_GPUS)}, got {g!r}")
+    families = [f.strip() for f in args.families.split(",") if f.strip()]
+    for f in families:
+        if f not in ("gemm", "context-attention"):
+            raise InputError(None, "--families", f"expected some of gemm, context-attention, got {f!r}")
     date = args.date or datetime.date.today().isoformat()
     stack = stack_name(args.framework, args.framework_version)
     out_dir = Path(args.out) if args.out else traces_dir() / "calibration"
     out_dir.mkdir(parents=True, exist_ok=True)
     subset = {} if args.shapes == "default" else {"m_values": None, "widths": None}
     for gpu in gpus:
-        path = table_path(root, gpu, "gemm", args.framework, args.framework_version, "gemm")
-        rows = gemm_rows(path, gpu, stack, package_version, date, **subset)
         device = AIC_GPUS[gpu].device
         target = out_dir / f"{device}-aiconfigurator.csv"
-        rel = path.relative_to(root).as_posix()
-        comment = (f"# {AIC_SOURCE} {package_version} (NVIDIA, {AIC_LICENSE}): systems/data/{rel}, imported by "
-                   f"`marssim calibrate import aiconfigurator --shapes {args.shapes}` as stack {stack}: GEMM latencies "
-                   f"as {args.framework} {args.framework_version} runs them on {gpu}, writing bf16; fp8 is per-tensor "
-                   "scaled E4M3, fp4 NVFP4; fp8_block not imported; measurement date, spread and sample count not "
-                   "published (date: of the import, spread_s 0, samples 1)")
-        merge_rows(target, rows, comment)
+        done = []
+        for family in families:
+            if family == "gemm":
+                path = table_path(root, gpu, "gemm", args.framework, args.framework_version, "gemm")
+                rows = gemm_rows(path, gpu, stack, package_version, date, **subset)
+                what = (f"GEMM latencies as {args.framework} {args.framework_version} runs them on {gpu}, writing "
+                        "bf16; fp8 is per-tensor scaled E4M3, fp4 NVFP4; fp8_block not imported")
+            else:
+                path = table_path(root, gpu, "attention", args.framework, args.framework_version, "context_attention")
+                rows = context_attention_rows(path, gpu, stack, package_version, date,
+                                              **({} if args.shapes == "default" else {"head_dims": None, "min_tokens": 1}))
+                what = (f"causal context attention as {args.framework} {args.framework_version} runs it on {gpu}, "
+                        "bf16 over a bf16 cache, no sliding window, as fused attention rows of backend flash")
+            rel = path.relative_to(root).as_posix()
+            comment = (f"# {AIC_SOURCE} {package_version} (NVIDIA, {AIC_LICENSE}): systems/data/{rel}, imported by "
+                       f"`marssim calibrate import aiconfigurator --shapes {args.shapes}` as stack {stack}: {what}; "
+                       "measurement date, spread and sample count not published (date: of the import, spread_s 0, "
+                       "samples 1)")
+            merge_rows(target, rows, comment)
+            counts: dict[tuple[str, str], int] = {}
+            for r in rows:
+                counts[(r.kind, r.dtype)] = counts.get((r.kind, r.dtype), 0) + 1
+            done += [f"{n:,} {d} {k}" for (k, d), n in sorted(counts.items())]
         load_table(target)  # the full schema check of what was written
-        by_dtype: dict[str, int] = {}
-        for r in rows:
-            by_dtype[r.dtype] = by_dtype.get(r.dtype, 0) + 1
-        print(f"{target}: {device}, stack {stack}: " + ", ".join(f"{n:,} {d} GEMMs" for d, n in sorted(by_dtype.items())))
+        print(f"{target}: {device}, stack {stack}: " + ", ".join(done))
     return 0
 
 
