@@ -48,7 +48,7 @@ def test_the_converter_writes_each_column_in_closed_form(tmp_path):
     root = _package(tmp_path, given)
     out = tmp_path / "cal"
     assert main(["calibrate", "import", "aiconfigurator", "--from", str(root), "--date", "2026-01-02",
-                 "--aic-gpus", "h100_sxm", "--out", str(out)]) == 0
+                 "--aic-gpus", "h100_sxm", "--out", str(out), "--families", "gemm"]) == 0
     table = load_table(out / "H100-aiconfigurator.csv")
     got = {(r.dtype, r.m, r.n, r.k): r for r in table.rows}
     # fp8_block has no dtype of the schema; m=4097 is outside the default subset
@@ -66,7 +66,7 @@ def test_the_converter_writes_each_column_in_closed_form(tmp_path):
     assert "aiconfigurator-core 9.9.9" in (out / "H100-aiconfigurator.csv").read_text().splitlines()[0]
     # every shape with --shapes all; re-running merges (idempotent)
     assert main(["calibrate", "import", "aiconfigurator", "--from", str(root), "--date", "2026-01-02",
-                 "--aic-gpus", "h100_sxm", "--out", str(out), "--shapes", "all"]) == 0
+                 "--aic-gpus", "h100_sxm", "--out", str(out), "--shapes", "all", "--families", "gemm"]) == 0
     assert len(load_table(out / "H100-aiconfigurator.csv")) == 4
 
 
@@ -79,6 +79,8 @@ def test_a_missing_version_is_one_error_naming_those_there(tmp_path, capsys):
     assert not (tmp_path / "cal" / "H100-aiconfigurator.csv").exists()
     assert main(["calibrate", "import", "aiconfigurator", "--from", str(tmp_path / "cal")]) == 2
     assert "systems/data" in capsys.readouterr().err
+    assert main(["calibrate", "import", "aiconfigurator", "--from", str(root), "--families", "gemm,decode"]) == 2
+    assert "--families" in capsys.readouterr().err
     with pytest.raises(InputError, match="x100"):
         gemm_rows(tmp_path / "none.parquet", "x100", STACK, "0", "2026-01-01")
 
