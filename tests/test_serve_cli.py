@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from marssim.cli import main
+from support import write_switch_system
 
 MODEL = "llama:layers=2,hidden=256,heads=4,ffn=512,kv_heads=4,vocab=1000"
 
@@ -18,19 +19,7 @@ MODEL = "llama:layers=2,hidden=256,heads=4,ffn=512,kv_heads=4,vocab=1000"
 def system(tmp_path_factory) -> str:
     """Four accelerators of a systolic design on a switch (timed in microseconds by the dataflow
     cost model, with no calibration table to fit)."""
-    path = tmp_path_factory.mktemp("sys") / "quad.yaml"
-    path.write_text(yaml.safe_dump({
-        "name": "quad",
-        "designs": {"os32": {"dataflow": "os", "pe_rows": 32, "pe_cols": 32, "clock": "1 GHz", "sram": "8 MiB",
-                             "sram_bandwidth": "400 GB/s"}},
-        "accelerators": [{"id": "acc[0-3]", "designs": ["os32"], "memory": {"capacity": "4 GiB",
-                                                                           "bandwidth": "1 TB/s"}}],
-        "hosts": [{"id": "host0", "dram": {"capacity": "1 TiB", "bandwidth": "200 GB/s"}}],
-        "switches": [{"id": "sw0", "latency": "0.5 us"}],
-        "links": [{"pattern": "star", "hub": "sw0", "nodes": "acc[0-3]", "bandwidth": "50 GB/s", "latency": "1 us"},
-                  {"between": ["host0", "sw0"], "bandwidth": "32 GB/s", "latency": "1 us"}],
-    }))
-    return str(path)
+    return write_switch_system(tmp_path_factory.mktemp("sys"))
 
 
 def serve(*args: str) -> int:
