@@ -77,7 +77,9 @@ class ServeSearchSettings:
     degrees within a node that split the model, pipeline degrees up to ``max_pp``,
     disaggregation (``disaggregation``), at most ``max_gpus`` GPUs (None: the system's), the
     level-2 values; ``router`` and ``context_bucket`` (:class:`~marssim.serve.Deployment`) are
-    those of every candidate."""
+    those of every candidate. ``simulate_front``: at the end, the GA simulates the deployments
+    the screen puts on the throughput-interactivity Pareto front (:mod:`marssim.search.pareto`)
+    that the budget of simulations still allows."""
 
     objective: str = "goodput"
     population: int = 12
@@ -100,6 +102,7 @@ class ServeSearchSettings:
     block_sizes: tuple[int, ...] = (16, 32)
     router: str = "least_tokens"
     context_bucket: int = 1
+    simulate_front: bool = True
 
 
 # ----------------------------------------------------------------------------- the space
@@ -317,6 +320,7 @@ class _ServeStrategy:
         self.scored: list[tuple[Deployment, Evaluation]] = []
         self.best_screen: tuple = (2, math.inf)
         self._improved = False
+        self.front_note: dict[str, int] = {}
 
     # --------------------------------------------------------------- evaluation
     def fitness(self, evaluation: Evaluation) -> float:
@@ -434,7 +438,24 @@ class _ServeStrategy:
                 "screened_meeting_slo": sum(1 for _, e in screened if e.feasible and e.slo_ratio <= 1)}
 
     def finish(self) -> None:
+        """One more deployment to simulate, then (``simulate_front``) the deployments the screen
+        puts on the throughput-interactivity front (:func:`~marssim.search.pareto.screen_front`)
+        not simulated yet, best screened first, as the budget of simulations allows; how many
+        were simulated and how many the budget left out goes into :attr:`front_note`."""
         self.simulate(self.to_simulate(1))
+        if not self.settings.simulate_front:
+            return
+        from .pareto import screen_front
+
+        front = screen_front(self.ev.screened_plans(), self.settings.screen_slack)
+        todo = sorted((d for d in front if self.ev.known(d) is None),
+                      key=lambda d: (self.screen_key(self.ev.screened(d)), d.text()))
+        before = self.ev.simulations
+        self.simulate(todo)
+        self.ev.settle()
+        done = self.ev.simulations - before
+        self.front_note = {"screen_front": len(front), "simulated_for_front": done,
+                           "left_by_budget": len(todo) - done}
 
     # --------------------------------------------------------------- level 2
     def gene_values(self, pool: Pool, gene: str) -> list:
@@ -741,6 +762,8 @@ def _run(strategy_cls, case: ServeCase, system: System, cost: CostModel, setting
         result = None
     if result is not None:
         result.notes["runs"] = sum(e.runs for _, e in ev.simulated_plans())
+        if strategy.front_note:
+            result.notes["pareto"] = strategy.front_note
     _check(ev, space, result)
     return result
 
