@@ -210,3 +210,22 @@ def test_search_prints_and_writes_the_front(system, tmp_path, capsys):  # noqa: 
     top = pd.read_csv(out / "top10.csv")
     assert not top.loc[top["source"] == "screen only", "meets_slo"].any()
     assert math.isfinite(table["output_tokens_per_s_per_gpu"].max())
+
+
+def test_compare_writes_the_front_of_every_search_beside_its_table(system, tmp_path, capsys):  # noqa: F811
+    from marssim.cli import main
+
+    csv = tmp_path / "table.csv"
+    assert main(["compare", *cli_case(system, "--objective", "gpus", "--budget", "4", "--generations", "1",
+                                      "--population", "4", "--exhaustive-limit", "0", "--csv", str(csv))]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert any(line.startswith("Pareto front") for line in lines)
+    assert max(len(line) for line in lines[1:]) <= 120
+    front = pd.read_csv(tmp_path / "table-pareto.csv")
+    assert len(front) and set(front["source"]) == {"simulated"}
+    assert (tmp_path / "table-pareto.png").exists() and (tmp_path / "table-pareto.svg").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["table-pareto.csv", "table-pareto.png",
+                                                         "table-pareto.svg", "table.csv"]  # nothing left over
+    # every point is a deployment meeting the constraints: its GPUs no fewer than the fewest found
+    table = pd.read_csv(csv)
+    assert front["gpus"].min() == table["gpus"].min()

@@ -240,15 +240,17 @@ def pareto_text(table, results: list) -> str:
 
     objective = results[0].objective
     simulated, on = len(table), int(table["on_tokens_front"].sum()) if len(table) else 0
+    import textwrap
+
     head = (f"Pareto front, output tokens/s per GPU against tokens/s per user: {on} of the {simulated} simulated "
-            f"deployments\nmeeting the constraints (screen-only deployments never count)")
+            f"deployments meeting the constraints (screen-only deployments never count)")
     notes = [r.notes["pareto"] for r in results if isinstance(r.notes.get("pareto"), dict)]
     if notes:
         done = sum(n["simulated_for_front"] for n in notes)
         left = sum(n["left_by_budget"] for n in notes)
         head += (f"; {done} deployment(s) on the screen's front simulated for it"
                  + (f", {left} left unsimulated by the budget of simulations (--budget)" if left else ""))
-    return head + "\n" + format_front(table, _rate_label(objective, unit=False))
+    return "\n".join(textwrap.wrap(head, 120)) + "\n" + format_front(table, _rate_label(objective, unit=False))
 
 
 def write_pareto(table, directory: Path, title: str, objective: str) -> list[Path]:
@@ -355,8 +357,7 @@ def write_outputs(result, case, system, cost, out: str | Path, model_spec: str, 
         lines += write_search_files(result, None, system, baselines, tmp, out_dir)
         written = write_pareto(front_of([result], result.objective), tmp, _pareto_title(case, system),
                                result.objective)
-        lines.append(f"pareto       {', '.join(str(out_dir / p.name) for p in written)} (simulated deployments "
-                     "only)")
+        lines += [f"pareto       {out_dir / p.name}" for p in written]
         (tmp / "result").mkdir()
         outputs.write_tables(run, tmp / "result")
         lines.append(f"result       {out_dir / 'result'}/ (summary.json, requests.csv, iterations.csv, replicas.csv)")
@@ -437,16 +438,13 @@ def _short(dep) -> str:
 def run_compare(args: argparse.Namespace, open_executor) -> int:
     """``marssim compare --model ...``: the uniform grid, the GA seeded with its best, and
     exhaustive search when the space is small enough, on the same case; one table, and the Pareto
-    front of every deployment they simulated (``--out DIR``: ``compare.csv``, ``pareto.csv``,
-    ``pareto.png``/``.svg``)."""
+    front of every deployment they simulated (with ``--csv NAME.csv``: beside it
+    ``NAME-pareto.csv`` and ``NAME-pareto.png``/``.svg``)."""
     from dataclasses import replace
 
     from marssim.fsutil import atomic_file
     from marssim.search.serve import ServeSpace, all_deployments, mars_serve, serve_exhaustive, serve_grid_search
 
-    from ._common import check_output_dir
-
-    check_output_dir(args.out)
     case, system, cost, settings, _ = serving_inputs(args)
     quiet = args.quiet or not sys.stderr.isatty()
     results = []
@@ -481,14 +479,27 @@ def run_compare(args: argparse.Namespace, open_executor) -> int:
         with atomic_file(args.csv) as handle:
             table.to_csv(handle, index=False)
         print(f"\ntable        {args.csv}")
-    if args.out:
-        from marssim.fsutil import staged_dir
-
-        out_dir = Path(args.out)
-        with staged_dir(out_dir) as tmp:
-            table.to_csv(tmp / "compare.csv", index=False)
-            written = write_pareto(front, tmp, _pareto_title(case, system), settings.objective)
-        print(f"table        {out_dir / 'compare.csv'}")
-        print(f"pareto       {', '.join(str(out_dir / p.name) for p in written)} (the deployments every search "
-              "simulated)")
+        written = write_pareto_beside(front, Path(args.csv), _pareto_title(case, system), settings.objective)
+        for path in written:
+            print(f"pareto       {path}")
     return 0
+
+
+def write_pareto_beside(table, csv: Path, title: str, objective: str) -> list[Path]:
+    """``compare --csv DIR/NAME.csv``'s fronts: ``DIR/NAME-pareto.csv`` and
+    ``DIR/NAME-pareto.png``/``.svg``, each written whole or not at all."""
+    import shutil
+    import tempfile
+
+    stem = csv.with_name(csv.stem + "-pareto")
+    tmp = Path(tempfile.mkdtemp(prefix=f".{stem.name}.", dir=csv.parent))
+    try:
+        written = write_pareto(table, tmp, title, objective)
+        out = []
+        for path in written:
+            target = stem.with_suffix(path.suffix)
+            path.replace(target)
+            out.append(target)
+        return out
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

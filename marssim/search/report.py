@@ -255,8 +255,8 @@ def deployment_source(c: Candidate) -> str:
 
 def meets_slo(c: Candidate) -> bool:
     """Whether a deployment's *simulation* meets the constraints: a screen's figures never count
-    (the closed form's tail latencies can be far off: a deployment screened at TTFT P99 1 s can
-    simulate to 20 s)."""
+    (the closed form's TTFT tail is its weakest part: a deployment screened well within a bound
+    can simulate far outside it)."""
     e = c.simulated
     return e is not None and e.feasible and e.slo_met
 
