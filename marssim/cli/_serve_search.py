@@ -236,12 +236,12 @@ def pareto_text(table, results: list) -> str:
     """The front of output tokens/s per GPU against tokens/s per user as printed: a heading
     saying what it is drawn from (simulations only; the screen's front deployments the GA
     simulated for it and those its budget left out), then the points."""
+    import textwrap
+
     from marssim.search.pareto import format_front
 
     objective = results[0].objective
     simulated, on = len(table), int(table["on_tokens_front"].sum()) if len(table) else 0
-    import textwrap
-
     head = (f"Pareto front, output tokens/s per GPU against tokens/s per user: {on} of the {simulated} simulated "
             f"deployments meeting the constraints (screen-only deployments never count)")
     notes = [r.notes["pareto"] for r in results if isinstance(r.notes.get("pareto"), dict)]
@@ -491,13 +491,13 @@ def write_pareto_beside(table, csv: Path, title: str, objective: str) -> list[Pa
     import shutil
     import tempfile
 
-    stem = csv.with_name(csv.stem + "-pareto")
-    tmp = Path(tempfile.mkdtemp(prefix=f".{stem.name}.", dir=csv.parent))
+    stem = f"{csv.stem}-pareto"
+    tmp = Path(tempfile.mkdtemp(prefix=f".{stem}.", dir=csv.parent))
     try:
         written = write_pareto(table, tmp, title, objective)
         out = []
         for path in written:
-            target = stem.with_suffix(path.suffix)
+            target = csv.with_name(stem + path.suffix)
             path.replace(target)
             out.append(target)
         return out

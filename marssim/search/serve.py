@@ -452,7 +452,6 @@ class _ServeStrategy:
                       key=lambda d: (self.screen_key(self.ev.screened(d)), d.text()))
         before = self.ev.simulations
         self.simulate(todo)
-        self.ev.settle()
         done = self.ev.simulations - before
         self.front_note = {"screen_front": len(front), "simulated_for_front": done,
                            "left_by_budget": len(todo) - done}
