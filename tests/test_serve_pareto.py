@@ -164,7 +164,8 @@ def test_the_figure_is_written(misleading, tmp_path):
 MODEL = "llama:layers=4,hidden=256,heads=8,kv_heads=4,ffn=768,vocab=2000"
 
 
-def test_the_ga_simulates_the_screens_front_within_its_budget():
+@pytest.mark.parametrize("budget", [8, 20])
+def test_the_ga_simulates_the_screens_front_within_its_budget(budget):
     from marssim.search.serve import ServeSearchSettings, mars_serve
 
     model = load_model(MODEL)
@@ -172,8 +173,9 @@ def test_the_ga_simulates_the_screens_front_within_its_budget():
     spec = RequestSpec(Arrivals("poisson", rate=400.0), Lengths("uniform", low=20, high=600),
                        Lengths("uniform", low=2, high=120), 150)
     case = ServeCase(model, spec, 0, parse_constraints("ttft_p99=15ms,tbt_p99=3ms"), (), goodput=False)
-    settings = ServeSearchSettings(objective="gpus", generations=2, max_simulations=20, population=4, max_pp=1,
+    settings = ServeSearchSettings(objective="gpus", generations=2, max_simulations=budget, population=4, max_pp=1,
                                    max_num_seqs=(64, 256), max_batched_tokens=(512, 2048), block_sizes=(16,))
+    assert settings.front_reserve == min(6, budget // 4)
     result = mars_serve(case, octo, RooflineCost(), settings)
     note = result.notes["pareto"]
     assert result.simulations <= settings.max_simulations
@@ -182,17 +184,13 @@ def test_the_ga_simulates_the_screens_front_within_its_budget():
     assert note["screen_front"] == len(front) > 0
     unsimulated = [d for d in front if not any(c.plan == d and c.simulated is not None for c in result.candidates)]
     assert len(unsimulated) == note["left_by_budget"]
-    if result.simulations < settings.max_simulations:
-        assert not unsimulated
+    if unsimulated:  # only the budget leaves a deployment of the screen's front unsimulated, and the
+        # generations left the front its reserve (less the GA's own last pick)
+        assert result.simulations == settings.max_simulations
+        assert note["simulated_for_front"] >= settings.front_reserve - 1
     simulated = {c.plan.text() for c in result.candidates if c.simulated is not None}
     table = front_table(front_points(result.candidates, "gpus"))
     assert len(table) and set(table["deployment"]) <= simulated
-
-    # with the front off, the same search simulates no more than before it
-    off = mars_serve(case, octo, RooflineCost(), ServeSearchSettings(**{**settings.__dict__, "simulate_front": False}))
-    assert "pareto" not in off.notes
-    assert off.simulations == result.simulations - note["simulated_for_front"]
-    assert result.fitness <= off.fitness
 
 
 def test_search_prints_and_writes_the_front(system, tmp_path, capsys):  # noqa: F811
