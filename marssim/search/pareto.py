@@ -17,6 +17,7 @@ puts on the first front (which the search then simulates, within its budget)."""
 from __future__ import annotations
 
 import math
+import textwrap
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -196,18 +197,26 @@ def plot_fronts(table, png: str | Path, title: str, rate_label: str = "requests/
                    label=f"on the front ({len(on)})", zorder=3)
         if len(on):
             ax.step(on[xa], on[ya], where=where, color="C0", linewidth=1.4, zorder=2, label="front")
+        ax.margins(x=0.3, y=0.15 if name == "tokens" else 0.6)
+        if name == "gpus":
+            ax.xaxis.get_major_locator().set_params(integer=True)
+        low, high = ax.get_xlim()
         for k, (xy, names, front) in enumerate(_label_groups(table, xa, ya, flag)):
-            ax.annotate(names, xy, textcoords="offset points", xytext=(7, 5 if k % 2 == 0 else -11),
-                        fontsize=8 if front else 7, color="black" if front else "0.45", zorder=4,
-                        va="bottom" if k % 2 == 0 else "top")
+            style = {"fontsize": 8 if front else 7, "color": "black" if front else "0.45", "zorder": 4}
+            if name == "gpus":  # points in rows of a few GPUs apart: labels slanted, clear of each other
+                ax.annotate(names, xy, textcoords="offset points", xytext=(4, 7), ha="left", va="bottom",
+                            rotation=30, rotation_mode="anchor", **style)
+                continue
+            # a label extends away from the nearer side of the panel, alternately above and below
+            right = (xy[0] - low) / (high - low) > 0.6 if high > low else False
+            ax.annotate(names, xy, textcoords="offset points", xytext=(-7 if right else 7, 6 if k % 2 == 0 else -6),
+                        ha="right" if right else "left", va="bottom" if k % 2 == 0 else "top", **style)
         ax.set_title(heading, fontsize=11)
         ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
-        ax.legend(loc="best", fontsize=8)
-        ax.margins(x=0.3, y=0.15)
-    axes[1].xaxis.get_major_locator().set_params(integer=True)
-    fig.suptitle(title, fontsize=10)
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.11), ncol=3, fontsize=8, frameon=False)
+    fig.suptitle("\n".join(textwrap.wrap(title, 160)), fontsize=10)
     return save_figure(fig, png)
 
 
