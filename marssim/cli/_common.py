@@ -10,7 +10,7 @@ from pathlib import Path
 from marssim.errors import InputError
 
 __all__ = ["positive_int", "add_cost_args", "cost_model", "add_output_args", "write_outputs",
-           "check_outputs", "check_output_dir", "check_output_file"]
+           "check_outputs", "check_output_dir", "check_output_file", "refuse_llm_off_gpus"]
 
 
 def add_cost_args(p: argparse.ArgumentParser) -> None:
@@ -143,6 +143,20 @@ def write_outputs(result, args: argparse.Namespace, shown=None) -> list[str]:
             for path in trace.plot_result(shown, args.plot):
                 lines.append(f"figure    {path}")
     return lines
+
+
+def refuse_llm_off_gpus(system, llm: str, where: str = "--system") -> None:
+    """InputError, before any work, when ``system`` has accelerators that are not GPUs: a large
+    language model (``llm``, its spec) is trained and served on GPU clusters only (parallel
+    configurations, kernel tables, NCCL collectives, the KV cache), and a per-op mapping search
+    of its thousands of ops over such accelerators does not end in useful time."""
+    others = sorted({d for a in system.accelerators for d in a.designs if system.designs[d].dataflow != "gpu"})
+    if others:
+        kinds = ", ".join(f"{d} ({system.designs[d].dataflow})" for d in others[:4])
+        more = f" and {len(others) - 4} more" if len(others) > 4 else ""
+        raise InputError(None, where, f"{llm} is a large language model, which runs on GPUs; the accelerators of "
+                                      f"{system.spec} are not GPUs (designs {kinds}{more}); give a GPU system "
+                                      "(`marssim systems` lists them: dgx-h100-cluster, ...)")
 
 
 def existing_dir(path: str) -> Path:

@@ -10,7 +10,7 @@ import sys
 
 from marssim.errors import InputError
 
-from ._common import cost_model, positive_int, write_outputs
+from ._common import cost_model, positive_int, refuse_llm_off_gpus, write_outputs
 
 __all__ = ["add_plan_args", "add_report_args", "load_plan_args", "run_plan_verb", "print_report"]
 
@@ -105,10 +105,14 @@ def load_plan_args(args: argparse.Namespace):
                                             "LLM on a GPU cluster; else a data-parallel mapping over all "
                                             "accelerators is used)")
     else:
+        cfg = parse_parallel(args.parallel) if args.parallel is not None else None
+        if cfg is not None:
+            from marssim.parallel.size import check_gpus
+
+            check_gpus(cfg.gpus)  # before the system is built
         system = load_system(args.system)
         graph = load_workload(args.workload, batch=args.batch)
-        if args.parallel is not None:
-            cfg = parse_parallel(args.parallel)
+        if cfg is not None:
             plan, graph = bind_parallel(cfg, graph, system, "--parallel",
                                         micro_batch_given="micro_batch" in _keys(args.parallel),
                                         batch_given=workload_sets_batch(args.workload, args.batch))
@@ -125,6 +129,8 @@ def load_plan_args(args: argparse.Namespace):
             plan = Mapping.single_set(graph, system, sharding=strategy, micro_batches=args.micro_batches or 1)
     from marssim.parallel import ParallelConfig
 
+    if is_llm(graph):
+        refuse_llm_off_gpus(system, graph.spec, "--mapping" if args.mapping and not args.system else "--system")
     if not isinstance(plan, ParallelConfig):
         given = [flag for flag, dest, default in _PARALLEL_ONLY if getattr(args, dest, default) != default]
         if given:

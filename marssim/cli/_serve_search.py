@@ -132,6 +132,9 @@ def serving_inputs(args: argparse.Namespace):
     if spec.arrivals.kind == "offline":
         raise InputError(None, "--arrival", "a serving search needs arrivals at a rate (poisson, gamma or a trace), "
                                             "not offline")
+    from ._common import refuse_llm_off_gpus
+
+    refuse_llm_off_gpus(system, str(args.model))
     case = ServeCase(model, spec, args.seed, constraints, tuple(sorted(prices.items())), goodput=objective == "goodput")
     changes = {k: v for k, v in (("generations", args.generations), ("population", args.population),
                                  ("max_simulations", args.budget), ("time_limit_s", args.time_limit)) if v}

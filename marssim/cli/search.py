@@ -125,6 +125,12 @@ def load_case(args: argparse.Namespace):
         raise InputError(None, "--workers", "give --workers (local processes) or --dask (a cluster), not both")
     system = load_system(args.system)
     graph = load_workload(args.workload, batch=args.batch)
+    from marssim.plan import is_llm
+
+    from ._common import refuse_llm_off_gpus
+
+    if is_llm(graph):
+        refuse_llm_off_gpus(system, graph.spec)
     llm = llm_search_available(graph, system)
     if not llm:
         for flag, dest in (("--global-batch", "global_batch"), ("--ttft-bound", "ttft_bound")):

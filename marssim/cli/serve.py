@@ -9,7 +9,8 @@ import math
 
 from marssim.errors import InputError
 
-from ._common import add_cost_args, check_output_dir, check_output_file, cost_model, positive_float, positive_int
+from ._common import (add_cost_args, check_output_dir, check_output_file, cost_model, positive_float, positive_int,
+                      refuse_llm_off_gpus)
 
 VERB = "serve"
 ORDER = 47
@@ -293,6 +294,7 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(None, "--system", "give the system (e.g. --system dgx-h100-cluster:nodes=8)")
     model = load_model(str(model_spec))
     system = load_system(str(system_spec))
+    refuse_llm_off_gpus(system, str(model_spec), "--system" if args.system else "system")
     deployment = _deployment(args, data)
     spec = _requests(args, data)
     slo = _slo(args, data)
