@@ -39,6 +39,21 @@ def positive_int(text: str) -> int:
     return value
 
 
+MAX_SEED = 2**63 - 1
+"""The largest seed: seeds are non-negative (numpy's generators take no negative seed)."""
+
+
+def seed_arg(text: str) -> int:
+    """argparse type: a random seed, an integer from 0 to :data:`MAX_SEED`."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a seed (an integer >= 0), got {text!r}") from None
+    if not 0 <= value <= MAX_SEED:
+        raise argparse.ArgumentTypeError(f"expected a seed from 0 to 2^63-1, got {text!r}")
+    return value
+
+
 def positive_float(text: str) -> float:
     """argparse type: a finite number > 0."""
     try:

@@ -60,9 +60,14 @@ def add_plan_args(p: argparse.ArgumentParser, *, simulate: bool) -> None:
                        help="a parallel configuration: also print the analytical estimate's report")
         p.add_argument("--memory-policy", choices=("error", "spill", "ignore"), default="error",
                        help="what happens when a memory overflows (default: error; ignore: simulate and report the "
-                            "peak)")
+                            "peak; spill: a per-op mapping's overflowing buffers go over the host link)")
         p.add_argument("--streams", type=_streams, default=1,
-                       help=f"concurrent compute tasks per device (default 1, at most {MAX_STREAMS})")
+                       help=f"a per-op mapping: concurrent compute tasks per device (default 1, at most {MAX_STREAMS})")
+    else:
+        p.add_argument("--memory-policy", choices=("error", "ignore"), default="error",
+                       help="a parallel configuration: error (default) refuses one whose memory does not fit before "
+                            "estimating it; ignore estimates it anyway (an estimate of a per-op mapping checks no "
+                            "memory: simulate it)")
 
 
 def add_report_args(p: argparse.ArgumentParser) -> None:
@@ -133,9 +138,22 @@ def load_plan_args(args: argparse.Namespace):
         refuse_llm_off_gpus(system, graph.spec, "--mapping" if args.mapping and not args.system else "--system")
     if not isinstance(plan, ParallelConfig):
         given = [flag for flag, dest, default in _PARALLEL_ONLY if getattr(args, dest, default) != default]
+        if not hasattr(args, "streams") and getattr(args, "memory_policy", "error") == "ignore":
+            given.append("--memory-policy ignore")  # estimate: a per-op mapping's memory is not estimated
         if given:
             raise InputError(None, given[0], "applies to a parallel configuration (--parallel, or a mapping file with "
                                              "a 'parallel:' section); this plan is a per-op mapping")
+    else:
+        if getattr(args, "streams", 1) != 1:
+            raise InputError(None, "--streams", "applies to a per-op mapping; a parallel configuration's GPUs run "
+                                                "their kernels in the order of its schedule (compute and "
+                                                "communication overlap as the schedule says)")
+        if getattr(args, "memory_policy", "error") == "spill":
+            raise InputError(None, "--memory-policy", "spill applies to a per-op mapping; a parallel configuration's "
+                                                      "memory is checked before lowering (error) or not (ignore)")
+    if args.trace_gpus and not any(getattr(args, f, None) for f in ("trace", "intervals", "plot")):
+        raise InputError(None, "--trace-gpus", "chooses the GPUs of --trace, --intervals and --plot; give one of "
+                                               "them, or drop it")
     return plan, graph, system
 
 

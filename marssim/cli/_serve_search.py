@@ -133,8 +133,10 @@ def serving_inputs(args: argparse.Namespace):
         raise InputError(None, "--arrival", "a serving search needs arrivals at a rate (poisson, gamma or a trace), "
                                             "not offline")
     from ._common import refuse_llm_off_gpus
+    from .serve import check_context
 
     refuse_llm_off_gpus(system, str(args.model))
+    check_context(model, spec, args.seed)
     case = ServeCase(model, spec, args.seed, constraints, tuple(sorted(prices.items())), goodput=objective == "goodput")
     changes = {k: v for k, v in (("generations", args.generations), ("population", args.population),
                                  ("max_simulations", args.budget), ("time_limit_s", args.time_limit)) if v}

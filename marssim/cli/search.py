@@ -14,7 +14,7 @@ from pathlib import Path
 
 from marssim.errors import InputError
 
-from ._common import add_cost_args, check_output_dir, cost_model, positive_int
+from ._common import add_cost_args, check_output_dir, cost_model, positive_int, seed_arg
 
 VERB = "search"
 ORDER = 50
@@ -70,7 +70,7 @@ def add_search_args(p: argparse.ArgumentParser) -> None:
                    help="evaluate candidates on a Dask cluster (scheduler address; needs marssim[dask])")
     p.add_argument("--dask-timeout", dest="dask_timeout", type=positive_float, default=10.0, metavar="SECONDS",
                    help="seconds to wait for the Dask scheduler to answer (default 10)")
-    p.add_argument("--seed", type=int, default=0, help="random seed (same seed, same result; default 0); for serving "
+    p.add_argument("--seed", type=seed_arg, default=0, help="random seed (same seed, same result; default 0); for serving "
                                                        "deployments also the requests' and the random router's")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--global-batch", dest="global_batch", type=positive_int, metavar="N",

@@ -234,10 +234,13 @@ def pool_from_dict(data: dict, where: str, prefix: str = "") -> Pool:
             from marssim import units
 
             try:
-                sched[key] = units.parse(value, "bytes", allow_zero=True, bounded=True)
+                sched[key] = units.parse(value, "bytes", allow_zero=True, require_unit=True, bounded=True)
             except units.UnitError as err:
                 raise InputError(where, path, str(err)) from None
     cfg = SchedulerConfig(**sched)
+    if "swap_space" in sched and cfg.preemption != "swap":
+        raise InputError(where, prefix + "swap_space", f"applies to preemption=swap (host memory for swapped "
+                                                       f"blocks), got preemption={cfg.preemption}, which swaps nothing")
     if cfg.mixed and cfg.kind != "continuous":
         raise InputError(where, prefix + "mixed", f"applies to scheduler=continuous, got scheduler={cfg.kind}")
     return Pool(scheduler=cfg, **pool)
