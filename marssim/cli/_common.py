@@ -10,7 +10,8 @@ from pathlib import Path
 from marssim.errors import InputError
 
 __all__ = ["positive_int", "add_cost_args", "cost_model", "add_output_args", "write_outputs",
-           "check_outputs", "check_output_dir", "check_output_file", "refuse_llm_off_gpus"]
+           "check_outputs", "check_output_dir", "check_output_file", "refuse_llm_off_gpus", "refuse_missing_precision",
+           "seed_arg"]
 
 
 def add_cost_args(p: argparse.ArgumentParser) -> None:
@@ -172,6 +173,24 @@ def refuse_llm_off_gpus(system, llm: str, where: str = "--system") -> None:
         raise InputError(None, where, f"{llm} is a large language model, which runs on GPUs; the accelerators of "
                                       f"{system.spec} are not GPUs (designs {kinds}{more}); give a GPU system "
                                       "(`marssim systems` lists them: dgx-h100-cluster, ...)")
+
+
+def refuse_missing_precision(transformer, system, llm: str, where: str = "--workload") -> None:
+    """InputError, before any work, when a GPU design of ``system`` has no peak rate for a type
+    the LLM ``transformer`` (a :class:`~marssim.workload.llm.config.TransformerConfig`; ``llm``:
+    its spec) computes in: its ``dtype``, and ``gemm_dtype`` (``fp8``, ``fp4``: tensor cores an
+    A100 or an H100 lacks). The message names the precisions each such GPU has."""
+    needed = [d for d in (transformer.dtype, transformer.gemm_dtype) if d]
+    designs = dict.fromkeys(d for a in system.accelerators for d in a.designs)
+    for name in designs:
+        gpu = system.designs[name].gpu
+        if gpu is None:
+            continue
+        missing = [d for d in needed if d not in gpu.peak_flops]
+        if missing:
+            raise InputError(None, where, f"{llm} computes in {' and '.join(missing)}, which the {name} GPUs of "
+                                          f"{system.spec} do not have (no {missing[0].upper()} tensor cores); they "
+                                          f"have {', '.join(gpu.peak_flops)}")
 
 
 def existing_dir(path: str) -> Path:

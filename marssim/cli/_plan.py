@@ -10,7 +10,7 @@ import sys
 
 from marssim.errors import InputError
 
-from ._common import cost_model, positive_int, refuse_llm_off_gpus, write_outputs
+from ._common import cost_model, positive_int, refuse_llm_off_gpus, refuse_missing_precision, write_outputs
 
 __all__ = ["add_plan_args", "add_report_args", "load_plan_args", "run_plan_verb", "print_report"]
 
@@ -136,6 +136,7 @@ def load_plan_args(args: argparse.Namespace):
 
     if is_llm(graph):
         refuse_llm_off_gpus(system, graph.spec, "--mapping" if args.mapping and not args.system else "--system")
+        refuse_missing_precision(graph.meta["transformer"], system, graph.spec)
     if not isinstance(plan, ParallelConfig):
         given = [flag for flag, dest, default in _PARALLEL_ONLY if getattr(args, dest, default) != default]
         if not hasattr(args, "streams") and getattr(args, "memory_policy", "error") == "ignore":

@@ -127,10 +127,11 @@ def load_case(args: argparse.Namespace):
     graph = load_workload(args.workload, batch=args.batch)
     from marssim.plan import is_llm
 
-    from ._common import refuse_llm_off_gpus
+    from ._common import refuse_llm_off_gpus, refuse_missing_precision
 
     if is_llm(graph):
         refuse_llm_off_gpus(system, graph.spec)
+        refuse_missing_precision(graph.meta["transformer"], system, graph.spec)
     llm = llm_search_available(graph, system)
     if not llm:
         for flag, dest in (("--global-batch", "global_batch"), ("--ttft-bound", "ttft_bound")):

@@ -10,7 +10,7 @@ import math
 from marssim.errors import InputError
 
 from ._common import (add_cost_args, check_output_dir, check_output_file, cost_model, positive_float, positive_int,
-                      refuse_llm_off_gpus, seed_arg)
+                      refuse_llm_off_gpus, refuse_missing_precision, seed_arg)
 
 VERB = "serve"
 ORDER = 47
@@ -331,6 +331,7 @@ def run(args: argparse.Namespace) -> int:
     model = load_model(str(model_spec))
     system = load_system(str(system_spec))
     refuse_llm_off_gpus(system, str(model_spec), "--system" if args.system else "system")
+    refuse_missing_precision(model, system, str(model_spec), "--model" if args.model else "model")
     deployment = _deployment(args, data)
     spec = _requests(args, data)
     slo = _slo(args, data)
