@@ -38,11 +38,14 @@ than that are kept in external data files, which are not read)."""
 
 
 def size_text(n_bytes: float) -> str:
-    """``n_bytes`` in the largest binary unit that keeps it >= 1 (``4.0 MiB``, ``43.2 MiB``)."""
+    """``n_bytes`` in the largest binary unit that keeps it >= 1 (``4 MiB``, ``43.2 MiB``), with
+    the exact count when rounding changed it (``9.8 KiB (10,007 bytes)``)."""
     for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if n_bytes >= scale:
-            return f"{n_bytes / scale:.1f} {unit}"
-    return f"{int(n_bytes)} bytes"
+            if n_bytes % scale == 0:
+                return f"{n_bytes // scale:,} {unit}"
+            return f"{n_bytes / scale:.1f} {unit} ({int(n_bytes):,} bytes)"
+    return f"{int(n_bytes):,} bytes"
 
 
 def check_file_size(path: str | Path, limit: int, what: str) -> None:
@@ -54,8 +57,8 @@ def check_file_size(path: str | Path, limit: int, what: str) -> None:
     except OSError:
         return
     if size > limit:
-        raise InputError(str(path), "", f"{size_text(size)} ({size:,} bytes): larger than the {size_text(limit)} "
-                                        f"{what} may be; not read")
+        raise InputError(str(path), "", f"{size_text(size)}: larger than the {size_text(limit)} {what} may be; "
+                                        "not read")
 
 
 def read_bounded(path: str | Path, limit: int, what: str) -> bytes:
