@@ -265,6 +265,8 @@ def deployment_from_dict(data: dict, where: str) -> Deployment:
     """A :class:`Deployment` from a file's mapping: ``pools`` (a list of pool settings),
     ``router``, ``decode_router``, ``context_bucket``, ``tp_comm``; InputError with the key path."""
     allowed = ("pools", "router", "decode_router", "context_bucket", "tp_comm")
+    if not isinstance(data, dict):
+        raise InputError(where, "", f"expected a mapping with pools and {', '.join(allowed[1:])}, got {data!r}")
     for key in data:
         if key not in allowed:
             raise InputError(where, str(key), f"unknown deployment setting; expected one of: {', '.join(allowed)}")
