@@ -266,3 +266,49 @@ def test_serve_flags_end_in_a_run_or_one_error_line_and_no_partial_output(small_
         assert not out.exists()
     else:
         assert (out / "summary.json").is_file()
+
+
+PLAN_FLAGS = {
+    "--strategy": st.sampled_from(["dp", "oc,dp", "head", "x", "", "dp,dp"]),
+    "--micro-batches": st.sampled_from(["1", "2", "0", "-1", "x"]),
+    "--batch": st.sampled_from(["1", "2", "0", "x"]),
+    "--streams": st.sampled_from(["1", "2", "0", "5000"]),
+    "--memory-policy": st.sampled_from(["error", "ignore", "spill", "x"]),
+    "--group": st.sampled_from(["block", "stage", "x"]),
+    "--parallel": st.sampled_from(["tp=8", "tp=2,dp=4", "x=1", ""]),
+    "--trace-gpus": st.sampled_from(["acc0", "gpu0", "acc[0-3]", "x"]),
+    "--workload": st.sampled_from(["resnet50:image=32", "resnet50:image=32,batch=2", "mobilenetv2:image=0",
+                                   "gpt:layers=2,hidden=256,heads=8,vocab=1000,seq=64,mode=train", "x.onnx", ""]),
+    "--system": st.sampled_from(["ring-8", "mars-adaptive-16", "dgx-h100-cluster:nodes=100000", "x"]),
+}
+PLAN_SWITCHES = ["--no-fold", "--estimate", "--per-op", "--no-report"]
+
+
+@settings(FUZZ, max_examples=_EXPLORE or 20)
+@given(st.data())
+def test_plan_flags_end_in_a_result_or_one_error_line_and_no_partial_output(tmp_path_factory, capsys, data):
+    verb = data.draw(st.sampled_from(["simulate", "estimate"]))
+    argv = [verb, "--system", "ring-8", "--workload", "resnet50:image=32"]
+    for flag in data.draw(st.lists(st.sampled_from(sorted(PLAN_FLAGS)), max_size=3, unique=True)):
+        value = data.draw(PLAN_FLAGS[flag])
+        if flag in argv:
+            argv[argv.index(flag) + 1] = value
+        else:
+            argv += [flag, value]
+    argv += data.draw(st.lists(st.sampled_from(PLAN_SWITCHES), max_size=2, unique=True))
+    folder = tmp_path_factory.mktemp("o")
+    outputs = {"--out": folder / "out", "--trace": folder / "t.json", "--intervals": folder / "i.csv"}
+    for flag in data.draw(st.lists(st.sampled_from(sorted(outputs)), max_size=2, unique=True)):
+        argv += [flag, str(outputs[flag])]
+    try:
+        code = main(argv)
+    except SystemExit as exc:  # argparse: a value of the wrong type
+        code = exc.code
+    err = capsys.readouterr().err.strip()
+    assert code in (0, 2), err
+    if code == 2:
+        assert "error: " in err.splitlines()[-1] and "Traceback" not in err
+        assert sorted(folder.iterdir()) == []  # nothing written, not even a temporary file
+    else:
+        for flag, path in outputs.items():
+            assert path.exists() == (flag in argv), flag
