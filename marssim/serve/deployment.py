@@ -28,7 +28,8 @@ pool setting                  meaning (the engines' own names where they have on
 ``gpu_memory_utilization``    fraction of a GPU's memory the engine may use (0.9)
 ``preemption``                ``recompute`` (vLLM's default: a preempted sequence's blocks are
                               freed, its tokens prefilled again) or ``swap`` (to host memory)
-``swap_space``                host memory per GPU for swapped blocks (``--swap-space``, 4 GiB)
+``swap_space``                host memory per GPU for swapped blocks (``--swap-space``, 4 GiB), with
+                              its unit; given only with ``preemption=swap``
 ``prefix_caching``            keep the full blocks of shared prompt prefixes (``--enable-prefix-caching``)
 ============================  ===================================================================
 
