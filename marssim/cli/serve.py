@@ -15,6 +15,9 @@ from ._common import (add_cost_args, check_output_dir, check_output_file, cost_m
 VERB = "serve"
 ORDER = 47
 
+MAX_REQUESTS = 10_000_000
+"""The most requests of one run (each is drawn and simulated: thousands a second)."""
+
 _DESCRIPTION = """\
 Serve requests with a deployment of LLM replicas and report time to first token (TTFT), time per
 output token (TPOT), time between tokens (TBT), end-to-end latency (E2E), throughput and goodput.
@@ -34,6 +37,14 @@ or --arrival poisson:rate=4 | gamma:rate=4,cv=2 | offline with --prompt and --ou
 (512, uniform:128-2048, zipf:a=1.2,low=16,high=4096, trace:NAME); --rate sets the mean rate.
 --rates 1,2,4,8 sweeps the rate (on --workers processes or a --dask cluster) instead of one run.
 """
+
+
+def _request_count(text: str) -> int:
+    value = positive_int(text)
+    if value > MAX_REQUESTS:
+        raise argparse.ArgumentTypeError(f"expected at most {MAX_REQUESTS:,} requests (a simulation serves thousands "
+                                         f"a second), got {value:,}")
+    return value
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -62,7 +73,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--prompt", metavar="SPEC", help="prompt lengths: N, uniform:LOW-HIGH, zipf:a=A,low=L,high=H, "
                                                     "trace:NAME")
     g.add_argument("--output", metavar="SPEC", help="output lengths (generated tokens, the first included)")
-    g.add_argument("--requests", type=positive_int, metavar="N",
+    g.add_argument("--requests", type=_request_count, metavar="N",
                    help="number of requests (default 1000; a replayed trace: all its rows)")
     g.add_argument("--rate", type=positive_float, metavar="R",
                    help="mean arrival rate in requests/s (Poisson, or the replayed trace sped up to it)")
@@ -196,8 +207,10 @@ def _requests(args: argparse.Namespace, data: dict):
         raise
     if count is None:
         count = len(load_trace(arrivals.trace)) if arrivals.kind == "trace" else 1000
-    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-        raise InputError(file, "requests.count", f"expected a positive integer, got {count!r}")
+    if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_REQUESTS:
+        where = (None, "--requests") if args.requests is not None else (file, "requests.count")
+        raise InputError(*where, f"expected a number of requests from 1 to {MAX_REQUESTS:,} (a simulation serves "
+                                 f"thousands of requests a second), got {count!r}")
     spec = RequestSpec(arrivals, p, o, int(count))
     if prefix:
         tokens, groups, share = parse_prefix(str(prefix), prefix_where)
