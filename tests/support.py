@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
+
+import yaml
 
 from marssim.cost.base import OpCost
 from marssim.system import System, system_from_dict
@@ -63,3 +66,24 @@ def make_system(n: int = 4, *, topology: str = "ring", bandwidth: str = "50 GB/s
 
 def close(a: float, b: float, rel: float = 1e-9) -> bool:
     return math.isclose(a, b, rel_tol=rel, abs_tol=1e-15)
+
+
+def write_switch_system(directory: Path, accelerators: int = 4) -> str:
+    """A system file of ``accelerators`` small GPUs (``acc0`` ..., design ``g8``) and a host on
+    one switch, written into ``directory`` as ``quad.yaml``; its path. The design names no
+    calibration table: the roofline times it (microseconds per op, no table to fit), so
+    command-line tests run fast."""
+    nodes = f"acc[0-{accelerators - 1}]"
+    path = Path(directory) / "quad.yaml"
+    path.write_text(yaml.safe_dump({
+        "name": "quad",
+        "designs": {"g8": {"dataflow": "gpu", "clock": "1 GHz", "sram": "8 MiB", "sram_bandwidth": "400 GB/s",
+                           "gpu": {"sms": 8, "peak_flops": {"fp16": "50 TFLOP/s", "bf16": "50 TFLOP/s",
+                                                            "fp32": "5 TFLOP/s"}}}},
+        "accelerators": [{"id": nodes, "designs": ["g8"], "memory": {"capacity": "4 GiB", "bandwidth": "1 TB/s"}}],
+        "hosts": [{"id": "host0", "dram": {"capacity": "1 TiB", "bandwidth": "200 GB/s"}}],
+        "switches": [{"id": "sw0", "latency": "0.5 us"}],
+        "links": [{"pattern": "star", "hub": "sw0", "nodes": nodes, "bandwidth": "50 GB/s", "latency": "1 us"},
+                  {"between": ["host0", "sw0"], "bandwidth": "32 GB/s", "latency": "1 us"}],
+    }))
+    return str(path)

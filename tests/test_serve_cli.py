@@ -10,28 +10,16 @@ import pytest
 import yaml
 
 from marssim.cli import main
+from support import write_switch_system
 
 MODEL = "llama:layers=2,hidden=256,heads=4,ffn=512,kv_heads=4,vocab=1000"
 
 
 @pytest.fixture(scope="module")
 def system(tmp_path_factory) -> str:
-    """Four small GPUs on a switch (a GPU design naming no calibration table: timed in
-    microseconds by the roofline, with no table to fit)."""
-    path = tmp_path_factory.mktemp("sys") / "quad.yaml"
-    path.write_text(yaml.safe_dump({
-        "name": "quad",
-        "designs": {"g8": {"dataflow": "gpu", "clock": "1 GHz", "sram": "8 MiB", "sram_bandwidth": "400 GB/s",
-                           "gpu": {"sms": 8, "peak_flops": {"fp16": "50 TFLOP/s", "bf16": "50 TFLOP/s",
-                                                            "fp32": "5 TFLOP/s"}}}},
-        "accelerators": [{"id": "acc[0-3]", "designs": ["g8"], "memory": {"capacity": "4 GiB",
-                                                                           "bandwidth": "1 TB/s"}}],
-        "hosts": [{"id": "host0", "dram": {"capacity": "1 TiB", "bandwidth": "200 GB/s"}}],
-        "switches": [{"id": "sw0", "latency": "0.5 us"}],
-        "links": [{"pattern": "star", "hub": "sw0", "nodes": "acc[0-3]", "bandwidth": "50 GB/s", "latency": "1 us"},
-                  {"between": ["host0", "sw0"], "bandwidth": "32 GB/s", "latency": "1 us"}],
-    }))
-    return str(path)
+    """Four small GPUs on a switch (timed in microseconds by the roofline, with no calibration
+    table to fit)."""
+    return write_switch_system(tmp_path_factory.mktemp("sys"))
 
 
 def serve(*args: str) -> int:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from .schedule import EV_DEVICE, EV_READY
+
 __all__ = ["list_schedule", "earliest_schedule"]
 
 
@@ -170,7 +172,7 @@ def list_schedule(d, dev, prio, sp, si, n_pred, n_devices):
                         stack[top] = u
                         top += 1
             else:
-                ne = _ev_push(et, ek, ep, ex, ne, ready[t], 0, prio[t], t)
+                ne = _ev_push(et, ek, ep, ex, ne, ready[t], EV_READY, prio[t], t)
         if ne == 0:
             break
         ne = _ev_pop(et, ek, ep, ex, ne)
@@ -178,7 +180,7 @@ def list_schedule(d, dev, prio, sp, si, n_pred, n_devices):
         kind = ek[ne]
         p = ep[ne]
         x = ex[ne]
-        if kind == 0:
+        if kind == EV_READY:
             v = dev[x]
             if free_at[v] <= now and qsize[v] == 0:
                 t = x
@@ -186,7 +188,7 @@ def list_schedule(d, dev, prio, sp, si, n_pred, n_devices):
                 qsize[v] = _q_push(qp, qt, qbase[v], qsize[v], p, x)
                 if not pending[v]:
                     pending[v] = True
-                    ne = _ev_push(et, ek, ep, ex, ne, free_at[v] if free_at[v] > now else now, 1, 0, v)
+                    ne = _ev_push(et, ek, ep, ex, ne, free_at[v] if free_at[v] > now else now, EV_DEVICE, 0, v)
                 continue
         else:
             v = x
@@ -199,7 +201,7 @@ def list_schedule(d, dev, prio, sp, si, n_pred, n_devices):
         free_at[v] = e
         done += 1
         if pending[v]:
-            ne = _ev_push(et, ek, ep, ex, ne, e, 1, 0, v)
+            ne = _ev_push(et, ek, ep, ex, ne, e, EV_DEVICE, 0, v)
         for j in range(sp[t], sp[t + 1]):
             u = si[j]
             if e > ready[u]:

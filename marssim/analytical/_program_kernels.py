@@ -18,6 +18,7 @@ import numpy as np
 from numba import njit
 
 from ._numba_kernels import _ev_pop, _ev_push, _q_pop, _q_push
+from .schedule import EV_DEVICE, EV_READY
 
 __all__ = ["list_schedule", "earliest_schedule", "chained_schedule", "compute_chains"]
 
@@ -183,7 +184,7 @@ def list_schedule(d_row, dev_row, n_pred, n_devices, per_dev, max_succ, row_coup
                         stack[top] = u
                         top += 1
             else:
-                ne = _ev_push(et, ek, ep, ex, ne, ready[t], 0, t, t)
+                ne = _ev_push(et, ek, ep, ex, ne, ready[t], EV_READY, t, t)
         if ne == 0:
             break
         ne = _ev_pop(et, ek, ep, ex, ne)
@@ -191,7 +192,7 @@ def list_schedule(d_row, dev_row, n_pred, n_devices, per_dev, max_succ, row_coup
         kind = ek[ne]
         p = ep[ne]
         x = ex[ne]
-        if kind == 0:
+        if kind == EV_READY:
             _, row = _row(x, inst_of, i_tpl, i_base, t_start)
             v = dev_row[row]
             if free_at[v] <= now and qsize[v] == 0:
@@ -200,7 +201,7 @@ def list_schedule(d_row, dev_row, n_pred, n_devices, per_dev, max_succ, row_coup
                 qsize[v] = _q_push(qp, qt, qbase[v], qsize[v], p, x)
                 if not pending[v]:
                     pending[v] = True
-                    ne = _ev_push(et, ek, ep, ex, ne, free_at[v] if free_at[v] > now else now, 1, 0, v)
+                    ne = _ev_push(et, ek, ep, ex, ne, free_at[v] if free_at[v] > now else now, EV_DEVICE, 0, v)
                 continue
         else:
             v = x
@@ -214,7 +215,7 @@ def list_schedule(d_row, dev_row, n_pred, n_devices, per_dev, max_succ, row_coup
         free_at[v] = e
         done += 1
         if pending[v]:
-            ne = _ev_push(et, ek, ep, ex, ne, e, 1, 0, v)
+            ne = _ev_push(et, ek, ep, ex, ne, e, EV_DEVICE, 0, v)
         ns = _successors(t, succ, inst_of, i_tpl, i_base, t_start, t_first, t_last, isucc_ptr, isucc, inc_ptr,
                          inc_inst, inc_group, g_lastkernel, g_rev_base, g_rel_ptr, rev_ptr, rev_rel, g_rel, i_next)
         for j in range(ns):

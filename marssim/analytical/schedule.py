@@ -24,7 +24,15 @@ import os
 
 import numpy as np
 
-__all__ = ["list_schedule", "earliest_schedule", "BACKENDS", "have_numba"]
+__all__ = ["list_schedule", "earliest_schedule", "BACKENDS", "have_numba", "EV_READY", "EV_DEVICE"]
+
+EV_READY = 0
+"""An event of the list schedule: a task becomes ready (its ``x`` is the task). At equal times a
+task's readiness comes before a device's decision, so the device chooses among all tasks ready
+then."""
+EV_DEVICE = 1
+"""An event of the list schedule: a device with queued tasks decides which runs next (its ``x``
+is the device)."""
 
 BACKENDS = ("auto", "python", "numba")
 
@@ -120,7 +128,7 @@ def _list_schedule_py(duration, device, priority, succ_ptr, succ_idx, n_pred, n_
     free_at = [0.0] * n_devices
     queue: list[list] = [[] for _ in range(n_devices)]
     pending = [False] * n_devices  # a decision event is scheduled for the device
-    events: list[tuple] = []  # (time, kind, priority, task or device): kind 0 ready, 1 device decision
+    events: list[tuple] = []  # (time, kind, priority, task or device): EV_READY or EV_DEVICE
     heappush = heapq.heappush
     heappop = heapq.heappop
     stack = [t for t in range(n - 1, -1, -1) if waiting[t] == 0]
@@ -144,11 +152,11 @@ def _list_schedule_py(duration, device, priority, succ_ptr, succ_idx, n_pred, n_
                     if waiting[u] == 0:
                         stack.append(u)
             else:
-                heappush(events, (ready[t], 0, prio[t], t))
+                heappush(events, (ready[t], EV_READY, prio[t], t))
         if not events:
             break
         now, kind, p, x = heappop(events)
-        if kind == 0:
+        if kind == EV_READY:
             v = dev[x]
             if free_at[v] <= now and not queue[v]:
                 t = x
@@ -156,7 +164,7 @@ def _list_schedule_py(duration, device, priority, succ_ptr, succ_idx, n_pred, n_
                 heappush(queue[v], (p, x))
                 if not pending[v]:
                     pending[v] = True
-                    heappush(events, (free_at[v] if free_at[v] > now else now, 1, 0, v))
+                    heappush(events, (free_at[v] if free_at[v] > now else now, EV_DEVICE, 0, v))
                 continue
         else:
             v = x
@@ -168,7 +176,7 @@ def _list_schedule_py(duration, device, priority, succ_ptr, succ_idx, n_pred, n_
         free_at[v] = e
         done += 1
         if pending[v]:
-            heappush(events, (e, 1, 0, v))
+            heappush(events, (e, EV_DEVICE, 0, v))
         for j in range(sp[t], sp[t + 1]):
             u = si[j]
             if e > ready[u]:

@@ -129,9 +129,9 @@ def serving_inputs(args: argparse.Namespace):
                                                   f"of {system.spec}; missing: {', '.join(missing)} (e.g. "
                                                   f"--gpu-price {missing[0]}=2.5)")
     spec = _requests(_RequestArgs(args), {})
-    if spec.arrivals.kind == "offline":
+    if spec.arrivals.kind in ("offline", "closed"):
         raise InputError(None, "--arrival", "a serving search needs arrivals at a rate (poisson, gamma or a trace), "
-                                            "not offline")
+                                            f"not {spec.arrivals.kind}")
     from ._common import refuse_llm_off_gpus, refuse_missing_precision
     from .serve import check_context
 
@@ -205,6 +205,10 @@ def run_search(args: argparse.Namespace, progress_bar, open_executor) -> int:
     print(result.summary())
     print(f"best {label}: {value:.6g}")
     print(describe_best(result, None))
+    from marssim.serve.launch import launch_commands, launch_lines
+
+    print("launch settings of the best deployment (one command per replica):")
+    print("\n".join(launch_lines(launch_commands(result.best, case.model, model_spec))))
     print()
     print(format_top(result))
     if args.out:
@@ -276,7 +280,8 @@ def resimulate(result, case, system, cost):
 
 def write_outputs(result, case, system, cost, out: str | Path, model_spec: str, args, baselines: tuple = ()
                   ) -> list[str]:
-    """Write into ``out`` atomically: ``best_deployment.yaml``, ``search.json``,
+    """Write into ``out`` atomically: ``best_deployment.yaml`` (and beside it ``launch_vllm.sh``,
+    ``launch_sglang.sh``: :mod:`marssim.serve.launch`), ``search.json``,
     ``history.csv``, ``top10.csv``, ``convergence.png``/``.svg`` and ``result/`` (the best
     deployment's simulation: summary.json and the tables of ``marssim serve --out``). The best
     deployment is simulated again and must give the reported figures. One line per file."""
@@ -288,9 +293,13 @@ def write_outputs(result, case, system, cost, out: str | Path, model_spec: str, 
     run = resimulate(result, case, system, cost)
     out_dir = Path(out)
     lines: list[str] = []
+    from marssim.serve.launch import launch_commands, write_launch_scripts
+
     with staged_dir(out_dir) as tmp:
         save_deployment(result, case, system, model_spec, args, tmp / DEPLOYMENT_FILE)
         lines.append(f"deployment   {out_dir / DEPLOYMENT_FILE} (marssim serve --deployment ...)")
+        for path in write_launch_scripts(launch_commands(result.best, case.model, model_spec), result.best, tmp):
+            lines.append(f"launch       {out_dir / path.name} (the best deployment's engine command lines)")
         lines += write_search_files(result, None, system, baselines, tmp, out_dir)
         (tmp / "result").mkdir()
         outputs.write_tables(run, tmp / "result")

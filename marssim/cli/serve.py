@@ -30,11 +30,15 @@ A deployment is one or more --pool settings (or a --deployment YAML file):
   --pool role=prefill,replicas=2,tp=4 --pool role=decode,replicas=6,tp=4   disaggregated prefill/decode
 Pool keys: role, replicas, tp, pp, gpu, scheduler (static|continuous|chunked), max_num_seqs,
 max_batched_tokens, mixed, block_size, watermark, gpu_memory_utilization, preemption
-(recompute|swap), swap_space, prefix_caching (see docs/serving.md).
+(recompute|swap), swap_space, prefix_caching, and speculative decoding: spec_method (draft|mtp),
+spec_model (the draft model), spec_layers (MTP head blocks), spec_k, spec_alpha (see docs/serving.md).
 
 Requests: --replay azure-conv-2023 (a shipped trace, or a CSV of arrival_s,prompt_tokens,output_tokens),
 or --arrival poisson:rate=4 | gamma:rate=4,cv=2 | offline with --prompt and --output lengths
 (512, uniform:128-2048, zipf:a=1.2,low=16,high=4096, trace:NAME); --rate sets the mean rate.
+Benchmark modes: open loop (the arrivals above), --arrival offline (every request at time 0, the
+engines' throughput benchmark), --concurrency N [--duration T] (a closed loop of N users, the
+engines' serving benchmarks at a fixed concurrency).
 --rates 1,2,4,8 sweeps the rate (on --workers processes or a --dask cluster) instead of one run.
 """
 
@@ -73,6 +77,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--prompt", metavar="SPEC", help="prompt lengths: N, uniform:LOW-HIGH, zipf:a=A,low=L,high=H, "
                                                     "trace:NAME")
     g.add_argument("--output", metavar="SPEC", help="output lengths (generated tokens, the first included)")
+    g.add_argument("--concurrency", type=positive_int, metavar="N",
+                   help="a closed loop of N users, each sending its next request when the previous one ends "
+                        "(the engines' serving benchmarks at a fixed concurrency); with --prompt and --output")
+    g.add_argument("--duration", type=positive_float, metavar="SECONDS",
+                   help="with --concurrency: users send requests until this simulated time (--requests is then "
+                        "a starting cap, grown as needed)")
     g.add_argument("--requests", type=_request_count, metavar="N",
                    help="number of requests (default 1000; a replayed trace: all its rows)")
     g.add_argument("--rate", type=positive_float, metavar="R",
@@ -155,13 +165,13 @@ def _requests(args: argparse.Namespace, data: dict):
     section = data.get("requests") or {}
     if not isinstance(section, dict):
         raise InputError(file, "requests", "expected a mapping (arrival, prompt, output, count, replay, prefix, seed)")
+    keys = ("arrival", "prompt", "output", "count", "replay", "rate", "prefix", "seed", "concurrency", "duration")
     for key in section:
-        if key not in ("arrival", "prompt", "output", "count", "replay", "rate", "prefix", "seed"):
-            raise InputError(file, f"requests.{key}", "unknown key; expected one of: arrival, prompt, output, count, "
-                                                      "replay, rate, prefix, seed")
+        if key not in keys:
+            raise InputError(file, f"requests.{key}", f"unknown key; expected one of: {', '.join(keys)}")
 
     def pick(flag: str, key: str):
-        value = getattr(args, flag)
+        value = getattr(args, flag, None)
         if value is not None:
             return value, f"--{flag}"
         return section.get(key), f"requests.{key}"
@@ -173,8 +183,13 @@ def _requests(args: argparse.Namespace, data: dict):
     count, _ = pick("requests", "count")
     rate, _ = pick("rate", "rate")
     prefix, prefix_where = pick("prefix", "prefix")
+    concurrency, concurrency_where = pick("concurrency", "concurrency")
+    duration, duration_where = pick("duration", "duration")
     try:
-        if replay:
+        if concurrency is not None or duration is not None:
+            arrivals = _closed_loop(concurrency, concurrency_where, duration, duration_where, file,
+                                    {"--replay": replay, "--arrival": arrival, "--rate": rate})
+        elif replay:
             if arrival:
                 raise InputError(None, "--arrival", "--replay takes the trace's arrivals; drop one of them")
             for given, where in ((prompt, prompt_where), (output, output_where)):
@@ -206,7 +221,8 @@ def _requests(args: argparse.Namespace, data: dict):
             raise InputError(file, problems=err.problems) from None
         raise
     if count is None:
-        count = len(load_trace(arrivals.trace)) if arrivals.kind == "trace" else 1000
+        count = len(load_trace(arrivals.trace)) if arrivals.kind == "trace" else \
+            max(1000, arrivals.concurrency) if arrivals.kind == "closed" and not arrivals.duration else 1000
     if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_REQUESTS:
         where = (None, "--requests") if args.requests is not None else (file, "requests.count")
         raise InputError(*where, f"expected a number of requests from 1 to {MAX_REQUESTS:,} (a simulation serves "
@@ -239,6 +255,35 @@ def check_context(model, spec, seed: int) -> None:
                                       f"{int(requests.prompt[i]):,} + output {int(requests.output[i]):,}); give "
                                       "shorter --prompt and --output lengths, or a model with a longer context "
                                       "(max_positions=)")
+
+
+def _closed_loop(concurrency, concurrency_where: str, duration, duration_where: str, file: str | None,
+                 others: dict):
+    """The closed loop's arrivals from ``--concurrency``/``--duration`` (or the file's
+    ``requests.concurrency``/``requests.duration``)."""
+    from marssim import units
+    from marssim.serve.requests import closed_loop
+
+    def where(key_where: str) -> tuple[str | None, str]:
+        return (None, key_where) if key_where.startswith("--") else (file, key_where)
+
+    if concurrency is None:
+        raise InputError(*where(duration_where), "a duration bounds a closed loop; give --concurrency N too")
+    for flag, value in others.items():
+        if value:
+            raise InputError(None, flag, "a closed loop (--concurrency) sends each request when a user's previous "
+                                         "one ends; drop " + flag + " (lengths: --prompt and --output)")
+    if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+        raise InputError(*where(concurrency_where), f"expected a positive integer (users), got {concurrency!r}")
+    seconds = 0.0
+    if duration is not None:
+        try:
+            seconds = duration if isinstance(duration, float) else units.parse(duration, "time", require_unit=True, bounded=True)
+        except units.UnitError as err:
+            raise InputError(*where(duration_where), str(err)) from None
+        if not seconds > 0:
+            raise InputError(*where(duration_where), f"expected a positive time, got {duration!r}")
+    return closed_loop(concurrency, seconds)
 
 
 def request_seed(args: argparse.Namespace, data: dict) -> int:
@@ -359,6 +404,9 @@ def run(args: argparse.Namespace) -> int:
     check_context(model, spec, args.seed)
     cost = cost_model(args)
     if rates:
+        if spec.arrivals.kind == "closed":
+            raise InputError(None, "--rates", "a closed loop's users set the rate; sweep --concurrency in separate "
+                                              "runs, or drop --concurrency")
         if args.trace:
             raise InputError(None, "--trace", "a rate sweep writes no trace; drop --trace or --rates")
         from marssim.serve.simulate import place_replicas
@@ -381,7 +429,7 @@ def run(args: argparse.Namespace) -> int:
                     json.dump(outputs.json_clean(rows), f, indent=1, sort_keys=True)
                     f.write("\n")
                 _sweep_csv(rows, tmp / "sweep.csv")
-            lines.append(f"sweep     {args.out}/ (sweep.csv, sweep.json)")
+            lines.append(f"sweep     {_dir(args.out)} (sweep.csv, sweep.json)")
         if args.plot:
             for path in outputs.plot_sweep(rows, args.plot, f"{model.name}: {deployment.text()}"):
                 lines.append(f"figure    {path}")
@@ -389,17 +437,23 @@ def run(args: argparse.Namespace) -> int:
             print()
             print("\n".join(lines))
         return 0
-    from marssim.serve.simulate import simulate_serving
+    from marssim.serve.simulate import simulate_spec
 
-    requests = spec.draw(args.seed)
-    result = simulate_serving(deployment, model, system, cost, requests, seed=args.seed, slo=slo,
-                              trace=bool(args.trace))
+    from marssim.serve.launch import SGLANG_SCRIPT, VLLM_SCRIPT, launch_commands, launch_lines, write_launch_scripts
+
+    result = simulate_spec(deployment, model, system, cost, spec, seed=args.seed, slo=slo, trace=bool(args.trace))
     print("\n".join(outputs.report_lines(result)))
+    commands = launch_commands(deployment, model, str(model_spec))
+    print()
+    print("launch settings (one command per replica; docs/serving.md):")
+    print("\n".join(launch_lines(commands)))
     lines = []
     if args.out:
         with staged_dir(args.out) as tmp:
             outputs.write_tables(result, tmp)
-        lines.append(f"result    {args.out}/ (summary.json, requests.csv, iterations.csv, replicas.csv)")
+            write_launch_scripts(commands, deployment, tmp)
+        lines.append(f"result    {_dir(args.out)} (summary.json, requests.csv, iterations.csv, replicas.csv, "
+                     f"{VLLM_SCRIPT}, {SGLANG_SCRIPT})")
     if args.trace:
         size = outputs.write_trace(result, args.trace)
         lines.append(f"trace     {args.trace} ({size / 2**20:.2f} MiB; open in https://ui.perfetto.dev)")
@@ -410,6 +464,14 @@ def run(args: argparse.Namespace) -> int:
         print()
         print("\n".join(lines))
     return 0
+
+
+def _dir(path: str) -> str:
+    """A directory as the report names it: its path with one trailing separator."""
+    import os
+
+    stripped = path.rstrip("/" + os.sep)
+    return (stripped or path[:1]) + ("" if not stripped else "/")
 
 
 def _sweep_csv(rows: list[dict], path) -> None:

@@ -74,7 +74,7 @@ def describe(spec: str) -> str:
 
     if path.exists() and not is_onnx_spec(spec):
         raise InputError(spec, "", "unknown kind of file; expected a system .yaml file or an .onnx model")
-    if not is_onnx_spec(spec):
+    if not is_onnx_spec(spec) and not spec.startswith("hf:"):  # hf:PATH: a Hugging Face config.json
         name, _ = parse_spec(spec)
         entries = zoo_entries()
         if name not in entries:

@@ -47,9 +47,10 @@ from dataclasses import dataclass
 
 from marssim.errors import InputError
 
-from .plan import CollectivePlan, SystemInfo, plan_collective, system_info
+from .plan import CollectivePlan, SystemInfo, plan_collective, ring_steps, system_info
 
-__all__ = ["Hop", "group_plan", "group_info", "hop_step", "route_bottleneck", "plan_schedule"]
+__all__ = ["Hop", "RingTime", "group_plan", "group_info", "hop_step", "ring_time", "route_bottleneck",
+           "plan_schedule"]
 
 _INFOS: "weakref.WeakKeyDictionary[object, dict]" = weakref.WeakKeyDictionary()
 
@@ -138,6 +139,34 @@ def hop_step(plan: CollectivePlan, bottleneck: float, route_latency: float) -> H
         return Hop(latency, 1.0, latency + (plan.payload_per_step / bottleneck if bottleneck else 0.0))
     factor = busy * bottleneck / plan.payload_per_step
     return Hop(latency, factor, latency + plan.payload_per_step * factor / bottleneck)
+
+
+@dataclass(frozen=True)
+class RingTime:
+    """A collective run over a ring of hops, alone on its links: ``seconds`` in all; ``nbytes``,
+    the bytes each rank sends its neighbour over the steps, weighted as the steps' flows weigh on
+    the links (:attr:`Hop.factor`), so that at the slowest hop's bandwidth they take ``seconds``
+    less ``latency``; ``latency``, the seconds of the steps' latencies."""
+
+    seconds: float
+    nbytes: float
+    latency: float
+
+
+def ring_time(kind: str, size: float, ranks: int, hops, plan: CollectivePlan | None = None) -> RingTime:
+    """Collective ``kind`` of ``size`` bytes (nccl-tests' size) over ``ranks`` ranks whose ring
+    has the hops ``hops`` (``(latency s, bottleneck bytes/s)`` each): ``plan``'s steps (NCCL's,
+    :func:`group_plan`) each at the pace of the slowest hop (:func:`hop_step`); without a plan,
+    ring steps (:func:`~marssim.collectives.plan.ring_steps`) of ``size / ranks`` bytes at the
+    slowest hop's latency and line rate. What the lowerings, the closed-form screen and the
+    serving iteration model all charge for one collective."""
+    if plan is None:
+        steps = ring_steps(kind, ranks)
+        chunk = size / ranks
+        lat, bw = max(hops, key=lambda h: h[0] + (chunk / h[1] if chunk > 0 else 0.0))
+        return RingTime(steps * (lat + (chunk / bw if chunk > 0 else 0.0)), steps * chunk, steps * lat)
+    hop = max((hop_step(plan, bw, lat) for lat, bw in hops), key=lambda h: h.time)
+    return RingTime(plan.steps * hop.time, plan.steps * plan.payload_per_step * hop.factor, plan.steps * hop.latency)
 
 
 def plan_schedule(plan: CollectivePlan, system, devices: Sequence[str]) -> list[list[tuple[int, int, float]]]:

@@ -114,14 +114,20 @@ def transport_of(fabric: NcclFabric) -> str:
     return "nvlink" if fabric.nodes == 1 else "net"
 
 
+def ring_steps(kind: str, ranks: int) -> int:
+    """Steps of collective ``kind`` run as a ring over ``ranks`` ranks, each sending ``1/ranks`` of
+    the buffer to its neighbour: an all-reduce 2(n-1) (a reduce-scatter, then an all-gather), an
+    all-gather or a reduce-scatter n-1."""
+    return 2 * (ranks - 1) if kind == "all_reduce" else ranks - 1
+
+
 def _structure(kind: str, nbytes: float, f: NcclFabric, algorithm: str) -> tuple[str, int, float]:
     """``(pattern, steps, payload bytes per step and rank)`` of ``algorithm`` (module docstring)."""
     n = f.ranks
     if kind == "send_recv":
         return "pair", 1, nbytes
     if algorithm == "ring":
-        steps = 2 * (n - 1) if kind == "all_reduce" else n - 1
-        return "ring", steps, nbytes / n
+        return "ring", ring_steps(kind, n), nbytes / n
     if algorithm == "nvls":
         return "peers", 2 if kind == "all_reduce" else 1, nbytes * (n - 1) / n
     depth = max(1, (int(round(f.ppn)) - 1) + int(math.ceil(math.log2(max(1, f.nodes)))))  # tree, pipelined

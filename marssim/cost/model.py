@@ -473,10 +473,6 @@ class DataflowCost:
         """Seconds ``op`` takes on ``design``."""
         return self.op_cost(op, design).time
 
-    def op_energy(self, op: Op, design: Design) -> float:
-        """Joules ``op`` takes on ``design`` (NaN without energy figures)."""
-        return self.op_cost(op, design).energy
-
     @staticmethod
     def _compute(x: tuple[int, ...], d: DesignParams, use_measured: bool = True) -> OpCost:
         cls = x[F_CLASS]

@@ -74,10 +74,6 @@ class Mapping:
             return 0
         return 1 + sum(1 for a, b in zip(self.op_set[:-1], self.op_set[1:]) if a != b)
 
-    def devices_used(self) -> tuple[str, ...]:
-        used = sorted({s for s in set(self.op_set)})
-        return tuple(d for i in used for d in self.sets[i].devices)
-
     def with_(self, **changes) -> "Mapping":
         """A copy with fields replaced (the mapping itself is immutable)."""
         return replace(self, **changes)

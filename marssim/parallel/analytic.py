@@ -38,7 +38,7 @@ import weakref
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from marssim.collectives.group import hop_step, route_bottleneck
+from marssim.collectives.group import ring_time, route_bottleneck
 from marssim.cost.base import CostModel
 from marssim.system import System
 from marssim.workload import Graph, OpKind
@@ -107,15 +107,12 @@ class _Timer:
             members, profile = self.ring_hops(pattern, n)
             plan = self.low.plan(kind, size, members)
             if plan is None:  # a ring's steps go at the pace of its slowest hop
-                steps = 2 * (n - 1) if kind == "all_reduce" else n - 1
-                chunk = size / n
-                hit = steps * max(lat + (chunk / bw if chunk > 0 else 0.0) for lat, bw in profile)
+                hit = ring_time(kind, size, n, profile).seconds
             else:  # one plan's step on each kind of hop: shared by every stage's ring alike
                 memo = self.low.memo
                 hit = memo.get(("ring steps", plan, profile))
                 if hit is None:
-                    hit = memo[("ring steps", plan, profile)] = plan.steps * max(hop_step(plan, bw, lat).time
-                                                                                for lat, bw in profile)
+                    hit = memo[("ring steps", plan, profile)] = ring_time(kind, size, n, profile, plan).seconds
             self._ring_cache[key] = hit
         return hit
 

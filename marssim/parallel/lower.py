@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 
 from marssim.collectives.group import Hop, group_plan, hop_step, route_bottleneck
-from marssim.collectives.plan import CollectivePlan
+from marssim.collectives.plan import CollectivePlan, ring_steps
 from marssim.cost.base import CostModel
 from marssim.errors import InputError
 from marssim.gcpause import gc_paused
@@ -723,7 +723,7 @@ class _Builder:
         if plan is _GROUP_PLAN:
             plan = low.plan(kind, size, members)
         if plan is None:
-            steps, chunk, algorithm = (2 * (n - 1) if kind == "all_reduce" else n - 1), size / n, "ring"
+            steps, chunk, algorithm = ring_steps(kind, n), size / n, "ring"
         else:
             steps, chunk, algorithm = plan.steps, plan.payload_per_step, plan.algorithm
         nxt = peer(self.rep)

@@ -40,12 +40,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from marssim.errors import InputError
 from marssim.workload import Op, OpKind
 
-__all__ = ["Rule", "rule_for", "strategy_of", "COLUMN", "ROW"]
+__all__ = ["Rule", "rule_for", "strategy_of", "COLUMN", "ROW", "REPLICATED"]
 
 COLUMN = ("attn.qkv", "mlp.fc1", "mlp.gate", "mlp.up", "moe.gate", "moe.up", "moe.fc1", "output")
+"""The column-parallel GEMMs, by the name of the forward op within its block."""
 ROW = ("attn.proj", "mlp.fc2", "mlp.down", "moe.down")
+"""The row-parallel GEMMs."""
+REPLICATED = ("moe.router",)
+"""The GEMMs whose weights every tensor-parallel rank holds whole (the MoE router). Any other GEMM
+of a transformer graph is refused, naming it: its split would be a guess."""
 
 
 @dataclass(frozen=True)
@@ -106,7 +112,13 @@ def rule_for(op: Op, layouts: dict[str, str], tp: int, sp: bool, ep: int, etp: i
         suffix = _suffix(_base_name(name))
         column = suffix in COLUMN
         row = suffix in ROW
-        if not (column or row):  # the MoE router: replicated weights, the tokens as they come
+        if not (column or row):
+            if suffix not in REPLICATED:
+                raise InputError(None, "workload", f"{name}: a GEMM whose tensor-parallel split is not known (its "
+                                                   f"name within a block, {suffix!r}, is none of the column-parallel "
+                                                   f"{', '.join(COLUMN)}, the row-parallel {', '.join(ROW)} or the "
+                                                   f"replicated {', '.join(REPLICATED)})")
+            # the MoE router: replicated weights, the tokens as they come
             return Rule((("M", 1, tp),) if sp else (), tuple(H for _ in range(n_in)), H)
         if grad is None:
             return Rule((("N", 1, tp),), ("R",), "F") if column else Rule((("K", 1, tp),), ("F",), "P")

@@ -55,6 +55,7 @@ from marssim.workload import Graph
 
 from .evaluate import Evaluation, Evaluator, Problem, rank_value
 from .result import SearchResult
+from .operators import coordinate_descent, next_population
 from .skeleton import Budget, two_level
 
 __all__ = ["LLMSearchSettings", "LLMSpace", "megatron_grid", "mars_llm", "grid_search", "screen_configs",
@@ -258,16 +259,6 @@ class _Genome:
             layers_per_stage=() if balanced else self.layers,
             stage_tp=() if uniform_tp else self.tps, stage_start=starts,
             order=self.order if identity and uniform_tp else "tp-pp-dp")
-
-
-def _level1(g: _Genome) -> tuple:
-    """The level-1 genes of ``g`` (what a generation's coordinate descent does not change)."""
-    return (g.pp, g.dp, g.tps, g.layers, g.perm, g.order)
-
-
-def _legal(space: LLMSpace, cfg: ParallelConfig) -> bool:
-    t = space.graph.meta["transformer"]
-    return not parallel_problems(cfg, replace(t, batch=cfg.micro_batch), space.gpus)
 
 
 def _level1(g: _Genome) -> tuple:
@@ -543,31 +534,13 @@ class _LLMStrategy:
         screen: every genome's trials of a coordinate screened as one batch; a genome whose
         round changed nothing stops."""
         sp = self.space
-        best = list(genomes)
-        active = [True] * len(best)
-        for _ in range(2):
-            changed = [False] * len(best)
-            for gene in _GENES:
-                trials: list[tuple[int, list[tuple[_Genome, ParallelConfig]]]] = []
-                batch: list[ParallelConfig] = []
-                for i, g in enumerate(best):
-                    if not active[i]:
-                        continue
-                    values = self.gene_values(g)[gene]
-                    legal = [(t, t.config(sp)) for t in (replace(g, **{gene: v}) for v in values)]
-                    legal = [(t, c) for t, c in legal if _legal(sp, c)]
-                    if legal:
-                        trials.append((i, legal))
-                        batch.extend(c for _, c in legal)
-                evals = iter(self.screen(batch))
-                for i, legal in trials:
-                    ranked = sorted(((t, c, next(evals)) for t, c in legal),
-                                    key=lambda x: (rank_value(self.fitness(x[2])), x[1].text()))
-                    if ranked[0][0] != best[i]:
-                        best[i], changed[i] = ranked[0][0], True
-            active = [a and c for a, c in zip(active, changed)]
-            if not any(active):
-                break
+
+        def options(g: _Genome, gene: str) -> list[tuple[_Genome, ParallelConfig]]:
+            legal = [(t, t.config(sp)) for t in (replace(g, **{gene: v}) for v in self.gene_values(g)[gene])]
+            return [(t, c) for t, c in legal if _legal(sp, c)]
+
+        best = coordinate_descent(genomes, lambda _: _GENES, options, self.screen,
+                                  lambda c, e: (rank_value(self.fitness(e)), c.text()))
         out: list[tuple[_Genome, Evaluation]] = []
         configs = [g.config(sp) for g in best]
         legal = [c for c in configs if _legal(sp, c)]
@@ -592,25 +565,9 @@ class _LLMStrategy:
                 "etp": sp.etps(min(g.tps))}
 
     def next_generation(self, scored: list[tuple[_Genome, Evaluation]]) -> list[_Genome]:
-        s = self.settings
         ranked = sorted(scored, key=lambda x: (rank_value(self.fitness(x[1])), x[0].config(self.space).text()))
-        elite = [g for g, _ in ranked[:max(1, s.population // 4)]]
-        out = list(dict.fromkeys(elite))
-        while len(out) < s.population:
-            i, j = self.rng.integers(len(ranked), size=2)
-            a = ranked[min(i, j)][0]  # tournament of two: the better one
-            k, m = self.rng.integers(len(ranked), size=2)
-            b = ranked[min(k, m)][0]
-            child = self.crossover1(a, b)
-            if self.rng.random() < 0.8:
-                child = self.mutate1(child)
-            for _ in range(8):  # a level 1 already tried is mutated again (the screen of it is known)
-                if _level1(child) not in self.tried:
-                    break
-                child = self.mutate1(child)
-            self.tried.add(_level1(child))
-            out.append(child)
-        return out
+        return next_population([g for g, _ in ranked], self.settings.population, self.rng, self.crossover1,
+                               self.mutate1, _level1, self.tried)
 
 
 def _check(ev: Evaluator, settings: LLMSearchSettings, result: SearchResult | None) -> None:

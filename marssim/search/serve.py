@@ -43,6 +43,7 @@ import math
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field, replace
+from enum import IntEnum
 
 import numpy as np
 
@@ -54,6 +55,7 @@ from marssim.system import System
 
 from .evaluate import SERVING_OBJECTIVES, Evaluation, Evaluator, Problem, rank_value
 from .result import SearchResult
+from .operators import coordinate_descent, next_population
 from .skeleton import Budget, two_level
 
 __all__ = ["ServeSearchSettings", "ServeSpace", "serve_problem", "uniform_grid", "level1_deployments",
@@ -302,6 +304,19 @@ def serve_problem(case: ServeCase, system: System, cost: CostModel) -> Problem:
 _GENES = ("kind", "max_batched_tokens", "max_num_seqs", "block_size")
 
 
+class Move(IntEnum):
+    """A level-1 mutation of a deployment (:meth:`_ServeStrategy.mutate1`), drawn uniformly."""
+
+    REPLICAS = 0  # a replica more or fewer in one pool
+    TP = 1  # twice or half the pool's tensor parallelism, replicas adjusted to keep its GPUs
+    PP = 2  # twice or half the pool's pipeline parallelism, likewise
+    SPLIT = 3  # prefill and decode split into two pools, or merged into one
+    SHIFT = 4  # a replica moved between the prefill and the decode pool
+    GPU_KIND = 5  # the pool moved to another GPU kind
+    KIND_POOL = 6  # a pool added on a GPU kind without one, or a pool removed
+    RANDOM = 7  # a new random deployment
+
+
 class _ServeStrategy:
     """The deployment GA as a :class:`~marssim.search.skeleton.Strategy`."""
 
@@ -459,31 +474,19 @@ class _ServeStrategy:
         """The best engine settings of each deployment's pools, by coordinate descent over the
         screen: a gene of a pool at a time, every deployment's trials screened as one batch; a
         deployment whose round changed nothing stops."""
-        best = list(population)
-        active = [True] * len(best)
-        for _ in range(2):
-            changed = [False] * len(best)
+        def coordinates(best: list[Deployment]) -> list[tuple[str, int]]:
             width = max((len(d.pools) for d in best), default=0)
-            for gene in _GENES:
-                for i_pool in range(width):
-                    trials: list[tuple[int, list[Deployment]]] = []
-                    batch: list[Deployment] = []
-                    for i, dep in enumerate(best):
-                        if not active[i] or i_pool >= len(dep.pools):
-                            continue
-                        options = list(dict.fromkeys(self.with_gene(dep, i_pool, gene, v)
-                                                     for v in self.gene_values(dep.pools[i_pool], gene)))
-                        trials.append((i, options))
-                        batch.extend(options)
-                    evals = iter(self.screen(batch))
-                    for i, options in trials:
-                        ranked = sorted(((self.screen_key(next(evals)), d.text(), d) for d in options),
-                                        key=lambda x: x[:2])
-                        if ranked[0][2] != best[i]:
-                            best[i], changed[i] = ranked[0][2], True
-            active = [a and c for a, c in zip(active, changed)]
-            if not any(active):
-                break
+            return [(gene, i_pool) for gene in _GENES for i_pool in range(width)]
+
+        def options(dep: Deployment, coordinate: tuple[str, int]) -> list[tuple[Deployment, Deployment]]:
+            gene, i_pool = coordinate
+            if i_pool >= len(dep.pools):
+                return []
+            return [(d, d) for d in dict.fromkeys(self.with_gene(dep, i_pool, gene, v)
+                                                  for v in self.gene_values(dep.pools[i_pool], gene))]
+
+        best = coordinate_descent(population, coordinates, options, self.screen,
+                                  lambda d, e: (self.screen_key(e), d.text()))
         return list(zip(best, self.screen(best)))
 
     # --------------------------------------------------------------- level 1
@@ -548,12 +551,12 @@ class _ServeStrategy:
         i = int(self.rng.integers(len(pools)))
         p = pools[i]
         kind = sp.kind_of(p)
-        move = int(self.rng.integers(8))
-        if move == 0:
+        move = Move(int(self.rng.integers(len(Move))))
+        if move == Move.REPLICAS:
             step = 1 if self.rng.random() < 0.5 else -1
             pools[i] = replace(p, replicas=p.replicas + step)
-        elif move in (1, 2):
-            if move == 1:
+        elif move in (Move.TP, Move.PP):
+            if move == Move.TP:
                 choices = [t for t in sp.tps[kind] if t in (p.tp * 2, p.tp // 2)]
                 new = replace(p, tp=int(self.rng.choice(choices))) if choices else p
             else:
@@ -561,7 +564,7 @@ class _ServeStrategy:
                 new = replace(p, pp=int(self.rng.choice(choices))) if choices else p
             r = max(1, round(p.gpus / new.gpus_per_replica))
             pools[i] = replace(new, replicas=r)
-        elif move == 3 and s.disaggregation:
+        elif move == Move.SPLIT and s.disaggregation:
             if dep.disaggregated:
                 pre = [q for q in pools if q.role == "prefill"]
                 dec = [q for q in pools if q.role == "decode"]
@@ -571,7 +574,7 @@ class _ServeStrategy:
             elif p.replicas >= 2:
                 rp = max(1, p.replicas // 4)
                 pools = [replace(p, role="decode", replicas=p.replicas - rp), replace(p, role="prefill", replicas=rp)]
-        elif move == 4 and dep.disaggregated:
+        elif move == Move.SHIFT and dep.disaggregated:
             pre = next(j for j, q in enumerate(pools) if q.role == "prefill")
             dec = next(j for j, q in enumerate(pools) if q.role == "decode")
             a, b = (pre, dec) if self.rng.random() < 0.5 else (dec, pre)
@@ -579,12 +582,12 @@ class _ServeStrategy:
                 moved = pools[a].gpus_per_replica
                 pools[a] = replace(pools[a], replicas=pools[a].replicas - 1)
                 pools[b] = replace(pools[b], replicas=pools[b].replicas + max(1, moved // pools[b].gpus_per_replica))
-        elif move == 5 and sp.mixed:
+        elif move == Move.GPU_KIND and sp.mixed:
             other = [k for k in sp.kinds if k != kind]
             k = str(self.rng.choice(other))
             tps = [t for t in sp.tps[k] if t <= p.tp] or [sp.tps[k][0]]
             pools[i] = replace(p, gpu=k, tp=max(tps))
-        elif move == 6 and sp.mixed and not dep.disaggregated:
+        elif move == Move.KIND_POOL and sp.mixed and not dep.disaggregated:
             present = {sp.kind_of(q) for q in pools}
             missing = [k for k in sp.kinds if k not in present]
             if missing:
@@ -593,7 +596,7 @@ class _ServeStrategy:
                 pools.append(Pool(self._replicas(sp.free(pools, k) // (tp * pp)), tp, pp, "both", k, p.scheduler))
             elif len(pools) > 1:
                 del pools[i]
-        elif move == 7:
+        elif move == Move.RANDOM:
             return self.random_level1()
         out = self._repair(pools)
         return out if out is not None else dep
@@ -634,23 +637,8 @@ class _ServeStrategy:
             return (rank_value(f) if math.isfinite(f) else math.inf, self.screen_key(e), dep.text())
 
         ranked = sorted(scored, key=key)
-        elite = [d for d, _ in ranked[:max(1, s.population // 4)]]
-        out = list(dict.fromkeys(elite))
-        while len(out) < s.population:
-            i, j = self.rng.integers(len(ranked), size=2)
-            a = ranked[min(i, j)][0]
-            k, m = self.rng.integers(len(ranked), size=2)
-            b = ranked[min(k, m)][0]
-            child = self.crossover1(a, b)
-            if self.rng.random() < 0.8:
-                child = self.mutate1(child)
-            for _ in range(8):  # a level 1 already tried is mutated again (its screen is known)
-                if _level1(child) not in self.tried:
-                    break
-                child = self.mutate1(child)
-            self.tried.add(_level1(child))
-            out.append(child)
-        return out
+        return next_population([d for d, _ in ranked], s.population, self.rng, self.crossover1, self.mutate1,
+                               _level1, self.tried)
 
 
 def _grid_best(strategy: _ServeStrategy, n: int) -> list[Deployment]:

@@ -11,7 +11,8 @@ caches over the network, and the latency, throughput and goodput an operator pla
 * :mod:`.engine`, :mod:`.router`, :mod:`.disagg`, :mod:`.fabric`: replicas as SimPy processes,
   routing, KV-cache moves, transfers on the max-min fair network;
 * :mod:`.simulate`: :func:`simulate_serving`, one run; :mod:`.sweep`: a rate sweep on an executor;
-* :mod:`.metrics`, :mod:`.outputs`: figures of merit, tables, plots, Perfetto trace.
+* :mod:`.metrics`, :mod:`.outputs`: figures of merit, tables, plots, Perfetto trace;
+* :mod:`.launch`: a deployment as ``vllm serve`` and SGLang command lines.
 """
 
 from .deployment import Deployment, Pool, SchedulerConfig, parse_pool

@@ -31,6 +31,13 @@ pool setting                  meaning (the engines' own names where they have on
 ``swap_space``                host memory per GPU for swapped blocks (``--swap-space``, 4 GiB), with
                               its unit; given only with ``preemption=swap``
 ``prefix_caching``            keep the full blocks of shared prompt prefixes (``--enable-prefix-caching``)
+``spec_method``               speculative decoding (:mod:`.speculative`): ``none`` (default),
+                              ``draft`` (a smaller LLM proposes tokens) or ``mtp`` (MTP/EAGLE-style
+                              draft heads of the model's width)
+``spec_model``                the draft model (``spec_method=draft``): a model spec, same vocabulary
+``spec_layers``               blocks of one draft head pass (``spec_method=mtp``; 1)
+``spec_k``                    tokens proposed per step (vLLM ``num_speculative_tokens``)
+``spec_alpha``                probability that a proposed token is accepted (each, independently)
 ============================  ===================================================================
 
 Deployment settings: ``router`` (``round_robin``, ``least_tokens``: the replica with the fewest
@@ -57,6 +64,18 @@ ROUTERS = ("round_robin", "least_tokens", "least_requests", "random")
 ROLES = ("both", "prefill", "decode")
 TP_COMM = ("closed", "network")
 PREEMPTION = ("recompute", "swap")
+SPEC_METHODS = ("none", "draft", "mtp")
+
+
+def bytes_text(n: float) -> str:
+    """``n`` bytes as a person writes them and the parser reads them back to the same number:
+    ``16 GiB``, else the exact count (``4294967297 B``)."""
+    from marssim import units
+
+    text = units.fmt_bytes(n)
+    if units.parse(text, "bytes", allow_zero=True) == n:
+        return text
+    return f"{int(n)} B" if float(n).is_integer() else f"{n!r} B"
 
 
 @dataclass(frozen=True)
@@ -73,6 +92,22 @@ class SchedulerConfig:
     preemption: str = "recompute"
     swap_space: float = 4 * 2**30  # bytes per GPU
     prefix_caching: bool = False
+    spec_method: str = "none"
+    spec_model: str = ""
+    spec_layers: int = 1
+    spec_k: int = 0
+    spec_alpha: float = -1.0  # unset
+
+    @property
+    def speculative(self) -> bool:
+        """Whether the engine decodes speculatively (``spec_method`` other than ``none``)."""
+        return self.spec_method != "none"
+
+    @property
+    def lookahead(self) -> int:
+        """Tokens a decoding sequence writes to the KV cache beyond its next one in a step (the
+        proposed tokens verified with it): ``spec_k``, or 0 without speculation."""
+        return self.spec_k if self.spec_method != "none" else 0
 
 
 @dataclass(frozen=True)
@@ -108,6 +143,8 @@ class Pool:
             value = getattr(self.scheduler, f.name)
             if value != getattr(default, f.name):
                 key = "scheduler" if f.name == "kind" else f.name
+                if f.name == "swap_space":
+                    value = bytes_text(value).replace(" ", "")
                 parts.append(f"{key}={str(value).lower() if isinstance(value, bool) else value}")
         return ",".join(parts)
 
@@ -153,8 +190,9 @@ _POOL_INT = ("replicas", "tp", "pp")
 _SCHED_INT = ("max_num_seqs", "max_batched_tokens", "block_size")
 _SCHED_FLOAT = ("watermark", "gpu_memory_utilization")
 _SCHED_BOOL = ("mixed", "prefix_caching")
+_SPEC_KEYS = ("spec_method", "spec_model", "spec_layers", "spec_k", "spec_alpha")
 POOL_KEYS = ("role", "replicas", "tp", "pp", "gpu", "scheduler") + _SCHED_INT + _SCHED_FLOAT + _SCHED_BOOL + \
-    ("preemption", "swap_space")
+    ("preemption", "swap_space") + _SPEC_KEYS
 
 
 def _int(value: Any, where: str, key: str, low: int = 1, high: int = 1 << 30) -> int:
@@ -238,24 +276,77 @@ def pool_from_dict(data: dict, where: str, prefix: str = "") -> Pool:
                 sched[key] = units.parse(value, "bytes", allow_zero=True, require_unit=True, bounded=True)
             except units.UnitError as err:
                 raise InputError(where, path, str(err)) from None
+        elif key == "spec_method":
+            sched[key] = _choice(value, where, path, SPEC_METHODS)
+        elif key == "spec_model":
+            sched[key] = str(value).strip()
+        elif key == "spec_layers":
+            sched[key] = _int(value, where, path, 1, 16)
+        elif key == "spec_k":
+            sched[key] = _int(value, where, path, 1, 32)
+        elif key == "spec_alpha":
+            sched[key] = _float(value, where, path, 0.0, 1.0)
     cfg = SchedulerConfig(**sched)
     if "swap_space" in sched and cfg.preemption != "swap":
         raise InputError(where, prefix + "swap_space", f"applies to preemption=swap (host memory for swapped "
                                                        f"blocks), got preemption={cfg.preemption}, which swaps nothing")
     if cfg.mixed and cfg.kind != "continuous":
         raise InputError(where, prefix + "mixed", f"applies to scheduler=continuous, got scheduler={cfg.kind}")
-    return Pool(scheduler=cfg, **pool)
+    out = Pool(scheduler=cfg, **pool)
+    _check_spec(out, where, prefix)
+    return out
+
+
+def _check_spec(pool: Pool, where: str, prefix: str) -> None:
+    """InputError for speculative-decoding settings that do not fit together (the draft model's
+    own fit to the target is checked where the model is known, :mod:`.speculative`)."""
+    cfg = pool.scheduler
+    given = [k for k in _SPEC_KEYS[1:] if getattr(cfg, k) != getattr(SchedulerConfig(), k)]
+    if not cfg.speculative:
+        if given:
+            raise InputError(where, prefix + given[0], "applies with spec_method=draft or spec_method=mtp")
+        return
+    if cfg.spec_k < 1:
+        raise InputError(where, prefix + "spec_k", f"expected the tokens proposed per step with "
+                                                   f"spec_method={cfg.spec_method}, e.g. spec_k=4")
+    if "spec_alpha" not in given:
+        raise InputError(where, prefix + "spec_alpha", "expected the acceptance probability of a proposed token "
+                                                       "(0 to 1), e.g. spec_alpha=0.7")
+    if cfg.spec_method == "draft" and not cfg.spec_model:
+        raise InputError(where, prefix + "spec_model", "expected the draft model with spec_method=draft, "
+                                                       "e.g. spec_model=llama3-8b")
+    if cfg.spec_method == "mtp" and cfg.spec_model:
+        raise InputError(where, prefix + "spec_model", "applies to spec_method=draft (MTP heads are the "
+                                                       "model's own; set spec_layers)")
+    if cfg.spec_method == "draft" and cfg.spec_layers != 1:
+        raise InputError(where, prefix + "spec_layers", "applies to spec_method=mtp (a draft model has its own layers)")
+    if pool.role == "prefill":
+        raise InputError(where, prefix + "spec_method", "a prefill pool does not decode; speculative decoding "
+                                                        "applies to pools of role both or decode")
+    if cfg.kind == "static":
+        raise InputError(where, prefix + "spec_method", "speculative decoding runs with scheduler=continuous or "
+                                                        "chunked, got scheduler=static")
+    if pool.pp > 1:
+        raise InputError(where, prefix + "spec_method", f"speculative decoding is modelled for pp=1 replicas, "
+                                                        f"got pp={pool.pp}")
 
 
 def parse_pool(text: str, where: str = "--pool") -> Pool:
-    """A :class:`Pool` from ``replicas=16,tp=4,scheduler=chunked,max_batched_tokens=2048``."""
+    """A :class:`Pool` from ``replicas=16,tp=4,scheduler=chunked,max_batched_tokens=2048``; the
+    settings after ``spec_model`` that are not pool keys are the draft model's parameters
+    (``spec_model=llama:layers=2,hidden=1024,tp=2``)."""
     items: dict[str, str] = {}
+    last = ""
     for part in str(text).split(","):
         if not part.strip():
             continue
         key, eq, value = part.partition("=")
+        if last == "spec_model" and eq and key.strip() not in POOL_KEYS:
+            items[last] += "," + part.strip()  # the draft model's own parameters
+            continue
         if not eq or not key.strip() or not value.strip():
             raise InputError(where, part.strip(), "expected key=value settings like replicas=16,tp=4")
+        last = key.strip()
         if key.strip() in items:
             raise InputError(where, key.strip(), "given twice")
         items[key.strip()] = value.strip()
@@ -303,7 +394,7 @@ def pool_to_dict(pool: Pool) -> dict[str, Any]:
         if value == getattr(default, f.name):
             continue
         if f.name == "swap_space":
-            out[f.name] = f"{int(value)} B" if float(value).is_integer() else f"{value!r} B"
+            out[f.name] = bytes_text(value)
         else:
             out["scheduler" if f.name == "kind" else f.name] = value
     return out
@@ -326,6 +417,8 @@ def deployment_to_dict(dep: Deployment) -> dict[str, Any]:
 def check_deployment(dep: Deployment, where: str = "deployment") -> None:
     """Raise InputError when the pools cannot serve together: prefill pools without decode pools
     (or the other way round), or both kinds beside a ``both`` pool."""
+    for i, pool in enumerate(dep.pools):
+        _check_spec(pool, where, f"pools[{i}].")
     roles = {p.role for p in dep.pools}
     if "prefill" in roles and "decode" not in roles or "decode" in roles and "prefill" not in roles:
         raise InputError(where, "pools", "disaggregated serving needs a prefill pool and a decode pool")

@@ -10,6 +10,8 @@ cache's blocks, so up to ``pp`` iterations are in flight, one per stage. An iter
    memoised by shape; with ``tp_comm=network`` the tensor-parallel collectives of the iteration are
    flows of the network instead of their closed form), then every tensor-parallel rank sends the
    batch's hidden states to its peer on the next stage (flows of the network);
+   With speculative decoding (``pp = 1``; :mod:`.speculative`) the replica is held for the
+   draft's passes and then the verification pass;
 3. at the end of the last stage the sampled tokens exist (their time is the token's time); with
    ``pp > 1`` they go back to the first stage before that engine's next iteration.
 
@@ -19,6 +21,7 @@ the host is modelled).
 
 from __future__ import annotations
 
+import numpy as np
 import simpy
 
 from .fabric import Fabric
@@ -26,6 +29,7 @@ from .itermodel import IterationModel
 from .kvcache import BlockManager
 from .schedulers import Scheduler, Work
 from .sequence import Seq
+from .speculative import draw_accepted
 
 __all__ = ["Replica", "VirtualEngine", "batch_shape"]
 
@@ -93,7 +97,18 @@ class VirtualEngine:
             if work.swap_out or work.swap_in:
                 yield from rep.swap(work)
             start = env.now
-            if work.prefills or work.decodes:
+            if rep.spec is not None and (work.prefills or work.decodes):
+                spec = rep.spec
+                drafting = spec.draft_time(work)
+                shape = spec.verify_shape(work)
+                if rep.tp_network:
+                    yield timeout(drafting)
+                    yield from rep.stage_on_network(0, model.stage_parts(*shape)[0])
+                else:
+                    yield timeout(drafting + model.stage_times(*shape)[0])
+                rep.recorder.spec_time(drafting, env.now - start - drafting)
+                tokens = 0
+            elif work.prefills or work.decodes:
                 shape, tokens = batch_shape(work)
                 if rep.tp_network:
                     for s, part in enumerate(model.stage_parts(*shape)):
@@ -133,7 +148,9 @@ class Replica:
 
     def __init__(self, env: simpy.Environment, index: int, pool: int, role: str, stages: tuple[tuple[str, ...], ...],
                  model: IterationModel, cfg, blocks: int, swap_blocks: int, block_bytes: tuple[float, ...],
-                 fabric: Fabric, recorder, cluster, tp_network: bool = False) -> None:
+                 fabric: Fabric, recorder, cluster, tp_network: bool = False, spec=None, seed: int = 0) -> None:
+        """``spec``: the :class:`~.speculative.SpecTimer` of a pool that decodes speculatively
+        (its acceptances drawn from a generator seeded by ``seed``, the replica and the engine)."""
         self.env = env
         self.index = index
         self.pool = pool
@@ -153,9 +170,13 @@ class Replica:
         self.engines: list[VirtualEngine] = []
         per = blocks // pp
         swap_per = swap_blocks // pp
+        self.spec = spec
         for v in range(pp):
             bm = BlockManager(per, cfg.block_size, cfg.watermark, swap_per)
-            self.engines.append(VirtualEngine(self, v, Scheduler(cfg, bm, role, self)))
+            accept = None
+            if spec is not None:
+                accept = _acceptance(np.random.default_rng([seed, index, v]), cfg.spec_k, cfg.spec_alpha)
+            self.engines.append(VirtualEngine(self, v, Scheduler(cfg, bm, role, self, accept)))
         self.blocks = per * pp
         for ve in self.engines:
             env.process(ve.run())
@@ -180,12 +201,13 @@ class Replica:
 
     def stage_on_network(self, stage: int, part: tuple[float, float, int]):
         """A stage's iteration with its tensor-parallel collectives as flows: the compute and the
-        ring steps' latencies but one, then every rank sends its ring neighbour the collectives'
-        bytes (alone on its route: one more latency and the bytes over the bandwidth, which is
-        the closed form on a ring of equal hops; slower where other flows share the links)."""
-        compute, nbytes, steps = part
+        collectives' step latencies but one route latency, then every rank sends its ring
+        neighbour the collectives' bytes (alone on its route: one more latency and the bytes over
+        the bandwidth, which is the closed form on a ring of equal hops; slower where other flows
+        share the links)."""
+        compute, nbytes, latency = part
         hops = self.model.ring_hops(stage)
-        lead = (steps - 1) * max(lat for lat, _ in hops) if steps else 0.0
+        lead = max(0.0, latency - max(lat for lat, _ in hops)) if nbytes > 0 else latency
         yield self.env.timeout(compute + lead)
         if nbytes > 0:
             gpus = self.gpus[stage]
@@ -204,18 +226,18 @@ class Replica:
         return self.fabric.transfers([(a, b, nbytes) for a, b in zip(self.gpus[-1], self.gpus[0])], "token")
 
     def swap(self, work: Work):
-        """Blocks swapped out and in before an iteration, over each GPU's route to its host."""
+        """Blocks swapped out and in before an iteration, over each GPU's route to its host: a
+        flow per request and GPU (the request's blocks of that GPU's stage)."""
         system = self.fabric.system
-        flows = []
-        for blocks, kind in ((work.swap_out, "swap_out"), (work.swap_in, "swap_in")):
-            if not blocks:
-                continue
-            for s, gpus in enumerate(self.gpus):
-                nbytes = blocks * self.block_bytes[s]
-                for g in gpus:
-                    host = system.nearest_host(g)
-                    flows.append(((g, host) if kind == "swap_out" else (host, g), nbytes, kind))
-        events = [self.fabric.transfer(a, b, n, kind) for (a, b), n, kind in flows]
+        events = []
+        for moved, kind in ((work.swapped_out, "swap_out"), (work.swapped_in, "swap_in")):
+            for request, blocks in moved:
+                for s, gpus in enumerate(self.gpus):
+                    nbytes = blocks * self.block_bytes[s]
+                    for g in gpus:
+                        host = system.nearest_host(g)
+                        src, dst = (g, host) if kind == "swap_out" else (host, g)
+                        events.append(self.fabric.transfer(src, dst, nbytes, kind, request))
         if events:
             yield simpy.AllOf(self.env, events)
 
@@ -237,6 +259,9 @@ class Replica:
         self.outstanding -= 1
         self.recorder.gap(s, gap)
 
+    def speculated(self, steps: int, proposed: int, accepted: int, emitted: int) -> None:
+        self.recorder.speculated(steps, proposed, accepted, emitted)
+
     def preempted(self, s: Seq) -> None:
         self.recorder.preempted(s)
 
@@ -255,3 +280,10 @@ class Replica:
     def after_iteration(self, ve: VirtualEngine) -> None:
         if self.cluster.pending_of(self):
             self.cluster.retry_pending(self)
+
+
+def _acceptance(rng: np.random.Generator, k: int, alpha: float):
+    """``accept(n)``: the accepted proposals of ``n`` speculative steps, drawn from ``rng``."""
+    def accept(n: int) -> np.ndarray:
+        return draw_accepted(rng, n, k, alpha)
+    return accept

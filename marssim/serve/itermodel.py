@@ -23,10 +23,14 @@ Each op is split over the stage's tensor-parallel ranks by the lowering's rules
 (:func:`marssim.parallel.roles.rule_for`, :func:`marssim.parallel.lower.shard_loops`) and timed by
 the cost model on the stage's GPU design, exactly as :func:`marssim.parallel.analytic.serving_times`
 times a ``mode=serve`` graph; a layout conversion between ops (the all-reduce after the
-row-parallel GEMMs and the embedding, the all-gather of the logits) is a ring collective over the
-stage's GPUs on the system's routes (``steps x (latency + chunk / bandwidth)`` at the slowest
-hop). So one request alone (or a batch of equal requests) takes the time ``serving_times``
-gives: the test suite checks it to 1e-9.
+row-parallel GEMMs and the embedding, the all-gather of the logits) is a collective over the
+stage's GPUs as the parallel lowering runs it: NCCL's plan of the group
+(:func:`marssim.collectives.group.group_plan`), its steps at the pace of the slowest hop of the
+stage's ring (:func:`marssim.collectives.group.hop_step`); where the collective model does not
+describe the group, ring steps at the links' line rate (``steps x (latency + chunk / bandwidth)``
+at the slowest hop). So one request alone (or a batch of equal requests) takes the time
+``serving_times`` and the estimate of the same ``mode=prefill`` / ``mode=decode`` graph give: the
+test suite checks it to 1e-9.
 
 What is *not* here: the activations sent between pipeline stages and every other transfer are
 flows of the simulation's network (:mod:`.fabric`); this module gives their sizes.
@@ -40,6 +44,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from marssim.collectives.group import group_plan, ring_time
 from marssim.cost.base import CostModel
 from marssim.errors import InputError
 from marssim.system import System
@@ -150,6 +155,7 @@ class IterationModel:
         for design, ring in zip(self._designs, self._rings):
             self._stage_class.append(classes.setdefault((design.name, ring), len(classes)))
         self._memo: list[dict] = [{} for _ in classes]
+        self._collectives: dict[tuple, tuple[float, float, float]] = {}
         self._check_pieces()
 
     # ------------------------------------------------------------------ what the model times
@@ -190,14 +196,16 @@ class IterationModel:
                     prefill_groups: tuple[tuple[int, int, int], ...], decodes: int, decode_context: int,
                     logits: int) -> tuple[tuple[float, float, int], ...]:
         """Per stage: ``(seconds without the tensor-parallel collectives, bytes each rank sends
-        its ring neighbour in them, their ring steps)`` (arguments as :meth:`stage_times`). On a
-        ring of equal hops of latency ``a`` and bandwidth ``b``, the collectives take
-        ``steps x a + bytes / b``."""
+        its ring neighbour in them, seconds of their steps' latencies)`` (arguments as
+        :meth:`stage_times`). On a ring of equal hops of bandwidth ``b``, the collectives take
+        ``latency + bytes / b``: the bytes are those of NCCL's steps weighted by
+        :func:`~marssim.collectives.group.hop_step`'s factor, so that at the hop's bandwidth they
+        take the plan's time beyond its latencies."""
         out = []
         for s in range(self.pp):
-            total, comm, nbytes, steps = self._stage(s, tokens, prefill_tokens, prefill_groups, decodes,
-                                                     decode_context, logits)
-            out.append((total - comm, nbytes, steps))
+            total, comm, nbytes, latency = self._stage(s, tokens, prefill_tokens, prefill_groups, decodes,
+                                                       decode_context, logits)
+            out.append((total - comm, nbytes, latency))
         return tuple(out)
 
     def ring_hops(self, stage: int) -> tuple[tuple[float, float], ...]:
@@ -205,7 +213,8 @@ class IterationModel:
         return self._rings[stage]
 
     def _stage(self, s: int, tokens, prefill_tokens, prefill_groups, decodes, decode_context, logits) -> tuple:
-        """``(seconds, of them in collectives, collective bytes per rank, ring steps)`` of stage ``s``."""
+        """``(seconds, of them in collectives, collective bytes per rank, seconds of the collectives'
+        step latencies)`` of stage ``s``."""
         memo = self._memo[self._stage_class[s]]
         cached = self._cached
         parts = [cached(memo, ("t", tokens), s, self._tokens_time, tokens)]
@@ -222,7 +231,7 @@ class IterationModel:
         else:
             block = (sum(p[0] for p in parts), sum(p[1] for p in parts), sum(p[2] for p in parts),
                      sum(p[3] for p in parts))
-        total, comm, nbytes, steps = n * block[0], n * block[1], n * block[2], n * block[3]
+        total, comm, nbytes, latency = n * block[0], n * block[1], n * block[2], n * block[3]
         ends = []
         if s == 0:
             ends.append(cached(memo, ("e", tokens), s, self._embed_time, tokens))
@@ -232,8 +241,8 @@ class IterationModel:
             total += e[0]
             comm += e[1]
             nbytes += e[2]
-            steps += e[3]
-        return total, comm, nbytes, steps
+            latency += e[3]
+        return total, comm, nbytes, latency
 
     def decode_context(self, decodes: int, total_context: int) -> int:
         """The context decode attention is timed at: the mean, rounded half up, to a multiple of
@@ -261,7 +270,7 @@ class IterationModel:
             hit = memo[key] = fn(stage, *args)
         return hit
 
-    # every piece: (seconds, of them in collectives, collective bytes per rank, ring steps)
+    # every piece: (seconds, of them in collectives, collective bytes per rank, seconds of step latencies)
     def _tokens_time(self, stage: int, tokens: tuple[int, int]) -> tuple:
         n, h = tokens
         return self._walk(stage, [(resize_tokens(op, n, h, self.ref_tokens), r) for op, r in self._tokens.ops])
@@ -287,11 +296,11 @@ class IterationModel:
     def _embed_time(self, stage: int, tokens: tuple[int, int]) -> tuple:
         n, h = tokens
         ops = [(resize_tokens(op, n, h, self.ref_tokens), r) for op, r in self._embed.ops]
-        total, comm, nbytes, steps = self._walk(stage, ops)
+        total, comm, nbytes, latency = self._walk(stage, ops)
         # the first block reads the embedding replicated: the all-reduce of its partial sums
         last = ops[-1][0]
         t, b, k = self._convert(stage, self._layouts[last.name], "R", float(last.output_bytes))
-        return total + t, comm + t, nbytes + b, steps + k
+        return total + t, comm + t, nbytes + b, latency + k
 
     def _head_time(self, stage: int, tokens: tuple[int, int], logits: int) -> tuple:
         n, h = tokens
@@ -308,12 +317,11 @@ class IterationModel:
     def _walk(self, stage: int, ops: list[tuple[Op, object]]) -> tuple:
         """Seconds of ``ops`` on the stage's representative GPU: every op's shard and every layout
         conversion between them (the loop of ``analytic._Timer.unit``); and of them the
-        conversions' seconds, bytes per rank and ring steps."""
+        conversions' seconds, bytes per rank and seconds of step latencies."""
         design = self._designs[stage]
         have: dict[str, tuple[str, float]] = {}
         seen: set[tuple[str, str]] = set()
-        total = comm = nbytes = 0.0
-        steps = 0
+        total = comm = nbytes = latency = 0.0
         for op, rule in ops:
             for name, want in zip(op.inputs, rule.want):
                 got = have.get(name)
@@ -326,13 +334,13 @@ class IterationModel:
                     total += t
                     comm += t
                     nbytes += b
-                    steps += k
+                    latency += k
             if rule.alias:
                 have[op.name] = (rule.out, float(op.output_bytes))
                 continue
             total += self._shard(op, rule, design)
             have[op.name] = (rule.out, float(op.output_bytes))
-        return total, comm, nbytes, steps
+        return total, comm, nbytes, latency
 
     def _shard(self, op: Op, rule, design) -> float:
         from marssim.parallel.lower import shard_loops
@@ -342,25 +350,34 @@ class IterationModel:
         seconds = self.cost.op_cost(part, design).time
         return float(seconds / rule.scale) if rule.scale > 1 else float(seconds)
 
-    def _convert(self, stage: int, have: str, want: str, full: float) -> tuple[float, float, int]:
+    def _convert(self, stage: int, have: str, want: str, full: float) -> tuple[float, float, float]:
         """A layout conversion of a tensor of ``full`` bytes over the stage's tensor-parallel
-        ranks: ``(seconds, bytes each rank sends, ring steps)``."""
+        ranks: ``(seconds, bytes each rank sends, seconds of step latencies)`` (:meth:`_ring`)."""
         if have == want or want == "*":
-            return 0.0, 0.0, 0
+            return 0.0, 0.0, 0.0
         if have == "P" and want in ("R", "S", "F"):
             return self._ring(stage, full, "all_reduce" if want == "R" else "reduce_scatter")
         if have in ("S", "F") and want == "R" or (have == "S" and want == "F"):
             return self._ring(stage, full, "all_gather")
-        return 0.0, 0.0, 0
+        return 0.0, 0.0, 0.0
 
-    def _ring(self, stage: int, size: float, kind: str) -> tuple[float, float, int]:
+    def _ring(self, stage: int, size: float, kind: str) -> tuple[float, float, float]:
+        """Collective ``kind`` of a ``size``-byte tensor (nccl-tests' size) over the stage's
+        tensor-parallel ranks, as the parallel lowering runs it: NCCL's plan of the group, its
+        steps at the pace of the ring's slowest hop; without a plan, ring steps at the links' line
+        rate. ``(seconds, bytes each rank sends (weighted as the step's flows weigh on the links),
+        seconds of the steps' latencies)``."""
         n = self.tp
         if n <= 1 or size <= 0:
-            return 0.0, 0.0, 0
-        steps = 2 * (n - 1) if kind == "all_reduce" else n - 1
-        chunk = size / n
-        seconds = steps * max(lat + (chunk / bw if chunk > 0 else 0.0) for lat, bw in self._rings[stage])
-        return seconds, steps * chunk, steps
+            return 0.0, 0.0, 0.0
+        key = (stage, kind, float(size))
+        hit = self._collectives.get(key)
+        if hit is not None:
+            return hit
+        ring = ring_time(kind, size, n, self._rings[stage], group_plan(self.system, self.stages[stage], kind, size))
+        hit = (ring.seconds, ring.nbytes, ring.latency)
+        self._collectives[key] = hit
+        return hit
 
     def _check_pieces(self) -> None:
         """The pieces are timed apart: check on the template that no tensor crosses from one

@@ -59,9 +59,12 @@ class ReplicaMemory:
                 f"({self.blocks * self.block_size:,} tokens)"]
 
 
-def replica_memory(model: IterationModel, cfg: SchedulerConfig, capacity: float, where: str = "pool") -> ReplicaMemory:
+def replica_memory(model: IterationModel, cfg: SchedulerConfig, capacity: float, where: str = "pool",
+                   draft: tuple[float, float] = (0.0, 0.0)) -> ReplicaMemory:
     """The :class:`ReplicaMemory` of a replica timed by ``model`` with engine settings ``cfg`` on
-    GPUs of ``capacity`` bytes; InputError when the weights and workspace leave no block."""
+    GPUs of ``capacity`` bytes; InputError when the weights and workspace leave no block.
+    ``draft``: a speculative draft's ``(weight bytes, KV bytes per cached token)`` on each GPU of
+    the first stage (:func:`~.speculative.draft_memory`), added to the model's."""
     from marssim.parallel.config import ParallelConfig
     from marssim.parallel.lower import shard_loops
     from marssim.parallel.memory import rank_parameters
@@ -94,9 +97,9 @@ def replica_memory(model: IterationModel, cfg: SchedulerConfig, capacity: float,
             params += per.get(1, 0)
             if t.tie_embeddings and pp > 1:
                 params += -(-t.vocab // tp) * t.hidden
-        w = float(params * eb)
+        w = float(params * eb) + (draft[0] if s == 0 else 0.0)
         ws = peak_op + residual + (logits if s == pp - 1 else 0.0)
-        kv_token = float(model.blocks[s] * kv_per_token_layer)
+        kv_token = float(model.blocks[s] * kv_per_token_layer) + (draft[1] if s == 0 else 0.0)
         left = usable - w - ws
         n = int(left // (cfg.block_size * kv_token)) if left > 0 else 0
         if n < 1:

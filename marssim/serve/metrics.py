@@ -8,8 +8,14 @@ KV-cache blocks in use, queue lengths. From those (:func:`summarise`):
 
 * P50, P90, P99 and mean of TTFT, TPOT, TBT (over every gap between two tokens), E2E, queueing;
 * throughput over the run (first arrival to last token): requests/s, output tokens/s, both per GPU;
+  input and total (input and output) tokens/s, as the engines' ``throughput`` benchmarks count;
+  per user: the output tokens after the first per second of decoding (``1 / TPOT``), a distribution
+  over the requests;
 * goodput: requests/s that met every SLO given (TTFT, TPOT, E2E bounds);
 * KV-cache occupancy, queue length and batch size, time-weighted over each engine's iterations;
+* speculative decoding (:mod:`.speculative`): sequence steps, proposed and accepted tokens, the
+  acceptance rate, mean tokens per step, the draft's and the verification's share of the engines'
+  busy time;
 * Little's law: the time-average number of requests in the system (integrated as requests come
   and go) against arrival rate x mean latency; the two agree on every run (they must: the
   simulation counts requests in and out independently of the latencies it records).
@@ -72,6 +78,11 @@ class Recorder:
         self._last = 0.0
         self.window_start = math.nan
         self.stops_on_reject = False
+        # a closed loop: when each request was sent (its arrival), and who hears of its end
+        self.sent_at = np.full(n, np.nan)
+        self.on_finish = None
+        # speculative decoding: sequence steps, tokens proposed, accepted, emitted; seconds drafting, verifying
+        self.spec = {"steps": 0, "proposed": 0, "accepted": 0, "emitted": 0, "draft_s": 0.0, "verify_s": 0.0}
 
     # ------------------------------------------------------------------ requests
     def arrived(self, now: float) -> None:
@@ -96,6 +107,17 @@ class Recorder:
     def preempted(self, s) -> None:
         self.preemptions[s.id] += 1
 
+    def speculated(self, steps: int, proposed: int, accepted: int, emitted: int) -> None:
+        spec = self.spec
+        spec["steps"] += steps
+        spec["proposed"] += proposed
+        spec["accepted"] += accepted
+        spec["emitted"] += emitted
+
+    def spec_time(self, draft: float, verify: float) -> None:
+        self.spec["draft_s"] += draft
+        self.spec["verify_s"] += verify
+
     def finished(self, s, now: float) -> None:
         i = s.id
         self.finish[i] = now
@@ -103,10 +125,14 @@ class Recorder:
         self.area += self.in_system * (now - self._last)
         self._last = now
         self.in_system -= 1
+        if self.on_finish is not None:
+            self.on_finish(i)
 
-    @property
-    def window_end(self) -> float:
-        return self._last
+    def keep(self, n: int) -> None:
+        """Keep the first ``n`` requests' records (a closed loop that sent only those)."""
+        for name in ("started_at", "first", "finish", "replica", "decode_replica", "preemptions", "gap_max",
+                     "kv_start", "kv_end", "rejected", "finished_count", "sent_at"):
+            setattr(self, name, getattr(self, name)[:n])
 
     # ------------------------------------------------------------------ iterations
     def iteration(self, replica: int, engine: int, start: float, end: float, work, scheduler) -> None:
@@ -114,7 +140,8 @@ class Recorder:
         pt = 0
         for _, q in work.prefills:
             pt += q
-        values = (replica, engine, start, end, pt, len(work.decodes), len(work.prefills), len(work.decodes),
+        decode_tokens = len(work.decodes) * (1 + scheduler.lookahead)  # verified tokens, when speculative
+        values = (replica, engine, start, end, pt, decode_tokens, len(work.prefills), len(work.decodes),
                   scheduler.bm.used, scheduler.bm.total, len(scheduler.waiting), len(scheduler.running),
                   len(scheduler.swapped))
         for name, value in zip(ITERATION_COLUMNS, values):
@@ -205,8 +232,9 @@ def _stats(values: np.ndarray) -> dict[str, float]:
 
 
 def summarise(arrival: np.ndarray, output: np.ndarray, rec: Recorder, iterations: dict[str, np.ndarray],
-              gpus: int, slo: SLO) -> dict:
-    """The run's figures (see the module docstring); times in seconds, rates per second."""
+              gpus: int, slo: SLO, prompt: np.ndarray | None = None) -> dict:
+    """The run's figures (see the module docstring); times in seconds, rates per second.
+    ``prompt`` (tokens per request) adds the input and total token throughputs."""
     done = np.isfinite(rec.finish)
     ttft = rec.first - arrival
     e2e = rec.finish - arrival
@@ -239,6 +267,13 @@ def summarise(arrival: np.ndarray, output: np.ndarray, rec: Recorder, iterations
     }
     summary["throughput_rps_per_gpu"] = summary["throughput_rps"] / gpus if gpus else math.nan
     summary["output_tokens_per_s_per_gpu"] = summary["output_tokens_per_s"] / gpus if gpus else math.nan
+    # what a user sees: the tokens after the first, per second of decoding (1 / TPOT of its request)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        summary["user_tokens_per_s"] = _stats(np.where(tpot[done] > 0, 1.0 / tpot[done], np.nan))
+    if prompt is not None:
+        in_tokens = int(prompt[done].sum())
+        summary["input_tokens_per_s"] = in_tokens / window if window > 0 else math.nan
+        summary["total_tokens_per_s"] = (in_tokens + out_tokens) / window if window > 0 else math.nan
     # Little's law: L (integrated) vs lambda x W over the same window
     little_l = rec.area / window if window > 0 else math.nan
     lam = completed / window if window > 0 else math.nan
@@ -259,4 +294,14 @@ def summarise(arrival: np.ndarray, output: np.ndarray, rec: Recorder, iterations
         summary["iterations"] = int(len(dur))
     else:
         summary["iterations"] = 0
+    spec = rec.spec
+    if spec["steps"]:
+        busy = spec["draft_s"] + spec["verify_s"]
+        summary["speculative"] = {
+            "steps": spec["steps"], "proposed": spec["proposed"], "accepted": spec["accepted"],
+            "acceptance_rate": spec["accepted"] / spec["proposed"] if spec["proposed"] else math.nan,
+            "tokens_per_step": (spec["accepted"] + spec["steps"]) / spec["steps"],
+            "emitted_per_step": spec["emitted"] / spec["steps"],
+            "draft_share": spec["draft_s"] / busy if busy > 0 else math.nan,
+            "verify_share": spec["verify_s"] / busy if busy > 0 else math.nan}
     return summary

@@ -1,5 +1,6 @@
 """The model a deployment serves, from a workload spec: ``llama3-70b``, ``llama3-8b:attention=flash``,
-``gpt:layers=24,hidden=2048,heads=16``. The requests decide the run (prompt and output tokens,
+``gpt:layers=24,hidden=2048,heads=16``, or a Hugging Face configuration ``hf:PATH/config.json``
+(:mod:`marssim.workload.llm.hf`). The requests decide the run (prompt and output tokens,
 batch), so the settings of one run (``mode``, ``batch``, ``seq``, ``prompt``, ``generate``,
 ``context``) are refused; mixture-of-experts models are refused (their serving is not modelled).
 """
@@ -21,13 +22,23 @@ def load_model(spec: str) -> TransformerConfig:
     """The :class:`TransformerConfig` of ``spec`` (a dense LLM of the workload zoo), in serving
     form. Raises InputError naming the key."""
     from marssim.workload import load_workload
+    from marssim.workload.llm.hf import hf_base, is_hf_spec, split_hf_spec
     from marssim.workload.registry import zoo_entries
+    from marssim.specs import parse_params
 
-    name, params = parse_spec(spec)
-    entry = zoo_entries().get(name)
-    if entry is None or entry.group != "llm":
-        llms = sorted(k for k, e in zoo_entries().items() if e.group == "llm")
-        raise InputError(spec, "", f"expected an LLM of the workload zoo ({', '.join(llms)}), got {name!r}")
+    if is_hf_spec(spec):  # a Hugging Face config.json
+        name, text = split_hf_spec(spec)
+        params = parse_params(spec, text)
+        full = {"layers": hf_base(spec)[0]["layers"]}
+        name = f"hf:{name}"
+    else:
+        name, params = parse_spec(spec)
+        entry = zoo_entries().get(name)
+        if entry is None or entry.group != "llm":
+            llms = sorted(k for k, e in zoo_entries().items() if e.group == "llm")
+            raise InputError(spec, "", f"expected an LLM of the workload zoo ({', '.join(llms)}) or "
+                                       f"hf:PATH/config.json, got {name!r}")
+        full = dict(entry.defaults)
     for key in params:
         if key in RUN_KEYS:
             raise InputError(spec, key, "is set by the requests (prompt and output tokens, batching); drop it")
@@ -35,7 +46,6 @@ def load_model(spec: str) -> TransformerConfig:
     small = ",".join([f"{k}={v}" for k, v in params.items()] + ["mode=prefill", "seq=2", "batch=1", "layers=1"])
     graph = load_workload(f"{name}:{small}")
     config: TransformerConfig = graph.meta["transformer"]
-    full = dict(entry.defaults)
     if layers is not None:
         try:
             full["layers"] = int(layers)

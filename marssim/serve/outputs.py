@@ -43,7 +43,7 @@ def report_lines(result) -> list[str]:
     s = result.summary
     dep = result.deployment
     out = [f"{result.model.name or result.model.family} on {result.system}: {dep.text()}",
-           f"requests: {result.requests.source or len(result.requests)}"]
+           f"requests: {result.requests.source or len(result.requests)}", f"benchmark: {benchmark_mode(result)}"]
     seen = set()
     for info in result.replicas:
         key = (info.pool, info.memory)
@@ -62,7 +62,7 @@ def report_lines(result) -> list[str]:
         out.append(f"prefill:decode {p}:{d} replicas ({pg}:{dg} GPUs)")
     out.append("")
     out.append(f"{'latency (ms)':<14}{'mean':>10}" + "".join(f"{'P' + str(p):>10}" for p in PERCENTILES) + f"{'max':>10}")
-    for key, label in (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("tbt_s", "TBT"), ("e2e_s", "E2E"),
+    for key, label in (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("tbt_s", "TBT (ITL)"), ("e2e_s", "E2E"),
                        ("queue_s", "queueing")):
         st = s[key]
         out.append(f"{label:<14}{_ms(st['mean']):>10}" + "".join(f"{_ms(st[f'p{p}']):>10}" for p in PERCENTILES)
@@ -72,6 +72,15 @@ def report_lines(result) -> list[str]:
                f"{s['duration_s']:.2f} s; {s['iterations']:,} engine iterations; {s['preemptions']:,} preemptions")
     out.append(f"throughput  {s['throughput_rps']:.3f} requests/s, {s['output_tokens_per_s']:,.0f} output tokens/s "
                f"({s['output_tokens_per_s_per_gpu']:,.1f} per GPU, {s['gpus']} GPUs)")
+    if "total_tokens_per_s" in s:
+        gpus = s["gpus"] or math.nan
+        out.append(f"            input {s['input_tokens_per_s']:,.0f} tokens/s, total {s['total_tokens_per_s']:,.0f} "
+                   f"tokens/s ({s['total_tokens_per_s'] / gpus:,.1f} per GPU); "
+                   f"{s['throughput_rps_per_gpu']:.4g} requests/s per GPU")
+    user = s.get("user_tokens_per_s")
+    if user and math.isfinite(user["mean"]):
+        out.append(f"per user    {user['mean']:,.1f} output tokens/s on average while decoding (1 / TPOT; P50 "
+                   f"{user['p50']:,.1f}, slowest {_min_user_speed(result):,.1f})")
     out.append(f"goodput     {s['goodput_rps']:.3f} requests/s meet the SLO ({result.slo.text()}): "
                f"{s['slo_attained']:.1%} of requests")
     if "kv_occupancy" in s:
@@ -82,10 +91,40 @@ def report_lines(result) -> list[str]:
     if s.get("kv_transfer_s"):
         kv = s["kv_transfer_s"]
         out.append(f"KV moves    {kv['count']:,} transfers, mean {_ms(kv['mean'])} ms, P99 {_ms(kv['p99'])} ms")
+    if s.get("speculative"):
+        sp = s["speculative"]
+        out.append(f"speculative {sp['tokens_per_step']:.3f} tokens per step on average ({sp['accepted']:,} of "
+                   f"{sp['proposed']:,} proposed tokens accepted: {sp['acceptance_rate']:.1%}; "
+                   f"{sp['emitted_per_step']:.3f} emitted within the outputs' lengths); draft "
+                   f"{sp['draft_share']:.1%}, verification and prompts {sp['verify_share']:.1%} of the engines' "
+                   "time")
     little = s["little"]
     out.append(f"Little's law: mean in system {little['mean_in_system']:.4f} = arrival rate x mean latency "
                f"{little['rate_x_latency']:.4f}")
     return out
+
+
+def benchmark_mode(result) -> str:
+    """How the run's requests were sent, in the words of the engines' benchmarks."""
+    req = result.requests
+    if req.concurrency:
+        until = f" until {req.duration:g} s" if req.duration else ""
+        return (f"closed loop of {req.concurrency:,} concurrent users (each sends its next request when the "
+                f"previous one ends){until}; {len(req):,} requests sent")
+    if len(req) and not req.arrival.any():
+        return f"offline: all {len(req):,} requests at time 0 (throughput)"
+    span = float(req.arrival[-1] - req.arrival[0]) if len(req) > 1 else 0.0
+    rate = f" at {(len(req) - 1) / span:.4g} requests/s" if span > 0 else ""
+    return f"open loop: requests arrive at their times{rate}, whatever the replies"
+
+
+def _min_user_speed(result) -> float:
+    pr = result.per_request
+    out = pr["output_tokens"]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        speed = (out - 1) / (pr["finish_s"] - pr["first_token_s"])
+    speed = speed[np.isfinite(speed) & (out > 1)]
+    return float(speed.min()) if len(speed) else math.nan
 
 
 def sweep_lines(rows: list[dict]) -> list[str]:

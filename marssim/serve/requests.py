@@ -11,8 +11,19 @@ arrivals                    meaning
 ``gamma:rate=R,cv=C``       gaps drawn from a gamma distribution of mean ``1/R`` and coefficient
                             of variation ``C`` (``C > 1``: burstier than Poisson, ``C = 1`` is it)
 ``trace:NAME[,speedup=S]``  a trace's own arrival times (divided by ``S``), its rows in order
-``offline``                 every request at time 0 (a batch job: throughput, not latency)
+``offline``                 every request at time 0 (a batch job: throughput, not latency; the
+                            engines' ``throughput`` benchmarks)
+``closed:concurrency=N``    a closed loop of ``N`` users (the engines' serving benchmarks at a
+``[,duration=T]``           fixed concurrency): each user sends its next request the instant its
+                            previous one ends (or is rejected); the first ``N`` at time 0. With
+                            ``duration``, users send requests until ``T`` seconds and the run
+                            ends when the last one is done (the request count is then a cap, grown
+                            as the run needs, :func:`~.simulate.simulate_spec`)
 ==========================  =====================================================================
+
+A closed loop's arrival times come out of the simulation: :meth:`RequestSpec.draw` gives its
+requests arrival 0 (their lengths are those of ``offline`` with the same count and seed) and
+the :class:`Requests` carry the concurrency and duration for the simulation to send them.
 
 ==========================  =====================================================================
 lengths (prompt, output)    meaning
@@ -43,9 +54,10 @@ from marssim.errors import InputError
 
 from .traces import load_trace
 
-__all__ = ["Arrivals", "Lengths", "RequestSpec", "Requests", "parse_arrivals", "parse_lengths", "parse_prefix"]
+__all__ = ["Arrivals", "Lengths", "RequestSpec", "Requests", "parse_arrivals", "parse_lengths", "parse_prefix",
+           "closed_loop"]
 
-ARRIVALS = ("poisson", "gamma", "trace", "offline")
+ARRIVALS = ("poisson", "gamma", "trace", "offline", "closed")
 LENGTHS = ("fixed", "uniform", "zipf", "trace")
 
 
@@ -58,8 +70,12 @@ class Arrivals:
     cv: float = 1.0
     trace: str = ""
     speedup: float = 1.0
+    concurrency: int = 0  # closed loop: users, each with one request in the system
+    duration: float = 0.0  # closed loop: seconds during which users send requests (0: until the count)
 
     def text(self) -> str:
+        if self.kind == "closed":
+            return f"closed:concurrency={self.concurrency}" + (f",duration={self.duration:g}" if self.duration else "")
         if self.kind == "poisson":
             return f"poisson:rate={self.rate:g}"
         if self.kind == "gamma":
@@ -100,6 +116,8 @@ class Requests:
     source: str = ""
     prefix: np.ndarray | None = None  # shared prompt prefix of each request (-1: none)
     prefix_tokens: np.ndarray | None = None  # its tokens (part of the prompt)
+    concurrency: int = 0  # > 0: a closed loop of this many users sends them (arrival is then set by the run)
+    duration: float = 0.0  # closed loop: users send requests until this time (s; 0: until all are sent)
 
     def __post_init__(self) -> None:
         n = len(self.arrival)
@@ -137,6 +155,9 @@ class RequestSpec:
         if not rate > 0 or not math.isfinite(rate):
             raise InputError(None, "rate", f"expected a positive number of requests/s, got {rate!r}")
         a = self.arrivals
+        if a.kind == "closed":
+            raise InputError(None, "rate", "a closed loop's users set the rate (each sends its next request when "
+                                           "the previous one ends); give a rate or a concurrency, not both")
         if a.kind == "trace":
             t = load_trace(a.trace)
             n = min(self.count, len(t))
@@ -178,7 +199,7 @@ class RequestSpec:
                 raise InputError(a.trace, "count", f"the trace has {len(t)} requests; expected at most that many, "
                                                    f"got {n}")
             arrival = t.arrival[:n] / a.speedup
-        elif a.kind == "offline":
+        elif a.kind in ("offline", "closed"):
             arrival = np.zeros(n)
         else:
             if a.kind == "poisson":
@@ -192,12 +213,13 @@ class RequestSpec:
             rows = self._rows(self.prompt.trace, rng, n)
         prompt = _lengths(self.prompt, rng, n, "prompt_tokens", rows, a)
         output = _lengths(self.output, rng, n, "output_tokens", rows, a)
+        loop = {"concurrency": a.concurrency, "duration": a.duration} if a.kind == "closed" else {}
         if not self.prefix_tokens:
-            return Requests(arrival.astype(float), prompt, output, self.text())
+            return Requests(arrival.astype(float), prompt, output, self.text(), **loop)
         shared = rng.random(n) < self.prefix_share
         prefix = np.where(shared, rng.integers(0, self.prefix_groups, n), -1).astype(np.int64)
         tokens = np.where(shared, self.prefix_tokens, 0).astype(np.int64)
-        return Requests(arrival.astype(float), prompt + tokens, output, self.text(), prefix, tokens)
+        return Requests(arrival.astype(float), prompt + tokens, output, self.text(), prefix, tokens, **loop)
 
     def _rows(self, name: str, rng: np.random.Generator, n: int) -> np.ndarray:
         t = load_trace(name)
@@ -268,7 +290,8 @@ def _no_extra(named: dict[str, str], allowed: tuple[str, ...], where: str, kind:
 
 def parse_arrivals(text: str, where: str = "arrival") -> Arrivals:
     """An :class:`Arrivals` from ``poisson:rate=4``, ``gamma:rate=4,cv=2``, ``trace:NAME``,
-    ``offline`` (see the module docstring). Raises InputError naming the key."""
+    ``offline``, ``closed:concurrency=8[,duration=60]`` (see the module docstring). Raises
+    InputError naming the key."""
     kind, positional, named = _items(text, where)
     if kind not in ARRIVALS:
         raise InputError(None, where, f"expected one of {', '.join(ARRIVALS)} (like poisson:rate=4), got {text!r}")
@@ -284,12 +307,31 @@ def parse_arrivals(text: str, where: str = "arrival") -> Arrivals:
     if kind == "offline":
         _no_extra(named, (), where, kind)
         return Arrivals("offline")
+    if kind == "closed":
+        _no_extra(named, ("concurrency", "duration"), where, kind)
+        if "concurrency" not in named:
+            raise InputError(None, f"{where}.concurrency", "a closed loop needs concurrency=N (users)")
+        return closed_loop(_number(named["concurrency"], where, "concurrency", integer=True, low=1, strict=False),
+                           _number(named["duration"], where, "duration") if "duration" in named else 0.0, where)
     _no_extra(named, ("rate", "cv") if kind == "gamma" else ("rate",), where, kind)
     if "rate" not in named:
         raise InputError(None, f"{where}.rate", f"{kind} arrivals need rate=R (requests/s)")
     rate = _number(named["rate"], where, "rate")
     cv = _number(named["cv"], where, "cv") if "cv" in named else 1.0
     return Arrivals(kind, rate=rate, cv=cv)
+
+
+def closed_loop(concurrency: int, duration: float = 0.0, where: str = "arrival") -> Arrivals:
+    """The :class:`Arrivals` of a closed loop of ``concurrency`` users sending requests until
+    ``duration`` seconds (0: until the request count is sent). Raises InputError naming the key."""
+    if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+        raise InputError(None, f"{where}.concurrency", f"expected a positive integer (users), got {concurrency!r}")
+    if concurrency > 10_000_000:
+        raise InputError(None, f"{where}.concurrency", f"expected at most 10,000,000 users, got {concurrency:,}")
+    if isinstance(duration, bool) or not isinstance(duration, (int, float)) or not (duration >= 0) \
+            or not math.isfinite(duration):
+        raise InputError(None, f"{where}.duration", f"expected a positive time in seconds, got {duration!r}")
+    return Arrivals("closed", concurrency=concurrency, duration=float(duration))
 
 
 def parse_lengths(text: str | int, where: str = "prompt") -> Lengths:

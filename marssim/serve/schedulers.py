@@ -24,6 +24,10 @@ arrived). Policies (``SchedulerConfig.kind``):
     decodes, then the chunks of prompts already started, then new prompts, each chunk as large as
     the remaining token budget allows.
 
+With speculative decoding (:mod:`.speculative`) a decoding sequence takes the blocks of its next
+token and the ``spec_k`` proposed after it (they are verified together), counts ``spec_k + 1``
+tokens against the token budget, and after the step keeps the blocks of the tokens accepted.
+
 A scheduler with role ``prefill`` hands a request over when its prefill is done (it keeps the
 blocks until its KV cache has left); one with role ``decode`` takes requests from ``incoming``
 (and prefills locally only what it preempted by recompute).
@@ -42,15 +46,17 @@ __all__ = ["Scheduler", "Work"]
 
 class Work:
     """An iteration: prefill chunks ``(seq, tokens)``, decoding sequences, and the blocks swapped
-    out and in before it runs."""
+    out and in before it runs (in all, and per request: ``(request id, blocks)``)."""
 
-    __slots__ = ("prefills", "decodes", "swap_out", "swap_in")
+    __slots__ = ("prefills", "decodes", "swap_out", "swap_in", "swapped_out", "swapped_in")
 
     def __init__(self) -> None:
         self.prefills: list[tuple[Seq, int]] = []
         self.decodes: list[Seq] = []
         self.swap_out = 0
         self.swap_in = 0
+        self.swapped_out: list[tuple[int, int]] = []
+        self.swapped_in: list[tuple[int, int]] = []
 
     def __bool__(self) -> bool:
         return bool(self.prefills or self.decodes or self.swap_out)
@@ -60,8 +66,12 @@ class Scheduler:
     """The scheduler of one engine (see the module docstring). ``sink`` receives the events of
     its requests (tokens, preemptions, handoffs, completions)."""
 
-    def __init__(self, cfg: SchedulerConfig, blocks: BlockManager, role: str, sink) -> None:
+    def __init__(self, cfg: SchedulerConfig, blocks: BlockManager, role: str, sink, accept=None) -> None:
+        """``accept(n)``: the accepted proposals of ``n`` sequences' speculative steps (an
+        array; :func:`~.speculative.draw_accepted`), needed when ``cfg`` decodes speculatively."""
         self.cfg = cfg
+        self.lookahead = cfg.lookahead
+        self.accept = accept
         self.bm = blocks
         self.role = role
         self.sink = sink
@@ -121,7 +131,8 @@ class Scheduler:
             if not preempted:
                 self._swap_in(work)
             if not self.swapped:
-                self._admit(work, self.cfg.max_batched_tokens - len(work.decodes), now, whole=True)
+                self._admit(work, self.cfg.max_batched_tokens - len(work.decodes) * (1 + self.lookahead), now,
+                            whole=True)
             return work
         if not self.swapped:
             self._admit(work, self.cfg.max_batched_tokens, now, whole=True)
@@ -135,7 +146,7 @@ class Scheduler:
         work = Work()
         self._take_incoming()
         preempted = self._decodes(work)
-        budget = self.cfg.max_batched_tokens - len(work.decodes)
+        budget = self.cfg.max_batched_tokens - len(work.decodes) * (1 + self.lookahead)
         for s in self.running:
             if budget <= 0:
                 break
@@ -205,7 +216,7 @@ class Scheduler:
             if s.computed < s.target:
                 i += 1
                 continue
-            need = bm.blocks(s.computed + 1) - s.blocks - s.prefix_blocks
+            need = bm.blocks(s.computed + 1 + self.lookahead) - s.blocks - s.prefix_blocks
             if need > 0:
                 while not bm.can_take(need):
                     victim = running[-1]
@@ -231,6 +242,7 @@ class Scheduler:
         if self.cfg.preemption == "swap" and s.computed >= s.target and not s.prefix_blocks and \
                 bm.swap_out(s.blocks):
             work.swap_out += s.blocks
+            work.swapped_out.append((s.id, s.blocks))
             s.swapped = True
             self.swapped.append(s)
             return
@@ -253,12 +265,13 @@ class Scheduler:
         n = 0
         while self.swapped and len(self.running) < cap:
             s = self.swapped[0]
-            grow = bm.blocks(s.computed + 1) - s.blocks
+            grow = bm.blocks(s.computed + 1 + self.lookahead) - s.blocks
             if not bm.can_admit(s.blocks + max(grow, 0)):
                 break
             self.swapped.popleft()
             bm.swap_in(s.blocks)
             work.swap_in += s.blocks
+            work.swapped_in.append((s.id, s.blocks))
             if grow > 0:
                 bm.take(grow)
                 s.blocks += grow
@@ -291,14 +304,45 @@ class Scheduler:
                     s.ve = None
                     sink.handoff(s, now, self)
                     gone = True
-        for s in work.decodes:
-            s.computed += 1
-            self._token(s, now)
+        if self.lookahead and work.decodes:
+            gone = self._speculated(work.decodes, now) or gone
+        else:
+            for s in work.decodes:
+                s.computed += 1
+                self._token(s, now)
+                if s.generated >= s.output:
+                    self._finish(s, now)
+                    gone = True
+        if gone:
+            self.running = [s for s in self.running if s.ve is self and not s.done]
+
+    def _speculated(self, decodes: list[Seq], now: float) -> bool:
+        """The speculative steps of ``decodes`` ended at ``now``: each sequence emits its accepted
+        proposals and one token more (at most what it still has to generate), caches them, and
+        gives back the blocks of the rejected slots. Returns whether a request finished."""
+        accepted = self.accept(len(decodes))
+        bm = self.bm
+        gone = False
+        emitted_total = 0
+        for s, a in zip(decodes, accepted):
+            n = min(int(a) + 1, s.output - s.generated)
+            emitted_total += n
+            s.computed += n
+            gap = (now - s.last_token) / n
+            for _ in range(n):
+                s.generated += 1
+                self.sink.gap(s, gap)
+            s.last_token = now
             if s.generated >= s.output:
                 self._finish(s, now)
                 gone = True
-        if gone:
-            self.running = [s for s in self.running if s.ve is self and not s.done]
+                continue
+            extra = s.blocks + s.prefix_blocks - bm.blocks(s.computed)
+            if extra > 0:
+                bm.give(extra)
+                s.blocks -= extra
+        self.sink.speculated(len(decodes), len(decodes) * self.lookahead, int(accepted.sum()), emitted_total)
+        return gone
 
     def _token(self, s: Seq, now: float) -> None:
         s.generated += 1

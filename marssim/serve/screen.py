@@ -563,6 +563,10 @@ class DeploymentScreen:
         from .simulate import check_pool, iteration_model, place_replicas
 
         check_deployment(deployment)
+        for i, pool in enumerate(deployment.pools):
+            if pool.scheduler.speculative:
+                raise InputError("deployment", f"pools[{i}].spec_method", "the screen does not model speculative "
+                                                                          "decoding; simulate the deployment")
         self.deployment = deployment
         self.stats = stats
         self.model = model

@@ -43,11 +43,6 @@ class Seq:
         self.kept_prefix = False
 
     @property
-    def prefilling(self) -> bool:
-        """Whether the sequence still has prompt (or recomputed) tokens to cache."""
-        return self.computed < self.target
-
-    @property
     def outstanding(self) -> int:
         """Tokens still to process: prefill tokens and output tokens to generate."""
         return (self.target - self.computed if self.computed < self.target else 0) + self.output - self.generated

@@ -7,6 +7,11 @@ Where the replicas run: each pool's replicas take the next free GPUs of the syst
 (of the pool's GPU design, when it names one), ``tp x pp`` consecutive ones each, the
 tensor-parallel ranks innermost, as the parallel placement puts a stage.
 
+Requests arrive at their times (open loop, offline), or, when the :class:`~.requests.Requests`
+carry a concurrency, from a closed loop of that many users: each sends the next request of the
+stream the instant its previous one ends or is rejected (its arrival is then that instant, in
+the result), until the stream or the duration ends.
+
 A request is *rejected* (counted, not simulated) when its replica could never hold it: its prompt
 and output need more KV blocks than the replica has (less the watermark), or, with the
 ``continuous`` and ``static`` schedulers, its prompt exceeds ``max_batched_tokens`` (vLLM ignores
@@ -17,7 +22,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import simpy
@@ -34,11 +39,13 @@ from .fabric import Fabric
 from .itermodel import IterationModel
 from .memory import ReplicaMemory, replica_memory
 from .metrics import ITERATION_COLUMNS, SLO, ConstraintsMissed, Recorder, WatchedRecorder, summarise
-from .requests import Requests
+from .requests import Requests, RequestSpec
 from .router import Router
 from .sequence import Seq
+from .speculative import SpecTimer, draft_config, draft_memory
 
-__all__ = ["simulate_serving", "ServeResult", "ReplicaInfo", "place_replicas", "check_pool", "iteration_model"]
+__all__ = ["simulate_serving", "simulate_spec", "ServeResult", "ReplicaInfo", "place_replicas", "check_pool",
+           "iteration_model"]
 
 
 @dataclass(frozen=True)
@@ -126,19 +133,28 @@ class _Cluster:
         self.requests = requests
         self.replicas: list[Replica] = []
         self.infos: list[ReplicaInfo] = []
+        drafts: dict[int, TransformerConfig] = {}
         for p, stages in place_replicas(system, deployment):
             pool = deployment.pools[p]
             check_pool(pool, model, "deployment", f"pools[{p}].")
             design = system.accelerator(stages[0][0]).designs[0]
             im = _iteration_model(model, system, stages, cost, deployment.context_bucket)
             capacity = system.accelerator(stages[0][0]).memory.capacity
-            mem = replica_memory(im, pool.scheduler, capacity, where=f"pools[{p}]")
+            spec = None
+            draft = (0.0, 0.0)
+            if pool.scheduler.speculative:
+                if p not in drafts:
+                    drafts[p] = draft_config(model, pool, "deployment", f"pools[{p}].")
+                draft_im = _iteration_model(drafts[p], system, stages, cost, deployment.context_bucket)
+                spec = SpecTimer(im, draft_im, pool.scheduler)
+                draft = draft_memory(draft_im, pool.scheduler.spec_method)
+            mem = replica_memory(im, pool.scheduler, capacity, where=f"pools[{p}]", draft=draft)
             swap = int(pool.scheduler.swap_space // max(mem.block_bytes(s) for s in range(pool.pp))) \
                 if pool.scheduler.preemption == "swap" else 0
             index = len(self.replicas)
             rep = Replica(env, index, p, pool.role, stages, im, pool.scheduler, mem.blocks, swap,
                           tuple(mem.block_bytes(s) for s in range(pool.pp)), fabric, recorder, self,
-                          tp_network=deployment.tp_comm == "network")
+                          tp_network=deployment.tp_comm == "network", spec=spec, seed=seed)
             self.replicas.append(rep)
             self.infos.append(ReplicaInfo(index, p, pool.role, stages, design, mem))
         front = [r for r in self.replicas if r.role in ("both", "prefill")]
@@ -147,7 +163,15 @@ class _Cluster:
         self.decode_router = Router(deployment.decode_router, self.decoders, seed + 1) if self.decoders else None
         self.pending: dict[int, deque] = {r.index: deque() for r in self.decoders}
         self._plans: dict[tuple[int, int], list] = {}
-        env.process(self._arrivals())
+        self.sent = 0  # closed loop: requests sent so far
+        self.exhausted = False  # closed loop with a duration: a user found no request left before it
+        self.done: dict[int, simpy.Event] = {}
+        if requests.concurrency:
+            recorder.on_finish = self.request_done
+            for _ in range(min(requests.concurrency, len(requests))):
+                env.process(self._user())
+        else:
+            env.process(self._arrivals())
 
     # ------------------------------------------------------------------ arrivals
     def _admissible(self, rep: Replica, prompt: int, output: int) -> bool:
@@ -155,10 +179,11 @@ class _Cluster:
         bm = rep.engines[0].scheduler.bm
         if rep.role == "prefill":
             fits = bm.blocks(prompt) <= bm.total - bm.watermark
-            fits = fits and all(bm.blocks(prompt + output) <= d.engines[0].scheduler.bm.total -
+            fits = fits and all(bm.blocks(prompt + output + d.cfg.lookahead) <= d.engines[0].scheduler.bm.total -
                                 d.engines[0].scheduler.bm.watermark for d in self.decoders)
         else:
-            fits = bm.blocks(prompt + output) <= bm.total - (0 if cfg.kind == "static" else bm.watermark)
+            fits = bm.blocks(prompt + output + cfg.lookahead) <= bm.total - (0 if cfg.kind == "static" else
+                                                                               bm.watermark)
         if cfg.kind == "continuous" and prompt > cfg.max_batched_tokens:
             fits = False
         if self.model.positions == "learned" and prompt + output > self.model.max_positions:
@@ -167,26 +192,61 @@ class _Cluster:
 
     def _arrivals(self):
         env = self.env
-        req = self.requests
-        rec = self.recorder
-        arrival, prompt, output = req.arrival, req.prompt, req.output
-        prefix = req.prefix if req.prefix is not None else None
-        for i in range(len(req)):
+        arrival = self.requests.arrival
+        for i in range(len(self.requests)):
             t = float(arrival[i])
             if t > env.now:
                 yield env.timeout(t - env.now)
-            p, o = int(prompt[i]), int(output[i])
-            rep = self.router.pick()
-            if not self._admissible(rep, p, o):
-                rec.rejected[i] = True
-                if rec.stops_on_reject:
-                    raise ConstraintsMissed(f"request {i} rejected", env.now)
-                continue
-            seq = Seq(i, t, p, o, int(prefix[i]) if prefix is not None else -1,
-                      int(req.prefix_tokens[i]) if prefix is not None else 0)
-            rec.replica[i] = rep.index
-            rec.arrived(env.now)
-            rep.enqueue(seq)
+            self._send(i, t)
+
+    def _send(self, i: int, t: float) -> bool:
+        """Request ``i`` arrives at the router at ``t`` (now): False when it is rejected (see the module
+        docstring)."""
+        env = self.env
+        req = self.requests
+        rec = self.recorder
+        p, o = int(req.prompt[i]), int(req.output[i])
+        rep = self.router.pick()
+        if not self._admissible(rep, p, o):
+            rec.rejected[i] = True
+            if rec.stops_on_reject:
+                raise ConstraintsMissed(f"request {i} rejected", env.now)
+            return False
+        prefix = req.prefix
+        seq = Seq(i, t, p, o, int(prefix[i]) if prefix is not None else -1,
+                  int(req.prefix_tokens[i]) if prefix is not None else 0)
+        rec.replica[i] = rep.index
+        rec.arrived(env.now)
+        rep.enqueue(seq)
+        return True
+
+    # ------------------------------------------------------------------ a closed loop of users
+    def _user(self):
+        """One user of a closed loop: the next request of the stream the instant its previous one
+        ends (or is rejected), while the duration lasts. An engine iteration that starts at that
+        instant has formed its batch already: the request joins the next one, as an engine adds
+        requests between its steps."""
+        env = self.env
+        n = len(self.requests)
+        duration = self.requests.duration
+        while True:
+            if duration and env.now >= duration:
+                return
+            if self.sent >= n:
+                self.exhausted = bool(duration)
+                return
+            i = self.sent
+            self.sent += 1
+            self.recorder.sent_at[i] = env.now
+            if self._send(i, env.now):
+                done = self.done[i] = env.event()
+                yield done
+
+    def request_done(self, i: int) -> None:
+        """Request ``i`` has its last token: its user (closed loop) sends the next one."""
+        event = self.done.pop(i, None)
+        if event is not None:
+            event.succeed()
 
     # ------------------------------------------------------------------ the replicas' events
     def handoff(self, s: Seq, src: Replica, scheduler, now: float) -> None:
@@ -294,6 +354,14 @@ def simulate_serving(deployment: Deployment, model: TransformerConfig, system: S
     cluster = _Cluster(env, deployment, model, system, cost, requests, seed, recorder, fabric)
     env.run()
     fabric.close()
+    if requests.concurrency:  # a closed loop: the requests sent, arriving when their users sent them
+        sent = cluster.sent
+        recorder.keep(sent)
+        requests = Requests(recorder.sent_at.copy(), requests.prompt[:sent], requests.output[:sent],
+                            requests.source,
+                            requests.prefix[:sent] if requests.prefix is not None else None,
+                            requests.prefix_tokens[:sent] if requests.prefix_tokens is not None else None,
+                            requests.concurrency, requests.duration)
     done = np.isfinite(recorder.finish)
     accepted = ~recorder.rejected
     if (done != accepted).any() or (recorder.finished_count[accepted] != 1).any():
@@ -305,7 +373,8 @@ def simulate_serving(deployment: Deployment, model: TransformerConfig, system: S
               "kv_capacity", "waiting", "running", "swapped"):
         iterations[c] = iterations[c].astype(np.int64)
     transfers = {c: np.frombuffer(fabric.rows[c], dtype=float).copy() for c in fabric.rows}
-    summary = summarise(requests.arrival, requests.output, recorder, iterations, deployment.gpus, slo)
+    summary = summarise(requests.arrival, requests.output, recorder, iterations, deployment.gpus, slo,
+                        requests.prompt)
     summary["kv_transfer_s"] = _kv_stats(recorder)
     per_request = {
         "arrival_s": requests.arrival, "prompt_tokens": requests.prompt, "output_tokens": requests.output,
@@ -319,9 +388,30 @@ def simulate_serving(deployment: Deployment, model: TransformerConfig, system: S
         it_requests = (np.frombuffer(recorder.iteration_requests, dtype=np.int64).copy(),
                        np.frombuffer(recorder.iteration_offsets, dtype=np.int64).copy())
     meta = {"network_bytes": fabric.bytes_moved, "network_recomputes": fabric.net.recomputes,
-            "little_area": recorder.area, "node_names": system.nodes}
+            "little_area": recorder.area, "node_names": system.nodes, "requests_exhausted": cluster.exhausted}
+    if requests.concurrency:
+        summary["concurrency"] = requests.concurrency
     return ServeResult(deployment, model, system.spec, requests, slo, tuple(cluster.infos), per_request, iterations,
                        it_requests, transfers, np.frombuffer(recorder.gaps, dtype=float).copy(), summary, meta)
+
+
+def simulate_spec(deployment: Deployment, model: TransformerConfig, system: System, cost: CostModel,
+                  spec: RequestSpec, *, seed: int = 0, slo: SLO = SLO(), trace: bool = False) -> ServeResult:
+    """:func:`simulate_serving` of the requests ``spec`` draws with ``seed``. A closed loop with a
+    duration (:func:`~.requests.closed_loop`) whose users ran out of requests before the duration
+    ended is run again with twice the count (drawn afresh with the seed), until the duration ends
+    first (so the count is a cap the run grows, not a setting that changes the run's length)."""
+    while True:
+        result = simulate_serving(deployment, model, system, cost, spec.draw(seed), seed=seed, slo=slo, trace=trace)
+        if not result.meta["requests_exhausted"]:
+            return result
+        if spec.count >= MAX_CLOSED_LOOP_REQUESTS:
+            raise InputError(None, "--duration", f"{spec.count:,} requests are sent before "
+                                                 f"{spec.arrivals.duration:g} s; expected a shorter duration")
+        spec = replace(spec, count=min(2 * spec.count, MAX_CLOSED_LOOP_REQUESTS))
+
+
+MAX_CLOSED_LOOP_REQUESTS = 10_000_000
 
 
 def _kv_stats(rec: Recorder) -> dict:

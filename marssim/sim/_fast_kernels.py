@@ -526,7 +526,7 @@ def _rh_pop(S, n):
 @njit(cache=True)
 def _rates(S, nkeys):
     """Max-min fair rate of each found route (progressive filling over the flows each puts on
-    each resource, exactly the network module's ``_grouped_rates`` / ``_weighted_rates``: the
+    each resource, exactly the network module's ``progressive_filling``: the
     routes in increasing order, the bottleneck resource by (share, index), its routes fixed in
     that order)."""
     S.it[I_RECOMP] += 1

@@ -21,8 +21,7 @@ import numpy as np
 from marssim.errors import CapacityError
 from marssim.lazymodule import lazy_module
 from marssim.results.build import build_result
-from marssim.results.result import Result
-from marssim.results.summary import Summary, summarise
+from marssim.results.summary import summarise
 from marssim.system import System
 from marssim.taskgraph import COMPUTE, TaskGraph
 

@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 import simpy
 from simpy.events import PENDING
 
-__all__ = ["FairShareNetwork", "max_min_rates"]
+__all__ = ["FairShareNetwork", "max_min_rates", "progressive_filling"]
 
 _EPS = 1e-12
 _INF = float("inf")
@@ -29,111 +29,30 @@ def max_min_rates(flow_resources: Sequence[Sequence[int]], capacity: Sequence[fl
     """Max-min fair rates (bytes/s) of flows over shared resources, by progressive filling.
 
     ``flow_resources[i]`` lists the resources flow ``i`` crosses; ``capacity[r]`` is resource
-    ``r``'s bandwidth. Repeatedly, the resource offering the smallest equal share to its unfixed
-    flows fixes them at that share (ties: lowest resource index). Shares only grow as flows are
-    fixed, so a heap with lazily refreshed entries finds the next bottleneck."""
-    n = len(flow_resources)
-    users: dict[int, list[int]] = {}
-    for i, res in enumerate(flow_resources):
-        for r in res:
-            u = users.get(r)
-            if u is None:
-                users[r] = [i]
-            else:
-                u.append(i)
-    left: dict[int, float] = {}
-    count: dict[int, int] = {}
-    heap = []
-    for r, u in users.items():
-        c = len(u)
-        cap = float(capacity[r])
-        left[r] = cap
-        count[r] = c
-        heap.append((cap / c, r))
-    heapq.heapify(heap)
-    rates = [-1.0] * n
-    todo = n
-    while todo and heap:
-        share, r = heapq.heappop(heap)
-        c = count[r]
-        if c == 0:
-            continue
-        current = left[r] / c
-        if current != share:  # stale entry: the share grew since it was pushed
-            heapq.heappush(heap, (current, r))
-            continue
-        if share < 0.0:
-            share = 0.0
-        for i in users[r]:
-            if rates[i] >= 0.0:
-                continue
-            rates[i] = share
-            todo -= 1
-            for q in flow_resources[i]:
-                left[q] -= share
-                count[q] -= 1
-    if todo:  # flows that cross no resource are unbounded
-        rates = [float("inf") if x < 0 else x for x in rates]
-    return rates
+    ``r``'s bandwidth; a flow that crosses no resource is unbounded (``inf``). See
+    :func:`progressive_filling`."""
+    return progressive_filling([(res, 1) for res in flow_resources], capacity)
 
 
-def _grouped_rates(groups: Sequence[tuple[Sequence[int], int]], capacity: Sequence[float],
-                   weights: Sequence[Sequence[float] | None] | None = None) -> list[float]:
-    """Max-min rates for flow *groups*: ``(resources, multiplicity)``; flows with identical routes
-    always get identical rates, so each group is filled once, counting ``multiplicity`` flows.
-    ``weights[g]`` (optional): per resource of group ``g``, the flows each of its flows stands
-    for there (a folded flow, see :mod:`marssim.parallel.fold`)."""
-    if weights is not None and any(w for w in weights):
-        return _weighted_rates(groups, capacity, weights)
-    users: dict[int, list[int]] = {}
-    count: dict[int, int] = {}
-    for g, (res, mult) in enumerate(groups):
-        for r in res:
-            u = users.get(r)
-            if u is None:
-                users[r] = [g]
-                count[r] = mult
-            else:
-                u.append(g)
-                count[r] += mult
-    left = {r: float(capacity[r]) for r in users}
-    heap = [(left[r] / count[r], r) for r in users]
-    heapq.heapify(heap)
-    rates = [-1.0] * len(groups)
-    todo = len(groups)
-    while todo and heap:
-        share, r = heapq.heappop(heap)
-        c = count[r]
-        if c == 0:
-            continue
-        current = left[r] / c
-        if current != share:
-            heapq.heappush(heap, (current, r))
-            continue
-        if share < 0.0:
-            share = 0.0
-        for g in users[r]:
-            if rates[g] >= 0.0:
-                continue
-            rates[g] = share
-            todo -= 1
-            res, mult = groups[g]
-            used = share * mult
-            for q in res:
-                left[q] -= used
-                count[q] -= mult
-    return rates
+def progressive_filling(groups: Sequence[tuple[Sequence[int], int]], capacity: Sequence[float],
+                        weights: Sequence[Sequence[float] | None] | None = None) -> list[float]:
+    """Max-min fair rates (bytes/s) of flow *groups* ``(resources, multiplicity)``: flows with
+    identical routes always get identical rates, so each group is filled once, counting
+    ``multiplicity`` flows. ``weights[g]`` (optional): per resource of group ``g``, the flows each
+    of its flows stands for there (a folded flow, see :mod:`marssim.parallel.fold`), so that it
+    puts ``multiplicity x weight`` flows on that resource.
 
-
-def _weighted_rates(groups, capacity, weights) -> list[float]:
-    """:func:`_grouped_rates` with per-resource weights: group ``g`` puts ``mult * w`` flows on a
-    resource it crosses with weight ``w``; progressive filling over those counts."""
+    Repeatedly, the resource offering the smallest equal share to its unfixed flows fixes them at
+    that share (ties: lowest resource index). Shares only grow as flows are fixed, so a heap with
+    lazily refreshed entries finds the next bottleneck. A group that crosses no resource is
+    unbounded (``inf``). The compiled twin is ``marssim.sim._fast_kernels``' ``_rates``."""
+    weighted = weights is not None and any(w for w in weights)
     users: dict[int, list[tuple[int, float]]] = {}
     count: dict[int, float] = {}
     for g, (res, mult) in enumerate(groups):
-        w = weights[g]
+        w = weights[g] if weighted else None
         for i, r in enumerate(res):
-            n = mult * (w[i] if w else 1.0)
+            n = mult * w[i] if w else mult
             u = users.get(r)
             if u is None:
                 users[r] = [(g, n)]
@@ -149,10 +68,10 @@ def _weighted_rates(groups, capacity, weights) -> list[float]:
     while todo and heap:
         share, r = heapq.heappop(heap)
         c = count[r]
-        if c <= 1e-12:
+        if c <= 1e-12:  # every flow here is fixed (counts of unweighted flows are exact integers)
             continue
         current = left[r] / c
-        if current != share:
+        if current != share:  # stale entry: the share grew since it was pushed
             heapq.heappush(heap, (current, r))
             continue
         if share < 0.0:
@@ -163,11 +82,13 @@ def _weighted_rates(groups, capacity, weights) -> list[float]:
             rates[g] = share
             todo -= 1
             res, mult = groups[g]
-            w = weights[g]
+            w = weights[g] if weighted else None
             for i, q in enumerate(res):
-                n = mult * (w[i] if w else 1.0)
+                n = mult * w[i] if w else mult
                 left[q] -= share * n
                 count[q] -= n
+    if todo:  # groups that cross no resource are unbounded
+        rates = [_INF if x < 0 else x for x in rates]
     return rates
 
 
@@ -414,8 +335,8 @@ class FairShareNetwork:
             return entry
         order = sorted(items, key=_route_order) if self._odd_routes else sorted(items)
         routes, weights = self._routes, self._weights
-        rates = _grouped_rates([(routes[k], m) for k, m in order], self.capacity,
-                               [weights.get(k) for k, _ in order] if weights else None)
+        rates = progressive_filling([(routes[k], m) for k, m in order], self.capacity,
+                                    [weights.get(k) for k, _ in order] if weights else None)
         entry = {k: rate for (k, _), rate in zip(order, rates)}
         if len(self._cache) >= self._CACHE_LIMIT:
             self._cache.clear()

@@ -1,4 +1,5 @@
-"""Workload names and spec strings: ``resnet50``, ``bert-base:seq=512,batch=4``, ``model.onnx``.
+"""Workload names and spec strings: ``resnet50``, ``bert-base:seq=512,batch=4``, ``model.onnx``,
+``hf:PATH/config.json:mode=train`` (a Hugging Face configuration, :mod:`.llm.hf`).
 
 Zoo models register a builder function with the parameters it accepts and their defaults;
 :func:`load_workload` parses a spec string, checks its parameters and builds the graph.
@@ -68,11 +69,20 @@ def is_onnx_spec(spec: str) -> bool:
 
 
 def load_workload(spec: str, *, batch: int | None = None) -> Graph:
-    """Build a workload from a zoo spec (``resnet50:batch=8``) or an ONNX file path, optionally
-    with a batch (``model.onnx:batch=8``).
+    """Build a workload from a zoo spec (``resnet50:batch=8``), an ONNX file path, optionally
+    with a batch (``model.onnx:batch=8``), or a Hugging Face ``config.json``
+    (``hf:PATH[:key=value,...]``).
 
     ``batch`` overrides the spec's batch. Raises InputError for an unknown name or parameter, or
     for parameter values the model cannot take (the key is named)."""
+    from .llm.hf import is_hf_spec
+
+    if is_hf_spec(spec):
+        from .llm.hf import load_hf
+
+        graph = load_hf(spec, batch=batch)
+        check_sizes(graph, spec)
+        return graph
     onnx_spec = _ONNX_SPEC.match(spec)
     if onnx_spec:
         return _load_onnx_spec(spec, onnx_spec.group("path"), onnx_spec.group("params") or "", batch)
