@@ -68,9 +68,11 @@ MODES = {
                       "--arrival", "offline", "--prompt", "16", "--output", "4", "--requests", "3"],
     "serve-replay": ["--system", "dgx-h100-cluster:nodes=1", "--model", "llama3-8b", "--pool", "replicas=1,tp=1",
                      "--replay", "azure-conv-2023", "--requests", "3"],
+    "serve-closed": ["--system", "dgx-h100-cluster:nodes=1", "--model", LLM, "--pool", "replicas=1,tp=1",
+                     "--concurrency", "2", "--prompt", "16", "--output", "4", "--requests", "3"],
 }
 VERB_MODES = {"simulate": ("per-op", "mapping-file", "parallel"), "estimate": ("per-op", "mapping-file", "parallel"),
-              "serve": ("serve", "serve-offline", "serve-replay")}
+              "serve": ("serve", "serve-offline", "serve-replay", "serve-closed")}
 _PLAN_ALWAYS = {"-h", "--mapping", "--system", "--workload", "--batch", "--parallel", "--per-op", "--group",
                 "--no-report", "--allow-uncalibrated", "--out", "--trace", "--plot", "--intervals"}
 _SERVE_ALWAYS = {"-h", "--system", "--model", "--deployment", "--pool", "--router", "--context-bucket", "--tp-comm",
@@ -86,6 +88,7 @@ ACTS = {
     ("serve", "serve"): _SERVE_ALWAYS | {"--arrival", "--prompt", "--output", "--rate"},
     ("serve", "serve-offline"): _SERVE_ALWAYS | {"--arrival", "--prompt", "--output"},
     ("serve", "serve-replay"): _SERVE_ALWAYS | {"--replay", "--rate"},
+    ("serve", "serve-closed"): _SERVE_ALWAYS | {"--concurrency", "--duration", "--prompt", "--output"},
 }
 # (verb, mode, flags given, the flag named in the one line of the error)
 REFUSED = [
@@ -101,7 +104,7 @@ REFUSED = [
       for flags in (["--strategy", "dp"], ["--micro-batches", "2"], ["--trace-gpus", "gpu0"])],
     ("simulate", "parallel", ["--streams", "2"], "--streams"),
     ("simulate", "parallel", ["--memory-policy", "spill"], "--memory-policy"),
-    *[("serve", mode, flags, flags[0]) for mode in ("serve", "serve-offline", "serve-replay")
+    *[("serve", mode, flags, flags[0]) for mode in ("serve", "serve-offline", "serve-replay", "serve-closed")
       for flags in (["--workers", "2"], ["--dask", "tcp://127.0.0.1:1"], ["--dask-timeout", "5"],
                     ["--decode-router", "random"])],
     ("serve", "serve-offline", ["--rate", "5"], "--rate"),
@@ -110,6 +113,13 @@ REFUSED = [
     ("serve", "serve-replay", ["--prompt", "16"], "--prompt"),
     ("serve", "serve-replay", ["--output", "4"], "--output"),
     ("serve", "serve-replay", ["--arrival", "poisson:rate=2"], "--arrival"),
+    ("serve", "serve", ["--concurrency", "2"], "--rate"),
+    ("serve", "serve-offline", ["--concurrency", "2"], "--arrival"),
+    ("serve", "serve-replay", ["--concurrency", "2"], "--replay"),
+    *[("serve", mode, ["--duration", "5"], "--duration") for mode in ("serve", "serve-offline", "serve-replay")],
+    ("serve", "serve-closed", ["--rate", "5"], "--rate"),
+    ("serve", "serve-closed", ["--arrival", "poisson:rate=2"], "--arrival"),
+    ("serve", "serve-closed", ["--replay", "azure-conv-2023"], "--replay"),
 ]
 
 
