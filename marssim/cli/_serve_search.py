@@ -132,6 +132,12 @@ def serving_inputs(args: argparse.Namespace):
     if spec.arrivals.kind in ("offline", "closed"):
         raise InputError(None, "--arrival", "a serving search needs arrivals at a rate (poisson, gamma or a trace), "
                                             f"not {spec.arrivals.kind}")
+    from ._common import refuse_llm_off_gpus, refuse_missing_precision
+    from .serve import check_context
+
+    refuse_llm_off_gpus(system, str(args.model))
+    refuse_missing_precision(model, system, str(args.model), "--model")
+    check_context(model, spec, args.seed)
     case = ServeCase(model, spec, args.seed, constraints, tuple(sorted(prices.items())), goodput=objective == "goodput")
     changes = {k: v for k, v in (("generations", args.generations), ("population", args.population),
                                  ("max_simulations", args.budget), ("time_limit_s", args.time_limit)) if v}

@@ -515,10 +515,15 @@ def load_table(path: str | Path) -> KernelTable:
     """Read and validate one calibration CSV. Raises InputError (file, line, column)."""
     path = Path(path)
     name = str(path)
+    from marssim.limits import MAX_CSV_BYTES, check_file_size
+
+    check_file_size(path, MAX_CSV_BYTES, "a calibration table")
     try:
         text = path.read_text(encoding="utf-8-sig")
     except OSError as err:
         raise InputError(name, "", f"cannot read calibration table: {err.strerror or err}") from None
+    except UnicodeDecodeError as err:
+        raise InputError(name, "", f"not a text file (byte {err.start:,} is not UTF-8); expected a CSV table") from None
     lines = [(i + 1, line) for i, line in enumerate(text.splitlines()) if line.strip() and not line.lstrip().startswith("#")]
     if not lines:
         raise InputError(name, "", f"expected a header line with the columns {', '.join(REQUIRED_COLUMNS)}")
