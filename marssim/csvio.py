@@ -48,10 +48,15 @@ def read_commented_table(path: str | Path, columns: Sequence[str], what: str) ->
     :class:`~marssim.errors.InputError` names the file (and line) when it cannot be read or lacks
     one of ``columns``."""
     name = str(path)
+    from marssim.limits import MAX_CSV_BYTES, check_file_size
+
+    check_file_size(path, MAX_CSV_BYTES, what)
     try:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as err:
         raise InputError(name, "", f"cannot read {what}: {err.strerror or err}") from None
+    except UnicodeDecodeError as err:
+        raise InputError(name, "", f"not a text file (byte {err.start:,} is not UTF-8); expected {what}") from None
     lines = [(i + 1, ln) for i, ln in enumerate(text.splitlines()) if ln.strip() and not ln.lstrip().startswith("#")]
     if not lines:
         raise InputError(name, "", f"expected a header with the columns {', '.join(columns)}")

@@ -19,8 +19,9 @@ def atomic_file(path: str | Path, mode: str = "w", **kwargs) -> Iterator[IO]:
 
     ``mode`` is ``"w"`` (text) or ``"wb"`` (binary); ``kwargs`` go to :func:`open`."""
     target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    with _naming(target):
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     os.close(fd)
     try:
         with open(tmp, mode, **kwargs) as handle:
@@ -31,6 +32,16 @@ def atomic_file(path: str | Path, mode: str = "w", **kwargs) -> Iterator[IO]:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+@contextlib.contextmanager
+def _naming(target: Path) -> Iterator[None]:
+    """An OSError while the temporary file or directory beside ``target`` is made names
+    ``target`` (the path the user gave), not the temporary name."""
+    try:
+        yield
+    except OSError as err:
+        raise OSError(err.errno, err.strerror, str(target)) from None
 
 
 def _umask() -> int:
@@ -45,8 +56,9 @@ def staged_dir(path: str | Path) -> Iterator[Path]:
     """Yield a fresh temporary directory beside ``path``; on success its files are moved into
     ``path`` (created if needed, existing files of the same names replaced); on error it is removed."""
     target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    with _naming(target):
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
         yield tmp
         target.mkdir(parents=True, exist_ok=True)

@@ -1,5 +1,11 @@
 """Input schemas: pydantic validation failures as :class:`~marssim.errors.InputError` with key paths, and
-read YAML files with errors that name the file and line."""
+read YAML files with errors that name the file and line.
+
+Every YAML file marssim reads goes through :func:`read_yaml` (text: :func:`parse_yaml`), one safe
+loader configured here: plain data only (no Python objects), the file's size checked before it is
+read, and the document bounded while it is composed (:mod:`marssim.limits`): the nodes it expands
+to with aliases counted at their full size (so an "alias bomb" stops at once), how deeply it
+nests, no alias inside the node it names (a recursive structure), no key twice in one mapping."""
 
 from __future__ import annotations
 
@@ -10,11 +16,18 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
+from yaml.composer import Composer
+from yaml.constructor import SafeConstructor
+from yaml.error import MarkedYAMLError
+from yaml.events import AliasEvent, CollectionStartEvent
+from yaml.nodes import ScalarNode
+from yaml.resolver import Resolver
 from pydantic import BaseModel, ValidationError
 
 from .errors import InputError, format_path
+from .limits import MAX_YAML_BYTES, MAX_YAML_DEPTH, MAX_YAML_NODES, read_bounded
 
-__all__ = ["validate_model", "read_yaml", "problems_from_validation"]
+__all__ = ["validate_model", "read_yaml", "parse_yaml", "problems_from_validation"]
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -93,19 +106,115 @@ def validate_model(model: type[M], data: Any, file: str | None, prefix: Sequence
         raise InputError(file, problems=problems_from_validation(exc, prefix, model)) from None
 
 
-def read_yaml(path: str | Path) -> Any:
-    """Parse a YAML file; a missing file or a syntax error becomes an InputError naming the line."""
-    p = Path(path)
+class _Refused(MarkedYAMLError):
+    """A document past one of the loader's bounds (reported like a syntax error, with its line)."""
+
+
+class _BoundedComposer(Composer):
+    """PyYAML's composer, counting the nodes a document expands to (an alias counts as the nodes
+    of what it names), its nesting depth, and refusing an alias inside the node it names and a
+    key given twice in one mapping."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._expanded = 0  # nodes so far, aliases expanded
+        self._depth = 0
+        self._anchor_nodes: dict[str, int] = {}  # anchor -> nodes of what it names
+        self._open: set[str] = set()  # anchors whose node is being composed
+
+    def _count(self, n: int, mark: Any) -> None:
+        self._expanded += n
+        if self._expanded > MAX_YAML_NODES:
+            raise _Refused(None, None, f"the document expands to more than {MAX_YAML_NODES:,} values (aliases "
+                                       "counted at the size of what they name); not read", mark)
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        event = self.peek_event()
+        if isinstance(event, AliasEvent):
+            if event.anchor in self._open:
+                raise _Refused(None, None, f"alias *{event.anchor} is inside the node it names (a recursive "
+                                           "structure)", event.start_mark)
+            self._count(self._anchor_nodes.get(event.anchor, 1), event.start_mark)
+            return super().compose_node(parent, index)
+        nested = isinstance(event, CollectionStartEvent)
+        if nested:
+            self._depth += 1
+            if self._depth > MAX_YAML_DEPTH:
+                raise _Refused(None, None, f"nested more than {MAX_YAML_DEPTH} levels deep", event.start_mark)
+        anchor = event.anchor
+        before = self._expanded
+        self._count(1, event.start_mark)
+        if anchor is not None:
+            self._open.add(anchor)
+        node = super().compose_node(parent, index)
+        if anchor is not None:
+            self._open.discard(anchor)
+            self._anchor_nodes[anchor] = self._expanded - before
+        if nested:
+            self._depth -= 1
+        return node
+
+    def compose_mapping_node(self, anchor: Any) -> Any:
+        node = super().compose_mapping_node(anchor)
+        seen: set[tuple[str, str]] = set()
+        for key, _ in node.value:
+            if isinstance(key, ScalarNode) and key.tag != "tag:yaml.org,2002:merge":
+                ident = (key.tag, key.value)
+                if ident in seen:
+                    raise _Refused(None, None, f"key {key.value!r} given twice in one mapping", key.start_mark)
+                seen.add(ident)
+        return node
+
+
+try:  # libyaml's scanner and parser when present (several times faster), composed in Python
+    from yaml._yaml import CParser as _Parser
+
+    class _Loader(_BoundedComposer, _Parser, SafeConstructor, Resolver):  # type: ignore[misc]
+        def __init__(self, stream: str) -> None:
+            _Parser.__init__(self, stream)
+            _BoundedComposer.__init__(self)
+            SafeConstructor.__init__(self)
+            Resolver.__init__(self)
+except ImportError:  # pragma: no cover - PyYAML built without libyaml
+    from yaml.parser import Parser
+    from yaml.reader import Reader
+    from yaml.scanner import Scanner
+
+    class _Loader(Reader, Scanner, Parser, _BoundedComposer, SafeConstructor, Resolver):  # type: ignore[no-redef]
+        def __init__(self, stream: str) -> None:
+            Reader.__init__(self, stream)
+            Scanner.__init__(self)
+            Parser.__init__(self)
+            _BoundedComposer.__init__(self)
+            SafeConstructor.__init__(self)
+            Resolver.__init__(self)
+
+
+def parse_yaml(text: str, file: str | None = None) -> Any:
+    """Parse YAML ``text`` with the bounded safe loader (module docstring); a syntax error or a
+    document past a bound becomes an InputError naming ``file`` and the line."""
+    loader = _Loader(text)
     try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise InputError(str(p), "", "file not found") from None
-    except OSError as exc:
-        raise InputError(str(p), "", f"cannot read file ({exc.strerror})") from None
-    try:
-        return yaml.safe_load(text)
+        return loader.get_single_data()
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
         problem = getattr(exc, "problem", None) or str(exc)
-        raise InputError(str(p), where, f"not valid YAML: {problem}") from None
+        what = problem if isinstance(exc, _Refused) else f"not valid YAML: {problem}"
+        raise InputError(file, where, what) from None
+    except RecursionError:  # pragma: no cover - the depth bound comes first
+        raise InputError(file, "", f"nested too deeply; expected at most {MAX_YAML_DEPTH} levels") from None
+    finally:
+        loader.dispose()
+
+
+def read_yaml(path: str | Path) -> Any:
+    """Parse a YAML file with the bounded safe loader (:func:`parse_yaml`); a missing file, one
+    larger than :data:`~marssim.limits.MAX_YAML_BYTES`, a syntax error or a document past a bound
+    becomes an InputError naming the file (and the line)."""
+    data = read_bounded(path, MAX_YAML_BYTES, "a YAML file")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(str(path), "", f"not a text file (byte {exc.start:,} is not UTF-8); expected YAML") from None
+    return parse_yaml(text, str(path))

@@ -69,16 +69,18 @@ def close(a: float, b: float, rel: float = 1e-9) -> bool:
 
 
 def write_switch_system(directory: Path, accelerators: int = 4) -> str:
-    """A system file of ``accelerators`` systolic accelerators (``acc0`` ...) and a host on one
-    switch, written into ``directory`` as ``quad.yaml``; its path. Timed by the dataflow cost
-    model with no calibration table to fit (microseconds per op), so command-line tests run fast."""
+    """A system file of ``accelerators`` small GPUs (``acc0`` ..., design ``g8``) and a host on
+    one switch, written into ``directory`` as ``quad.yaml``; its path. The design names no
+    calibration table: the roofline times it (microseconds per op, no table to fit), so
+    command-line tests run fast."""
     nodes = f"acc[0-{accelerators - 1}]"
     path = Path(directory) / "quad.yaml"
     path.write_text(yaml.safe_dump({
         "name": "quad",
-        "designs": {"os32": {"dataflow": "os", "pe_rows": 32, "pe_cols": 32, "clock": "1 GHz", "sram": "8 MiB",
-                             "sram_bandwidth": "400 GB/s"}},
-        "accelerators": [{"id": nodes, "designs": ["os32"], "memory": {"capacity": "4 GiB", "bandwidth": "1 TB/s"}}],
+        "designs": {"g8": {"dataflow": "gpu", "clock": "1 GHz", "sram": "8 MiB", "sram_bandwidth": "400 GB/s",
+                           "gpu": {"sms": 8, "peak_flops": {"fp16": "50 TFLOP/s", "bf16": "50 TFLOP/s",
+                                                            "fp32": "5 TFLOP/s"}}}},
+        "accelerators": [{"id": nodes, "designs": ["g8"], "memory": {"capacity": "4 GiB", "bandwidth": "1 TB/s"}}],
         "hosts": [{"id": "host0", "dram": {"capacity": "1 TiB", "bandwidth": "200 GB/s"}}],
         "switches": [{"id": "sw0", "latency": "0.5 us"}],
         "links": [{"pattern": "star", "hub": "sw0", "nodes": nodes, "bandwidth": "50 GB/s", "latency": "1 us"},

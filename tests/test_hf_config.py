@@ -179,9 +179,10 @@ def test_a_mixture_of_experts_config_is_refused_in_serving(quad, capsys):
     assert "mixture-of-experts serving is not modelled" in err and len(err.strip().splitlines()) == 1
 
 
-def test_a_config_json_simulates_as_the_same_model_by_parameters(tiny, tmp_path, capsys):
+def test_a_config_json_simulates_as_the_same_model_by_parameters(tiny, quad, tmp_path, capsys):
     for spec, out in ((f"hf:{tiny}:mode=train,seq=64,batch=2", "hf"), (f"{SAME},mode=train,seq=64,batch=2", "hand")):
-        assert main(["simulate", "--system", "ring-8", "--workload", spec, "--out", str(tmp_path / out)]) == 0
+        assert main(["simulate", "--system", quad, "--workload", spec, "--strategy", "dp",
+                     "--out", str(tmp_path / out)]) == 0
     a = json.loads((tmp_path / "hf" / "summary.json").read_text())
     b = json.loads((tmp_path / "hand" / "summary.json").read_text())
     assert a["makespan_s"] == b["makespan_s"] > 0

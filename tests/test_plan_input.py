@@ -41,15 +41,15 @@ def test_an_llm_on_a_gpu_cluster_without_a_configuration_says_what_to_give(capsy
              "--parallel", "marssim search")
 
 
-def test_unknown_trace_gpus_are_refused_before_any_work(capsys, monkeypatch):
+def test_unknown_trace_gpus_are_refused_before_any_work(capsys, monkeypatch, tmp_path):
     import marssim.plan
 
     def never(*args, **kwargs):
         raise AssertionError("the plan was run before its flags were checked")
 
     monkeypatch.setattr(marssim.plan, "run", never)
-    _refused(["simulate", "--system", SYSTEM, "--workload", GPT, "--parallel", "tp=8", "--trace-gpus", "gpu999"],
-             capsys, "--trace-gpus", "gpu999")
+    _refused(["simulate", "--system", SYSTEM, "--workload", GPT, "--parallel", "tp=8", "--trace-gpus", "gpu999",
+              "--trace", str(tmp_path / "t.json")], capsys, "--trace-gpus", "gpu999")
 
 
 def test_the_configurations_micro_batch_sets_the_workloads_batch():

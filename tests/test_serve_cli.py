@@ -17,8 +17,8 @@ MODEL = "llama:layers=2,hidden=256,heads=4,ffn=512,kv_heads=4,vocab=1000"
 
 @pytest.fixture(scope="module")
 def system(tmp_path_factory) -> str:
-    """Four accelerators of a systolic design on a switch (timed in microseconds by the dataflow
-    cost model, with no calibration table to fit)."""
+    """Four small GPUs on a switch (timed in microseconds by the roofline, with no calibration
+    table to fit)."""
     return write_switch_system(tmp_path_factory.mktemp("sys"))
 
 

@@ -49,7 +49,7 @@ def test_swap_space_prints_in_binary_units_and_reads_back():
     assert parse_pool(pool.text(), "--pool") == pool
     dep = Deployment((pool,))
     assert deployment_to_dict(dep)["pools"][0]["swap_space"] == "16 GiB"
-    odd = Deployment((parse_pool("replicas=1,preemption=swap,swap_space=4294967297", "--pool"),))
+    odd = Deployment((parse_pool("replicas=1,preemption=swap,swap_space=4294967297B", "--pool"),))
     assert deployment_to_dict(odd)["pools"][0]["swap_space"] == "4294967297 B"  # exact when a unit would round
     for d in (dep, odd):
         assert deployment_from_dict(deployment_to_dict(d), "f") == d

@@ -18,8 +18,7 @@ MODEL = "llama:layers=2,hidden=256,heads=4,ffn=512,kv_heads=4,vocab=1000"
 
 @pytest.fixture(scope="module")
 def system(tmp_path_factory) -> str:
-    """Four accelerators of a systolic design on a switch (timed by the dataflow cost model, with
-    no calibration table to fit)."""
+    """Four small GPUs on a switch (timed by the roofline, with no calibration table to fit)."""
     return write_switch_system(tmp_path_factory.mktemp("sys"))
 
 
@@ -41,7 +40,7 @@ def test_the_best_deployment_file_resimulates_to_the_reported_figures(objective,
     flags = ["--budget", "4", "--generations", "2", "--population", "4"] if algorithm == "mars" else []
     out = tmp_path / "found"
     assert main(["search", *case(system, "--objective", objective, "--algorithm", algorithm, "--gpu-price",
-                                 "os32=1.5", "--out", str(out), *flags)]) == 0
+                                 "g8=1.5", "--out", str(out), *flags)]) == 0
     text = capsys.readouterr().out
     assert "best_deployment.yaml" in text and "TTFT P99" in text
     for name in ("best_deployment.yaml", "search.json", "history.csv", "top10.csv", "convergence.png",

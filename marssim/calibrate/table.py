@@ -109,6 +109,9 @@ def read_rows(path: str | Path) -> list[CalibrationRow]:
     the line and column on bad data). Comment lines start with ``#``. For the full schema check
     use :func:`marssim.cost.calibrated.load_table`."""
     name = str(path)
+    from marssim.limits import MAX_CSV_BYTES, check_file_size
+
+    check_file_size(path, MAX_CSV_BYTES, "a calibration table")
     numbered = [(i + 1, ln) for i, ln in enumerate(Path(path).read_text(encoding="utf-8-sig").splitlines())
                 if ln.strip() and not ln.lstrip().startswith("#")]
     if not numbered:

@@ -12,7 +12,8 @@ from pathlib import Path
 from marssim.errors import InputError
 
 __all__ = ["positive_int", "add_cost_args", "cost_model", "add_output_args", "write_outputs",
-           "check_outputs", "check_output_dir", "check_output_file"]
+           "check_outputs", "check_output_dir", "check_output_file", "refuse_llm_off_gpus", "refuse_missing_precision",
+           "seed_arg"]
 
 
 def add_cost_args(p: argparse.ArgumentParser) -> None:
@@ -38,6 +39,21 @@ def positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+MAX_SEED = 2**63 - 1
+"""The largest seed: seeds are non-negative (numpy's generators take no negative seed)."""
+
+
+def seed_arg(text: str) -> int:
+    """argparse type: a random seed, an integer from 0 to :data:`MAX_SEED`."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a seed (an integer >= 0), got {text!r}") from None
+    if not 0 <= value <= MAX_SEED:
+        raise argparse.ArgumentTypeError(f"expected a seed from 0 to 2^63-1, got {text!r}")
     return value
 
 
@@ -170,6 +186,38 @@ def _steps(args: argparse.Namespace):
         yield lambda name: bar.set_description(f"writing {name}")
     finally:
         bar.close()
+
+
+def refuse_llm_off_gpus(system, llm: str, where: str = "--system") -> None:
+    """InputError, before any work, when ``system`` has accelerators that are not GPUs: a large
+    language model (``llm``, its spec) is trained and served on GPU clusters only (parallel
+    configurations, kernel tables, NCCL collectives, the KV cache), and a per-op mapping search
+    of its thousands of ops over such accelerators does not end in useful time."""
+    others = sorted({d for a in system.accelerators for d in a.designs if system.designs[d].dataflow != "gpu"})
+    if others:
+        kinds = ", ".join(f"{d} ({system.designs[d].dataflow})" for d in others[:4])
+        more = f" and {len(others) - 4} more" if len(others) > 4 else ""
+        raise InputError(None, where, f"{llm} is a large language model, which runs on GPUs; the accelerators of "
+                                      f"{system.spec} are not GPUs (designs {kinds}{more}); give a GPU system "
+                                      "(`marssim systems` lists them: dgx-h100-cluster, ...)")
+
+
+def refuse_missing_precision(transformer, system, llm: str, where: str = "--workload") -> None:
+    """InputError, before any work, when a GPU design of ``system`` has no peak rate for a type
+    the LLM ``transformer`` (a :class:`~marssim.workload.llm.config.TransformerConfig`; ``llm``:
+    its spec) computes in: its ``dtype``, and ``gemm_dtype`` (``fp8``, ``fp4``: tensor cores an
+    A100 or an H100 lacks). The message names the precisions each such GPU has."""
+    needed = [d for d in (transformer.dtype, transformer.gemm_dtype) if d]
+    designs = dict.fromkeys(d for a in system.accelerators for d in a.designs)
+    for name in designs:
+        gpu = system.designs[name].gpu
+        if gpu is None:
+            continue
+        missing = [d for d in needed if d not in gpu.peak_flops]
+        if missing:
+            raise InputError(None, where, f"{llm} computes in {' and '.join(missing)}, which the {name} GPUs of "
+                                          f"{system.spec} do not have (no {missing[0].upper()} tensor cores); they "
+                                          f"have {', '.join(gpu.peak_flops)}")
 
 
 def existing_dir(path: str) -> Path:

@@ -10,7 +10,7 @@ import sys
 
 from marssim.errors import InputError
 
-from ._common import cost_model, positive_int, write_outputs
+from ._common import cost_model, positive_int, refuse_llm_off_gpus, refuse_missing_precision, write_outputs
 
 __all__ = ["add_plan_args", "add_report_args", "load_plan_args", "run_plan_verb", "print_report"]
 
@@ -60,9 +60,14 @@ def add_plan_args(p: argparse.ArgumentParser, *, simulate: bool) -> None:
                        help="a parallel configuration: also print the analytical estimate's report")
         p.add_argument("--memory-policy", choices=("error", "spill", "ignore"), default="error",
                        help="what happens when a memory overflows (default: error; ignore: simulate and report the "
-                            "peak)")
+                            "peak; spill: a per-op mapping's overflowing buffers go over the host link)")
         p.add_argument("--streams", type=_streams, default=1,
-                       help=f"concurrent compute tasks per device (default 1, at most {MAX_STREAMS})")
+                       help=f"a per-op mapping: concurrent compute tasks per device (default 1, at most {MAX_STREAMS})")
+    else:
+        p.add_argument("--memory-policy", choices=("error", "ignore"), default="error",
+                       help="a parallel configuration: error (default) refuses one whose memory does not fit before "
+                            "estimating it; ignore estimates it anyway (an estimate of a per-op mapping checks no "
+                            "memory: simulate it)")
 
 
 def add_report_args(p: argparse.ArgumentParser) -> None:
@@ -105,10 +110,14 @@ def load_plan_args(args: argparse.Namespace):
                                             "LLM on a GPU cluster; else a data-parallel mapping over all "
                                             "accelerators is used)")
     else:
+        cfg = parse_parallel(args.parallel) if args.parallel is not None else None
+        if cfg is not None:
+            from marssim.parallel.size import check_gpus
+
+            check_gpus(cfg.gpus)  # before the system is built
         system = load_system(args.system)
         graph = load_workload(args.workload, batch=args.batch)
-        if args.parallel is not None:
-            cfg = parse_parallel(args.parallel)
+        if cfg is not None:
             plan, graph = bind_parallel(cfg, graph, system, "--parallel",
                                         micro_batch_given="micro_batch" in _keys(args.parallel),
                                         order_given="order" in _keys(args.parallel),
@@ -126,11 +135,27 @@ def load_plan_args(args: argparse.Namespace):
             plan = Mapping.single_set(graph, system, sharding=strategy, micro_batches=args.micro_batches or 1)
     from marssim.parallel import ParallelConfig
 
+    if is_llm(graph):
+        refuse_llm_off_gpus(system, graph.spec, "--mapping" if args.mapping and not args.system else "--system")
+        refuse_missing_precision(graph.meta["transformer"], system, graph.spec)
     if not isinstance(plan, ParallelConfig):
         given = [flag for flag, dest, default in _PARALLEL_ONLY if getattr(args, dest, default) != default]
+        if not hasattr(args, "streams") and getattr(args, "memory_policy", "error") == "ignore":
+            given.append("--memory-policy ignore")  # estimate: a per-op mapping's memory is not estimated
         if given:
             raise InputError(None, given[0], "applies to a parallel configuration (--parallel, or a mapping file with "
                                              "a 'parallel:' section); this plan is a per-op mapping")
+    else:
+        if getattr(args, "streams", 1) != 1:
+            raise InputError(None, "--streams", "applies to a per-op mapping; a parallel configuration's GPUs run "
+                                                "their kernels in the order of its schedule (compute and "
+                                                "communication overlap as the schedule says)")
+        if getattr(args, "memory_policy", "error") == "spill":
+            raise InputError(None, "--memory-policy", "spill applies to a per-op mapping; a parallel configuration's "
+                                                      "memory is checked before lowering (error) or not (ignore)")
+    if args.trace_gpus and not any(getattr(args, f, None) for f in ("trace", "intervals", "plot")):
+        raise InputError(None, "--trace-gpus", "chooses the GPUs of --trace, --intervals and --plot; give one of "
+                                               "them, or drop it")
     return plan, graph, system
 
 

@@ -132,6 +132,12 @@ def serving_inputs(args: argparse.Namespace):
     if spec.arrivals.kind in ("offline", "closed"):
         raise InputError(None, "--arrival", "a serving search needs arrivals at a rate (poisson, gamma or a trace), "
                                             f"not {spec.arrivals.kind}")
+    from ._common import refuse_llm_off_gpus, refuse_missing_precision
+    from .serve import check_context
+
+    refuse_llm_off_gpus(system, str(args.model))
+    refuse_missing_precision(model, system, str(args.model), "--model")
+    check_context(model, spec, args.seed)
     case = ServeCase(model, spec, args.seed, constraints, tuple(sorted(prices.items())), goodput=objective == "goodput")
     changes = {k: v for k, v in (("generations", args.generations), ("population", args.population),
                                  ("max_simulations", args.budget), ("time_limit_s", args.time_limit)) if v}
@@ -205,10 +211,68 @@ def run_search(args: argparse.Namespace, progress_bar, open_executor) -> int:
     print("\n".join(launch_lines(launch_commands(result.best, case.model, model_spec))))
     print()
     print(format_top(result))
+    print()
+    print(pareto_text(front_of([result], settings.objective), [result]))
     if args.out:
         print()
         print("\n".join(write_outputs(result, case, system, cost, args.out, model_spec, args)))
     return 0
+
+
+# ---------------------------------------------------------------------------- Pareto fronts
+PARETO_FILE = "pareto.csv"
+PARETO_FIGURE = "pareto.png"
+
+
+def front_of(results: list, objective: str):
+    """The Pareto table (:func:`marssim.search.pareto.front_table`) of the deployments the
+    searches simulated that meet the constraints (a deployment simulated by several, once)."""
+    from marssim.search.pareto import front_points, front_table
+
+    return front_table(front_points([c for r in results for c in r.candidates], objective))
+
+
+def _rate_label(objective: str, unit: bool = True) -> str:
+    if objective == "goodput":
+        return "goodput (requests/s within the constraints)" if unit else "goodput"
+    return "requests/s served (the offered load)" if unit else "req/s"
+
+
+def pareto_text(table, results: list) -> str:
+    """The front of output tokens/s per GPU against tokens/s per user as printed: a heading
+    saying what it is drawn from (simulations only; the screen's front deployments the GA
+    simulated for it and those its budget left out), then the points."""
+    import textwrap
+
+    from marssim.search.pareto import format_front
+
+    objective = results[0].objective
+    simulated, on = len(table), int(table["on_tokens_front"].sum()) if len(table) else 0
+    head = (f"Pareto front, output tokens/s per GPU against tokens/s per user: {on} of the {simulated} simulated "
+            f"deployments meeting the constraints (screen-only deployments never count)")
+    notes = [r.notes["pareto"] for r in results if isinstance(r.notes.get("pareto"), dict)]
+    if notes:
+        done = sum(n["simulated_for_front"] for n in notes)
+        left = sum(n["left_by_budget"] for n in notes)
+        head += (f"; {done} deployment(s) on the screen's front simulated for it"
+                 + (f", {left} left unsimulated by the budget of simulations (--budget)" if left else ""))
+    return "\n".join(textwrap.wrap(head, 120)) + "\n" + format_front(table, _rate_label(objective, unit=False))
+
+
+def write_pareto(table, directory: Path, title: str, objective: str) -> list[Path]:
+    """``pareto.csv`` and ``pareto.png``/``.svg`` (both fronts) into ``directory``."""
+    from marssim.search.pareto import plot_fronts
+
+    table.to_csv(directory / PARETO_FILE, index=False)
+    paths = [directory / PARETO_FILE]
+    if len(table):
+        paths += plot_fronts(table, directory / PARETO_FIGURE, title, _rate_label(objective))
+    return paths
+
+
+def _pareto_title(case, system) -> str:
+    return (f"{case.model.name} on {system.spec}, {case.spec.text()}: simulated deployments meeting "
+            f"{case.constraints.text()}")
 
 
 def _search(algorithm: str, case, system, cost, settings, executor, progress=None):
@@ -277,8 +341,10 @@ def write_outputs(result, case, system, cost, out: str | Path, model_spec: str, 
     """Write into ``out`` atomically: ``best_deployment.yaml`` (and beside it ``launch_vllm.sh``,
     ``launch_sglang.sh``: :mod:`marssim.serve.launch`), ``search.json``,
     ``history.csv``, ``top10.csv``, ``convergence.png``/``.svg`` and ``result/`` (the best
-    deployment's simulation: summary.json and the tables of ``marssim serve --out``). The best
-    deployment is simulated again and must give the reported figures. One line per file."""
+    deployment's simulation: summary.json and the tables of ``marssim serve --out``),
+    ``pareto.csv`` and ``pareto.png``/``.svg`` (the Pareto fronts of the simulated deployments
+    meeting the constraints: :mod:`marssim.search.pareto`). The best deployment is simulated
+    again and must give the reported figures. One line per file."""
     from marssim.fsutil import staged_dir
     from marssim.serve import outputs
 
@@ -295,6 +361,9 @@ def write_outputs(result, case, system, cost, out: str | Path, model_spec: str, 
         for path in write_launch_scripts(launch_commands(result.best, case.model, model_spec), result.best, tmp):
             lines.append(f"launch       {out_dir / path.name} (the best deployment's engine command lines)")
         lines += write_search_files(result, None, system, baselines, tmp, out_dir)
+        written = write_pareto(front_of([result], result.objective), tmp, _pareto_title(case, system),
+                               result.objective)
+        lines += [f"pareto       {out_dir / p.name}" for p in written]
         (tmp / "result").mkdir()
         outputs.write_tables(run, tmp / "result")
         lines.append(f"result       {out_dir / 'result'}/ (summary.json, requests.csv, iterations.csv, replicas.csv)")
@@ -374,7 +443,9 @@ def _short(dep) -> str:
 
 def run_compare(args: argparse.Namespace, open_executor) -> int:
     """``marssim compare --model ...``: the uniform grid, the GA seeded with its best, and
-    exhaustive search when the space is small enough, on the same case; one table."""
+    exhaustive search when the space is small enough, on the same case; one table, and the Pareto
+    front of every deployment they simulated (with ``--csv NAME.csv``: beside it
+    ``NAME-pareto.csv`` and ``NAME-pareto.png``/``.svg``)."""
     from dataclasses import replace
 
     from marssim.fsutil import atomic_file
@@ -407,8 +478,34 @@ def run_compare(args: argparse.Namespace, open_executor) -> int:
     print(f"{system.spec} / {case.model.name} / {case.spec.text()} / constraints {case.constraints.text()} / "
           f"objective {settings.objective} / seed {settings.seed}")
     print(format_compare(table, settings.objective))
+    front = front_of(results, settings.objective)
+    print()
+    print(pareto_text(front, results))
     if args.csv:
         with atomic_file(args.csv) as handle:
             table.to_csv(handle, index=False)
         print(f"\ntable        {args.csv}")
+        written = write_pareto_beside(front, Path(args.csv), _pareto_title(case, system), settings.objective)
+        for path in written:
+            print(f"pareto       {path}")
     return 0
+
+
+def write_pareto_beside(table, csv: Path, title: str, objective: str) -> list[Path]:
+    """``compare --csv DIR/NAME.csv``'s fronts: ``DIR/NAME-pareto.csv`` and
+    ``DIR/NAME-pareto.png``/``.svg``, each written whole or not at all."""
+    import shutil
+    import tempfile
+
+    stem = f"{csv.stem}-pareto"
+    tmp = Path(tempfile.mkdtemp(prefix=f".{stem}.", dir=csv.parent))
+    try:
+        written = write_pareto(table, tmp, title, objective)
+        out = []
+        for path in written:
+            target = csv.with_name(stem + path.suffix)
+            path.replace(target)
+            out.append(target)
+        return out
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -155,7 +155,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "(default: --padding)")
     b.set_defaults(func=run_backfill)
 
-    i = s.add_parser("import", help="convert published measurements (Vidur's profiles) into marssim's tables",
+    i = s.add_parser("import", help="convert published measurements (Vidur's profiles, AIConfigurator's kernels) into "
+                                    "marssim's tables",
                      description="Read published measurements from a checkout or a git directory of their repository "
                                  "at COMMIT and write them in marssim's schemas with their provenance: vidur-compute "
                                  "(per-operator kernel times, data/profiling/compute/<gpu>/<model>/mlp.csv -> "
@@ -163,20 +164,36 @@ def register(sub: argparse._SubParsersAction) -> None:
                                  "iteration, data/profiling/a100/cpu_overheads.csv -> traces/host-overheads/A100.csv), "
                                  "vidur-network (collective times, data/profiling/network/<system>/*.csv -> "
                                  "traces/collectives/vidur-2024.csv), xla-collectives (XLA's H100 collective table, "
-                                 "a textproto file given to --from -> traces/collectives/xla-2025.csv). Runs anywhere.")
-    i.add_argument("source", choices=("vidur-compute", "vidur-host", "vidur-network", "xla-collectives"))
+                                 "a textproto file given to --from -> traces/collectives/xla-2025.csv), aiconfigurator "
+                                 "(NVIDIA AIConfigurator's measured GEMMs from aiconfigurator-core's parquet files, "
+                                 "systems/data/<gpu>/gemm/<framework>/<version>/gemm_perf.parquet -> "
+                                 "traces/calibration/<GPU>-aiconfigurator.csv, merged; needs pyarrow). Runs anywhere.")
+    i.add_argument("source", choices=("vidur-compute", "vidur-host", "vidur-network", "xla-collectives", "aiconfigurator"))
     i.add_argument("--from", dest="origin", required=True, metavar="PATH",
                    help="the repository: a git directory (bare or a checkout) or a plain directory of its files; "
-                        "xla-collectives: the textproto file")
-    i.add_argument("--commit", required=True, help="the commit the files are read at (recorded in every row)")
-    i.add_argument("--date", help="ISO date of the files when PATH is not a git directory (default: from git)")
+                        "xla-collectives: the textproto file; aiconfigurator: the package's systems/data directory, "
+                        "the unpacked package, or 'installed'")
+    i.add_argument("--commit", help="the commit the files are read at (recorded in every row; not for aiconfigurator)")
+    i.add_argument("--date", help="ISO date of the files when PATH is not a git directory (default: from git; "
+                                  "aiconfigurator: the date of the import)")
     i.add_argument("--gpus", default="a100,h100", help="vidur-compute: GPU directories to import (default a100,h100)")
     i.add_argument("--tokens", default="default",
                    help="vidur-compute: 'default' (powers of two and 3 x powers of two), 'all', or a comma-separated list")
+    i.add_argument("--aic-gpus", default="h100_sxm,h200_sxm,b200_sxm",
+                   help="aiconfigurator: the package's systems to import (default h100_sxm,h200_sxm,b200_sxm)")
+    i.add_argument("--framework", default="trtllm", choices=("trtllm", "vllm", "sglang"),
+                   help="aiconfigurator: whose kernels (default trtllm); the rows' stack is <framework>-<version>")
+    i.add_argument("--version", dest="framework_version", default="1.3.0rc20",
+                   help="aiconfigurator: the framework's version directory (default 1.3.0rc20)")
+    i.add_argument("--families", default="gemm,context-attention",
+                   help="aiconfigurator: the kernel families to import, some of gemm, context-attention "
+                        "(default both)")
+    i.add_argument("--shapes", default="default", choices=("default", "all"),
+                   help="aiconfigurator: the transformer subset of GEMM shapes (default) or every shape")
     i.add_argument("--out", metavar="PATH",
                    help="where to write: a directory for vidur-compute (default traces/calibration) and vidur-network "
                         "(default traces/collectives), a .csv file for vidur-host (default "
-                        "traces/host-overheads/A100.csv)")
+                        "traces/host-overheads/A100.csv), a directory for aiconfigurator (default traces/calibration)")
     i.set_defaults(func=run_import)
     p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
 
@@ -512,6 +529,10 @@ class _Files:
 def run_import(args: argparse.Namespace) -> int:
     if args.source == "xla-collectives":
         return _import_xla_collectives(args)
+    if args.source == "aiconfigurator":
+        return _import_aiconfigurator(args)
+    if not args.commit:
+        raise InputError(None, "--commit", f"{args.source}: the commit the files are read at is required")
     files = _Files(args.origin, args.commit, args.date)
     if args.source == "vidur-compute":
         return _import_vidur_compute(args, files)
@@ -669,3 +690,72 @@ def _import_xla_collectives(args: argparse.Namespace) -> int:
     load_collectives(target)
     print(f"{target}: {len(rows)} rows")
     return 0
+
+
+def _import_aiconfigurator(args: argparse.Namespace) -> int:
+    """GEMM timings of aiconfigurator-core into ``<out>/<GPU>-aiconfigurator.csv`` (merged)."""
+    import datetime
+
+    from marssim.calibrate.aiconfigurator import (
+        AIC_GPUS, AIC_LICENSE, AIC_SOURCE, context_attention_rows, data_root, gemm_rows, stack_name, table_path,
+    )
+    from marssim.calibrate.table import merge_rows
+    from marssim.cost.calibrated import load_table, traces_dir
+
+    root = data_root(None if args.origin == "installed" else args.origin)
+    package_version = _aic_version(root)
+    gpus = [g.strip() for g in args.aic_gpus.split(",") if g.strip()]
+    for g in gpus:
+        if g not in AIC_GPUS:
+            raise InputError(None, "--aic-gpus", f"expected some of {', '.join(AIC_GPUS)}, got {g!r}")
+    families = [f.strip() for f in args.families.split(",") if f.strip()]
+    for f in families:
+        if f not in ("gemm", "context-attention"):
+            raise InputError(None, "--families", f"expected some of gemm, context-attention, got {f!r}")
+    date = args.date or datetime.date.today().isoformat()
+    stack = stack_name(args.framework, args.framework_version)
+    out_dir = Path(args.out) if args.out else traces_dir() / "calibration"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    subset = {} if args.shapes == "default" else {"m_values": None, "widths": None}
+    for gpu in gpus:
+        device = AIC_GPUS[gpu].device
+        target = out_dir / f"{device}-aiconfigurator.csv"
+        done = []
+        for family in families:
+            if family == "gemm":
+                path = table_path(root, gpu, "gemm", args.framework, args.framework_version, "gemm")
+                rows = gemm_rows(path, gpu, stack, package_version, date, **subset)
+                what = (f"GEMM latencies as {args.framework} {args.framework_version} runs them on {gpu}, writing "
+                        "bf16; fp8 is per-tensor scaled E4M3, fp4 NVFP4; fp8_block not imported")
+            else:
+                path = table_path(root, gpu, "attention", args.framework, args.framework_version, "context_attention")
+                rows = context_attention_rows(path, gpu, stack, package_version, date,
+                                              **({} if args.shapes == "default" else {"head_dims": None, "min_tokens": 1}))
+                what = (f"causal context attention as {args.framework} {args.framework_version} runs it on {gpu}, "
+                        "bf16 over a bf16 cache, no sliding window, as fused attention rows of backend flash")
+            rel = path.relative_to(root).as_posix()
+            comment = (f"# {AIC_SOURCE} {package_version} (NVIDIA, {AIC_LICENSE}): systems/data/{rel}, imported by "
+                       f"`marssim calibrate import aiconfigurator --shapes {args.shapes}` as stack {stack}: {what}; "
+                       "measurement date, spread and sample count not published (date: of the import, spread_s 0, "
+                       "samples 1)")
+            merge_rows(target, rows, comment)
+            counts: dict[tuple[str, str], int] = {}
+            for r in rows:
+                counts[(r.kind, r.dtype)] = counts.get((r.kind, r.dtype), 0) + 1
+            done += [f"{n:,} {d} {k}" for (k, d), n in sorted(counts.items())]
+        load_table(target)  # the full schema check of what was written
+        print(f"{target}: {device}, stack {stack}: " + ", ".join(done))
+    return 0
+
+
+def _aic_version(root: Path) -> str:
+    """The version of the aiconfigurator-core package whose ``systems/data`` is ``root``: from its
+    dist-info (beside the package) or the installed distribution's metadata, else ``unknown``."""
+    for info in sorted(root.parents[2].glob("aiconfigurator_core-*.dist-info")) if len(root.parents) > 2 else []:
+        return info.name[len("aiconfigurator_core-"):-len(".dist-info")]
+    try:
+        from importlib.metadata import version
+
+        return version("aiconfigurator-core")
+    except Exception:  # noqa: BLE001 - not installed: the version is not known
+        return "unknown"

@@ -110,8 +110,9 @@ def run(args: argparse.Namespace) -> int:
 
     from .search import mapping_settings
 
-    if args.csv and not args.csv.endswith(".csv"):
-        raise InputError(args.csv, "--csv", "expected a file name ending in .csv")
+    from ._common import check_output_file
+
+    check_output_file(args.csv, "--csv", (".csv",))
     if args.exhaustive_limit < 0:
         raise InputError(None, "--exhaustive-limit", f"expected 0 or a positive integer, got {args.exhaustive_limit}")
     from ._serve_search import run_compare, serving_requested

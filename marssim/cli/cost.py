@@ -228,8 +228,9 @@ def run(args: argparse.Namespace) -> int:
     from marssim.system import load_system
     from marssim.workload import load_workload
 
-    if args.csv and not args.csv.endswith(".csv"):
-        raise InputError(args.csv, "--csv", "expected a file name ending in .csv")
+    from ._common import check_output_file
+
+    check_output_file(args.csv, "--csv", (".csv",))
     system = load_system(args.system)
     graph = load_workload(args.workload, batch=args.batch)
     model = cost_model(args)

@@ -13,7 +13,7 @@ import argparse
 import time
 from pathlib import Path
 
-from ._common import add_cost_args, check_output_dir, cost_model
+from ._common import add_cost_args, check_output_dir, cost_model, seed_arg
 
 VERB = "demo"
 ORDER = 5
@@ -45,7 +45,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="the MARS search stops at the end of the generation that passes N evaluations "
                         f"(simulations and analytical estimates; default {DEFAULT_EVALUATIONS}): the same mapping on "
                         "every machine")
-    p.add_argument("--seed", type=int, default=0, help="search seed (default 0)")
+    p.add_argument("--seed", type=seed_arg, default=0, help="search seed (default 0)")
     p.add_argument("--workers", type=positive_int, default=1, help="processes evaluating candidates (default 1)")
     add_cost_args(p)
     p.set_defaults(func=run)

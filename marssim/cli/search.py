@@ -14,7 +14,7 @@ from pathlib import Path
 
 from marssim.errors import InputError
 
-from ._common import add_cost_args, check_output_dir, cost_model, positive_int
+from ._common import add_cost_args, check_output_dir, cost_model, positive_int, seed_arg
 
 VERB = "search"
 ORDER = 50
@@ -70,7 +70,7 @@ def add_search_args(p: argparse.ArgumentParser) -> None:
                    help="evaluate candidates on a Dask cluster (scheduler address; needs marssim[dask])")
     p.add_argument("--dask-timeout", dest="dask_timeout", type=positive_float, default=10.0, metavar="SECONDS",
                    help="seconds to wait for the Dask scheduler to answer (default 10)")
-    p.add_argument("--seed", type=int, default=0, help="random seed (same seed, same result; default 0); for serving "
+    p.add_argument("--seed", type=seed_arg, default=0, help="random seed (same seed, same result; default 0); for serving "
                                                        "deployments also the requests' and the random router's")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--global-batch", dest="global_batch", type=positive_int, metavar="N",
@@ -125,6 +125,13 @@ def load_case(args: argparse.Namespace):
         raise InputError(None, "--workers", "give --workers (local processes) or --dask (a cluster), not both")
     system = load_system(args.system)
     graph = load_workload(args.workload, batch=args.batch)
+    from marssim.plan import is_llm
+
+    from ._common import refuse_llm_off_gpus, refuse_missing_precision
+
+    if is_llm(graph):
+        refuse_llm_off_gpus(system, graph.spec)
+        refuse_missing_precision(graph.meta["transformer"], system, graph.spec)
     llm = llm_search_available(graph, system)
     if not llm:
         for flag, dest in (("--global-batch", "global_batch"), ("--ttft-bound", "ttft_bound")):

@@ -9,10 +9,14 @@ import math
 
 from marssim.errors import InputError
 
-from ._common import add_cost_args, check_output_dir, check_output_file, cost_model, positive_float, positive_int
+from ._common import (add_cost_args, check_output_dir, check_output_file, cost_model, positive_float, positive_int,
+                      refuse_llm_off_gpus, refuse_missing_precision, seed_arg)
 
 VERB = "serve"
 ORDER = 47
+
+MAX_REQUESTS = 10_000_000
+"""The most requests of one run (each is drawn and simulated: thousands a second)."""
 
 _DESCRIPTION = """\
 Serve requests with a deployment of LLM replicas and report time to first token (TTFT), time per
@@ -37,6 +41,14 @@ engines' throughput benchmark), --concurrency N [--duration T] (a closed loop of
 engines' serving benchmarks at a fixed concurrency).
 --rates 1,2,4,8 sweeps the rate (on --workers processes or a --dask cluster) instead of one run.
 """
+
+
+def _request_count(text: str) -> int:
+    value = positive_int(text)
+    if value > MAX_REQUESTS:
+        raise argparse.ArgumentTypeError(f"expected at most {MAX_REQUESTS:,} requests (a simulation serves thousands "
+                                         f"a second), got {value:,}")
+    return value
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -71,20 +83,21 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--duration", type=positive_float, metavar="SECONDS",
                    help="with --concurrency: users send requests until this simulated time (--requests is then "
                         "a starting cap, grown as needed)")
-    g.add_argument("--requests", type=positive_int, metavar="N",
+    g.add_argument("--requests", type=_request_count, metavar="N",
                    help="number of requests (default 1000; a replayed trace: all its rows)")
     g.add_argument("--rate", type=positive_float, metavar="R",
                    help="mean arrival rate in requests/s (Poisson, or the replayed trace sped up to it)")
     g.add_argument("--prefix", metavar="SETTINGS",
-                   help="shared prompt prefixes: tokens=T,groups=G,share=S (for prefix_caching)")
-    g.add_argument("--seed", type=int, help="random seed of the requests and the random router (default: the "
+                   help="shared prompt prefixes, put before the prompts: tokens=T,groups=G,share=S (for "
+                        "prefix_caching)")
+    g.add_argument("--seed", type=seed_arg, help="random seed of the requests and the random router (default: the "
                                             "file's requests.seed, else 0)")
     p.add_argument("--slo", metavar="BOUNDS", help="service-level objectives for goodput, e.g. ttft=2s,tpot=100ms,e2e=30s")
     s = p.add_argument_group("rate sweep")
     s.add_argument("--rates", metavar="R1,R2,...", help="simulate each arrival rate (requests/s): a latency-vs-load curve")
     s.add_argument("--workers", type=positive_int, metavar="N", help="sweep on N processes (default: the CPU count)")
     s.add_argument("--dask", metavar="ADDRESS", help="sweep on a Dask cluster (scheduler address; needs marssim[dask])")
-    s.add_argument("--dask-timeout", dest="dask_timeout", type=positive_float, default=10.0, metavar="SECONDS",
+    s.add_argument("--dask-timeout", dest="dask_timeout", type=positive_float, metavar="SECONDS",
                    help="seconds to wait for the Dask scheduler to answer (default 10)")
     o = p.add_argument_group("outputs")
     o.add_argument("--out", metavar="DIR", help="write summary.json and CSV tables (requests, iterations, replicas, "
@@ -137,6 +150,10 @@ def _deployment(args: argparse.Namespace, data: dict):
             changes[flag] = value
     dep = base.with_(**changes) if changes else base
     check_deployment(dep, args.deployment or "--pool")
+    if not dep.disaggregated and (args.decode_router is not None or "decode_router" in data):
+        where = (None, "--decode-router") if args.decode_router is not None else (args.deployment, "decode_router")
+        raise InputError(*where, "applies to disaggregated pools (role=prefill and role=decode); these pools "
+                                 "prefill and decode on the same replicas")
     return dep
 
 
@@ -175,12 +192,20 @@ def _requests(args: argparse.Namespace, data: dict):
         elif replay:
             if arrival:
                 raise InputError(None, "--arrival", "--replay takes the trace's arrivals; drop one of them")
+            for given, where in ((prompt, prompt_where), (output, output_where)):
+                if given is not None and not str(given).startswith("trace:"):
+                    raise InputError(None, where, "--replay takes the trace's prompt and output lengths with its "
+                                                  "arrivals; drop one of them (or give --arrival with --prompt "
+                                                  "and --output)")
             load_trace(str(replay))
             arrivals = Arrivals("trace", trace=str(replay))
             prompt = prompt or f"trace:{replay}"
             output = output or f"trace:{replay}"
         elif arrival:
             arrivals = parse_arrivals(str(arrival), arrival_where)
+            if arrivals.kind == "offline" and rate is not None:
+                raise InputError(None, "--rate", "offline arrivals all come at time 0: a rate does nothing; drop "
+                                                 "--rate, or give --arrival poisson:rate=R")
         elif rate is not None:
             arrivals = Arrivals("poisson", rate=float(rate))
         else:
@@ -198,8 +223,10 @@ def _requests(args: argparse.Namespace, data: dict):
     if count is None:
         count = len(load_trace(arrivals.trace)) if arrivals.kind == "trace" else \
             max(1000, arrivals.concurrency) if arrivals.kind == "closed" and not arrivals.duration else 1000
-    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-        raise InputError(file, "requests.count", f"expected a positive integer, got {count!r}")
+    if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_REQUESTS:
+        where = (None, "--requests") if args.requests is not None else (file, "requests.count")
+        raise InputError(*where, f"expected a number of requests from 1 to {MAX_REQUESTS:,} (a simulation serves "
+                                 f"thousands of requests a second), got {count!r}")
     spec = RequestSpec(arrivals, p, o, int(count))
     if prefix:
         tokens, groups, share = parse_prefix(str(prefix), prefix_where)
@@ -209,6 +236,25 @@ def _requests(args: argparse.Namespace, data: dict):
     if rate is not None and (arrivals.kind == "trace" or arrival):
         spec = spec.with_rate(float(rate))
     return spec
+
+
+def check_context(model, spec, seed: int) -> None:
+    """InputError when a request of ``spec`` (drawn with ``seed``; its prompt, shared prefix and
+    output tokens together) is longer than ``model``'s context (``max_positions``), which no
+    engine serves (vLLM refuses such a prompt unless ``--max-model-len`` truncates it)."""
+    import numpy as np
+
+    requests = spec.draw(seed)
+    total = requests.prompt + requests.output
+    over = np.flatnonzero(total > model.max_positions)
+    if len(over):
+        i = int(over[np.argmax(total[over])])
+        where = "--replay" if spec.arrivals.kind == "trace" and spec.prompt.kind == "trace" else "--prompt"
+        raise InputError(None, where, f"{len(over):,} of {len(total):,} requests need more tokens than the model's "
+                                      f"context of {model.max_positions:,} (the longest: prompt "
+                                      f"{int(requests.prompt[i]):,} + output {int(requests.output[i]):,}); give "
+                                      "shorter --prompt and --output lengths, or a model with a longer context "
+                                      "(max_positions=)")
 
 
 def _closed_loop(concurrency, concurrency_where: str, duration, duration_where: str, file: str | None,
@@ -232,7 +278,7 @@ def _closed_loop(concurrency, concurrency_where: str, duration, duration_where: 
     seconds = 0.0
     if duration is not None:
         try:
-            seconds = duration if isinstance(duration, float) else units.parse(duration, "time", bounded=True)
+            seconds = duration if isinstance(duration, float) else units.parse(duration, "time", require_unit=True, bounded=True)
         except units.UnitError as err:
             raise InputError(*where(duration_where), str(err)) from None
         if not seconds > 0:
@@ -246,8 +292,8 @@ def request_seed(args: argparse.Namespace, data: dict) -> int:
     if args.seed is not None:
         return args.seed
     value = (data.get("requests") or {}).get("seed", 0)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InputError(args.deployment, "requests.seed", f"expected an integer, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**63:
+        raise InputError(args.deployment, "requests.seed", f"expected an integer from 0 to 2^63-1, got {value!r}")
     return value
 
 
@@ -267,15 +313,19 @@ def _slo(args: argparse.Namespace, data: dict):
                 bounds[key] = units.parse(value, "time", require_unit=True, bounded=True)
             except units.UnitError as err:
                 raise InputError(args.deployment, f"slo.{key}", str(err)) from None
-    if args.slo:
+    if args.slo is not None:
+        given: set[str] = set()
         for part in args.slo.split(","):
             key, eq, value = part.partition("=")
             key = key.strip()
             if not eq or key not in ("ttft", "tpot", "e2e"):
                 raise InputError(None, "--slo", f"expected ttft=, tpot= or e2e= bounds like ttft=2s,tpot=100ms, "
                                                 f"got {part.strip()!r}")
+            if key in given:
+                raise InputError(None, f"--slo.{key}", "given twice")
+            given.add(key)
             try:
-                bounds[key] = units.parse(value.strip(), "time", bounded=True)
+                bounds[key] = units.parse(value.strip(), "time", require_unit=True, bounded=True)
             except units.UnitError as err:
                 raise InputError(None, f"--slo.{key}", str(err)) from None
     return SLO(**bounds)
@@ -310,7 +360,7 @@ def _executor(args: argparse.Namespace, points: int):
 
         workers = min(points, os.cpu_count() or 1)
     try:
-        opened = open_executor(workers, args.dask, dask_timeout=args.dask_timeout)
+        opened = open_executor(workers, args.dask, dask_timeout=args.dask_timeout or 10.0)
         executor = opened.__enter__()
     except (ImportError, ConnectionError) as exc:
         raise InputError(None, "--dask", str(exc)) from None
@@ -338,11 +388,20 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(None, "--system", "give the system (e.g. --system dgx-h100-cluster:nodes=8)")
     model = load_model(str(model_spec))
     system = load_system(str(system_spec))
+    refuse_llm_off_gpus(system, str(model_spec), "--system" if args.system else "system")
+    refuse_missing_precision(model, system, str(model_spec), "--model" if args.model else "model")
     deployment = _deployment(args, data)
     spec = _requests(args, data)
     slo = _slo(args, data)
     args.seed = request_seed(args, data)
     rates = _rates(args.rates)
+    if not rates:
+        for flag, dest in (("--workers", "workers"), ("--dask", "dask")):
+            if getattr(args, dest) is not None:
+                raise InputError(None, flag, "runs the points of a rate sweep; give --rates R1,R2,... or drop it")
+    if args.dask_timeout is not None and not args.dask:
+        raise InputError(None, "--dask-timeout", "applies to --dask; drop it, or give --dask ADDRESS")
+    check_context(model, spec, args.seed)
     cost = cost_model(args)
     if rates:
         if spec.arrivals.kind == "closed":

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ._common import add_cost_args, check_output_dir, cost_model, positive_int
+from ._common import add_cost_args, check_output_dir, cost_model, positive_int, seed_arg
 
 VERB = "validate"
 ORDER = 60
@@ -34,7 +34,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     src.add_argument("--sample", type=positive_int, metavar="N",
                      help="draw N mappings from the mapping space (default 50): a third uniformly, a third "
                           "pipelines with the most micro-batches, a third with channel sharding on every layer")
-    p.add_argument("--seed", type=int, default=0, help="seed for --sample (default 0)")
+    p.add_argument("--seed", type=seed_arg, default=0, help="seed for --sample (default 0)")
     p.add_argument("--max-sets", dest="max_sets", type=positive_int, help="at most this many accelerator sets when sampling")
     p.add_argument("--estimates", metavar="FILE.csv",
                    help="also compare your own numbers: columns mapping,makespan_s (per mapping: name or key prefix) "

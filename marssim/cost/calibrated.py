@@ -123,9 +123,13 @@ so every row says which stack measured it (``stack``) and a design says which st
 (``gpu.stack`` of :class:`marssim.system.design.GpuSpec`): its measured lookups and its curve
 fits use that stack's rows (and rows of unknown stack, e.g. the SIP tuner's), never another
 stack's. A design without ``gpu.stack`` uses every row of its device, as tables with one stack
-always did. Shipped tables: ``H100.csv`` holds ``pytorch-2.11.0+cu130`` (the measurement
-harness, 2026) and ``vidur-2024`` (Vidur's published profiles, :mod:`marssim.calibrate.published`);
-``A100.csv`` holds ``vidur-2024``.
+always did. A design may also name ``gpu.fallback_stacks``: the kernel families (kind, dtype,
+attention backend) its stack did not measure take the rows of the first of them that did
+(:func:`marssim.cost.model.design_stacks`). Shipped tables: ``H100.csv`` holds
+``pytorch-2.11.0+cu130`` (the measurement harness, 2026) and ``vidur-2024`` (Vidur's published
+profiles, :mod:`marssim.calibrate.published`); ``A100.csv`` holds ``vidur-2024``;
+``H100-aiconfigurator.csv``, ``H200-aiconfigurator.csv`` and ``B200-aiconfigurator.csv`` hold
+``trtllm-1.3.0rc20`` (NVIDIA AIConfigurator's GEMMs, :mod:`marssim.calibrate.aiconfigurator`).
 
 Bad rows raise :class:`~marssim.errors.InputError` naming the file, the line and the column.
 
@@ -511,10 +515,15 @@ def load_table(path: str | Path) -> KernelTable:
     """Read and validate one calibration CSV. Raises InputError (file, line, column)."""
     path = Path(path)
     name = str(path)
+    from marssim.limits import MAX_CSV_BYTES, check_file_size
+
+    check_file_size(path, MAX_CSV_BYTES, "a calibration table")
     try:
         text = path.read_text(encoding="utf-8-sig")
     except OSError as err:
         raise InputError(name, "", f"cannot read calibration table: {err.strerror or err}") from None
+    except UnicodeDecodeError as err:
+        raise InputError(name, "", f"not a text file (byte {err.start:,} is not UTF-8); expected a CSV table") from None
     lines = [(i + 1, line) for i, line in enumerate(text.splitlines()) if line.strip() and not line.lstrip().startswith("#")]
     if not lines:
         raise InputError(name, "", f"expected a header line with the columns {', '.join(REQUIRED_COLUMNS)}")

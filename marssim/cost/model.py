@@ -65,7 +65,7 @@ from .gpu import GpuTable, design_peaks, gpu_gemm, gpu_stream
 from .loopmap import nvdla_gemm, rs_gemm, shidiannao_gemm
 from .systolic import systolic_gemm
 
-__all__ = ["DataflowCost", "SystolicCost", "LoopMapCost", "GpuRooflineCost", "CalibratedCost"]
+__all__ = ["DataflowCost", "SystolicCost", "LoopMapCost", "GpuRooflineCost", "CalibratedCost", "design_stacks"]
 
 _log = logging.getLogger("marssim.cost")
 
@@ -99,6 +99,32 @@ class _Columns:
 
 
 _SHARED_FITS: dict[tuple, dict] = {}  # see DataflowCost._fitted
+
+
+def design_stacks(design: Design) -> str | tuple[str, ...] | None:
+    """The software stack(s) whose rows time a GPU design's kernels: ``gpu.stack``, or with
+    ``gpu.fallback_stacks`` the tuple of it and them, in order of preference."""
+    gpu = design.gpu
+    fallback = tuple(s for s in gpu.fallback_stacks if s and s != gpu.stack)
+    if gpu.stack is None or not fallback:
+        return gpu.stack
+    return (gpu.stack, *fallback)
+
+
+def _first_stack_rows(rows: Sequence[KernelTiming], stacks: tuple[str, ...]) -> tuple[KernelTiming, ...]:
+    """Of ``rows``, those of unknown stack and, per kernel family (kind, dtype, attention
+    backend), those of the first of ``stacks`` that has rows of the family; in table order."""
+    from .calibrated import lookup_backend
+
+    rank = {s: i for i, s in enumerate(stacks)}
+    first: dict[tuple[str, str, str], int] = {}
+    for r in rows:
+        if r.stack in rank:
+            family = (r.kind, r.dtype, lookup_backend(r.kind, r.backend))
+            first[family] = min(first.get(family, len(stacks)), rank[r.stack])
+    return tuple(r for r in rows if not r.stack or (r.stack in rank and
+                                                    rank[r.stack] == first[(r.kind, r.dtype,
+                                                                            lookup_backend(r.kind, r.backend))]))
 
 
 def _table_files(source: Path) -> tuple | None:
@@ -158,6 +184,8 @@ class DataflowCost:
         self._calibrated = calibration is not None  # None: the analytical roofline, by choice
         self._device_fits: dict[str, dict[tuple[str, str], KernelFit]] = {}
         self._device_measured: dict[str, dict[tuple[int, ...], KernelTiming]] = {}
+        self._file_tables: dict[Path, KernelTable] = {}  # a directory's tables, each read when first needed
+        self._file_list: tuple[Path, ...] | None = None  # the directory's tables when first looked at
         self._reset()
 
     # ------------------------------------------------------------------ pickling and caches
@@ -180,11 +208,14 @@ class DataflowCost:
         return {"source": self._source, "table": self._table, "given_fits": self._given_fits,
                 "tuning": self.tuning, "device_fits": self._device_fits, "measured": self.measured,
                 "device_measured": self._device_measured, "correction": self.correction,
-                "allow_uncalibrated": self.allow_uncalibrated, "calibrated": self._calibrated}
+                "allow_uncalibrated": self.allow_uncalibrated, "calibrated": self._calibrated,
+                "file_tables": self._file_tables, "file_list": self._file_list}
 
     def __setstate__(self, state: dict) -> None:
         self._source = state["source"]
         self._table = state["table"]
+        self._file_tables = state.get("file_tables", {})
+        self._file_list = state.get("file_list")
         self._given_fits = state["given_fits"]
         self.tuning = state["tuning"]
         self._device_fits = state["device_fits"]
@@ -243,7 +274,24 @@ class DataflowCost:
         return did
 
     # ------------------------------------------------------------------ calibration
-    def _load_table(self) -> KernelTable:
+    def _load_table(self, name: str | None = None) -> KernelTable:
+        """The rows this model reads; from a directory of tables and for a device ``name`` (lower
+        case), those of the files that can hold its rows (the name is the file's or appears in its
+        text), each file read once, of the files the directory held when first looked at."""
+        if self._table is None and name is not None and self._source is not None and self._source.is_dir():
+            if self._file_list is None:
+                self._file_list = tuple(sorted(self._source.glob("*.csv")))
+            table = KernelTable(())
+            for path in self._file_list:
+                got = self._file_tables.get(path)
+                if got is None:
+                    if path.stem.lower() != name and name not in path.read_text(encoding="utf-8-sig").lower():
+                        continue
+                    got = self._file_tables[path] = load_table(path)
+                elif path.stem.lower() != name and name not in {d.lower() for d in got.devices()}:
+                    continue
+                table = table + got
+            return table
         if self._table is None:
             src = self._source
             if src is None:
@@ -259,16 +307,21 @@ class DataflowCost:
                 self._table = KernelTable(())
         return self._table
 
-    def _device_rows(self, name: str, stack: str | None = None) -> tuple[KernelTiming, ...]:
+    def _device_rows(self, name: str, stack: str | tuple[str, ...] | None = None) -> tuple[KernelTiming, ...]:
         """Rows of the table whose device or file name equals ``name`` (lower case) and, for a
-        ``stack``, measured on it or on an unknown stack (:meth:`KernelTable.for_stack`)."""
-        table = self._load_table()
+        ``stack``, measured on it or on an unknown stack (:meth:`KernelTable.for_stack`); for a
+        tuple of stacks (:func:`design_stacks`), each kernel family's (kind, dtype, attention
+        backend) rows of the first stack that measured it."""
+        if isinstance(stack, tuple):
+            return _first_stack_rows(self._device_rows(name), stack)
+        table = self._load_table(name)
         stems: dict[str, str] = {}  # per source: its file's name without suffix, lower case
 
         def stem(source: str) -> str:
-            hit = stems.get(source)
+            file = source.rsplit(":", 1)[0]
+            hit = stems.get(file)
             if hit is None:
-                hit = stems[source] = Path(source.rsplit(":", 1)[0]).stem.lower()
+                hit = stems[file] = Path(file).stem.lower()
             return hit
 
         return tuple(r for r in table.rows
@@ -377,7 +430,7 @@ class DataflowCost:
         none of its rows of the design's software stack): an InputError naming the table and
         where it was looked for, unless the roofline fallback was asked for
         (``allow_uncalibrated``: an InputWarning says so once per table)."""
-        stack = design.gpu.stack
+        stack = design_stacks(design)
         if fits or self.measured_for(name, stack):
             return
         where = self._searched()
@@ -395,7 +448,7 @@ class DataflowCost:
                              "ops are timed by the analytical GPU roofline, as asked")
 
     def _gpu_table(self, design: Design) -> GpuTable:
-        name, stack = design.gpu.calibration, design.gpu.stack
+        name, stack = design.gpu.calibration, design_stacks(design)
         fits = self.fits_for(name, design_peaks(design), stack) if name else {}
         if name and self._calibrated:
             self._check_calibration(design, fits, name)
@@ -412,7 +465,7 @@ class DataflowCost:
         the ``measured`` switch."""
         if design.dataflow != "gpu" or not design.gpu.calibration:
             return None
-        row = _lookup(self.measured_for(design.gpu.calibration, design.gpu.stack), op_features(op))
+        row = _lookup(self.measured_for(design.gpu.calibration, design_stacks(design)), op_features(op))
         return None if row is None else row.median_s
 
     def curve_cost(self, op: Op, design: Design) -> OpCost:
@@ -428,7 +481,7 @@ class DataflowCost:
         for other designs."""
         if design.dataflow != "gpu":
             return {}
-        name, stack = design.gpu.calibration, design.gpu.stack
+        name, stack = design.gpu.calibration, design_stacks(design)
         fits = self.fits_for(name, design_peaks(design), stack) if name else {}
         shapes: dict[tuple[int, int], int] = {}
         if name and self.measured:

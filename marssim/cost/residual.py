@@ -232,9 +232,24 @@ def _square_distances(x: np.ndarray, start: np.ndarray | None = None) -> np.ndar
     return d2
 
 
+LARGE_GROUP = 4096
+"""Shapes above which the leave-one-out neighbours come from a k-d tree instead of the full
+matrix of distances (whose memory and time grow with the square of the shapes: a group of
+imported measurements holds thousands); the same neighbours, equidistant ones in the tree's
+order."""
+
+
 def _loo_neighbours(x: np.ndarray, kmax: int, d2: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Distances and indices of the ``kmax`` nearest other points of each point (``d2``: the
     squared distances of ``x`` when already computed)."""
+    if d2 is None and len(x) > LARGE_GROUP:
+        from scipy.spatial import cKDTree
+
+        kk = min(kmax, len(x) - 1)
+        dist, idx = cKDTree(x).query(x, k=kk + 1)
+        own = idx == np.arange(len(x))[:, None]  # drop each point itself (the first of its zero distances)
+        keep = np.where(own.any(axis=1)[:, None], ~own, np.arange(kk + 1)[None, :] < kk)
+        return dist[keep].reshape(len(x), kk), idx[keep].reshape(len(x), kk)
     d2 = _square_distances(x) if d2 is None else d2
     np.fill_diagonal(d2, np.inf)
     kk = min(kmax, len(x) - 1)

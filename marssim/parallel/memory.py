@@ -42,8 +42,8 @@ from marssim.workload.op import DTYPE_BYTES
 
 from .config import ParallelConfig
 
-__all__ = ["StaticMemory", "MemoryEstimate", "rank_parameters", "low_precision_rank_parameters", "static_bytes",
-           "memory_estimate", "check_memory"]
+__all__ = ["StaticMemory", "MemoryEstimate", "rank_parameters", "low_precision_rank_parameters", "rank_weight_bytes",
+           "static_bytes", "memory_estimate", "check_memory"]
 
 
 @dataclass(frozen=True)
@@ -147,7 +147,7 @@ def low_precision_rank_parameters(graph: Graph, cfg: ParallelConfig, rules) -> d
     return dict(per)
 
 
-def _rank_weight_bytes(graph: Graph, cfg: ParallelConfig, rules) -> dict[int, float]:
+def rank_weight_bytes(graph: Graph, cfg: ParallelConfig, rules) -> dict[int, float]:
     """Per layer group: bytes of weights one rank holds, each op's parameters at the bytes the
     workload holds per parameter (:func:`marssim.workload.llm.precision.held_weight_bytes`)."""
     from marssim.workload.llm.precision import held_weight_bytes
@@ -195,7 +195,7 @@ def static_bytes(graph: Graph, cfg: ParallelConfig, stage: int, rules, per: dict
     if per is None:
         per, _ = rank_parameters(graph, cfg, rules)
     if held_per is None:
-        held_per = _rank_weight_bytes(graph, cfg, rules)
+        held_per = rank_weight_bytes(graph, cfg, rules)
     params = sum(per.get(layer, 0) for layer in layers)
     held = sum(held_per.get(layer, 0.0) for layer in layers)
     if t.tie_embeddings and cfg.pp > 1 and stage == cfg.pp - 1 and t.training:
@@ -238,7 +238,7 @@ def memory_estimate(graph: Graph, cfg: ParallelConfig, capacity: float, rules=No
         rules = op_rules(graph, cfg)
     if per is None:
         per, _ = rank_parameters(graph, cfg, rules)
-    held_per = _rank_weight_bytes(graph, cfg, rules)
+    held_per = rank_weight_bytes(graph, cfg, rules)
     static = {s: static_bytes(graph, cfg, s, rules, per, held_per) for s in range(cfg.pp)}
     acts: dict[int, float] = {}
     working: dict[int, float] = {}

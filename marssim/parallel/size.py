@@ -18,13 +18,14 @@ import os
 from dataclasses import dataclass
 
 from marssim.errors import InputError
+from marssim.system.cluster import MAX_CLUSTER_GPUS
 
 __all__ = ["SizeEstimate", "MAX_GPUS", "TASKGRAPH_BYTES_PER_TASK", "SIMULATION_BYTES_PER_TASK", "BYTES_PER_GPU",
            "machine_memory", "check_gpus", "check_size"]
 
-MAX_GPUS = 262_144
-"""The most GPUs a configuration may span: above the largest clusters built (100,000 to
-200,000 GPUs in 2024-2025); placement and folding hold a few kB per GPU."""
+MAX_GPUS = MAX_CLUSTER_GPUS
+"""The most GPUs a configuration may span: those of the largest cluster a system may have
+(:data:`marssim.system.cluster.MAX_CLUSTER_GPUS`); placement and folding hold a few kB per GPU."""
 
 TASKGRAPH_BYTES_PER_TASK = 105.0
 """Bytes of a TaskGraph per task: 16 columns and about two predecessors a task (measured on the

@@ -71,6 +71,9 @@ def load_plan(name_or_path: str | Path, *, system: System | str | None = None, w
                                                       "and shardings itself") for k in extra])
         raw = data["parallel"]
         config = parse_parallel(raw, file)
+        from marssim.parallel.size import check_gpus
+
+        check_gpus(config.gpus, file)  # before the system is built
         graph, system = mapping_inputs(data, path, system, workload, batch)
         spec = workload if isinstance(workload, str) else data.get("workload", "")
         config, graph = bind_parallel(config, graph, system, file, micro_batch_given="micro_batch" in raw,

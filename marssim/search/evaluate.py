@@ -116,6 +116,9 @@ class Evaluation:
     capacity: float = float("nan")
     runs: int = 0
     latency: dict = field(default_factory=dict, compare=False)
+    user_tokens_per_s: float = float("nan")
+    """A deployment's mean rate a user sees, tokens/s: per request, its tokens after the first over
+    their decoding time (1 / TPOT); NaN for a screen or a run stopped early."""
 
     @property
     def serving(self) -> bool:
@@ -289,7 +292,8 @@ def deployment_evaluation(problem: Problem, deployment: Deployment, how: str) ->
     return Evaluation(float(s.get("duration_s", math.nan)), float(s.get("output_tokens_per_s", math.nan)),
                       feasible=done.feasible, error=done.error, wall_s=time.perf_counter() - t0, rate=done.rate,
                       goodput=done.goodput, gpus=done.gpus, cost_per_mtok=done.cost_per_mtok, slo_ratio=done.ratio,
-                      slo_miss=miss, capacity=done.capacity_rps, runs=done.runs, latency=latency)
+                      slo_miss=miss, capacity=done.capacity_rps, runs=done.runs, latency=latency,
+                      user_tokens_per_s=float(s.get("user_tokens_per_s", {}).get("mean", math.nan)))
 
 
 # ---------------------------------------------------------------------- worker side

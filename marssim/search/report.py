@@ -18,7 +18,7 @@ from marssim.workload import Graph
 from .result import Candidate, SearchResult
 
 __all__ = ["fitness_display", "plot_convergence", "save_figure", "describe_best", "describe_mapping", "format_top",
-           "top_candidates", "top_rows", "equivalence_key", "search_summary", "short_config", "short_deployment",
+           "top_candidates", "top_rows", "equivalence_key", "deployment_source", "meets_slo", "search_summary", "short_config", "short_deployment",
            "describe_deployment", "deployment_class", "WIDTH"]
 
 WIDTH = 120
@@ -207,7 +207,9 @@ def top_candidates(result: SearchResult, n: int = 10) -> list[Candidate]:
     (:func:`equivalence_key`)."""
     evaluation = {plan_key(c.plan): c.evaluation for c in result.candidates}
     if isinstance(result.best, Deployment):
-        return result.top(n, key=lambda p: deployment_class(p, evaluation[plan_key(p)]))
+        top = result.top(n, key=lambda p: deployment_class(p, evaluation[plan_key(p)]))
+        # simulated deployments meeting the constraints first (stable: each group by fitness)
+        return sorted(top, key=lambda c: not meets_slo(c))
     if not isinstance(result.best, ParallelConfig):
         return result.top(n)
     return result.top(n, key=lambda p: equivalence_key(p, evaluation[plan_key(p)], result.objective))
@@ -241,14 +243,33 @@ def _row(c: Candidate) -> dict:
     return row
 
 
+SIMULATED, SCREEN_ONLY = "simulated", "screen only"
+"""Where a deployment's figures come from: its simulation, or the closed-form screen alone."""
+
+
+def deployment_source(c: Candidate) -> str:
+    """:data:`SIMULATED` or :data:`SCREEN_ONLY`."""
+    return SIMULATED if c.simulated is not None else SCREEN_ONLY
+
+
+def meets_slo(c: Candidate) -> bool:
+    """Whether a deployment's *simulation* meets the constraints: a screen's figures never count
+    (the closed form's TTFT tail is its weakest part: a deployment screened well within a bound
+    can simulate far outside it)."""
+    e = c.simulated
+    return e is not None and e.feasible and e.slo_met
+
+
 def _deployment_row(c: Candidate) -> dict:
     """A deployment's record: its text, GPUs, and the figures of its simulation (or, screened
     only, of the screen; ``simulated`` says which): rate and goodput (requests/s), latency
     percentiles (ms), output tokens/s, dollars per million output tokens, the constraints'
-    ratio; the screen's rate, goodput, TTFT and TBT P99 beside them."""
+    ratio; the screen's rate, goodput, TTFT and TBT P99 beside them. ``source`` says where the
+    figures come from (``simulated``, ``screen only``); ``meets_slo`` is True only for a simulation
+    that meets the constraints (:func:`meets_slo`), never for a screen."""
     e = c.evaluation
-    row = {"deployment": c.plan.text(), "simulated": c.simulated is not None, "gpus": e.gpus, "rate_rps": e.rate,
-           "goodput_rps": e.goodput}
+    row = {"deployment": c.plan.text(), "source": deployment_source(c), "meets_slo": meets_slo(c),
+           "simulated": c.simulated is not None, "gpus": e.gpus, "rate_rps": e.rate, "goodput_rps": e.goodput}
     for m in ("ttft", "tbt", "tpot", "e2e"):
         for st in ("p50", "p99"):
             row[f"{m}_{st}_ms"] = e.latency.get(f"{m}_{st}", float("nan")) * 1e3
@@ -266,19 +287,25 @@ def _deployment_row(c: Candidate) -> dict:
 def _format_top_deployments(result: SearchResult, cands: list[Candidate]) -> str:
     goodput = result.objective == "goodput"
     col = max([46, *(len(short_deployment(c.plan)) + 1 for c in cands)])  # widened, never cut
-    head = (f"{'#':>2}  {'deployment':<{col}}{'by':>7}{'GPUs':>6}{'goodput' if goodput else 'req/s':>9}"
+    head = (f"{'#':>2}  {'deployment':<{col}}{'source':>8}{'SLO':>7}{'GPUs':>6}{'goodput' if goodput else 'req/s':>9}"
             f"{'TTFT P99':>10}{'TBT P99':>9}{'tok/s':>10}{'$/Mtok':>9}")
-    lines = [head, f"{'':<{col + 9}}{'':>6}{'req/s':>9}{'ms':>10}{'ms':>9}"]
+    lines = [head, f"{'':<{col + 17}}{'':>6}{'req/s':>9}{'ms':>10}{'ms':>9}"]
+    screen_rows = False
     for i, c in enumerate(cands, start=1):
         e = c.evaluation
+        if c.simulated is None and not screen_rows:
+            screen_rows = True
+            lines.append("    screened only, not simulated: the closed form's figures; whether they meet the "
+                         "constraints is not known")
         rate = e.goodput if goodput else e.rate
         cost = f"{e.cost_per_mtok:>9.3g}" if e.cost_per_mtok == e.cost_per_mtok else f"{'-':>9}"
-        line = (f"{i:>2}  {short_deployment(c.plan):<{col}}{'sim' if c.simulated is not None else 'screen':>7}"
-                f"{e.gpus:>6d}{rate:>9.4g}{_num_cell(e.latency.get('ttft_p99', float('nan')) * 1e3, 10)}"
+        slo = "met" if meets_slo(c) else "?" if c.simulated is None else "missed"
+        line = (f"{i:>2}  {short_deployment(c.plan):<{col}}{'sim' if c.simulated is not None else 'screen':>8}"
+                f"{slo:>7}{e.gpus:>6d}{rate:>9.4g}{_num_cell(e.latency.get('ttft_p99', float('nan')) * 1e3, 10)}"
                 f"{_num_cell(e.latency.get('tbt_p99', float('nan')) * 1e3, 9)}{e.throughput:>10.4g}{cost}")
         lines.append(line)
-    lines.append("(sim: simulated; screen: the closed form only; only deployments meeting the constraints; engine "
-                 "settings that change no figure shown once)")
+    lines.append("(source sim: simulated, SLO met: its simulation meets the constraints; screen: the closed form "
+                 "only,\n SLO ?: not known; engine settings that change no figure shown once)")
     return "\n".join(lines)
 
 

@@ -78,7 +78,10 @@ class ServeSearchSettings:
     degrees within a node that split the model, pipeline degrees up to ``max_pp``,
     disaggregation (``disaggregation``), at most ``max_gpus`` GPUs (None: the system's), the
     level-2 values; ``router`` and ``context_bucket`` (:class:`~marssim.serve.Deployment`) are
-    those of every candidate."""
+    those of every candidate. ``simulate_front``: at the end, the GA simulates deployments the
+    screen puts on the throughput-interactivity Pareto front (:mod:`marssim.search.pareto`), with
+    what its generations left of the budget of simulations (they stop :attr:`front_reserve`
+    short of it)."""
 
     objective: str = "goodput"
     population: int = 12
@@ -101,6 +104,14 @@ class ServeSearchSettings:
     block_sizes: tuple[int, ...] = (16, 32)
     router: str = "least_tokens"
     context_bucket: int = 1
+    simulate_front: bool = True
+    front_simulations: int = 6
+
+    @property
+    def front_reserve(self) -> int:
+        """Simulations of the budget the GA's generations leave for the Pareto front: at most
+        ``front_simulations``, a quarter of ``max_simulations``; none without ``simulate_front``."""
+        return min(self.front_simulations, self.max_simulations // 4) if self.simulate_front else 0
 
 
 # ----------------------------------------------------------------------------- the space
@@ -331,6 +342,8 @@ class _ServeStrategy:
         self.scored: list[tuple[Deployment, Evaluation]] = []
         self.best_screen: tuple = (2, math.inf)
         self._improved = False
+        self.front_note: dict[str, int] = {}
+        self.cap = settings.max_simulations - settings.front_reserve  # the generations' simulations
 
     # --------------------------------------------------------------- evaluation
     def fitness(self, evaluation: Evaluation) -> float:
@@ -357,7 +370,7 @@ class _ServeStrategy:
         budget of simulations."""
         todo = [d for d in dict.fromkeys(deps) if self.ev.known(d) is None
                 and (self.ev.screened(d) is None or self.ev.screened(d).feasible)]
-        todo = todo[:max(0, self.settings.max_simulations - self.ev.simulations)]
+        todo = todo[:max(0, min(self.cap, self.settings.max_simulations) - self.ev.simulations)]
         if todo:
             self.ev.simulate(todo, side_by_side=True)
 
@@ -456,7 +469,29 @@ class _ServeStrategy:
                 "screened_meeting_slo": sum(1 for _, e in screened if e.feasible and e.slo_ratio <= 1)}
 
     def finish(self) -> None:
+        """One more deployment to simulate, then (``simulate_front``) the deployments the screen
+        puts on the throughput-interactivity front (:func:`~marssim.search.pareto.screen_front`)
+        not simulated yet, with what is left of the budget (when it holds fewer, spread along the
+        front: its ends and evenly between, by the screen's TPOT); how many were simulated and how
+        many the budget left out goes into :attr:`front_note`."""
         self.simulate(self.to_simulate(1))
+        if not self.settings.simulate_front:
+            return
+        from .pareto import screen_front
+
+        self.cap = self.settings.max_simulations
+        front = screen_front(self.ev.screened_plans(), self.settings.screen_slack)
+        todo = [d for d in front if self.ev.known(d) is None and self.ev.screened(d).feasible]
+        room = max(0, self.cap - self.ev.simulations)
+        if len(todo) > room:  # spread along the front: its two ends and evenly between
+            todo.sort(key=lambda d: (self.ev.screened(d).latency.get("tpot_mean", math.inf), d.text()))
+            picks = sorted({round(i * (len(todo) - 1) / max(1, room - 1)) for i in range(room)}) if room else []
+            todo = [todo[i] for i in picks]
+        before = self.ev.simulations
+        self.simulate(todo)
+        done = self.ev.simulations - before
+        unsimulated = sum(1 for d in front if self.ev.known(d) is None)
+        self.front_note = {"screen_front": len(front), "simulated_for_front": done, "left_by_budget": unsimulated}
 
     # --------------------------------------------------------------- level 2
     def gene_values(self, pool: Pool, gene: str) -> list:
@@ -680,6 +715,10 @@ class _GridStrategy(_ServeStrategy):
 
     algorithm = "uniform-grid"
 
+    def __init__(self, space, ev, settings) -> None:
+        super().__init__(space, ev, settings)
+        self.cap = settings.max_simulations  # no front to keep simulations for
+
     def initial(self, seeds: Sequence[Deployment]) -> list[Deployment]:
         return []
 
@@ -763,6 +802,8 @@ def _run(strategy_cls, case: ServeCase, system: System, cost: CostModel, setting
         result = None
     if result is not None:
         result.notes["runs"] = sum(e.runs for _, e in ev.simulated_plans())
+        if strategy.front_note:
+            result.notes["pareto"] = strategy.front_note
     _check(ev, space, result)
     return result
 
@@ -775,7 +816,8 @@ def mars_serve(case: ServeCase, system: System, cost: CostModel, settings: Serve
     with each generation's history row. Raises :class:`~marssim.search.result.SearchInterrupted`
     on Ctrl-C (with the best so far), InputError when nothing meets the constraints."""
     settings = settings or ServeSearchSettings()
-    budget = Budget(settings.generations, settings.patience, settings.max_simulations, None, settings.time_limit_s)
+    budget = Budget(settings.generations, settings.patience, settings.max_simulations - settings.front_reserve, None,
+                    settings.time_limit_s)
     return _run(_ServeStrategy, case, system, cost, settings, executor, budget, seeds, progress)
 
 

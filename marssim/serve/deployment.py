@@ -28,7 +28,8 @@ pool setting                  meaning (the engines' own names where they have on
 ``gpu_memory_utilization``    fraction of a GPU's memory the engine may use (0.9)
 ``preemption``                ``recompute`` (vLLM's default: a preempted sequence's blocks are
                               freed, its tokens prefilled again) or ``swap`` (to host memory)
-``swap_space``                host memory per GPU for swapped blocks (``--swap-space``, 4 GiB)
+``swap_space``                host memory per GPU for swapped blocks (``--swap-space``, 4 GiB), with
+                              its unit; given only with ``preemption=swap``
 ``prefix_caching``            keep the full blocks of shared prompt prefixes (``--enable-prefix-caching``)
 ``spec_method``               speculative decoding (:mod:`.speculative`): ``none`` (default),
                               ``draft`` (a smaller LLM proposes tokens) or ``mtp`` (MTP/EAGLE-style
@@ -272,7 +273,7 @@ def pool_from_dict(data: dict, where: str, prefix: str = "") -> Pool:
             from marssim import units
 
             try:
-                sched[key] = units.parse(value, "bytes", allow_zero=True, bounded=True)
+                sched[key] = units.parse(value, "bytes", allow_zero=True, require_unit=True, bounded=True)
             except units.UnitError as err:
                 raise InputError(where, path, str(err)) from None
         elif key == "spec_method":
@@ -286,6 +287,9 @@ def pool_from_dict(data: dict, where: str, prefix: str = "") -> Pool:
         elif key == "spec_alpha":
             sched[key] = _float(value, where, path, 0.0, 1.0)
     cfg = SchedulerConfig(**sched)
+    if "swap_space" in sched and cfg.preemption != "swap":
+        raise InputError(where, prefix + "swap_space", f"applies to preemption=swap (host memory for swapped "
+                                                       f"blocks), got preemption={cfg.preemption}, which swaps nothing")
     if cfg.mixed and cfg.kind != "continuous":
         raise InputError(where, prefix + "mixed", f"applies to scheduler=continuous, got scheduler={cfg.kind}")
     out = Pool(scheduler=cfg, **pool)
@@ -353,6 +357,8 @@ def deployment_from_dict(data: dict, where: str) -> Deployment:
     """A :class:`Deployment` from a file's mapping: ``pools`` (a list of pool settings),
     ``router``, ``decode_router``, ``context_bucket``, ``tp_comm``; InputError with the key path."""
     allowed = ("pools", "router", "decode_router", "context_bucket", "tp_comm")
+    if not isinstance(data, dict):
+        raise InputError(where, "", f"expected a mapping with pools and {', '.join(allowed[1:])}, got {data!r}")
     for key in data:
         if key not in allowed:
             raise InputError(where, str(key), f"unknown deployment setting; expected one of: {', '.join(allowed)}")

@@ -4,15 +4,19 @@ the activation workspace of its largest iteration, in blocks (vLLM's profile-the
 Per GPU of pipeline stage ``s`` (``tp`` ranks split every op by the lowering's rules):
 
 * usable memory: ``gpu_memory_utilization x capacity``;
-* weights: the rank's parameters of the stage's blocks (:func:`marssim.parallel.memory.rank_parameters`
+* weights: the rank's parameters of the stage's blocks (:func:`marssim.parallel.memory.rank_weight_bytes`
   on the model's own ops), the embedding on the first stage, the output projection on the last
-  (a tied one is copied there when ``pp > 1``), at the model's element size;
+  (a tied one is copied there when ``pp > 1``), each op's at the bytes the engine holds per
+  parameter (:func:`marssim.workload.llm.precision.held_weight_bytes`: ``dtype=fp8``/``fp4``
+  stores the blocks' GEMM weights quantized, 1 B / 0.5625 B, and the embedding, the output
+  layer, the norms and the MoE router in bf16);
 * workspace: one forward pass of ``max_batched_tokens`` tokens holds the residual stream and the
   largest op's inputs and output at once (attention as the engines run it, a fused kernel that
   keeps no scores), plus the logits of ``max_num_seqs`` sequences in fp32;
 * KV cache: what is left, in blocks of ``block_size`` tokens; a token takes
   ``2 x layers_s x ceil(kv_heads / tp) x head_dim`` elements on a rank (a key/value head is
-  replicated when ``tp`` exceeds the key/value heads).
+  replicated when ``tp`` exceeds the key/value heads) at the cache's element size
+  (``kv_dtype=fp8``: 1 B).
 
 The replica has the blocks of its tightest stage. Units: bytes.
 """
@@ -67,12 +71,12 @@ def replica_memory(model: IterationModel, cfg: SchedulerConfig, capacity: float,
     the first stage (:func:`~.speculative.draft_memory`), added to the model's."""
     from marssim.parallel.config import ParallelConfig
     from marssim.parallel.lower import shard_loops
-    from marssim.parallel.memory import rank_parameters
+    from marssim.parallel.memory import rank_weight_bytes
 
     t = model.config
     graph = model.graph
     eb = DTYPE_BYTES[t.dtype]
-    per, _ = rank_parameters(graph, ParallelConfig(tp=model.tp, micro_batch=REF_BATCH), model.rules)
+    held = rank_weight_bytes(graph, ParallelConfig(tp=model.tp, micro_batch=REF_BATCH), model.rules)
     tp, pp = model.tp, model.pp
     usable = cfg.gpu_memory_utilization * capacity
     tokens = cfg.max_batched_tokens
@@ -86,18 +90,18 @@ def replica_memory(model: IterationModel, cfg: SchedulerConfig, capacity: float,
         peak_op = max(peak_op, float(part.input_bytes + part.output_bytes) / rule.scale)
     residual = float(tokens * t.hidden * eb)
     logits = float(min(cfg.max_num_seqs, tokens) * -(-t.vocab // tp) * 4)
-    kv_per_token_layer = 2 * -(-t.kv // tp) * t.d_head * eb
+    kv_per_token_layer = 2 * -(-t.kv // tp) * t.d_head * DTYPE_BYTES[t.cache_dtype]
     weights, workspace, per_token = [], [], []
     blocks = None
     for s in range(pp):
-        params = model.blocks[s] * per.get(0, 0)
+        w = model.blocks[s] * held.get(0, 0.0)
         if s == 0:
-            params += per.get(-1, 0)
+            w += held.get(-1, 0.0)
         if s == pp - 1:
-            params += per.get(1, 0)
+            w += held.get(1, 0.0)
             if t.tie_embeddings and pp > 1:
-                params += -(-t.vocab // tp) * t.hidden
-        w = float(params * eb) + (draft[0] if s == 0 else 0.0)
+                w += -(-t.vocab // tp) * t.hidden * eb
+        w = float(w) + (draft[0] if s == 0 else 0.0)
         ws = peak_op + residual + (logits if s == pp - 1 else 0.0)
         kv_token = float(model.blocks[s] * kv_per_token_layer) + (draft[1] if s == 0 else 0.0)
         left = usable - w - ws

@@ -139,7 +139,7 @@ def parse_constraints(text: str, where: str = "--slo") -> Constraints:
         if key in bounds:
             raise InputError(None, f"{where}.{key}", "given twice")
         try:
-            limit = units.parse(value.strip(), "time", bounded=True)
+            limit = units.parse(value.strip(), "time", require_unit=True, bounded=True)
         except units.UnitError as err:
             raise InputError(None, f"{where}.{key}", str(err)) from None
         bounds[key] = Bound(metric, stat, limit)

@@ -3,8 +3,9 @@
 A trace is named by a shipped name (``azure-conv-2023``, ``azure-code-2023``: the files of
 ``traces/requests/``, with their source and license in its ``README.md``) or by a path to a CSV
 file with those three columns (others are ignored): arrival times in seconds, not decreasing,
-token counts positive integers. A bad file gets one :class:`~marssim.errors.InputError` naming
-the row and column.
+token counts positive integers below 2^31. A bad file gets one :class:`~marssim.errors.InputError`
+naming the row and the column, and the line (the header is line 1); a file larger than
+:data:`~marssim.limits.MAX_CSV_BYTES` is refused before it is read.
 """
 
 from __future__ import annotations
@@ -66,10 +67,14 @@ def _path_of(name: str) -> Path:
 def _load(path: str, mtime: float) -> Trace:
     import pandas as pd
 
+    from marssim.limits import MAX_CSV_BYTES, check_file_size
+
+    check_file_size(path, MAX_CSV_BYTES, "a request trace")
     try:
         frame = pd.read_csv(path, dtype=str, keep_default_na=False)
     except (OSError, UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError) as err:
-        raise InputError(path, "", f"cannot read the trace as CSV ({err})") from None
+        text = " ".join(str(err).split()).removeprefix("Error tokenizing data. C error: ")
+        raise InputError(path, "", f"cannot read the trace as CSV ({text})") from None
     missing = [c for c in COLUMNS if c not in frame.columns]
     if missing:
         raise InputError(path, "", f"expected the columns {', '.join(COLUMNS)}; missing {', '.join(missing)}")
@@ -81,19 +86,20 @@ def _load(path: str, mtime: float) -> Trace:
         values = pd.to_numeric(text, errors="coerce").to_numpy(dtype=float)
         bad = np.flatnonzero(~np.isfinite(values))
         if column != "arrival_s":
-            bad = np.union1d(bad, np.flatnonzero((values < 1) | (values != np.floor(values))))
+            bad = np.union1d(bad, np.flatnonzero((values < 1) | (values != np.floor(values)) | (values >= 2**31)))
         elif (values < 0).any():
             bad = np.union1d(bad, np.flatnonzero(values < 0))
         if len(bad):
             row = int(bad[0])
-            what = "a time in seconds >= 0" if column == "arrival_s" else "a positive integer"
-            raise InputError(path, f"row {row + 1}.{column}", f"expected {what}, got {frame[column].iloc[row]!r}"
+            what = "a time in seconds >= 0" if column == "arrival_s" else "a positive integer below 2^31"
+            raise InputError(path, f"row {row + 1}.{column}",
+                             f"expected {what}, got {frame[column].iloc[row]!r} (line {row + 2})"
                              + (f" ({len(bad)} rows like it)" if len(bad) > 1 else ""))
         out[column] = values
     back = np.flatnonzero(np.diff(out["arrival_s"]) < 0)
     if len(back):
         row = int(back[0]) + 1
-        raise InputError(path, f"row {row + 1}.arrival_s", f"arrival times must not decrease; got "
+        raise InputError(path, f"row {row + 1}.arrival_s", f"(line {row + 2}) arrival times must not decrease; got "
                                                            f"{out['arrival_s'][row]!r} after {out['arrival_s'][row - 1]!r}")
     arrival = out["arrival_s"] - out["arrival_s"][0]
     return Trace(Path(path).stem, arrival, out["prompt_tokens"].astype(np.int64), out["output_tokens"].astype(np.int64))

@@ -59,7 +59,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from .model import Accelerator, Host, Link, Memory, Switch
 from .quantities import Bandwidth, Seconds
 
-__all__ = ["ClusterSpec", "NodeGroup", "Fabric", "ClusterRouter", "expand_cluster"]
+__all__ = ["MAX_CLUSTER_GPUS", "ClusterSpec", "NodeGroup", "Fabric", "ClusterRouter", "expand_cluster"]
 
 _STRICT = ConfigDict(extra="forbid", frozen=True)
 
@@ -124,10 +124,25 @@ class Fabric(BaseModel):
     oversubscription: float = Field(1.0, ge=1.0, le=64.0)
 
 
+MAX_CLUSTER_GPUS = 262_144
+"""The most GPUs a cluster may have: above the largest clusters built (100,000 to 200,000 GPUs
+in 2024-2025). Checked from the node groups before any GPU is built (each takes about 0.15 ms
+of CPU and a few kB to build)."""
+
+
 class ClusterSpec(BaseModel):
     model_config = _STRICT
     node_groups: list[NodeGroup] = Field(min_length=1)
     fabric: Fabric = Fabric()
+
+    @model_validator(mode="after")
+    def _size(self) -> "ClusterSpec":
+        gpus = sum(g.nodes * g.gpus_per_node for g in self.node_groups)
+        if gpus > MAX_CLUSTER_GPUS:
+            parts = " + ".join(f"{g.nodes:,} nodes x {g.gpus_per_node}" for g in self.node_groups)
+            raise ValueError(f"{gpus:,} GPUs ({parts}): more than {MAX_CLUSTER_GPUS:,}, above the largest GPU "
+                             "clusters built (100,000-200,000 GPUs); not built")
+        return self
 
 
 @dataclass(frozen=True)

@@ -96,6 +96,11 @@ class GpuSpec(BaseModel):
                           "\"vidur-2024\"): only rows measured on it (or of unknown stack) time its kernels; "
                           "none: every row of the table"
     )
+    fallback_stacks: list[str] = Field(
+        default_factory=list,
+        description="software stacks whose kernel rows time the kernel families (kind, dtype, attention backend) "
+                    "that `stack` did not measure, the first that did (e.g. an engine's FP8 GEMMs beside a "
+                    "PyTorch harness's bf16 ones); empty names are ignored")
 
     @field_validator("peak_flops")
     @classmethod

@@ -45,6 +45,9 @@ def read_estimates(path: str | Path) -> UserEstimates:
     InputError naming the file, the row and the column for a missing column, an empty or
     repeated name, or a value that is not a non-negative number of seconds."""
     file = str(path)
+    from marssim.limits import MAX_CSV_BYTES, check_file_size
+
+    check_file_size(path, MAX_CSV_BYTES, "an estimates table")
     try:
         with open(path, newline="") as handle:
             reader = csv.DictReader(handle)

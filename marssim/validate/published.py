@@ -80,7 +80,14 @@ def load_published(name_or_path: str | Path) -> list[PublishedRun]:
                                                     f"shipped tables: {', '.join(tables)}")
         path = tables[str(name_or_path)]
     file = str(path)
-    lines = [line for line in path.read_text(encoding="utf-8").splitlines() if not line.startswith("#")]
+    from marssim.limits import MAX_CSV_BYTES, check_file_size
+
+    check_file_size(path, MAX_CSV_BYTES, "a table of published runs")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise InputError(file, "", f"not a text file (byte {err.start:,} is not UTF-8); expected a CSV table") from None
+    lines = [line for line in text.splitlines() if not line.startswith("#")]
     reader = csv.DictReader(lines)
     missing = [c for c in _COLUMNS if c not in (reader.fieldnames or ())]
     if missing:

@@ -113,6 +113,9 @@ def load_onnx(path: str | Path, batch: int | None = None, *, dtype: str | None =
         raise InputError(file, "dtype", f"expected one of {', '.join(DTYPE_BYTES)}, got {dtype!r}")
     if not Path(file).is_file():
         raise InputError(file, "", "no such file; expected an ONNX model (.onnx)")
+    from marssim.limits import MAX_ONNX_BYTES, check_file_size
+
+    check_file_size(file, MAX_ONNX_BYTES, "an ONNX model file")
     try:
         model = onnx.load(file, load_external_data=False)  # shapes only: weights stay on disk
     except Exception as err:  # protobuf DecodeError, ...

@@ -1,0 +1,225 @@
+"""Kernel timings of NVIDIA's AIConfigurator (``aiconfigurator-core`` on PyPI, Apache-2.0) as rows
+of marssim's calibration tables.
+
+The package ships its measurements as parquet files under ``aiconfigurator_core/systems/data``::
+
+    <gpu>/<family>/<framework>/<version>/<table>_perf.parquet    (+ collection_meta.yaml)
+
+``<gpu>`` a system name (``h100_sxm``, ``h200_sxm``, ``b200_sxm``, ``gb200``, ``a100_sxm``, ...),
+``<framework>`` the serving engine whose kernels were timed (``trtllm``, ``vllm``, ``sglang``) at
+its ``<version>``. The GEMM table (``gemm/.../gemm_perf.parquet``) has one row per
+``(gemm_dtype, m, n, k)``: ``m`` tokens (1 to 32,768), ``n`` and ``k`` from a grid of 22 widths
+(32 to 65,536), ``latency`` in milliseconds (one ``m x k`` by ``k x n`` GEMM writing bf16);
+``gemm_dtype`` ``bfloat16``, ``fp8`` (per-tensor scaled E4M3, Hopper and later), ``fp8_block``
+(128-wide block scales, DeepSeek's recipe), ``nvfp4`` (Blackwell). Attention, collectives, MoE and
+quantisation kernels sit in sibling families (``attention/.../context_attention_perf.parquet``
+by batch, prompt length, heads, key/value heads and head size; ``generation_attention_perf``
+by batch and KV length).
+
+:func:`gemm_rows` converts the GEMM rows of one table into :class:`~marssim.cost.calibrated.
+KernelTiming` rows: ``kind=gemm``, ``batch=1``, the dtype mapped by :data:`GEMM_DTYPES`
+(``fp8_block`` has no column value of its own and is not imported), ``flops = 2 m n k``,
+``bytes`` the compulsory traffic (each input at its own width, a bf16 output), ``median_s`` the
+latency in seconds, ``tuning=vendor`` (the engine's own kernel choice), ``stack`` the
+framework and version (``trtllm-1.3.0rc20``), and on every row the source, its version and its
+licence in the note. The package publishes neither the spread nor the sample count nor the
+date of a measurement: ``spread_s`` is 0, ``samples`` 1 and ``date`` the date of the import.
+
+:func:`context_attention_rows` converts the context (prefill) attention table -- the fused, causal
+attention kernel of the engine by ``batch_size``, ``isl`` (prompt tokens), ``num_heads``,
+``num_key_value_heads`` and ``head_dim`` -- into fused attention rows as the cost model looks them
+up (:mod:`marssim.cost.calibrated`): ``kind=attention``, ``backend=flash``, phase ``fwd``,
+``batch = 2 x batch_size x num_heads`` (its two products), ``m = n = isl``, ``k = head_dim``,
+``flops = 2 batch m n k`` (the full ``s^2``, the workloads' convention; the kernel runs the causal
+half), ``bytes`` the queries, keys, values and output in bf16 (the key/value heads in the note).
+Only bf16 attention over a bf16 cache without a sliding window is imported; rows of one shape
+that differ in key/value heads are kept apart by their bytes, and a lookup takes the fastest
+(:meth:`marssim.cost.model.DataflowCost.measured_for`). No backward attention is measured there.
+
+The shipped tables hold a subset (:data:`DEFAULT_M`, :data:`DEFAULT_WIDTHS`): the token counts
+and widths of transformer GEMMs, enough for the curve and its local correction to interpolate
+between them (:mod:`marssim.cost.calibrated`), a few MB rather than the package's 89.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from marssim.cost.calibrated import KernelTiming
+from marssim.errors import InputError
+
+from .table import format_note
+
+__all__ = ["AIC_SOURCE", "AIC_LICENSE", "AicGpu", "AIC_GPUS", "GEMM_DTYPES", "DEFAULT_M", "DEFAULT_WIDTHS",
+           "DEFAULT_HEAD_DIMS", "DEFAULT_MIN_TOKENS", "data_root", "table_path", "stack_name", "gemm_rows",
+           "context_attention_rows"]
+
+AIC_SOURCE = "aiconfigurator-core"
+AIC_LICENSE = "Apache-2.0"
+
+
+@dataclass(frozen=True)
+class AicGpu:
+    """A GPU of the package: the name designs use (``gpu.calibration``) and its SM count."""
+
+    device: str
+    sms: int
+
+
+AIC_GPUS: dict[str, AicGpu] = {
+    "a100_sxm": AicGpu("A100", 108), "h100_sxm": AicGpu("H100", 132), "h200_sxm": AicGpu("H200", 132),
+    "b200_sxm": AicGpu("B200", 148), "b300_sxm": AicGpu("B300", 148), "gb200": AicGpu("GB200", 152),
+    "gb300": AicGpu("GB300", 160),
+}
+"""The package's system names with a marssim design, and their devices (SM counts from the
+vendors' datasheets: B200 and B300 148 SMs of the HGX parts, GB200 152 and GB300 160 of the
+superchips' GPUs)."""
+
+GEMM_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "fp8": "fp8", "nvfp4": "fp4"}
+"""The package's ``gemm_dtype`` values that are a marssim dtype (``fp8``: per-tensor scaled E4M3,
+Transformer Engine's delayed scaling; ``nvfp4``: NVFP4 with its block scales)."""
+
+DEFAULT_M = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
+"""Token counts (``m``) of the shipped subset: powers of two (the package measures these and
+their odd neighbours, 4,097 beside 4,096)."""
+DEFAULT_WIDTHS = (256, 512, 768, 1024, 1536, 2048, 2560, 3072, 3584, 4096, 5120, 6144, 7168, 8192, 10240, 12288,
+                  16384, 51200, 65536)
+"""``n`` and ``k`` of the shipped subset: the package's grid from 256 up (transformer widths and
+their tensor-parallel shards, the vocabularies' 51,200 and 65,536)."""
+
+DEFAULT_HEAD_DIMS = (128,)
+"""Head dimensions of the shipped attention subset (Llama 2/3, GPT-3 175B and most models since)."""
+DEFAULT_MIN_TOKENS = 128
+"""Fewest prompt tokens of the shipped attention subset (shorter prompts: launch-bound kernels)."""
+
+
+def data_root(given: str | Path | None = None) -> Path:
+    """The package's ``systems/data`` directory: ``given`` (that directory, the unpacked
+    package's ``aiconfigurator_core``, or a directory holding it), else the installed package's;
+    InputError when none is found."""
+    if given is None:
+        spec = importlib.util.find_spec("aiconfigurator_core")
+        if spec is None or not spec.submodule_search_locations:
+            raise InputError(None, "--from", "aiconfigurator-core is not installed; `pip install "
+                                             "aiconfigurator-core==0.12.0` or give the unpacked package's directory")
+        given = Path(next(iter(spec.submodule_search_locations)))
+    root = Path(given)
+    for cand in (root, root / "systems" / "data", root / "aiconfigurator_core" / "systems" / "data"):
+        if cand.is_dir() and any(p.name in AIC_GPUS for p in cand.iterdir() if p.is_dir()):
+            return cand
+    raise InputError(str(root), "--from", "expected aiconfigurator-core's systems/data directory (with h100_sxm/, "
+                                          "h200_sxm/, ...), the package directory, or a directory holding it")
+
+
+def table_path(root: Path, gpu: str, family: str, framework: str, version: str, table: str) -> Path:
+    """``root/<gpu>/<family>/<framework>/<version>/<table>_perf.parquet``; InputError naming the
+    versions there when absent."""
+    where = root / gpu / family / framework
+    path = where / version / f"{table}_perf.parquet"
+    if not path.is_file():
+        have = sorted(p.name for p in where.iterdir() if p.is_dir()) if where.is_dir() else []
+        raise InputError(str(root), f"{gpu}/{family}/{framework}",
+                         f"no {table}_perf.parquet of version {version!r}; versions there: {', '.join(have) or 'none'}")
+    return path
+
+
+def stack_name(framework: str, version: str) -> str:
+    """The ``stack`` of imported rows: ``trtllm-1.3.0rc20``."""
+    return f"{framework}-{version}"
+
+
+def _read_parquet(path: Path):
+    try:
+        import pandas as pd
+
+        return pd.read_parquet(path)
+    except ImportError as err:  # pyarrow is the "parquet" extra
+        raise InputError(str(path), "parquet", f"reading it needs pyarrow (pip install 'marssim[parquet]'): {err}") \
+            from None
+
+
+def gemm_rows(path: Path, gpu: str, stack: str, package_version: str, date: str,
+              m_values: Iterable[int] | None = DEFAULT_M,
+              widths: Iterable[int] | None = DEFAULT_WIDTHS) -> list[KernelTiming]:
+    """The GEMM rows of the package's ``gemm_perf.parquet`` at ``path`` measured on ``gpu`` (a
+    key of :data:`AIC_GPUS`) as calibration rows (see the module docstring); ``m_values`` and
+    ``widths`` select the subset (None: all)."""
+    if gpu not in AIC_GPUS:
+        raise InputError(str(path), "gpu", f"expected one of {', '.join(AIC_GPUS)}, got {gpu!r}")
+    dev = AIC_GPUS[gpu]
+    frame = _read_parquet(path)
+    need = {"gemm_dtype", "m", "n", "k", "latency"}
+    missing = need - set(frame.columns)
+    if missing:
+        raise InputError(str(path), "columns", f"missing {', '.join(sorted(missing))}")
+    frame = frame[frame["gemm_dtype"].isin(list(GEMM_DTYPES))]
+    if m_values is not None:
+        frame = frame[frame["m"].isin(list(m_values))]
+    if widths is not None:
+        w = list(widths)
+        frame = frame[frame["n"].isin(w) & frame["k"].isin(w)]
+    note = format_note({"source": f"{AIC_SOURCE} {package_version}", "license": AIC_LICENSE,
+                        "device": str(frame["device"].iloc[0]) if "device" in frame and len(frame) else gpu})
+    from marssim.workload.op import DTYPE_BYTES
+
+    out = []
+    for dt, m, n, k, ms, src in zip(frame["gemm_dtype"], frame["m"], frame["n"], frame["k"], frame["latency"],
+                                     frame["kernel_source"] if "kernel_source" in frame else [""] * len(frame)):
+        m, n, k = int(m), int(n), int(k)
+        if not (ms > 0 and m > 0 and n > 0 and k > 0):
+            raise InputError(str(path), f"{dt} m={m} n={n} k={k}", f"expected positive sizes and latency, got {ms!r}")
+        dtype = GEMM_DTYPES[dt]
+        eb = DTYPE_BYTES[dtype]
+        out.append(KernelTiming(
+            kind="gemm", dtype=dtype, batch=1, m=m, n=n, k=k, flops=2.0 * m * n * k,
+            bytes=float(round((m * k + k * n) * eb + m * n * DTYPE_BYTES["bf16"])), device=dev.device, sms=dev.sms,
+            driver="unknown", cuda="unknown", tuning="vendor", median_s=float(ms) * 1e-3, spread_s=0.0, samples=1,
+            date=date, kernel=f"aiconfigurator:{src}" if src else "aiconfigurator", note=note, phase="fwd",
+            stack=stack))
+    return out
+
+
+def context_attention_rows(path: Path, gpu: str, stack: str, package_version: str, date: str,
+                           head_dims: Iterable[int] | None = DEFAULT_HEAD_DIMS,
+                           min_tokens: int = DEFAULT_MIN_TOKENS) -> list[KernelTiming]:
+    """The bf16 rows of the package's ``context_attention_perf.parquet`` at ``path`` measured on
+    ``gpu`` as fused attention rows (see the module docstring); ``head_dims`` (None: all) and
+    ``min_tokens`` select the subset."""
+    if gpu not in AIC_GPUS:
+        raise InputError(str(path), "gpu", f"expected one of {', '.join(AIC_GPUS)}, got {gpu!r}")
+    dev = AIC_GPUS[gpu]
+    frame = _read_parquet(path)
+    need = {"batch_size", "isl", "num_heads", "num_key_value_heads", "head_dim", "attn_dtype", "kv_cache_dtype",
+            "latency"}
+    missing = need - set(frame.columns)
+    if missing:
+        raise InputError(str(path), "columns", f"missing {', '.join(sorted(missing))}")
+    keep = (frame["attn_dtype"] == "bfloat16") & (frame["kv_cache_dtype"] == "bfloat16")
+    if "window_size" in frame:
+        keep &= frame["window_size"] == 0
+    if "beam_width" in frame:
+        keep &= frame["beam_width"] == 1
+    if head_dims is not None:
+        keep &= frame["head_dim"].isin(list(head_dims))
+    keep &= frame["isl"] >= min_tokens
+    frame = frame[keep]
+    device = str(frame["device"].iloc[0]) if "device" in frame and len(frame) else gpu
+    out = []
+    for b, s, h, kvh, d, ms in zip(frame["batch_size"], frame["isl"], frame["num_heads"],
+                                   frame["num_key_value_heads"], frame["head_dim"], frame["latency"]):
+        b, s, h, kvh, d = int(b), int(s), int(h), int(kvh), int(d)
+        if not (ms > 0 and min(b, s, h, kvh, d) > 0):
+            raise InputError(str(path), f"batch {b} isl {s} heads {h}/{kvh} dim {d}",
+                             f"expected positive sizes and latency, got {ms!r}")
+        batch = 2 * b * h
+        note = format_note({"source": f"{AIC_SOURCE} {package_version}", "license": AIC_LICENSE, "device": device,
+                            "batch": b, "heads": h, "kv_heads": kvh, "causal": "true"})
+        out.append(KernelTiming(
+            kind="attention", dtype="bf16", batch=batch, m=s, n=s, k=d, flops=2.0 * batch * s * s * d,
+            bytes=float(b * s * d * 2 * (2 * h + 2 * kvh)), device=dev.device, sms=dev.sms, driver="unknown",
+            cuda="unknown", tuning="vendor", median_s=float(ms) * 1e-3, spread_s=0.0, samples=1, date=date,
+            kernel="aiconfigurator:context_attention", note=note, phase="fwd", backend="flash", stack=stack))
+    return out
