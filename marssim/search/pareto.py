@@ -119,7 +119,7 @@ def front_points(candidates: Sequence, objective: str) -> list[FrontPoint]:
             continue
         seen.add(k)
         rate = e.goodput if objective == "goodput" else e.rate
-        out.append(FrontPoint(c.plan, short_deployment(c.plan, width=60), int(e.gpus), float(e.throughput),
+        out.append(FrontPoint(c.plan, short_deployment(c.plan), int(e.gpus), float(e.throughput),
                               float(e.throughput) / e.gpus, float(e.user_tokens_per_s), float(rate),
                               float(e.latency.get("ttft_p99", math.nan)), float(e.latency.get("tpot_p99", math.nan))))
     return out
@@ -156,18 +156,19 @@ def front_table(points: Sequence[FrontPoint]):
 
 
 def format_front(table, rate_label: str = "req/s", width: int = 120) -> str:
-    """The first front's points as aligned text (by tokens/s per user), within ``width`` columns."""
+    """The first front's points as aligned text (by tokens/s per user), within ``width`` columns
+    where the deployments allow it (the deployment column widens to the longest, never cut)."""
     front = table[table["on_tokens_front"]]
     if not len(front):
         return "(no simulated deployment meets the constraints)"
-    lines = [f"{'deployment':<50}{'GPUs':>6}{'tok/s/GPU':>11}{'tok/s/user':>11}{rate_label:>9}{'TTFT P99':>10}"
+    col = max([50, *(len(str(x)) + 1 for x in front["short"])])  # widened to the longest, never cut
+    lines = [f"{'deployment':<{col}}{'GPUs':>6}{'tok/s/GPU':>11}{'tok/s/user':>11}{rate_label:>9}{'TTFT P99':>10}"
              f"{'TPOT P99':>10}{'GPU front':>10}",
-             f"{'':<67}{'':>11}{'':>9}{'ms':>10}{'ms':>10}"]
+             f"{'':<{col + 17}}{'':>11}{'':>9}{'ms':>10}{'ms':>10}"]
     for r in front.itertuples():
-        short = r.short if len(r.short) <= 49 else r.short[:48] + "\u2026"
-        lines.append((f"{short:<50}{r.gpus:>6d}{r.output_tokens_per_s_per_gpu:>11.4g}{r.user_tokens_per_s:>11.4g}"
+        lines.append((f"{r.short:<{col}}{r.gpus:>6d}{r.output_tokens_per_s_per_gpu:>11.4g}{r.user_tokens_per_s:>11.4g}"
                       f"{r.rate_rps:>9.4g}{r.ttft_p99_ms:>10.1f}{r.tpot_p99_ms:>10.2f}"
-                      f"{'yes' if r.on_gpus_front else '':>10}")[:width].rstrip())
+                      f"{'yes' if r.on_gpus_front else '':>10}").rstrip())
     return "\n".join(lines)
 
 
