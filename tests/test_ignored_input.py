@@ -74,7 +74,8 @@ MODES = {
 VERB_MODES = {"simulate": ("per-op", "mapping-file", "parallel"), "estimate": ("per-op", "mapping-file", "parallel"),
               "serve": ("serve", "serve-offline", "serve-replay", "serve-closed")}
 _PLAN_ALWAYS = {"-h", "--mapping", "--system", "--workload", "--batch", "--parallel", "--per-op", "--group",
-                "--no-report", "--allow-uncalibrated", "--out", "--trace", "--plot", "--intervals"}
+                "--no-report", "--allow-uncalibrated", "--out", "--trace", "--plot", "--intervals",
+                "--per-link"}
 _SERVE_ALWAYS = {"-h", "--system", "--model", "--deployment", "--pool", "--router", "--context-bucket", "--tp-comm",
                  "--requests", "--seed", "--slo", "--rates", "--out", "--trace", "--plot", "--allow-uncalibrated",
                  "--prefix"}
