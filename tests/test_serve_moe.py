@@ -1,0 +1,137 @@
+"""Serving a mixture-of-experts model: the experts' piece of an iteration against the ops of a
+freshly built graph, the busiest expert-parallel rank's tokens, the all-to-all of dispatch and
+combine in closed form on the system's routes, the experts' weights per GPU, and the refusals."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from marssim.cost import default_cost_model
+from marssim.errors import InputError
+from marssim.serve import Deployment, Pool, Requests, load_model
+from marssim.serve.memory import replica_memory
+from marssim.serve.deployment import SchedulerConfig, parse_pool
+from marssim.serve.itermodel import IterationModel
+from marssim.serve.simulate import simulate_serving
+from marssim.system import load_system
+from marssim.workload.llm import build_transformer
+from marssim.workload.llm.config import with_overrides
+
+SMALL = "moe:layers=2,hidden=512,heads=8,kv_heads=2,ffn=1024,experts=8,top_k=2,vocab=1000"
+FOUR = ("gpu0", "gpu1", "gpu2", "gpu3")
+
+
+@pytest.fixture(scope="module")
+def cost():
+    return default_cost_model()
+
+
+@pytest.fixture(scope="module")
+def dgx():
+    return load_system("dgx-h100")
+
+
+@pytest.mark.parametrize("n,h", [(1, 300), (3, 100), (1, 7)])
+def test_experts_on_one_gpu_cost_what_a_prefill_graphs_experts_cost(n, h, cost, dgx):
+    """At tp = ep = 1 with uniform routing the experts of an iteration of ``n x h`` tokens are the
+    dispatch, grouped GEMMs and combine of a ``mode=prefill`` graph of that batch, whose capacity
+    is ``ceil(top_k n h / experts)`` tokens per expert: the piece costs exactly their sum."""
+    model = load_model(SMALL)
+    im = IterationModel(model, dgx, (("gpu0",),), cost)
+    fresh = build_transformer(with_overrides(model, mode="prefill", seq=h, batch=n, layers=1))
+    theirs = [op for op in fresh.ops if ".moe." in op.name and op.name.split(".")[-1] not in ("router", "topk")]
+    assert [op.name.split(".")[-1] for op in theirs] == ["dispatch", "gate", "up", "act", "down", "combine"]
+    assert theirs[1].loop_dict["M"] == math.ceil(2 * n * h / 8) == im.expert_tokens(n * h)
+    expected = sum(float(cost.op_cost(op, im.design(0)).time) for op in theirs)
+    seconds, comm, _, _ = im._experts_time(0, n * h)
+    assert comm == 0.0
+    assert seconds == pytest.approx(expected, rel=1e-12)
+
+
+@pytest.mark.parametrize("count", [1, 37, 400])
+def test_the_busiest_rank_sets_the_expert_tokens(count, cost, dgx):
+    """Experts 0-1 on rank 0 receive (5 + 1) / 12 of the routed tokens: twice a uniform rank's
+    quarter; each of its experts processes ``ep top_k ceil(T / tp) x 2 / experts`` tokens."""
+    skewed = load_model(SMALL + ",expert_load=5/1/1/1/1/1/1/1")
+    uniform = load_model(SMALL)
+    im = IterationModel(skewed, dgx, (FOUR,), cost, ep=4)
+    assert im.expert_tokens(count) == math.ceil(4 * 2 * math.ceil(count / 4) * 2 / 8)
+    flat = IterationModel(uniform, dgx, (FOUR,), cost, ep=4)
+    assert flat.expert_tokens(count) == math.ceil(4 * 2 * math.ceil(count / 4) / 8)
+    # experts split over tp (ep = 1): every GPU sees every token and expert
+    assert IterationModel(uniform, dgx, (FOUR,), cost).expert_tokens(count) == math.ceil(2 * count / 8)
+    assert im._experts_time(0, count)[0] >= flat._experts_time(0, count)[0]
+
+
+def test_all_to_all_is_one_step_per_peer_on_the_routes(cost, dgx):
+    """ep = tp = 4: the dispatch and the combine each send every peer ``top_k ceil(T/4) hidden
+    bytes / 4`` one after another at the route's latency and bottleneck bandwidth; with the ring
+    all-gather that makes the hidden state whole, that is the piece's communication."""
+    model = load_model(SMALL)
+    im = IterationModel(model, dgx, (FOUR,), cost, ep=4)
+    count = 250
+    seconds, comm, _, _ = im._experts_time(0, count)
+    per_peer = 2 * math.ceil(count / 4) * 512 * 2 / 4
+    cap = dgx.resource_capacity
+    a2a = 0.0
+    for peer in FOUR[1:]:
+        route = dgx.route("gpu0", peer)
+        a2a += route.latency + per_peer / min(float(cap[r]) for r in route.resources)
+    gather = im._ring(0, float(count * 512 * 2), "all_gather")[0]
+    assert gather > 0
+    assert comm == pytest.approx(2 * a2a + gather, rel=1e-12)
+    # experts split over tp instead: the all-reduce of the combine's partial sums
+    split = IterationModel(model, dgx, (FOUR,), cost, ep=1)
+    assert split._experts_time(0, count)[1] == pytest.approx(split._ring(0, float(count * 512 * 2), "all_reduce")[0],
+                                                              rel=1e-12)
+
+
+def test_expert_weights_are_sharded_over_the_replicas_gpus(cost, dgx):
+    """The weights per GPU of 8 and of 4 experts differ by 4 experts' three matrices of
+    ``hidden x ffn`` per layer over tp (whichever ep) and the router's 4 columns of ``hidden``
+    (replicated), in bf16."""
+    per_gpu = {}
+    for experts in (8, 4):
+        model = load_model(SMALL.replace("experts=8", f"experts={experts}"))
+        for ep in (1, 4):
+            im = IterationModel(model, dgx, (FOUR,), cost, ep=ep)
+            per_gpu[experts, ep] = replica_memory(im, SchedulerConfig(), 80e9).weights[0]
+    assert per_gpu[8, 1] == per_gpu[8, 4]
+    assert per_gpu[8, 4] - per_gpu[4, 4] == 2 * (4 * 3 * 512 * 1024 / 4 + 512 * 4) * 2
+
+
+def test_a_moe_model_serves_every_request_with_expert_parallelism(cost, dgx):
+    model = load_model(SMALL)
+    requests = Requests.of([0.0, 0.001, 0.002, 0.01], [300, 40, 120, 64], [8, 5, 3, 6])
+    out = {}
+    for ep in (1, 4):
+        dep = Deployment((Pool(replicas=2, tp=4, ep=ep),))
+        result = simulate_serving(dep, model, dgx, cost, requests)
+        assert result.summary["completed"] == 4
+        out[ep] = result.per_request["finish_s"]
+    assert list(out[1]) != list(out[4])  # the two layouts are timed differently
+
+
+@pytest.mark.parametrize("model,pool,key", [
+    (SMALL, "replicas=1,tp=4,ep=2", "ep"),  # ep is 1 or tp
+    (SMALL.replace("experts=8", "experts=6"), "replicas=1,tp=4,ep=4", "ep"),  # experts % ep
+    ("llama:layers=2,hidden=256,heads=4,ffn=512,kv_heads=4,vocab=1000", "replicas=1,tp=2,ep=2", "ep"),  # dense
+])
+def test_expert_parallelism_that_is_not_modelled_is_refused(model, pool, key, cost, dgx):
+    with pytest.raises(InputError) as err:
+        simulate_serving(Deployment((parse_pool(pool),)), load_model(model), dgx, cost,
+                         Requests.of([0.0], [10], [2]))
+    assert err.value.problems[0][0].endswith(key)
+
+
+def test_network_collectives_refuse_the_all_to_all(cost, dgx):
+    dep = Deployment((Pool(replicas=1, tp=4, ep=4),), tp_comm="network")
+    with pytest.raises(InputError, match="tp_comm"):
+        simulate_serving(dep, load_model(SMALL), dgx, cost, Requests.of([0.0], [10], [2]))
+
+
+def test_pool_text_round_trips_ep():
+    pool = parse_pool("replicas=2,tp=4,ep=4")
+    assert pool.ep == 4 and parse_pool(pool.text()) == pool
