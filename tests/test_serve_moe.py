@@ -36,11 +36,12 @@ def dgx():
     return load_system("dgx-h100")
 
 
-@pytest.mark.parametrize("prompt,output,batch", [(300, 6, 1), (77, 5, 1), (100, 4, 3)])
+@pytest.mark.parametrize("prompt,output,batch", [(300, 6, 4), (77, 5, 4), (100, 4, 7)])
 def test_one_gpu_serves_in_the_serve_modes_times(prompt, output, batch, cost, dgx):
     """On one GPU (the parallel path's serving graphs split experts only over data-parallel
     ranks), a batch of equal requests alone takes ``serving_times``' TTFT and TPOT of the
-    ``mode=serve`` graph, whose prefill and decode steps route their own tokens."""
+    ``mode=serve`` graph, whose prefill and decode steps route their own tokens (batches whose
+    decode steps route a token to every expert: the graph runs every expert)."""
     graph = load_workload(f"{SMALL},mode=serve,prompt={prompt},generate={output - 1},batch={batch}")
     ttft, tpot = serving_times(graph, dgx, parse_parallel(f"tp=1,micro_batch={batch}"), cost)
     dep = Deployment((Pool(replicas=1, tp=1, scheduler=SchedulerConfig(kind="static", max_num_seqs=batch)),))
@@ -81,6 +82,16 @@ def test_the_busiest_rank_sets_the_expert_tokens(count, cost, dgx):
     # experts split over tp (ep = 1): every GPU sees every token and expert
     assert IterationModel(uniform, dgx, (FOUR,), cost).expert_tokens(count) == math.ceil(2 * count / 8)
     assert im._experts_time(0, count)[0] >= flat._experts_time(0, count)[0]
+
+
+@pytest.mark.parametrize("count,work", [(1, (2, 1)), (3, (6, 1)), (4, (8, 1)), (5, (8, 2)), (33, (8, 9))])
+def test_only_experts_with_tokens_run(count, work, cost, dgx):
+    """Top-2 of 8 experts on one GPU: ``2 count`` routed tokens run on ``min(8, 2 count)`` experts,
+    ``ceil(2 count / experts run)`` tokens each; the piece costs the grouped GEMMs of that many."""
+    im = IterationModel(load_model(SMALL), dgx, (("gpu0",),), cost)
+    assert im.expert_work(count) == work
+    few = im._experts_time(0, 1)[0]
+    assert few < im._experts_time(0, 4)[0]  # two experts' weights read, not eight
 
 
 def test_all_to_all_is_one_step_per_peer_on_the_routes(cost, dgx):

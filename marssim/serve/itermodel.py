@@ -52,6 +52,10 @@ Two layouts of a replica's ``tp`` GPUs, as the engines run them:
   bottleneck bandwidth (the parallel path's closed form), a rank sending every peer
   ``top_k ceil(T/tp) hidden s / ep`` bytes.
 
+When fewer tokens reach the busiest rank than it holds experts (decode at small batches), it
+runs only as many experts as tokens, one token each: a fused MoE kernel reads the weights of
+the experts that have tokens only (:meth:`IterationModel.expert_work`).
+
 What is *not* here: the activations sent between pipeline stages and every other transfer are
 flows of the simulation's network (:mod:`.fabric`); this module gives their sizes.
 
@@ -331,15 +335,25 @@ class IterationModel:
             total += float(seconds / rule.scale) if rule.scale > 1 else float(seconds)
         return total, 0.0, 0.0, 0
 
-    def expert_tokens(self, count: int) -> int:
-        """Tokens each expert of the busiest expert-parallel rank processes in an iteration of
-        ``count`` new tokens (see the module docstring)."""
+    def expert_work(self, count: int) -> tuple[int, int]:
+        """``(experts, tokens each)`` the busiest expert-parallel rank runs in an iteration of
+        ``count`` new tokens: its ``R`` routed tokens (see the module docstring) over its
+        ``experts / ep`` experts, or over ``ceil(R)`` of them when fewer tokens than experts
+        reach it (a fused MoE kernel reads only the weights of experts with tokens; the tokens
+        taken to hit distinct experts, the most weights they can read)."""
         t = self.config
         if self.ep == 1:
             routed = t.top_k * count
         else:
             routed = self.ep * t.top_k * -(-count // self.tp)
-        return max(1, math.ceil(routed * self.expert_share / t.experts))
+        at_rank = routed * self.expert_share / self.ep
+        local = t.experts // self.ep
+        active = max(1, min(local, math.ceil(at_rank)))
+        return active, max(1, math.ceil(at_rank / active))
+
+    def expert_tokens(self, count: int) -> int:
+        """Tokens each expert the busiest rank runs processes (:meth:`expert_work`)."""
+        return self.expert_work(count)[1]
 
     def _experts_time(self, stage: int, count: int) -> tuple:
         """The experts of one block for ``count`` new tokens on the busiest rank, with the
@@ -348,9 +362,8 @@ class IterationModel:
 
         t = self.config
         design = self._designs[stage]
-        local = t.experts // self.ep
+        local, m = self.expert_work(count)
         etp = self.tp // self.ep
-        m = self.expert_tokens(count)
         h = t.hidden
         total = 0.0
         for op, _ in self._experts.ops:
