@@ -45,8 +45,8 @@ Two layouts of a replica's ``tp`` GPUs, as the engines run them:
   over the tensor-parallel ring (the dense MLP's all-reduce);
 * ``ep = tp``: ``experts / ep`` whole experts per GPU (vLLM's ``--enable-expert-parallel``,
   Megatron-LM's expert parallelism); every GPU dispatches its ``ceil(T / tp)`` tokens' slice to
-  the experts' GPUs by an all-to-all, the experts run on the ``ceil(ep top_k ceil(T/tp) s /
-  experts)`` tokens each of the busiest rank's experts receives (``s`` its share), an all-to-all
+  the experts' GPUs by an all-to-all, the experts run on the ``ceil(top_k T s / experts)``
+  tokens each of the busiest rank's experts receives (``s`` its share), an all-to-all
   returns them, and an all-gather over the tensor-parallel ring makes the hidden state whole
   again. Each all-to-all is one step per peer, one after another, each at its route's latency and
   bottleneck bandwidth (the parallel path's closed form), a rank sending every peer
@@ -342,11 +342,7 @@ class IterationModel:
         reach it (a fused MoE kernel reads only the weights of experts with tokens; the tokens
         taken to hit distinct experts, the most weights they can read)."""
         t = self.config
-        if self.ep == 1:
-            routed = t.top_k * count
-        else:
-            routed = self.ep * t.top_k * -(-count // self.tp)
-        at_rank = routed * self.expert_share / self.ep
+        at_rank = t.top_k * count * self.expert_share / self.ep
         local = t.experts // self.ep
         active = max(1, min(local, math.ceil(at_rank)))
         return active, max(1, math.ceil(at_rank / active))
