@@ -164,3 +164,19 @@ def test_network_collectives_refuse_the_all_to_all(cost, dgx):
 def test_pool_text_round_trips_ep():
     pool = parse_pool("replicas=2,tp=4,ep=4")
     assert pool.ep == 4 and parse_pool(pool.text()) == pool
+
+
+def test_expert_parallelism_is_launched_with_the_engines_flags():
+    """ep = tp adds vLLM's --enable-expert-parallel and SGLang's --ep-size and changes no other flag."""
+    from dataclasses import replace
+
+    from marssim.serve.launch import launch_commands
+
+    model = load_model(SMALL)
+    base = Pool(replicas=1, tp=4)
+    before = launch_commands(Deployment((base,)), model, SMALL)
+    after = launch_commands(Deployment((replace(base, ep=4),)), model, SMALL)
+    for a, b, flag, value in zip(before, after, ("--enable-expert-parallel", "--ep-size"), ("", "4")):
+        fa, fb = a.flags(), b.flags()
+        assert flag not in fa and fb.pop(flag) == value
+        assert fa == fb
