@@ -119,10 +119,10 @@ class Pool:
     replicas: int = 1
     tp: int = 1
     pp: int = 1
-    ep: int = 1
     role: str = "both"
     gpu: str = ""
     scheduler: SchedulerConfig = SchedulerConfig()
+    ep: int = 1
 
     @property
     def gpus_per_replica(self) -> int:
