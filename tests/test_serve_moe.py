@@ -206,3 +206,10 @@ def test_the_serving_search_chooses_expert_parallelism_for_a_moe_model():
     assert all(p.ep in (1, p.tp) for p in pools)
     assert {p.ep > 1 for p in pools if p.tp > 1} == {True, False}
     assert result.evaluation.slo_ratio <= 1
+
+
+def test_the_search_report_names_expert_parallelism():
+    from marssim.search.report import short_deployment
+
+    assert short_deployment(Deployment((Pool(replicas=2, tp=4, ep=4),))).startswith("2xtp4ep4 ")
+    assert short_deployment(Deployment((Pool(replicas=2, tp=4),))).startswith("2xtp4 ")
