@@ -366,7 +366,7 @@ class IterationModel:
             loops = op.loop_dict
             if op.kind == OpKind.GEMM:
                 sizes = {"B": local, "M": m}
-                cut = "N" if op.out_shape[1] != h else "K"  # column-parallel gate/up, row-parallel down
+                cut = "N" if op.name.split(".")[-1] in ("gate", "up", "fc1") else "K"  # column / row parallel
                 sizes[cut] = -(-loops[cut] // etp)
                 part = op.with_loops(**sizes)
             elif op.kind == OpKind.ELTWISE:
