@@ -172,11 +172,25 @@ def test_a_config_json_serves_as_the_same_model_by_parameters(tiny, quad, tmp_pa
     assert a == b and a["completed"] == 80
 
 
-def test_a_mixture_of_experts_config_is_refused_in_serving(quad, capsys):
-    assert main(["serve", "--system", quad, "--model", hf("mixtral-8x7b"), "--pool", "replicas=1", "--rate", "2",
-                 "--prompt", "9", "--output", "4"]) == 2
-    err = capsys.readouterr().err
-    assert "mixture-of-experts serving is not modelled" in err and len(err.strip().splitlines()) == 1
+def test_a_mixture_of_experts_config_serves_as_the_same_model_with_expert_parallelism(tmp_path, quad, capsys):
+    small = {"model_type": "mixtral", "hidden_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
+             "num_key_value_heads": 4, "intermediate_size": 512, "vocab_size": 1000,
+             "max_position_embeddings": 4096, "hidden_act": "silu", "torch_dtype": "bfloat16",
+             "num_local_experts": 4, "num_experts_per_tok": 2, "tie_word_embeddings": False}
+    path = tmp_path / "moe" / "config.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps(small))
+    by_hand = "moe:layers=2,hidden=256,heads=4,kv_heads=4,ffn=512,experts=4,top_k=2,vocab=1000"
+    assert replace(load_model(f"hf:{path}"), name="", max_positions=0) == \
+        replace(load_model(by_hand), name="", max_positions=0)
+    base = ["serve", "--system", quad, "--pool", "replicas=2,tp=2,ep=2", "--rate", "200", "--prompt",
+            "uniform:16-256", "--output", "uniform:2-64", "--requests", "60"]
+    assert main([*base, "--model", f"hf:{path}", "--out", str(tmp_path / "hf")]) == 0
+    assert main([*base, "--model", by_hand, "--out", str(tmp_path / "by-hand")]) == 0
+    a = json.loads((tmp_path / "hf" / "summary.json").read_text())
+    b = json.loads((tmp_path / "by-hand" / "summary.json").read_text())
+    a.pop("model"), b.pop("model")
+    assert a == b and a["completed"] == 60
 
 
 def test_a_config_json_simulates_as_the_same_model_by_parameters(tiny, quad, tmp_path, capsys):

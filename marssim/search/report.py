@@ -138,7 +138,7 @@ def describe_deployment(dep: Deployment, e) -> str:
 
 
 def short_deployment(dep: Deployment) -> str:
-    """A deployment in a few characters: per pool ``16xtp4`` (``pp2``), the GPU kind on a mixed
+    """A deployment in a few characters: per pool ``16xtp4`` (``pp2``, ``ep4``), the GPU kind on a mixed
     cluster, the role (``P:``, ``D:``), the scheduler (``cont``, ``mixed``, ``chunk``) with its
     token budget, sequence cap and block size (``2k/s128/b32``); whole (tables widen to it)."""
     parts = []
@@ -148,6 +148,7 @@ def short_deployment(dep: Deployment) -> str:
         tokens = f"{c.max_batched_tokens // 1024}k" if c.max_batched_tokens % 1024 == 0 else str(c.max_batched_tokens)
         text = {"prefill": "P:", "decode": "D:"}.get(p.role, "") + f"{p.replicas}xtp{p.tp}"
         text += f"pp{p.pp}" if p.pp > 1 else ""
+        text += f"ep{p.ep}" if p.ep > 1 else ""
         text += f"@{p.gpu}" if p.gpu else ""
         text += f" {kind}/{tokens}/s{c.max_num_seqs}/b{c.block_size}"
         parts.append(text)

@@ -11,7 +11,8 @@ two levels of MARS:
 * **level 2 (the engine)**: each pool's scheduler (vLLM-style ``continuous`` batching, Orca's
   ``mixed`` prefill-with-decode, Sarathi-Serve's ``chunked`` prefill), its sequence cap
   ``max_num_seqs``, its token budget ``max_batched_tokens`` (the chunk size of ``chunked``) and
-  its KV-cache ``block_size``, chosen for every level-1 candidate by coordinate descent over the
+  its KV-cache ``block_size`` (and for a mixture of experts its ``ep``: 1 or ``tp``), chosen for
+  every level-1 candidate by coordinate descent over the
   closed-form screen (:mod:`marssim.serve.screen`), a generation's candidates in lockstep.
 
 Every candidate is screened (milliseconds); the ``simulate_top`` best screened deployments not
@@ -196,7 +197,9 @@ def canonical(space: ServeSpace, pools: Sequence[Pool], settings: ServeSearchSet
         if p.replicas < 1:
             continue
         p = replace(p, gpu=space.gpu_field(space.kind_of(p)))
-        key = (p.role, p.gpu, p.tp, p.pp)
+        if p.ep not in (1, p.tp):  # expert parallelism is 1 or the pool's tp (a tp changed under it)
+            p = replace(p, ep=1)
+        key = (p.role, p.gpu, p.tp, p.pp, p.ep)
         if key in merged:
             merged[key] = replace(merged[key], replicas=merged[key].replicas + p.replicas)
         else:
@@ -498,6 +501,9 @@ class _ServeStrategy:
         s = self.settings
         if gene == "kind":
             return list(s.schedulers)
+        if gene == "ep":  # a mixture of experts: experts split over tp, or whole over the tp GPUs
+            t = self.space.case.model
+            return [1, pool.tp] if t.is_moe and pool.tp > 1 and t.experts % pool.tp == 0 else [1]
         return list({"max_batched_tokens": s.max_batched_tokens, "max_num_seqs": s.max_num_seqs,
                      "block_size": s.block_sizes}[gene])
 
@@ -505,6 +511,10 @@ class _ServeStrategy:
     def with_gene(dep: Deployment, i: int, gene: str, value) -> Deployment:
         pool = dep.pools[i]
         cfg = pool.scheduler
+        if gene == "ep":
+            pools = list(dep.pools)
+            pools[i] = replace(pool, ep=value)
+            return dep.with_(pools=tuple(pools))
         if gene == "kind":
             cfg = replace(cfg, kind="chunked" if value == "chunked" else "continuous", mixed=value == "mixed")
         else:
@@ -519,7 +529,8 @@ class _ServeStrategy:
         deployment whose round changed nothing stops."""
         def coordinates(best: list[Deployment]) -> list[tuple[str, int]]:
             width = max((len(d.pools) for d in best), default=0)
-            return [(gene, i_pool) for gene in _GENES for i_pool in range(width)]
+            genes = _GENES + (("ep",) if self.space.case.model.is_moe else ())  # a mixture of experts' layout
+            return [(gene, i_pool) for gene in genes for i_pool in range(width)]
 
         def options(dep: Deployment, coordinate: tuple[str, int]) -> list[tuple[Deployment, Deployment]]:
             gene, i_pool = coordinate

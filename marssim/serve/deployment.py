@@ -10,6 +10,9 @@ pool setting                  meaning (the engines' own names where they have on
                               decode replica over the network)
 ``replicas``                  replicas in the pool
 ``tp``, ``pp``                tensor and pipeline parallelism of each replica (``tp x pp`` GPUs)
+``ep``                        expert parallelism of a mixture-of-experts model: 1 (every GPU holds
+                              every expert, split over tp) or tp (whole experts over the tp GPUs,
+                              vLLM's ``--enable-expert-parallel``); see :mod:`.itermodel`
 ``gpu``                       the GPU design a replica runs on (a design name of the system, for
                               a cluster of several GPU kinds); default: the next free GPUs
 ``scheduler``                 ``static`` (a batch runs to its last request, then the next batch
@@ -120,6 +123,7 @@ class Pool:
     role: str = "both"
     gpu: str = ""
     scheduler: SchedulerConfig = SchedulerConfig()
+    ep: int = 1
 
     @property
     def gpus_per_replica(self) -> int:
@@ -134,6 +138,8 @@ class Pool:
         parts = [f"replicas={self.replicas}", f"tp={self.tp}"]
         if self.pp != 1:
             parts.append(f"pp={self.pp}")
+        if self.ep != 1:
+            parts.append(f"ep={self.ep}")
         if self.role != "both":
             parts.append(f"role={self.role}")
         if self.gpu:
@@ -186,12 +192,12 @@ class Deployment:
 
 
 # ---------------------------------------------------------------------- checking and parsing
-_POOL_INT = ("replicas", "tp", "pp")
+_POOL_INT = ("replicas", "tp", "pp", "ep")
 _SCHED_INT = ("max_num_seqs", "max_batched_tokens", "block_size")
 _SCHED_FLOAT = ("watermark", "gpu_memory_utilization")
 _SCHED_BOOL = ("mixed", "prefix_caching")
 _SPEC_KEYS = ("spec_method", "spec_model", "spec_layers", "spec_k", "spec_alpha")
-POOL_KEYS = ("role", "replicas", "tp", "pp", "gpu", "scheduler") + _SCHED_INT + _SCHED_FLOAT + _SCHED_BOOL + \
+POOL_KEYS = ("role", "replicas", "tp", "pp", "ep", "gpu", "scheduler") + _SCHED_INT + _SCHED_FLOAT + _SCHED_BOOL + \
     ("preemption", "swap_space") + _SPEC_KEYS
 
 
@@ -386,6 +392,8 @@ def pool_to_dict(pool: Pool) -> dict[str, Any]:
     out["tp"] = pool.tp
     if pool.pp != 1:
         out["pp"] = pool.pp
+    if pool.ep != 1:
+        out["ep"] = pool.ep
     if pool.gpu:
         out["gpu"] = pool.gpu
     default = SchedulerConfig()

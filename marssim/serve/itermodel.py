@@ -32,6 +32,30 @@ at the slowest hop). So one request alone (or a batch of equal requests) takes t
 ``serving_times`` and the estimate of the same ``mode=prefill`` / ``mode=decode`` graph give: the
 test suite checks it to 1e-9.
 
+A mixture-of-experts block (``moe``) replaces the MLP: the router and its top-k over the batch's
+tokens (replicated, token-wise ops as above), then the experts, timed as one piece per batch size
+``T`` on the busiest expert-parallel rank (:mod:`marssim.parallel.experts`: experts in order on
+the ``ep`` ranks, rank ``r`` receiving the share of the routed tokens its experts' ``expert_load``
+adds up to; the all-to-all waits for the busiest, ``busiest_share`` times the uniform tokens).
+Two layouts of a replica's ``tp`` GPUs, as the engines run them:
+
+* ``ep = 1``: every GPU holds every expert, each expert's GEMMs split over the ``tp`` GPUs as the
+  dense MLP's (column- then row-parallel; vLLM's default), on all ``T`` tokens: each expert
+  receives ``ceil(top_k T / experts)`` tokens; the partial sums of the combine are all-reduced
+  over the tensor-parallel ring (the dense MLP's all-reduce);
+* ``ep = tp``: ``experts / ep`` whole experts per GPU (vLLM's ``--enable-expert-parallel``,
+  Megatron-LM's expert parallelism); every GPU dispatches its ``ceil(T / tp)`` tokens' slice to
+  the experts' GPUs by an all-to-all, the experts run on the ``ceil(top_k T s / experts)``
+  tokens each of the busiest rank's experts receives (``s`` its share), an all-to-all
+  returns them, and an all-gather over the tensor-parallel ring makes the hidden state whole
+  again. Each all-to-all is one step per peer, one after another, each at its route's latency and
+  bottleneck bandwidth (the parallel path's closed form), a rank sending every peer
+  ``top_k ceil(T/tp) hidden s / ep`` bytes.
+
+When fewer tokens reach the busiest rank than it holds experts (decode at small batches), it
+runs only as many experts as tokens, one token each: a fused MoE kernel reads the weights of
+the experts that have tokens only (:meth:`IterationModel.expert_work`).
+
 What is *not* here: the activations sent between pipeline stages and every other transfer are
 flows of the simulation's network (:mod:`.fabric`); this module gives their sizes.
 
@@ -47,6 +71,7 @@ from dataclasses import dataclass
 from marssim.collectives.group import group_plan, ring_time
 from marssim.cost.base import CostModel
 from marssim.errors import InputError
+from marssim.parallel.experts import busiest_share
 from marssim.system import System
 from marssim.workload import Op, OpKind
 from marssim.workload.llm.config import TransformerConfig, with_overrides
@@ -77,20 +102,28 @@ class IterationModel:
 
     ``config``: the model; ``stages``: per pipeline stage, its GPUs in tensor-parallel rank order
     (every stage the same tensor-parallel degree); ``cost``: the cost model; ``context_bucket``:
-    decode attention's mean context rounded to a multiple of this many tokens (1: exact mean)."""
+    decode attention's mean context rounded to a multiple of this many tokens (1: exact mean);
+    ``ep``: expert parallelism of a mixture-of-experts model, 1 or the tensor-parallel degree (see
+    the module docstring)."""
 
     def __init__(self, config: TransformerConfig, system: System, stages: tuple[tuple[str, ...], ...],
-                 cost: CostModel, *, context_bucket: int = 1) -> None:
+                 cost: CostModel, *, context_bucket: int = 1, ep: int = 1) -> None:
         from marssim.parallel.config import ParallelConfig
         from marssim.parallel.lower import op_rules
         from marssim.workload.llm import build_transformer
 
-        if config.is_moe:
-            raise InputError(None, "model", "serving simulation models dense decoders (gpt, llama); "
-                                            "mixture-of-experts serving is not modelled")
         tps = {len(s) for s in stages}
         if len(tps) != 1:
             raise InputError(None, "parallel", "every pipeline stage of a replica needs the same tensor parallelism")
+        tp = next(iter(tps))
+        if ep != 1 and not config.is_moe:
+            raise InputError(None, "ep", "expert parallelism needs a mixture-of-experts model")
+        if config.is_moe and ep not in (1, tp):
+            raise InputError(None, "ep", f"expected 1 (experts split over tp) or tp={tp} (whole experts over the "
+                                         f"tensor-parallel GPUs), got {ep}")
+        if config.is_moe and config.experts % ep:
+            raise InputError(None, "ep", f"expected a divisor of the {config.experts} experts, got {ep}")
+        self.ep = ep if config.is_moe else 1
         self.config = config
         self.system = system
         self.stages = stages
@@ -117,8 +150,11 @@ class IterationModel:
             layer = op.param("layer")
             (embed if layer < 0 else block if layer == 0 else head).append((op, rules[op.name]))
         self._embed = _Piece(tuple(embed))
+        expert = _expert_op if config.is_moe else (lambda op: False)
         self._tokens = _Piece(tuple((op, r) for op, r in block if not op.param("core") and
-                                    op.param("what") != "kv_write"))
+                                    op.param("what") != "kv_write" and not expert(op)))
+        self._experts = _Piece(tuple((op, r) for op, r in block if expert(op)))
+        self.expert_share = busiest_share(config.expert_load, self.ep) if config.is_moe else 1
         self._kv_write = _Piece(tuple((op, r) for op, r in block if op.param("what") == "kv_write"))
         self._attention = _Piece(tuple((op, r) for op, r in block if op.param("core")))
         self._head = _Piece(tuple(head))
@@ -201,6 +237,9 @@ class IterationModel:
         ``latency + bytes / b``: the bytes are those of NCCL's steps weighted by
         :func:`~marssim.collectives.group.hop_step`'s factor, so that at the hop's bandwidth they
         take the plan's time beyond its latencies."""
+        if self.ep > 1:
+            raise InputError(None, "tp_comm", "tp_comm=network times ring collectives as flows; the experts' "
+                                              "all-to-all (ep > 1) is timed closed only: use tp_comm=closed")
         out = []
         for s in range(self.pp):
             total, comm, nbytes, latency = self._stage(s, tokens, prefill_tokens, prefill_groups, decodes,
@@ -218,6 +257,9 @@ class IterationModel:
         memo = self._memo[self._stage_class[s]]
         cached = self._cached
         parts = [cached(memo, ("t", tokens), s, self._tokens_time, tokens)]
+        if self._experts.ops:
+            count = tokens[0] * tokens[1]
+            parts.append(cached(memo, ("x", count), s, self._experts_time, count))
         if prefill_tokens[0]:
             parts.append(cached(memo, ("k", prefill_tokens), s, self._kv_time, prefill_tokens))
         for count, q, ctx in prefill_groups:
@@ -292,6 +334,73 @@ class IterationModel:
             seconds = self.cost.op_cost(op.with_loops(**loops), design).time
             total += float(seconds / rule.scale) if rule.scale > 1 else float(seconds)
         return total, 0.0, 0.0, 0
+
+    def expert_work(self, count: int) -> tuple[int, int]:
+        """``(experts, tokens each)`` the busiest expert-parallel rank runs in an iteration of
+        ``count`` new tokens: its ``R`` routed tokens (see the module docstring) over its
+        ``experts / ep`` experts, or over ``ceil(R)`` of them when fewer tokens than experts
+        reach it (a fused MoE kernel reads only the weights of experts with tokens; the tokens
+        taken to hit distinct experts, the most weights they can read)."""
+        t = self.config
+        at_rank = t.top_k * count * self.expert_share / self.ep
+        local = t.experts // self.ep
+        active = max(1, min(local, math.ceil(at_rank)))
+        return active, max(1, math.ceil(at_rank / active))
+
+    def expert_tokens(self, count: int) -> int:
+        """Tokens each expert the busiest rank runs processes (:meth:`expert_work`)."""
+        return self.expert_work(count)[1]
+
+    def _experts_time(self, stage: int, count: int) -> tuple:
+        """The experts of one block for ``count`` new tokens on the busiest rank, with the
+        all-reduce (``ep = 1``) or the two all-to-alls and the all-gather (``ep = tp``)."""
+        from dataclasses import replace
+
+        t = self.config
+        design = self._designs[stage]
+        local, m = self.expert_work(count)
+        etp = self.tp // self.ep
+        h = t.hidden
+        total = 0.0
+        for op, _ in self._experts.ops:
+            loops = op.loop_dict
+            if op.kind == OpKind.GEMM:
+                sizes = {"B": local, "M": m}
+                cut = "N" if op.name.split(".")[-1] in ("gate", "up", "fc1") else "K"  # column / row parallel
+                sizes[cut] = -(-loops[cut] // etp)
+                part = op.with_loops(**sizes)
+            elif op.kind == OpKind.ELTWISE:
+                part = op.with_loops(N=local, C=-(-loops["C"] // etp), H=m)
+            else:  # the dispatch into the experts' buffers, the weighted combine out of them
+                home = count if self.ep == 1 else -(-count // self.tp)  # the tokens a GPU dispatches
+                tokens = (1, h, home, 1)
+                routing = (1, t.experts, home, 1)
+                buffers = (local, h, m, 1)
+                if op.param("what") == "dispatch":
+                    new = {"N": local, "C": h, "H": m}
+                    part = replace(op, in_shapes=(tokens, routing), out_shape=buffers)
+                else:
+                    new = {"N": 1, "C": h, "H": home}
+                    part = replace(op, in_shapes=(buffers, routing), out_shape=tokens)
+                part = replace(part, loops=tuple((k, new.get(k, v)) for k, v in op.loops))
+            total += float(self.cost.op_cost(part, design).time)
+        hidden = float(count * h * self.dtype_bytes)
+        if self.tp == 1:
+            return total, 0.0, 0.0, 0.0
+        if self.ep == 1:
+            t_ar, b_ar, k_ar = self._ring(stage, hidden, "all_reduce")
+            return total + t_ar, t_ar, b_ar, k_ar
+        per_peer = t.top_k * -(-count // self.tp) * h * self.dtype_bytes * float(self.expert_share) / self.ep
+        gpus = self.stages[stage]
+        cap = self.system.resource_capacity
+        a2a = 0.0
+        for peer in gpus[1:]:
+            route = self.system.route(gpus[0], peer)
+            bw = min((float(cap[r]) for r in route.resources), default=math.inf)
+            a2a += route.latency + per_peer / bw
+        t_ag, b_ag, k_ag = self._ring(stage, hidden, "all_gather")
+        comm = 2 * a2a + t_ag
+        return total + comm, comm, b_ag, k_ag
 
     def _embed_time(self, stage: int, tokens: tuple[int, int]) -> tuple:
         n, h = tokens
@@ -384,7 +493,7 @@ class IterationModel:
         piece to another in a layout its reader must convert (apart from the embedding, whose
         conversion the embedding piece pays)."""
         where = {}
-        for piece in (self._embed, self._tokens, self._kv_write, self._attention, self._head):
+        for piece in (self._embed, self._tokens, self._kv_write, self._attention, self._head, self._experts):
             for op, _ in piece.ops:
                 where[op.name] = id(piece)
         for piece in (self._tokens, self._kv_write, self._attention, self._head):
@@ -394,6 +503,16 @@ class IterationModel:
                         if self._layouts[name] != want and want != "*":
                             raise InputError(None, "model", f"{op.name} reads {name} in layout {want}, produced "
                                                             f"as {self._layouts[name]}: not a serving layout")
+
+
+_EXPERT_OPS = ("dispatch", "gate", "up", "fc1", "act", "down", "fc2", "combine")
+
+
+def _expert_op(op: Op) -> bool:
+    """Whether ``op`` (of a block) is one of the experts' piece: the dispatch, the grouped GEMMs
+    and their activation, the combine (the router and its top-k are token-wise)."""
+    parts = op.name.split(".")
+    return "moe" in parts and parts[-1] in _EXPERT_OPS
 
 
 def resize_tokens(op: Op, n: int, h: int, ref: int) -> Op:

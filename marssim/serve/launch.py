@@ -6,6 +6,7 @@ deployment setting                    vLLM (``vllm serve``)           SGLang (``
 ====================================  ==============================  ==============================
 ``tp``                                ``--tensor-parallel-size``      ``--tp-size``
 ``pp``                                ``--pipeline-parallel-size``    ``--pp-size``
+``ep`` (``tp``: whole experts)        ``--enable-expert-parallel``    ``--ep-size``
 ``max_num_seqs``                      ``--max-num-seqs``              ``--max-running-requests``
 ``max_batched_tokens``                ``--max-num-batched-tokens``    ``--chunked-prefill-size``
                                                                       (``chunked``), else
@@ -145,6 +146,8 @@ def _vllm(p: int, pool: Pool, model: TransformerConfig, source: str) -> LaunchCo
         ("--enable-prefix-caching" if cfg.prefix_caching else "--no-enable-prefix-caching", ""),
         ("--dtype", _DTYPE[model.dtype]),
     ]
+    if pool.ep > 1:
+        args.append(("--enable-expert-parallel", ""))
     notes = _common_notes(pool, "vllm")
     if cfg.preemption == "swap":
         args.append(("--swap-space", f"{cfg.swap_space / 2**30:g}"))
@@ -171,6 +174,8 @@ def _sglang(p: int, pool: Pool, model: TransformerConfig, source: str) -> Launch
         ("--pp-size", str(pool.pp)),
         ("--max-running-requests", str(cfg.max_num_seqs)),
     ]
+    if pool.ep > 1:
+        args.append(("--ep-size", str(pool.ep)))
     if cfg.kind == "chunked":
         args.append(("--chunked-prefill-size", str(cfg.max_batched_tokens)))
     else:

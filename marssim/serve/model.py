@@ -2,7 +2,9 @@
 ``gpt:layers=24,hidden=2048,heads=16``, or a Hugging Face configuration ``hf:PATH/config.json``
 (:mod:`marssim.workload.llm.hf`). The requests decide the run (prompt and output tokens,
 batch), so the settings of one run (``mode``, ``batch``, ``seq``, ``prompt``, ``generate``,
-``context``) are refused; mixture-of-experts models are refused (their serving is not modelled).
+``context``) are refused. A mixture-of-experts model (``moe:``, ``mixtral-8x7b``) serves dropless
+(every routed token reaches its expert; ``capacity_factor`` is a training setting), its routing
+imbalance from ``expert_load`` (:mod:`.itermodel`).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ RUN_KEYS = ("mode", "batch", "seq", "prompt", "generate", "context", "recompute"
 
 
 def load_model(spec: str) -> TransformerConfig:
-    """The :class:`TransformerConfig` of ``spec`` (a dense LLM of the workload zoo), in serving
+    """The :class:`TransformerConfig` of ``spec`` (an LLM of the workload zoo), in serving
     form. Raises InputError naming the key."""
     from marssim.workload import load_workload
     from marssim.workload.llm.hf import hf_base, is_hf_spec, split_hf_spec
@@ -54,6 +56,4 @@ def load_model(spec: str) -> TransformerConfig:
         if full["layers"] < 1:
             raise InputError(spec, "layers", f"expected a positive integer, got {layers!r}")
     config = replace(config, layers=int(full["layers"]), mode="prefill", seq=1, batch=1, name=config.name)
-    if config.is_moe:
-        raise InputError(spec, "", "mixture-of-experts serving is not modelled; expected a dense model (gpt, llama)")
     return config

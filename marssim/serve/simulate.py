@@ -91,6 +91,13 @@ def check_pool(pool: Pool, config: TransformerConfig, where: str, prefix: str) -
         raise InputError(where, prefix + "tp", f"expected a divisor of the MLP width {config.ffn_size}, got {tp}")
     if pool.pp > config.layers:
         raise InputError(where, prefix + "pp", f"expected at most the {config.layers} layers, got {pool.pp}")
+    if pool.ep != 1 and not config.is_moe:
+        raise InputError(where, prefix + "ep", "expert parallelism needs a mixture-of-experts model")
+    if pool.ep not in (1, tp):
+        raise InputError(where, prefix + "ep", f"expected 1 (experts split over tp) or tp={tp} (whole experts over "
+                                               f"the tensor-parallel GPUs), got {pool.ep}")
+    if config.is_moe and config.experts % pool.ep:
+        raise InputError(where, prefix + "ep", f"expected a divisor of the {config.experts} experts, got {pool.ep}")
 
 
 def place_replicas(system: System, deployment: Deployment,
@@ -138,7 +145,7 @@ class _Cluster:
             pool = deployment.pools[p]
             check_pool(pool, model, "deployment", f"pools[{p}].")
             design = system.accelerator(stages[0][0]).designs[0]
-            im = _iteration_model(model, system, stages, cost, deployment.context_bucket)
+            im = _iteration_model(model, system, stages, cost, deployment.context_bucket, pool.ep)
             capacity = system.accelerator(stages[0][0]).memory.capacity
             spec = None
             draft = (0.0, 0.0)
@@ -299,29 +306,29 @@ _MODELS: dict[tuple, tuple[CostModel, System, IterationModel]] = {}
 
 
 def _iteration_model(model: TransformerConfig, system: System, stages: tuple[tuple[str, ...], ...], cost: CostModel,
-                     bucket: int) -> IterationModel:
+                     bucket: int, ep: int = 1) -> IterationModel:
     """The iteration-time model of a replica on ``stages``, shared by every replica (of this and
     later simulations in this process, on the same system object and cost model) whose stages
     have the same design and ring routes: their memo of iteration pieces is shared too."""
     first = stages[0][0]
     acc = system.accelerator(first)
-    key = (model, len(stages[0]), len(stages), id(system), acc.designs[0], id(cost), bucket,
+    key = (model, len(stages[0]), len(stages), id(system), acc.designs[0], id(cost), bucket, ep,
            tuple(tuple(_ring_signature(system, s)) for s in stages))
     hit = _MODELS.get(key)
     if hit is not None and hit[0] is cost and hit[1] is system:
         return hit[2]
     if len(_MODELS) >= 32:
         _MODELS.clear()
-    im = IterationModel(model, system, stages, cost, context_bucket=bucket)
+    im = IterationModel(model, system, stages, cost, context_bucket=bucket, ep=ep)
     _MODELS[key] = (cost, system, im)
     return im
 
 
 def iteration_model(model: TransformerConfig, system: System, stages: tuple[tuple[str, ...], ...], cost: CostModel,
-                    bucket: int = 1) -> IterationModel:
+                    bucket: int = 1, ep: int = 1) -> IterationModel:
     """The iteration-time model a simulation would give a replica on ``stages`` (the same object,
     with its memo, for every replica of the same design and ring routes in this process)."""
-    return _iteration_model(model, system, stages, cost, bucket)
+    return _iteration_model(model, system, stages, cost, bucket, ep)
 
 
 def _ring_signature(system: System, gpus: tuple[str, ...]) -> list[tuple[float, float]]:

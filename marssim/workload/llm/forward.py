@@ -36,6 +36,8 @@ they are written.
 
 from __future__ import annotations
 
+import math
+
 from marssim.workload.builder import GraphBuilder, T
 from marssim.workload.op import DTYPE_BYTES, OpKind
 
@@ -241,9 +243,11 @@ class Decoder:
 
     def _moe(self, p: str, h: T) -> T:
         """Router, top-k gating, dispatch of each token to ``top_k`` experts (``capacity`` tokens
-        per expert), grouped expert GEMMs, gate-weighted combine."""
+        per expert, of the tokens ``h`` holds: a serving graph's prefill and decode steps have
+        their own), grouped expert GEMMs, gate-weighted combine."""
         cfg, b = self.cfg, self.b
-        e, cap = cfg.experts, cfg.expert_capacity
+        e = cfg.experts
+        cap = max(1, math.ceil(cfg.capacity_factor * cfg.top_k * h.n * h.h / e))
         logits = b.linear(p + "moe.router", h, e, bias=False)
         gates = b.eltwise(p + "moe.topk", logits, fn="router")
         routed = b.op(p + "moe.dispatch", OpKind.RESHAPE, {"N": e, "C": cfg.hidden, "H": cap, "W": 1}, [h, gates],
