@@ -53,6 +53,7 @@ from marssim.system import Design
 from marssim.system.design import DATAFLOWS, SYSTOLIC_DATAFLOWS
 from marssim.workload import Op
 
+from . import fitcache
 from .bandwidth import stream_op
 from .base import OpCost
 from .calibrated import DTYPE_STANDINS, TUNINGS, FitKey, KernelFit, KernelTable, KernelTiming, fit, load_table
@@ -311,7 +312,8 @@ class DataflowCost:
     def _fitted(self, name: str, peaks: dict[str, float] | None, stack: str | None) -> dict[FitKey, KernelFit]:
         """:func:`~.calibrated.fit` of the rows of ``name`` (and ``stack``) under ``peaks``. Fits of
         tables read from files are shared by every cost model of the process reading the same
-        files unchanged (their paths, sizes and modification times): the fit is deterministic."""
+        files unchanged (their paths, sizes and modification times): the fit is deterministic.
+        Across processes, a fit is read from :mod:`.fitcache` (keyed by the rows' content)."""
         files = _table_files(self._source) if self._source is not None else None
         key = (files, name, tuple(sorted((peaks or {}).items())), stack) if files else None
         if key is not None:
@@ -319,7 +321,13 @@ class DataflowCost:
             if hit is not None:
                 return hit
         rows = self._device_rows(name, stack)
-        fits = fit(KernelTable(rows), peaks=peaks) if rows else {}
+        fits = {}
+        if rows:  # computed once per table and kept on disk (fitcache), as it is deterministic
+            disk_key = fitcache.fit_key(rows, peaks, name, stack)
+            fits = fitcache.load_fits(disk_key)
+            if fits is None:
+                fits = fit(KernelTable(rows), peaks=peaks)
+                fitcache.store_fits(disk_key, fits)
         if key is not None:
             _SHARED_FITS[key] = fits
         return fits
