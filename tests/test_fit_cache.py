@@ -97,3 +97,17 @@ def test_unreadable_entry_is_recomputed(cache):
     (cache / "fits" / f"{key}.pickle").write_bytes(b"not a pickle")
     got = model.DataflowCost(calibration=KernelTable(rows))._fitted(device, None, None)
     _assert_identical(got, fit(KernelTable(rows), peaks=None))
+
+
+def test_cached_table_is_the_parsed_table(cache, monkeypatch):
+    path = calibrated.calibration_dir() / "A100.csv"
+    first = fitcache.cached_table(path, load_table)
+    assert len(list((cache / "fits").glob("table-*.pickle"))) == 1
+
+    def refuse(p):
+        raise AssertionError("parsed again instead of reading the stored table")
+
+    again = fitcache.cached_table(path, refuse)
+    parsed = load_table(path)
+    assert again.rows == parsed.rows == first.rows
+    assert again.files == parsed.files

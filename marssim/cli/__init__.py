@@ -88,6 +88,9 @@ def _verb_named(argv: Sequence[str]) -> str | None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``marssim`` console script; returns the exit status."""
+    from marssim.cachedir import use_numba_cache_dir
+
+    use_numba_cache_dir()  # numba's compiled kernels in the user's cache folder (before numba is imported)
     argv = list(sys.argv[1:] if argv is None else argv)
     verb = _verb_named(argv)
     parser = build_parser([verb] if verb else ())  # --version, --help: no verb module imported

@@ -7,8 +7,9 @@ fitted (their file name and line excepted, so a moved install hits the same entr
 peaks, :data:`FIT_VERSION` (raise it whenever a change to the fitting code changes what it
 computes), and the numpy and scipy versions. It holds the pickled fits, which are the very objects
 the fit returned (the same floats, bit for bit). The entries live in ``fits/`` of
-:func:`marssim.cachedir.user_cache_dir`; ``MARSSIM_NO_FIT_CACHE=1`` turns the cache off. The cache
-is best effort: an entry that cannot be read or written is recomputed, never an error."""
+:func:`marssim.cachedir.user_cache_dir`; ``MARSSIM_NO_FIT_CACHE=1`` turns the cache off. Parsed
+calibration tables are kept beside them (:func:`cached_table`, keyed by the file's name and
+bytes), so that a later process neither parses nor fits. The cache is best effort: an entry that cannot be read or written is recomputed, never an error."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from pathlib import Path
 
 from marssim.cachedir import user_cache_dir
 
-__all__ = ["FIT_VERSION", "fit_key", "load_fits", "store_fits", "fits_dir", "enabled"]
+__all__ = ["FIT_VERSION", "fit_key", "load_fits", "store_fits", "fits_dir", "enabled", "cached_table"]
 
 FIT_VERSION = 1
 """The version of the fitting code (:mod:`.calibrated`'s fit, :mod:`.residual`'s correction):
@@ -63,12 +64,7 @@ def load_fits(key: str) -> dict | None:
     """The fits stored under ``key``, or None (no entry, or one that cannot be read)."""
     if not enabled():
         return None
-    path = fits_dir() / f"{key}.pickle"
-    try:
-        with open(path, "rb") as handle:
-            got = pickle.load(handle)
-    except (OSError, EOFError, pickle.UnpicklingError, AttributeError, ImportError, TypeError, ValueError):
-        return None
+    got = _load(fits_dir() / f"{key}.pickle")
     return got if isinstance(got, dict) else None
 
 
@@ -77,8 +73,41 @@ def store_fits(key: str, fits: dict) -> None:
     that cannot be written is passed over."""
     if not enabled():
         return
+    _store(fits_dir() / f"{key}.pickle", fits)
+
+
+def _load(path: Path):
+    try:
+        with open(path, "rb") as handle:
+            return pickle.load(handle)
+    except (OSError, EOFError, pickle.UnpicklingError, AttributeError, ImportError, TypeError, ValueError):
+        return None
+
+
+def _store(path: Path, value) -> None:
     from marssim.fsutil import atomic_file
 
     with contextlib.suppress(OSError):
-        with atomic_file(fits_dir() / f"{key}.pickle", "wb") as handle:
-            pickle.dump(fits, handle, protocol=pickle.HIGHEST_PROTOCOL)
+        with atomic_file(path, "wb") as handle:
+            pickle.dump(value, handle, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def cached_table(path: str | Path, load):
+    """``load(path)`` (a calibration table's parse, :func:`marssim.cost.calibrated.load_table`),
+    read from the cache when this file's name and bytes were parsed before by this code (a table
+    that does not parse raises as ``load`` does, and is not kept)."""
+    if not enabled():
+        return load(path)
+    try:
+        data = Path(path).read_bytes()
+    except OSError:
+        return load(path)  # its own error
+    h = hashlib.sha256(repr((FIT_VERSION, str(path))).encode())
+    h.update(data)
+    entry = fits_dir() / f"table-{h.hexdigest()}.pickle"
+    got = _load(entry)
+    if got is not None and hasattr(got, "rows"):
+        return got
+    table = load(path)
+    _store(entry, table)
+    return table

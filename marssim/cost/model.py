@@ -252,10 +252,10 @@ class DataflowCost:
             elif src.is_dir():
                 table = KernelTable(())
                 for path in sorted(src.glob("*.csv")):
-                    table = table + load_table(path)
+                    table = table + fitcache.cached_table(path, load_table)
                 self._table = table
             elif src.is_file():
-                self._table = load_table(src)
+                self._table = fitcache.cached_table(src, load_table)
             else:
                 self._table = KernelTable(())
         return self._table
