@@ -121,7 +121,8 @@ def inproc_figures() -> dict:
             r = json.loads(line)
             if "system" not in r:  # the machine's line
                 continue
-            rows[(r["system"], r["workload"], r["config"])] = r
+            rows.setdefault((r["system"], r["workload"], r["config"]), {}).update(
+                {k: v for k, v in r.items() if isinstance(v, dict) and "cpu_s" in v})
     return rows
 
 
