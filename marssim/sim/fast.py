@@ -57,6 +57,16 @@ def _kernels():
     return _KERNELS or None
 
 
+def kernels_cached() -> bool:
+    """Whether numba's cache holds the compiled engine (so that it loads in about a second
+    instead of compiling for about a minute); True when that cannot be told."""
+    k = _kernels()
+    try:
+        return os.path.exists(k.run._cache._cache_file._index_path)
+    except AttributeError:  # numba's cache laid out otherwise, or no cache: assume it is at hand
+        return True
+
+
 def available() -> bool:
     """True when the compiled engine can run (numba importable, ``MARSSIM_NO_NUMBA`` unset)."""
     return _kernels() is not None
