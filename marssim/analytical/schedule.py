@@ -59,7 +59,7 @@ def _pick(backend: str):
         return None
     compiled = _compiled()
     if compiled is None and backend == "numba":
-        raise RuntimeError("backend 'numba' requested but numba is not installed (pip install 'marssim[fast]')")
+        raise RuntimeError("backend 'numba' requested but numba is not installed (pip install numba, a dependency of marssim)")
     return compiled
 
 
