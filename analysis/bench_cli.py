@@ -5,8 +5,10 @@ model's table fit and the numba compilation. This one runs ``python -m marssim V
 fresh process, from an empty directory outside the checkout, and reports what the user pays:
 the child's CPU time (user + sys, from ``wait4``) and its peak RSS.
 
-Each case runs twice: *cold* (an empty numba cache folder and an empty marssim cache folder, as
-on the first run after installing) and *warm* (the same folders again, now filled). Beside them
+*Warm*: a cache folder (numba's and marssim's) filled first by four unmeasured runs (the
+compiled simulator, the estimate's kernels, the A100 and H100 fits; ``--no-prime``: each case run
+once before instead). *Cold* (the quick cases and the 1008B simulation): an empty cache folder,
+as on the first run after installing. Beside them
 the in-process figures of ``analysis/bench_megatron_scale.py`` (``results/bench_megatron_scale.jsonl``:
 lowering + simulation or estimate, CPU s and peak RSS of the process) where the case is one of
 its configurations.
@@ -92,6 +94,15 @@ def heavy() -> list[dict]:
                    "gpt3-175b:mode=train,seq=2048,batch=1", "--global-batch", "1536", "--workers", "2",
                    "--out", "search/"]),
     ]
+
+
+def prime() -> list[list[str]]:
+    """Runs that fill the warm cache before the warm figures (not measured): the compiled
+    simulator (a run too large for SimPy), the estimate's kernels, the A100 and H100 fits."""
+    big = next(c for c in megatron_cases(quick=True) if c["model"] == "529.6B")
+    return [["simulate", "--system", big["system"], "--workload", big["workload"], "--parallel", big["config"]],
+            ["estimate", "--system", big["system"], "--workload", big["workload"], "--parallel", big["config"]],
+            ["estimate", *LLAMA70], ["estimate", "--mapping", MAPPING]]
 
 
 def megatron(quick: bool) -> list[dict]:
@@ -193,6 +204,8 @@ def main() -> None:
     ap.add_argument("--cold", choices=("all", "quick", "none"), default="quick",
                     help="which cases also run cold (default: those of --quick)")
     ap.add_argument("--no-heavy", dest="heavy", action="store_false", help="without serve and search")
+    ap.add_argument("--no-prime", dest="prime", action="store_false",
+                    help="warm each case by running it once before (instead of four priming runs)")
     ap.add_argument("--out", default=str(OUT))
     args = ap.parse_args()
 
@@ -203,19 +216,26 @@ def main() -> None:
         cases = [c for c in cases if args.only in c["name"]]
     figures = inproc_figures()
     with tempfile.TemporaryDirectory(prefix="marssim-bench-cli-") as tmp:
-        cache = os.path.join(tmp, "cache")
-        env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1",
-                   MKL_NUM_THREADS="1", NUMBA_NUM_THREADS="1", MPLBACKEND="Agg",
-                   NUMBA_CACHE_DIR=os.path.join(cache, "numba"), MARSSIM_CACHE_DIR=cache, XDG_CACHE_HOME=cache)
+        def environment(cache: str) -> dict:
+            return dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1",
+                        MKL_NUM_THREADS="1", NUMBA_NUM_THREADS="1", MPLBACKEND="Agg",
+                        NUMBA_CACHE_DIR=os.path.join(cache, "numba"), MARSSIM_CACHE_DIR=cache, XDG_CACHE_HOME=cache)
+
+        warm_cache, cold_cache = os.path.join(tmp, "warm"), os.path.join(tmp, "cold")
+        work = os.path.join(tmp, "work")
+        os.makedirs(work, exist_ok=True)
+        if args.prime:
+            for argv in prime():
+                run_child(argv, environment(warm_cache), work)
         rows = []
         for case in cases:
-            work = os.path.join(tmp, "work")
-            os.makedirs(work, exist_ok=True)
             row = dict(name=case["name"])
             if args.cold == "all" or (args.cold == "quick" and (case.get("quick") or case.get("cold"))):
-                shutil.rmtree(cache, ignore_errors=True)
-                row["cold"] = run_child(case["argv"], env, work)
-            row["warm"] = run_child(case["argv"], env, work)
+                shutil.rmtree(cold_cache, ignore_errors=True)  # the first run after installing
+                row["cold"] = run_child(case["argv"], environment(cold_cache), work)
+            if not args.prime:  # its own warm-up
+                run_child(case["argv"], environment(warm_cache), work)
+            row["warm"] = run_child(case["argv"], environment(warm_cache), work)
             if "megatron" in case:
                 c = case["megatron"]
                 ip = figures.get((c["system"], c["workload"], c["config"]), {}).get(case["inproc"])
@@ -225,7 +245,7 @@ def main() -> None:
             print(fmt_table([row], args.cold != "none").splitlines()[-1], flush=True)
     text = (f"marssim command line, each run a fresh `python -m marssim` process from an empty directory outside "
             f"the checkout;\nCPU s = user + sys of the child, RSS = its peak; cold = empty numba and marssim cache "
-            f"folders, warm = the same run again.\nIn-process: analysis/bench_megatron_scale.py (lowering + "
+            f"folders, warm = a filled cache folder.\nIn-process: analysis/bench_megatron_scale.py (lowering + "
             f"simulation or estimate, after imports, fit and compilation).\nMachine: {machine()}\n\n"
             + fmt_table(rows, args.cold != "none") + "\n")
     print()
