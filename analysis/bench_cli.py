@@ -121,8 +121,10 @@ def megatron(quick: bool) -> list[dict]:
         for verb in ("simulate", "estimate"):
             q = quick and c["model"] == "145.6B" and c["group"] == "narayanan"
             compiles = verb == "simulate" and c["model"] == "1008B" and c["micro"] == 1  # too big for SimPy
-            out.append(dict(name=f"{verb} {label}", quick=q, cold=compiles, megatron=c, inproc="sim" if verb == "simulate" else "estimate",
-                            argv=[verb, "--system", c["system"], "--workload", c["workload"], "--parallel", c["config"]]))
+            out.append(dict(name=f"{verb} {label}", quick=q, cold=compiles, megatron=c,
+                            inproc="sim" if verb == "simulate" else "estimate",
+                            argv=[verb, "--system", c["system"], "--workload", c["workload"], "--parallel",
+                                  c["config"]]))
     return out
 
 

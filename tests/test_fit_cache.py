@@ -92,7 +92,8 @@ def test_turned_off_neither_reads_nor_writes(cache, monkeypatch):
 def test_unreadable_entry_is_recomputed(cache):
     rows = _rows()
     device = rows[0].device.lower()
-    key = fitcache.fit_key(model.DataflowCost(calibration=KernelTable(rows))._device_rows(device, None), None, device, None)
+    fitted_rows = model.DataflowCost(calibration=KernelTable(rows))._device_rows(device, None)
+    key = fitcache.fit_key(fitted_rows, None, device, None)
     (cache / "fits").mkdir()
     (cache / "fits" / f"{key}.pickle").write_bytes(b"not a pickle")
     got = model.DataflowCost(calibration=KernelTable(rows))._fitted(device, None, None)

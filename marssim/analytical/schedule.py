@@ -71,7 +71,8 @@ def _pick(backend: str, n: int | None = None):
         return None
     compiled = _compiled()
     if compiled is None and backend == "numba":
-        raise RuntimeError("backend 'numba' requested but numba is not installed (pip install numba, a dependency of marssim)")
+        raise RuntimeError("backend 'numba' requested but numba is not installed (pip install numba, a dependency "
+                           "of marssim)")
     return compiled
 
 

@@ -9,7 +9,8 @@ computes), and the numpy and scipy versions. It holds the pickled fits, which ar
 the fit returned (the same floats, bit for bit). The entries live in ``fits/`` of
 :func:`marssim.cachedir.user_cache_dir`; ``MARSSIM_NO_FIT_CACHE=1`` turns the cache off. Parsed
 calibration tables are kept beside them (:func:`cached_table`, keyed by the file's name and
-bytes), so that a later process neither parses nor fits. The cache is best effort: an entry that cannot be read or written is recomputed, never an error."""
+bytes), so that a later process neither parses nor fits. The cache is best effort: an entry that
+cannot be read or written is recomputed, never an error."""
 
 from __future__ import annotations
 

@@ -84,8 +84,8 @@ def _compiled(taskgraph: TaskGraph, memory_policy: str, engine: str) -> bool:
         return False
     ok = fast.usable(taskgraph, memory_policy)
     if engine == "compiled" and not ok:
-        raise RuntimeError("engine 'compiled' needs numba (pip install numba, a dependency of marssim) and a memory policy other "
-                           "than 'spill'")
+        raise RuntimeError("engine 'compiled' needs numba (pip install numba, a dependency of marssim) and a memory "
+                           "policy other than 'spill'")
     if ok and engine == "auto":
         limit = SIMPY_TASKS if fast.kernels_cached() else SIMPY_TASKS_UNCOMPILED
         if _simpy_tasks + taskgraph.n_tasks <= limit:
