@@ -51,7 +51,7 @@ from bench_megatron_scale import NARAYANAN, ZERO3, cases as megatron_cases  # no
 TINY = ["simulate", "--system", "dgx-a100-cluster:nodes=1", "--workload",
         "gpt:layers=2,hidden=256,heads=4,vocab=1000,seq=64,mode=train,max_positions=64",
         "--parallel", "tp=2,pp=2,dp=2,global_batch=4"]
-MAPPING = str(ROOT / "topologies" / "mappings" / "mars-adaptive-16-resnet50.yaml")
+MAPPING = "topologies/mappings/mars-adaptive-16-resnet50.yaml"  # as README writes it (found from any directory)
 LLAMA70 = ["--system", "dgx-h100-cluster:nodes=16", "--workload", "llama3-70b:mode=train,seq=4096",
            "--parallel", "tp=8,pp=2,dp=8,sp=true,recompute=full,zero=1,global_batch=64"]
 
