@@ -65,9 +65,11 @@ SIMPY_TASKS = 10_000
 this many: a process that simulates little is done before the compiled engine's code would be
 loaded from numba's cache (about a second); one that simulates more (a search) goes compiled."""
 
-SIMPY_TASKS_UNCOMPILED = 300_000
+SIMPY_TASKS_UNCOMPILED = 50_000
 """The same bound while the compiled engine is not yet in numba's cache (the first run after
-installing): SimPy takes up to about 15 s on so many tasks, compiling the engine a minute of CPU."""
+installing): SimPy takes a few seconds on so many tasks, compiling the engine a minute of CPU. A
+larger run compiles it (once: numba keeps it in its cache), so that no size of run stays on
+SimPy for good."""
 
 _simpy_tasks = 0  # tasks this process has simulated on SimPy by the rule above
 
