@@ -83,11 +83,11 @@ def tour() -> list[dict]:
 
 
 def heavy() -> list[dict]:
-    """The long verbs: serving 10,000 requests and searching GPT-3 175B on 1,024 A100."""
+    """The long verbs: serving the shipped Azure conversation trace (5,000 requests) and searching GPT-3 175B on 1,024 A100."""
     return [
-        dict(name="serve 10,000 requests, 16 x 70B tp 4",
+        dict(name="serve 5,000 requests (the whole trace), 16 x 70B tp 4",
              argv=["serve", "--system", "dgx-h100-cluster:nodes=8", "--model", "llama3-70b", "--pool",
-                   "replicas=16,tp=4", "--replay", "azure-conv-2023", "--requests", "10000", "--rate", "20",
+                   "replicas=16,tp=4", "--replay", "azure-conv-2023", "--requests", "5000", "--rate", "20",
                    "--slo", "ttft=2s,tpot=100ms"]),
         dict(name="search GPT-3 175B 1,024 A100, 2 workers, --out",
              argv=["search", "--system", "dgx-a100-cluster:nodes=128", "--workload",

@@ -181,14 +181,6 @@ def _layer_name(layer: int, head: int) -> str:
     return "emb" if layer < 0 else "head" if layer == head else str(layer)
 
 
-def _category(tg: TaskGraph, t: int, device: int) -> str:
-    if tg.kind[t] == COMPUTE:
-        return "bubble"
-    c = tg.collective[t]
-    group = tg.collectives[c].group if c >= 0 else ""
-    return group or "pp"
-
-
 def _attribute(tg: TaskGraph, start: np.ndarray, end: np.ndarray, device: int, makespan: float) -> dict[str, float]:
     """Seconds device ``device``'s compute stream is idle, by what it waits for."""
     out = dict.fromkeys(CATEGORIES, 0.0)
