@@ -254,7 +254,7 @@ def test_simulate_configs_matches_a_direct_simulation(mixed_case, cost) -> None:
 def test_cli_search_writes_a_mapping_that_simulates_to_the_reported_time(tmp_path, capsys) -> None:
     out = tmp_path / "search"
     assert main(["search", "--system", MIXED, "--workload", SMALL, "--workers", "1", "--budget", "4",
-                 "--generations", "3", "--quiet", "--out", str(out)]) == 0
+                 "--generations", "3", "--quiet", "--out", str(out), "--trace", str(out / "trace.json")]) == 0
     printed = capsys.readouterr().out
     assert {"best_mapping.yaml", "top10.csv", "history.csv", "convergence.png", "trace.json", "search.json",
             "result"} <= {p.name for p in out.iterdir()}

@@ -31,7 +31,8 @@ def case(tmp_path, monkeypatch):
 
 def test_search_writes_every_output_and_the_mapping_simulates_to_the_reported_makespan(case, tmp_path, capsys):
     out = tmp_path / "run"
-    assert main(["search", *case, *FAST, "--workers", "1", "--seed", "3", "--out", str(out)]) == 0
+    assert main(["search", *case, *FAST, "--workers", "1", "--seed", "3", "--out", str(out),
+                 "--trace", str(out / "trace.json")]) == 0
     printed = capsys.readouterr().out
     assert "mars: makespan" in printed and "set 0:" in printed
     names = {p.name for p in out.iterdir()}
@@ -163,3 +164,30 @@ def test_progress_bar_on_a_terminal_shows_generation_best_and_rate(case, monkeyp
     monkeypatch.setattr(sys, "stderr", quiet)
     assert main(["search", *case, "--generations", "2", "--population", "4", "--workers", "1", "--quiet"]) == 0
     assert "generation" not in quiet.getvalue()
+
+
+def test_search_outputs_come_from_the_search_and_the_best_plan_is_simulated_again_only_for_a_trace(
+        case, tmp_path, monkeypatch, capsys):
+    import marssim.plan
+
+    calls = []
+    real_run = marssim.plan.run
+
+    def counting_run(*args, **kwargs):
+        calls.append(kwargs.get("detail", True))
+        return real_run(*args, **kwargs)
+
+    monkeypatch.setattr(marssim.plan, "run", counting_run)
+    plain, traced = tmp_path / "plain", tmp_path / "traced"
+    assert main(["search", *case, *FAST, "--workers", "1", "--seed", "3", "--out", str(plain)]) == 0
+    without = len(calls)
+    assert main(["search", *case, *FAST, "--workers", "1", "--seed", "3", "--out", str(traced),
+                 "--trace", str(tmp_path / "best.json.gz")]) == 0
+    assert len(calls) == 2 * without + 1  # the same search, then one simulation of the best plan
+    capsys.readouterr()
+    names = {p.name for p in plain.iterdir()}
+    assert {"best_mapping.yaml", "search.json", "history.csv", "top10.csv", "convergence.png"} <= names
+    assert "result" not in names and "trace.json" not in names
+    assert (traced / "result" / "summary.json").exists() and (tmp_path / "best.json.gz").stat().st_size > 0
+    a, b = (json.loads((d / "search.json").read_text()) for d in (plain, traced))
+    assert (a["mapping_key"], a["fitness"], a["makespan_s"]) == (b["mapping_key"], b["fitness"], b["makespan_s"])

@@ -60,14 +60,27 @@ def _compiled():
     return _NUMBA or None
 
 
-def _pick(backend: str):
+PYTHON_TASKS = 50_000
+"""``auto`` schedules in Python while the tasks it has scheduled so in this process stay within
+this many: a process that estimates little is done before the compiled kernels would be loaded
+from numba's cache (about a second); one that estimates more (a search) goes compiled."""
+
+_python_tasks = 0
+
+
+def _pick(backend: str, n: int | None = None):
+    global _python_tasks
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
     if backend == "python":
         return None
+    if backend == "auto" and n is not None and _python_tasks + n <= PYTHON_TASKS:
+        _python_tasks += n
+        return None
     compiled = _compiled()
     if compiled is None and backend == "numba":
-        raise RuntimeError("backend 'numba' requested but numba is not installed (pip install 'marssim[fast]')")
+        raise RuntimeError("backend 'numba' requested but numba is not installed (pip install numba, a dependency "
+                           "of marssim)")
     return compiled
 
 
@@ -81,8 +94,8 @@ def list_schedule(duration: np.ndarray, device: np.ndarray, priority: np.ndarray
     ``priority``: lower runs first among tasks waiting on one device (ties: lower task index).
     ``succ_ptr``/``succ_idx``: successors in CSR form; ``n_pred``: predecessor count per task
     (an edge listed twice counts twice, as in the simulator). Raises ValueError on a cycle."""
-    compiled = _pick(backend)
     n = int(duration.shape[0])
+    compiled = _pick(backend, n)
     if compiled is not None:
         start, ready, end, done = compiled.list_schedule(
             np.ascontiguousarray(duration, dtype=np.float64), np.ascontiguousarray(device, dtype=np.int64),
@@ -100,8 +113,8 @@ def list_schedule(duration: np.ndarray, device: np.ndarray, priority: np.ndarray
 def earliest_schedule(duration: np.ndarray, succ_ptr: np.ndarray, succ_idx: np.ndarray, n_pred: np.ndarray, *,
                       backend: str = "auto") -> tuple[np.ndarray, np.ndarray]:
     """``(start, end)`` with every task starting when its predecessors end (seconds)."""
-    compiled = _pick(backend)
     n = int(duration.shape[0])
+    compiled = _pick(backend, n)
     if compiled is not None:
         start, end, done = compiled.earliest_schedule(
             np.ascontiguousarray(duration, dtype=np.float64), np.ascontiguousarray(succ_ptr, dtype=np.int64),

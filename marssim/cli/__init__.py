@@ -1,19 +1,20 @@
 """The ``marssim`` command line. Each verb lives in its own module of this package, which
 defines ``VERB`` (its name), ``ORDER`` (its place in ``--help``) and ``register(subparsers)``.
-Bad input exits with status 2 and one clear message, never a traceback."""
+:data:`VERBS` names them statically, so that a command imports only its own verb's module (and
+``--version`` or ``--help`` none): pandas, matplotlib, scipy, pydantic, the simulator and the cost
+model are loaded by the verbs that use them. Bad input exits with status 2 and one clear message,
+never a traceback."""
 
 from __future__ import annotations
 
 import argparse
 import importlib
 import os
-import pkgutil
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
-from marssim.errors import CapacityError, InputError
-
-__all__ = ["main", "build_parser"]
+__all__ = ["main", "build_parser", "VERBS", "Verb"]
 
 _DESCRIPTION = """\
 marssim: simulate and map DNN workloads on multi-accelerator systems.
@@ -25,6 +26,39 @@ every mapping is evaluated by discrete-event simulation.
 """
 
 
+@dataclass(frozen=True)
+class Verb:
+    """A verb of the command line: its name, the module of ``marssim.cli`` that registers it
+    and the one-line help ``marssim --help`` lists (the same text the module registers)."""
+
+    name: str
+    module: str
+    help: str
+
+
+VERBS: tuple[Verb, ...] = (  # in the order of --help (each module's ORDER)
+    Verb("demo", "demo", "run the main job on built-in defaults: baselines, a MARS search, simulation, trace, "
+                         "figures"),
+    Verb("systems", "systems", "list the shipped systems (topologies/*.yaml): accelerators, designs, description"),
+    Verb("workloads", "workloads", "list the built-in workloads: parameters and defaults, GMACs, ops; .onnx files "
+                                   "are accepted too"),
+    Verb("show", "show", "describe a system (devices, links, bandwidths, routes) or a workload (ops, FLOPs, bytes)"),
+    Verb("cost", "cost", "per-layer time of a workload on one accelerator of each design of a system"),
+    Verb("simulate", "simulate", "simulate a mapping or a parallel configuration event by event and report it"),
+    Verb("estimate", "estimate", "estimate a plan analytically (no link contention): the same report and outputs "
+                                 "as simulate"),
+    Verb("trace", "trace", "write a Perfetto trace, the interval table or figures from a saved result"),
+    Verb("serve", "serve", "simulate LLM serving: requests, continuous batching, paged KV cache, disaggregated "
+                           "prefill/decode; latency percentiles, throughput, goodput"),
+    Verb("search", "search", "search for the best mapping or parallel configuration (MARS two-level GA, or a "
+                             "baseline)"),
+    Verb("compare", "compare", "run the MARS GA and all baselines on one case and print one table"),
+    Verb("validate", "validate", "compare the analytical estimate with simulation over many mappings"),
+    Verb("calibrate", "calibrate", "measure GPU kernel timings and fit the cost model's GPU curves to them"),
+    Verb("sip", "sip", "tune GPU kernels' native SASS schedules (SIP) and inspect cubins"),
+)
+
+
 class _ExactParser(argparse.ArgumentParser):
     """An argument parser that takes no abbreviation of a long option (``--out`` is never taken
     for ``--output``): every verb's parser and sub-parser is one of these."""
@@ -34,8 +68,9 @@ class _ExactParser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser with every verb module found in ``marssim.cli`` registered; no long
+def build_parser(verbs: Iterable[str] | None = None) -> argparse.ArgumentParser:
+    """The argument parser. ``verbs``: the verbs whose modules are imported and registered with
+    all their flags (default: every verb); the others are listed by name and help only. No long
     option may be abbreviated."""
     parser = _ExactParser(prog="marssim", description=_DESCRIPTION,
                           formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -43,28 +78,38 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser.add_argument("--version", action="version", version=f"marssim {__version__}")
     sub = parser.add_subparsers(dest="verb", metavar="VERB", title="verbs", parser_class=_ExactParser)
-    modules = []
-    for info in pkgutil.iter_modules(__path__):
-        if info.name.startswith("_"):
-            continue
-        module = importlib.import_module(f"{__name__}.{info.name}")
-        if hasattr(module, "register"):
-            modules.append(module)
-    for module in sorted(modules, key=lambda m: (getattr(m, "ORDER", 100), m.__name__)):
-        module.register(sub)
+    wanted = None if verbs is None else set(verbs)
+    for verb in VERBS:
+        if wanted is None or verb.name in wanted:
+            importlib.import_module(f"{__name__}.{verb.module}").register(sub)
+        else:
+            sub.add_parser(verb.name, help=verb.help)
     return parser
+
+
+def _verb_named(argv: Sequence[str]) -> str | None:
+    """The verb a command line names: its first word that is not an option (the top-level
+    options take no values), if it is a verb."""
+    names = {verb.name for verb in VERBS}
+    word = next((a for a in argv if not a.startswith("-")), None)
+    return word if word in names else None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``marssim`` console script; returns the exit status."""
-    parser = build_parser()
+    from marssim.cachedir import use_numba_cache_dir
+
+    use_numba_cache_dir()  # numba's compiled kernels in the user's cache folder (before numba is imported)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    verb = _verb_named(argv)
+    parser = build_parser([verb] if verb else ())  # --version, --help: no verb module imported
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
     import warnings
 
-    from marssim.errors import InputWarning
+    from marssim.errors import CapacityError, InputError, InputWarning
 
     def show(message, category, filename, lineno, file=None, line=None):
         if issubclass(category, InputWarning):

@@ -12,7 +12,7 @@ from marssim.errors import InputError
 
 from ._common import cost_model, positive_int, refuse_llm_off_gpus, refuse_missing_precision, write_outputs
 
-__all__ = ["add_plan_args", "add_report_args", "load_plan_args", "run_plan_verb", "print_report"]
+__all__ = ["add_plan_args", "add_report_args", "load_plan_args", "run_plan_verb", "print_report", "needs_tables"]
 
 MAX_STREAMS = 1024
 """The most compute streams per device: each is a process of the simulation, and no accelerator
@@ -190,14 +190,16 @@ def run_plan_verb(args: argparse.Namespace, how: str) -> int:
     plan, graph, system = load_plan_args(args)
     gpus = trace_gpus(args.trace_gpus, system) if getattr(args, "trace_gpus", None) else None
     cost = cost_model(args)
+    parallel = isinstance(plan, ParallelConfig)
     with progress_bar(args, how) as progress:
         done = run(plan, graph, system, cost, how=how, memory_policy=getattr(args, "memory_policy", "error"),
                    streams=getattr(args, "streams", 1), fold=args.fold, level=args.group or "block",
-                   progress=progress)
+                   progress=progress, detail=not parallel or needs_tables(args))
     result = done.result
-    result.meta["mapping_file"] = args.mapping or ""
+    if result is not None:
+        result.meta["mapping_file"] = args.mapping or ""
     shown = None
-    if isinstance(plan, ParallelConfig):
+    if parallel:
         tg = done.taskgraph
         what = "simulated" if how == "simulate" else "estimated"
         coupled = tg.program.coupled if getattr(tg, "program", None) is not None else None
@@ -205,25 +207,35 @@ def run_plan_verb(args: argparse.Namespace, how: str) -> int:
         print(f"{graph.spec} on {system.spec} with {plan.text()}: {tg.n_tasks:,} tasks{rings}, "
               f"{tg.meta['fold_classes']} classes of identical GPUs {what}")
         print("\n".join(done.report.lines()))
-        if getattr(args, "estimate", False):
-            est = run(plan, graph, system, cost, how="estimate", memory_policy="ignore", fold=args.fold, detail=False)
+        if getattr(args, "estimate", False):  # on the simulation's lowering: the same estimate, not lowered again
+            est = run(plan, graph, system, cost, how="estimate", memory_policy="ignore", fold=args.fold, detail=False,
+                      taskgraph=tg)
             r = est.report
             print(f"analytical estimate: iteration {r.iteration_s * 1e3:.3f} ms, MFU {r.mfu:.1%}, bubble "
                   f"{r.bubble_share:.1%} (no link contention)")
         if args.report and (args.per_op or args.group):
             print()
             print(result.layer_report(per_op=True) if args.per_op else result.layer_report(level=args.group))
-        shown = folded_view(result, gpus)
+        shown = folded_view(result, gpus) if result is not None else None
     else:
         print_report(result, args)
     if how == "estimate":
         print(f"lower bound  {done.lower_bound * 1e3:.4f} ms ({max(done.bounds, key=done.bounds.get)}; no schedule "
               "of these tasks is faster, contention or not)")
-    lines = write_outputs(result, args, shown)
+    lines = write_outputs(result, args, shown) if result is not None else []
     if lines:
         print()
         print("\n".join(lines))
     return 0
+
+
+def needs_tables(args: argparse.Namespace) -> bool:
+    """Whether a parallel configuration's run must keep its per-task tables (a full
+    :class:`~marssim.results.Result`): for the files of --out, --trace, --intervals and --plot
+    and the per-op or per-group report; else its report is built from the schedule's summaries."""
+    outputs = any(getattr(args, flag, None) for flag in ("out", "trace", "intervals", "plot"))
+    report = args.report and (args.per_op or args.group)
+    return bool(outputs or report)
 
 
 @contextlib.contextmanager

@@ -14,7 +14,8 @@ from pathlib import Path
 
 from marssim.errors import InputError
 
-from ._common import add_cost_args, check_output_dir, cost_model, positive_int, seed_arg
+from ._common import (TRACE_SUFFIXES, add_cost_args, check_output_dir, check_output_file, cost_model, positive_int,
+                      seed_arg)
 
 VERB = "search"
 ORDER = 50
@@ -94,8 +95,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "sequence/expert parallelism, micro-batch, schedule, recomputation, ZeRO). Every candidate is "
                     "screened (analytical estimate, closed form) and the best simulated; every reported number is a "
                     "simulation. With --out, writes best_mapping.yaml (loadable by `marssim simulate --mapping`), "
-                    "top10.csv, history.csv, search.json, convergence.png/.svg, the best plan's result/ and a "
-                    "Perfetto trace.json. Ctrl-C writes the best plan so far and exits 130.")
+                    "top10.csv, history.csv, search.json and convergence.png/.svg; with --trace FILE the best "
+                    "plan is simulated once more for its Perfetto trace (and, with --out, its result/). Ctrl-C "
+                    "writes the best plan so far and exits 130.")
     add_search_args(p)
     from ._serve_search import SERVE_ALGORITHMS
 
@@ -110,6 +112,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="do not seed the GA with the baselines (data_parallel and h2h; an LLM: the best of the "
                         "Megatron grid); seeded by default, the GA then never returns a worse plan than them")
     p.add_argument("--out", metavar="DIR", help="write the outputs into DIR")
+    p.add_argument("--trace", metavar="FILE",
+                   help="simulate the best plan once more with its per-task tables and write its Perfetto trace "
+                        "(.json or .json.gz) to FILE and, with --out, its result/ (the `marssim simulate --out` "
+                        "files); without it nothing is simulated after the search")
     p.set_defaults(func=run)
 
 
@@ -300,9 +306,13 @@ def run(args: argparse.Namespace) -> int:
     from ._serve_search import run_search, serving_requested
 
     if serving_requested(args):
+        if getattr(args, "trace", None):
+            raise InputError(None, "--trace", "applies to searches of mappings and parallel configurations; a "
+                                              "serving search writes its best deployment's tables with --out")
         return run_search(args, _progress_bar, open_executor)
     plan_case(args)
     check_output_dir(args.out)
+    check_output_file(args.trace, "--trace", TRACE_SUFFIXES)
     graph, system, cost, llm = load_case(args)
     _refuse_unused_flags(args, llm)
     budget = llm_settings(args, graph) if llm else mapping_settings(args).ga_config()
@@ -330,9 +340,9 @@ def run(args: argparse.Namespace) -> int:
     if llm:
         print()
         print(format_top(result))
-    if args.out:
+    if args.out or args.trace:
         print()
-        print("\n".join(write_search_outputs(result, graph, system, cost, args.out)))
+        print("\n".join(write_search_outputs(result, graph, system, cost, args.out, trace=args.trace)))
     return 0
 
 
@@ -396,33 +406,47 @@ def write_search_files(result, graph, system, baselines: tuple, tmp: Path, out_d
     return lines
 
 
-def write_search_outputs(result, graph, system, cost, out: str | Path, baselines: tuple = ()) -> list[str]:
-    """Write into ``out`` atomically (it appears whole or not at all): ``best_mapping.yaml``,
-    ``search.json`` (summary), ``history.csv``, ``top10.csv``, ``convergence.png``/``.svg`` (with
-    the ``baselines``' lines), ``result/`` (the best plan's full simulation,
-    :meth:`Result.save`) and ``trace.json`` (Perfetto). The best plan is simulated again and must
-    give the reported number. Returns one line per file for the user."""
+def write_search_outputs(result, graph, system, cost, out: str | Path | None, baselines: tuple = (),
+                         trace: str | Path | None = None) -> list[str]:
+    """Write into ``out`` atomically (it appears whole or not at all), from what the search
+    found: ``best_mapping.yaml``, ``search.json`` (summary), ``history.csv``, ``top10.csv``,
+    ``convergence.png``/``.svg`` (with the ``baselines``' lines). Only with ``trace`` (a file
+    name) is the best plan simulated again, with its per-task tables (and must give the reported
+    number): its Perfetto trace goes to ``trace`` and, with ``out``, its ``result/``
+    (:meth:`Result.save`). Returns one line per file for the user."""
 
     from marssim.fsutil import staged_dir
     from marssim.parallel import ParallelConfig
-    from marssim.plan import graph_for, run, save_plan
-    from marssim.trace import write_chrome_trace
+    from marssim.plan import graph_for, save_plan
 
     plan = result.best
     graph_of_plan = graph_for(graph, plan) if isinstance(plan, ParallelConfig) else graph
-    done = run(plan, graph_of_plan, system, cost)
-    again = done.makespan
-    if not math.isclose(again, result.evaluation.makespan, rel_tol=1e-12 if isinstance(plan, ParallelConfig) else 0):
-        raise RuntimeError(f"the best plan simulates to {again} s, the search reported {result.evaluation.makespan} s")
-    sim = done.result
-    out_dir = Path(out)
+    sim = None
+    if trace:
+        from marssim.plan import run
+
+        done = run(plan, graph_of_plan, system, cost)
+        again = done.makespan
+        if not math.isclose(again, result.evaluation.makespan,
+                            rel_tol=1e-12 if isinstance(plan, ParallelConfig) else 0):
+            raise RuntimeError(f"the best plan simulates to {again} s, the search reported "
+                               f"{result.evaluation.makespan} s")
+        sim = done.result
     lines: list[str] = []
-    with staged_dir(out_dir) as tmp:
-        save_plan(plan, graph_of_plan, system, tmp / "best_mapping.yaml", header=_header(result))
-        lines.append(f"mapping      {out_dir / 'best_mapping.yaml'} (marssim simulate --mapping ...)")
-        lines += write_search_files(result, graph, system, baselines, tmp, out_dir)
-        sim.save(tmp / "result")
-        write_chrome_trace(sim, tmp / "trace.json")
-        lines += [f"result       {out_dir / 'result'}/ (marssim simulate --out format)",
-                  f"trace        {out_dir / 'trace.json'} (open in https://ui.perfetto.dev)"]
+    if out:
+        out_dir = Path(out)
+        with staged_dir(out_dir) as tmp:
+            save_plan(plan, graph_of_plan, system, tmp / "best_mapping.yaml", header=_header(result))
+            lines.append(f"mapping      {out_dir / 'best_mapping.yaml'} (marssim simulate --mapping ...)")
+            lines += write_search_files(result, graph, system, baselines, tmp, out_dir)
+            if sim is not None:
+                sim.save(tmp / "result")
+                lines.append(f"result       {out_dir / 'result'}/ (marssim simulate --out format)")
+    if sim is not None:
+        from marssim.results.view import folded_view
+        from marssim.trace import write_chrome_trace
+
+        shown = folded_view(sim, None) if isinstance(plan, ParallelConfig) else sim
+        size = write_chrome_trace(shown, trace)
+        lines.append(f"trace        {trace} ({size / 2**20:.2f} MiB; open in https://ui.perfetto.dev)")
     return lines

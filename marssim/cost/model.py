@@ -53,6 +53,7 @@ from marssim.system import Design
 from marssim.system.design import DATAFLOWS, SYSTOLIC_DATAFLOWS
 from marssim.workload import Op
 
+from . import fitcache
 from .bandwidth import stream_op
 from .base import OpCost
 from .calibrated import DTYPE_STANDINS, TUNINGS, FitKey, KernelFit, KernelTable, KernelTiming, fit, load_table
@@ -299,10 +300,10 @@ class DataflowCost:
             elif src.is_dir():
                 table = KernelTable(())
                 for path in sorted(src.glob("*.csv")):
-                    table = table + load_table(path)
+                    table = table + fitcache.cached_table(path, load_table)
                 self._table = table
             elif src.is_file():
-                self._table = load_table(src)
+                self._table = fitcache.cached_table(src, load_table)
             else:
                 self._table = KernelTable(())
         return self._table
@@ -364,7 +365,8 @@ class DataflowCost:
     def _fitted(self, name: str, peaks: dict[str, float] | None, stack: str | None) -> dict[FitKey, KernelFit]:
         """:func:`~.calibrated.fit` of the rows of ``name`` (and ``stack``) under ``peaks``. Fits of
         tables read from files are shared by every cost model of the process reading the same
-        files unchanged (their paths, sizes and modification times): the fit is deterministic."""
+        files unchanged (their paths, sizes and modification times): the fit is deterministic.
+        Across processes, a fit is read from :mod:`.fitcache` (keyed by the rows' content)."""
         files = _table_files(self._source) if self._source is not None else None
         key = (files, name, tuple(sorted((peaks or {}).items())), stack) if files else None
         if key is not None:
@@ -372,7 +374,13 @@ class DataflowCost:
             if hit is not None:
                 return hit
         rows = self._device_rows(name, stack)
-        fits = fit(KernelTable(rows), peaks=peaks) if rows else {}
+        fits = {}
+        if rows:  # computed once per table and kept on disk (fitcache), as it is deterministic
+            disk_key = fitcache.fit_key(rows, peaks, name, stack)
+            fits = fitcache.load_fits(disk_key)
+            if fits is None:
+                fits = fit(KernelTable(rows), peaks=peaks)
+                fitcache.store_fits(disk_key, fits)
         if key is not None:
             _SHARED_FITS[key] = fits
         return fits

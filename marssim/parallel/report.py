@@ -226,14 +226,6 @@ def _layer_name(layer: int, head: int) -> str:
     return "emb" if layer < 0 else "head" if layer == head else str(layer)
 
 
-def _category(tg: TaskGraph, t: int, device: int) -> str:
-    if tg.kind[t] == COMPUTE:
-        return "bubble"
-    c = tg.collective[t]
-    group = tg.collectives[c].group if c >= 0 else ""
-    return group or "pp"
-
-
 def _attribute(tg: TaskGraph, start: np.ndarray, end: np.ndarray, device: int, makespan: float) -> dict[str, float]:
     """Seconds device ``device``'s compute stream is idle, by what it waits for."""
     out = dict.fromkeys(CATEGORIES, 0.0)
@@ -243,6 +235,7 @@ def _attribute(tg: TaskGraph, start: np.ndarray, end: np.ndarray, device: int, m
         return out
     comp = comp[np.lexsort((comp, start[comp]))]
     pp, pi = tg.pred_ptr, tg.pred_idx
+    kind, collective, collectives = tg.kind, tg.collective, tg.collectives  # read once (lazy columns)
     gaps_end = start[comp]
     gaps_start = np.concatenate([[0.0], end[comp[:-1]]])
     for k in np.flatnonzero(gaps_end - gaps_start > 1e-15):
@@ -264,11 +257,12 @@ def _attribute(tg: TaskGraph, start: np.ndarray, end: np.ndarray, device: int, m
                 cursor = max(lo, float(end[p]))
                 if cursor <= lo + 1e-15:
                     break
-            if tg.kind[p] == COMPUTE:  # another GPU's kernel: from here back, the wait is the pipeline's
+            if kind[p] == COMPUTE:  # another GPU's kernel: from here back, the wait is the pipeline's
                 out["bubble"] += cursor - lo
                 break
             seg_start = max(lo, float(start[p]))
-            out[_category(tg, p, device)] += cursor - seg_start
+            c = collective[p]  # what a transfer belongs to (as _category says)
+            out[(collectives[c].group if c >= 0 else "") or "pp"] += cursor - seg_start
             cursor = seg_start
             node = p
             prev = -1

@@ -43,7 +43,8 @@ __all__ = ["simulate", "simulate_summary", "simulate_schedule", "Schedule", "set
 ENGINES = ("auto", "compiled", "simpy")
 """``compiled``: :mod:`.fast` (numba; same results, several times faster, arrays instead of
 Python objects per task); ``simpy``: this module; ``auto``: compiled where it can run (numba
-installed, not the ``spill`` policy), else SimPy."""
+installed, not the ``spill`` policy) once the process has simulated more than a few tasks (see
+:data:`SIMPY_TASKS`), else SimPy."""
 
 
 def _check(memory_policy: str, streams: int, engine: str, taskgraph: TaskGraph | None = None) -> None:
@@ -59,16 +60,39 @@ def _check(memory_policy: str, streams: int, engine: str, taskgraph: TaskGraph |
         raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
 
 
+SIMPY_TASKS = 10_000
+"""``auto`` simulates on SimPy while the tasks it has simulated in this process stay within
+this many: a process that simulates little is done before the compiled engine's code would be
+loaded from numba's cache (about a second); one that simulates more (a search) goes compiled."""
+
+SIMPY_TASKS_UNCOMPILED = 50_000
+"""The same bound while the compiled engine is not yet in numba's cache (the first run after
+installing): SimPy takes a few seconds on so many tasks, compiling the engine a minute of CPU. A
+larger run compiles it (once: numba keeps it in its cache), so that no size of run stays on
+SimPy for good."""
+
+_simpy_tasks = 0  # tasks this process has simulated on SimPy by the rule above
+
+
 def _compiled(taskgraph: TaskGraph, memory_policy: str, engine: str) -> bool:
-    """Whether this run takes the compiled engine."""
+    """Whether this run takes the compiled engine (``auto``: where it can run, except within
+    :data:`SIMPY_TASKS` (:data:`SIMPY_TASKS_UNCOMPILED` before its first compilation) tasks of
+    a process; the same floats either way)."""
+    global _simpy_tasks
+
     from . import fast
 
     if engine == "simpy":
         return False
     ok = fast.usable(taskgraph, memory_policy)
     if engine == "compiled" and not ok:
-        raise RuntimeError("engine 'compiled' needs numba (pip install 'marssim[fast]') and a memory policy other "
-                           "than 'spill'")
+        raise RuntimeError("engine 'compiled' needs numba (pip install numba, a dependency of marssim) and a memory "
+                           "policy other than 'spill'")
+    if ok and engine == "auto":
+        limit = SIMPY_TASKS if fast.kernels_cached() else SIMPY_TASKS_UNCOMPILED
+        if _simpy_tasks + taskgraph.n_tasks <= limit:
+            _simpy_tasks += taskgraph.n_tasks
+            return False
     return ok
 
 

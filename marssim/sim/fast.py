@@ -56,6 +56,16 @@ def _kernels():
     return _KERNELS or None
 
 
+def kernels_cached() -> bool:
+    """Whether numba's cache holds the compiled engine (so that it loads in about a second
+    instead of compiling for about a minute); True when that cannot be told."""
+    k = _kernels()
+    try:
+        return os.path.exists(k.run._cache._cache_file._index_path)
+    except AttributeError:  # numba's cache laid out otherwise, or no cache: assume it is at hand
+        return True
+
+
 def available() -> bool:
     """True when the compiled engine can run (numba importable, ``MARSSIM_NO_NUMBA`` unset)."""
     return _kernels() is not None
@@ -325,6 +335,11 @@ def run_compiled(taskgraph: TaskGraph, system: System, memory_policy: str, strea
         progress({"time_s": float(np.nanmax(end)) if tg.n_tasks else 0.0, "tasks_done": tg.n_tasks,
                   "tasks": tg.n_tasks})
     start = arrays["start"]
+    if schedule_only:  # a summary and every task's times: no tables (and no pandas)
+        from .engine import Schedule
+
+        del state, arrays
+        return Schedule(summarise(tg, system, end, streams), start, end)
     names = pools["names"]
     memories = pd.DataFrame.from_dict(
         {name: {"peak_bytes": float(arrays["pl_peak"][i]), "capacity_bytes": float(pools["capacity"][i]),
@@ -336,10 +351,6 @@ def run_compiled(taskgraph: TaskGraph, system: System, memory_policy: str, strea
             "network_recomputes": int(arrays["it"][k.I.RECOMPUTES]), "memory_policy": memory_policy, "spills": 0}
     busy = arrays["rs_busy"][:len(system.resource_capacity)].copy()
     del state, arrays  # the loop's state goes before the results are built
-    if schedule_only:
-        from .engine import Schedule
-
-        return Schedule(summarise(tg, system, end, streams), start, end)
     return build_result(tg, system, start, end, streams=streams, memories=memories, memory_timeline=memory_timeline,
                         link_timeline=link_timeline, link_busy=busy, spills=[], meta=meta)
 

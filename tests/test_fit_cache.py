@@ -1,0 +1,114 @@
+"""The cost model's fits kept on disk (marssim.cost.fitcache): read back bit for bit what the fit
+computes in memory, keyed by the rows' content, and never consulted when turned off."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from marssim.cost import calibrated, fitcache, model
+from marssim.cost.calibrated import KernelTable, fit, load_table
+
+pytestmark = pytest.mark.filterwarnings("ignore")
+
+
+@pytest.fixture()
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("MARSSIM_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("MARSSIM_NO_FIT_CACHE", raising=False)
+    monkeypatch.setattr(model, "_SHARED_FITS", {})  # no in-process sharing: every fit goes to disk
+    return tmp_path
+
+
+def _rows():
+    """A small table: the A100 table's first GEMM group and first streaming group."""
+    table = load_table(calibrated.calibration_dir() / "A100.csv")
+    groups = table.groups()
+    gemm = next(rows for key, rows in groups.items() if key[1] == "gemm" and len(rows) >= 8)
+    stream = next(rows for key, rows in groups.items() if key[1] not in calibrated.GEMM_KINDS and len(rows) >= 4)
+    return list(gemm) + list(stream)
+
+
+def _assert_identical(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for key in a:
+        x, y = a[key], b[key]
+        assert x == y  # params, counts and errors, compared as floats
+        assert x.params == y.params
+        assert (x.correction is None) == (y.correction is None)
+        if x.correction is not None:
+            assert np.array_equal(x.correction.points, y.correction.points)
+            assert np.array_equal(x.correction.residuals, y.correction.residuals)
+            assert x.correction.describe() == y.correction.describe()
+
+
+def test_disk_fit_is_the_in_memory_fit(cache, monkeypatch):
+    rows = _rows()
+    device = rows[0].device.lower()
+    peaks = {"bf16": 312e12, "fp16": 312e12}
+    cost = model.DataflowCost(calibration=KernelTable(rows))
+    first = cost._fitted(device, peaks, None)
+    stored = list((cache / "fits").glob("*.pickle"))
+    assert len(stored) == 1
+    in_memory = fit(KernelTable(cost._device_rows(device, None)), peaks=peaks)
+    _assert_identical(first, in_memory)
+
+    def refuse(*a, **k):
+        raise AssertionError("fitted again instead of reading the stored fit")
+
+    monkeypatch.setattr(model, "fit", refuse)
+    again = model.DataflowCost(calibration=KernelTable(rows))._fitted(device, peaks, None)
+    _assert_identical(again, in_memory)
+    shapes = np.array([64, 512, 4096])
+    for key, f in again.items():
+        assert np.array_equal(calibrated.predict(f, key[1], m=shapes, n=shapes, k=shapes, nbytes=shapes * 1e3),
+                              calibrated.predict(in_memory[key], key[1], m=shapes, n=shapes, k=shapes,
+                                                 nbytes=shapes * 1e3))
+
+
+def test_key_follows_the_rows_content_and_the_peaks():
+    rows = _rows()
+    key = fitcache.fit_key(rows, None, "a100", None)
+    assert key == fitcache.fit_key(list(rows), None, "a100", None)
+    moved = [calibrated.KernelTiming(**{**{f: getattr(r, f) for f in r.__dataclass_fields__}, "source": "x:1"})
+             for r in rows]
+    assert fitcache.fit_key(moved, None, "a100", None) == key  # the file's place is not part of the content
+    changed = list(rows)
+    r = changed[0]
+    changed[0] = calibrated.KernelTiming(**{**{f: getattr(r, f) for f in r.__dataclass_fields__},
+                                            "median_s": r.median_s * 1.01})
+    assert fitcache.fit_key(changed, None, "a100", None) != key
+    assert fitcache.fit_key(rows, {"bf16": 1e15}, "a100", None) != key
+    assert fitcache.fit_key(rows[1:], None, "a100", None) != key
+
+
+def test_turned_off_neither_reads_nor_writes(cache, monkeypatch):
+    monkeypatch.setenv("MARSSIM_NO_FIT_CACHE", "1")
+    rows = _rows()
+    model.DataflowCost(calibration=KernelTable(rows))._fitted(rows[0].device.lower(), None, None)
+    assert not (cache / "fits").exists()
+
+
+def test_unreadable_entry_is_recomputed(cache):
+    rows = _rows()
+    device = rows[0].device.lower()
+    fitted_rows = model.DataflowCost(calibration=KernelTable(rows))._device_rows(device, None)
+    key = fitcache.fit_key(fitted_rows, None, device, None)
+    (cache / "fits").mkdir()
+    (cache / "fits" / f"{key}.pickle").write_bytes(b"not a pickle")
+    got = model.DataflowCost(calibration=KernelTable(rows))._fitted(device, None, None)
+    _assert_identical(got, fit(KernelTable(rows), peaks=None))
+
+
+def test_cached_table_is_the_parsed_table(cache, monkeypatch):
+    path = calibrated.calibration_dir() / "A100.csv"
+    first = fitcache.cached_table(path, load_table)
+    assert len(list((cache / "fits").glob("table-*.pickle"))) == 1
+
+    def refuse(p):
+        raise AssertionError("parsed again instead of reading the stored table")
+
+    again = fitcache.cached_table(path, refuse)
+    parsed = load_table(path)
+    assert again.rows == parsed.rows == first.rows
+    assert again.files == parsed.files
