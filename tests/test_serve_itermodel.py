@@ -111,3 +111,23 @@ def test_bucketed_decode_context_is_within_the_stated_error(cost, dgx):
     assert out[1]["tpot_s"]["mean"] != out[16]["tpot_s"]["mean"]  # the bucket is used
     for key in ("tpot_s", "e2e_s", "ttft_s"):
         assert out[16][key]["mean"] == pytest.approx(out[1][key]["mean"], rel=0.01)
+
+
+@pytest.mark.parametrize("spec,tp,bucket", [("llama3-8b", 1, 1), ("llama3-8b:attention=flash", 4, 1),
+                                            ("llama3-8b", 2, 8)])
+def test_decode_attention_timed_by_window_equals_each_context_timed_alone(spec, tp, bucket, cost, dgx):
+    """The decode attention of a window of contexts, timed in one vectorised call, is the float
+    each context's own scalar timing gives (the windows' edges, a bucket above 1 included)."""
+    model = load_model(spec)
+    im = IterationModel(model, dgx, tuple(("gpu0", "gpu1", "gpu2", "gpu3")[:tp] for _ in range(1)), cost,
+                        context_bucket=bucket)
+    step = max(1, bucket)
+    for decodes in (1, 7, 64):
+        memo: dict = {}
+        wanted = [step * c for c in (1, 2, 15, 16, 17, 31, 32, 100, 1000)]
+        for ctx in wanted:
+            if ("a", decodes, 1, ctx) not in memo:
+                im._decode_attention_window(memo, 0, decodes, ctx)
+        assert all(("a", decodes, 1, ctx) in memo for ctx in wanted)
+        for (_, count, _, ctx), got in memo.items():
+            assert got == im._attention_time(0, count, 1, ctx)

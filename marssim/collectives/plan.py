@@ -212,11 +212,32 @@ def _gpu_name(f: NcclFabric) -> str:
     return "H100" if f.compute_capability >= 9.0 else "A100"
 
 
+FIT_VERSION = 1
+"""The version of the achieved-efficiency fit (:func:`marssim.collectives.measured.fit_achieved`
+and NCCL's model it fits against): raise it with any change to what they compute, so that no
+stale entry of the cache folder is read."""
+
+
 @lru_cache(maxsize=64)
 def _fit(rows: tuple[CollectiveRow, ...], nvlinks: int, nvls: bool, nic: float, cpu: str) -> Achieved | None:
+    """The fit of ``rows`` on a fabric, computed once per rows and fabric and kept in the user's
+    cache folder (:mod:`marssim.cachedir`): a least-squares fit that every process would
+    otherwise repeat, with scipy's optimiser imported for it."""
     if not rows:
         return None
-    return fit_achieved(rows, lambda r: _nccl_model(r, nvlinks, nvls, nic, cpu))
+    import numpy
+    import scipy
+
+    from marssim.cachedir import entry_key, read_entry, write_entry
+
+    key = entry_key("collectives-achieved", FIT_VERSION, numpy.__version__, scipy.__version__, rows, nvlinks, nvls,
+                    nic, cpu)
+    got = read_entry("fits", key)
+    if isinstance(got, Achieved) or got == "none":
+        return None if got == "none" else got
+    fitted = fit_achieved(rows, lambda r: _nccl_model(r, nvlinks, nvls, nic, cpu))
+    write_entry("fits", key, "none" if fitted is None else fitted)
+    return fitted
 
 
 def _measured_time(kind: str, nbytes: float, info: SystemInfo) -> float | None:

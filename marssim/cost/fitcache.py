@@ -14,17 +14,14 @@ cannot be read or written is recomputed, never an error."""
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
-import os
-import pickle
 from collections.abc import Sequence
 from pathlib import Path
 
-from marssim.cachedir import user_cache_dir
+from marssim.cachedir import entries_enabled, read_entry, user_cache_dir, write_entry
 
-__all__ = ["FIT_VERSION", "fit_key", "load_fits", "store_fits", "fits_dir", "enabled", "cached_table"]
+__all__ = ["FIT_VERSION", "cached_table", "enabled", "fit_key", "fits_dir", "load_fits", "store_fits"]
 
 FIT_VERSION = 1
 """The version of the fitting code (:mod:`.calibrated`'s fit, :mod:`.residual`'s correction):
@@ -35,7 +32,7 @@ _ROW_FIELDS: tuple[str, ...] | None = None
 
 def enabled() -> bool:
     """Whether fits are read from and written to disk (``MARSSIM_NO_FIT_CACHE`` unset or 0)."""
-    return os.environ.get("MARSSIM_NO_FIT_CACHE", "0") in ("", "0")
+    return entries_enabled()
 
 
 def fits_dir() -> Path:
@@ -63,34 +60,14 @@ def fit_key(rows: Sequence, peaks: dict[str, float] | None, device: str, stack: 
 
 def load_fits(key: str) -> dict | None:
     """The fits stored under ``key``, or None (no entry, or one that cannot be read)."""
-    if not enabled():
-        return None
-    got = _load(fits_dir() / f"{key}.pickle")
+    got = read_entry("fits", key)
     return got if isinstance(got, dict) else None
 
 
 def store_fits(key: str, fits: dict) -> None:
     """Keep ``fits`` under ``key`` (atomically: a reader sees the whole entry or none); a folder
     that cannot be written is passed over."""
-    if not enabled():
-        return
-    _store(fits_dir() / f"{key}.pickle", fits)
-
-
-def _load(path: Path):
-    try:
-        with open(path, "rb") as handle:
-            return pickle.load(handle)
-    except (OSError, EOFError, pickle.UnpicklingError, AttributeError, ImportError, TypeError, ValueError):
-        return None
-
-
-def _store(path: Path, value) -> None:
-    from marssim.fsutil import atomic_file
-
-    with contextlib.suppress(OSError):
-        with atomic_file(path, "wb") as handle:
-            pickle.dump(value, handle, protocol=pickle.HIGHEST_PROTOCOL)
+    write_entry("fits", key, fits)
 
 
 def cached_table(path: str | Path, load):
@@ -105,10 +82,10 @@ def cached_table(path: str | Path, load):
         return load(path)  # its own error
     h = hashlib.sha256(repr((FIT_VERSION, str(path))).encode())
     h.update(data)
-    entry = fits_dir() / f"table-{h.hexdigest()}.pickle"
-    got = _load(entry)
+    entry = f"table-{h.hexdigest()}"
+    got = read_entry("fits", entry)
     if got is not None and hasattr(got, "rows"):
         return got
     table = load(path)
-    _store(entry, table)
+    write_entry("fits", entry, table)
     return table

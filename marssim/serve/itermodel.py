@@ -266,7 +266,11 @@ class IterationModel:
             parts.append(cached(memo, ("a", count, q, ctx), s, self._attention_time, count, q, ctx))
         if decodes:
             ctx = self.decode_context(decodes, decode_context)
-            parts.append(cached(memo, ("a", decodes, 1, ctx), s, self._attention_time, decodes, 1, ctx))
+            hit = memo.get(("a", decodes, 1, ctx))
+            if hit is None:
+                self._decode_attention_window(memo, s, decodes, ctx)
+                hit = memo[("a", decodes, 1, ctx)]
+            parts.append(hit)
         n = self.blocks[s]
         if len(parts) == 1:
             block = parts[0]
@@ -334,6 +338,43 @@ class IterationModel:
             seconds = self.cost.op_cost(op.with_loops(**loops), design).time
             total += float(seconds / rule.scale) if rule.scale > 1 else float(seconds)
         return total, 0.0, 0.0, 0
+
+    DECODE_WINDOW = 16
+    """Decode attention is timed for this many contexts at once (those of a window aligned to
+    it, in steps of ``context_bucket``): a decode batch's mean context grows by about one token
+    per iteration, so the next iterations find their time computed, by one vectorised call of
+    the cost model instead of one call per op and iteration."""
+
+    def _decode_attention_window(self, memo: dict, stage: int, count: int, ctx: int) -> None:
+        """Keep in ``memo`` the decode attention pieces of ``count`` sequences at every context
+        of the window holding ``ctx``: the same floats as :meth:`_attention_time` gives each
+        (the cost model's ``op_times`` equals its ``op_cost`` bit for bit)."""
+        op_times = getattr(self.cost, "op_times", None)
+        if op_times is None:  # a cost model without the vectorised path
+            memo[("a", count, 1, ctx)] = self._attention_time(stage, count, 1, ctx)
+            return
+        step = max(1, self.context_bucket)
+        first = ctx // (step * self.DECODE_WINDOW) * (step * self.DECODE_WINDOW)
+        contexts = [c for c in range(max(step, first), first + step * self.DECODE_WINDOW, step)
+                    if ("a", count, 1, c) not in memo]
+        if ctx not in contexts:
+            contexts.append(ctx)
+        design = self._designs[stage]
+        ops = []
+        for c in contexts:
+            for op, _, split in self._attention_split:
+                loops = op.loop_dict
+                loops.update(attention_loops(op, count, 1, c))
+                for dim, num, den in split:
+                    loops[dim] = max(1, -(-loops[dim] * num // den))
+                ops.append(op.with_loops(**loops))
+        seconds = op_times(ops, [design] * len(ops)).tolist()
+        per = len(self._attention_split)
+        for i, c in enumerate(contexts):
+            total = 0.0
+            for (_, rule, _), t in zip(self._attention_split, seconds[i * per:(i + 1) * per]):
+                total += float(t / rule.scale) if rule.scale > 1 else float(t)
+            memo[("a", count, 1, c)] = (total, 0.0, 0.0, 0)
 
     def expert_work(self, count: int) -> tuple[int, int]:
         """``(experts, tokens each)`` the busiest expert-parallel rank runs in an iteration of

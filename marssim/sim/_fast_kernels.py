@@ -130,14 +130,14 @@ def _new_state(arrays):
 
 
 # ---------------------------------------------------------------------- event queue
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _q_less(S, i, j):
     if S.q_time[i] != S.q_time[j]:
         return S.q_time[i] < S.q_time[j]
     return S.q_eid[i] < S.q_eid[j]
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _q_swap(S, i, j):
     S.q_time[i], S.q_time[j] = S.q_time[j], S.q_time[i]
     S.q_eid[i], S.q_eid[j] = S.q_eid[j], S.q_eid[i]
@@ -146,7 +146,7 @@ def _q_swap(S, i, j):
     S.q_b[i], S.q_b[j] = S.q_b[j], S.q_b[i]
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _q_push(S, time, kind, a, b):
     it = S.it
     i = it[I_QN]
@@ -166,7 +166,7 @@ def _q_push(S, time, kind, a, b):
             break
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _q_pop(S):
     """Move the smallest event to slot ``size - 1`` and keep the heap on the rest."""
     it = S.it
@@ -190,7 +190,7 @@ def _q_pop(S):
 
 
 # ---------------------------------------------------------------------- flow heap (indexed)
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _nh_less(S, a, b):
     fa, fb = S.f_finish[a], S.f_finish[b]
     if fa != fb:
@@ -198,7 +198,7 @@ def _nh_less(S, a, b):
     return S.f_seq[a] < S.f_seq[b]
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _nh_up(S, i):
     nh = S.nh
     while i > 0:
@@ -213,7 +213,7 @@ def _nh_up(S, i):
             break
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _nh_down(S, i):
     nh = S.nh
     n = S.it[I_NHN]
@@ -234,7 +234,7 @@ def _nh_down(S, i):
             break
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _nh_set(S, slot):
     """Put ``slot`` (its finish time just changed) in its place in the heap."""
     pos = S.f_hpos[slot]
@@ -249,7 +249,7 @@ def _nh_set(S, slot):
         _nh_down(S, S.f_hpos[slot])
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _nh_remove(S, slot):
     pos = S.f_hpos[slot]
     if pos < 0:
@@ -267,7 +267,7 @@ def _nh_remove(S, slot):
 
 
 # ---------------------------------------------------------------------- memory pools
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _allocate(S, t, row):
     pool = S.r_pool[row]
     level = S.pl_level[pool] + S.r_mem[row]
@@ -287,7 +287,7 @@ def _allocate(S, t, row):
         S.it[I_MTN] = k + 1
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _release(S, pool, nbytes):
     level = S.pl_level[pool]
     if nbytes < level:
@@ -303,7 +303,7 @@ def _release(S, pool, nbytes):
 
 
 # ---------------------------------------------------------------------- network
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _mark_dirty(S, k):
     for e in range(S.rt_ptr[k], S.rt_ptr[k + 1]):
         r = S.rt_res[e]
@@ -313,7 +313,7 @@ def _mark_dirty(S, k):
             S.it[I_NDIRTY] += 1
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _inst_row(S, t):
     """Task ``t``'s instance and template row."""
     if S.it[I_SINGLE]:
@@ -478,7 +478,7 @@ def _component(S):
     return nfound
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _rh_less(S, i, j):
     if S.rh_share[i] != S.rh_share[j]:
         return S.rh_share[i] < S.rh_share[j]
@@ -733,7 +733,7 @@ def _recompute(S):
 
 
 # ---------------------------------------------------------------------- tasks
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _read_one(S, p):
     left = S.readers_left[p] - 1
     S.readers_left[p] = left
@@ -807,7 +807,7 @@ def _successors(S, t, at):
     return k
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _finish(S, t):
     """Task ``t`` ends now; True when its successors are to be readied."""
     S.end[t] = S.fl[F_NOW]
@@ -912,7 +912,7 @@ def _complete(S, t0):
             S.st_b[top] = _successors(S, s, at)
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _stream(S, s):
     """Device stream ``s`` takes its device's lowest-ranked ready task, or waits idle."""
     d = S.stream_dev[s]
