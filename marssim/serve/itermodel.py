@@ -52,6 +52,12 @@ Two layouts of a replica's ``tp`` GPUs, as the engines run them:
   bottleneck bandwidth (the parallel path's closed form), a rank sending every peer
   ``top_k ceil(T/tp) hidden s / ep`` bytes.
 
+Shared experts (DeepSeekMoE, Qwen-MoE: a dense MLP every token runs beside the routed experts,
+``shared.*`` ops) are token-wise ops of the block, split over the ``tp`` GPUs as the dense MLP in
+both layouts, their partial sums all-reduced before they are added to the experts' output. A
+mixture of experts' first ``dense_layers`` blocks have a dense MLP: the template holds one block
+of each kind and a stage's time counts its blocks of each kind (:attr:`IterationModel.stage_blocks`).
+
 When fewer tokens reach the busiest rank than it holds experts (decode at small batches), it
 runs only as many experts as tokens, one token each: a fused MoE kernel reads the weights of
 the experts that have tokens only (:meth:`IterationModel.expert_work`).
@@ -170,8 +176,14 @@ class IterationModel:
             if op.kind == OpKind.INPUT or not op.name.startswith("prefill."):
                 continue
             layer = op.param("layer")
-            (embed if layer < 0 else block if layer == self.main_layer else dense_block if layer >= 0 and
-             layer < self.main_layer else head).append((op, rules[op.name]))
+            if layer < 0:
+                embed.append((op, rules[op.name]))
+            elif layer == self.main_layer:
+                block.append((op, rules[op.name]))
+            elif layer < self.main_layer:
+                dense_block.append((op, rules[op.name]))
+            else:
+                head.append((op, rules[op.name]))
         self._embed = _Piece(tuple(embed))
         expert = _expert_op if config.is_moe else (lambda op: False)
         self._tokens = _Piece(tuple((op, r) for op, r in block if not op.param("core") and
@@ -298,7 +310,6 @@ class IterationModel:
         if decodes:
             ctx = self.decode_context(decodes, decode_context)
             parts.append(cached(memo, ("a", decodes, 1, ctx), s, self._attention_time, decodes, 1, ctx))
-        n = self.blocks[s]
         if len(parts) == 1:
             block = parts[0]
         else:

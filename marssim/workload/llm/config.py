@@ -260,18 +260,18 @@ def _deepseek_moe(layers: int, hidden: int, heads: int, ffn: int, expert_ffn: in
                   shared: int, dense: int, vocab: int, positions: int) -> dict[str, Any]:
     """DeepSeekMoE-style: fine-grained routed experts beside ``shared`` always-active experts
     of the same width, the first ``dense`` blocks with a dense MLP of ``ffn``, multi-head attention."""
-    return dict(_llama(layers, hidden, heads, ffn, heads, vocab), family="moe", experts=experts, top_k=top_k,
-                expert_ffn=expert_ffn, shared_experts=shared, dense_layers=dense, capacity_factor=1.0,
-                seq=min(positions, 8192), max_positions=positions)
+    return {**_llama(layers, hidden, heads, ffn, heads, vocab), "family": "moe", "experts": experts, "top_k": top_k,
+            "expert_ffn": expert_ffn, "shared_experts": shared, "dense_layers": dense, "capacity_factor": 1.0,
+            "seq": min(positions, 8192), "max_positions": positions}
 
 
 def _qwen_moe(layers: int, hidden: int, heads: int, kv_heads: int, ffn: int, expert_ffn: int, experts: int,
               top_k: int, shared_ffn: int, positions: int, head_dim: int = 0) -> dict[str, Any]:
     """Qwen-MoE-style: every block's MLP routed experts, with one gated shared expert of
     ``shared_ffn`` where it is not 0."""
-    out = dict(_llama(layers, hidden, heads, ffn, kv_heads, 151936), family="moe", experts=experts, top_k=top_k,
-               expert_ffn=expert_ffn, capacity_factor=1.0, seq=min(positions, 8192), max_positions=positions,
-               head_dim=head_dim)
+    out = {**_llama(layers, hidden, heads, ffn, kv_heads, 151936), "family": "moe", "experts": experts,
+           "top_k": top_k, "expert_ffn": expert_ffn, "capacity_factor": 1.0, "seq": min(positions, 8192),
+           "max_positions": positions, "head_dim": head_dim}
     if shared_ffn:
         out.update(shared_experts=1, shared_ffn=shared_ffn, shared_gate=True)
     return out
