@@ -186,6 +186,12 @@ class TransformerConfig:
         """Blocks holding experts."""
         return max(0, self.layers - self.dense_layers) if self.is_moe else 0
 
+    @property
+    def dense_ffn_used(self) -> bool:
+        """Whether some block runs the dense MLP of ``ffn``: a dense model, a mixture of experts'
+        dense first blocks, or experts of width ``ffn`` (no ``expert_ffn``)."""
+        return not self.is_moe or self.dense_layers > 0 or not self.expert_ffn
+
     def experts_text(self) -> str:
         """The experts in words: ``64 experts of 1408 top-6, 2 shared, first 1 block dense`` (``""``
         for a dense model)."""
