@@ -156,3 +156,27 @@ def test_a_training_step_simulates_with_experts_and_shared_experts(cost, cluster
     iv = result.intervals
     ops = set(iv["op"].astype(str))
     assert any(".shared.up" in o for o in ops) and any(".mlp.down" in o for o in ops)
+
+
+def test_shared_experts_are_dense_weights_split_over_tp_and_kept_by_every_expert_rank():
+    """tp=2, ep=2 (etp = tp): a rank holds half of the attention, of the dense first block's MLP
+    and of the shared experts (dense weights, their gradients reduced over every data-parallel
+    rank), the router and norms whole, and of the routed experts ``experts / ep`` at ``1 / etp``
+    of their weights (reduced over the expert-data-parallel replicas)."""
+    from marssim.parallel import prepare_graph
+    from marssim.parallel.lower import op_rules
+    from marssim.parallel.memory import rank_parameters
+
+    h, tp = 256, 2
+    graph = load_workload(DS + ",mode=train")
+    cfg = parse_parallel("tp=2,dp=4,ep=2,sp=true")
+    prepared = prepare_graph(graph, cfg)
+    per, experts = rank_parameters(prepared, cfg, op_rules(prepared, cfg))
+    attention = 4 * h * h // tp
+    norms = 2 * h
+    assert per[0] == attention + 3 * h * 768 // tp + norms and not experts.get(0)
+    routed = 8 // 2 * 3 * h * 128 // tp
+    shared = 3 * h * (2 * 128) // tp
+    for layer in (1, 2):
+        assert experts[layer] == routed
+        assert per[layer] == attention + shared + h * 8 + norms + routed
