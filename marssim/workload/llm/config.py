@@ -182,11 +182,6 @@ class TransformerConfig:
         return self.is_moe and layer >= self.dense_layers
 
     @property
-    def moe_layers(self) -> int:
-        """Blocks holding experts."""
-        return max(0, self.layers - self.dense_layers) if self.is_moe else 0
-
-    @property
     def dense_ffn_used(self) -> bool:
         """Whether some block runs the dense MLP of ``ffn``: a dense model, a mixture of experts'
         dense first blocks, or experts of width ``ffn`` (no ``expert_ffn``)."""
