@@ -307,7 +307,9 @@ FAMILY_DEFAULTS: dict[str, tuple[dict[str, Any], str]] = {
     "llama": (PRESETS["llama3-8b"][0], "Llama-style decoder (RMSNorm, SwiGLU, rotary positions, grouped-query "
                                        "attention with kv_heads, no biases); defaults: Llama 3 8B"),
     "moe": (PRESETS["mixtral-8x7b"][0], "Mixture-of-experts decoder (Llama-style attention, experts x SwiGLU MLPs, "
-                                        "top_k routing with a capacity factor); defaults: Mixtral 8x7B"),
+                                        "top_k routing with a capacity factor; fine-grained: expert_ffn, "
+                                        "shared_experts, shared_ffn, shared_gate, dense_layers); defaults: "
+                                        "Mixtral 8x7B"),
 }
 """The parameterised families: defaults (a published model) and a description."""
 
