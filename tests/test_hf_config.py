@@ -92,7 +92,8 @@ def write(tmp_path: Path, **changes) -> str:
 
 
 @pytest.mark.parametrize("changes,key,message", [
-    ({"model_type": "gemma"}, "model_type", "expected one of llama, mistral, qwen2, mixtral, qwen2_moe, gpt_neox"),
+    ({"model_type": "gemma"}, "model_type",
+     "expected one of llama, mistral, qwen2, mixtral, qwen2_moe, qwen3_moe, deepseek, gpt_neox"),
     ({"hidden_size": None}, "hidden_size", "missing"),
     ({"num_attention_heads": 0}, "num_attention_heads", "expected a positive integer"),
     ({"hidden_act": "gelu"}, "hidden_act", "expected silu"),
@@ -100,7 +101,13 @@ def write(tmp_path: Path, **changes) -> str:
     ({"mlp_bias": True}, "mlp_bias", "biased MLP"),
     ({"torch_dtype": "int8"}, "torch_dtype", "expected one of bfloat16"),
     ({"model_type": "qwen2_moe", "num_experts": 60, "num_experts_per_tok": 4, "moe_intermediate_size": 1408,
-      "shared_expert_intermediate_size": 5632}, "shared_expert_intermediate_size", "shared experts"),
+      "decoder_sparse_step": 2}, "decoder_sparse_step", "expected 1"),
+    ({"model_type": "qwen3_moe", "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 1408,
+      "mlp_only_layers": [1, 3]}, "mlp_only_layers", "the first ones only"),
+    ({"model_type": "deepseek", "n_routed_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 1408,
+      "moe_layer_freq": 2}, "moe_layer_freq", "expected 1"),
+    ({"model_type": "deepseek", "num_experts_per_tok": 2, "moe_intermediate_size": 1408}, "n_routed_experts",
+     "missing"),
     ({"num_key_value_heads": 5}, "kv_heads", "expected a divisor of heads"),
 ])
 def test_fields_that_cannot_be_mapped_are_refused_by_name(tmp_path, changes, key, message):
@@ -122,6 +129,75 @@ def test_a_qwen2_moe_without_shared_experts_counts_its_experts(tmp_path):
     f = footprint(load_workload(f"hf:{path}:mode=forward,seq=2"))
     assert f.parameters == 2 * vocab * h + layers * block + h
     assert f.parameters - f.active_parameters == layers * (experts - 2) * 3 * h * width
+
+
+# Published totals and active parameters of the fine-grained mixtures of experts, as their model cards
+# round them (billions, one decimal): DeepSeekMoE 16B (Dai et al. 2024: 16.4B, 2.8B activated),
+# Qwen1.5-MoE-A2.7B (14.3B, 2.7B activated), Qwen3-30B-A3B (30.5B, 3.3B activated; 29.9B without
+# the two embedding matrices).
+PUBLISHED_MOE = {"deepseek-moe-16b": (16.4, 2.8), "qwen1.5-moe-a2.7b": (14.3, 2.7), "qwen3-30b-a3b": (30.5, 3.3)}
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED_MOE))
+def test_fine_grained_experts_count_the_published_totals(name):
+    """The configs' arithmetic against the model cards' rounded totals. The active count takes
+    ``top_k`` routed experts, every shared expert and the dense first blocks; Qwen3's published
+    3.3B active is the 3.35B here rounded down (its card rounds 3.35 so), within 2 %."""
+    f = footprint(load_workload(hf(name, "mode=forward,seq=2")))
+    total, active = PUBLISHED_MOE[name]
+    assert round(f.parameters / 1e9, 1) == total
+    assert f.active_parameters / 1e9 == pytest.approx(active, rel=0.02)
+    assert f.active_parameters < f.parameters / 4
+
+
+def test_qwen3_moe_without_embeddings_is_its_published_count():
+    f = footprint(load_workload(hf("qwen3-30b-a3b", "mode=forward,seq=2")))
+    assert round((f.parameters - 2 * 151936 * 2048) / 1e9, 1) == 29.9
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED_MOE))
+def test_a_fine_grained_config_json_is_its_preset(name):
+    a = load_workload(hf(name, "mode=train,seq=256,layers=2")).meta["transformer"]
+    b = load_workload(f"{name}:mode=train,seq=256,layers=2").meta["transformer"]
+    assert replace(a, name="") == replace(b, name="")
+
+
+def test_deepseek_moe_counts_shared_experts_and_dense_first_blocks(tmp_path):
+    """A small DeepSeekMoE configuration, its parameters in closed form: the first block's dense
+    MLP of ``intermediate_size``, then per block the routed experts, the shared ones (a dense MLP
+    of ``n_shared_experts x moe_intermediate_size``) and the router; active: ``top_k`` experts."""
+    h, layers, vocab, experts, width, dense_ffn, shared, k = 256, 3, 1000, 8, 64, 512, 2, 3
+    path = write(tmp_path, model_type="deepseek", hidden_size=h, num_hidden_layers=layers, num_attention_heads=4,
+                 num_key_value_heads=4, vocab_size=vocab, n_routed_experts=experts, num_experts_per_tok=k,
+                 moe_intermediate_size=width, n_shared_experts=shared, first_k_dense_replace=1, moe_layer_freq=1,
+                 intermediate_size=dense_ffn)
+    graph = load_workload(f"hf:{path}:mode=forward,seq=2")
+    attention, norms = 4 * h * h, 2 * h
+    dense = attention + 3 * h * dense_ffn + norms
+    moe = attention + experts * 3 * h * width + shared * 3 * h * width + h * experts + norms
+    f = footprint(graph)
+    assert f.parameters == 2 * vocab * h + dense + (layers - 1) * moe + h
+    assert f.parameters - f.active_parameters == (layers - 1) * (experts - k) * 3 * h * width
+    names = {op.name for op in graph.ops}
+    assert "layers.0.mlp.down" in names and "layers.0.moe.router" not in names
+    assert {"layers.1.shared.gate", "layers.1.shared.down", "layers.1.moe.down"} <= names
+    assert next(op for op in graph.ops if op.name == "layers.1.shared.up").loop_dict["N"] == shared * width
+
+
+def test_qwen2_moe_shared_expert_is_gated_and_first_mlp_only_layers_are_dense(tmp_path):
+    h, layers, vocab, experts, width, shared_ffn, ffn = 256, 3, 1000, 6, 64, 384, 512
+    path = write(tmp_path, model_type="qwen2_moe", hidden_size=h, num_hidden_layers=layers, num_attention_heads=4,
+                 num_key_value_heads=2, vocab_size=vocab, num_experts=experts, num_experts_per_tok=2,
+                 moe_intermediate_size=width, shared_expert_intermediate_size=shared_ffn, intermediate_size=ffn,
+                 mlp_only_layers=[0])
+    cfg = load_workload(f"hf:{path}:mode=forward,seq=2").meta["transformer"]
+    assert (cfg.dense_layers, cfg.shared_experts, cfg.shared_ffn, cfg.shared_gate, cfg.expert_ffn, cfg.ffn) == \
+        (1, 1, shared_ffn, True, width, ffn)
+    f = footprint(load_workload(f"hf:{path}:mode=forward,seq=2"))
+    kv = 2 * h // 4
+    attention = 2 * h * h + 2 * h * kv
+    moe = attention + experts * 3 * h * width + 3 * h * shared_ffn + h + h * experts + 2 * h  # + gate, router
+    assert f.parameters == 2 * vocab * h + (attention + 3 * h * ffn + 2 * h) + 2 * moe + h
 
 
 def test_deepseek_mla_is_refused_naming_the_field():

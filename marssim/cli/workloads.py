@@ -56,9 +56,10 @@ def _llm_table(entries) -> str:
         graph = entry.build(**{**entry.defaults, "seq": 1, "mode": "forward"})
         cfg: TransformerConfig = graph.meta["transformer"]
         f = footprint(graph)
-        dims = f"{cfg.layers} x {cfg.hidden}, {cfg.heads}/{cfg.kv} heads, ffn {cfg.ffn_size}, vocab {cfg.vocab}"
+        ffn = f"ffn {cfg.ffn_size}" if cfg.dense_ffn_used else "ffn -"
+        dims = f"{cfg.layers} x {cfg.hidden}, {cfg.heads}/{cfg.kv} heads, {ffn}, vocab {cfg.vocab}"
         if cfg.is_moe:
-            dims += f", {cfg.experts} experts top-{cfg.top_k}"
+            dims += f", {cfg.experts_text()}"
         params = f"{f.parameters / 1e9:.4g}" + (f" ({f.active_parameters / 1e9:.3g} active)" if cfg.is_moe else "")
         kind = "family" if name in FAMILY_DEFAULTS else "preset"
         rows.append([name, kind, dims, params, entry.description])

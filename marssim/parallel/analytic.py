@@ -385,17 +385,22 @@ def screen(graph: Graph, system: System, cfg: ParallelConfig, cost: CostModel, *
                 of_layer, ends = split_units[(chunk, direction)]
                 if blocks:
                     # the block that receives from the other stage (forward: the first; backward:
-                    # the last), and the others alike (the blocks of a model have equal shapes).
-                    # A block's times are alike on every stage whose GPU is alike (design,
-                    # tensor-parallel ring, the routes from the stages before and after it) and
-                    # whose chunk holds the same place (first, last, between; one block or more)
+                    # the last), and the others alike by kind (the blocks of a model have equal
+                    # shapes, but for a mixture of experts' dense first blocks). A block's times
+                    # are alike on every stage whose GPU is alike (design, tensor-parallel ring,
+                    # the routes from the stages before and after it) and whose chunk holds the
+                    # same place (first, last, between; one block or more)
                     where_ = (chunk == 0, chunk == len(low.chunks) - 1, len(blocks) > 1)
                     edge = blocks[0] if direction == "F" else blocks[-1]
-                    parts.append((block_time(timer, ("edge", direction, where_), of_layer[edge]), 1))
-                    if len(blocks) > 1:
-                        inner = blocks[1] if direction == "F" else blocks[0]
-                        parts.append((block_time(timer, ("inner", direction, where_), of_layer[inner]),
-                                      len(blocks) - 1))
+                    parts.append((block_time(timer, ("edge", direction, where_, t.is_moe_layer(edge)),
+                                             of_layer[edge]), 1))
+                    inner: dict[bool, list[int]] = {}
+                    for layer in blocks:
+                        if layer != edge:
+                            inner.setdefault(t.is_moe_layer(layer), []).append(layer)
+                    for kind, alike in inner.items():
+                        parts.append((block_time(timer, ("inner", direction, where_, kind), of_layer[alike[0]]),
+                                      len(alike)))
                 if ends:
                     parts.append((timer.unit(ends), 1))
                 for (b, r, q), n in parts:

@@ -266,8 +266,10 @@ def parallel_problems(cfg: ParallelConfig, transformer, gpus: int) -> list[tuple
             out.append((key, f"expected a divisor of the {t.heads} attention heads, got {tp}"))
         elif t.kv % tp and tp % t.kv:
             out.append((key, f"expected a divisor or multiple of the {t.kv} key/value heads, got {tp}"))
-        if t.ffn_size % tp:
-            out.append((key, f"expected a divisor of the MLP width {t.ffn_size}, got {tp}"))
+        for width in t.split_widths:
+            if width % tp:
+                out.append((key, f"expected a divisor of the MLP width {width}, got {tp}"))
+                break
         if cfg.sp and t.mode != "decode" and (t.seq % (tp * cfg.cp)):
             out.append(("sp", f"the sequence ({t.seq}) must split evenly over tp={tp}"
                               + (f" x cp={cfg.cp}" if cfg.cp > 1 else "")))

@@ -33,7 +33,14 @@ expert-parallel all-to-all ``S <-> E``); ``R -> S`` and ``R -> F`` are local sli
   with expert tensor parallelism (``etp > 1``) each expert's GEMMs split over ``etp`` ranks as the
   dense MLP's over ``tp`` (``X -> Y`` column-parallel, ``Y -> Z`` row-parallel), on the tokens of
   those ranks; the tokens per rank scale by the busiest expert-parallel rank's share of the
-  routing (:mod:`.experts`).
+  routing (:mod:`.experts`);
+* shared experts (DeepSeekMoE, Qwen-MoE: a dense MLP every token runs beside the routed experts)
+  are tensor-parallel as the dense MLP (column- then row-parallel over ``tp``, their partial sums
+  reduced into the hidden state's layout before they are added to the experts' output) and, like
+  every dense weight, replicated over the expert-parallel ranks (Megatron-LM's
+  ``SharedExpertMLP``: ``ep`` is carved out of the data-parallel ranks, which hold the dense
+  weights whole); their gate score (Qwen's ``shared_expert_gate``, one feature) is replicated
+  as the router.
 """
 
 from __future__ import annotations
@@ -45,13 +52,16 @@ from marssim.workload import Op, OpKind
 
 __all__ = ["Rule", "rule_for", "strategy_of", "COLUMN", "ROW", "REPLICATED"]
 
-COLUMN = ("attn.qkv", "mlp.fc1", "mlp.gate", "mlp.up", "moe.gate", "moe.up", "moe.fc1", "output")
-"""The column-parallel GEMMs, by the name of the forward op within its block."""
-ROW = ("attn.proj", "mlp.fc2", "mlp.down", "moe.down")
+COLUMN = ("attn.qkv", "mlp.fc1", "mlp.gate", "mlp.up", "moe.gate", "moe.up", "moe.fc1", "shared.gate", "shared.up",
+          "shared.fc1", "output")
+"""The column-parallel GEMMs, by the name of the forward op within its block (``shared.*``: the
+shared experts of a mixture of experts, split over ``tp`` as the dense MLP)."""
+ROW = ("attn.proj", "mlp.fc2", "mlp.down", "moe.down", "shared.down", "shared.fc2")
 """The row-parallel GEMMs."""
-REPLICATED = ("moe.router",)
-"""The GEMMs whose weights every tensor-parallel rank holds whole (the MoE router). Any other GEMM
-of a transformer graph is refused, naming it: its split would be a guess."""
+REPLICATED = ("moe.router", "shared.router")
+"""The GEMMs whose weights every tensor-parallel rank holds whole (the MoE router, the shared
+experts' gate score). Any other GEMM of a transformer graph is refused, naming it: its split
+would be a guess."""
 
 
 @dataclass(frozen=True)

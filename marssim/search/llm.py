@@ -140,7 +140,7 @@ class LLMSpace:
         router = getattr(system, "_router", None)
         per_node = len(router.node_gpus[0]) if router is not None and router.node_gpus else min(8, gpus)
         tps = tuple(tp for tp in (1, 2, 4, 8, 16, 32, 64) if tp <= per_node and t.heads % tp == 0
-                    and t.ffn_size % tp == 0 and (t.kv % tp == 0 or tp % t.kv == 0))
+                    and all(w % tp == 0 for w in t.split_widths) and (t.kv % tp == 0 or tp % t.kv == 0))
         kinds = tuple(a.designs[0] for a in system.accelerators)
         peaks = {}
         for k in set(kinds):

@@ -144,7 +144,7 @@ class ServeSpace:
             nodes = [n for n in (router.node_gpus if router is not None else []) if first in n]
             per_node[k] = len(nodes[0]) if nodes else available[k]
         tps = {k: tuple(tp for tp in (1, 2, 4, 8, 16, 32, 64) if tp <= per_node[k] and t.heads % tp == 0
-                        and t.ffn_size % tp == 0 and (t.kv % tp == 0 or tp % t.kv == 0)) for k in kinds}
+                        and all(w % tp == 0 for w in t.split_widths) and (t.kv % tp == 0 or tp % t.kv == 0)) for k in kinds}
         pps = tuple(pp for pp in (1, 2, 4, 8, 16) if pp <= min(settings.max_pp, t.layers))
         longest = int(case.stats().prompts[-1])
         return cls(case, system, settings, kinds, available, tps, pps, longest)

@@ -52,6 +52,12 @@ Two layouts of a replica's ``tp`` GPUs, as the engines run them:
   bottleneck bandwidth (the parallel path's closed form), a rank sending every peer
   ``top_k ceil(T/tp) hidden s / ep`` bytes.
 
+Shared experts (DeepSeekMoE, Qwen-MoE: a dense MLP every token runs beside the routed experts,
+``shared.*`` ops) are token-wise ops of the block, split over the ``tp`` GPUs as the dense MLP in
+both layouts, their partial sums all-reduced before they are added to the experts' output. A
+mixture of experts' first ``dense_layers`` blocks have a dense MLP: the template holds one block
+of each kind and a stage's time counts its blocks of each kind (:attr:`IterationModel.stage_blocks`).
+
 When fewer tokens reach the busiest rank than it holds experts (decode at small batches), it
 runs only as many experts as tokens, one token each: a fused MoE kernel reads the weights of
 the experts that have tokens only (:meth:`IterationModel.expert_work`).
@@ -88,6 +94,18 @@ positions); any number above 1 works, since only token axes are resized."""
 def stage_layers(layers: int, pp: int) -> tuple[int, ...]:
     """Blocks of each pipeline stage: the parallel lowering's balanced split (larger first)."""
     return tuple(layers // pp + (1 if s < layers % pp else 0) for s in range(pp))
+
+
+def _stage_kinds(blocks: tuple[int, ...], dense_layers: int) -> tuple[tuple[int, int], ...]:
+    """Per stage of ``blocks`` consecutive blocks: ``(blocks among the first dense_layers, the
+    others)``."""
+    out = []
+    start = 0
+    for n in blocks:
+        dense = max(0, min(dense_layers, start + n) - start)
+        out.append((dense, n - dense))
+        start += n
+    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -139,20 +157,39 @@ class IterationModel:
         if ref < 2:
             raise InputError(None, "model", f"max_positions={config.max_positions} leaves no room to serve a prompt")
         self.ref_tokens = ref
-        template = with_overrides(config, mode="serve", prompt=ref, generate=1, batch=REF_BATCH, layers=1)
+        # a mixture of experts with dense first blocks: a template of one dense block and one with
+        # experts; otherwise one block
+        mixed = config.is_moe and 0 < config.dense_layers < config.layers
+        self.template_layers = 2 if mixed else 1
+        dense = 1 if mixed or (config.is_moe and config.dense_layers >= config.layers) else 0
+        template = with_overrides(config, mode="serve", prompt=ref, generate=1, batch=REF_BATCH,
+                                  layers=self.template_layers, dense_layers=dense if config.is_moe else 0)
+        self.main_layer = self.template_layers - 1
+        """The template's block of the kind most blocks are (with experts where the model has any)."""
+        self.stage_blocks = _stage_kinds(self.blocks, config.dense_layers if mixed else 0)
+        """Per stage: ``(dense blocks, blocks of the main kind)``."""
         self.graph = graph = build_transformer(template)
         rules = op_rules(graph, ParallelConfig(tp=self.tp, micro_batch=REF_BATCH))
         self.rules = rules
-        embed, block, head = [], [], []
+        embed, block, head, dense_block = [], [], [], []
         for op in graph.ops:
             if op.kind == OpKind.INPUT or not op.name.startswith("prefill."):
                 continue
             layer = op.param("layer")
-            (embed if layer < 0 else block if layer == 0 else head).append((op, rules[op.name]))
+            if layer < 0:
+                embed.append((op, rules[op.name]))
+            elif layer == self.main_layer:
+                block.append((op, rules[op.name]))
+            elif layer < self.main_layer:
+                dense_block.append((op, rules[op.name]))
+            else:
+                head.append((op, rules[op.name]))
         self._embed = _Piece(tuple(embed))
         expert = _expert_op if config.is_moe else (lambda op: False)
         self._tokens = _Piece(tuple((op, r) for op, r in block if not op.param("core") and
                                     op.param("what") != "kv_write" and not expert(op)))
+        self._dense_tokens = _Piece(tuple((op, r) for op, r in dense_block if not op.param("core") and
+                                          op.param("what") != "kv_write"))
         self._experts = _Piece(tuple((op, r) for op, r in block if expert(op)))
         self.expert_share = busiest_share(config.expert_load, self.ep) if config.is_moe else 1
         self._kv_write = _Piece(tuple((op, r) for op, r in block if op.param("what") == "kv_write"))
@@ -167,7 +204,7 @@ class IterationModel:
             self._attention_split.append((op, rule, split))
         self.embed_out = embed[-1][0].name
         self.block_out = block[-1][0].name
-        self._layouts = {op.name: r.out for op, r in embed + block + head}
+        self._layouts = {op.name: r.out for op, r in embed + dense_block + block + head}
         self._layouts.update({op.name: "R" for op in graph.ops if op.kind == OpKind.INPUT})
         sample = next(op for op, _ in head if op.param("what") == "sample")
         self.sample_bytes_per_row = sample.output_bytes / REF_BATCH
@@ -199,6 +236,12 @@ class IterationModel:
     def token_ops(self) -> tuple:
         """``(op, rule)`` of a block's token-wise ops (views included), template-sized."""
         return self._tokens.ops
+
+    @property
+    def dense_token_ops(self) -> tuple:
+        """``(op, rule)`` of a dense first block's token-wise ops (a mixture of experts with
+        ``dense_layers``; else empty), template-sized."""
+        return self._dense_tokens.ops
 
     @property
     def kv_write_ops(self) -> tuple:
@@ -271,13 +314,20 @@ class IterationModel:
                 self._decode_attention_window(memo, s, decodes, ctx)
                 hit = memo[("a", decodes, 1, ctx)]
             parts.append(hit)
-        n = self.blocks[s]
         if len(parts) == 1:
             block = parts[0]
         else:
             block = (sum(p[0] for p in parts), sum(p[1] for p in parts), sum(p[2] for p in parts),
                      sum(p[3] for p in parts))
+        dense, n = self.stage_blocks[s]
         total, comm, nbytes, latency = n * block[0], n * block[1], n * block[2], n * block[3]
+        if dense:  # dense first blocks: their MLP's token-wise piece instead of the experts'
+            common = parts[2:] if self._experts.ops else parts[1:]  # the KV write and the attention
+            alike = [cached(memo, ("d", tokens), s, self._dense_tokens_time, tokens)] + common
+            total += dense * sum(p[0] for p in alike)
+            comm += dense * sum(p[1] for p in alike)
+            nbytes += dense * sum(p[2] for p in alike)
+            latency += dense * sum(p[3] for p in alike)
         ends = []
         if s == 0:
             ends.append(cached(memo, ("e", tokens), s, self._embed_time, tokens))
@@ -320,6 +370,10 @@ class IterationModel:
     def _tokens_time(self, stage: int, tokens: tuple[int, int]) -> tuple:
         n, h = tokens
         return self._walk(stage, [(resize_tokens(op, n, h, self.ref_tokens), r) for op, r in self._tokens.ops])
+
+    def _dense_tokens_time(self, stage: int, tokens: tuple[int, int]) -> tuple:
+        n, h = tokens
+        return self._walk(stage, [(resize_tokens(op, n, h, self.ref_tokens), r) for op, r in self._dense_tokens.ops])
 
     def _kv_time(self, stage: int, tokens: tuple[int, int]) -> tuple:
         n, h = tokens
@@ -534,10 +588,12 @@ class IterationModel:
         piece to another in a layout its reader must convert (apart from the embedding, whose
         conversion the embedding piece pays)."""
         where = {}
-        for piece in (self._embed, self._tokens, self._kv_write, self._attention, self._head, self._experts):
+        pieces = (self._embed, self._tokens, self._kv_write, self._attention, self._head, self._experts,
+                  self._dense_tokens)
+        for piece in pieces:
             for op, _ in piece.ops:
                 where[op.name] = id(piece)
-        for piece in (self._tokens, self._kv_write, self._attention, self._head):
+        for piece in (self._tokens, self._kv_write, self._attention, self._head, self._dense_tokens):
             for op, rule in piece.ops:
                 for name, want in zip(op.inputs, rule.want):
                     if name in where and where[name] != id(piece) and name != self.embed_out:

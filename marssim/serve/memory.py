@@ -81,7 +81,7 @@ def replica_memory(model: IterationModel, cfg: SchedulerConfig, capacity: float,
     usable = cfg.gpu_memory_utilization * capacity
     tokens = cfg.max_batched_tokens
     peak_op = 0.0
-    for op, rule in model.token_ops:
+    for op, rule in model.token_ops + model.dense_token_ops:
         if rule.alias:
             continue
         part = resize_tokens(op, 1, tokens, model.ref_tokens)
@@ -94,11 +94,14 @@ def replica_memory(model: IterationModel, cfg: SchedulerConfig, capacity: float,
     weights, workspace, per_token = [], [], []
     blocks = None
     for s in range(pp):
-        w = model.blocks[s] * held.get(0, 0.0)
+        dense, main = model.stage_blocks[s]
+        w = main * held.get(model.main_layer, 0.0)
+        if dense:  # a mixture of experts' dense first blocks
+            w += dense * held.get(0, 0.0)
         if s == 0:
             w += held.get(-1, 0.0)
         if s == pp - 1:
-            w += held.get(1, 0.0)
+            w += held.get(model.template_layers, 0.0)
             if t.tie_embeddings and pp > 1:
                 w += -(-t.vocab // tp) * t.hidden * eb
         w = float(w) + (draft[0] if s == 0 else 0.0)

@@ -31,7 +31,8 @@ def load_model(spec: str) -> TransformerConfig:
     if is_hf_spec(spec):  # a Hugging Face config.json
         name, text = split_hf_spec(spec)
         params = parse_params(spec, text)
-        full = {"layers": hf_base(spec)[0]["layers"]}
+        base = hf_base(spec)[0]
+        full = {"layers": base["layers"], "dense_layers": base.get("dense_layers", 0)}
         name = f"hf:{name}"
     else:
         name, params = parse_spec(spec)
@@ -45,7 +46,16 @@ def load_model(spec: str) -> TransformerConfig:
         if key in RUN_KEYS:
             raise InputError(spec, key, "is set by the requests (prompt and output tokens, batching); drop it")
     layers = params.pop("layers", None)
-    small = ",".join([f"{k}={v}" for k, v in params.items()] + ["mode=prefill", "seq=2", "batch=1", "layers=1"])
+    dense = params.pop("dense_layers", None)
+    full_dense = full.get("dense_layers", 0) or 0
+    if dense is not None:
+        try:
+            full_dense = int(dense)
+        except ValueError:
+            raise InputError(spec, "dense_layers", f"expected a non-negative integer, got {dense!r}") from None
+    # one block checks every setting; a mixture of experts' dense first blocks are set after
+    small = ",".join([f"{k}={v}" for k, v in params.items()] + ["mode=prefill", "seq=2", "batch=1", "layers=1"]
+                     + ([f"dense_layers={min(full_dense, 1)}"] if full_dense or dense is not None else []))
     graph = load_workload(f"{name}:{small}")
     config: TransformerConfig = graph.meta["transformer"]
     if layers is not None:
@@ -55,5 +65,8 @@ def load_model(spec: str) -> TransformerConfig:
             raise InputError(spec, "layers", f"expected a positive integer, got {layers!r}") from None
         if full["layers"] < 1:
             raise InputError(spec, "layers", f"expected a positive integer, got {layers!r}")
-    config = replace(config, layers=int(full["layers"]), mode="prefill", seq=1, batch=1, name=config.name)
+    if full_dense > int(full["layers"]):
+        raise InputError(spec, "dense_layers", f"expected at most the {full['layers']} layers, got {full_dense}")
+    config = replace(config, layers=int(full["layers"]), dense_layers=full_dense if config.is_moe else 0,
+                     mode="prefill", seq=1, batch=1, name=config.name)
     return config

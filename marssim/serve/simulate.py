@@ -87,8 +87,9 @@ def check_pool(pool: Pool, config: TransformerConfig, where: str, prefix: str) -
     if config.kv % tp and tp % config.kv:
         raise InputError(where, prefix + "tp", f"expected a divisor or multiple of the {config.kv} key/value heads, "
                                                f"got {tp}")
-    if config.ffn_size % tp:
-        raise InputError(where, prefix + "tp", f"expected a divisor of the MLP width {config.ffn_size}, got {tp}")
+    for width in config.split_widths:
+        if width % tp:
+            raise InputError(where, prefix + "tp", f"expected a divisor of the MLP width {width}, got {tp}")
     if pool.pp > config.layers:
         raise InputError(where, prefix + "pp", f"expected at most the {config.layers} layers, got {pool.pp}")
     if pool.ep != 1 and not config.is_moe:

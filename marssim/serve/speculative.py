@@ -104,9 +104,10 @@ def draft_memory(draft: IterationModel, method: str) -> tuple[float, float]:
     t = draft.config
     eb = DTYPE_BYTES[t.dtype]
     per, _ = rank_parameters(draft.graph, ParallelConfig(tp=draft.tp, micro_batch=REF_BATCH), draft.rules)
-    params = t.layers * per.get(0, 0)
+    dense, main = draft.stage_blocks[0]
+    params = main * per.get(draft.main_layer, 0) + (dense * per.get(0, 0) if dense else 0)
     if method == "draft":
-        params += per.get(-1, 0) + per.get(1, 0)
+        params += per.get(-1, 0) + per.get(draft.template_layers, 0)
     kv = t.layers * 2 * -(-t.kv // draft.tp) * t.d_head * eb
     return float(params * eb), float(kv)
 

@@ -169,10 +169,11 @@ def describe_transformer(graph: Graph) -> list[str]:
     f = footprint(graph)
     kv = f"{cfg.kv} kv heads" if cfg.kv != cfg.heads else "multi-head"
     arch = (f"  {cfg.family}: {cfg.layers} layers, hidden {cfg.hidden}, {cfg.heads} heads of {cfg.d_head} ({kv}), "
-            f"{'SwiGLU' if cfg.activation == 'swiglu' else 'GeLU'} MLP {cfg.ffn_size}, vocabulary {cfg.vocab}, "
+            f"{'SwiGLU' if cfg.activation == 'swiglu' else 'GeLU'} MLP"
+            f"{f' {cfg.ffn_size}' if cfg.dense_ffn_used else ' (experts only)'}, vocabulary {cfg.vocab}, "
             f"{'RMSNorm' if cfg.norm == 'rms' else 'LayerNorm'}, {cfg.positions} positions")
     if cfg.is_moe:
-        arch += f", {cfg.experts} experts top-{cfg.top_k} (capacity {cfg.expert_capacity} tokens per expert)"
+        arch += f", {cfg.experts_text()} (capacity {cfg.expert_capacity} tokens per expert)"
     run = {"forward": f"forward over {cfg.seq} tokens", "train": f"training step over {cfg.seq} tokens",
            "prefill": f"prefill of {cfg.seq} tokens", "decode": f"decode step over a cache of {cfg.context} tokens",
            "serve": f"prefill of {cfg.prompt} tokens + {cfg.generate} decode steps"}[cfg.mode]

@@ -167,6 +167,9 @@ ELTWISE_FLOPS = {"relu": 1, "relu6": 2, "add": 1, "mul": 1, "sub": 1, "div": 1, 
                  "embedding_grad": 1,      # scatter-add of gradient rows
                  "grad_accumulate": 1,     # sum of two gradient contributions
                  "router": 2,              # top-k selection and gate normalisation
+                 "sigmoid_gate": 2,        # y * sigmoid(score), the sigmoid once per token
+                 "sigmoid_gate_grad": 2,   # dy * sigmoid(score)
+                 "sigmoid_gate_score_grad": 3,  # sum over features of dy * z, times (1 - sigmoid(score))
                  "combine": 2,             # gate-weighted sum of the expert outputs
                  "sample": 1,              # next-token choice (argmax) over the logits
                  "adam": 14,               # AdamW update per parameter (moments, bias correction, decay)

@@ -21,6 +21,8 @@ cross-entropy     ``loss.grad``: ``(P - onehot) / tokens`` (reads the probabilit
 dropout           ``.grad``: ``dY * mask / (1 - p)`` (reads the one-byte mask)
 GeLU, SwiGLU,     ``.grad`` (``.grad_gate`` and ``.grad_up`` for SwiGLU): read the activation inputs
 rotary
+sigmoid gate      ``.grad`` (``dY sigmoid(s)``) and ``.grad_score`` (``sum(dY Z) (1 - sigmoid(s))``, reading the
+                  gate's output ``Z`` and score ``s``): the shared experts' gate of Qwen-MoE
 layer/RMS norm    ``.grad`` (norm ``layer_grad``/``rms_grad``): reads the norm input, gives the input
                   gradient and the scale (and shift) gradients
 embedding         ``.grad``: scatter-add of the output gradient into the table gradient
@@ -284,6 +286,17 @@ class _Backward:
             dx = b.eltwise(f"{op.name}.grad", dy, fn="rope_grad")
         elif fn == "router":
             dx = b.eltwise(f"{op.name}.grad", self.tensor(op.name, op), dy, fn="router")
+        elif fn == "sigmoid_gate":  # z = y sigmoid(s): dy sigmoid(s), and sum_features(dy z) (1 - sigmoid(s))
+            y_name, s_name = op.inputs
+            score = self.tensor(s_name, op)
+            loops = dict(op.loops)
+            dx = b.op(f"{op.name}.grad", OpKind.ELTWISE, loops, [dy, score], dy.shape,
+                      params={"fn": "sigmoid_gate_grad"})
+            ds = b.op(f"{op.name}.grad_score", OpKind.ELTWISE, loops, [dy, self.tensor(op.name, op), score],
+                      score.shape, params={"fn": "sigmoid_gate_score_grad"})
+            self.contribute(s_name, ds)
+            self.contribute(y_name, dx)
+            return
         else:
             raise ValueError(f"no backward rule for element-wise {fn!r} ({op.name})")
         self.contribute(op.inputs[0], dx)

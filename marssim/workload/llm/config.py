@@ -24,6 +24,24 @@ Presets and their sources:
   Llama-style attention with 8 key/value heads, 8 SwiGLU experts per layer, top-2 routing,
   vocabulary 32,000 (8x7B) / 32,768 (8x22B). 8x7B: 32 layers, hidden 4,096, 32 heads, FFN
   14,336; 8x22B: 56 layers, 6,144, 48 heads, 16,384.
+* Fine-grained experts with shared experts (the released ``config.json`` files):
+  DeepSeekMoE 16B (Dai et al. 2024, "DeepSeekMoE"): 28 layers, hidden 2,048, 16 heads (multi-head
+  attention), vocabulary 102,400, 64 routed experts of width 1,408 (``moe_intermediate_size``),
+  top-6, 2 shared experts of the same width, the first block dense with an MLP of 10,944
+  (``first_k_dense_replace`` 1): 16.4B parameters, 2.8B active. Qwen1.5-MoE-A2.7B
+  (``model_type`` ``qwen2_moe``): 24 layers, hidden 2,048, 16 heads, vocabulary 151,936, 60
+  routed experts of 1,408, top-4, a shared expert of 5,632 scaled by a sigmoid gate: 14.3B,
+  2.7B active (the query/key/value biases, 0.001 %, left out). Qwen3-30B-A3B (``qwen3_moe``): 48
+  layers, hidden 2,048, 32 heads of 128 with 4 key/value heads, 128 routed experts of 768, top-8,
+  no shared expert: 30.5B, 3.3B active (the per-head query/key RMSNorms, 256 parameters a block,
+  left out).
+
+A mixture of experts' MLP: ``experts`` routed SwiGLU experts of width ``expert_ffn`` (0:
+``ffn``), ``top_k`` of them per token; ``shared_experts`` more that every token runs, each of
+width ``shared_ffn`` (0: ``expert_ffn``), fused into one dense MLP (as DeepSeek's and Qwen's code
+run them), their output scaled by a sigmoid of a learned score with ``shared_gate`` (Qwen-MoE);
+the first ``dense_layers`` blocks have a dense MLP of width ``ffn`` instead (DeepSeek's
+``first_k_dense_replace``).
 
 Sizes are exact integers; ``dropout`` and ``capacity_factor`` are real numbers; ``expert_load``
 (a mixture of experts' routing: the tokens each expert receives, relative, measured or assumed,
@@ -102,6 +120,11 @@ class TransformerConfig:
     top_k: int = 0
     capacity_factor: float = 1.0
     expert_load: tuple[float, ...] = ()  # moe: tokens routed to each expert, relative (): uniform
+    expert_ffn: int = 0  # moe: width of each routed expert's MLP (0: ffn)
+    shared_experts: int = 0  # moe: experts every token runs (DeepSeekMoE, Qwen-MoE), fused into one MLP
+    shared_ffn: int = 0  # moe: width of each shared expert (0: expert_ffn)
+    shared_gate: bool = False  # moe: the shared experts' output scaled by sigmoid(a learned linear score) (Qwen-MoE)
+    dense_layers: int = 0  # moe: the first blocks with a dense MLP of width ffn instead of experts (DeepSeek)
     context: int = 0  # decode: tokens in the KV cache
     prompt: int = 0  # serve
     generate: int = 0  # serve
@@ -141,6 +164,55 @@ class TransformerConfig:
     @property
     def is_moe(self) -> bool:
         return self.experts > 0
+
+    @property
+    def expert_ffn_size(self) -> int:
+        """Width of each routed expert's MLP (``expert_ffn``, else ``ffn``)."""
+        return self.expert_ffn or self.ffn_size
+
+    @property
+    def shared_width(self) -> int:
+        """Width of the fused MLP of the shared experts: ``shared_experts x (shared_ffn or
+        expert_ffn)`` (0: none)."""
+        return self.shared_experts * (self.shared_ffn or self.expert_ffn_size)
+
+    def is_moe_layer(self, layer: int) -> bool:
+        """Whether block ``layer`` holds experts (a mixture-of-experts model past its
+        ``dense_layers`` first blocks)."""
+        return self.is_moe and layer >= self.dense_layers
+
+    @property
+    def dense_ffn_used(self) -> bool:
+        """Whether some block runs the dense MLP of ``ffn``: a dense model, a mixture of experts'
+        dense first blocks, or experts of width ``ffn`` (no ``expert_ffn``)."""
+        return not self.is_moe or self.dense_layers > 0 or not self.expert_ffn
+
+    def experts_text(self) -> str:
+        """The experts in words: ``64 experts of 1408 top-6, 2 shared, first 1 block dense`` (``""``
+        for a dense model)."""
+        if not self.is_moe:
+            return ""
+        text = f"{self.experts} experts" + (f" of {self.expert_ffn}" if self.expert_ffn else "") + f" top-{self.top_k}"
+        if self.shared_experts:
+            text += f", {self.shared_experts} shared of {self.shared_ffn or self.expert_ffn_size}"
+            text += " (sigmoid-gated)" if self.shared_gate else ""
+        if self.dense_layers:
+            text += f", first {self.dense_layers} block{'s' if self.dense_layers > 1 else ''} dense"
+        return text
+
+    @property
+    def split_widths(self) -> tuple[int, ...]:
+        """The MLP widths a tensor-parallel group splits: the dense MLP's (of a dense model, or of
+        the dense first blocks), the routed experts' and the shared experts' of a mixture of
+        experts."""
+        if not self.is_moe:
+            return (self.ffn_size,)
+        out = [self.expert_ffn_size]
+        if self.dense_layers:
+            out.append(self.ffn_size)
+        if self.shared_width:
+            out.append(self.shared_width)
+        return tuple(out)
 
     @property
     def training(self) -> bool:
@@ -185,6 +257,27 @@ def _mixtral(layers: int, hidden: int, heads: int, ffn: int, vocab: int) -> dict
                 seq=4096, max_positions=65536)
 
 
+def _deepseek_moe(layers: int, hidden: int, heads: int, ffn: int, expert_ffn: int, experts: int, top_k: int,
+                  shared: int, dense: int, vocab: int, positions: int) -> dict[str, Any]:
+    """DeepSeekMoE-style: fine-grained routed experts beside ``shared`` always-active experts
+    of the same width, the first ``dense`` blocks with a dense MLP of ``ffn``, multi-head attention."""
+    return {**_llama(layers, hidden, heads, ffn, heads, vocab), "family": "moe", "experts": experts, "top_k": top_k,
+            "expert_ffn": expert_ffn, "shared_experts": shared, "dense_layers": dense, "capacity_factor": 1.0,
+            "seq": min(positions, 8192), "max_positions": positions}
+
+
+def _qwen_moe(layers: int, hidden: int, heads: int, kv_heads: int, ffn: int, expert_ffn: int, experts: int,
+              top_k: int, shared_ffn: int, positions: int, head_dim: int = 0) -> dict[str, Any]:
+    """Qwen-MoE-style: every block's MLP routed experts, with one gated shared expert of
+    ``shared_ffn`` where it is not 0."""
+    out = {**_llama(layers, hidden, heads, ffn, kv_heads, 151936), "family": "moe", "experts": experts,
+           "top_k": top_k, "expert_ffn": expert_ffn, "capacity_factor": 1.0, "seq": min(positions, 8192),
+           "max_positions": positions, "head_dim": head_dim}
+    if shared_ffn:
+        out.update(shared_experts=1, shared_ffn=shared_ffn, shared_gate=True)
+    return out
+
+
 PRESETS: dict[str, tuple[dict[str, Any], str]] = {
     "gpt3-125m": (_gpt(12, 768, 12), "GPT-3 Small (Brown et al. 2020, Table 2.1)"),
     "gpt3-350m": (_gpt(24, 1024, 16), "GPT-3 Medium (Brown et al. 2020, Table 2.1)"),
@@ -199,6 +292,12 @@ PRESETS: dict[str, tuple[dict[str, Any], str]] = {
     "llama3-405b": (_llama(126, 16384, 128, 53248), "Llama 3.1 405B (Meta 2024; config.json)"),
     "mixtral-8x7b": (_mixtral(32, 4096, 32, 14336, 32000), "Mixtral 8x7B (Jiang et al. 2024; config.json)"),
     "mixtral-8x22b": (_mixtral(56, 6144, 48, 16384, 32768), "Mixtral 8x22B (Mistral AI 2024; config.json)"),
+    "deepseek-moe-16b": (_deepseek_moe(28, 2048, 16, 10944, 1408, 64, 6, 2, 1, 102400, 4096),
+                         "DeepSeekMoE 16B (Dai et al. 2024; deepseek-moe-16b-base config.json)"),
+    "qwen1.5-moe-a2.7b": (_qwen_moe(24, 2048, 16, 16, 5632, 1408, 60, 4, 5632, 8192),
+                          "Qwen1.5-MoE-A2.7B (Qwen team 2024; config.json, model_type qwen2_moe)"),
+    "qwen3-30b-a3b": (_qwen_moe(48, 2048, 32, 4, 6144, 768, 128, 8, 0, 40960, head_dim=128),
+                      "Qwen3-30B-A3B (Qwen team 2025; config.json, model_type qwen3_moe)"),
 }
 """Published models: (configuration, source)."""
 
@@ -208,7 +307,9 @@ FAMILY_DEFAULTS: dict[str, tuple[dict[str, Any], str]] = {
     "llama": (PRESETS["llama3-8b"][0], "Llama-style decoder (RMSNorm, SwiGLU, rotary positions, grouped-query "
                                        "attention with kv_heads, no biases); defaults: Llama 3 8B"),
     "moe": (PRESETS["mixtral-8x7b"][0], "Mixture-of-experts decoder (Llama-style attention, experts x SwiGLU MLPs, "
-                                        "top_k routing with a capacity factor); defaults: Mixtral 8x7B"),
+                                        "top_k routing with a capacity factor; fine-grained: expert_ffn, "
+                                        "shared_experts, shared_ffn, shared_gate, dense_layers); defaults: "
+                                        "Mixtral 8x7B"),
 }
 """The parameterised families: defaults (a published model) and a description."""
 
@@ -232,7 +333,8 @@ def check_config(cfg: TransformerConfig) -> None:
         value = getattr(cfg, key)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             _fail(key, f"expected a positive integer, got {value!r}")
-    for key in ("ffn", "kv_heads", "head_dim", "experts", "top_k", "context", "prompt", "generate"):
+    for key in ("ffn", "kv_heads", "head_dim", "experts", "top_k", "context", "prompt", "generate", "expert_ffn",
+                "shared_experts", "shared_ffn", "dense_layers"):
         value = getattr(cfg, key)
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             _fail(key, f"expected a positive integer, got {value!r}")
@@ -280,10 +382,22 @@ def check_config(cfg: TransformerConfig) -> None:
         if cfg.expert_load and (len(cfg.expert_load) != cfg.experts or not all(x > 0 for x in cfg.expert_load)):
             _fail("expert_load", f"expected {cfg.experts} positive numbers (the tokens routed to each expert, "
                                  f"relative), got {'/'.join(f'{x:g}' for x in cfg.expert_load)}")
+        if cfg.dense_layers > cfg.layers:
+            _fail("dense_layers", f"expected at most the {cfg.layers} layers, got {cfg.dense_layers}")
+        if not cfg.shared_experts:
+            for key in ("shared_ffn", "shared_gate"):
+                if getattr(cfg, key):
+                    _fail(key, "applies to shared experts (set shared_experts)")
+        if not isinstance(cfg.shared_gate, bool):
+            _fail("shared_gate", f"expected true or false, got {cfg.shared_gate!r}")
     elif cfg.top_k:
         _fail("top_k", "applies to mixture-of-experts models (set experts)")
     elif cfg.expert_load:
         _fail("expert_load", "applies to mixture-of-experts models (set experts)")
+    else:
+        for key in ("expert_ffn", "shared_experts", "shared_ffn", "shared_gate", "dense_layers"):
+            if getattr(cfg, key):
+                _fail(key, "applies to mixture-of-experts models (set experts)")
     if cfg.mode == "decode":
         if not cfg.context:
             _fail("context", "mode=decode needs context=C, the tokens already in the KV cache")

@@ -16,6 +16,10 @@ One block (pre-norm, as GPT-2/3, Llama and Mixtral)::
     MLP, llama:  mlp.gate, mlp.up -> mlp.act (SwiGLU: silu(gate) * up) -> mlp.down
     MLP, moe:    moe.router -> moe.topk -> moe.dispatch -> moe.gate, moe.up (grouped GEMMs over the
                  experts) -> moe.act -> moe.down -> moe.combine
+                 [-> shared.gate, shared.up -> shared.act -> shared.down (the shared experts, a dense
+                 MLP on every token) [-> shared.router, shared.scale (Qwen's sigmoid gate)]
+                 -> shared.add]
+                 (the first ``dense_layers`` blocks of a mixture of experts: the llama MLP of ``ffn``)
 
 The attention core (``attn.qk``, ``attn.softmax``, ``attn.dropout``, ``attn.pv``) carries
 ``core=True``; with ``attention=flash`` (or ``efficient``, ``cudnn``) it is one fused op
@@ -154,7 +158,7 @@ class Decoder:
             y = self._dropout(p + "attn.proj_dropout", y)
         x = b.eltwise(p + "attn.residual", y, x, fn="add")
         h = b.norm(p + "post_norm", x, norm=cfg.norm)
-        y = self._moe(p, h) if cfg.is_moe else self._mlp(p, h)
+        y = self._moe(p, h) if cfg.is_moe_layer(i) else self._mlp(p, h)
         if cfg.dropout and cfg.training:
             y = self._dropout(p + "mlp.dropout", y)
         return b.eltwise(p + "mlp.residual", y, x, fn="add")
@@ -230,16 +234,19 @@ class Decoder:
         op = self.b.last(k.op)
         return op.dtype if op.dtype != self.cfg.dtype else ""
 
-    def _mlp(self, p: str, h: T) -> T:
+    def _mlp(self, p: str, h: T, part: str = "mlp", width: int = 0) -> T:
+        """A dense MLP of ``width`` (default ``ffn``) named ``<part>.gate``, ``.up``, ``.act``,
+        ``.down`` (``.fc1``, ``.act``, ``.fc2`` with GeLU)."""
         cfg, b = self.cfg, self.b
+        width = width or cfg.ffn_size
         if cfg.activation == "gelu":
-            y = self.linear(p + "mlp.fc1", h, cfg.ffn_size, bias=cfg.bias)
-            y = b.eltwise(p + "mlp.act", y, fn="gelu")
-            return self.linear(p + "mlp.fc2", y, cfg.hidden, bias=cfg.bias)
-        gate = self.linear(p + "mlp.gate", h, cfg.ffn_size, bias=cfg.bias)
-        up = self.linear(p + "mlp.up", h, cfg.ffn_size, bias=cfg.bias)
-        y = b.eltwise(p + "mlp.act", gate, up, fn="swiglu")
-        return self.linear(p + "mlp.down", y, cfg.hidden, bias=cfg.bias)
+            y = self.linear(p + f"{part}.fc1", h, width, bias=cfg.bias)
+            y = b.eltwise(p + f"{part}.act", y, fn="gelu")
+            return self.linear(p + f"{part}.fc2", y, cfg.hidden, bias=cfg.bias)
+        gate = self.linear(p + f"{part}.gate", h, width, bias=cfg.bias)
+        up = self.linear(p + f"{part}.up", h, width, bias=cfg.bias)
+        y = b.eltwise(p + f"{part}.act", gate, up, fn="swiglu")
+        return self.linear(p + f"{part}.down", y, cfg.hidden, bias=cfg.bias)
 
     def _moe(self, p: str, h: T) -> T:
         """Router, top-k gating, dispatch of each token to ``top_k`` experts (``capacity`` tokens
@@ -253,16 +260,35 @@ class Decoder:
         routed = b.op(p + "moe.dispatch", OpKind.RESHAPE, {"N": e, "C": cfg.hidden, "H": cap, "W": 1}, [h, gates],
                       (e, cfg.hidden, cap, 1), params={"what": "dispatch"})
         act = cfg.activation
+        width = cfg.expert_ffn_size
         if act == "swiglu":
-            gate = self.linear(p + "moe.gate", routed, cfg.ffn_size, bias=False, grouped=True)
-            up = self.linear(p + "moe.up", routed, cfg.ffn_size, bias=False, grouped=True)
+            gate = self.linear(p + "moe.gate", routed, width, bias=False, grouped=True)
+            up = self.linear(p + "moe.up", routed, width, bias=False, grouped=True)
             y = b.eltwise(p + "moe.act", gate, up, fn="swiglu")
         else:
-            y = self.linear(p + "moe.fc1", routed, cfg.ffn_size, bias=False, grouped=True)
+            y = self.linear(p + "moe.fc1", routed, width, bias=False, grouped=True)
             y = b.eltwise(p + "moe.act", y, fn="gelu")
         y = self.linear(p + "moe.down", y, cfg.hidden, bias=False, grouped=True)
-        return b.op(p + "moe.combine", OpKind.RESHAPE, {"N": h.n, "C": h.c, "H": h.h, "W": 1}, [y, gates], h.shape,
-                    params={"what": "combine"})
+        out = b.op(p + "moe.combine", OpKind.RESHAPE, {"N": h.n, "C": h.c, "H": h.h, "W": 1}, [y, gates], h.shape,
+                   params={"what": "combine"})
+        if not cfg.shared_experts:
+            return out
+        return b.eltwise(p + "shared.add", out, self._shared(p, h), fn="add")
+
+    def _shared(self, p: str, h: T) -> T:
+        """The shared experts on every token of ``h``, after the routed ones (Megatron-LM's
+        ``MoELayer``): one dense MLP of ``shared_experts x shared_ffn`` (``shared.gate``,
+        ``shared.up``, ``shared.act``, ``shared.down``), with ``shared_gate`` scaled per token by
+        the sigmoid of a learned score (``shared.router``, a GEMM to one feature, and
+        ``shared.scale``)."""
+        cfg, b = self.cfg, self.b
+        y = self._mlp(p, h, "shared", cfg.shared_width)
+        if not cfg.shared_gate:
+            return y
+        score = b.linear(p + "shared.router", h, 1, bias=False)
+        n, c, hh, w = y.shape
+        return b.op(p + "shared.scale", OpKind.ELTWISE, {"N": n, "C": c, "H": hh, "W": w}, [y, score], y.shape,
+                    params={"fn": "sigmoid_gate"})
 
     def _dropout(self, name: str, x: T) -> T:
         """Dropout: keeps a one-byte mask per element for backward."""

@@ -10,9 +10,18 @@ last ``:``, as for a zoo model), where ``PATH`` is a ``config.json`` file (any n
 ==================================  ==========================================================
 ``llama``, ``mistral``, ``qwen2``   family ``llama``: RMSNorm, SwiGLU MLP (``hidden_act``
                                     ``silu``), rotary positions, grouped-query attention
-``mixtral``, ``qwen2_moe``          family ``moe``: the same attention, ``num_local_experts`` /
-                                    ``num_experts`` SwiGLU experts of ``intermediate_size`` /
-                                    ``moe_intermediate_size``, top-``num_experts_per_tok``
+``mixtral``                         family ``moe``: the same attention, ``num_local_experts``
+                                    SwiGLU experts of ``intermediate_size``,
+                                    top-``num_experts_per_tok``
+``qwen2_moe``, ``qwen3_moe``        family ``moe``: ``num_experts`` routed experts of
+                                    ``moe_intermediate_size``, top-``num_experts_per_tok``; Qwen2-MoE's
+                                    shared expert of ``shared_expert_intermediate_size`` (0: none)
+                                    with its sigmoid gate; dense blocks of ``intermediate_size``
+                                    where ``mlp_only_layers`` lists the first ones
+``deepseek`` (DeepSeekMoE, its      family ``moe``: ``n_routed_experts`` routed experts of
+``trust_remote_code`` config)       ``moe_intermediate_size``, top-``num_experts_per_tok``,
+                                    ``n_shared_experts`` shared experts of the same width, the first
+                                    ``first_k_dense_replace`` blocks dense of ``intermediate_size``
 ``gpt_neox``                        family ``gpt`` with rotary positions, LayerNorm, GeLU MLP,
                                     biases, untied input and output embeddings
 ``deepseek_v2``, ``deepseek_v3``    refused: multi-head latent attention (``kv_lora_rank``) is
@@ -31,11 +40,13 @@ here: Qwen2's biases of the query, key and value projections (``attention_bias``
 Mistral likewise) are left out (0.002 % of Qwen2.5-7B's parameters); GPT-NeoX's parallel residual
 (``use_parallel_residual``: attention and MLP read the same input) runs the two one after the
 other, the same FLOPs and bytes; its partial rotary embedding (``rotary_pct``) is timed over the
-whole head (an element-wise op). What changes the work is refused, naming the field:
-sliding-window attention (``sliding_window`` with ``use_sliding_window`` not false), biased MLPs
-(``mlp_bias``), shared experts (``shared_expert_intermediate_size``), dense layers among the
-experts (``mlp_only_layers``, ``decoder_sparse_step``), an activation other than SiLU (GeLU for
-GPT-NeoX), MLA.
+whole head (an element-wise op); Qwen3's per-head RMSNorm of the queries and keys (``q_norm``,
+``k_norm``: 256 parameters a block) is left out. What changes the work is refused, naming the
+field: sliding-window attention (``sliding_window`` with ``use_sliding_window`` not false), biased
+MLPs (``mlp_bias``), dense layers among the expert layers other than the first ones
+(``mlp_only_layers`` other than ``[0, ..., k-1]``, ``decoder_sparse_step`` or DeepSeek's
+``moe_layer_freq`` other than 1), an activation other than SiLU (GeLU for GPT-NeoX), MLA
+(DeepSeek-V2/V3's ``kv_lora_rank``).
 """
 
 from __future__ import annotations
@@ -49,7 +60,7 @@ from marssim.errors import InputError
 __all__ = ["HF_MODEL_TYPES", "is_hf_spec", "split_hf_spec", "hf_base", "load_hf", "MAX_CONFIG_BYTES"]
 
 HF_MODEL_TYPES = {"llama": "llama", "mistral": "llama", "qwen2": "llama", "mixtral": "moe", "qwen2_moe": "moe",
-                  "gpt_neox": "gpt"}
+                  "qwen3_moe": "moe", "deepseek": "moe", "gpt_neox": "gpt"}
 """``model_type`` of a Hugging Face configuration -> the family it is read as."""
 
 MAX_CONFIG_BYTES = 1 << 20
@@ -183,17 +194,45 @@ def hf_base(spec: str) -> tuple[dict[str, Any], str]:
     # mixture of experts
     if model_type == "mixtral":
         base.update(experts=get("num_local_experts"), top_k=get("num_experts_per_tok"), ffn=get("intermediate_size"))
+    elif model_type == "deepseek":
+        _deepseek(data, base, get, refuse)
     else:
-        shared = data.get("shared_expert_intermediate_size") or 0
-        if shared:
-            refuse("shared_expert_intermediate_size", f"shared experts ({shared}) are not modelled; expected 0")
-        if data.get("mlp_only_layers"):
-            refuse("mlp_only_layers", "dense layers among the expert layers are not modelled; expected []")
-        if data.get("decoder_sparse_step", 1) != 1:
-            refuse("decoder_sparse_step", f"expected 1 (experts in every layer), got {data['decoder_sparse_step']!r}")
-        base.update(experts=get("num_experts"), top_k=get("num_experts_per_tok"), ffn=get("moe_intermediate_size"))
+        _qwen_moe(data, base, get, refuse)
     base["capacity_factor"] = 1.0
     return base, _model_name(data, where)
+
+
+def _deepseek(data: dict[str, Any], base: dict[str, Any], get, refuse) -> None:
+    """DeepSeekMoE's fields (``model_type`` ``deepseek``) into ``base``."""
+    if data.get("moe_layer_freq", 1) != 1:
+        refuse("moe_layer_freq", f"expected 1 (experts in every block after the first dense ones), got "
+                                 f"{data['moe_layer_freq']!r}")
+    if not data.get("n_routed_experts"):
+        refuse("n_routed_experts", "missing; expected the routed experts of a DeepSeekMoE model (a positive integer)")
+    if data.get("scoring_func", "softmax") != "softmax":
+        refuse("scoring_func", f"expected softmax (DeepSeekMoE's router), got {data['scoring_func']!r}")
+    shared = get("n_shared_experts", 0, required=False) if data.get("n_shared_experts") else 0  # null or 0: none
+    dense = data.get("first_k_dense_replace") or 0
+    if isinstance(dense, bool) or not isinstance(dense, int) or dense < 0:
+        refuse("first_k_dense_replace", f"expected a non-negative integer, got {dense!r}")
+    base.update(experts=get("n_routed_experts"), top_k=get("num_experts_per_tok"),
+                expert_ffn=get("moe_intermediate_size"), shared_experts=shared, dense_layers=dense,
+                ffn=get("intermediate_size"))
+
+
+def _qwen_moe(data: dict[str, Any], base: dict[str, Any], get, refuse) -> None:
+    """Qwen2-MoE's and Qwen3-MoE's fields into ``base``."""
+    if data.get("decoder_sparse_step", 1) != 1:
+        refuse("decoder_sparse_step", f"expected 1 (experts in every block), got {data['decoder_sparse_step']!r}")
+    dense_list = data.get("mlp_only_layers") or []
+    if not isinstance(dense_list, list) or dense_list != list(range(len(dense_list))):
+        refuse("mlp_only_layers", f"dense blocks are modelled as the first ones only; expected [] or [0, ..., k-1], "
+                                  f"got {dense_list!r}")
+    shared = get("shared_expert_intermediate_size") if data.get("shared_expert_intermediate_size") else 0
+    base.update(experts=get("num_experts"), top_k=get("num_experts_per_tok"), expert_ffn=get("moe_intermediate_size"),
+                ffn=get("intermediate_size", data.get("moe_intermediate_size")), dense_layers=len(dense_list))
+    if shared:
+        base.update(shared_experts=1, shared_ffn=shared, shared_gate=True)
 
 
 def load_hf(spec: str, *, batch: int | None = None):

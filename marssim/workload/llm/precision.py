@@ -67,7 +67,8 @@ LOW_PRECISION = ("fp8", "fp4")
 """GEMM input types of Transformer Engine's recipes (``fp8``: E4M3/E5M2; ``fp4``: NVFP4)."""
 
 LOW_PRECISION_GEMMS = ("attn.qkv", "attn.proj", "mlp.fc1", "mlp.fc2", "mlp.gate", "mlp.up", "mlp.down",
-                       "moe.gate", "moe.up", "moe.fc1", "moe.down")
+                       "moe.gate", "moe.up", "moe.fc1", "moe.down", "shared.gate", "shared.up", "shared.fc1",
+                       "shared.fc2", "shared.down")
 """The GEMMs of a block (name suffixes) that Megatron-LM runs through Transformer Engine's linear
 layers, in FP8 under its recipe; the MoE router and the output layer are plain PyTorch GEMMs."""
 
