@@ -162,7 +162,7 @@ __all__ = [
     "REQUIRED_COLUMNS", "OPTIONAL_COLUMNS", "CONV_COLUMNS", "PHASES", "TUNINGS", "KernelTiming", "KernelTable",
     "KernelFit", "FitKey", "load_table", "load_tables", "fit", "fit_group", "predict", "holdout_errors",
     "traces_dir", "calibration_dir", "shape_key", "lookup_keys", "conv_cells", "parse_conv_cells", "geometry_array",
-    "SDPA_BACKENDS", "lookup_backend", "KEY_GEOMETRY", "KEY_PHASE", "row_stack", "DTYPE_STANDINS",
+    "SDPA_BACKENDS", "lookup_backend", "attention_geometry", "KEY_GEOMETRY", "KEY_PHASE", "row_stack", "DTYPE_STANDINS",
 ]
 
 REQUIRED_COLUMNS = ("kind", "dtype", "batch", "m", "n", "k", "flops", "bytes", "device", "sms", "driver", "cuda",
@@ -214,19 +214,47 @@ def lookup_backend(kind: str, backend: str) -> str:
     return backend if kind == "attention" and backend in SDPA_BACKENDS else ""
 
 
+def attention_geometry(kind: str, backend: str, note: str, dtype: str) -> tuple[int, ...]:
+    """The heads of a fused attention row, part of the shape it is looked up by: ``(heads,
+    kv_heads, kv_bits)`` from its note's ``heads`` and ``kv_heads`` (query and key/value heads)
+    and ``kv_dtype`` (the cache's element type; absent: the row's ``dtype``), bits per key/value
+    element; ``()`` for any other row or a note without them (such a row matches a fused
+    attention op of its shape whatever its heads, as rows always did)."""
+    if kind != "attention" or not lookup_backend(kind, backend) or "kv_heads" not in note:
+        return ()
+    fields = {}
+    for part in note.split(";"):
+        key, sep, value = part.partition("=")
+        if sep:
+            fields[key.strip()] = value.strip()
+    try:
+        heads, kv_heads = int(fields["heads"]), int(fields["kv_heads"])
+    except (KeyError, ValueError):
+        return ()
+    from marssim.workload.op import DTYPE_BYTES
+
+    width = DTYPE_BYTES.get(fields.get("kv_dtype") or dtype)
+    if heads < 1 or kv_heads < 1 or width is None:
+        return ()
+    return (heads, kv_heads, int(round(8 * width)))
+
+
 def shape_key(kind: str, dtype: str, batch: int, m: int, n: int, k: int, flops: float,
               nbytes: float, conv: ConvGeometry | tuple[int, ...] | None = None, phase: str = "fwd",
-              backend: str = "") -> tuple:
+              backend: str = "", attention: tuple[int, ...] = ()) -> tuple:
     """The shape by which a measured kernel time is looked up (see the module docstring):
     ``(kind, dtype, batch, m, n, k, 0, 0, geometry, phase, backend)`` for GEMM-class kinds,
-    ``geometry`` the convolution's :attr:`~marssim.cost.convgeom.ConvGeometry.match_key` (``()``
-    when not given or not a convolution), and ``(kind, dtype, 0, 0, 0, 0, flops, bytes, (),
-    phase, backend)`` for streaming kinds (numbers rounded to integers); ``backend`` as
-    :func:`lookup_backend` gives it."""
+    ``geometry`` the convolution's :attr:`~marssim.cost.convgeom.ConvGeometry.match_key`, a fused
+    attention kernel's ``attention`` (:func:`attention_geometry`: heads, key/value heads and
+    their bits), else ``()``, and ``(kind, dtype, 0, 0, 0, 0, flops, bytes, (), phase, backend)``
+    for streaming kinds (numbers rounded to integers); ``backend`` as :func:`lookup_backend`
+    gives it."""
     tail = (phase or "fwd", lookup_backend(kind, backend))
     if kind in GEMM_KINDS:
-        geometry = () if conv is None or kind != "conv" else \
-            tuple(conv.match_key if isinstance(conv, ConvGeometry) else conv)
+        if kind == "conv" and conv is not None:
+            geometry = tuple(conv.match_key if isinstance(conv, ConvGeometry) else conv)
+        else:
+            geometry = tuple(attention) if kind == "attention" and tail[1] else ()
         return (kind, dtype, int(batch), int(m), int(n), int(k), 0, 0, geometry, *tail)
     return (kind, dtype, 0, 0, 0, 0, int(round(flops)), int(round(nbytes)), (), *tail)
 
@@ -343,7 +371,7 @@ class KernelTiming:
     def shape(self) -> tuple:
         """The row's :func:`shape_key` (with its phase and, for fused attention, its backend)."""
         return shape_key(self.kind, self.dtype, self.batch, self.m, self.n, self.k, self.flops, self.bytes, self.conv,
-                         self.phase, self.backend)
+                         self.phase, self.backend, attention_geometry(self.kind, self.backend, self.note, self.dtype))
 
     @property
     def fitted(self) -> bool:
