@@ -9,16 +9,20 @@ are dense grids, so a shape between their points is timed from them instead::
 
     ln t(h, b, s) = sum over the 2^3 corners c of  w_c ln t_c         (multilinear)
 
-over the rectilinear grid of one *slice* -- rows of one (dtype, phase, backend, head dimension,
+over the measured points of one *slice* -- rows of one (dtype, phase, backend, head dimension,
 family, grouped-query ratio ``heads / kv_heads``, key/value element bits) -- with axes ``ln h``
 (query heads), ``ln b`` (sequences: ``batch / (products x h)``) and ``ln s`` (keys: the prompt
 length of a context kernel, the KV length of a decode kernel), ``w_c`` the products of the
-linear weights along each axis. The family is ``context`` (``m == n``: a prompt attending to
+linear weights along each axis. The axes are taken one after the other, each between the
+nearest values measured on its line: along ``s`` between the key counts measured for the
+corner's ``(h, b)``, along ``b`` between the sequence counts measured for its ``h``, along ``h``
+between the head counts of the slice; so a hole in the grid (a shape not measured) is bridged
+by its measured neighbours on the line. The family is ``context`` (``m == n``: a prompt attending to
 itself) or ``decode`` (``m == 1``: one query per sequence over its cache); other shapes
 (chunked prefill, speculative verification) have no slice. A value on a grid line takes weight
-1 there, so a measured shape gives its measured time back exactly. A shape outside a slice's
-range on any axis, or whose surrounding corners are not all measured (decode grids stop where
-the cache would not fit), is not interpolated: the caller falls back to the fitted curve.
+1 there, so a measured shape gives its measured time back exactly. A shape outside the
+measured range of a line it needs (decode grids stop where the cache would not fit) is not
+interpolated: the caller falls back to the fitted curve.
 
 Only rows that carry their heads (:func:`marssim.cost.calibrated.attention_geometry`) take part;
 the ops carry theirs in their feature tuples (:func:`marssim.cost.features.attention_geometry_key`).
@@ -29,7 +33,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from enum import Enum
 
 __all__ = ["AttentionFamily", "SliceKey", "AttentionGrid", "family_of", "PRODUCTS", "row_entries", "op_slice",
@@ -71,15 +75,54 @@ class SliceKey:
     kv_bits: int
 
 
-@dataclass
 class _Slice:
-    """One slice: ``ln t`` by ``(heads, sequences, keys)`` and the sorted axis values."""
+    """One slice: ``ln t`` by heads, then sequences, then keys, each level's keys sorted."""
 
-    points: dict[tuple[int, int, int], float] = field(default_factory=dict)
-    axes: tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]] = ((), (), ())
+    def __init__(self) -> None:
+        self.points: dict[tuple[int, int, int], float] = {}
+        self.tree: dict[int, dict[int, tuple[tuple[int, ...], tuple[float, ...]]]] = {}
+        self.heads: tuple[int, ...] = ()
+        self.seqs: dict[int, tuple[int, ...]] = {}
 
     def freeze(self) -> None:
-        self.axes = tuple(tuple(sorted({p[i] for p in self.points})) for i in range(3))  # type: ignore[assignment]
+        lines: dict[int, dict[int, list[tuple[int, float]]]] = {}
+        for (h, b, s), lt in self.points.items():
+            lines.setdefault(h, {}).setdefault(b, []).append((s, lt))
+        self.tree = {h: {b: (tuple(s for s, _ in sorted(v)), tuple(lt for _, lt in sorted(v)))
+                         for b, v in by_b.items()} for h, by_b in lines.items()}
+        self.heads = tuple(sorted(self.tree))
+        self.seqs = {h: tuple(sorted(by_b)) for h, by_b in self.tree.items()}
+
+    def along_keys(self, h: int, b: int, s: int) -> float | None:
+        keys, values = self.tree[h][b]
+        got = _bracket(keys, s)
+        if got is None:
+            return None
+        return sum(w * values[keys.index(v)] for v, w in got)
+
+    def along_seqs(self, h: int, b: int, s: int) -> float | None:
+        got = _bracket(self.seqs[h], b)
+        if got is None:
+            return None
+        total = 0.0
+        for v, w in got:
+            lt = self.along_keys(h, v, s)
+            if lt is None:
+                return None
+            total += w * lt
+        return total
+
+    def value(self, h: int, b: int, s: int) -> float | None:
+        got = _bracket(self.heads, h)
+        if got is None:
+            return None
+        total = 0.0
+        for v, w in got:
+            lt = self.along_seqs(v, b, s)
+            if lt is None:
+                return None
+            total += w * lt
+        return total
 
 
 def _bracket(axis: tuple[int, ...], v: int) -> list[tuple[int, float]] | None:
@@ -129,18 +172,8 @@ class AttentionGrid:
         sl = self._slices.get(key)
         if sl is None:
             return None
-        brackets = [_bracket(axis, v) for axis, v in zip(sl.axes, (heads, sequences, keys))]
-        if any(b is None for b in brackets):
-            return None
-        total = 0.0
-        for h, wh in brackets[0]:
-            for b, wb in brackets[1]:
-                for s, ws in brackets[2]:
-                    lt = sl.points.get((h, b, s))
-                    if lt is None:
-                        return None
-                    total += (wh * wb * ws) * lt
-        return math.exp(total)
+        lt = sl.value(heads, sequences, keys)
+        return None if lt is None else math.exp(lt)
 
 
 def row_entries(rows: Iterable) -> list[tuple[SliceKey, int, int, int, float]]:
