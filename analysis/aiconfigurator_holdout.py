@@ -137,7 +137,8 @@ def attention_without_rows(lines: list[str]) -> None:
     out = []
     for gpu, system in SYSTEMS.items():
         design = next(iter(load_system(system.replace(",stack=trtllm-1.3.0rc20", "")).designs.values()))
-        rows = [r for r in load_table(calibration() / f"{gpu}-aiconfigurator.csv").rows if r.kind == "attention"]
+        rows = [r for r in load_table(calibration() / f"{gpu}-aiconfigurator.csv").rows
+                if r.kind == "attention" and r.m == r.n]  # context (prefill) kernels
         by_len: dict[str, list[float]] = {}
         for r in rows:
             note = dict(part.split("=", 1) for part in r.note.split("; "))

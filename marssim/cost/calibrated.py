@@ -48,7 +48,10 @@ SwiGLU, dropout, rotary embedding and their gradients ``elementwise``, the AdamW
 ``elementwise`` of phase ``update``, a token lookup ``embedding``.
 
 The phase and the fused attention backend are part of the shape a row is looked up by
-(:func:`shape_key`): an op's kernel phase and backend come from the op
+(:func:`shape_key`), and so are a fused attention kernel's heads, key/value heads and cache type
+where the row's note gives them (:func:`attention_geometry`: a decode kernel's time follows its
+key/value heads and their width, which ``batch = products x batch x heads`` does not say): an
+op's kernel phase and backend come from the op
 (:func:`marssim.cost.features.kernel_phase`, :func:`~marssim.cost.features.kernel_backend`),
 so a weight-gradient GEMM takes the ``wgrad`` row of its shape and a fused attention op
 (``attention=flash``) the ``flash`` row of its own, never a row of the unfused products; a
@@ -56,10 +59,13 @@ gradient kernel whose shape has no row of its phase takes the ``fwd`` row of the
 (:func:`lookup_keys`: a GEMM's gradient is a GEMM of that shape, and tables measured before
 the phases were kept time training graphs as before). The efficiency curves are fitted on the
 forward rows of the unfused kernels only -- rows of phase ``fwd`` without a fused attention
-backend (:meth:`KernelTable.groups`) -- so every other shape of a kind, gradients and fused
-attention included, is timed by its kind's forward curve: gradient GEMMs are GEMMs of their
-view, and a fused attention op's products are timed as the batched attention products they
-fuse, at its own (smaller) traffic. The LLM calibration grid (:mod:`marssim.calibrate.llm`)
+backend (:meth:`KernelTable.groups`) -- so every other shape of a kind, gradients included, is
+timed by its kind's forward curve: gradient GEMMs are GEMMs of their view. A fused attention
+shape between measured fused attention kernels with their heads (a context or decode kernel of
+the same heads ratio, cache type and head dimension) is interpolated between them in log space
+(:mod:`marssim.cost.attention_grid`; ``OpCost.model == "interpolated"``); any other fused
+attention op's products are timed by the curve as the batched attention products they fuse, at
+its own (smaller) traffic. The LLM calibration grid (:mod:`marssim.calibrate.llm`)
 measures exactly the shapes the LLM workloads ask for, so those take measured rows.
 
 CSV schema
@@ -113,7 +119,9 @@ stack       optional: the software stack the kernel was measured on, a short nam
             ``gpu.stack`` uses the rows of that stack and the rows of unknown stack only
             (:meth:`KernelTable.for_stack`); see "Software stacks" below
 note        optional: free text (the harness and the importers of published data write
-            ``key=value`` pairs: the source, its commit, file and license, the conditions)
+            ``key=value`` pairs: the source, its commit, file and license, the conditions); on a
+            fused attention row, ``heads``, ``kv_heads`` and ``kv_dtype`` (default: ``dtype``) are
+            part of the shape looked up (:func:`attention_geometry`)
 ==========  =======================================================================================
 
 Software stacks
@@ -129,7 +137,8 @@ attention backend) its stack did not measure take the rows of the first of them 
 ``pytorch-2.11.0+cu130`` (the measurement harness, 2026) and ``vidur-2024`` (Vidur's published
 profiles, :mod:`marssim.calibrate.published`); ``A100.csv`` holds ``vidur-2024``;
 ``H100-aiconfigurator.csv``, ``H200-aiconfigurator.csv`` and ``B200-aiconfigurator.csv`` hold
-``trtllm-1.3.0rc20`` (NVIDIA AIConfigurator's GEMMs, :mod:`marssim.calibrate.aiconfigurator`).
+``trtllm-1.3.0rc20`` (NVIDIA AIConfigurator's GEMMs and context and decode attention kernels,
+:mod:`marssim.calibrate.aiconfigurator`).
 
 Bad rows raise :class:`~marssim.errors.InputError` naming the file, the line and the column.
 
