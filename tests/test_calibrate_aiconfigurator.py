@@ -359,3 +359,4 @@ def test_the_per_op_report_says_which_kernels_are_measured_interpolated_or_fitte
     out = capsys.readouterr().out
     core = next(line for line in out.splitlines() if line.startswith("layers.0.attn.core"))  # the time table's
     assert core.split()[-2] == "measured" and "interpolated = between measured fused attention" in out
+    assert "fused attention interpolated between" in out  # the design's note

@@ -156,6 +156,10 @@ def _calibration_notes(model, result, dtypes) -> list[str]:
                              f"{', '.join(measured_only)}")
             if fallback:
                 parts.append(f"analytical GPU roofline (no calibration data) for {', '.join(fallback)}")
+            grid = next((part for part in cov.get("attention", "").split("; ")
+                         if part.startswith("fused attention interpolated")), "")
+            if grid and any(layer.op.param("fused") for layer in result.layers):
+                parts.append(grid)
             notes.append(f"{name}: " + "; ".join(parts))
         else:
             notes.append(f"{name}: analytical GPU roofline (no calibration table for {label!r} in "

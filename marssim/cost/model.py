@@ -491,16 +491,19 @@ class DataflowCost:
 
     def coverage(self, design: Design, dtypes: Sequence[str] = ("fp16", "bf16")) -> dict[str, str]:
         """For a GPU-class design: per kernel kind, which model times it for ``dtypes``
-        (``fitted``, with the fitted rows' dtype and tuning, points and error, or ``gpu-roofline``). Empty
+        (``fitted``, with the fitted rows' dtype and tuning, points and error, or ``gpu-roofline``;
+        for attention, how many measured fused kernels interpolate the shapes between them). Empty
         for other designs."""
         if design.dataflow != "gpu":
             return {}
         name, stack = design.gpu.calibration, design_stacks(design)
         fits = self.fits_for(name, design_peaks(design), stack) if name else {}
         shapes: dict[tuple[int, int], int] = {}
+        grid = AttentionGrid()
         if name and self.measured:
             for code in self.measured_for(name, stack):
                 shapes[code[:2]] = shapes.get(code[:2], 0) + 1
+            grid = AttentionGrid(row_entries(self.measured_for(name, stack).values()))
         out = {}
         for ki, kind in enumerate(KERNEL_KINDS):
             parts = []
@@ -514,6 +517,8 @@ class DataflowCost:
                 else:
                     parts.append(f"{dt}: fitted ({f.dtype} {f.tuning} rows, {f.n_points} points, "
                                  f"rms {100 * f.rms_log_error:.2g} %{measured})")
+            if kind == "attention" and grid:
+                parts.append(f"fused attention interpolated between {len(grid):,} measured kernels with their heads")
             out[kind] = "; ".join(parts)
         return out
 
