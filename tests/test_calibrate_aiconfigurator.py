@@ -360,3 +360,16 @@ def test_the_per_op_report_says_which_kernels_are_measured_interpolated_or_fitte
     core = next(line for line in out.splitlines() if line.startswith("layers.0.attn.core"))  # the time table's
     assert core.split()[-2] == "measured" and "interpolated = between measured fused attention" in out
     assert "fused attention interpolated between" in out  # the design's note
+
+
+@pytest.mark.parametrize("kv", ["bf16", "fp8"])
+def test_serving_times_decode_attention_by_the_row_of_its_cache_type(kv, shipped):
+    """A replica of Llama 3 70B at tp 4 on an H200 decoding one sequence over 1,024 keys: the
+    iteration's attention is the measured decode kernel of 16 heads over 2 at the cache's type."""
+    from marssim.serve.itermodel import IterationModel
+
+    system = load_system("dgx-h200-cluster:nodes=1")
+    spec = "llama3-70b:attention=flash" + (",kv_dtype=fp8" if kv == "fp8" else "")
+    im = IterationModel(load_model(spec), system, (("gpu0", "gpu1", "gpu2", "gpu3"),), default_cost_model())
+    seconds = im._attention_time(0, 1, 1, 1024)[0]
+    assert seconds == _decode_rows(shipped["H200"], kv)[1024]
