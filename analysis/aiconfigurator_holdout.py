@@ -157,7 +157,8 @@ def attention_without_rows(lines: list[str]) -> None:
     lines.extend(format_table(["GPU", "tokens", "rows", "median signed", "median", "p90"], out, indent="  "))
     lines.append("")
     lines.append("  signed > 0: predicted slower than measured. A shape on the grid is charged its measured time "
-                 "(error 0); these errors are those of every other fused attention shape.")
+                 "(error 0); a shape between grid points is now interpolated (4.); these errors remain those of "
+                 "the shapes outside every grid.")
     lines.append("")
 
 
