@@ -206,6 +206,7 @@ class DataflowCost:
         self._matrix_n = 0
         self._measured_cols: dict[int, np.ndarray] = {}
         self._between_cols: dict[int, np.ndarray] = {}
+        self._grids: dict[tuple, AttentionGrid] = {}
         self._factor_cols: dict[int, np.ndarray] = {}
 
     def __getstate__(self) -> dict:
@@ -467,11 +468,20 @@ class DataflowCost:
             if name and self.measured else None
         corrections = {key: f.correction for key, f in fits.items() if f.correction is not None} \
             if self.correction else None
-        grid = AttentionGrid(row_entries(self.measured_for(name, stack).values())) \
-            if name and self.measured else None
+        grid = self._attention_grid(name, stack) if name and self.measured else None
         return GpuTable(design, {key: f.params for key, f in fits.items()}, measured=measured,
                         corrections=corrections, best_rates={key: f.best_rate for key, f in fits.items()},
                         attention=grid)
+
+    def _attention_grid(self, name: str, stack) -> AttentionGrid:
+        """The measured fused attention kernels (with their heads) a design with table ``name``
+        and stack(s) ``stack`` interpolates between (:mod:`marssim.cost.attention_grid`),
+        built once per table and stack."""
+        key = (name.lower(), stack)
+        grid = self._grids.get(key)
+        if grid is None:
+            grid = self._grids[key] = AttentionGrid(row_entries(self.measured_for(name, stack).values()))
+        return grid
 
     def measured_time(self, op: Op, design: Design) -> float | None:
         """The measured median (s) the table holds for ``op``'s kernel shape on the GPU-class
@@ -503,7 +513,7 @@ class DataflowCost:
         if name and self.measured:
             for code in self.measured_for(name, stack):
                 shapes[code[:2]] = shapes.get(code[:2], 0) + 1
-            grid = AttentionGrid(row_entries(self.measured_for(name, stack).values()))
+            grid = self._attention_grid(name, stack)
         out = {}
         for ki, kind in enumerate(KERNEL_KINDS):
             parts = []
