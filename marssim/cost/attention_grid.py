@@ -36,6 +36,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from enum import Enum
 
+from .features import (
+    DTYPES, F_BACKEND, F_DTYPE, F_G, F_KK, F_M, F_NN, F_PHASE, KERNEL_BACKENDS, KERNEL_PHASES, attention_geometry_key,
+)
+
 __all__ = ["AttentionFamily", "SliceKey", "AttentionGrid", "family_of", "PRODUCTS", "row_entries", "op_slice",
            "op_seconds", "STANDINS"]
 
@@ -80,7 +84,7 @@ class _Slice:
 
     def __init__(self) -> None:
         self.points: dict[tuple[int, int, int], float] = {}
-        self.tree: dict[int, dict[int, tuple[tuple[int, ...], tuple[float, ...]]]] = {}
+        self.tree: dict[int, dict[int, tuple[tuple[int, ...], dict[int, float]]]] = {}
         self.heads: tuple[int, ...] = ()
         self.seqs: dict[int, tuple[int, ...]] = {}
 
@@ -88,8 +92,8 @@ class _Slice:
         lines: dict[int, dict[int, list[tuple[int, float]]]] = {}
         for (h, b, s), lt in self.points.items():
             lines.setdefault(h, {}).setdefault(b, []).append((s, lt))
-        self.tree = {h: {b: (tuple(s for s, _ in sorted(v)), tuple(lt for _, lt in sorted(v)))
-                         for b, v in by_b.items()} for h, by_b in lines.items()}
+        self.tree = {h: {b: (tuple(sorted(s for s, _ in v)), dict(v)) for b, v in by_b.items()}
+                     for h, by_b in lines.items()}
         self.heads = tuple(sorted(self.tree))
         self.seqs = {h: tuple(sorted(by_b)) for h, by_b in self.tree.items()}
 
@@ -98,7 +102,7 @@ class _Slice:
         got = _bracket(keys, s)
         if got is None:
             return None
-        return sum(w * values[keys.index(v)] for v, w in got)
+        return sum(w * values[v] for v, w in got)
 
     def along_seqs(self, h: int, b: int, s: int) -> float | None:
         got = _bracket(self.seqs[h], b)
@@ -202,11 +206,6 @@ def op_slice(x: tuple[int, ...]) -> tuple[SliceKey, int, int, int] | None:
     """``(slice, heads, sequences, keys)`` of the op with feature tuple ``x``
     (:func:`marssim.cost.features.op_features`), None when it is not a fused attention kernel of
     a family."""
-    from .features import (
-        DTYPES, F_BACKEND, F_DTYPE, F_G, F_KK, F_M, F_NN, F_PHASE, KERNEL_BACKENDS, KERNEL_PHASES,
-        attention_geometry_key,
-    )
-
     geo = attention_geometry_key(x)
     if not geo:
         return None
