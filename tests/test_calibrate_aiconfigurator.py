@@ -11,7 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from marssim.calibrate.aiconfigurator import AIC_LICENSE, AIC_SOURCE, gemm_rows
+from marssim.calibrate.aiconfigurator import (
+    AIC_LICENSE, AIC_SOURCE, gemm_rows, generation_attention_row, generation_attention_rows,
+)
 from marssim.cli import main
 from marssim.cost import default_cost_model, load_table
 from marssim.data import calibration
@@ -170,7 +172,7 @@ def test_the_default_h100_takes_fp8_gemms_from_the_fallback_stack_and_bf16_from_
     assert {s for *_, s in stacks} - {""} == {"pytorch-2.11.0+cu130", STACK}  # "": rows of unknown stack
     from marssim.cost.features import DTYPES, KERNEL_KINDS
     gemm = KERNEL_KINDS.index("gemm")
-    by_dtype = {DTYPES[d]: s for k, d, s in stacks if k == gemm}
+    by_dtype = {DTYPES[d]: s for k, d, s in stacks if k == gemm and s}  # not the rows of unknown stack
     assert by_dtype["fp8"] == STACK and by_dtype["bf16"] == "pytorch-2.11.0+cu130"
 
 
@@ -205,7 +207,7 @@ def test_context_attention_becomes_fused_attention_rows_in_closed_form(tmp_path)
     pd.DataFrame(given, columns=cols).to_parquet(where / "context_attention_perf.parquet")
     out = tmp_path / "cal"
     assert main(["calibrate", "import", "aiconfigurator", "--from", str(root), "--date", "2026-01-02",
-                 "--aic-gpus", "h100_sxm", "--out", str(out)]) == 0
+                 "--aic-gpus", "h100_sxm", "--out", str(out), "--families", "gemm,context-attention"]) == 0
     rows = [r for r in load_table(out / "H100-aiconfigurator.csv").rows if r.kind == "attention"]
     assert len(rows) == 1
     r = rows[0]
@@ -218,15 +220,156 @@ def test_context_attention_becomes_fused_attention_rows_in_closed_form(tmp_path)
 @pytest.mark.parametrize("system,gpu", [("dgx-h100-cluster:nodes=1", "H100"), ("dgx-h200-cluster:nodes=1", "H200"),
                                         ("dgx-b200-cluster:nodes=1", "B200")])
 def test_fused_prefill_attention_is_timed_as_measured(system, gpu, shipped):
-    """A prompt of 2,048 tokens of Llama 3 70B at tp 4 (16 query heads, head dim 128): the fused
-    core takes the fastest measured kernel of its shape; the default H100 takes it from TensorRT-LLM's
-    rows (the harness measured no fused attention), its unfused products stay the harness's."""
+    """A prompt of 2,048 tokens of Llama 3 70B at tp 4 (16 query heads over 2 key/value heads,
+    head dim 128): the fused core takes the measured kernel of its shape and heads; the default
+    H100 takes it from TensorRT-LLM's rows (the harness measured no fused attention), its unfused
+    products stay the harness's."""
     design = next(iter(load_system(system).designs.values()))
     cfg = with_overrides(load_model("llama3-70b"), mode="prefill", seq=2048, batch=1, layers=1, attention="flash")
     core = build_transformer(cfg).op("layers.0.attn.core").with_loops(H=16)
-    want = min(r.median_s for r in shipped[gpu].rows
-               if (r.kind, r.backend, r.batch, r.m, r.n, r.k) == ("attention", "flash", 32, 2048, 2048, 128))
+    (want,) = [r.median_s for r in shipped[gpu].rows
+               if (r.kind, r.backend, r.batch, r.m, r.n, r.k) == ("attention", "flash", 32, 2048, 2048, 128)
+               and _heads(r) == (16, 2, "bf16")]
     cost = default_cost_model().op_cost(core, design)
     assert (cost.model, cost.time) == ("measured", want)
     # causal work at 2,048 tokens runs at 150-1,200 TFLOP/s on these GPUs, not the roofline's ~190 full-s^2 rate
     assert 150e12 < core.flops / 2 / cost.time < 1200e12
+
+
+def _heads(r) -> tuple[int, int, str]:
+    """``(heads, kv_heads, kv_dtype)`` of a shipped attention row, read from its note."""
+    note = dict(part.split("=", 1) for part in r.note.split("; "))
+    return int(note["heads"]), int(note["kv_heads"]), note.get("kv_dtype", r.dtype)
+
+
+GEN_COLUMNS = ["batch_size", "isl", "step", "num_heads", "num_key_value_heads", "head_dim", "window_size", "beam_width",
+               "attn_dtype", "kv_cache_dtype", "latency"]
+
+
+def test_generation_attention_becomes_fused_decode_rows_in_closed_form(tmp_path):
+    pd = pytest.importorskip("pandas")
+    root = _package(tmp_path, [("bfloat16", 1, 256, 256, 0.003)])
+    where = root / "aiconfigurator_core" / "systems" / "data" / "h100_sxm" / "attention" / "trtllm" / "1.3.0rc20"
+    where.mkdir(parents=True)
+    given = [(4, 1, 1023, 16, 2, 128, 0, 1, "bfloat16", "bfloat16", 0.02),
+             (4, 1, 1023, 16, 2, 128, 0, 1, "bfloat16", "fp8", 0.012),      # an FP8 cache: its own row
+             (2, 1, 1023, 32, 4, 128, 0, 1, "bfloat16", "bfloat16", 0.021),  # equal batch x heads and bytes: kept apart
+             (4, 1, 1023, 16, 2, 128, 8192, 1, "bfloat16", "bfloat16", 0.01),  # sliding window: not imported
+             (4, 1, 1023, 16, 2, 64, 0, 1, "bfloat16", "bfloat16", 0.01),      # head dim 64: outside the subset
+             (4, 1, 1023, 12, 2, 128, 0, 1, "bfloat16", "bfloat16", 0.01)]     # 12 heads: outside the subset
+    pd.DataFrame(given, columns=GEN_COLUMNS).to_parquet(where / "generation_attention_perf.parquet")
+    out = tmp_path / "cal"
+    assert main(["calibrate", "import", "aiconfigurator", "--from", str(root), "--date", "2026-01-02",
+                 "--aic-gpus", "h100_sxm", "--out", str(out), "--families", "generation-attention"]) == 0
+    rows = load_table(out / "H100-aiconfigurator.csv").rows
+    got = {(_heads(r), r.batch): r for r in rows}
+    assert set(got) == {((16, 2, "bf16"), 128), ((16, 2, "fp8"), 128), ((32, 4, "bf16"), 128)}
+    for ((h, kvh, kv), batch), r in got.items():
+        b = batch // (2 * h)
+        assert (r.kind, r.dtype, r.m, r.n, r.k, r.phase, r.backend, r.stack) == \
+            ("attention", "bf16", 1, 1024, 128, "fwd", "flash", STACK)  # n = isl + step keys
+        assert r.flops == 2 * batch * 1 * 1024 * 128
+        width = {"bf16": 2, "fp8": 1}[kv]
+        assert r.bytes == b * 128 * (2 * h * 2 + 2 * kvh * 1024 * width)  # q, o in bf16; k, v at the cache's width
+        ms = next(g[-1] for g in given if (g[0], g[3], g[4], g[5], g[6]) == (b, h, kvh, 128, 0)
+                  and {"bfloat16": "bf16", "fp8": "fp8"}[g[9]] == kv)
+        assert r.median_s == pytest.approx(ms * 1e-3, rel=1e-6)
+        assert f"license={AIC_LICENSE}" in r.note and f"source={AIC_SOURCE} 9.9.9" in r.note
+    with pytest.raises(InputError, match="kv_cache_dtype"):
+        generation_attention_row("h100_sxm", STACK, "0", "2026-01-01", 1, 1, 3, 8, 1, 128, "int4", 0.01)
+    with pytest.raises(InputError, match="positive"):
+        generation_attention_row("h100_sxm", STACK, "0", "2026-01-01", 0, 1, 3, 8, 1, 128, "bfloat16", 0.01)
+    assert generation_attention_rows(where / "generation_attention_perf.parquet", "h100_sxm", STACK, "0",
+                                     "2026-01-01", heads=None, head_dims=None)[-1].median_s == pytest.approx(1e-5)
+
+
+def _decode_core(context: int, **over):
+    """Llama 3 70B's fused decode attention at tp 4: one query of each of 16 heads (2 key/value
+    heads) over ``context`` keys."""
+    cfg = with_overrides(load_model("llama3-70b"), mode="decode", context=context, batch=1, layers=1,
+                         attention="flash", **over)
+    return build_transformer(cfg).op("layers.0.attn.core").with_loops(H=16)
+
+
+def _decode_rows(table, kv: str = "bf16") -> dict[int, float]:
+    """Keys -> seconds of the shipped decode rows of one sequence of 16 heads over 2, cache ``kv``."""
+    return {r.n: r.median_s for r in table.rows if r.kind == "attention" and r.m == 1 and r.batch == 32
+            and _heads(r) == (16, 2, kv)}
+
+
+@pytest.mark.parametrize("system,gpu", [("dgx-h100-cluster:nodes=1", "H100"), ("dgx-h200-cluster:nodes=1", "H200"),
+                                        ("dgx-b200-cluster:nodes=1", "B200")])
+def test_a_decode_attention_op_on_the_grid_takes_its_measured_row(system, gpu, shipped):
+    design = next(iter(load_system(system).designs.values()))
+    model = default_cost_model()
+    for kv in ("bf16", "fp8"):
+        core = _decode_core(1024, **({"kv_dtype": "fp8"} if kv == "fp8" else {}))
+        cost = model.op_cost(core, design)
+        assert (cost.model, cost.time) == ("measured", _decode_rows(shipped[gpu], kv)[1024])
+        assert model.op_times([core], [design])[0] == cost.time
+
+
+@pytest.mark.parametrize("system,gpu", [("dgx-h100-cluster:nodes=1", "H100"), ("dgx-h200-cluster:nodes=1", "H200"),
+                                        ("dgx-b200-cluster:nodes=1", "B200")])
+def test_an_off_grid_decode_attention_lies_between_its_neighbours(system, gpu, shipped):
+    """1,536 keys lie between the grid's 1,024 and 2,048: the time is the log-log interpolation
+    of the two measured neighbours, on the scalar and the vectorised path alike."""
+    design = next(iter(load_system(system).designs.values()))
+    model = default_cost_model()
+    rows = _decode_rows(shipped[gpu])
+    lo, hi = rows[1024], rows[2048]
+    core = _decode_core(1536)
+    cost = model.op_cost(core, design)
+    assert cost.model == "interpolated"
+    assert min(lo, hi) <= cost.time <= max(lo, hi)
+    u = np.log(1536 / 1024) / np.log(2)
+    assert cost.time == pytest.approx(np.exp((1 - u) * np.log(lo) + u * np.log(hi)), rel=1e-12)
+    assert model.op_times([core], [design])[0] == cost.time
+
+
+def test_the_attention_grid_follows_a_power_law_exactly_and_bridges_holes():
+    """ln t linear in ln heads, ln sequences and ln keys is what the interpolation assumes: a grid
+    sampled from t = c h^0.3 b^0.7 s^0.9 gives the law back between its points, also across a
+    missing point, and nothing outside its range."""
+    from marssim.cost.attention_grid import AttentionFamily, AttentionGrid, SliceKey
+
+    key = SliceKey("bf16", "fwd", "flash", 128, AttentionFamily.DECODE, 8, 16)
+
+    def law(h, b, s):
+        return 1e-6 * h ** 0.3 * b ** 0.7 * s ** 0.9
+
+    points = [(h, b, s) for h in (8, 16, 64) for b in (1, 4, 16) for s in (256, 1024, 4096)]
+    grid = AttentionGrid((key, h, b, s, law(h, b, s)) for h, b, s in points if (h, b, s) != (16, 4, 1024))
+    for h, b, s in ((16, 4, 1024), (12, 2, 512), (32, 9, 3000), (8, 1, 256)):
+        assert grid.seconds(key, h, b, s) == pytest.approx(law(h, b, s), rel=1e-12)
+    assert grid.seconds(key, 128, 4, 1024) is None and grid.seconds(key, 16, 4, 8192) is None
+    assert grid.seconds(SliceKey("bf16", "fwd", "flash", 128, AttentionFamily.DECODE, 4, 16), 16, 4, 1024) is None
+
+
+def test_the_per_op_report_says_which_kernels_are_measured_interpolated_or_fitted(capsys):
+    assert main(["estimate", "--system", "dgx-h200-cluster:nodes=1", "--workload",
+                 "llama3-70b:mode=decode,context=1536,batch=1,layers=1,attention=flash", "--parallel", "tp=4,dp=2",
+                 "--per-op"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    model_of = {line.split()[0]: line.split()[1] for line in lines if line.startswith("layers.0.")}
+    assert model_of["layers.0.attn.core"] == "interpolated"
+    assert model_of["layers.0.attn.qkv"] in ("measured", "fitted")
+    assert main(["cost", "llama3-70b:mode=decode,context=1024,layers=1,attention=flash", "--system",
+                 "dgx-h200-cluster:nodes=1"]) == 0
+    out = capsys.readouterr().out
+    core = next(line for line in out.splitlines() if line.startswith("layers.0.attn.core"))  # the time table's
+    assert core.split()[-2] == "measured" and "interpolated = between measured fused attention" in out
+    assert "fused attention interpolated between" in out  # the design's note
+
+
+@pytest.mark.parametrize("kv", ["bf16", "fp8"])
+def test_serving_times_decode_attention_by_the_row_of_its_cache_type(kv, shipped):
+    """A replica of Llama 3 70B at tp 4 on an H200 decoding one sequence over 1,024 keys: the
+    iteration's attention is the measured decode kernel of 16 heads over 2 at the cache's type."""
+    from marssim.serve.itermodel import IterationModel
+
+    system = load_system("dgx-h200-cluster:nodes=1")
+    spec = "llama3-70b:attention=flash" + (",kv_dtype=fp8" if kv == "fp8" else "")
+    im = IterationModel(load_model(spec), system, (("gpu0", "gpu1", "gpu2", "gpu3"),), default_cost_model())
+    seconds = im._attention_time(0, 1, 1, 1024)[0]
+    assert seconds == _decode_rows(shipped["H200"], kv)[1024]

@@ -36,6 +36,19 @@ Only bf16 attention over a bf16 cache without a sliding window is imported; rows
 that differ in key/value heads are kept apart by their bytes, and a lookup takes the fastest
 (:meth:`marssim.cost.model.DataflowCost.measured_for`). No backward attention is measured there.
 
+:func:`generation_attention_rows` converts the generation (decode) attention table -- the
+engine's decode kernel, one query per sequence over its KV cache, by ``batch_size``, ``isl``
+(queries per sequence, 1), ``step`` (tokens generated before it), ``num_heads``,
+``num_key_value_heads``, ``head_dim`` and ``kv_cache_dtype`` -- into the fused attention rows
+the decode ops of the LLM graphs look up (``attn.core`` with ``attention=flash`` in
+``mode=decode`` or ``mode=serve``: :mod:`marssim.workload.llm.forward`): ``kind=attention``,
+``backend=flash``, phase ``fwd``, ``batch = 2 x batch_size x num_heads``, ``m = isl`` (1),
+``n = isl + step`` (the keys each query attends to: the cache and its own token, 2 to 131,072),
+``k = head_dim``, ``dtype=bf16`` (the queries' and the output's type), ``flops = 2 batch m n k``,
+``bytes`` the queries and output in bf16 and the keys and values at the cache's width; the note
+has the heads, key/value heads and ``kv_dtype`` (``bf16`` or ``fp8``), which the lookups match
+(:func:`marssim.cost.calibrated.attention_geometry`).
+
 The shipped tables hold a subset (:data:`DEFAULT_M`, :data:`DEFAULT_WIDTHS`): the token counts
 and widths of transformer GEMMs, enough for the curve and its local correction to interpolate
 between them (:mod:`marssim.cost.calibrated`), a few MB rather than the package's 89.
@@ -54,8 +67,8 @@ from marssim.errors import InputError
 from .table import format_note
 
 __all__ = ["AIC_SOURCE", "AIC_LICENSE", "AicGpu", "AIC_GPUS", "GEMM_DTYPES", "DEFAULT_M", "DEFAULT_WIDTHS",
-           "DEFAULT_HEAD_DIMS", "DEFAULT_MIN_TOKENS", "data_root", "table_path", "stack_name", "gemm_rows",
-           "context_attention_rows"]
+           "DEFAULT_HEAD_DIMS", "DEFAULT_MIN_TOKENS", "DEFAULT_ATTENTION_HEADS", "KV_DTYPES", "data_root", "table_path",
+           "stack_name", "gemm_rows", "context_attention_rows", "generation_attention_rows", "generation_attention_row"]
 
 AIC_SOURCE = "aiconfigurator-core"
 AIC_LICENSE = "Apache-2.0"
@@ -94,6 +107,12 @@ DEFAULT_HEAD_DIMS = (128,)
 """Head dimensions of the shipped attention subset (Llama 2/3, GPT-3 175B and most models since)."""
 DEFAULT_MIN_TOKENS = 128
 """Fewest prompt tokens of the shipped attention subset (shorter prompts: launch-bound kernels)."""
+DEFAULT_ATTENTION_HEADS = (4, 8, 16, 32, 64)
+"""Query heads per GPU of the shipped attention subsets: those of Llama 3 8B and 70B (32 and 64
+heads) at tensor-parallel degrees 1 to 8 and of Llama 3 405B (128) at 2 to 8, with every
+key/value head count the package measured for them."""
+KV_DTYPES = {"bfloat16": "bf16", "fp8": "fp8"}
+"""The package's ``kv_cache_dtype`` values that are a marssim dtype (``fp8``: E4M3)."""
 
 
 def data_root(given: str | Path | None = None) -> Path:
@@ -184,10 +203,11 @@ def gemm_rows(path: Path, gpu: str, stack: str, package_version: str, date: str,
 
 def context_attention_rows(path: Path, gpu: str, stack: str, package_version: str, date: str,
                            head_dims: Iterable[int] | None = DEFAULT_HEAD_DIMS,
-                           min_tokens: int = DEFAULT_MIN_TOKENS) -> list[KernelTiming]:
+                           min_tokens: int = DEFAULT_MIN_TOKENS,
+                           heads: Iterable[int] | None = DEFAULT_ATTENTION_HEADS) -> list[KernelTiming]:
     """The bf16 rows of the package's ``context_attention_perf.parquet`` at ``path`` measured on
-    ``gpu`` as fused attention rows (see the module docstring); ``head_dims`` (None: all) and
-    ``min_tokens`` select the subset."""
+    ``gpu`` as fused attention rows (see the module docstring); ``head_dims``, ``heads`` (query
+    heads; None: all) and ``min_tokens`` select the subset."""
     if gpu not in AIC_GPUS:
         raise InputError(str(path), "gpu", f"expected one of {', '.join(AIC_GPUS)}, got {gpu!r}")
     dev = AIC_GPUS[gpu]
@@ -205,6 +225,8 @@ def context_attention_rows(path: Path, gpu: str, stack: str, package_version: st
     if head_dims is not None:
         keep &= frame["head_dim"].isin(list(head_dims))
     keep &= frame["isl"] >= min_tokens
+    if heads is not None:
+        keep &= frame["num_heads"].isin(list(heads))
     frame = frame[keep]
     device = str(frame["device"].iloc[0]) if "device" in frame and len(frame) else gpu
     out = []
@@ -223,3 +245,66 @@ def context_attention_rows(path: Path, gpu: str, stack: str, package_version: st
             cuda="unknown", tuning="vendor", median_s=float(ms) * 1e-3, spread_s=0.0, samples=1, date=date,
             kernel="aiconfigurator:context_attention", note=note, phase="fwd", backend="flash", stack=stack))
     return out
+
+
+def generation_attention_row(gpu: str, stack: str, package_version: str, date: str, batch_size: int,
+                             isl: int, step: int, heads: int, kv_heads: int, head_dim: int, kv_dtype: str,
+                             latency_ms: float, where: str = "") -> KernelTiming:
+    """One row of the package's generation attention table as a fused attention row (see the
+    module docstring; the note names the source, its licence, the heads and the cache's type, the
+    table's comment the GPU): ``gpu`` a key of :data:`AIC_GPUS`, ``kv_dtype`` a key of
+    :data:`KV_DTYPES`, ``latency_ms`` in milliseconds. InputError
+    (naming ``where``) for a non-positive size or latency or an unknown cache type."""
+    if gpu not in AIC_GPUS:
+        raise InputError(where or None, "gpu", f"expected one of {', '.join(AIC_GPUS)}, got {gpu!r}")
+    b, q, h, kvh, d = int(batch_size), int(isl), int(heads), int(kv_heads), int(head_dim)
+    s = q + int(step)
+    if not (latency_ms > 0 and min(b, q, h, kvh, d) > 0 and step >= 0):
+        raise InputError(where or None, f"batch {b} isl {q} step {step} heads {h}/{kvh} dim {d}",
+                         f"expected positive sizes and latency, got {latency_ms!r}")
+    if kv_dtype not in KV_DTYPES:
+        raise InputError(where or None, "kv_cache_dtype", f"expected one of {', '.join(KV_DTYPES)}, got {kv_dtype!r}")
+    from marssim.workload.op import DTYPE_BYTES
+
+    kv = KV_DTYPES[kv_dtype]
+    dev = AIC_GPUS[gpu]
+    batch = 2 * b * h
+    note = format_note({"source": f"{AIC_SOURCE} {package_version}", "license": AIC_LICENSE, "heads": h,
+                        "kv_heads": kvh, "kv_dtype": kv})
+    nbytes = b * d * (2 * h * q * DTYPE_BYTES["bf16"] + 2 * kvh * s * DTYPE_BYTES[kv])
+    return KernelTiming(
+        kind="attention", dtype="bf16", batch=batch, m=q, n=s, k=d, flops=2.0 * batch * q * s * d,
+        bytes=float(round(nbytes)), device=dev.device, sms=dev.sms, driver="unknown", cuda="unknown", tuning="vendor",
+        median_s=float(latency_ms) * 1e-3, spread_s=0.0, samples=1, date=date,
+        kernel="aiconfigurator:generation_attention", note=note, phase="fwd", backend="flash", stack=stack)
+
+
+def generation_attention_rows(path: Path, gpu: str, stack: str, package_version: str, date: str,
+                              head_dims: Iterable[int] | None = DEFAULT_HEAD_DIMS,
+                              heads: Iterable[int] | None = DEFAULT_ATTENTION_HEADS) -> list[KernelTiming]:
+    """The rows of the package's ``generation_attention_perf.parquet`` at ``path`` measured on
+    ``gpu`` -- bf16 queries over a bf16 or FP8 cache, no sliding window, one beam -- as fused
+    attention rows (:func:`generation_attention_row`); ``head_dims`` and ``heads`` (query heads;
+    None: all) select the subset."""
+    if gpu not in AIC_GPUS:
+        raise InputError(str(path), "gpu", f"expected one of {', '.join(AIC_GPUS)}, got {gpu!r}")
+    frame = _read_parquet(path)
+    need = {"batch_size", "isl", "step", "num_heads", "num_key_value_heads", "head_dim", "attn_dtype",
+            "kv_cache_dtype", "latency"}
+    missing = need - set(frame.columns)
+    if missing:
+        raise InputError(str(path), "columns", f"missing {', '.join(sorted(missing))}")
+    keep = (frame["attn_dtype"] == "bfloat16") & frame["kv_cache_dtype"].isin(list(KV_DTYPES))
+    if "window_size" in frame:
+        keep &= frame["window_size"] == 0
+    if "beam_width" in frame:
+        keep &= frame["beam_width"] == 1
+    if head_dims is not None:
+        keep &= frame["head_dim"].isin(list(head_dims))
+    if heads is not None:
+        keep &= frame["num_heads"].isin(list(heads))
+    frame = frame[keep]
+    return [generation_attention_row(gpu, stack, package_version, date, b, q, st, h, kvh, d, kv, ms, str(path))
+            for b, q, st, h, kvh, d, kv, ms in zip(frame["batch_size"], frame["isl"], frame["step"],
+                                                    frame["num_heads"], frame["num_key_value_heads"],
+                                                    frame["head_dim"], frame["kv_cache_dtype"], frame["latency"])]

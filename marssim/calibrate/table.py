@@ -26,7 +26,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from marssim.cost.calibrated import (
-    CONV_COLUMNS, OPTIONAL_COLUMNS, PHASES, REQUIRED_COLUMNS, KernelTiming, conv_cells, parse_conv_cells, row_stack,
+    CONV_COLUMNS, OPTIONAL_COLUMNS, PHASES, REQUIRED_COLUMNS, KernelTiming, attention_geometry, conv_cells,
+    parse_conv_cells, row_stack,
 )
 from marssim.errors import InputError
 from marssim.fsutil import atomic_file
@@ -43,9 +44,13 @@ COLUMNS = REQUIRED_COLUMNS + OPTIONAL_COLUMNS
 
 
 def row_key(row: KernelTiming) -> tuple:
-    """What makes two rows the same measurement (a later one replaces an earlier one)."""
+    """What makes two rows the same measurement (a later one replaces an earlier one); a fused
+    attention row's heads, key/value heads and cache type
+    (:func:`~marssim.cost.calibrated.attention_geometry`) tell apart kernels of equal shape and
+    bytes."""
     return (row.device, row.kind, row.dtype, row.batch, row.m, row.n, row.k, round(row.flops), round(row.bytes),
-            row.conv.key if row.conv is not None else (), row.phase, row.kernel, row.backend, row.tuning, row.stack)
+            row.conv.key if row.conv is not None else (), row.phase, row.kernel, row.backend, row.tuning, row.stack,
+            attention_geometry(row.kind, row.backend, row.note, row.dtype))
 
 
 _FLOATS = {"flops", "bytes", "median_s", "spread_s"}

@@ -165,8 +165,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                                  "vidur-network (collective times, data/profiling/network/<system>/*.csv -> "
                                  "traces/collectives/vidur-2024.csv), xla-collectives (XLA's H100 collective table, "
                                  "a textproto file given to --from -> traces/collectives/xla-2025.csv), aiconfigurator "
-                                 "(NVIDIA AIConfigurator's measured GEMMs from aiconfigurator-core's parquet files, "
-                                 "systems/data/<gpu>/gemm/<framework>/<version>/gemm_perf.parquet -> "
+                                 "(NVIDIA AIConfigurator's measured GEMMs and context and generation attention "
+                                 "kernels from aiconfigurator-core's parquet files, "
+                                 "systems/data/<gpu>/{gemm,attention}/<framework>/<version>/*_perf.parquet -> "
                                  "traces/calibration/<GPU>-aiconfigurator.csv, merged; needs pyarrow). Runs anywhere.")
     i.add_argument("source", choices=("vidur-compute", "vidur-host", "vidur-network", "xla-collectives", "aiconfigurator"))
     i.add_argument("--from", dest="origin", required=True, metavar="PATH",
@@ -185,9 +186,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="aiconfigurator: whose kernels (default trtllm); the rows' stack is <framework>-<version>")
     i.add_argument("--version", dest="framework_version", default="1.3.0rc20",
                    help="aiconfigurator: the framework's version directory (default 1.3.0rc20)")
-    i.add_argument("--families", default="gemm,context-attention",
-                   help="aiconfigurator: the kernel families to import, some of gemm, context-attention "
-                        "(default both)")
+    i.add_argument("--families", default="gemm,context-attention,generation-attention",
+                   help="aiconfigurator: the kernel families to import, some of gemm, context-attention, "
+                        "generation-attention (default all three)")
     i.add_argument("--shapes", default="default", choices=("default", "all"),
                    help="aiconfigurator: the transformer subset of GEMM shapes (default) or every shape")
     i.add_argument("--out", metavar="PATH",
@@ -693,11 +694,12 @@ def _import_xla_collectives(args: argparse.Namespace) -> int:
 
 
 def _import_aiconfigurator(args: argparse.Namespace) -> int:
-    """GEMM timings of aiconfigurator-core into ``<out>/<GPU>-aiconfigurator.csv`` (merged)."""
+    """GEMM and attention timings of aiconfigurator-core into ``<out>/<GPU>-aiconfigurator.csv`` (merged)."""
     import datetime
 
     from marssim.calibrate.aiconfigurator import (
-        AIC_GPUS, AIC_LICENSE, AIC_SOURCE, context_attention_rows, data_root, gemm_rows, stack_name, table_path,
+        AIC_GPUS, AIC_LICENSE, AIC_SOURCE, context_attention_rows, data_root, gemm_rows, generation_attention_rows,
+        stack_name, table_path,
     )
     from marssim.calibrate.table import merge_rows
     from marssim.cost.calibrated import load_table, traces_dir
@@ -710,8 +712,9 @@ def _import_aiconfigurator(args: argparse.Namespace) -> int:
             raise InputError(None, "--aic-gpus", f"expected some of {', '.join(AIC_GPUS)}, got {g!r}")
     families = [f.strip() for f in args.families.split(",") if f.strip()]
     for f in families:
-        if f not in ("gemm", "context-attention"):
-            raise InputError(None, "--families", f"expected some of gemm, context-attention, got {f!r}")
+        if f not in ("gemm", "context-attention", "generation-attention"):
+            raise InputError(None, "--families", f"expected some of gemm, context-attention, generation-attention, "
+                                                 f"got {f!r}")
     date = args.date or datetime.date.today().isoformat()
     stack = stack_name(args.framework, args.framework_version)
     out_dir = Path(args.out) if args.out else traces_dir() / "calibration"
@@ -727,10 +730,20 @@ def _import_aiconfigurator(args: argparse.Namespace) -> int:
                 rows = gemm_rows(path, gpu, stack, package_version, date, **subset)
                 what = (f"GEMM latencies as {args.framework} {args.framework_version} runs them on {gpu}, writing "
                         "bf16; fp8 is per-tensor scaled E4M3, fp4 NVFP4; fp8_block not imported")
+            elif family == "generation-attention":
+                path = table_path(root, gpu, "attention", args.framework, args.framework_version,
+                                  "generation_attention")
+                rows = generation_attention_rows(path, gpu, stack, package_version, date,
+                                                 **({} if args.shapes == "default" else {"head_dims": None,
+                                                                                         "heads": None}))
+                what = (f"decode attention as {args.framework} {args.framework_version} runs it on {gpu}, one "
+                        "bf16 query per sequence over a bf16 or fp8 cache of isl + step tokens, no sliding window, "
+                        "as fused attention rows of backend flash")
             else:
                 path = table_path(root, gpu, "attention", args.framework, args.framework_version, "context_attention")
+                every = {"head_dims": None, "min_tokens": 1, "heads": None}
                 rows = context_attention_rows(path, gpu, stack, package_version, date,
-                                              **({} if args.shapes == "default" else {"head_dims": None, "min_tokens": 1}))
+                                              **({} if args.shapes == "default" else every))
                 what = (f"causal context attention as {args.framework} {args.framework_version} runs it on {gpu}, "
                         "bf16 over a bf16 cache, no sliding window, as fused attention rows of backend flash")
             rel = path.relative_to(root).as_posix()

@@ -47,6 +47,13 @@ def _shape(op) -> str:
     return "x".join(str(v) for v in op.out_shape)
 
 
+TIMED_BY = ("measured = the median of a measured kernel of the shape; interpolated = between measured fused "
+            "attention kernels of the shape's slice (heads, key/value heads, cache type) in log space; fitted = the "
+            "efficiency curve fitted to the measurements, with its local correction; gpu-roofline = the analytical "
+            "curve (no calibration data for the kind)")
+"""What each :attr:`~marssim.cost.base.OpCost.model` of a GPU design means, for the reports."""
+
+
 def _us(seconds: float) -> str:
     return f"{seconds * 1e6:.4g}"
 
@@ -56,25 +63,33 @@ def format_costs(result, workload: str, system_name: str, *, energy: bool = Fals
     from marssim.tables import format_table
 
     names = list(result.design_names)
-    headers = ["layer", "kind", "MxNxK", "GFLOP", *[f"{n} us" for n in names], "best"]
+    gpus = [j for j, d in enumerate(result.designs) if d.dataflow == "gpu"]
+    by = ["timed by"] if gpus else []
+    headers = ["layer", "kind", "MxNxK", "GFLOP", *[f"{n} us" for n in names], *by, "best"]
     rows = []
     for layer in result.layers:
         times = layer.times
         best = layer.fastest
         cells = [_us(t) + ("*" if j == best else "") for j, t in enumerate(times)]
+        how = ["/".join(layer.costs[j].model for j in gpus)] if gpus else []
         rows.append([layer.op.name, layer.op.kind.value, _shape(layer.op), f"{layer.op.flops / 1e9:.4g}", *cells,
-                     names[best]])
+                     *how, names[best]])
+    blank = [""] * len(by)
     totals = result.total_time()
     best_total = int(totals.argmin()) if len(totals) else 0
     rows.append(["total", "", "", f"{sum(layer.op.flops for layer in result.layers) / 1e9:.4g}",
-                 *[_us(t) + ("*" if j == best_total else "") for j, t in enumerate(totals)], names[best_total]])
-    rows.append(["fastest on", "", "", "", *[str(w) for w in result.wins()], ""])
+                 *[_us(t) + ("*" if j == best_total else "") for j, t in enumerate(totals)], *blank,
+                 names[best_total]])
+    rows.append(["fastest on", "", "", "", *[str(w) for w in result.wins()], *blank, ""])
     if energy:
         e = result.total_energy()
-        rows.append(["energy uJ", "", "", "", *[_uj(v) for v in e], ""])
+        rows.append(["energy uJ", "", "", "", *[_uj(v) for v in e], *blank, ""])
     lines = [f"{workload} on {system_name}: time per layer (us) on one accelerator of each design, "
              f"* marks the fastest; total = the listed layers one after another", ""]
     lines += format_table(headers, rows, indent="")
+    if gpus:
+        lines.append("")
+        lines.append(f"timed by ({', '.join(names[j] for j in gpus)}): {TIMED_BY}")
     if energy:
         lines += ["", *format_energy(result)]
     lines.append("")
@@ -141,6 +156,10 @@ def _calibration_notes(model, result, dtypes) -> list[str]:
                              f"{', '.join(measured_only)}")
             if fallback:
                 parts.append(f"analytical GPU roofline (no calibration data) for {', '.join(fallback)}")
+            grid = next((part for part in cov.get("attention", "").split("; ")
+                         if part.startswith("fused attention interpolated")), "")
+            if grid and any(layer.op.param("fused") for layer in result.layers):
+                parts.append(grid)
             notes.append(f"{name}: " + "; ".join(parts))
         else:
             notes.append(f"{name}: analytical GPU roofline (no calibration table for {label!r} in "

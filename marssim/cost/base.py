@@ -26,8 +26,9 @@ class OpCost:
     memory_time: seconds the buffer/off-chip bandwidths need for the op's traffic.
     cycles: compute cycles of the PE array (0 where the model has no cycle notion).
     utilisation: fraction of the design's peak MAC rate achieved over ``time``.
-    model: which model produced it (``systolic-os``, ``loopmap-rs``, ``gpu-roofline``,
-    ``calibrated``, ``bandwidth``...).
+    model: which model produced it (``systolic-os``, ``loopmap-rs``, ``bandwidth``; a GPU's
+    ``measured`` (a measured kernel of the shape), ``interpolated`` (between measured fused
+    attention kernels), ``fitted`` (the curve fitted to measurements) or ``gpu-roofline``...).
     dram_bytes, sram_bytes: bytes read plus written off chip and in the on-chip buffer (the
     array's accesses, DRAM fills and drains); NaN where the model does not count them.
     energy_compute, energy_sram, energy_dram: the parts of ``energy`` (J): MACs (or FLOPs) plus

@@ -48,7 +48,10 @@ SwiGLU, dropout, rotary embedding and their gradients ``elementwise``, the AdamW
 ``elementwise`` of phase ``update``, a token lookup ``embedding``.
 
 The phase and the fused attention backend are part of the shape a row is looked up by
-(:func:`shape_key`): an op's kernel phase and backend come from the op
+(:func:`shape_key`), and so are a fused attention kernel's heads, key/value heads and cache type
+where the row's note gives them (:func:`attention_geometry`: a decode kernel's time follows its
+key/value heads and their width, which ``batch = products x batch x heads`` does not say): an
+op's kernel phase and backend come from the op
 (:func:`marssim.cost.features.kernel_phase`, :func:`~marssim.cost.features.kernel_backend`),
 so a weight-gradient GEMM takes the ``wgrad`` row of its shape and a fused attention op
 (``attention=flash``) the ``flash`` row of its own, never a row of the unfused products; a
@@ -56,10 +59,13 @@ gradient kernel whose shape has no row of its phase takes the ``fwd`` row of the
 (:func:`lookup_keys`: a GEMM's gradient is a GEMM of that shape, and tables measured before
 the phases were kept time training graphs as before). The efficiency curves are fitted on the
 forward rows of the unfused kernels only -- rows of phase ``fwd`` without a fused attention
-backend (:meth:`KernelTable.groups`) -- so every other shape of a kind, gradients and fused
-attention included, is timed by its kind's forward curve: gradient GEMMs are GEMMs of their
-view, and a fused attention op's products are timed as the batched attention products they
-fuse, at its own (smaller) traffic. The LLM calibration grid (:mod:`marssim.calibrate.llm`)
+backend (:meth:`KernelTable.groups`) -- so every other shape of a kind, gradients included, is
+timed by its kind's forward curve: gradient GEMMs are GEMMs of their view. A fused attention
+shape between measured fused attention kernels with their heads (a context or decode kernel of
+the same heads ratio, cache type and head dimension) is interpolated between them in log space
+(:mod:`marssim.cost.attention_grid`; ``OpCost.model == "interpolated"``); any other fused
+attention op's products are timed by the curve as the batched attention products they fuse, at
+its own (smaller) traffic. The LLM calibration grid (:mod:`marssim.calibrate.llm`)
 measures exactly the shapes the LLM workloads ask for, so those take measured rows.
 
 CSV schema
@@ -113,7 +119,9 @@ stack       optional: the software stack the kernel was measured on, a short nam
             ``gpu.stack`` uses the rows of that stack and the rows of unknown stack only
             (:meth:`KernelTable.for_stack`); see "Software stacks" below
 note        optional: free text (the harness and the importers of published data write
-            ``key=value`` pairs: the source, its commit, file and license, the conditions)
+            ``key=value`` pairs: the source, its commit, file and license, the conditions); on a
+            fused attention row, ``heads``, ``kv_heads`` and ``kv_dtype`` (default: ``dtype``) are
+            part of the shape looked up (:func:`attention_geometry`)
 ==========  =======================================================================================
 
 Software stacks
@@ -129,7 +137,8 @@ attention backend) its stack did not measure take the rows of the first of them 
 ``pytorch-2.11.0+cu130`` (the measurement harness, 2026) and ``vidur-2024`` (Vidur's published
 profiles, :mod:`marssim.calibrate.published`); ``A100.csv`` holds ``vidur-2024``;
 ``H100-aiconfigurator.csv``, ``H200-aiconfigurator.csv`` and ``B200-aiconfigurator.csv`` hold
-``trtllm-1.3.0rc20`` (NVIDIA AIConfigurator's GEMMs, :mod:`marssim.calibrate.aiconfigurator`).
+``trtllm-1.3.0rc20`` (NVIDIA AIConfigurator's GEMMs and context and decode attention kernels,
+:mod:`marssim.calibrate.aiconfigurator`).
 
 Bad rows raise :class:`~marssim.errors.InputError` naming the file, the line and the column.
 
@@ -162,7 +171,7 @@ __all__ = [
     "REQUIRED_COLUMNS", "OPTIONAL_COLUMNS", "CONV_COLUMNS", "PHASES", "TUNINGS", "KernelTiming", "KernelTable",
     "KernelFit", "FitKey", "load_table", "load_tables", "fit", "fit_group", "predict", "holdout_errors",
     "traces_dir", "calibration_dir", "shape_key", "lookup_keys", "conv_cells", "parse_conv_cells", "geometry_array",
-    "SDPA_BACKENDS", "lookup_backend", "KEY_GEOMETRY", "KEY_PHASE", "row_stack", "DTYPE_STANDINS",
+    "SDPA_BACKENDS", "lookup_backend", "attention_geometry", "KEY_GEOMETRY", "KEY_PHASE", "row_stack", "DTYPE_STANDINS",
 ]
 
 REQUIRED_COLUMNS = ("kind", "dtype", "batch", "m", "n", "k", "flops", "bytes", "device", "sms", "driver", "cuda",
@@ -214,19 +223,47 @@ def lookup_backend(kind: str, backend: str) -> str:
     return backend if kind == "attention" and backend in SDPA_BACKENDS else ""
 
 
+def attention_geometry(kind: str, backend: str, note: str, dtype: str) -> tuple[int, ...]:
+    """The heads of a fused attention row, part of the shape it is looked up by: ``(heads,
+    kv_heads, kv_bits)`` from its note's ``heads`` and ``kv_heads`` (query and key/value heads)
+    and ``kv_dtype`` (the cache's element type; absent: the row's ``dtype``), bits per key/value
+    element; ``()`` for any other row or a note without them (such a row matches a fused
+    attention op of its shape whatever its heads, as rows always did)."""
+    if kind != "attention" or not lookup_backend(kind, backend) or "kv_heads" not in note:
+        return ()
+    fields = {}
+    for part in note.split(";"):
+        key, sep, value = part.partition("=")
+        if sep:
+            fields[key.strip()] = value.strip()
+    try:
+        heads, kv_heads = int(fields["heads"]), int(fields["kv_heads"])
+    except (KeyError, ValueError):
+        return ()
+    from marssim.workload.op import DTYPE_BYTES
+
+    width = DTYPE_BYTES.get(fields.get("kv_dtype") or dtype)
+    if heads < 1 or kv_heads < 1 or width is None:
+        return ()
+    return (heads, kv_heads, int(round(8 * width)))
+
+
 def shape_key(kind: str, dtype: str, batch: int, m: int, n: int, k: int, flops: float,
               nbytes: float, conv: ConvGeometry | tuple[int, ...] | None = None, phase: str = "fwd",
-              backend: str = "") -> tuple:
+              backend: str = "", attention: tuple[int, ...] = ()) -> tuple:
     """The shape by which a measured kernel time is looked up (see the module docstring):
     ``(kind, dtype, batch, m, n, k, 0, 0, geometry, phase, backend)`` for GEMM-class kinds,
-    ``geometry`` the convolution's :attr:`~marssim.cost.convgeom.ConvGeometry.match_key` (``()``
-    when not given or not a convolution), and ``(kind, dtype, 0, 0, 0, 0, flops, bytes, (),
-    phase, backend)`` for streaming kinds (numbers rounded to integers); ``backend`` as
-    :func:`lookup_backend` gives it."""
+    ``geometry`` the convolution's :attr:`~marssim.cost.convgeom.ConvGeometry.match_key`, a fused
+    attention kernel's ``attention`` (:func:`attention_geometry`: heads, key/value heads and
+    their bits), else ``()``, and ``(kind, dtype, 0, 0, 0, 0, flops, bytes, (), phase, backend)``
+    for streaming kinds (numbers rounded to integers); ``backend`` as :func:`lookup_backend`
+    gives it."""
     tail = (phase or "fwd", lookup_backend(kind, backend))
     if kind in GEMM_KINDS:
-        geometry = () if conv is None or kind != "conv" else \
-            tuple(conv.match_key if isinstance(conv, ConvGeometry) else conv)
+        if kind == "conv" and conv is not None:
+            geometry = tuple(conv.match_key if isinstance(conv, ConvGeometry) else conv)
+        else:
+            geometry = tuple(attention) if kind == "attention" and tail[1] else ()
         return (kind, dtype, int(batch), int(m), int(n), int(k), 0, 0, geometry, *tail)
     return (kind, dtype, 0, 0, 0, 0, int(round(flops)), int(round(nbytes)), (), *tail)
 
@@ -343,7 +380,7 @@ class KernelTiming:
     def shape(self) -> tuple:
         """The row's :func:`shape_key` (with its phase and, for fused attention, its backend)."""
         return shape_key(self.kind, self.dtype, self.batch, self.m, self.n, self.k, self.flops, self.bytes, self.conv,
-                         self.phase, self.backend)
+                         self.phase, self.backend, attention_geometry(self.kind, self.backend, self.note, self.dtype))
 
     @property
     def fitted(self) -> bool:

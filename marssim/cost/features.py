@@ -48,14 +48,14 @@ import math
 from marssim.system import Design
 from marssim.system.buffers import DEFAULT_BUFFERS, buffer_sizes, operand_windows
 from marssim.workload import Op, OpKind
-from marssim.workload.op import DTYPE_BYTES, GEMM_LIKE, products_of, tensor_bytes
+from marssim.workload.op import DTYPE_BYTES, GEMM_LIKE, kv_heads_of, products_of, tensor_bytes
 
 from .convgeom import conv_geometry
 
 __all__ = [
     "op_features", "design_key", "DesignParams", "DTYPES", "KIND_CODES", "DATAFLOW_CODES", "N_FEATURES",
     "CLASS_NONE", "CLASS_GEMM", "CLASS_STREAM", "KERNEL_KINDS", "KERNEL_KIND_OF", "conv_geometry_key",
-    "KERNEL_PHASES", "KERNEL_BACKENDS", "kernel_phase", "kernel_backend",
+    "KERNEL_PHASES", "KERNEL_BACKENDS", "kernel_phase", "kernel_backend", "attention_geometry_key",
 ]
 
 DTYPES: tuple[str, ...] = tuple(DTYPE_BYTES)
@@ -106,7 +106,9 @@ rows and columns, and the loop count per output (ShiDianNao-like; conv: P, Q, N*
 group; gemm/matmul: M, N, K). ``F_SH, F_SW, F_PH, F_PW, F_DIL``: convolutions only (0
 otherwise), the rest of the kernel's geometry (:func:`marssim.cost.convgeom.conv_geometry`:
 strides, the padding the kernel applies, dilation), which with ``G, N, K, C, P, Q, R, S``
-above names the convolution kernel (:func:`conv_geometry_key`). ``F_PHASE``, ``F_BACKEND``: the
+above names the convolution kernel (:func:`conv_geometry_key`); on a fused attention op the
+first three hold its query heads, key/value heads and key/value element bits
+(:func:`attention_geometry_key`), which its measured lookups match. ``F_PHASE``, ``F_BACKEND``: the
 kernel's phase and fused attention backend (indices into :data:`KERNEL_PHASES`,
 :data:`KERNEL_BACKENDS`)."""
 
@@ -201,7 +203,8 @@ def op_features(op: Op) -> tuple[int, ...]:
             tail = (geo.stride_h, geo.stride_w, geo.pad_h, geo.pad_w, geo.dilation)
         else:
             sx, sy, st = m_, nn, kk
-            tail = _NO_GEOMETRY
+            fused = kind == OpKind.MATMUL and op.param("fused") is not None
+            tail = _attention_tail(op) if fused else _NO_GEOMETRY
         traffic = op.bytes_moved
         cls = CLASS_GEMM if macs > 0 else CLASS_STREAM
         if op.param("in_dtypes") or op.param("w_dtype"):  # operands of their own types (an FP8 GEMM)
@@ -226,6 +229,24 @@ def op_features(op: Op) -> tuple[int, ...]:
 
 
 _NO_GEOMETRY = (0, 0, 0, 0, 0)
+
+
+def _attention_tail(op: Op) -> tuple[int, int, int, int, int]:
+    """The geometry slots of a fused attention op: query heads, key/value heads and the bits of
+    a key/value element (its second input's type), then two zeros."""
+    heads = op.dim("H")
+    kv = kv_heads_of(heads, int(op.param("kv_group", 1) or 1))
+    types = op.input_dtypes if op.param("in_dtypes") else ()
+    kv_dtype = types[1] if len(types) > 1 else op.math_dtype
+    return (heads, kv, int(round(8 * DTYPE_BYTES[kv_dtype])), 0, 0)
+
+
+def attention_geometry_key(x: tuple[int, ...]) -> tuple[int, ...]:
+    """``(heads, kv_heads, kv_bits)`` of the fused attention op with feature tuple ``x`` (see
+    :func:`marssim.cost.calibrated.attention_geometry`), ``()`` for any other op."""
+    if x[F_CONV] or not x[F_BACKEND] or x[F_CLASS] != CLASS_GEMM:
+        return ()
+    return (x[F_SH], x[F_SW], x[F_PH])
 
 
 def conv_geometry_key(x: tuple[int, ...]) -> tuple[int, ...]:

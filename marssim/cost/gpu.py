@@ -62,6 +62,7 @@ import numpy as np
 
 from marssim.system import Design
 
+from .attention_grid import AttentionGrid
 from .features import (
     CLASS_NONE, DTYPES, F_CLASS, F_DTYPE, F_FLOPS, F_G, F_KERNEL, F_KK, F_M, F_N, F_NN, F_TRAFFIC, KERNEL_KINDS,
     N_GEMM_KERNELS, conv_geometry_key,
@@ -218,17 +219,20 @@ class GpuTable:
     is none; see :mod:`marssim.cost.residual`), and the FLOP/s no curve-timed GEMM-class kernel
     exceeds (``ceilings[kind, dtype]``: the best throughput measured for the kind and dtype, else
     the dense peak: a curve fitted on the measured shapes must not extrapolate past what the GPU
-    was seen to sustain)."""
+    was seen to sustain), and the measured fused attention kernels that time the shapes between
+    them (``attention``: :mod:`marssim.cost.attention_grid`, None without)."""
 
     __slots__ = ("rows", "arrays", "models", "peaks", "ceilings", "measured", "corrections", "any_correction",
-                 "missing", "design_name")
+                 "missing", "design_name", "attention")
 
     def __init__(self, design: Design, overrides: dict[tuple[str, str], CurveParams] | None = None,
                  override_model: str = "fitted",
                  measured: dict[tuple[int, ...], float] | None = None,
                  corrections: dict[tuple[str, str], ResidualCorrection] | None = None,
-                 best_rates: dict[tuple[str, str], float] | None = None) -> None:
+                 best_rates: dict[tuple[str, str], float] | None = None,
+                 attention: AttentionGrid | None = None) -> None:
         self.measured = dict(measured or {})
+        self.attention = attention if attention else None
         corrections = corrections or {}
         self.corrections = tuple(tuple(corrections.get((kind, dt)) for dt in DTYPES) for kind in KERNEL_KINDS)
         self.any_correction = bool(corrections)

@@ -9,7 +9,8 @@ os, ws, is          ``systolic-os/ws/is``             :mod:`marssim.cost.systoli
 rs, nvdla,          ``loopmap-rs/nvdla/shidiannao``   :mod:`marssim.cost.loopmap` (Eyeriss,
 shidiannao                                            NVDLA, ShiDianNao)
 gpu                 ``gpu-roofline`` / ``fitted``     :mod:`marssim.cost.gpu`,
-                    / ``measured``                    :mod:`marssim.cost.calibrated`
+                    / ``measured`` /                  :mod:`marssim.cost.calibrated`,
+                    ``interpolated``                  :mod:`marssim.cost.attention_grid`
 (non-GEMM ops on    ``bandwidth``                     :mod:`marssim.cost.bandwidth`
  PE arrays)
 ==================  ================================  ==========================================
@@ -54,13 +55,14 @@ from marssim.system.design import DATAFLOWS, SYSTOLIC_DATAFLOWS
 from marssim.workload import Op
 
 from . import fitcache
+from .attention_grid import AttentionGrid, op_seconds, row_entries
 from .bandwidth import stream_op
 from .base import OpCost
 from .calibrated import DTYPE_STANDINS, TUNINGS, FitKey, KernelFit, KernelTable, KernelTiming, fit, load_table
 from .features import (
     CLASS_GEMM, CLASS_NONE, CLASS_STREAM, DTYPES, F_BACKEND, F_CLASS, F_DTYPE, F_FLOPS, F_G, F_KERNEL, F_KK, F_M,
     F_MACS, F_NN, F_PHASE, F_TRAFFIC, KERNEL_BACKENDS, KERNEL_KINDS, KERNEL_PHASES, N_FEATURES, DesignParams,
-    conv_geometry_key, design_key, op_features,
+    attention_geometry_key, conv_geometry_key, design_key, op_features,
 )
 from .gpu import GpuTable, design_peaks, gpu_gemm, gpu_stream
 from .loopmap import nvdla_gemm, rs_gemm, shidiannao_gemm
@@ -203,6 +205,8 @@ class DataflowCost:
         self._matrix: np.ndarray = np.zeros((N_FEATURES, 0), dtype=np.int64)
         self._matrix_n = 0
         self._measured_cols: dict[int, np.ndarray] = {}
+        self._between_cols: dict[int, np.ndarray] = {}
+        self._grids: dict[tuple, AttentionGrid] = {}
         self._factor_cols: dict[int, np.ndarray] = {}
 
     def __getstate__(self) -> dict:
@@ -464,8 +468,20 @@ class DataflowCost:
             if name and self.measured else None
         corrections = {key: f.correction for key, f in fits.items() if f.correction is not None} \
             if self.correction else None
+        grid = self._attention_grid(name, stack) if name and self.measured else None
         return GpuTable(design, {key: f.params for key, f in fits.items()}, measured=measured,
-                        corrections=corrections, best_rates={key: f.best_rate for key, f in fits.items()})
+                        corrections=corrections, best_rates={key: f.best_rate for key, f in fits.items()},
+                        attention=grid)
+
+    def _attention_grid(self, name: str, stack) -> AttentionGrid:
+        """The measured fused attention kernels (with their heads) a design with table ``name``
+        and stack(s) ``stack`` interpolates between (:mod:`marssim.cost.attention_grid`),
+        built once per table and stack."""
+        key = (name.lower(), stack)
+        grid = self._grids.get(key)
+        if grid is None:
+            grid = self._grids[key] = AttentionGrid(row_entries(self.measured_for(name, stack).values()))
+        return grid
 
     def measured_time(self, op: Op, design: Design) -> float | None:
         """The measured median (s) the table holds for ``op``'s kernel shape on the GPU-class
@@ -485,16 +501,19 @@ class DataflowCost:
 
     def coverage(self, design: Design, dtypes: Sequence[str] = ("fp16", "bf16")) -> dict[str, str]:
         """For a GPU-class design: per kernel kind, which model times it for ``dtypes``
-        (``fitted``, with the fitted rows' dtype and tuning, points and error, or ``gpu-roofline``). Empty
+        (``fitted``, with the fitted rows' dtype and tuning, points and error, or ``gpu-roofline``;
+        for attention, how many measured fused kernels interpolate the shapes between them). Empty
         for other designs."""
         if design.dataflow != "gpu":
             return {}
         name, stack = design.gpu.calibration, design_stacks(design)
         fits = self.fits_for(name, design_peaks(design), stack) if name else {}
         shapes: dict[tuple[int, int], int] = {}
+        grid = AttentionGrid()
         if name and self.measured:
             for code in self.measured_for(name, stack):
                 shapes[code[:2]] = shapes.get(code[:2], 0) + 1
+            grid = self._attention_grid(name, stack)
         out = {}
         for ki, kind in enumerate(KERNEL_KINDS):
             parts = []
@@ -508,6 +527,8 @@ class DataflowCost:
                 else:
                     parts.append(f"{dt}: fitted ({f.dtype} {f.tuning} rows, {f.n_points} points, "
                                  f"rms {100 * f.rms_log_error:.2g} %{measured})")
+            if kind == "attention" and grid:
+                parts.append(f"fused attention interpolated between {len(grid):,} measured kernels with their heads")
             out[kind] = "; ".join(parts)
         return out
 
@@ -551,11 +572,15 @@ class DataflowCost:
             model = d.gpu.models[kernel][dt]
             if use_measured:
                 t_measured = _lookup(d.gpu.measured, x) if d.gpu.measured else None
+                t_between = None if t_measured is not None or d.gpu.attention is None else \
+                    op_seconds(d.gpu.attention, x)
                 if t_measured is not None:  # the curve's compute/memory split is kept as the breakdown
                     t, model = t_measured, "measured"
+                elif t_between is not None:  # between measured fused attention kernels
+                    t, model = t_between, "interpolated"
                 elif d.gpu.any_correction and d.gpu.corrections[kernel][dt] is not None:
                     t = t * float(d.gpu.correction_factors([x])[0])
-            if cls == CLASS_GEMM and model != "measured":  # no curve past the best throughput measured
+            if cls == CLASS_GEMM and model not in ("measured", "interpolated"):  # no curve past the best throughput
                 t = max(t, x[F_FLOPS] / d.gpu.ceilings[kernel, dt])
             peak = 0.5 * d.gpu.peaks[dt]
         else:
@@ -633,11 +658,29 @@ class DataflowCost:
             if gemm.any():
                 floor = matrix[F_FLOPS][fids] / d.gpu.ceilings[matrix[F_KERNEL][fids], matrix[F_DTYPE][fids]]
                 out[gemm] = np.maximum(out[gemm], floor[gemm])
+        if code == 6 and d.gpu.attention is not None:
+            between = self._between_column(did)[fids]
+            hit = ~np.isnan(between)
+            out[hit] = between[hit]
         if code == 6 and d.gpu.measured:
             measured = self._measured_column(did)[fids]
             hit = ~np.isnan(measured)
             out[hit] = measured[hit]
         return out
+
+    def _between_column(self, did: int) -> np.ndarray:
+        """Interpolated seconds of every interned shape on GPU design ``did`` (NaN: not a fused
+        attention kernel the design's measured grid interpolates; measured shapes are replaced
+        by their rows afterwards), extended as shapes are interned."""
+        col = self._between_cols.get(did)
+        n = len(self._rows)
+        done = 0 if col is None else len(col)
+        if done < n:
+            gpu = self._dparams[did].gpu
+            new = np.array([_or_nan(op_seconds(gpu.attention, x)) for x in self._rows[done:n]], dtype=np.float64)
+            col = new if col is None else np.concatenate([col, new])
+            self._between_cols[did] = col
+        return col
 
     def _measured_column(self, did: int) -> np.ndarray:
         """Measured seconds of every interned shape on GPU design ``did`` (NaN: not measured),
@@ -766,13 +809,18 @@ class DataflowCost:
         return f"{type(self).__name__}(calibration={src!s})"
 
 
+def _or_nan(v: float | None) -> float:
+    return math.nan if v is None else v
+
+
 def _measured_code(x: tuple[int, ...]) -> tuple:
     """The shape code of feature tuple ``x`` in :attr:`GpuTable.measured`
     (:func:`~marssim.cost.calibrated.shape_key` with index codes; a convolution's with its
-    geometry; the kernel's phase and fused attention backend)."""
+    geometry, a fused attention kernel's with its heads; the kernel's phase and fused attention
+    backend)."""
     if x[F_CLASS] == CLASS_GEMM:
-        return (x[F_KERNEL], x[F_DTYPE], x[F_G], x[F_M], x[F_NN], x[F_KK], 0, 0, conv_geometry_key(x), x[F_PHASE],
-                x[F_BACKEND])
+        return (x[F_KERNEL], x[F_DTYPE], x[F_G], x[F_M], x[F_NN], x[F_KK], 0, 0,
+                conv_geometry_key(x) or attention_geometry_key(x), x[F_PHASE], x[F_BACKEND])
     return (x[F_KERNEL], x[F_DTYPE], 0, 0, 0, 0, x[F_FLOPS], x[F_TRAFFIC], (), x[F_PHASE], x[F_BACKEND])
 
 

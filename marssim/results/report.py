@@ -9,7 +9,8 @@ column              meaning
 group               the layer group (``layer2.1``, ``encoder.layer.7``, ``conv1 .. maxpool``)
 kind, model         op kind (conv, gemm, ...); workload model (several in a multi-model mix)
 sharding, set       the strategy that split it; the accelerator set(s) that ran it
-cost_model          the cost model(s) that timed its shards (``systolic-os``, ``measured``, ...)
+cost_model          the cost model(s) that timed its shards (``systolic-os``, ``measured``,
+                    ``interpolated``, ``fitted``, ``gpu-roofline``, ...)
 loops               the loop nest (``N=8 K=64 ...``; ops only)
 ops, tasks          ops in the group; compute tasks and transfers labelled with the op
 flops               FLOPs of its compute tasks

@@ -11,7 +11,9 @@ sequence, attending over its ``ctx`` cached tokens, its own included). Its ops a
   op of the ``mode=serve`` graph), else as one row of ``T`` tokens;
 * the KV-cache write of the prefill tokens;
 * the attention core per group of equal ``(q, ctx)`` prefill chunks (``q`` queries over ``ctx``
-  keys), and one batched decode attention over the ``D`` decode sequences at their mean context
+  keys; a chunk after the first reads the cache's keys and values, at the cache's type as the
+  decode step's ops do), and one batched decode attention over the ``D`` decode sequences (the
+  decode step's attention ops, over a cache of ``kv_dtype``) at their mean context
   (rounded; optionally to a multiple of ``context_bucket``): exact when the contexts are equal,
   otherwise the same keys and values read within ``D / 2`` tokens (decode attention streams the
   cache, so its time follows the total);
@@ -196,12 +198,14 @@ class IterationModel:
         self._attention = _Piece(tuple((op, r) for op, r in block if op.param("core")))
         self._head = _Piece(tuple(head))
         # the attention ops' tensor-parallel splits (heads only: they never cut the resized loops)
-        self._attention_split = []
-        for op, rule in self._attention.ops:
-            split = tuple((d, num, den) for d, num, den in rule.split if op.has_dim(d) and (num != 1 or den != 1))
-            if any(d in ("B", "M", "N", "K", "L") and d in attention_loops(op, 1, 1, 1) for d, _, _ in split):
-                raise InputError(None, "model", f"{op.name}: a tensor-parallel split of a token axis")
-            self._attention_split.append((op, rule, split))
+        self._attention_split = self._splits(self._attention.ops)
+        # queries over a cache (decode, later prefill chunks) read its keys and values at the cache's
+        # type: the decode step's attention ops, which carry it, op for op those of the prefill
+        cached = tuple((op, rules[op.name]) for op in graph.ops
+                       if op.name.startswith("decode.1.") and op.param("layer") == 0 and op.param("core"))
+        same = len(cached) == len(self._attention.ops) and all(
+            a.kind == b.kind for (a, _), (b, _) in zip(cached, self._attention.ops))
+        self._cache_attention_split = self._splits(cached) if same else self._attention_split
         self.embed_out = embed[-1][0].name
         self.block_out = block[-1][0].name
         self._layouts = {op.name: r.out for op, r in embed + dense_block + block + head}
@@ -247,6 +251,18 @@ class IterationModel:
     def kv_write_ops(self) -> tuple:
         """``(op, rule)`` of a block's KV-cache write, template-sized."""
         return self._kv_write.ops
+
+    @staticmethod
+    def _splits(ops) -> list:
+        """``(op, rule, tensor-parallel split)`` of attention ops ``(op, rule)``; InputError for a
+        split of a token axis."""
+        out = []
+        for op, rule in ops:
+            split = tuple((d, num, den) for d, num, den in rule.split if op.has_dim(d) and (num != 1 or den != 1))
+            if any(d in ("B", "M", "N", "K", "L") and d in attention_loops(op, 1, 1, 1) for d, _, _ in split):
+                raise InputError(None, "model", f"{op.name}: a tensor-parallel split of a token axis")
+            out.append((op, rule, split))
+        return out
 
     @property
     def attention_ops(self) -> tuple:
@@ -384,7 +400,7 @@ class IterationModel:
         # them or around them (checked by _check_pieces), so each is its shard's time
         design = self._designs[stage]
         total = 0.0
-        for op, rule, split in self._attention_split:
+        for op, rule, split in (self._cache_attention_split if q < ctx else self._attention_split):
             loops = op.loop_dict
             loops.update(attention_loops(op, count, q, ctx))
             for dim, num, den in split:
@@ -414,19 +430,20 @@ class IterationModel:
         if ctx not in contexts:
             contexts.append(ctx)
         design = self._designs[stage]
-        ops = []
+        ops, pieces = [], []
         for c in contexts:
-            for op, _, split in self._attention_split:
+            splits = self._cache_attention_split if 1 < c else self._attention_split
+            pieces.append((c, splits, len(ops)))
+            for op, _, split in splits:
                 loops = op.loop_dict
                 loops.update(attention_loops(op, count, 1, c))
                 for dim, num, den in split:
                     loops[dim] = max(1, -(-loops[dim] * num // den))
                 ops.append(op.with_loops(**loops))
         seconds = op_times(ops, [design] * len(ops)).tolist()
-        per = len(self._attention_split)
-        for i, c in enumerate(contexts):
+        for c, splits, at in pieces:
             total = 0.0
-            for (_, rule, _), t in zip(self._attention_split, seconds[i * per:(i + 1) * per]):
+            for (_, rule, _), t in zip(splits, seconds[at:at + len(splits)]):
                 total += float(t / rule.scale) if rule.scale > 1 else float(t)
             memo[("a", count, 1, c)] = (total, 0.0, 0.0, 0)
 
