@@ -226,35 +226,59 @@ def _layer_name(layer: int, head: int) -> str:
     return "emb" if layer < 0 else "head" if layer == head else str(layer)
 
 
-def _attribute(tg: TaskGraph, start: np.ndarray, end: np.ndarray, device: int, makespan: float) -> dict[str, float]:
-    """Seconds device ``device``'s compute stream is idle, by what it waits for."""
+def latest_predecessors(tg: TaskGraph, end: np.ndarray) -> np.ndarray:
+    """Per task, its predecessor that ended last (the lowest index among equal ends), -1 where it
+    has none: what a task waited for last, by vectorised segment reductions over the TaskGraph's
+    predecessor lists."""
+    pp, pi = tg.pred_ptr, tg.pred_idx
+    n = len(pp) - 1
+    out = np.full(n, -1, dtype=np.int64)
+    counts = np.diff(pp)
+    has = np.flatnonzero(counts > 0)
+    if not len(has):
+        return out
+    pend = end[pi]
+    starts = pp[has]
+    best = np.maximum.reduceat(pend, starts)
+    hit = pend == np.repeat(best, counts[has])
+    out[has] = np.minimum.reduceat(np.where(hit, pi.astype(np.int64), n), starts)
+    return out
+
+
+def _attribute(tg: TaskGraph, start: np.ndarray, end: np.ndarray, device: int, makespan: float,
+               latest: np.ndarray | None = None) -> dict[str, float]:
+    """Seconds device ``device``'s compute stream is idle, by what it waits for: from each gap's
+    end back along the predecessors that ended last (``latest``: :func:`latest_predecessors`)."""
     out = dict.fromkeys(CATEGORIES, 0.0)
     comp = np.flatnonzero((tg.kind == COMPUTE) & (tg.device == device))
     if not len(comp):
         out["bubble"] = makespan
         return out
+    if latest is None:
+        latest = latest_predecessors(tg, end)
     comp = comp[np.lexsort((comp, start[comp]))]
     pp, pi = tg.pred_ptr, tg.pred_idx
     kind, collective, collectives = tg.kind, tg.collective, tg.collectives  # read once (lazy columns)
     gaps_end = start[comp]
     gaps_start = np.concatenate([[0.0], end[comp[:-1]]])
-    for k in np.flatnonzero(gaps_end - gaps_start > 1e-15):
+    for k in np.flatnonzero(gaps_end - gaps_start > 1e-15).tolist():
         t = int(comp[k])
         lo = float(gaps_start[k])
         cursor = float(gaps_end[k])
+        # the gap's own task: what it waited for last, the previous kernel of its stream aside
         prev = int(comp[k - 1]) if k else -1
-        node = t
+        preds = [int(p) for p in pi[pp[t]:pp[t + 1]] if int(p) != prev]
+        p = max(preds, key=lambda q: (end[q], -q)) if preds else -1
         guard = 0
         while cursor > lo + 1e-15 and guard < 10_000:
             guard += 1
-            preds = [int(p) for p in pi[pp[node]:pp[node + 1]] if int(p) != prev]
-            if not preds:
+            if p < 0:
                 out["bubble"] += cursor - lo
                 break
-            p = max(preds, key=lambda q: (end[q], -q))
-            if end[p] < cursor - 1e-15:  # the last predecessor ended before: nothing to wait for in between
-                out["bubble"] += cursor - max(lo, float(end[p]))
-                cursor = max(lo, float(end[p]))
+            e = float(end[p])
+            if e < cursor - 1e-15:  # the last predecessor ended before: nothing to wait for in between
+                out["bubble"] += cursor - max(lo, e)
+                cursor = max(lo, e)
                 if cursor <= lo + 1e-15:
                     break
             if kind[p] == COMPUTE:  # another GPU's kernel: from here back, the wait is the pipeline's
@@ -264,8 +288,7 @@ def _attribute(tg: TaskGraph, start: np.ndarray, end: np.ndarray, device: int, m
             c = collective[p]  # what a transfer belongs to (as _category says)
             out[(collectives[c].group if c >= 0 else "") or "pp"] += cursor - seg_start
             cursor = seg_start
-            node = p
-            prev = -1
+            p = int(latest[p])
     out["bubble"] += max(0.0, makespan - float(end[comp[-1]]))
     return out
 
@@ -295,13 +318,14 @@ def parallel_report(tg: TaskGraph, system, start: np.ndarray, end: np.ndarray, m
     durations = end - start
     comp = tg.kind == COMPUTE
     volume = _volumes(tg, {index[rep] for rep in weight})
+    latest = latest_predecessors(tg, end)
     hardware = 0.0
     for rep, w in sorted(weight.items()):
         d = index[rep]
         mask = comp & (tg.device == d)
         busy = float(durations[mask].sum())
         hardware += float(tg.flops[mask].sum()) * w
-        waits = _attribute(tg, start, end, d, makespan)
+        waits = _attribute(tg, start, end, d, makespan, latest)
         per_gpu[rep] = {"busy_s": busy, **{f"{k}_s": v for k, v in waits.items()}, "gpus": w,
                         **{f"{k}_bytes": v for k, v in volume.get(d, {}).items()}}
         busy_total += busy * w
@@ -362,9 +386,18 @@ def _volumes(tg: TaskGraph, reps: set[int]) -> dict[int, dict[str, float]]:
     src = tg.src[transfer]
     owner = np.where(np.isin(src, list(reps)), src, tg.dst[transfer])
     nbytes = tg.nbytes[transfer]
-    for d, g, b in zip(owner.tolist(), groups.tolist(), nbytes.tolist()):
-        row = out.setdefault(d, {})
-        row[g] = row.get(g, 0.0) + b
+    # sums per (owner, group) in the transfers' order (bincount adds in input order: the floats of
+    # a loop over them)
+    names, group_code = np.unique(groups.astype(str), return_inverse=True)
+    owners, owner_code = np.unique(owner, return_inverse=True)
+    pair = owner_code * len(names) + group_code
+    sums = np.bincount(pair, weights=nbytes, minlength=len(owners) * len(names))
+    first = np.full(len(owners) * len(names), len(pair), dtype=np.int64)
+    np.minimum.at(first, pair, np.arange(len(pair)))
+    for key in np.argsort(first, kind="stable").tolist():  # each owner's groups in order of first use
+        if first[key] < len(pair):
+            row = out.setdefault(int(owners[key // len(names)]), {})
+            row[str(names[key % len(names)])] = float(sums[key])
     return out
 
 
