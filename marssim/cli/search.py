@@ -5,7 +5,6 @@ GPU cluster; the same progress bar, Ctrl-C handling and outputs for both."""
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import math
 import sys
@@ -14,25 +13,15 @@ from pathlib import Path
 
 from marssim.errors import InputError
 
-from ._common import (TRACE_SUFFIXES, add_cost_args, check_output_dir, check_output_file, cost_model, positive_int,
-                      seed_arg)
+from . import _searching
+from ._common import (TRACE_SUFFIXES, add_cost_args, check_output_dir, check_output_file, cost_model, positive_float,
+                      positive_int, seed_arg)
 
 VERB = "search"
 ORDER = 50
 
 LLM_ALGORITHMS = ("mars", "megatron_grid")
 """What ``--algorithm`` may name for an LLM on a GPU cluster."""
-
-
-def positive_float(text: str) -> float:
-    """argparse type: a number > 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
-    return value
 
 
 def add_search_args(p: argparse.ArgumentParser) -> None:
@@ -209,58 +198,6 @@ def _refuse_unused_flags(args: argparse.Namespace, llm: bool) -> None:
                                          "time limit and seeding are the GA's; only mars and random spend a budget)")
 
 
-@contextlib.contextmanager
-def open_executor(args: argparse.Namespace):
-    """The executor the flags ask for; an unreachable or missing Dask is one InputError line."""
-    from marssim.search.parallel import open_executor as _open
-
-    try:
-        opened = _open(args.workers, args.dask, dask_timeout=args.dask_timeout)
-        executor = opened.__enter__()
-    except (ImportError, ConnectionError) as exc:
-        raise InputError(None, "--dask", str(exc)) from None
-    with contextlib.ExitStack() as stack:
-        stack.push(opened)
-        yield executor
-
-
-# ---------------------------------------------------------------------------- progress
-def progress_plan(cfg) -> tuple[int, str]:
-    """What the progress bar counts toward: the budget that will end the search, ``(total,
-    unit)``: its simulations when a simulation budget is set, else its evaluations (simulations
-    and screens) when an evaluation budget is set, else its generations. (Patience may still end
-    it sooner; the bar then stops short.) ``cfg``: a GAConfig or LLMSearchSettings."""
-    if getattr(cfg, "max_simulations", None) is not None:
-        return cfg.max_simulations, "simulations"
-    if getattr(cfg, "max_evaluations", None) is not None:
-        return cfg.max_evaluations, "evaluations"
-    return cfg.generations, "generations"
-
-
-def _progress_bar(args: argparse.Namespace, cfg, objective: str):
-    """A tqdm bar on stderr counting toward the budget that ends the search (see
-    :func:`progress_plan`), with the generation, the best so far and evaluations/s; and its
-    update callback (one call per generation)."""
-    from tqdm import tqdm
-
-    from marssim.search.report import fitness_display
-
-    total, unit = progress_plan(cfg)
-    bar = tqdm(total=total, desc=unit, unit="", file=sys.stderr, disable=args.quiet or not sys.stderr.isatty(),
-               leave=False, bar_format="{desc}: {n}/{total} |{bar}| {elapsed}<{remaining}{postfix}")
-
-    def update(row: dict) -> None:
-        label, value = fitness_display(objective, row["best_fitness"])
-        done = {"simulations": row["simulations"], "evaluations": row["simulations"] + row["estimates"],
-                "generations": row["generation"] + 1}[unit]
-        bar.n = min(done, total)
-        bar.set_postfix_str(f"generation {row['generation'] + 1}/{cfg.generations}, best {value:.4g} "
-                            f"{label.split('(')[-1].rstrip(')')}, {row['evaluations_per_s']:.1f} eval/s", refresh=False)
-        bar.refresh()
-
-    return bar, update
-
-
 # ---------------------------------------------------------------------------- the run
 def search(args: argparse.Namespace, graph, system, cost, llm: bool, executor, progress=None):
     """The search the flags ask for, on ``executor``: a :class:`~marssim.search.SearchResult`."""
@@ -309,17 +246,17 @@ def run(args: argparse.Namespace) -> int:
         if getattr(args, "trace", None):
             raise InputError(None, "--trace", "applies to searches of mappings and parallel configurations; a "
                                               "serving search writes its best deployment's tables with --out")
-        return run_search(args, _progress_bar, open_executor)
+        return run_search(args)
     plan_case(args)
     check_output_dir(args.out)
     check_output_file(args.trace, "--trace", TRACE_SUFFIXES)
     graph, system, cost, llm = load_case(args)
     _refuse_unused_flags(args, llm)
     budget = llm_settings(args, graph) if llm else mapping_settings(args).ga_config()
-    bar, update = _progress_bar(args, budget, args.objective)
+    bar, update = _searching.progress_bar(args, budget, args.objective)
     with bar:
         try:
-            with open_executor(args) as executor:
+            with _searching.open_executor(args) as executor:
                 result = search(args, graph, system, cost, llm, executor, progress=update)
         except SearchInterrupted as stop:
             bar.close()
@@ -387,25 +324,6 @@ def _header(result) -> str:
     return text + "\n"
 
 
-def write_search_files(result, graph, system, baselines: tuple, tmp: Path, out_dir: Path) -> list[str]:
-    """What every search writes into its staged output folder ``tmp`` (shown as ``out_dir``):
-    ``search.json`` (summary with the ``baselines``'), ``history.csv``, ``top10.csv`` and the
-    convergence figure. ``graph``: the workload, None for serving deployments. One line per file."""
-    import pandas as pd
-
-    from marssim.search.report import plot_convergence, search_summary, top_rows
-
-    (tmp / "search.json").write_text(json.dumps(
-        {**search_summary(result, graph, system),
-         "baselines": [search_summary(b, graph, system) for b in baselines]}, indent=2, sort_keys=True) + "\n")
-    result.history.to_csv(tmp / "history.csv", index=False)
-    lines = [f"history      {out_dir / 'history.csv'} ({len(result.history)} rows)"]
-    pd.DataFrame(top_rows(result, 10)).to_csv(tmp / "top10.csv", index=False)
-    lines.append(f"top 10       {out_dir / 'top10.csv'}")
-    lines += [f"figure       {out_dir / p.name}" for p in plot_convergence([result, *baselines], tmp / "convergence.png")]
-    return lines
-
-
 def write_search_outputs(result, graph, system, cost, out: str | Path | None, baselines: tuple = (),
                          trace: str | Path | None = None) -> list[str]:
     """Write into ``out`` atomically (it appears whole or not at all), from what the search
@@ -438,7 +356,7 @@ def write_search_outputs(result, graph, system, cost, out: str | Path | None, ba
         with staged_dir(out_dir) as tmp:
             save_plan(plan, graph_of_plan, system, tmp / "best_mapping.yaml", header=_header(result))
             lines.append(f"mapping      {out_dir / 'best_mapping.yaml'} (marssim simulate --mapping ...)")
-            lines += write_search_files(result, graph, system, baselines, tmp, out_dir)
+            lines += _searching.write_search_files(result, graph, system, baselines, tmp, out_dir)
             if sim is not None:
                 sim.save(tmp / "result")
                 lines.append(f"result       {out_dir / 'result'}/ (marssim simulate --out format)")
