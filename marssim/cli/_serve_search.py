@@ -16,7 +16,6 @@ from marssim.errors import InputError
 from . import _searching
 from ._common import positive_float, positive_int
 
-SERVE_ALGORITHMS = ("mars", "uniform_grid", "exhaustive")
 REQUEST_FLAGS = ("replay", "arrival", "prompt", "output", "requests", "rate", "prefix")
 DEPLOYMENT_FILE = "best_deployment.yaml"
 INTERRUPTED_FILE = "interrupted-best-deployment.yaml"
@@ -101,10 +100,10 @@ def serving_inputs(args: argparse.Namespace):
     if objective not in SERVING_OBJECTIVES:
         raise InputError(None, "--objective", f"serving deployments are searched for {', '.join(SERVING_OBJECTIVES)}; "
                                               f"got {objective}")
+    from marssim.plan.kinds import KINDS, PlanKind
+
     algorithm = getattr(args, "algorithm", "mars")
-    if algorithm not in SERVE_ALGORITHMS:
-        raise InputError(None, "--algorithm", f"serving deployments are searched by {', '.join(SERVE_ALGORITHMS)}, "
-                                              f"not {algorithm}")
+    KINDS[PlanKind.DEPLOYMENT].check_algorithm(algorithm)
     if args.dask and args.workers:
         raise InputError(None, "--workers", "give --workers (local processes) or --dask (a cluster), not both")
     if algorithm != "mars":

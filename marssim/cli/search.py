@@ -20,8 +20,6 @@ from ._common import (TRACE_SUFFIXES, add_cost_args, check_output_dir, check_out
 VERB = "search"
 ORDER = 50
 
-LLM_ALGORITHMS = ("mars", "megatron_grid")
-"""What ``--algorithm`` may name for an LLM on a GPU cluster."""
 
 
 def add_search_args(p: argparse.ArgumentParser) -> None:
@@ -73,7 +71,7 @@ def add_search_args(p: argparse.ArgumentParser) -> None:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from marssim.search import ALGORITHMS
+    from marssim.plan.kinds import KINDS
 
     p = sub.add_parser(
         VERB, help="search for the best mapping or parallel configuration (MARS two-level GA, or a baseline)",
@@ -88,9 +86,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "plan is simulated once more for its Perfetto trace (and, with --out, its result/). Ctrl-C "
                     "writes the best plan so far and exits 130.")
     add_search_args(p)
-    from ._serve_search import SERVE_ALGORITHMS
-
-    p.add_argument("--algorithm", choices=tuple(dict.fromkeys(ALGORITHMS + LLM_ALGORITHMS + SERVE_ALGORITHMS)),
+    p.add_argument("--algorithm", choices=tuple(dict.fromkeys(a for k in KINDS.values() for a in k.algorithms)),
                    default="mars",
                    help="mars (default), data_parallel, h2h, random or exhaustive (small spaces only); for an LLM "
                         "workload on a GPU cluster: mars (the search over parallel configurations) or megatron_grid "
@@ -133,8 +129,9 @@ def load_case(args: argparse.Namespace):
             if getattr(args, dest, None) is not None:
                 raise InputError(None, flag, "applies to an LLM workload (gpt:, llama:, moe: or a preset) on a "
                                              "GPU cluster")
-        if getattr(args, "algorithm", "mars") == "megatron_grid":
-            raise InputError(None, "--algorithm", "megatron_grid applies to an LLM workload on a GPU cluster")
+        from marssim.plan.kinds import KINDS, PlanKind
+
+        KINDS[PlanKind.MAPPING].check_algorithm(getattr(args, "algorithm", "mars"))
         if args.objective in ("energy", "edp"):
             missing = [name for name, d in system.designs.items() if d.energy is None]
             if len(missing) == len(system.designs):
@@ -184,9 +181,9 @@ _GA_FLAGS = (("--generations", "generations"), ("--population", "population"), (
 def _refuse_unused_flags(args: argparse.Namespace, llm: bool) -> None:
     """InputError for an algorithm the case has not, or a flag the algorithm would ignore (only
     mars runs generations; only mars and random spend a budget)."""
-    if llm and args.algorithm not in LLM_ALGORITHMS:
-        raise InputError(None, "--algorithm", f"an LLM workload on a GPU cluster is searched by "
-                                              f"{' or '.join(LLM_ALGORITHMS)}, not {args.algorithm}")
+    from marssim.plan.kinds import KINDS, PlanKind
+
+    KINDS[PlanKind.PARALLEL if llm else PlanKind.MAPPING].check_algorithm(args.algorithm)
     if args.algorithm == "mars":
         return
     flags = [flag for flag, dest in _GA_FLAGS if getattr(args, dest) not in (None, True)]
@@ -232,8 +229,11 @@ def plan_case(args: argparse.Namespace) -> None:
         raise InputError(None, "--objective", f"{args.objective} applies to serving deployments (--model)")
     if args.objective is None:
         args.objective = "latency"
-    if getattr(args, "algorithm", "mars") == "uniform_grid":
-        raise InputError(None, "--algorithm", "uniform_grid applies to serving deployments (--model)")
+    from marssim.plan.kinds import KINDS, PlanKind
+
+    algorithm = getattr(args, "algorithm", "mars")
+    if algorithm not in KINDS[PlanKind.MAPPING].algorithms + KINDS[PlanKind.PARALLEL].algorithms:
+        KINDS[PlanKind.MAPPING].check_algorithm(algorithm)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -291,12 +291,12 @@ def keep_interrupted(result, graph, system, args: argparse.Namespace) -> int:
     """Ctrl-C: write the best plan found so far (``--out DIR/best_mapping.yaml`` with
     ``history.csv`` and ``search.json``, else :data:`INTERRUPTED_FILE`), say where; exit 130."""
     from marssim.fsutil import staged_dir
-    from marssim.parallel import ParallelConfig
-    from marssim.plan import graph_for, save_plan
+    from marssim.plan import save_plan
+    from marssim.plan.kinds import kind_of
     from marssim.search.report import search_summary
 
     plan = result.best
-    graph_of_plan = graph_for(graph, plan) if isinstance(plan, ParallelConfig) else graph
+    graph_of_plan = kind_of(plan).graph_of(graph, plan)
     if args.out:
         with staged_dir(Path(args.out)) as tmp:
             save_plan(plan, graph_of_plan, system, tmp / "best_mapping.yaml", header=_header(result))
@@ -334,19 +334,19 @@ def write_search_outputs(result, graph, system, cost, out: str | Path | None, ba
     (:meth:`Result.save`). Returns one line per file for the user."""
 
     from marssim.fsutil import staged_dir
-    from marssim.parallel import ParallelConfig
-    from marssim.plan import graph_for, save_plan
+    from marssim.plan import save_plan
+    from marssim.plan.kinds import kind_of
 
     plan = result.best
-    graph_of_plan = graph_for(graph, plan) if isinstance(plan, ParallelConfig) else graph
+    kind = kind_of(plan)
+    graph_of_plan = kind.graph_of(graph, plan)
     sim = None
     if trace:
         from marssim.plan import run
 
         done = run(plan, graph_of_plan, system, cost)
         again = done.makespan
-        if not math.isclose(again, result.evaluation.makespan,
-                            rel_tol=1e-12 if isinstance(plan, ParallelConfig) else 0):
+        if not math.isclose(again, result.evaluation.makespan, rel_tol=kind.rerun_rel_tol):
             raise RuntimeError(f"the best plan simulates to {again} s, the search reported "
                                f"{result.evaluation.makespan} s")
         sim = done.result
@@ -364,7 +364,7 @@ def write_search_outputs(result, graph, system, cost, out: str | Path | None, ba
         from marssim.results.view import folded_view
         from marssim.trace import write_chrome_trace
 
-        shown = folded_view(sim, None) if isinstance(plan, ParallelConfig) else sim
+        shown = folded_view(sim, None) if kind.folded else sim
         size = write_chrome_trace(shown, trace)
         lines.append(f"trace        {trace} ({size / 2**20:.2f} MiB; open in https://ui.perfetto.dev)")
     return lines
