@@ -27,7 +27,7 @@ from marssim.workload import Graph
 
 from .model import Plan, graph_for
 
-__all__ = ["PlanKind", "KindSpec", "KINDS", "kind_of", "short_config", "short_deployment"]
+__all__ = ["PlanKind", "KindSpec", "KINDS", "find_kind", "kind_of", "short_config", "short_deployment"]
 
 
 class PlanKind(enum.Enum):
@@ -205,9 +205,14 @@ KINDS: dict[PlanKind, KindSpec] = {
 _BY_TYPE = {spec.plan_type: spec for spec in KINDS.values()}
 
 
+def find_kind(obj: object) -> KindSpec | None:
+    """The :class:`KindSpec` of ``obj`` when it is a plan, else None."""
+    return _BY_TYPE.get(type(obj))
+
+
 def kind_of(plan: Plan) -> KindSpec:
     """The :class:`KindSpec` of ``plan``; TypeError for anything that is no plan."""
-    spec = _BY_TYPE.get(type(plan))
+    spec = find_kind(plan)
     if spec is None:
         raise TypeError(f"not a plan: {type(plan).__name__}; expected one of "
                         f"{', '.join(t.__name__ for t in _BY_TYPE)}")

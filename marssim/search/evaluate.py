@@ -36,7 +36,7 @@ from marssim.lower import LoweringCache
 from marssim.mapping import Mapping
 from marssim.parallel import ParallelConfig
 from marssim.plan import Plan, graph_for, plan_key
-from marssim.plan.kinds import KINDS, PlanKind, kind_of
+from marssim.plan.kinds import KINDS, PlanKind, find_kind, kind_of
 from marssim.serve.case import CaseRun, ServeCase
 from marssim.serve.deployment import Deployment
 from marssim.system import System
@@ -366,7 +366,7 @@ def _chunks(items: list, parts: int) -> list[list[int]]:
     rules of a few micro-batch sizes, not of all); other plans dealt round-robin (neighbouring
     candidates, often alike in cost, land in different chunks, which balances the workers)."""
     parts = max(1, min(parts, len(items)))
-    if all(_affinity(p) for p in items):
+    if all((spec := find_kind(p)) is not None and spec.affinity(p) for p in items):
         order = sorted(range(len(items)), key=lambda i: _affinity(items[i]))
         bounds = [len(items) * k // parts for k in range(parts + 1)]
         return [order[bounds[k]:bounds[k + 1]] for k in range(parts)]
