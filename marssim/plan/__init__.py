@@ -12,6 +12,7 @@ from .kinds import KINDS, KindSpec, PlanKind, kind_of
 from .model import Plan, bind_parallel, graph_for, is_llm, plan_key, plan_text, workload_sets_batch
 from .run import HOW, Run, lower_plan, run, run_deployment, serve_rates, serve_stream, trace_gpus
 
-__all__ = ["KINDS", "KindSpec", "PlanKind", "kind_of", "Plan", "bind_parallel", "graph_for", "is_llm", "plan_key", "plan_text", "workload_sets_batch",
+__all__ = ["KINDS", "KindSpec", "PlanKind", "kind_of", "Plan", "bind_parallel", "graph_for", "is_llm", "plan_key",
+           "plan_text", "workload_sets_batch",
            "example_plans", "load_plan", "plan_to_dict", "resolve_plan_file", "save_plan",
            "HOW", "Run", "lower_plan", "run", "run_deployment", "serve_rates", "serve_stream", "trace_gpus"]

@@ -44,8 +44,8 @@ class KindSpec:
 
     ``plan_type``: its class; ``noun``: what a person calls one (``mapping``, ``configuration``,
     ``deployment``), ``plural``: what a person calls its plans; ``section``: the key of a file
-    that holds one; ``objectives``: what a search of it may minimise (the first the default); ``algorithms``: the searches it has (the first
-    the default); ``metrics``: the figures of its evaluations (names of
+    that holds one; ``objectives``: what a search of it may minimise (the first the default);
+    ``algorithms``: the searches it has (the first the default); ``metrics``: the figures of its evaluations (names of
     :class:`marssim.search.evaluate.Evaluation` fields); ``screen``: what its screen is;
     ``text``, ``short``, ``key``: a plan in a line, in a table cell, as a stable hex key;
     ``describe``: its own lines of a report (``graph``: the workload, None for a deployment);
