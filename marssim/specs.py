@@ -10,12 +10,14 @@ One grammar, one typed coercion and one error style for all three: every problem
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from marssim.errors import InputError
 
-__all__ = ["Spec", "Field", "field_like", "split_spec", "parse_params", "coerce", "format_spec"]
+__all__ = ["Spec", "Field", "KeyValues", "field_like", "split_spec", "parse_items", "parse_params", "coerce",
+           "format_spec"]
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
@@ -86,22 +88,57 @@ def field_like(default: Any) -> Field:
     return Field("str")
 
 
-def parse_params(where: str, text: str) -> dict[str, str]:
-    """``"a=1,b=2"`` -> ``{"a": "1", "b": "2"}``; InputError for an item without ``=`` or a key
-    given twice."""
-    params: dict[str, str] = {}
-    for item in text.split(","):
-        if not item.strip():
+@dataclass(frozen=True)
+class KeyValues:
+    """``key=value,...`` text split once: ``named`` the raw values by key, in the order given;
+    ``positional`` the items without ``=`` where the grammar allows them (``trace:NAME``'s name)."""
+
+    named: dict[str, str]
+    positional: tuple[str, ...] = ()
+
+
+def parse_items(text: str, where: str, *, file: str | None = None, expected: str = "",
+                positional: bool = False, continues: Callable[[str, str], bool] | None = None) -> KeyValues:
+    """The one reader of ``key=value,...`` text (spec parameters, ``--pool``, ``--slo``, request
+    specs, ``--gpu-price``): items separated by commas, blanks around them ignored, each key once.
+
+    ``where``: the flag or key path errors name (``--pool``; a repeated key is named
+    ``where.key``, or ``key`` when ``where`` is empty); ``file``: the file or spec the text came
+    from (None for a flag); ``expected``: what the grammar takes, shown when an item is not
+    ``key=value`` (default: key=value pairs separated by commas); ``positional``: items without
+    ``=`` are kept in order instead of refused; ``continues(last_key, item)``: True when ``item``
+    belongs to the value of the key before it (a draft model's own parameters after
+    ``spec_model=``), joined to it with its comma. Raises InputError."""
+    named: dict[str, str] = {}
+    loose: list[str] = []
+    last = ""
+    for raw in str(text).split(","):
+        item = raw.strip()
+        if not item:
+            continue
+        if last and continues is not None and continues(last, item):
+            named[last] += "," + item
             continue
         key, eq, value = item.partition("=")
         key, value = key.strip(), value.strip()
+        if not eq and positional:
+            loose.append(item)
+            continue
         if not eq or not key or not value:
-            raise InputError(where, key or item.strip(), f"expected parameters as key=value pairs separated by commas, got "
-                                                         f"{item.strip()!r}")
-        if key in params:
-            raise InputError(where, key, f"given twice ({params[key]} and {value}); expected each parameter once")
-        params[key] = value
-    return params
+            what = expected or "key=value pairs separated by commas"
+            raise InputError(file, where or key or item, f"expected {what}, got {item!r}")
+        if key in named:
+            raise InputError(file, f"{where}.{key}" if where else key,
+                             f"given twice ({named[key]} and {value}); expected each key once")
+        named[key] = value
+        last = key
+    return KeyValues(named, tuple(loose))
+
+
+def parse_params(where: str, text: str) -> dict[str, str]:
+    """``"a=1,b=2"`` -> ``{"a": "1", "b": "2"}`` (the parameters of spec ``where``); InputError
+    for an item without ``=`` or a key given twice."""
+    return parse_items(text, "", file=where, expected="parameters as key=value pairs separated by commas").named
 
 
 def split_spec(text: str, *, named: bool = True) -> Spec:

@@ -216,3 +216,57 @@ def test_mapping_and_parallel_do_not_know_each_other():
     assert "marssim.parallel" not in graph["marssim.mapping"]
     assert "marssim.mapping" not in graph["marssim.parallel"]
     assert {"marssim.mapping", "marssim.parallel"} <= graph["marssim.plan"]
+
+
+PLAN_CLASSES = {"Mapping", "ParallelConfig", "Deployment"}
+"""The classes of the kinds of plan (:mod:`marssim.plan.kinds`)."""
+PLAN_KIND_CHECKS_ALLOWED: dict[str, int] = {}
+"""Modules outside ``marssim.plan`` allowed to ask a plan its class, and how often (none: the
+kinds are told apart by ``marssim.plan.kinds.kind_of``)."""
+
+
+def plan_class_names(tree: ast.AST) -> set[str]:
+    """The local names a module binds to a plan class of marssim (``from marssim.mapping import
+    Mapping``, ``... import Deployment as D``); ``collections.abc.Mapping`` is none of them."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("marssim")):
+            names.update(a.asname or a.name for a in node.names if a.name in PLAN_CLASSES)
+    return names
+
+
+def plan_kind_checks(path: Path) -> int:
+    """``isinstance(x, C)`` (or with a tuple holding C) in ``path`` where C is a plan class
+    imported from marssim, by name or as ``module.C``."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    local = plan_class_names(tree)
+
+    def names_plan(node: ast.AST) -> bool:
+        if isinstance(node, ast.Tuple):
+            return any(names_plan(e) for e in node.elts)
+        if isinstance(node, ast.Name):
+            return node.id in local
+        return isinstance(node, ast.Attribute) and node.attr in PLAN_CLASSES
+
+    return sum(1 for node in ast.walk(tree)
+               if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "isinstance"
+               and len(node.args) == 2 and names_plan(node.args[1]))
+
+
+def test_the_counter_sees_a_plan_kind_check_and_not_an_abc(tmp_path):
+    sample = tmp_path / "sample.py"
+    sample.write_text("from collections.abc import Mapping\nfrom marssim.parallel import ParallelConfig as P\n"
+                      "import marssim.serve.deployment as d\n"
+                      "a = isinstance(x, Mapping)\nb = isinstance(x, (int, P))\nc = isinstance(x, d.Deployment)\n")
+    assert plan_kind_checks(sample) == 2
+
+
+def test_no_module_outside_the_plan_level_asks_a_plan_its_class():
+    found = {}
+    for module, path in all_modules().items():
+        if module == "marssim.plan" or module.startswith("marssim.plan."):
+            continue
+        n = plan_kind_checks(path)
+        if n != PLAN_KIND_CHECKS_ALLOWED.get(module, 0):
+            found[module] = n
+    assert not found, f"isinstance on a plan class outside marssim/plan (use marssim.plan.kinds.kind_of): {found}"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from marssim.cli import main
-from marssim.cli.search import progress_plan
+from marssim.cli._searching import progress_plan
 from marssim.cost import default_cost_model
 from marssim.lower import lower
 from marssim.mapping import load_mapping
@@ -41,20 +41,21 @@ def test_the_ga_hands_back_its_best_so_far_when_interrupted():
 
 @pytest.mark.parametrize("with_out", [True, False])
 def test_ctrl_c_writes_the_best_mapping_and_exits_130(with_out, tmp_path, monkeypatch, capsys):
-    import marssim.cli.search as verb
+    import marssim.cli._searching as verb
+    import marssim.cli.search as search_verb
 
-    original = verb._progress_bar
+    original = verb.progress_bar
 
     def interrupting_bar(args, cfg, objective):
         bar, _ = original(args, cfg, objective)
         return bar, _interrupt_at(2)
 
-    monkeypatch.setattr(verb, "_progress_bar", interrupting_bar)
+    monkeypatch.setattr(verb, "progress_bar", interrupting_bar)
     monkeypatch.chdir(tmp_path)
     out = ["--out", "found"] if with_out else []
     assert main(["search", *CASE, "--population", "4", *out]) == 130
     err = capsys.readouterr().err
-    path = tmp_path / ("found/best_mapping.yaml" if with_out else verb.INTERRUPTED_FILE)
+    path = tmp_path / ("found/best_mapping.yaml" if with_out else search_verb.INTERRUPTED_FILE)
     assert path.is_file() and str(path.relative_to(tmp_path)) in err and "interrupted after 2 generations" in err
     mapping, graph, system = load_mapping(path)
     shown = float(err.split("so far (")[1].split(" ms")[0])
@@ -87,15 +88,15 @@ def _check_kept(path, err: str) -> None:
 
 @pytest.mark.parametrize("workers", [["--workers", "1"], ["--workers", "2"], ["dask"]])
 def test_ctrl_c_during_an_llm_search_keeps_its_best_and_exits_130(workers, tmp_path, monkeypatch, capsys):
-    import marssim.cli.search as verb
+    import marssim.cli._searching as verb
 
-    original = verb._progress_bar
+    original = verb.progress_bar
 
     def interrupting_bar(args, cfg, objective):
         bar, _ = original(args, cfg, objective)
         return bar, _interrupt_at(2)
 
-    monkeypatch.setattr(verb, "_progress_bar", interrupting_bar)
+    monkeypatch.setattr(verb, "progress_bar", interrupting_bar)
     monkeypatch.chdir(tmp_path)
     argv = ["search", *LLM_CASE, "--budget", "40", "--generations", "20", "--out", "found"]
     if workers == ["dask"]:

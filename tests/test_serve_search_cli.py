@@ -106,10 +106,10 @@ def test_inputs_that_do_not_make_a_serving_search(args, message, capsys):
 
 @pytest.mark.parametrize("with_out", [True, False])
 def test_ctrl_c_keeps_the_best_deployment_and_exits_130(with_out, system, tmp_path, monkeypatch, capsys):
-    import marssim.cli.search as verb
+    import marssim.cli._searching as verb
     from marssim.cli._serve_search import INTERRUPTED_FILE
 
-    original = verb._progress_bar
+    original = verb.progress_bar
 
     def interrupting_bar(args, cfg, objective):
         bar, _ = original(args, cfg, objective)
@@ -119,7 +119,7 @@ def test_ctrl_c_keeps_the_best_deployment_and_exits_130(with_out, system, tmp_pa
 
         return bar, progress
 
-    monkeypatch.setattr(verb, "_progress_bar", interrupting_bar)
+    monkeypatch.setattr(verb, "progress_bar", interrupting_bar)
     monkeypatch.chdir(tmp_path)
     out = ["--out", "found"] if with_out else []
     assert main(["search", *case(system, "--objective", "gpus", "--population", "4", *out)]) == 130

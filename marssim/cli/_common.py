@@ -225,3 +225,13 @@ def existing_dir(path: str) -> Path:
     if not p.is_dir():
         raise InputError(path, "", "no such directory")
     return p
+
+
+def request_flags(args: argparse.Namespace):
+    """The request flags of ``marssim serve``, ``search`` and ``compare`` as a
+    :class:`~marssim.serve.inputs.RequestFlags` (a verb without a flag leaves it None)."""
+    from marssim.serve.inputs import RequestFlags
+
+    return RequestFlags(replay=args.replay, arrival=args.arrival, prompt=args.prompt, output=args.output,
+                        count=args.requests, rate=args.rate, prefix=args.prefix,
+                        concurrency=getattr(args, "concurrency", None), duration=getattr(args, "duration", None))

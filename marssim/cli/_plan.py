@@ -133,12 +133,12 @@ def load_plan_args(args: argparse.Namespace):
                 if s not in STRATEGIES:
                     raise InputError(None, "--strategy", f"expected strategies from {', '.join(STRATEGIES)}, got {s!r}")
             plan = Mapping.single_set(graph, system, sharding=strategy, micro_batches=args.micro_batches or 1)
-    from marssim.parallel import ParallelConfig
+    from marssim.plan.kinds import PlanKind, kind_of
 
     if is_llm(graph):
         refuse_llm_off_gpus(system, graph.spec, "--mapping" if args.mapping and not args.system else "--system")
         refuse_missing_precision(graph.meta["transformer"], system, graph.spec)
-    if not isinstance(plan, ParallelConfig):
+    if kind_of(plan).kind is not PlanKind.PARALLEL:
         given = [flag for flag, dest, default in _PARALLEL_ONLY if getattr(args, dest, default) != default]
         if not hasattr(args, "streams") and getattr(args, "memory_policy", "error") == "ignore":
             given.append("--memory-policy ignore")  # estimate: a per-op mapping's memory is not estimated
@@ -183,14 +183,14 @@ def print_report(result, args: argparse.Namespace) -> None:
 
 def run_plan_verb(args: argparse.Namespace, how: str) -> int:
     """``simulate`` (``how="simulate"``) or ``estimate``: load, check, run, print, write."""
-    from marssim.parallel import ParallelConfig
     from marssim.plan import run, trace_gpus
+    from marssim.plan.kinds import PlanKind, kind_of
     from marssim.results.view import folded_view
 
     plan, graph, system = load_plan_args(args)
     gpus = trace_gpus(args.trace_gpus, system) if getattr(args, "trace_gpus", None) else None
     cost = cost_model(args)
-    parallel = isinstance(plan, ParallelConfig)
+    parallel = kind_of(plan).kind is PlanKind.PARALLEL
     with progress_bar(args, how) as progress:
         done = run(plan, graph, system, cost, how=how, memory_policy=getattr(args, "memory_policy", "error"),
                    streams=getattr(args, "streams", 1), fold=args.fold, level=args.group or "block",

@@ -13,9 +13,9 @@ from pathlib import Path
 
 from marssim.errors import InputError
 
+from . import _searching
 from ._common import positive_float, positive_int
 
-SERVE_ALGORITHMS = ("mars", "uniform_grid", "exhaustive")
 REQUEST_FLAGS = ("replay", "arrival", "prompt", "output", "requests", "rate", "prefix")
 DEPLOYMENT_FILE = "best_deployment.yaml"
 INTERRUPTED_FILE = "interrupted-best-deployment.yaml"
@@ -83,11 +83,11 @@ def serving_inputs(args: argparse.Namespace):
     from marssim.search.serve import ServeSearchSettings
     from marssim.serve.case import ServeCase
     from marssim.serve.model import load_model
+    from marssim.serve.inputs import check_context, request_spec
     from marssim.serve.slo import parse_constraints, parse_prices
     from marssim.system import load_system
 
-    from ._common import cost_model
-    from .serve import _requests
+    from ._common import cost_model, refuse_llm_off_gpus, refuse_missing_precision, request_flags
 
     if args.workload is not None:
         raise InputError(None, "--workload", "give --workload (plans of a workload) or --model (serving deployments), "
@@ -100,10 +100,10 @@ def serving_inputs(args: argparse.Namespace):
     if objective not in SERVING_OBJECTIVES:
         raise InputError(None, "--objective", f"serving deployments are searched for {', '.join(SERVING_OBJECTIVES)}; "
                                               f"got {objective}")
+    from marssim.plan.kinds import KINDS, PlanKind
+
     algorithm = getattr(args, "algorithm", "mars")
-    if algorithm not in SERVE_ALGORITHMS:
-        raise InputError(None, "--algorithm", f"serving deployments are searched by {', '.join(SERVE_ALGORITHMS)}, "
-                                              f"not {algorithm}")
+    KINDS[PlanKind.DEPLOYMENT].check_algorithm(algorithm)
     if args.dask and args.workers:
         raise InputError(None, "--workers", "give --workers (local processes) or --dask (a cluster), not both")
     if algorithm != "mars":
@@ -128,13 +128,10 @@ def serving_inputs(args: argparse.Namespace):
             raise InputError(None, "--gpu-price", f"--objective cost needs a price per GPU-hour of every GPU design "
                                                   f"of {system.spec}; missing: {', '.join(missing)} (e.g. "
                                                   f"--gpu-price {missing[0]}=2.5)")
-    spec = _requests(_RequestArgs(args), {})
+    spec = request_spec(request_flags(args))
     if spec.arrivals.kind in ("offline", "closed"):
         raise InputError(None, "--arrival", "a serving search needs arrivals at a rate (poisson, gamma or a trace), "
                                             f"not {spec.arrivals.kind}")
-    from ._common import refuse_llm_off_gpus, refuse_missing_precision
-    from .serve import check_context
-
     refuse_llm_off_gpus(system, str(args.model))
     refuse_missing_precision(model, system, str(args.model), "--model")
     check_context(model, spec, args.seed)
@@ -147,15 +144,6 @@ def serving_inputs(args: argparse.Namespace):
                                    context_bucket=args.context_bucket or 1,
                                    seed_with_grid=getattr(args, "seed_baseline", True), **changes)
     return case, system, cost_model(args), settings, args.model
-
-
-class _RequestArgs:
-    """The request flags as ``marssim serve``'s reader takes them."""
-
-    def __init__(self, args: argparse.Namespace) -> None:
-        for flag in REQUEST_FLAGS:
-            setattr(self, flag, getattr(args, flag))
-        self.deployment = None
 
 
 def requests_section(args: argparse.Namespace, rate: float | None, seed: int) -> dict:
@@ -177,7 +165,7 @@ def requests_section(args: argparse.Namespace, rate: float | None, seed: int) ->
 
 
 # ---------------------------------------------------------------------------- running
-def run_search(args: argparse.Namespace, progress_bar, open_executor) -> int:
+def run_search(args: argparse.Namespace) -> int:
     """``marssim search --model ...``: the search, its report, its outputs (--out), Ctrl-C."""
     from marssim.search.report import describe_best, fitness_display, format_top
     from marssim.search.result import SearchInterrupted
@@ -186,10 +174,10 @@ def run_search(args: argparse.Namespace, progress_bar, open_executor) -> int:
 
     check_output_dir(args.out)
     case, system, cost, settings, model_spec = serving_inputs(args)
-    bar, update = progress_bar(args, settings, settings.objective)
+    bar, update = _searching.progress_bar(args, settings, settings.objective)
     with bar:
         try:
-            with open_executor(args) as executor:
+            with _searching.open_executor(args) as executor:
                 result = _search(args.algorithm, case, system, cost, settings, executor, update)
         except SearchInterrupted as stop:
             bar.close()
@@ -348,8 +336,6 @@ def write_outputs(result, case, system, cost, out: str | Path, model_spec: str, 
     from marssim.fsutil import staged_dir
     from marssim.serve import outputs
 
-    from .search import write_search_files
-
     run = resimulate(result, case, system, cost)
     out_dir = Path(out)
     lines: list[str] = []
@@ -360,7 +346,7 @@ def write_outputs(result, case, system, cost, out: str | Path, model_spec: str, 
         lines.append(f"deployment   {out_dir / DEPLOYMENT_FILE} (marssim serve --deployment ...)")
         for path in write_launch_scripts(launch_commands(result.best, case.model, model_spec), result.best, tmp):
             lines.append(f"launch       {out_dir / path.name} (the best deployment's engine command lines)")
-        lines += write_search_files(result, None, system, baselines, tmp, out_dir)
+        lines += _searching.write_search_files(result, None, system, baselines, tmp, out_dir)
         written = write_pareto(front_of([result], result.objective), tmp, _pareto_title(case, system),
                                result.objective)
         lines += [f"pareto       {out_dir / p.name}" for p in written]
@@ -441,7 +427,7 @@ def _short(dep) -> str:
     return short_deployment(dep)
 
 
-def run_compare(args: argparse.Namespace, open_executor) -> int:
+def run_compare(args: argparse.Namespace) -> int:
     """``marssim compare --model ...``: the uniform grid, the GA seeded with its best, and
     exhaustive search when the space is small enough, on the same case; one table, and the Pareto
     front of every deployment they simulated (with ``--csv NAME.csv``: beside it
@@ -454,7 +440,7 @@ def run_compare(args: argparse.Namespace, open_executor) -> int:
     case, system, cost, settings, _ = serving_inputs(args)
     quiet = args.quiet or not sys.stderr.isatty()
     results = []
-    with open_executor(args) as executor:
+    with _searching.open_executor(args) as executor:
         if not quiet:
             print("uniform grid: running", file=sys.stderr)
         grid = serve_grid_search(case, system, cost, settings, executor=executor)

@@ -7,7 +7,8 @@ import sys
 
 from marssim.errors import InputError
 
-from .search import add_search_args, load_case, llm_settings, open_executor
+from ._searching import open_executor
+from .search import add_search_args, load_case, llm_settings
 
 VERB = "compare"
 ORDER = 55
@@ -122,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
         if args.also_system:
             raise InputError(None, "--also-system", "applies to an LLM's parallel configurations; a serving "
                                                     "comparison (--model) runs on one system")
-        return run_compare(args, open_executor)
+        return run_compare(args)
     plan_case(args)
     graph, system, cost, llm = load_case(args)
     quiet = args.quiet or not sys.stderr.isatty()

@@ -5,7 +5,6 @@ GPU cluster; the same progress bar, Ctrl-C handling and outputs for both."""
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import math
 import sys
@@ -14,25 +13,13 @@ from pathlib import Path
 
 from marssim.errors import InputError
 
-from ._common import (TRACE_SUFFIXES, add_cost_args, check_output_dir, check_output_file, cost_model, positive_int,
-                      seed_arg)
+from . import _searching
+from ._common import (TRACE_SUFFIXES, add_cost_args, check_output_dir, check_output_file, cost_model, positive_float,
+                      positive_int, seed_arg)
 
 VERB = "search"
 ORDER = 50
 
-LLM_ALGORITHMS = ("mars", "megatron_grid")
-"""What ``--algorithm`` may name for an LLM on a GPU cluster."""
-
-
-def positive_float(text: str) -> float:
-    """argparse type: a number > 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
-    return value
 
 
 def add_search_args(p: argparse.ArgumentParser) -> None:
@@ -84,7 +71,7 @@ def add_search_args(p: argparse.ArgumentParser) -> None:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from marssim.search import ALGORITHMS
+    from marssim.plan.kinds import KINDS
 
     p = sub.add_parser(
         VERB, help="search for the best mapping or parallel configuration (MARS two-level GA, or a baseline)",
@@ -99,9 +86,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "plan is simulated once more for its Perfetto trace (and, with --out, its result/). Ctrl-C "
                     "writes the best plan so far and exits 130.")
     add_search_args(p)
-    from ._serve_search import SERVE_ALGORITHMS
-
-    p.add_argument("--algorithm", choices=tuple(dict.fromkeys(ALGORITHMS + LLM_ALGORITHMS + SERVE_ALGORITHMS)),
+    p.add_argument("--algorithm", choices=tuple(dict.fromkeys(a for k in KINDS.values() for a in k.algorithms)),
                    default="mars",
                    help="mars (default), data_parallel, h2h, random or exhaustive (small spaces only); for an LLM "
                         "workload on a GPU cluster: mars (the search over parallel configurations) or megatron_grid "
@@ -144,8 +129,9 @@ def load_case(args: argparse.Namespace):
             if getattr(args, dest, None) is not None:
                 raise InputError(None, flag, "applies to an LLM workload (gpt:, llama:, moe: or a preset) on a "
                                              "GPU cluster")
-        if getattr(args, "algorithm", "mars") == "megatron_grid":
-            raise InputError(None, "--algorithm", "megatron_grid applies to an LLM workload on a GPU cluster")
+        from marssim.plan.kinds import KINDS, PlanKind
+
+        KINDS[PlanKind.MAPPING].check_algorithm(getattr(args, "algorithm", "mars"))
         if args.objective in ("energy", "edp"):
             missing = [name for name, d in system.designs.items() if d.energy is None]
             if len(missing) == len(system.designs):
@@ -195,9 +181,9 @@ _GA_FLAGS = (("--generations", "generations"), ("--population", "population"), (
 def _refuse_unused_flags(args: argparse.Namespace, llm: bool) -> None:
     """InputError for an algorithm the case has not, or a flag the algorithm would ignore (only
     mars runs generations; only mars and random spend a budget)."""
-    if llm and args.algorithm not in LLM_ALGORITHMS:
-        raise InputError(None, "--algorithm", f"an LLM workload on a GPU cluster is searched by "
-                                              f"{' or '.join(LLM_ALGORITHMS)}, not {args.algorithm}")
+    from marssim.plan.kinds import KINDS, PlanKind
+
+    KINDS[PlanKind.PARALLEL if llm else PlanKind.MAPPING].check_algorithm(args.algorithm)
     if args.algorithm == "mars":
         return
     flags = [flag for flag, dest in _GA_FLAGS if getattr(args, dest) not in (None, True)]
@@ -207,58 +193,6 @@ def _refuse_unused_flags(args: argparse.Namespace, llm: bool) -> None:
         raise InputError(None, flags[0], f"{', '.join(flags)} {'does' if len(flags) == 1 else 'do'} not apply to "
                                          f"--algorithm {args.algorithm} and would be ignored (generations, population, "
                                          "time limit and seeding are the GA's; only mars and random spend a budget)")
-
-
-@contextlib.contextmanager
-def open_executor(args: argparse.Namespace):
-    """The executor the flags ask for; an unreachable or missing Dask is one InputError line."""
-    from marssim.search.parallel import open_executor as _open
-
-    try:
-        opened = _open(args.workers, args.dask, dask_timeout=args.dask_timeout)
-        executor = opened.__enter__()
-    except (ImportError, ConnectionError) as exc:
-        raise InputError(None, "--dask", str(exc)) from None
-    with contextlib.ExitStack() as stack:
-        stack.push(opened)
-        yield executor
-
-
-# ---------------------------------------------------------------------------- progress
-def progress_plan(cfg) -> tuple[int, str]:
-    """What the progress bar counts toward: the budget that will end the search, ``(total,
-    unit)``: its simulations when a simulation budget is set, else its evaluations (simulations
-    and screens) when an evaluation budget is set, else its generations. (Patience may still end
-    it sooner; the bar then stops short.) ``cfg``: a GAConfig or LLMSearchSettings."""
-    if getattr(cfg, "max_simulations", None) is not None:
-        return cfg.max_simulations, "simulations"
-    if getattr(cfg, "max_evaluations", None) is not None:
-        return cfg.max_evaluations, "evaluations"
-    return cfg.generations, "generations"
-
-
-def _progress_bar(args: argparse.Namespace, cfg, objective: str):
-    """A tqdm bar on stderr counting toward the budget that ends the search (see
-    :func:`progress_plan`), with the generation, the best so far and evaluations/s; and its
-    update callback (one call per generation)."""
-    from tqdm import tqdm
-
-    from marssim.search.report import fitness_display
-
-    total, unit = progress_plan(cfg)
-    bar = tqdm(total=total, desc=unit, unit="", file=sys.stderr, disable=args.quiet or not sys.stderr.isatty(),
-               leave=False, bar_format="{desc}: {n}/{total} |{bar}| {elapsed}<{remaining}{postfix}")
-
-    def update(row: dict) -> None:
-        label, value = fitness_display(objective, row["best_fitness"])
-        done = {"simulations": row["simulations"], "evaluations": row["simulations"] + row["estimates"],
-                "generations": row["generation"] + 1}[unit]
-        bar.n = min(done, total)
-        bar.set_postfix_str(f"generation {row['generation'] + 1}/{cfg.generations}, best {value:.4g} "
-                            f"{label.split('(')[-1].rstrip(')')}, {row['evaluations_per_s']:.1f} eval/s", refresh=False)
-        bar.refresh()
-
-    return bar, update
 
 
 # ---------------------------------------------------------------------------- the run
@@ -295,8 +229,11 @@ def plan_case(args: argparse.Namespace) -> None:
         raise InputError(None, "--objective", f"{args.objective} applies to serving deployments (--model)")
     if args.objective is None:
         args.objective = "latency"
-    if getattr(args, "algorithm", "mars") == "uniform_grid":
-        raise InputError(None, "--algorithm", "uniform_grid applies to serving deployments (--model)")
+    from marssim.plan.kinds import KINDS, PlanKind
+
+    algorithm = getattr(args, "algorithm", "mars")
+    if algorithm not in KINDS[PlanKind.MAPPING].algorithms + KINDS[PlanKind.PARALLEL].algorithms:
+        KINDS[PlanKind.MAPPING].check_algorithm(algorithm)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -309,17 +246,17 @@ def run(args: argparse.Namespace) -> int:
         if getattr(args, "trace", None):
             raise InputError(None, "--trace", "applies to searches of mappings and parallel configurations; a "
                                               "serving search writes its best deployment's tables with --out")
-        return run_search(args, _progress_bar, open_executor)
+        return run_search(args)
     plan_case(args)
     check_output_dir(args.out)
     check_output_file(args.trace, "--trace", TRACE_SUFFIXES)
     graph, system, cost, llm = load_case(args)
     _refuse_unused_flags(args, llm)
     budget = llm_settings(args, graph) if llm else mapping_settings(args).ga_config()
-    bar, update = _progress_bar(args, budget, args.objective)
+    bar, update = _searching.progress_bar(args, budget, args.objective)
     with bar:
         try:
-            with open_executor(args) as executor:
+            with _searching.open_executor(args) as executor:
                 result = search(args, graph, system, cost, llm, executor, progress=update)
         except SearchInterrupted as stop:
             bar.close()
@@ -354,12 +291,12 @@ def keep_interrupted(result, graph, system, args: argparse.Namespace) -> int:
     """Ctrl-C: write the best plan found so far (``--out DIR/best_mapping.yaml`` with
     ``history.csv`` and ``search.json``, else :data:`INTERRUPTED_FILE`), say where; exit 130."""
     from marssim.fsutil import staged_dir
-    from marssim.parallel import ParallelConfig
-    from marssim.plan import graph_for, save_plan
+    from marssim.plan import save_plan
+    from marssim.plan.kinds import kind_of
     from marssim.search.report import search_summary
 
     plan = result.best
-    graph_of_plan = graph_for(graph, plan) if isinstance(plan, ParallelConfig) else graph
+    graph_of_plan = kind_of(plan).graph_of(graph, plan)
     if args.out:
         with staged_dir(Path(args.out)) as tmp:
             save_plan(plan, graph_of_plan, system, tmp / "best_mapping.yaml", header=_header(result))
@@ -387,25 +324,6 @@ def _header(result) -> str:
     return text + "\n"
 
 
-def write_search_files(result, graph, system, baselines: tuple, tmp: Path, out_dir: Path) -> list[str]:
-    """What every search writes into its staged output folder ``tmp`` (shown as ``out_dir``):
-    ``search.json`` (summary with the ``baselines``'), ``history.csv``, ``top10.csv`` and the
-    convergence figure. ``graph``: the workload, None for serving deployments. One line per file."""
-    import pandas as pd
-
-    from marssim.search.report import plot_convergence, search_summary, top_rows
-
-    (tmp / "search.json").write_text(json.dumps(
-        {**search_summary(result, graph, system),
-         "baselines": [search_summary(b, graph, system) for b in baselines]}, indent=2, sort_keys=True) + "\n")
-    result.history.to_csv(tmp / "history.csv", index=False)
-    lines = [f"history      {out_dir / 'history.csv'} ({len(result.history)} rows)"]
-    pd.DataFrame(top_rows(result, 10)).to_csv(tmp / "top10.csv", index=False)
-    lines.append(f"top 10       {out_dir / 'top10.csv'}")
-    lines += [f"figure       {out_dir / p.name}" for p in plot_convergence([result, *baselines], tmp / "convergence.png")]
-    return lines
-
-
 def write_search_outputs(result, graph, system, cost, out: str | Path | None, baselines: tuple = (),
                          trace: str | Path | None = None) -> list[str]:
     """Write into ``out`` atomically (it appears whole or not at all), from what the search
@@ -416,19 +334,19 @@ def write_search_outputs(result, graph, system, cost, out: str | Path | None, ba
     (:meth:`Result.save`). Returns one line per file for the user."""
 
     from marssim.fsutil import staged_dir
-    from marssim.parallel import ParallelConfig
-    from marssim.plan import graph_for, save_plan
+    from marssim.plan import save_plan
+    from marssim.plan.kinds import kind_of
 
     plan = result.best
-    graph_of_plan = graph_for(graph, plan) if isinstance(plan, ParallelConfig) else graph
+    kind = kind_of(plan)
+    graph_of_plan = kind.graph_of(graph, plan)
     sim = None
     if trace:
         from marssim.plan import run
 
         done = run(plan, graph_of_plan, system, cost)
         again = done.makespan
-        if not math.isclose(again, result.evaluation.makespan,
-                            rel_tol=1e-12 if isinstance(plan, ParallelConfig) else 0):
+        if not math.isclose(again, result.evaluation.makespan, rel_tol=kind.rerun_rel_tol):
             raise RuntimeError(f"the best plan simulates to {again} s, the search reported "
                                f"{result.evaluation.makespan} s")
         sim = done.result
@@ -438,7 +356,7 @@ def write_search_outputs(result, graph, system, cost, out: str | Path | None, ba
         with staged_dir(out_dir) as tmp:
             save_plan(plan, graph_of_plan, system, tmp / "best_mapping.yaml", header=_header(result))
             lines.append(f"mapping      {out_dir / 'best_mapping.yaml'} (marssim simulate --mapping ...)")
-            lines += write_search_files(result, graph, system, baselines, tmp, out_dir)
+            lines += _searching.write_search_files(result, graph, system, baselines, tmp, out_dir)
             if sim is not None:
                 sim.save(tmp / "result")
                 lines.append(f"result       {out_dir / 'result'}/ (marssim simulate --out format)")
@@ -446,7 +364,7 @@ def write_search_outputs(result, graph, system, cost, out: str | Path | None, ba
         from marssim.results.view import folded_view
         from marssim.trace import write_chrome_trace
 
-        shown = folded_view(sim, None) if isinstance(plan, ParallelConfig) else sim
+        shown = folded_view(sim, None) if kind.folded else sim
         size = write_chrome_trace(shown, trace)
         lines.append(f"trace        {trace} ({size / 2**20:.2f} MiB; open in https://ui.perfetto.dev)")
     return lines

@@ -10,13 +10,10 @@ import math
 from marssim.errors import InputError
 
 from ._common import (add_cost_args, check_output_dir, check_output_file, cost_model, positive_float, positive_int,
-                      refuse_llm_off_gpus, refuse_missing_precision, seed_arg)
+                      refuse_llm_off_gpus, refuse_missing_precision, request_flags, seed_arg)
 
 VERB = "serve"
 ORDER = 47
-
-MAX_REQUESTS = 10_000_000
-"""The most requests of one run (each is drawn and simulated: thousands a second)."""
 
 _DESCRIPTION = """\
 Serve requests with a deployment of LLM replicas and report time to first token (TTFT), time per
@@ -44,6 +41,8 @@ engines' serving benchmarks at a fixed concurrency).
 
 
 def _request_count(text: str) -> int:
+    from marssim.serve.inputs import MAX_REQUESTS
+
     value = positive_int(text)
     if value > MAX_REQUESTS:
         raise argparse.ArgumentTypeError(f"expected at most {MAX_REQUESTS:,} requests (a simulation serves thousands "
@@ -92,7 +91,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "prefix_caching)")
     g.add_argument("--seed", type=seed_arg, help="random seed of the requests and the random router (default: the "
                                             "file's requests.seed, else 0)")
-    p.add_argument("--slo", metavar="BOUNDS", help="service-level objectives for goodput, e.g. ttft=2s,tpot=100ms,e2e=30s")
+    p.add_argument("--slo", metavar="BOUNDS",
+                   help="service-level objectives: bounds on every request, counted by the goodput (ttft=2s,"
+                        "tpot=100ms,e2e=30s), and bounds on the run's statistics, METRIC_STAT=TIME (ttft_p99=2s, "
+                        "tbt_p99=100ms: reported as met or missed; their TTFT, TPOT and E2E bounds count in the "
+                        "goodput too)")
     s = p.add_argument_group("rate sweep")
     s.add_argument("--rates", metavar="R1,R2,...", help="simulate each arrival rate (requests/s): a latency-vs-load curve")
     s.add_argument("--workers", type=positive_int, metavar="N", help="sweep on N processes (default: the CPU count)")
@@ -111,226 +114,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 # ---------------------------------------------------------------------- inputs
-def _file_sections(path: str | None) -> dict:
-    if not path:
-        return {}
-    from marssim.schema import read_yaml
-
-    data = read_yaml(path)
-    if not isinstance(data, dict):
-        raise InputError(path, "", "expected a mapping with pools (and model, system, router, requests, slo)")
-    allowed = ("model", "system", "pools", "router", "decode_router", "context_bucket", "tp_comm", "requests", "slo")
-    for key in data:
-        if key not in allowed:
-            raise InputError(path, str(key), f"unknown key; expected one of: {', '.join(allowed)}")
-    return data
-
-
-def _deployment(args: argparse.Namespace, data: dict):
-    from marssim.serve.deployment import Deployment, check_deployment, deployment_from_dict, parse_pool
-
-    if args.pool:
-        pools = tuple(parse_pool(text, "--pool") for text in args.pool)
-        base = Deployment(pools)
-        if data.get("pools") is not None:
-            raise InputError(None, "--pool", f"{args.deployment} already lists pools; give them in one place")
-        dep_data = {k: v for k, v in data.items() if k in ("router", "decode_router", "context_bucket", "tp_comm")}
-        if dep_data:
-            base = deployment_from_dict({"pools": [{}], **dep_data}, args.deployment).with_(pools=pools)
-    elif data.get("pools") is not None:
-        base = deployment_from_dict({k: v for k, v in data.items()
-                                     if k in ("pools", "router", "decode_router", "context_bucket", "tp_comm")},
-                                    args.deployment)
-    else:
-        raise InputError(None, "--pool", "give the replicas: --pool replicas=N,tp=T (repeatable) or --deployment FILE")
-    changes = {}
-    for flag in ("router", "decode_router", "context_bucket", "tp_comm"):
-        value = getattr(args, flag)
-        if value is not None:
-            changes[flag] = value
-    dep = base.with_(**changes) if changes else base
-    check_deployment(dep, args.deployment or "--pool")
-    if not dep.disaggregated and (args.decode_router is not None or "decode_router" in data):
-        where = (None, "--decode-router") if args.decode_router is not None else (args.deployment, "decode_router")
-        raise InputError(*where, "applies to disaggregated pools (role=prefill and role=decode); these pools "
-                                 "prefill and decode on the same replicas")
-    return dep
-
-
-def _requests(args: argparse.Namespace, data: dict):
-    from marssim.serve.requests import Arrivals, RequestSpec, parse_arrivals, parse_lengths, parse_prefix
-    from marssim.serve.traces import load_trace
-
-    file = args.deployment
-    section = data.get("requests") or {}
-    if not isinstance(section, dict):
-        raise InputError(file, "requests", "expected a mapping (arrival, prompt, output, count, replay, prefix, seed)")
-    keys = ("arrival", "prompt", "output", "count", "replay", "rate", "prefix", "seed", "concurrency", "duration")
-    for key in section:
-        if key not in keys:
-            raise InputError(file, f"requests.{key}", f"unknown key; expected one of: {', '.join(keys)}")
-
-    def pick(flag: str, key: str):
-        value = getattr(args, flag, None)
-        if value is not None:
-            return value, f"--{flag}"
-        return section.get(key), f"requests.{key}"
-
-    replay, _ = pick("replay", "replay")
-    arrival, arrival_where = pick("arrival", "arrival")
-    prompt, prompt_where = pick("prompt", "prompt")
-    output, output_where = pick("output", "output")
-    count, _ = pick("requests", "count")
-    rate, _ = pick("rate", "rate")
-    prefix, prefix_where = pick("prefix", "prefix")
-    concurrency, concurrency_where = pick("concurrency", "concurrency")
-    duration, duration_where = pick("duration", "duration")
-    try:
-        if concurrency is not None or duration is not None:
-            arrivals = _closed_loop(concurrency, concurrency_where, duration, duration_where, file,
-                                    {"--replay": replay, "--arrival": arrival, "--rate": rate})
-        elif replay:
-            if arrival:
-                raise InputError(None, "--arrival", "--replay takes the trace's arrivals; drop one of them")
-            for given, where in ((prompt, prompt_where), (output, output_where)):
-                if given is not None and not str(given).startswith("trace:"):
-                    raise InputError(None, where, "--replay takes the trace's prompt and output lengths with its "
-                                                  "arrivals; drop one of them (or give --arrival with --prompt "
-                                                  "and --output)")
-            load_trace(str(replay))
-            arrivals = Arrivals("trace", trace=str(replay))
-            prompt = prompt or f"trace:{replay}"
-            output = output or f"trace:{replay}"
-        elif arrival:
-            arrivals = parse_arrivals(str(arrival), arrival_where)
-            if arrivals.kind == "offline" and rate is not None:
-                raise InputError(None, "--rate", "offline arrivals all come at time 0: a rate does nothing; drop "
-                                                 "--rate, or give --arrival poisson:rate=R")
-        elif rate is not None:
-            arrivals = Arrivals("poisson", rate=float(rate))
-        else:
-            raise InputError(None, "--arrival", "give --replay TRACE, or --arrival (or --rate) with --prompt and --output")
-        if prompt is None or output is None:
-            raise InputError(None, "--prompt" if prompt is None else "--output",
-                             "give the prompt and output lengths (e.g. --prompt uniform:128-2048 --output 256, or "
-                             "trace:azure-conv-2023)")
-        p = parse_lengths(prompt, prompt_where)
-        o = parse_lengths(output, output_where)
-    except InputError as err:
-        if err.file is None and file and not any(getattr(args, f) for f in ("replay", "arrival", "prompt", "output")):
-            raise InputError(file, problems=err.problems) from None
-        raise
-    if count is None:
-        count = len(load_trace(arrivals.trace)) if arrivals.kind == "trace" else \
-            max(1000, arrivals.concurrency) if arrivals.kind == "closed" and not arrivals.duration else 1000
-    if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_REQUESTS:
-        where = (None, "--requests") if args.requests is not None else (file, "requests.count")
-        raise InputError(*where, f"expected a number of requests from 1 to {MAX_REQUESTS:,} (a simulation serves "
-                                 f"thousands of requests a second), got {count!r}")
-    spec = RequestSpec(arrivals, p, o, int(count))
-    if prefix:
-        tokens, groups, share = parse_prefix(str(prefix), prefix_where)
-        from dataclasses import replace
-
-        spec = replace(spec, prefix_tokens=tokens, prefix_groups=groups, prefix_share=share)
-    if rate is not None and (arrivals.kind == "trace" or arrival):
-        spec = spec.with_rate(float(rate))
-    return spec
-
-
-def check_context(model, spec, seed: int) -> None:
-    """InputError when a request of ``spec`` (drawn with ``seed``; its prompt, shared prefix and
-    output tokens together) is longer than ``model``'s context (``max_positions``), which no
-    engine serves (vLLM refuses such a prompt unless ``--max-model-len`` truncates it)."""
-    import numpy as np
-
-    requests = spec.draw(seed)
-    total = requests.prompt + requests.output
-    over = np.flatnonzero(total > model.max_positions)
-    if len(over):
-        i = int(over[np.argmax(total[over])])
-        where = "--replay" if spec.arrivals.kind == "trace" and spec.prompt.kind == "trace" else "--prompt"
-        raise InputError(None, where, f"{len(over):,} of {len(total):,} requests need more tokens than the model's "
-                                      f"context of {model.max_positions:,} (the longest: prompt "
-                                      f"{int(requests.prompt[i]):,} + output {int(requests.output[i]):,}); give "
-                                      "shorter --prompt and --output lengths, or a model with a longer context "
-                                      "(max_positions=)")
-
-
-def _closed_loop(concurrency, concurrency_where: str, duration, duration_where: str, file: str | None,
-                 others: dict):
-    """The closed loop's arrivals from ``--concurrency``/``--duration`` (or the file's
-    ``requests.concurrency``/``requests.duration``)."""
-    from marssim import units
-    from marssim.serve.requests import closed_loop
-
-    def where(key_where: str) -> tuple[str | None, str]:
-        return (None, key_where) if key_where.startswith("--") else (file, key_where)
-
-    if concurrency is None:
-        raise InputError(*where(duration_where), "a duration bounds a closed loop; give --concurrency N too")
-    for flag, value in others.items():
-        if value:
-            raise InputError(None, flag, "a closed loop (--concurrency) sends each request when a user's previous "
-                                         "one ends; drop " + flag + " (lengths: --prompt and --output)")
-    if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
-        raise InputError(*where(concurrency_where), f"expected a positive integer (users), got {concurrency!r}")
-    seconds = 0.0
-    if duration is not None:
-        try:
-            seconds = duration if isinstance(duration, float) else units.parse(duration, "time", require_unit=True, bounded=True)
-        except units.UnitError as err:
-            raise InputError(*where(duration_where), str(err)) from None
-        if not seconds > 0:
-            raise InputError(*where(duration_where), f"expected a positive time, got {duration!r}")
-    return closed_loop(concurrency, seconds)
-
-
-def request_seed(args: argparse.Namespace, data: dict) -> int:
-    """The seed of the requests and the random router: --seed, else the file's requests.seed,
-    else 0."""
-    if args.seed is not None:
-        return args.seed
-    value = (data.get("requests") or {}).get("seed", 0)
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**63:
-        raise InputError(args.deployment, "requests.seed", f"expected an integer from 0 to 2^63-1, got {value!r}")
-    return value
-
-
-def _slo(args: argparse.Namespace, data: dict):
-    from marssim import units
-    from marssim.serve.metrics import SLO
-
-    bounds: dict[str, float] = {}
-    if data.get("slo") is not None:
-        section = data["slo"]
-        if not isinstance(section, dict):
-            raise InputError(args.deployment, "slo", "expected a mapping like {ttft: 2 s, tpot: 100 ms}")
-        for key, value in section.items():
-            if key not in ("ttft", "tpot", "e2e"):
-                raise InputError(args.deployment, f"slo.{key}", "unknown key; expected one of: ttft, tpot, e2e")
-            try:
-                bounds[key] = units.parse(value, "time", require_unit=True, bounded=True)
-            except units.UnitError as err:
-                raise InputError(args.deployment, f"slo.{key}", str(err)) from None
-    if args.slo is not None:
-        given: set[str] = set()
-        for part in args.slo.split(","):
-            key, eq, value = part.partition("=")
-            key = key.strip()
-            if not eq or key not in ("ttft", "tpot", "e2e"):
-                raise InputError(None, "--slo", f"expected ttft=, tpot= or e2e= bounds like ttft=2s,tpot=100ms, "
-                                                f"got {part.strip()!r}")
-            if key in given:
-                raise InputError(None, f"--slo.{key}", "given twice")
-            given.add(key)
-            try:
-                bounds[key] = units.parse(value.strip(), "time", require_unit=True, bounded=True)
-            except units.UnitError as err:
-                raise InputError(None, f"--slo.{key}", str(err)) from None
-    return SLO(**bounds)
-
-
 def _rates(text: str | None) -> list[float] | None:
     if not text:
         return None
@@ -379,9 +162,12 @@ def run(args: argparse.Namespace) -> int:
     check_output_dir(args.out)
     check_output_file(args.trace, "--trace", (".json", ".json.gz"))
     check_output_file(args.plot, "--plot", (".png",))
-    data = _file_sections(args.deployment)
-    model_spec = args.model or data.get("model")
-    system_spec = args.system or data.get("system")
+    from marssim.serve.inputs import (DeploymentFlags, check_context, constraints_of, deployment_of,
+                                      read_deployment_file, request_seed, request_spec)
+
+    file = read_deployment_file(args.deployment)
+    model_spec = args.model or file.model
+    system_spec = args.system or file.system
     if not model_spec:
         raise InputError(None, "--model", "give the model served (e.g. --model llama3-70b)")
     if not system_spec:
@@ -390,10 +176,12 @@ def run(args: argparse.Namespace) -> int:
     system = load_system(str(system_spec))
     refuse_llm_off_gpus(system, str(model_spec), "--system" if args.system else "system")
     refuse_missing_precision(model, system, str(model_spec), "--model" if args.model else "model")
-    deployment = _deployment(args, data)
-    spec = _requests(args, data)
-    slo = _slo(args, data)
-    args.seed = request_seed(args, data)
+    deployment = deployment_of(DeploymentFlags(tuple(args.pool or ()), args.router, args.decode_router,
+                                               args.context_bucket, args.tp_comm), file)
+    spec = request_spec(request_flags(args), file)
+    constraints = constraints_of(args.slo, file)
+    slo = constraints.request_slo()
+    args.seed = request_seed(args.seed, file)
     rates = _rates(args.rates)
     if not rates:
         for flag, dest in (("--workers", "workers"), ("--dask", "dask")):
@@ -409,14 +197,11 @@ def run(args: argparse.Namespace) -> int:
                                               "runs, or drop --concurrency")
         if args.trace:
             raise InputError(None, "--trace", "a rate sweep writes no trace; drop --trace or --rates")
-        from marssim.serve.simulate import place_replicas
-
-        place_replicas(system, deployment)  # the deployment fits the system before any worker starts
-        from marssim.serve.sweep import rate_sweep
+        from marssim.plan import serve_rates
 
         with _executor(args, len(rates)) as executor:
-            rows = rate_sweep(deployment, model, system, cost, spec, rates, seed=args.seed, slo=slo,
-                              executor=executor)
+            rows = serve_rates(deployment, model, system, cost, spec, rates, seed=args.seed, slo=slo,
+                               executor=executor)
         print(f"{model.name} on {system.spec}: {deployment.text()}")
         print(f"requests: {spec.text()}; SLO {slo.text()}")
         print("\n".join(outputs.sweep_lines(rows)))
@@ -437,12 +222,16 @@ def run(args: argparse.Namespace) -> int:
             print()
             print("\n".join(lines))
         return 0
-    from marssim.serve.simulate import simulate_spec
+    from marssim.plan import serve_stream
 
     from marssim.serve.launch import SGLANG_SCRIPT, VLLM_SCRIPT, launch_commands, launch_lines, write_launch_scripts
 
-    result = simulate_spec(deployment, model, system, cost, spec, seed=args.seed, slo=slo, trace=bool(args.trace))
+    result = serve_stream(deployment, model, system, cost, spec, seed=args.seed, slo=slo, trace=bool(args.trace))
     print("\n".join(outputs.report_lines(result)))
+    if constraints.bounds:
+        missed = constraints.violations(result.summary)
+        print(f"constraints {', '.join(b.text() for b in constraints.bounds)}: "
+              + (f"missed ({'; '.join(missed)})" if missed else "met"))
     commands = launch_commands(deployment, model, str(model_spec))
     print()
     print("launch settings (one command per replica; docs/serving.md):")

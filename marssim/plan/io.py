@@ -27,6 +27,7 @@ from marssim.schema import read_yaml
 from marssim.system import System
 from marssim.workload import Graph
 
+from .kinds import KINDS, PlanKind
 from .model import Plan, bind_parallel, workload_sets_batch
 
 __all__ = ["load_plan", "save_plan", "plan_to_dict", "resolve_plan_file", "example_plans"]
@@ -64,7 +65,7 @@ def load_plan(name_or_path: str | Path, *, system: System | str | None = None, w
     data = read_yaml(path)
     if not isinstance(data, dict):
         raise InputError.expected(file, "", "a mapping with keys system, workload and sets/assign or parallel", data)
-    if "parallel" in data:
+    if KINDS[PlanKind.PARALLEL].section in data:
         extra = [k for k in data if k not in _PARALLEL_KEYS]
         if extra:
             raise InputError(file, problems=[(str(k), "not with 'parallel:'; a parallel configuration decides sets "

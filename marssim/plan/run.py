@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from marssim.cost.base import CostModel
 from marssim.errors import InputError
@@ -36,7 +38,15 @@ from marssim.workload import Graph
 
 from .model import Plan
 
-__all__ = ["HOW", "Run", "run", "run_deployment", "lower_plan", "trace_gpus"]
+if TYPE_CHECKING:
+    from marssim.serve.case import CaseRun, ServeCase
+    from marssim.serve.deployment import Deployment
+    from marssim.serve.metrics import SLO
+    from marssim.serve.requests import RequestSpec
+    from marssim.serve.simulate import ServeResult
+    from marssim.workload.llm.config import TransformerConfig
+
+__all__ = ["HOW", "Run", "run", "run_deployment", "serve_stream", "serve_rates", "lower_plan", "trace_gpus"]
 
 HOW = ("simulate", "estimate")
 """How a plan is evaluated: event by event with contention, or the contention-free estimate."""
@@ -161,7 +171,8 @@ def run(plan: Plan, graph: Graph, system: System, cost: CostModel | None = None,
     return out
 
 
-def run_deployment(deployment, case, system: System, cost: CostModel, *, how: str = "simulate"):
+def run_deployment(deployment: Deployment, case: ServeCase, system: System, cost: CostModel, *,
+                   how: str = "simulate") -> CaseRun:
     """Serve ``case``'s requests with ``deployment`` on ``system`` (:mod:`marssim.serve.case`):
     ``how="simulate"`` by simulation, ``"estimate"`` by the closed-form screen. Returns a
     :class:`~marssim.serve.case.CaseRun`; raises InputError for a deployment the system or the
@@ -171,6 +182,37 @@ def run_deployment(deployment, case, system: System, cost: CostModel, *, how: st
     if how not in HOW:
         raise ValueError(f"how must be one of {', '.join(HOW)}, got {how!r}")
     return (evaluate_case if how == "simulate" else screen_case)(deployment, case, system, cost)
+
+
+def serve_stream(deployment: Deployment, model: TransformerConfig, system: System, cost: CostModel,
+                 spec: RequestSpec, *, seed: int = 0, slo: SLO | None = None, trace: bool = False) -> ServeResult:
+    """Serve the requests ``spec`` (a :class:`~marssim.serve.requests.RequestSpec`) draws with
+    ``seed`` with ``deployment`` (a :class:`~marssim.serve.deployment.Deployment`) of ``model`` on
+    ``system``, event by event (:func:`marssim.serve.simulate.simulate_spec`); ``slo``: the
+    per-request bounds the goodput counts (:class:`~marssim.serve.metrics.SLO`; None: none);
+    ``trace``: keep what a Perfetto trace needs. Returns the
+    :class:`~marssim.serve.simulate.ServeResult` (seconds, requests/s, tokens/s); InputError for a
+    deployment the system or the model cannot take."""
+    from marssim.serve.metrics import SLO
+    from marssim.serve.simulate import simulate_spec
+
+    return simulate_spec(deployment, model, system, cost, spec, seed=seed, slo=slo if slo is not None else SLO(),
+                         trace=trace)
+
+
+def serve_rates(deployment: Deployment, model: TransformerConfig, system: System, cost: CostModel,
+                spec: RequestSpec, rates: list[float], *, seed: int = 0, slo: SLO | None = None,
+                executor: Executor | None = None) -> list[dict]:
+    """:func:`serve_stream` at each of ``rates`` (requests/s) on ``executor`` (any
+    ``concurrent.futures.Executor``; None: here), after checking that the deployment fits the
+    system: one row per rate (:func:`marssim.serve.sweep.rate_sweep`)."""
+    from marssim.serve.metrics import SLO
+    from marssim.serve.simulate import place_replicas
+    from marssim.serve.sweep import rate_sweep
+
+    place_replicas(system, deployment)  # the deployment fits the system before any worker starts
+    return rate_sweep(deployment, model, system, cost, spec, rates, seed=seed, slo=slo if slo is not None else SLO(),
+                      executor=executor)
 
 
 def _report(cfg: ParallelConfig, graph: Graph, system: System, tg: TaskGraph, schedule) -> ParallelReport:

@@ -36,6 +36,7 @@ from marssim.lower import LoweringCache
 from marssim.mapping import Mapping
 from marssim.parallel import ParallelConfig
 from marssim.plan import Plan, graph_for, plan_key
+from marssim.plan.kinds import KINDS, PlanKind, find_kind, kind_of
 from marssim.serve.case import CaseRun, ServeCase
 from marssim.serve.deployment import Deployment
 from marssim.system import System
@@ -46,12 +47,12 @@ __all__ = ["OBJECTIVES", "SERVING_OBJECTIVES", "RANK_DIGITS", "rank_value", "Pro
            "evaluate_mapping",
            "estimate_mapping", "estimate_evaluation", "simulate_plan", "screen_plan", "deployment_evaluation"]
 
-OBJECTIVES = ("latency", "throughput", "energy", "edp")
+OBJECTIVES = KINDS[PlanKind.MAPPING].objectives
 """``latency``: makespan of the batch (an LLM's iteration; serving: time per output token);
 ``throughput``: steady-state samples/s (LLM training: sequences/s, serving: output tokens/s),
 maximised; ``energy``: joules; ``edp``: energy-delay product (J*s). All are minimised as fitness."""
 
-SERVING_OBJECTIVES = ("goodput", "gpus", "cost")
+SERVING_OBJECTIVES = KINDS[PlanKind.DEPLOYMENT].objectives
 """A serving deployment's objectives, each under the case's constraints (a deployment that
 misses them has infinite fitness): ``goodput``: the highest request rate meeting them,
 maximised (fitness: its inverse, s per request); ``gpus``: the GPUs serving the offered load,
@@ -210,10 +211,11 @@ def simulate_plan(problem: Problem, plan: Plan, cache: LoweringCache | None = No
     """The simulated :class:`Evaluation` of ``plan`` (``graphs``: workloads by micro-batch,
     shared by the configurations of a search; ``max_bytes``: the most its lowering and
     simulation may need, default this machine's memory; beyond it the plan is infeasible)."""
-    if isinstance(plan, Mapping):
-        return evaluate_mapping(problem, plan, cache)
-    if isinstance(plan, Deployment):
-        return deployment_evaluation(problem, plan, "simulate")
+    return _SIMULATE[kind_of(plan).kind](problem, plan, cache, graphs, max_bytes)
+
+
+def _simulate_config(problem: Problem, plan: ParallelConfig, cache: LoweringCache | None, graphs: dict | None,
+                     max_bytes: float | None) -> Evaluation:
     from marssim.plan import run
 
     t0 = time.perf_counter()
@@ -237,10 +239,11 @@ def screen_plan(problem: Problem, plan: Plan, cache: LoweringCache | None = None
     """The screened :class:`Evaluation` of ``plan``: a mapping's analytical estimate, a
     configuration's closed form (infeasible when its memory does not fit), a deployment's closed
     form."""
-    if isinstance(plan, Mapping):
-        return estimate_evaluation(problem, plan, cache)
-    if isinstance(plan, Deployment):
-        return deployment_evaluation(problem, plan, "estimate")
+    return _SCREEN[kind_of(plan).kind](problem, plan, cache, graphs)
+
+
+def _screen_config(problem: Problem, plan: ParallelConfig, cache: LoweringCache | None,
+                   graphs: dict | None) -> Evaluation:
     from marssim.parallel.analytic import screen, serving_times
 
     t0 = time.perf_counter()
@@ -257,6 +260,21 @@ def screen_plan(problem: Problem, plan: Plan, cache: LoweringCache | None = None
     return Evaluation(sc.iteration_s, _config_throughput(graph, plan, sc.iteration_s), feasible=sc.fits,
                       error=error, wall_s=time.perf_counter() - t0, mfu=sc.mfu, ttft=ttft, tpot=tpot,
                       memory_peak=peak)
+
+
+_SIMULATE = {
+    PlanKind.MAPPING: lambda problem, plan, cache, graphs, max_bytes: evaluate_mapping(problem, plan, cache),
+    PlanKind.PARALLEL: _simulate_config,
+    PlanKind.DEPLOYMENT: lambda problem, plan, cache, graphs, max_bytes: deployment_evaluation(problem, plan,
+                                                                                               "simulate"),
+}
+"""Each kind's simulation, as an :class:`Evaluation`."""
+_SCREEN = {
+    PlanKind.MAPPING: lambda problem, plan, cache, graphs: estimate_evaluation(problem, plan, cache),
+    PlanKind.PARALLEL: _screen_config,
+    PlanKind.DEPLOYMENT: lambda problem, plan, cache, graphs: deployment_evaluation(problem, plan, "estimate"),
+}
+"""Each kind's screen, as an :class:`Evaluation`."""
 
 
 _LATENCY = ("ttft", "tbt", "tpot", "e2e", "queue")
@@ -335,12 +353,11 @@ def _estimate_chunk(args: tuple[str, bytes, list[Plan], int]) -> list[Evaluation
 
 
 def _affinity(plan: Plan) -> tuple:
-    """What a worker builds once and reuses for ``plan``: for a parallel configuration, the model
-    graph prepared for its micro-batch, recomputation and context parallelism, then the rules of
-    its tensor, sequence and expert parallelism (() for other plans)."""
-    if isinstance(plan, ParallelConfig):
-        return (plan.micro_batch, plan.recompute, plan.cp, plan.sp, plan.tp, plan.ep, plan.etp, plan.text())
-    return ()
+    """What a worker builds once and reuses for ``plan`` (:attr:`~marssim.plan.kinds.KindSpec.affinity`:
+    for a parallel configuration, the model graph prepared for its micro-batch, recomputation and
+    context parallelism, then the rules of its tensor, sequence and expert parallelism; () for
+    other plans)."""
+    return kind_of(plan).affinity(plan)
 
 
 def _chunks(items: list, parts: int) -> list[list[int]]:
@@ -349,7 +366,7 @@ def _chunks(items: list, parts: int) -> list[list[int]]:
     rules of a few micro-batch sizes, not of all); other plans dealt round-robin (neighbouring
     candidates, often alike in cost, land in different chunks, which balances the workers)."""
     parts = max(1, min(parts, len(items)))
-    if all(isinstance(p, ParallelConfig) for p in items):
+    if all((spec := find_kind(p)) is not None and spec.affinity(p) for p in items):
         order = sorted(range(len(items)), key=lambda i: _affinity(items[i]))
         bounds = [len(items) * k // parts for k in range(parts + 1)]
         return [order[bounds[k]:bounds[k + 1]] for k in range(parts)]

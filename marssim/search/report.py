@@ -11,6 +11,7 @@ from pathlib import Path
 
 from marssim.parallel import ParallelConfig
 from marssim.plan import plan_key
+from marssim.plan.kinds import KINDS, PlanKind, kind_of, short_config, short_deployment
 from marssim.serve.deployment import Deployment
 from marssim.system import System
 from marssim.workload import Graph
@@ -18,8 +19,8 @@ from marssim.workload import Graph
 from .result import Candidate, SearchResult
 
 __all__ = ["fitness_display", "plot_convergence", "save_figure", "describe_best", "describe_mapping", "format_top",
-           "top_candidates", "top_rows", "equivalence_key", "deployment_source", "meets_slo", "search_summary", "short_config", "short_deployment",
-           "describe_deployment", "deployment_class", "WIDTH"]
+           "top_candidates", "top_rows", "equivalence_key", "deployment_source", "meets_slo", "search_summary",
+           "short_config", "short_deployment", "describe_deployment", "deployment_class", "WIDTH"]
 
 WIDTH = 120
 """Columns the printed tables fit in."""
@@ -97,90 +98,34 @@ def save_figure(fig, png: str | Path) -> list[Path]:
 
 def describe_mapping(result: SearchResult, graph: Graph) -> str:
     """One line per set: devices, design and the layer range it runs."""
-    m = result.best
-    names = [graph.ops[gi].name for gi in graph.compute_ops]
-    lines = []
-    for i, s in enumerate(m.sets):
-        ops = [k for k, si in enumerate(m.op_set) if si == i]
-        if not ops:
-            continue
-        strategies = sorted({m.op_sharding[k] for k in ops})
-        devices = s.devices[0] if len(s.devices) == 1 else f"{s.devices[0]}..{s.devices[-1]} ({len(s.devices)})"
-        lines.append(f"  set {i}: {devices:<20} {s.design:<10} {names[ops[0]]} .. {names[ops[-1]]} "
-                     f"({len(ops)} ops; {', '.join(strategies)})")
-    lines.append(f"  micro-batches: {m.micro_batches}")
-    return "\n".join(lines)
+    return "\n".join(KINDS[PlanKind.MAPPING].describe(result.best, graph))
+
+
+def _config_figures(e) -> list[str]:
+    return [f"  MFU {e.mfu:.1%}, memory peak {e.memory_peak / 2**30:.2f} GiB per GPU"] if e.mfu == e.mfu else []
+
+
+def _deployment_figures(e) -> list[str]:
+    from .result import deployment_figures
+
+    return [f"  {deployment_figures(e)}"]
+
+
+_FIGURES = {PlanKind.MAPPING: lambda e: [], PlanKind.PARALLEL: _config_figures,
+            PlanKind.DEPLOYMENT: _deployment_figures}
+"""A kind's simulated figures as lines under its plan."""
 
 
 def describe_best(result: SearchResult, graph: Graph) -> str:
     """The best plan in a few lines: a mapping's sets, a configuration's or a deployment's
     settings and figures."""
-    if isinstance(result.best, Deployment):
-        return describe_deployment(result.best, result.evaluation)
-    if not isinstance(result.best, ParallelConfig):
-        return describe_mapping(result, graph)
-    cfg, e = result.best, result.evaluation
-    lines = [f"  {cfg.text()}"]
-    if e.mfu == e.mfu:
-        lines.append(f"  MFU {e.mfu:.1%}, memory peak {e.memory_peak / 2**30:.2f} GiB per GPU")
-    return "\n".join(lines)
+    spec = kind_of(result.best)
+    return "\n".join(spec.describe(result.best, graph) + _FIGURES[spec.kind](result.evaluation))
 
 
 def describe_deployment(dep: Deployment, e) -> str:
     """A deployment's pools (one line each) and its simulated figures."""
-    from .result import deployment_figures
-
-    lines = [f"  pool {i}: {p.text()}" for i, p in enumerate(dep.pools)]
-    bucket = f", context bucket {dep.context_bucket}" if dep.context_bucket != 1 else ""
-    lines.append(f"  router {dep.router}{bucket}")
-    lines.append(f"  {deployment_figures(e)}")
-    return "\n".join(lines)
-
-
-def short_deployment(dep: Deployment) -> str:
-    """A deployment in a few characters: per pool ``16xtp4`` (``pp2``, ``ep4``), the GPU kind on a mixed
-    cluster, the role (``P:``, ``D:``), the scheduler (``cont``, ``mixed``, ``chunk``) with its
-    token budget, sequence cap and block size (``2k/s128/b32``); whole (tables widen to it)."""
-    parts = []
-    for p in dep.pools:
-        c = p.scheduler
-        kind = "chunk" if c.kind == "chunked" else "mixed" if c.mixed else "cont" if c.kind == "continuous" else c.kind
-        tokens = f"{c.max_batched_tokens // 1024}k" if c.max_batched_tokens % 1024 == 0 else str(c.max_batched_tokens)
-        text = {"prefill": "P:", "decode": "D:"}.get(p.role, "") + f"{p.replicas}xtp{p.tp}"
-        text += f"pp{p.pp}" if p.pp > 1 else ""
-        text += f"ep{p.ep}" if p.ep > 1 else ""
-        text += f"@{p.gpu}" if p.gpu else ""
-        text += f" {kind}/{tokens}/s{c.max_num_seqs}/b{c.block_size}"
-        parts.append(text)
-    return " + ".join(parts)
-
-
-_SHORT = (("sp", lambda v: "sp" if v else ""), ("ep", lambda v: f"ep{v}"), ("micro_batch", lambda v: f"mb{v}"),
-          ("global_batch", lambda v: f"gb{v}"), ("schedule", lambda v: {"1f1b": "", "gpipe": "gpipe"}.get(v, "il")),
-          ("virtual_stages", lambda v: f"v{v}"), ("recompute", lambda v: {"selective": "rc-sel", "full": "rc-full"}.get(v, "")),
-          ("zero", lambda v: f"z{v}"), ("order", lambda v: v), ("bucket", lambda v: f"bucket{v}"),
-          ("overlap_grad_reduce", lambda v: "" if v else "no-overlap"), ("tp_comm_overlap", lambda v: "tpo" if v else ""),
-          ("overlap_param_gather", lambda v: "opg" if v else ""), ("overlap_p2p_comm", lambda v: "p2po" if v else ""),
-          ("etp", lambda v: f"etp{v}"))
-
-
-def short_config(cfg: ParallelConfig) -> str:
-    """A configuration in a few characters (``tp8 pp2 dp8 sp mb1 gb64 rc-full z1``; per-stage
-    settings as ``stp=8/4``, ``lps=10/12``, ``start=0/16``); whole (tables widen to it)."""
-    parts = [f"tp{cfg.tp}" if not cfg.stage_tp else "stp=" + "/".join(map(str, cfg.stage_tp)),
-             f"pp{cfg.pp}", f"dp{cfg.dp}"] + ([f"cp{cfg.cp}"] if cfg.cp > 1 else [])
-    default = ParallelConfig()
-    for name, fmt in _SHORT:
-        value = getattr(cfg, name)
-        if value != getattr(default, name) or name in ("micro_batch",):
-            token = fmt(value)
-            if token:
-                parts.append(token)
-    if cfg.layers_per_stage:
-        parts.append("lps=" + "/".join(map(str, cfg.layers_per_stage)))
-    if cfg.stage_start:
-        parts.append("start=" + "/".join(map(str, cfg.stage_start)))
-    return " ".join(parts)
+    return "\n".join(KINDS[PlanKind.DEPLOYMENT].describe(dep, None) + _deployment_figures(e))
 
 
 def equivalence_key(cfg: ParallelConfig, evaluation, objective: str = "latency") -> tuple:
@@ -203,17 +148,24 @@ def deployment_class(dep: Deployment, evaluation) -> tuple:
             rank_value(evaluation.rate), figures)
 
 
+def _top_deployments(result: SearchResult, n: int, evaluation: dict) -> list[Candidate]:
+    top = result.top(n, key=lambda p: deployment_class(p, evaluation[plan_key(p)]))
+    # simulated deployments meeting the constraints first (stable: each group by fitness)
+    return sorted(top, key=lambda c: not meets_slo(c))
+
+
+_TOP = {PlanKind.MAPPING: lambda result, n, evaluation: result.top(n),
+        PlanKind.PARALLEL: lambda result, n, evaluation: result.top(
+            n, key=lambda p: equivalence_key(p, evaluation[plan_key(p)], result.objective)),
+        PlanKind.DEPLOYMENT: _top_deployments}
+"""A kind's best candidates, equivalent plans once."""
+
+
 def top_candidates(result: SearchResult, n: int = 10) -> list[Candidate]:
     """The ``n`` best candidates, simulated ones first, equivalent configurations once
     (:func:`equivalence_key`)."""
     evaluation = {plan_key(c.plan): c.evaluation for c in result.candidates}
-    if isinstance(result.best, Deployment):
-        top = result.top(n, key=lambda p: deployment_class(p, evaluation[plan_key(p)]))
-        # simulated deployments meeting the constraints first (stable: each group by fitness)
-        return sorted(top, key=lambda c: not meets_slo(c))
-    if not isinstance(result.best, ParallelConfig):
-        return result.top(n)
-    return result.top(n, key=lambda p: equivalence_key(p, evaluation[plan_key(p)], result.objective))
+    return _TOP[kind_of(result.best).kind](result, n, evaluation)
 
 
 def top_rows(result: SearchResult, n: int = 10) -> list[dict]:
@@ -223,25 +175,31 @@ def top_rows(result: SearchResult, n: int = 10) -> list[dict]:
     return [_row(c) for c in top_candidates(result, n)]
 
 
-def _row(c: Candidate) -> dict:
-    def ms(x):
-        return x * 1e3 if x is not None and x == x else float("nan")
+def _ms(x: float | None) -> float:
+    return x * 1e3 if x is not None and x == x else float("nan")
 
-    if isinstance(c.plan, Deployment):
-        return _deployment_row(c)
 
+def _times(c: Candidate, plan: str) -> dict:
     sim, scr = c.simulated, c.screened
-    row = {"plan": c.plan.text() if isinstance(c.plan, ParallelConfig) else plan_key(c.plan)[:12],
-           "simulated_ms": ms(sim.makespan) if sim else float("nan"),
-           "screened_ms": ms(scr.makespan) if scr else float("nan")}
+    return {"plan": plan, "simulated_ms": _ms(sim.makespan) if sim else float("nan"),
+            "screened_ms": _ms(scr.makespan) if scr else float("nan")}
+
+
+def _mapping_row(c: Candidate) -> dict:
+    return {**_times(c, plan_key(c.plan)[:12]), "sets": len(c.plan.sets), "stages": c.plan.n_stages,
+            "micro_batches": c.plan.micro_batches}
+
+
+def _config_row(c: Candidate) -> dict:
     e = c.evaluation
-    if isinstance(c.plan, ParallelConfig):
-        row.update(mfu=e.mfu, memory_peak_GiB=e.memory_peak / 2**30, bubble_ms=ms(e.exposed.get("bubble")),
-                   **{f"exposed_{k}_ms": ms(v) for k, v in sorted(e.exposed.items()) if k != "bubble"},
-                   ttft_ms=ms(e.ttft), tpot_ms=ms(e.tpot))
-    else:
-        row.update(sets=len(c.plan.sets), stages=c.plan.n_stages, micro_batches=c.plan.micro_batches)
-    return row
+    return {**_times(c, c.plan.text()), "mfu": e.mfu, "memory_peak_GiB": e.memory_peak / 2**30,
+            "bubble_ms": _ms(e.exposed.get("bubble")),
+            **{f"exposed_{k}_ms": _ms(v) for k, v in sorted(e.exposed.items()) if k != "bubble"},
+            "ttft_ms": _ms(e.ttft), "tpot_ms": _ms(e.tpot)}
+
+
+def _row(c: Candidate) -> dict:
+    return _ROWS[kind_of(c.plan).kind](c)
 
 
 SIMULATED, SCREEN_ONLY = "simulated", "screen only"
@@ -285,6 +243,10 @@ def _deployment_row(c: Candidate) -> dict:
     return row
 
 
+_ROWS = {PlanKind.MAPPING: _mapping_row, PlanKind.PARALLEL: _config_row, PlanKind.DEPLOYMENT: _deployment_row}
+"""A kind's record of a candidate."""
+
+
 def _format_top_deployments(result: SearchResult, cands: list[Candidate]) -> str:
     goodput = result.objective == "goodput"
     col = max([46, *(len(short_deployment(c.plan)) + 1 for c in cands)])  # widened, never cut
@@ -322,14 +284,17 @@ def format_top(result: SearchResult, n: int = 10) -> str:
     cands = top_candidates(result, n)
     if not cands:
         return "(no candidate evaluated)"
-    if isinstance(result.best, Deployment):
-        return _format_top_deployments(result, cands)
+    return _FORMAT_TOP[kind_of(result.best).kind](result, cands)
+
+
+def _format_top_plans(result: SearchResult, cands: list[Candidate], parallel: bool) -> str:
+    """The top table of mappings (``parallel`` False) or configurations."""
+    spec = kind_of(result.best)
+    plans, noun = [spec.short(c.plan) for c in cands], spec.noun
     rows = [_row(c) for c in cands]
-    parallel = isinstance(result.best, ParallelConfig)
     serving = parallel and any(r["tpot_ms"] == r["tpot_ms"] for r in rows)
-    plans = [short_config(c.plan) if parallel else r["plan"] for r, c in zip(rows, cands)]
     col = max([44, *(len(p) + 1 for p in plans)])  # widened to the longest, never cut
-    head = f"{'#':>2}  {'configuration' if parallel else 'mapping':<{col}}{'sim ms':>10}{'screen ms':>10}"
+    head = f"{'#':>2}  {noun:<{col}}{'sim ms':>10}{'screen ms':>10}"
     if parallel:
         head += f"{'MFU':>7}{'mem GiB':>8}" + (f"{'TTFT ms':>9}{'TPOT ms':>9}" if serving else f"{'bubble ms':>10}")
         head += "  exposed ms"
@@ -355,6 +320,12 @@ def format_top(result: SearchResult, n: int = 10) -> str:
     return "\n".join(lines)
 
 
+_FORMAT_TOP = {PlanKind.MAPPING: lambda result, cands: _format_top_plans(result, cands, False),
+               PlanKind.PARALLEL: lambda result, cands: _format_top_plans(result, cands, True),
+               PlanKind.DEPLOYMENT: _format_top_deployments}
+"""A kind's table of its best candidates."""
+
+
 def search_summary(result: SearchResult, graph: Graph | None, system: System) -> dict:
     """What ``search.json`` holds: algorithm, objective, seed, fitness, makespan (s), throughput,
     energy (J), counts, wall time (s), system, workload, the best plan (a mapping's key, a
@@ -370,20 +341,27 @@ def search_summary(result: SearchResult, graph: Graph | None, system: System) ->
         "workload": graph.spec if graph is not None else None,
         "notes": _json_ready(result.notes),
     }
-    if isinstance(result.best, Deployment):
-        from marssim.serve.deployment import deployment_to_dict
-
-        out.update(best=deployment_to_dict(result.best), best_text=result.best.text(), gpus=e.gpus,
-                   rate_rps=_num(e.rate), goodput_rps=_num(e.goodput), output_tokens_per_s=_num(e.throughput),
-                   cost_per_mtok=_num(e.cost_per_mtok), slo_ratio=_num(e.slo_ratio), simulation_runs=e.runs,
-                   latency_s={k: _num(v) for k, v in sorted(e.latency.items())})
-    elif isinstance(result.best, ParallelConfig):
-        out.update(best=result.best.to_dict(), best_text=result.best.text(), mfu=_num(e.mfu),
-                   ttft_s=_num(e.ttft), tpot_s=_num(e.tpot), memory_peak_bytes=_num(e.memory_peak),
-                   exposed_s={k: _num(v) for k, v in e.exposed.items()})
-    else:
-        out["mapping_key"] = result.best.key
+    out.update(_SUMMARY[kind_of(result.best).kind](result.best, e))
     return out
+
+
+def _deployment_summary(dep: Deployment, e) -> dict:
+    from marssim.serve.deployment import deployment_to_dict
+
+    return dict(best=deployment_to_dict(dep), best_text=dep.text(), gpus=e.gpus, rate_rps=_num(e.rate),
+                goodput_rps=_num(e.goodput), output_tokens_per_s=_num(e.throughput),
+                cost_per_mtok=_num(e.cost_per_mtok), slo_ratio=_num(e.slo_ratio), simulation_runs=e.runs,
+                latency_s={k: _num(v) for k, v in sorted(e.latency.items())})
+
+
+def _config_summary(cfg: ParallelConfig, e) -> dict:
+    return dict(best=cfg.to_dict(), best_text=cfg.text(), mfu=_num(e.mfu), ttft_s=_num(e.ttft), tpot_s=_num(e.tpot),
+                memory_peak_bytes=_num(e.memory_peak), exposed_s={k: _num(v) for k, v in e.exposed.items()})
+
+
+_SUMMARY = {PlanKind.MAPPING: lambda m, e: {"mapping_key": m.key}, PlanKind.PARALLEL: _config_summary,
+            PlanKind.DEPLOYMENT: _deployment_summary}
+"""A kind's best plan and figures in ``search.json``."""
 
 
 def _json_ready(value):

@@ -8,9 +8,8 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from marssim.parallel import ParallelConfig
 from marssim.plan import Plan, plan_key
-from marssim.serve.deployment import Deployment
+from marssim.plan.kinds import PlanKind, kind_of
 
 from .evaluate import Evaluation, rank_value
 
@@ -71,22 +70,8 @@ class SearchResult:
         return bool(self.notes.get("interrupted"))
 
     def summary(self) -> str:
-        e = self.evaluation
         tail = f"{self.simulations} simulations, {self.estimates} estimates in {self.wall_s:.1f} s"
-        if isinstance(self.best, Deployment):
-            return f"{self.algorithm}: best {self.best.text()}: {deployment_figures(e)}; {tail} " \
-                   f"({self.rejected_memory} without room for a KV cache)"
-        if isinstance(self.best, ParallelConfig):
-            what = ("time per output token", e.tpot) if e.tpot == e.tpot else ("iteration", e.makespan)
-            text = (f"{self.algorithm}: best {self.best.text()}: {what[0]} {what[1] * 1e3:.3f} ms, MFU {e.mfu:.1%}; "
-                    f"{tail} ({self.rejected_memory} rejected by memory)")
-        else:
-            text = (f"{self.algorithm}: makespan {e.makespan * 1e3:.4f} ms, throughput {e.throughput:.4g} samples/s, "
-                    f"{len(self.best.sets)} sets, {self.best.n_stages} stages, {self.best.micro_batches} "
-                    f"micro-batches; {tail}")
-        if e.energy == e.energy and e.energy > 0:  # no energy figures (a GPU cluster's): no energy to state
-            text += f"; energy {e.energy * 1e3:.4g} mJ"
-        return text
+        return _SUMMARY[kind_of(self.best).kind](self, tail)
 
     def top(self, n: int = 10, key=None) -> list[Candidate]:
         """The ``n`` best candidates, simulated ones first (by fitness, then screened), equivalent
@@ -110,6 +95,39 @@ class SearchResult:
         return out
 
 
+def _mapping_summary(r: SearchResult, tail: str) -> str:
+    e = r.evaluation
+    return (f"{r.algorithm}: makespan {e.makespan * 1e3:.4f} ms, throughput {e.throughput:.4g} samples/s, "
+            f"{len(r.best.sets)} sets, {r.best.n_stages} stages, {r.best.micro_batches} micro-batches; {tail}"
+            + _energy(e))
+
+
+def _config_summary(r: SearchResult, tail: str) -> str:
+    e = r.evaluation
+    what = ("time per output token", e.tpot) if e.tpot == e.tpot else ("iteration", e.makespan)
+    return (f"{r.algorithm}: best {r.best.text()}: {what[0]} {what[1] * 1e3:.3f} ms, MFU {e.mfu:.1%}; "
+            f"{tail} ({r.rejected_memory} rejected by memory)" + _energy(e))
+
+
+def _energy(e: Evaluation) -> str:
+    """``; energy ... mJ``, or nothing without energy figures (a GPU cluster's)."""
+    return f"; energy {e.energy * 1e3:.4g} mJ" if e.energy == e.energy and e.energy > 0 else ""
+
+
+def _deployment_summary(r: SearchResult, tail: str) -> str:
+    return (f"{r.algorithm}: best {r.best.text()}: {deployment_figures(r.evaluation)}; {tail} "
+            f"({r.rejected_memory} without room for a KV cache)")
+
+
+_SUMMARY = {PlanKind.MAPPING: _mapping_summary, PlanKind.PARALLEL: _config_summary,
+            PlanKind.DEPLOYMENT: _deployment_summary}
+"""A kind's search outcome in a line."""
+_HEADLINE = {PlanKind.MAPPING: lambda r: f"{r.makespan * 1e3:.4f} ms",
+             PlanKind.PARALLEL: lambda r: f"{r.makespan * 1e3:.4f} ms",
+             PlanKind.DEPLOYMENT: lambda r: deployment_figures(r.evaluation)}
+"""A kind's best figures so far, for an interrupted search."""
+
+
 def deployment_figures(e: Evaluation) -> str:
     """A deployment's simulated figures in a line: GPUs, goodput or rate, latency percentiles,
     throughput, cost, whether it met the constraints."""
@@ -131,7 +149,5 @@ class SearchInterrupted(KeyboardInterrupt):
     evaluation simulated, ``notes["interrupted"]`` True), for the caller to keep before exiting."""
 
     def __init__(self, result: SearchResult) -> None:
-        what = deployment_figures(result.evaluation) if isinstance(result.best, Deployment) else \
-            f"{result.makespan * 1e3:.4f} ms"
-        super().__init__(f"interrupted: best so far {what}")
+        super().__init__(f"interrupted: best so far {_HEADLINE[kind_of(result.best).kind](result)}")
         self.result = result

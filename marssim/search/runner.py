@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 import pandas as pd
 
 from marssim.cost.base import CostModel
+from marssim.plan.kinds import KINDS, PlanKind
 from marssim.system import System
 from marssim.workload import Graph
 
@@ -32,7 +33,8 @@ from .space import MappingSpace
 
 __all__ = ["ALGORITHMS", "RANDOM_BUDGET", "SEED_BASELINES", "SearchSettings", "run_algorithm", "compare"]
 
-ALGORITHMS = ("mars", "data_parallel", "h2h", "random", "exhaustive")
+ALGORITHMS = KINDS[PlanKind.MAPPING].algorithms
+"""The searches of a per-op mapping (:mod:`marssim.plan.kinds`)."""
 RANDOM_BUDGET = 200
 """Simulations of ``random`` when no budget is given."""
 SEED_BASELINES = ("data_parallel", "h2h")

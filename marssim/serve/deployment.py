@@ -58,6 +58,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from marssim.errors import InputError
+from marssim.specs import parse_items
 
 __all__ = ["SchedulerConfig", "Pool", "Deployment", "SCHEDULERS", "ROUTERS", "ROLES", "parse_pool",
            "deployment_from_dict", "deployment_to_dict", "pool_to_dict"]
@@ -341,21 +342,12 @@ def parse_pool(text: str, where: str = "--pool") -> Pool:
     """A :class:`Pool` from ``replicas=16,tp=4,scheduler=chunked,max_batched_tokens=2048``; the
     settings after ``spec_model`` that are not pool keys are the draft model's parameters
     (``spec_model=llama:layers=2,hidden=1024,tp=2``)."""
-    items: dict[str, str] = {}
-    last = ""
-    for part in str(text).split(","):
-        if not part.strip():
-            continue
-        key, eq, value = part.partition("=")
-        if last == "spec_model" and eq and key.strip() not in POOL_KEYS:
-            items[last] += "," + part.strip()  # the draft model's own parameters
-            continue
-        if not eq or not key.strip() or not value.strip():
-            raise InputError(where, part.strip(), "expected key=value settings like replicas=16,tp=4")
-        last = key.strip()
-        if key.strip() in items:
-            raise InputError(where, key.strip(), "given twice")
-        items[key.strip()] = value.strip()
+    def draft_parameter(last: str, item: str) -> bool:  # the draft model's own parameters
+        key, eq, _ = item.partition("=")
+        return last == "spec_model" and bool(eq) and key.strip() not in POOL_KEYS
+
+    items = parse_items(text, "", file=where, expected="key=value settings like replicas=16,tp=4",
+                        continues=draft_parameter).named
     return pool_from_dict(items, where)
 
 

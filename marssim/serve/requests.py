@@ -51,6 +51,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from marssim.errors import InputError
+from marssim.specs import parse_items
 
 from .traces import load_trace
 
@@ -252,18 +253,8 @@ def _lengths(spec: Lengths, rng: np.random.Generator, n: int, column: str, rows:
 # ---------------------------------------------------------------------- spec strings
 def _items(text: str, where: str) -> tuple[str, list[str], dict[str, str]]:
     kind, _, rest = str(text).strip().partition(":")
-    positional: list[str] = []
-    named: dict[str, str] = {}
-    for part in rest.split(",") if rest.strip() else []:
-        key, eq, value = part.partition("=")
-        if not eq:
-            positional.append(part.strip())
-            continue
-        key = key.strip()
-        if key in named:
-            raise InputError(None, where, f"{key} given twice in {text!r}")
-        named[key] = value.strip()
-    return kind.strip().lower(), positional, named
+    items = parse_items(rest, where, positional=True)
+    return kind.strip().lower(), list(items.positional), items.named
 
 
 def _number(value: str, where: str, key: str, *, integer: bool = False, low: float = 0.0,
