@@ -29,7 +29,11 @@ def run(request):
     return tg, simulate_schedule(tg, system, memory_policy="ignore")
 
 
-def test_latest_predecessor_is_the_scans_choice(run):
+@pytest.mark.parametrize("chunk", [1 << 20, 1000])
+def test_latest_predecessor_is_the_scans_choice(run, chunk, monkeypatch):
+    import marssim.parallel.report as report
+
+    monkeypatch.setattr(report, "_CHUNK_EDGES", chunk)  # in one piece, and in pieces of tasks
     tg, schedule = run
     end = schedule.end.copy()
     end[::7] = np.round(end[::7], 4)  # equal ends, so that the tie rule is exercised
@@ -59,3 +63,18 @@ def test_volumes_are_the_loops_sums(run):
     got = _volumes(tg, reps)
     assert got == want
     assert list(got) == list(want) and all(list(got[k]) == list(want[k]) for k in want)
+
+
+def test_latest_predecessor_of_chosen_tasks_with_one_left_out(run):
+    tg, schedule = run
+    end = schedule.end.copy()
+    end[::5] = np.round(end[::5], 4)
+    pp, pi = tg.pred_ptr, tg.pred_idx
+    rng = np.random.default_rng(0)
+    tasks = rng.choice(len(pp) - 1, size=min(400, len(pp) - 1), replace=False)
+    # leave out a predecessor of most tasks (the only one of some), none of the others
+    excluded = np.array([int(pi[pp[t]]) if pp[t + 1] > pp[t] and i % 4 else -1 for i, t in enumerate(tasks)])
+    got = latest_predecessors(tg, end, tasks, excluded)
+    for t, x, g in zip(tasks.tolist(), excluded.tolist(), got.tolist()):
+        preds = [int(p) for p in pi[pp[t]:pp[t + 1]] if int(p) != x]
+        assert g == (max(preds, key=lambda q: (end[q], -q)) if preds else -1), t

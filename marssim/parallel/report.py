@@ -226,22 +226,45 @@ def _layer_name(layer: int, head: int) -> str:
     return "emb" if layer < 0 else "head" if layer == head else str(layer)
 
 
-def latest_predecessors(tg: TaskGraph, end: np.ndarray) -> np.ndarray:
-    """Per task, its predecessor that ended last (the lowest index among equal ends), -1 where it
-    has none: what a task waited for last, by vectorised segment reductions over the TaskGraph's
+_CHUNK_EDGES = 1 << 20
+"""Predecessor edges :func:`latest_predecessors` reduces at once."""
+
+
+def latest_predecessors(tg: TaskGraph, end: np.ndarray, tasks: np.ndarray | None = None,
+                        excluded: np.ndarray | None = None) -> np.ndarray:
+    """Per task (of ``tasks``, default all), its predecessor that ended last (the lowest index
+    among equal ends; ``excluded[i]``: a predecessor of ``tasks[i]`` left out), -1 where it has
+    none: what a task waited for last, by vectorised segment reductions over the TaskGraph's
     predecessor lists."""
     pp, pi = tg.pred_ptr, tg.pred_idx
     n = len(pp) - 1
-    out = np.full(n, -1, dtype=np.int64)
-    counts = np.diff(pp)
+    if tasks is None and len(pi) > _CHUNK_EDGES:  # in pieces of tasks: a few arrays of a piece's edges at a time
+        cuts = np.unique(np.concatenate([[0], np.searchsorted(pp, np.arange(_CHUNK_EDGES, len(pi), _CHUNK_EDGES)),
+                                         [n]]))
+        return np.concatenate([latest_predecessors(tg, end, np.arange(a, b)) for a, b in zip(cuts[:-1], cuts[1:])])
+    if tasks is None:
+        lo, counts, idx = pp[:-1], np.diff(pp), None
+    else:
+        lo = pp[tasks]
+        counts = pp[np.asarray(tasks) + 1] - lo
+    out = np.full(len(counts), -1, dtype=np.int64)
     has = np.flatnonzero(counts > 0)
     if not len(has):
         return out
-    pend = end[pi]
-    starts = pp[has]
+    if tasks is not None:  # the predecessor lists of these tasks, one after another
+        c = counts[has]
+        first = np.cumsum(c) - c
+        idx = np.repeat(lo[has] - first, c) + np.arange(int(c.sum()))
+    preds = (pi if idx is None else pi[idx]).astype(np.int64)
+    pend = end[preds]
+    if excluded is not None:
+        pend = np.where(preds == np.repeat(np.asarray(excluded)[has], counts[has]), -np.inf, pend)
+    starts = (lo[has] if idx is None else np.cumsum(counts[has]) - counts[has])
     best = np.maximum.reduceat(pend, starts)
     hit = pend == np.repeat(best, counts[has])
-    out[has] = np.minimum.reduceat(np.where(hit, pi.astype(np.int64), n), starts)
+    out[has] = np.minimum.reduceat(np.where(hit, preds, n), starts)
+    if excluded is not None:  # a task whose only predecessors are left out has none
+        out[has[np.isneginf(best)]] = -1
     return out
 
 
@@ -257,18 +280,15 @@ def _attribute(tg: TaskGraph, start: np.ndarray, end: np.ndarray, device: int, m
     if latest is None:
         latest = latest_predecessors(tg, end)
     comp = comp[np.lexsort((comp, start[comp]))]
-    pp, pi = tg.pred_ptr, tg.pred_idx
     kind, collective, collectives = tg.kind, tg.collective, tg.collectives  # read once (lazy columns)
     gaps_end = start[comp]
     gaps_start = np.concatenate([[0.0], end[comp[:-1]]])
-    for k in np.flatnonzero(gaps_end - gaps_start > 1e-15).tolist():
-        t = int(comp[k])
+    gaps = np.flatnonzero(gaps_end - gaps_start > 1e-15)
+    # each gap's own task: what it waited for last, the previous kernel of its stream aside
+    firsts = latest_predecessors(tg, end, comp[gaps], np.where(gaps > 0, comp[np.maximum(gaps - 1, 0)], -1))
+    for k, p in zip(gaps.tolist(), firsts.tolist()):
         lo = float(gaps_start[k])
         cursor = float(gaps_end[k])
-        # the gap's own task: what it waited for last, the previous kernel of its stream aside
-        prev = int(comp[k - 1]) if k else -1
-        preds = [int(p) for p in pi[pp[t]:pp[t + 1]] if int(p) != prev]
-        p = max(preds, key=lambda q: (end[q], -q)) if preds else -1
         guard = 0
         while cursor > lo + 1e-15 and guard < 10_000:
             guard += 1
