@@ -292,7 +292,7 @@ class DataflowCost:
                 if got is None:
                     if path.stem.lower() != name and name not in path.read_text(encoding="utf-8-sig").lower():
                         continue
-                    got = self._file_tables[path] = load_table(path)
+                    got = self._file_tables[path] = fitcache.cached_table(path, load_table)
                 elif path.stem.lower() != name and name not in {d.lower() for d in got.devices()}:
                     continue
                 table = table + got

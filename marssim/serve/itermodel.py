@@ -540,6 +540,7 @@ class IterationModel:
         conversion between them (the loop of ``analytic._Timer.unit``); and of them the
         conversions' seconds, bytes per rank and seconds of step latencies."""
         design = self._designs[stage]
+        shards = iter(self._shards([(op, rule) for op, rule in ops if not rule.alias], design))
         have: dict[str, tuple[str, float]] = {}
         seen: set[tuple[str, str]] = set()
         total = comm = nbytes = latency = 0.0
@@ -559,17 +560,26 @@ class IterationModel:
             if rule.alias:
                 have[op.name] = (rule.out, float(op.output_bytes))
                 continue
-            total += self._shard(op, rule, design)
+            total += next(shards)
             have[op.name] = (rule.out, float(op.output_bytes))
         return total, comm, nbytes, latency
 
-    def _shard(self, op: Op, rule, design) -> float:
+    def _shards(self, ops: list[tuple[Op, object]], design) -> list[float]:
+        """Seconds of each op's shard on ``design`` (its rule's share of the time), in one
+        vectorised call of the cost model where it has one (``op_times`` equals ``op_cost`` bit
+        for bit)."""
         from marssim.parallel.lower import shard_loops
 
-        sizes = shard_loops(op, rule, {}, 1)
-        part = op.with_loops(**sizes) if sizes else op
-        seconds = self.cost.op_cost(part, design).time
-        return float(seconds / rule.scale) if rule.scale > 1 else float(seconds)
+        parts = []
+        for op, rule in ops:
+            sizes = shard_loops(op, rule, {}, 1)
+            parts.append(op.with_loops(**sizes) if sizes else op)
+        op_times = getattr(self.cost, "op_times", None)
+        if op_times is not None and parts:
+            seconds = op_times(parts, [design] * len(parts)).tolist()
+        else:
+            seconds = [self.cost.op_cost(part, design).time for part in parts]
+        return [float(t / rule.scale) if rule.scale > 1 else float(t) for t, (_, rule) in zip(seconds, ops)]
 
     def _convert(self, stage: int, have: str, want: str, full: float) -> tuple[float, float, float]:
         """A layout conversion of a tensor of ``full`` bytes over the stage's tensor-parallel
