@@ -164,7 +164,7 @@ def tp_shards(graph: Graph, parallel) -> list[tuple[Op, Op]]:
     producers known), each split loop cut to ``ceil(size * num / den)``, the AdamW step over the
     parameters a rank of the group holds (a ``1/dp`` part of them with ZeRO). Graph inputs and
     views are not timed."""
-    from marssim.parallel.lower import op_rules, shard_loops
+    from marssim.parallel.partition import op_rules, shard_loops
     from marssim.parallel.memory import rank_parameters
 
     rules = op_rules(graph, parallel)

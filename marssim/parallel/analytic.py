@@ -34,7 +34,6 @@ measures its error and rank correlation against simulations.
 from __future__ import annotations
 
 import math
-import weakref
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -46,11 +45,13 @@ from marssim.workload import Graph, OpKind
 from . import context, experts, overlap, userbuffers
 from .config import ParallelConfig
 from .fold import Folding, binding_route, identity_folding
-from .lower import _Lowering, _model_flops, _parameters, graph_cached, prepare_graph
 from .host import launch_gaps
 from .megatron import grad_scaled, sequence_parallel_params
+from .memo import OwnerMemo, graph_cached
 from .memory import MemoryEstimate, memory_estimate
+from .partition import prepare_graph
 from .placement import Placement, place
+from .runmodel import RunModel
 
 __all__ = ["Screen", "screen", "serving_times"]
 
@@ -81,7 +82,7 @@ class Screen:
 class _Timer:
     """Times units of one stage's representative GPU by the lowering's rules and shards."""
 
-    def __init__(self, low: _Lowering, gpu: int) -> None:
+    def __init__(self, low: RunModel, gpu: int) -> None:
         self.low = low
         self.gpu = gpu
         self.patterns = low.place.patterns()
@@ -97,7 +98,7 @@ class _Timer:
 
     def ring(self, pattern: str, n: int, size: float, kind: str) -> float:
         """Seconds of a collective over ``pattern``'s ring of ``n`` ranks, as the lowering runs it
-        (:meth:`.lower._Builder.ring`): NCCL's plan, its steps at the pace of the slowest hop
+        (:meth:`.builder.UnitBuilder.ring`): NCCL's plan, its steps at the pace of the slowest hop
         (:func:`marssim.collectives.group.hop_step`); without a plan, ring steps at line rate."""
         if n <= 1 or size <= 0:
             return 0.0
@@ -118,7 +119,7 @@ class _Timer:
 
     def ring_hops(self, pattern: str, n: int) -> tuple[list[int], frozenset]:
         """The ``n`` GPUs of ``pattern``'s ring from this one, and its hops' kinds: the set of
-        (latency s, bottleneck bytes/s) over its hops (:meth:`.lower._Lowering.hop`'s inputs)."""
+        (latency s, bottleneck bytes/s) over its hops (:meth:`.runmodel.RunModel.hop`'s inputs)."""
         key = ("hops", pattern, n)
         hit = self._ring_cache.get(key)
         if hit is None:
@@ -173,7 +174,7 @@ class _Timer:
 
     def receive(self, peer: int, nbytes: float, layout: str, producer_tp: int) -> tuple[float, float]:
         """Seconds to receive a tensor of ``nbytes`` (``layout``) from ``peer`` on another stage, as
-        the lowering does (:meth:`.lower._Builder.locate`): the send/receive plan, and with
+        the lowering does (:meth:`.builder.UnitBuilder.locate`): the send/receive plan, and with
         Megatron-LM's scatter/gather ``1/tp`` of it and the all-gather after: ``(seconds of the
         send/receive, seconds of the all-gather)``."""
         low = self.low
@@ -246,7 +247,7 @@ class _Timer:
         the communication stream, each before its reader, which waits for it. In the backward
         each starts from its tensor's kernel (a tensor kept from another unit: from the start of
         the kernel before its reader), so the kernels between hide it, as the lowering runs them
-        (:meth:`.lower._Builder.tensor`); in the forward from its reader's turn."""
+        (:meth:`.builder.UnitBuilder.tensor`); in the forward from its reader's turn."""
         low = self.low
         tp = low.tp_here(self.gpu)
         here = low.place.stage(self.gpu)
@@ -441,12 +442,12 @@ def screen(graph: Graph, system: System, cfg: ParallelConfig, cost: CostModel, *
     tail = max(0.0, max(ends, default=0.0))
     if cfg.overlap_param_gather and t.training:  # the gathers open the iteration, hidden by the first forward
         pipeline += max(_gather_exposed(low, _Timer(low, representative[s]), s, forwards[s]) for s in range(cfg.pp))
-    flops, peak = _model_flops(low)
+    flops, peak = low.model_flops()
     return Screen(iteration_s=pipeline + tail, stage_s=tuple(stage_times), tail_s=tail, memory=memory,
                   model_flops=flops, peak_flops=peak, gpus=cfg.gpus)
 
 
-def _split_units(low: _Lowering) -> dict[tuple[int, str], tuple[dict[int, list], list]]:
+def _split_units(low: RunModel) -> dict[tuple[int, str], tuple[dict[int, list], list]]:
     """Per unit: its ops by block (layer) and its other ops (embedding, head, loss)."""
     layers = low.t.layers
     out = {}
@@ -458,7 +459,8 @@ def _split_units(low: _Lowering) -> dict[tuple[int, str], tuple[dict[int, list],
     return out
 
 
-_LAYOUTS: "weakref.WeakKeyDictionary[System, dict]" = weakref.WeakKeyDictionary()
+LAYOUTS = OwnerMemo(default_size=8)
+"""Per system (while it lives), the :class:`_Layout` of its most recently screened rank layouts."""
 
 
 @dataclass
@@ -477,36 +479,33 @@ class _Layout:
 def _layout(system: System, where: Placement) -> _Layout:
     """The :class:`_Layout` of ``where``, memoised per system and rank layout (the placement
     memoises its layout, so one layout is one ``coords`` dict)."""
-    memo = _LAYOUTS.get(system)
-    if memo is None:
-        memo = _LAYOUTS[system] = {}
-    hit = memo.get(id(where.coords))
-    if hit is None or hit.coords is not where.coords:
-        if len(memo) >= 8:
-            memo.clear()
+    def make() -> _Layout:
         gpus = where.gpus
-        hit = memo[id(where.coords)] = _Layout(where.coords, identity_folding(system, gpus),
-                                               {where.stage(g): g for g in reversed(gpus)},
-                                               min(a.memory.capacity for a in system.accelerators))
+        return _Layout(where.coords, identity_folding(system, gpus), {where.stage(g): g for g in reversed(gpus)},
+                       min(a.memory.capacity for a in system.accelerators))
+
+    key = ("layout", id(where.coords))
+    hit = LAYOUTS.get_or_make(system, key, make)
+    if hit.coords is not where.coords:  # a dead layout's id reused
+        hit = LAYOUTS.cache(system, "layout").put(key, make())
     return hit
 
 
 def _lowering(graph: Graph, system: System, cfg: ParallelConfig,
-              cost: CostModel) -> tuple[_Lowering, Placement, dict[int, int]]:
+              cost: CostModel) -> tuple[RunModel, Placement, dict[int, int]]:
     """The lowering state the screen reads (graph prepared for ``cfg``, rules, units, each
     rank's parameters; no folding), the placement, and each stage's first GPU."""
     prepared = prepare_graph(graph, cfg)
     where = place(system, cfg)
     layout = _layout(system, where)
-    low = _Lowering(prepared, system, cfg, cost, layout.folding, where)
+    low = RunModel(prepared, system, cfg, cost, layout.folding, where)
     low.layout = layout
-    _parameters(low)
     return low, where, layout.representative
 
 
-def _tail(low: _Lowering, timer: _Timer, stage: int, backward: float) -> tuple[float, float, float]:
+def _tail(low: RunModel, timer: _Timer, stage: int, backward: float) -> tuple[float, float, float]:
     """After a stage's last backward (``backward``: seconds of one micro-batch's backward on it),
-    as the lowering runs it (:meth:`.lower._Builder._optimizer`), in three parts: the gradient
+    as the lowering runs it (:meth:`.builder.UnitBuilder._optimizer`), in three parts: the gradient
     reduction not hidden by it and the sequence-parallel norms' all-reduce; the tied embedding's
     all-reduce (first and last stage); the optimizer step's kernels and its all-reduces over the
     model-parallel group, and ZeRO's parameter all-gather."""
@@ -561,9 +560,9 @@ def _tail(low: _Lowering, timer: _Timer, stage: int, backward: float) -> tuple[f
     return exposed, embedding, optimizer + gather
 
 
-def _model_parallel_seconds(low: _Lowering, timer: _Timer, nbytes: float) -> float:
+def _model_parallel_seconds(low: RunModel, timer: _Timer, nbytes: float) -> float:
     """An all-reduce of ``nbytes`` over the model-parallel group of the timer's GPU, as the
-    lowering times it (:meth:`.lower._Builder._model_parallel_all_reduce`)."""
+    lowering times it (:meth:`.builder.UnitBuilder._model_parallel_all_reduce`)."""
     dp, _, tp = low.place.coords[timer.gpu]
     key = ("model-parallel all-reduce", dp, tp, nbytes)  # every stage of a replica: one group
     hit = low.memo.get(key)
@@ -573,7 +572,7 @@ def _model_parallel_seconds(low: _Lowering, timer: _Timer, nbytes: float) -> flo
     return hit
 
 
-def _group_all_reduce_seconds(low: _Lowering, timer: _Timer, starts: tuple[int, ...], nbytes: float) -> float:
+def _group_all_reduce_seconds(low: RunModel, timer: _Timer, starts: tuple[int, ...], nbytes: float) -> float:
     members: list[int] = []
     tp_peer = timer.patterns.get("tp+1")
     for g in starts:
@@ -590,7 +589,7 @@ def _group_all_reduce_seconds(low: _Lowering, timer: _Timer, starts: tuple[int, 
                                         for a, b in zip(members, members[1:] + members[:1]))
 
 
-def _gather_exposed(low: _Lowering, timer: _Timer, stage: int, forward: float) -> float:
+def _gather_exposed(low: RunModel, timer: _Timer, stage: int, forward: float) -> float:
     """``overlap_param_gather``: seconds of a stage's parameter all-gathers the first micro-batch's
     forward (``forward`` seconds) does not hide: the first bucket's, or whatever exceeds the
     forward."""

@@ -27,6 +27,9 @@ from __future__ import annotations
 
 from marssim.workload import Op
 
+from .memo import graph_cached
+from .memory import low_precision_rank_parameters
+
 __all__ = ["gather_bytes", "low_precision_parameters", "param_gather_unit", "param_gather_deps", "after_steps",
            "sends_block", "gather_buckets", "cast_timing", "step_casts"]
 
@@ -34,9 +37,6 @@ __all__ = ["gather_bytes", "low_precision_parameters", "param_gather_unit", "par
 def low_precision_parameters(low) -> dict[int, int]:
     """Per layer group: the parameters one rank holds of GEMMs whose weights a low-precision
     recipe casts (their ``w_dtype``), split as :func:`.memory.rank_parameters` splits them."""
-    from .lower import graph_cached
-    from .memory import low_precision_rank_parameters
-
     return graph_cached(low.graph, ("low_precision_parameters", low.rules_key),
                         lambda: low_precision_rank_parameters(low.graph, low.cfg, low.rules))
 
@@ -99,7 +99,7 @@ def param_gather_deps(b, op: Op) -> tuple:
             firsts.setdefault(o.param("layer"), o.name)
     if firsts.get(op.param("layer")) != op.name:
         return ()
-    gather = low.template(b.rep, (b.key[0], "G"))
+    gather = b.templates.get(b.rep, (b.key[0], "G"))
     refs = getattr(gather, "gathered", {}).get(op.param("layer"), ())
     return tuple((*r[:4], "last") for r in refs)
 
@@ -108,7 +108,7 @@ def cast_timing(low, gpu: int, op: Op, count: int) -> tuple[float, float, float,
     """``(seconds, FLOPs, joules, output bytes)`` of the weight cast ``op`` over ``count``
     parameters on ``gpu``, memoised with the lowering's shards."""
     design = low.design(gpu)
-    key = ("fp8_weights", low._shape(op), design.name, count)
+    key = ("fp8_weights", low.shape_key(op), design.name, count)
     hit = low.shard_cache.get(key)
     if hit is not None:
         low.cost_models.setdefault(op.name, hit[1])
@@ -117,7 +117,7 @@ def cast_timing(low, gpu: int, op: Op, count: int) -> tuple[float, float, float,
     c = low.cost.op_cost(part, design)
     low.cost_models.setdefault(op.name, c.model)
     timing = (float(c.time), float(part.flops), float(c.energy), 0.0)
-    low.shard_cache[key] = (timing, c.model)
+    low.shard_cache.put(key, (timing, c.model))
     return timing
 
 

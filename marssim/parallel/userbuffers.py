@@ -45,6 +45,8 @@ import math
 
 from marssim.workload import Op, OpKind
 
+from .partition import shard_loops
+
 __all__ = ["OVERLAP_GEMMS", "PIPELINE_SPLITS", "PIPELINE_SMS", "AG_BUFFERS", "RS_BUFFERS", "te_gemm",
            "gathers_input", "scatters_output", "ring_exchange_end", "pipeline_end", "sm_margin", "buffer_bytes",
            "chunk_timing", "pipelined"]
@@ -120,13 +122,11 @@ def buffer_bytes(t, cfg) -> float:
 
 def chunk_timing(low, gpu: int, op: Op, parts: int) -> tuple[float, float, float, float]:
     """``(seconds, FLOPs, joules, output bytes)`` of ``1/parts`` of ``op``'s tokens on ``gpu``
-    (the op's tensor-parallel split kept; ``low``: a :class:`.lower._Lowering`), memoised with the
+    (the op's tensor-parallel split kept; ``low``: a :class:`.runmodel.RunModel`), memoised with the
     lowering's shards."""
-    from .lower import shard_loops
-
     design = low.design(gpu)
     rule = low.rules[op.name]
-    key = ("userbuffers", low._shape(op), design.name, rule.split, parts)
+    key = ("userbuffers", low.shape_key(op), design.name, rule.split, parts)
     hit = low.shard_cache.get(key)
     if hit is not None:
         low.cost_models.setdefault(op.name, hit[1])
@@ -137,13 +137,13 @@ def chunk_timing(low, gpu: int, op: Op, parts: int) -> tuple[float, float, float
     c = low.cost.op_cost(part, design)
     low.cost_models.setdefault(op.name, c.model)
     timing = (float(c.time), float(part.flops), float(c.energy), float(part.output_bytes))
-    low.shard_cache[key] = (timing, c.model)
+    low.shard_cache.put(key, (timing, c.model))
     return timing
 
 
 def pipelined(b, op: Op, rule) -> tuple | None:
     """Add ``op`` with its overlapped communication to the unit builder ``b`` (a
-    :class:`.lower._Builder`) when the setting applies to it; the refs after which its output is
+    :class:`.builder.UnitBuilder`) when the setting applies to it; the refs after which its output is
     ready (None: lower it as usual)."""
     low = b.low
     tp = low.tp_here(b.rep)
@@ -164,18 +164,16 @@ def pipelined(b, op: Op, rule) -> tuple | None:
 
 def _ring_exchange(b, op: Op, name: str, refs: tuple, tp: int) -> tuple:
     low = b.low
-    from .overlap import param_gather_deps
-
     # the copies start with the GEMM: after the kernel before it on this GPU's stream
     refs = tuple(refs) + ((b.me(b.t.last_compute),) if b.t.last_compute >= 0 else ())
-    deps = refs + tuple(b._param_deps) + param_gather_deps(b, op)
+    deps = refs + b.param_deps(op)
     timing = chunk_timing(low, b.rep, op, tp)
     chunk = low.layout_bytes(name, "S")
     peer = low.place.patterns()["tp+1"]
     nxt = peer(b.rep)
-    prv = next(g for g in b._group("tp+1") if peer(g) == b.rep)
+    prv = next(g for g in b.group("tp+1") if peer(g) == b.rep)
     prv_rep = low.fold.rep(prv)
-    coll = b._collective("all_gather", "tp", "tp+1", chunk * tp, name, tp - 1, "ring_exchange")
+    coll = b.collective("all_gather", "tp", "tp+1", chunk * tp, name, tp - 1, "ring_exchange")
 
     def theirs(rel: int) -> tuple:
         return ("u", prv_rep, b.key, rel, "same")
@@ -193,14 +191,11 @@ def _ring_exchange(b, op: Op, name: str, refs: tuple, tp: int) -> tuple:
 
 
 def _pipeline(b, op: Op, rule, tp: int) -> tuple:
-    from .overlap import param_gather_deps
-
     low = b.low
     deps: list = []
     for name, want in zip(op.inputs, rule.want):
         deps.extend(b.tensor(name, want, op.name))
-    deps.extend(b._param_deps)
-    deps.extend(param_gather_deps(b, op))
+    deps.extend(b.param_deps(op))
     seconds, flops, energy, out = chunk_timing(low, b.rep, op, PIPELINE_SPLITS)
     timing = (seconds * sm_margin(low.design(b.rep)), flops, energy, out)
     full = low.layout_bytes(op.name, "R")

@@ -20,7 +20,7 @@ sequence, attending over its ``ctx`` cached tokens, its own included). Its ops a
   sampling.
 
 Each op is split over the stage's tensor-parallel ranks by the lowering's rules
-(:func:`marssim.parallel.roles.rule_for`, :func:`marssim.parallel.lower.shard_loops`) and timed by
+(:func:`marssim.parallel.roles.rule_for`, :func:`marssim.parallel.partition.shard_loops`) and timed by
 the cost model on the stage's GPU design, exactly as :func:`marssim.parallel.analytic.serving_times`
 times a ``mode=serve`` graph; a layout conversion between ops (the all-reduce after the
 row-parallel GEMMs and the embedding, the all-gather of the logits) is a collective over the
@@ -109,7 +109,7 @@ class IterationModel:
     def __init__(self, config: TransformerConfig, system: System, stages: tuple[tuple[str, ...], ...],
                  cost: CostModel, *, context_bucket: int = 1, ep: int = 1) -> None:
         from marssim.parallel.config import ParallelConfig
-        from marssim.parallel.lower import op_rules
+        from marssim.parallel.partition import op_rules
         from marssim.workload.llm import build_transformer
 
         tps = {len(s) for s in stages}
@@ -452,7 +452,7 @@ class IterationModel:
         return total, comm, nbytes, latency
 
     def _shard(self, op: Op, rule, design) -> float:
-        from marssim.parallel.lower import shard_loops
+        from marssim.parallel.partition import shard_loops
 
         sizes = shard_loops(op, rule, {}, 1)
         part = op.with_loops(**sizes) if sizes else op
