@@ -27,6 +27,10 @@ What a Megatron-LM run does, task by task, on one GPU per class of identical GPU
   (:mod:`.experts`); a collective on a tensor kept from another unit starts when the kernel
   before its reader starts.
 
+Here the run is put together: its model (:class:`.runmodel.RunModel`: rules, shards, routes,
+parameters; :mod:`.partition`), its unit templates built by :mod:`.builder`, their instances in
+schedule order assembled by :mod:`.program` into the TaskGraph.
+
 Units: seconds, bytes. Pure and deterministic.
 """
 from __future__ import annotations

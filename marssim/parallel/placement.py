@@ -18,14 +18,12 @@ with ``order=tp-dp-pp`` a context-parallel group sits ``tp`` GPUs apart (Megatro
 from __future__ import annotations
 
 import itertools
-import threading
-import weakref
-from collections import OrderedDict
 from dataclasses import dataclass, replace
 
 from marssim.system import System
 
 from .config import ParallelConfig
+from .memo import OwnerMemo
 
 __all__ = ["Placement", "place", "default_order", "PULLS", "direct_patterns"]
 
@@ -117,9 +115,9 @@ class Placement:
         return out  # type: ignore[return-value]
 
 
-_LAYOUTS: "weakref.WeakKeyDictionary[System, OrderedDict]" = weakref.WeakKeyDictionary()
-_LAYOUTS_KEPT = 8  # layouts memoised per system (a search's configurations share a few)
-_LAYOUTS_LOCK = threading.Lock()
+LAYOUTS = OwnerMemo(default_size=8)
+"""Per system (while it lives), its most recently used rank layouts (a search's configurations
+share a few; screens may run in threads)."""
 
 
 def place(system: System, cfg: ParallelConfig) -> Placement:
@@ -129,20 +127,7 @@ def place(system: System, cfg: ParallelConfig) -> Placement:
     blocked = bool(cfg.stage_start or (cfg.stage_tp and not cfg.uniform))
     key = (blocked, cfg.stage_start if blocked else (), tuple(cfg.tp_of(s) for s in range(cfg.pp)), cfg.pp,
            cfg.dp_cp, cfg.order, cfg.gpus)
-    with _LAYOUTS_LOCK:  # screens may run in threads (a Dask cluster of threads)
-        memo = _LAYOUTS.get(system)
-        if memo is None:
-            memo = _LAYOUTS[system] = OrderedDict()
-        hit = memo.get(key)
-        if hit is not None:
-            memo.move_to_end(key)
-    if hit is None:
-        hit = _layout(system, cfg, blocked)
-        with _LAYOUTS_LOCK:
-            hit = memo.setdefault(key, hit)
-            while len(memo) > _LAYOUTS_KEPT:
-                memo.popitem(last=False)
-    ranks, coords = hit
+    ranks, coords = LAYOUTS.get_or_make(system, ("layout", key), lambda: _layout(system, cfg, blocked))
     return Placement(cfg, ranks, coords)
 
 
