@@ -53,7 +53,7 @@ from .placement import Placement, place
 from .runmodel import RunModel
 from .unittimer import UnitTimer
 
-__all__ = ["Screen", "screen", "serving_times"]
+__all__ = ["Screen", "screen", "screen_model", "serving_times"]
 
 
 @dataclass(frozen=True)
@@ -84,7 +84,7 @@ def screen(graph: Graph, system: System, cfg: ParallelConfig, cost: CostModel, *
     """The :class:`Screen` of ``cfg`` (checked by the caller) for ``graph`` on ``system``.
     ``time_infeasible=False``: a configuration that does not fit the GPUs' memory is not timed
     (its ``iteration_s`` is infinite; a search rejects it anyway)."""
-    low, where, representative = _lowering(graph, system, cfg, cost)
+    low, where, representative = screen_model(graph, system, cfg, cost)
     t = low.t
     capacity = low.layout.capacity
     memory = memory_estimate(low.graph, cfg, capacity, low.rules, low.rank_params)
@@ -246,10 +246,10 @@ def _layout(system: System, where: Placement) -> _Layout:
     return hit
 
 
-def _lowering(graph: Graph, system: System, cfg: ParallelConfig,
-              cost: CostModel) -> tuple[RunModel, Placement, dict[int, int]]:
-    """The lowering state the screen reads (graph prepared for ``cfg``, rules, units, each
-    rank's parameters; no folding), the placement, and each stage's first GPU."""
+def screen_model(graph: Graph, system: System, cfg: ParallelConfig,
+                 cost: CostModel) -> tuple[RunModel, Placement, dict[int, int]]:
+    """The run model the screen reads (graph prepared for ``cfg``, rules, units, each rank's
+    parameters; every GPU its own class), the placement, and each stage's first GPU."""
     prepared = prepare_graph(graph, cfg)
     where = place(system, cfg)
     layout = _layout(system, where)
@@ -363,7 +363,7 @@ def serving_times(graph: Graph, system: System, cfg: ParallelConfig, cost: CostM
     """A serving graph's (``mode=serve``) time to first token and time per output token in
     closed form: the prefill's ops and the decode steps' ops of every stage timed on its
     representative GPU (one request batch crosses the stages one after another)."""
-    low, _, representative = _lowering(graph, system, cfg, cost)
+    low, _, representative = screen_model(graph, system, cfg, cost)
     prefill = decode = 0.0
     for stage in range(cfg.pp):
         timer = UnitTimer(low, representative[stage])

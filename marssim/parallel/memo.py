@@ -2,7 +2,8 @@
 (or one system) reuse -- op rules, prepared graphs, shard timings, rank layouts.
 
 * :class:`BoundedCache`: at most ``size`` values, the least recently used dropped first, every
-  read and write under one lock. A value is made outside the lock (making it may read other
+  write under one lock (a read is one step of the ordered dictionary under the interpreter's
+  lock, see :meth:`BoundedCache.get`). A value is made outside the lock (making it may read other
   memos); two threads that miss the same key at once both make it and the first stored is kept
   and returned to both, so every caller sees one value per key.
 * :class:`OwnerMemo`: per live owner object (a graph, a system; held weakly, so its memo goes
@@ -45,13 +46,18 @@ class BoundedCache:
         return key in self._data
 
     def get(self, key: Hashable, default: Any = None) -> Any:
-        """The value of ``key`` (now the most recently used), or ``default``."""
-        with self._lock:
-            hit = self._data.get(key, _MISSING)
-            if hit is _MISSING:
-                return default
-            self._data.move_to_end(key)
-            return hit
+        """The value of ``key`` (now the most recently used), or ``default``. Without the lock: a
+        read and a move of the ordered dictionary are each one step under the interpreter's lock
+        (a value dropped by another thread between them is simply not moved)."""
+        data = self._data
+        hit = data.get(key, _MISSING)
+        if hit is _MISSING:
+            return default
+        try:
+            data.move_to_end(key)
+        except KeyError:  # dropped meanwhile by a thread storing another value
+            pass
+        return hit
 
     def put(self, key: Hashable, value: Any) -> Any:
         """Store ``value`` under ``key`` (replacing any), dropping the least recently used values
