@@ -49,6 +49,7 @@ from .megatron import grad_scaled, sequence_parallel_params
 from .memo import OwnerMemo, graph_cached
 from .memory import MemoryEstimate, memory_estimate
 from .partition import prepare_graph
+from .patterns import DP_RING, TP_RING
 from .placement import Placement, place
 from .runmodel import RunModel
 from .unittimer import UnitTimer
@@ -109,7 +110,7 @@ def screen(graph: Graph, system: System, cfg: ParallelConfig, cost: CostModel, *
         layers = [layer for c, chunk in enumerate(low.chunks) if c % cfg.pp == stage for layer in chunk]
         if not cfg.uniform or stage in (0, cfg.pp - 1) or not all(0 <= x < t.layers for x in layers):
             return _tail(low, timer, stage, backward)
-        ring = timer.ring_hops("dp+1", cfg.dp_cp)[1] if cfg.dp_cp > 1 else None
+        ring = timer.ring_hops(DP_RING, cfg.dp_cp)[1] if cfg.dp_cp > 1 else None
         key = (timer.signature(), ring, low.place.coords[timer.gpu][::2],
                tuple(low.opt_params.get(x, 0) for x in layers), backward)
         hit = tail_times.get(key)
@@ -272,7 +273,7 @@ def _tail(low: RunModel, timer: UnitTimer, stage: int, backward: float) -> tuple
     params = [low.opt_params.get(layer, 0) for layer in layers]
     kind = "reduce_scatter" if cfg.zero >= 1 else "all_reduce"
     n = cfg.dp_cp
-    everything = timer.ring("dp+1", n, sum(params) * gb, kind) if n > 1 else 0.0
+    everything = timer.ring(DP_RING, n, sum(params) * gb, kind) if n > 1 else 0.0
     if cfg.overlap_grad_reduce:
         # the buckets reduce while the last backward runs; the last one (the stage's first layers,
         # one bucket's worth) after it, and whatever the backward could not hide
@@ -281,14 +282,14 @@ def _tail(low: RunModel, timer: UnitTimer, stage: int, backward: float) -> tuple
             size += p
             if size >= cfg.bucket:
                 break
-        last = timer.ring("dp+1", n, size * gb, kind) if n > 1 else 0.0
+        last = timer.ring(DP_RING, n, size * gb, kind) if n > 1 else 0.0
         exposed = max(last, everything - backward)
     else:
         exposed = everything
     tp = low.tp_here(timer.gpu)
     if cfg.sp and tp > 1:
         blocks = sum(1 for layer in layers if 0 <= layer < low.t.layers)
-        exposed += timer.ring("tp+1", tp, blocks * sequence_parallel_params(low.t) * gb, "all_reduce")
+        exposed += timer.ring(TP_RING, tp, blocks * sequence_parallel_params(low.t) * gb, "all_reduce")
     if low.tied_copy and (stage == 0 or stage == cfg.pp - 1):
         peer = low.gpu_on_stage(timer.gpu, cfg.pp - 1 if stage == 0 else 0)
         nbytes = low.word_embedding_params * gb
@@ -311,7 +312,7 @@ def _tail(low: RunModel, timer: UnitTimer, stage: int, backward: float) -> tuple
         if cast is not None:
             optimizer += overlap.cast_timing(low, timer.gpu, cast, count)[0]
     gathers = cfg.zero >= 1 and n > 1 and not cfg.overlap_param_gather
-    gather = timer.ring("dp+1", n, overlap.gather_bytes(low, layers), "all_gather") if gathers else 0.0
+    gather = timer.ring(DP_RING, n, overlap.gather_bytes(low, layers), "all_gather") if gathers else 0.0
     return exposed, embedding, optimizer + gather
 
 
@@ -329,7 +330,7 @@ def _model_parallel_seconds(low: RunModel, timer: UnitTimer, nbytes: float) -> f
 
 def _group_all_reduce_seconds(low: RunModel, timer: UnitTimer, starts: tuple[int, ...], nbytes: float) -> float:
     members: list[int] = []
-    tp_peer = timer.patterns.get("tp+1")
+    tp_peer = timer.patterns.get(TP_RING)
     for g in starts:
         members.append(g)
         while tp_peer is not None and tp_peer(members[-1]) not in (g, members[-1]) and len(members) < 1 << 16:
@@ -352,7 +353,7 @@ def _gather_exposed(low: RunModel, timer: UnitTimer, stage: int, forward: float)
     if cfg.dp_cp <= 1:
         return 0.0
     layers = [layer for c, chunk in enumerate(low.chunks) if c % cfg.pp == stage for layer in chunk]
-    buckets = [timer.ring("dp+1", cfg.dp_cp, overlap.gather_bytes(low, bucket), "all_gather")
+    buckets = [timer.ring(DP_RING, cfg.dp_cp, overlap.gather_bytes(low, bucket), "all_gather")
                for bucket in overlap.gather_buckets(layers, low.rank_params, cfg.bucket)]
     if not buckets:
         return 0.0

@@ -26,6 +26,7 @@ from marssim.workload import Op, OpKind
 from . import context, experts, overlap, userbuffers
 from .host import launch_gaps
 from .megatron import grad_scaled, sequence_parallel_params
+from .patterns import DP_RING, PULL_PREV, TP_RING, ep_peer
 from .runmodel import RunModel
 from .template import AFTER_PREVIOUS, COLUMNS, Ref, Template, column_array, freeze
 
@@ -240,13 +241,13 @@ class UnitBuilder:
         if ep <= 1 or size <= 0:
             return tuple(deps)
         patterns = low.place.patterns()
-        coll = self.collective("all_to_all", "ep", "ep+1", size, op, 1, "direct")
+        coll = self.collective("all_to_all", "ep", ep_peer(1), size, op, 1, "direct")
         ready = []
         for k in range(1, ep):
-            peer = patterns[f"ep+{k}"]
+            peer = patterns[ep_peer(k)]
             rel = self.flow(self.rep, peer(self.rep), size / ep, op, coll, deps, hold=False)
             ready.append(self.me(rel))
-            source = patterns[f"ep+{ep - k}"](self.rep)  # who sends to this rank in the same step
+            source = patterns[ep_peer(ep - k)](self.rep)  # who sends to this rank in the same step
             ready.append(("u", low.fold.rep(source), self.key, rel, "same"))
         return tuple(dict.fromkeys(ready))
 
@@ -309,7 +310,7 @@ class UnitBuilder:
             other.ext.append((other.send_wait, self.me(rel)))
         ready = (self.me(rel),)
         if split:
-            ready = ready + self.ring("all_gather", "pp", "tp+1", nbytes, tp, name, ready)
+            ready = ready + self.ring("all_gather", "pp", TP_RING, nbytes, tp, name, ready)
         result = (layout, ready + tuple(r for r in refs if r[1] == self.rep))
         t.produced[name] = result
         return result
@@ -324,11 +325,11 @@ class UnitBuilder:
             return self._expert_conversion(name, have, want, refs)
         if have == "P" and want in ("R", "S", "F"):
             kind = "reduce_scatter" if want in ("S", "F") else "all_reduce"
-            return refs + self.ring(kind, "tp", "tp+1", full, tp, name, refs)
+            return refs + self.ring(kind, "tp", TP_RING, full, tp, name, refs)
         if have in ("S", "F") and want == "R":
-            return refs + self.ring("all_gather", "tp", "tp+1", full, tp, name, refs)
+            return refs + self.ring("all_gather", "tp", TP_RING, full, tp, name, refs)
         if have == "S" and want == "F":
-            return refs + self.ring("all_gather", "tp", "tp+1", full, tp, name, refs)
+            return refs + self.ring("all_gather", "tp", TP_RING, full, tp, name, refs)
         return refs  # R -> S/F/D/E, D/E among themselves without ep, F -> S: local slices
 
     def _expert_conversion(self, name: str, have: str, want: str, refs: tuple) -> tuple:
@@ -394,10 +395,10 @@ class UnitBuilder:
         tp = low.tp_here(self.rep)
         if rule.loss_reduce:  # vocabulary-parallel cross-entropy: max, target logit, sum of exponentials
             t = low.t
-            refs = refs + self.ring("all_reduce", "tp", "tp+1", 3 * 4.0 * t.batch * t.seq, tp, op.name, refs)
+            refs = refs + self.ring("all_reduce", "tp", TP_RING, 3 * 4.0 * t.batch * t.seq, tp, op.name, refs)
         out = rule.out
         if op.name in low.gather_out:  # read by a stage of another tensor-parallel degree: leaves whole
-            refs = refs + self.ring("all_gather", "tp", "tp+1", low.layout_bytes(op.name, "R"), tp, op.name, refs)
+            refs = refs + self.ring("all_gather", "tp", TP_RING, low.layout_bytes(op.name, "R"), tp, op.name, refs)
             out = "R"
         self.t.produced[op.name] = (out, refs)
 
@@ -416,7 +417,7 @@ class UnitBuilder:
         if not first or params <= 0:
             return
         nbytes = overlap.gather_bytes(low, low.chunks[self.key[0]])
-        self._param_deps = self.ring("all_gather", "dp", "dp+1", nbytes, low.cfg.dp_cp, first[0].name, ())
+        self._param_deps = self.ring("all_gather", "dp", DP_RING, nbytes, low.cfg.dp_cp, first[0].name, ())
 
     def _optimizer(self) -> None:
         """After the chunk's last backward: its gradients reduced over the data-parallel group in
@@ -459,7 +460,7 @@ class UnitBuilder:
             if not cfg.overlap_grad_reduce:
                 deps.append(("u", self.rep, ("last-backward", 0), 0, "last"))
             name = bucket[0].name
-            ready = self.ring(kind, "dp", "dp+1", dense * gb, cfg.dp_cp, name, tuple(deps))
+            ready = self.ring(kind, "dp", DP_RING, dense * gb, cfg.dp_cp, name, tuple(deps))
             if expert:  # over the ranks that hold the same expert weights
                 pattern, n = experts.gradient_group(cfg, low.place.stage(self.rep))
                 ready = ready + self.ring(kind, "dp", pattern, expert * gb, n, name, tuple(deps))
@@ -478,7 +479,7 @@ class UnitBuilder:
         everything = tuple(dict.fromkeys(r for refs in ready_of.values() for r in refs))
         if cfg.sp and low.tp_here(self.rep) > 1:  # the norms' and row-parallel biases' gradients
             blocks = sum(1 for layer in ready_of if 0 <= layer < low.t.layers)
-            everything = everything + self.ring("all_reduce", "tp", "tp+1", blocks * sequence_parallel_params(low.t)
+            everything = everything + self.ring("all_reduce", "tp", TP_RING, blocks * sequence_parallel_params(low.t)
                                                 * gb, low.tp_here(self.rep), stage_ops[0].name, everything)
         head = low.t.layers
         if low.tied_copy and head in ready_of:  # the last stage's copy of the word embedding
@@ -553,8 +554,8 @@ class UnitBuilder:
         it delays other stages' updates, not the iteration, but by their difference)."""
         low = self.low
         members: list[int] = []
-        tp_peer = low.place.patterns().get("tp+1")
-        for g in (self.group("pull-1") if low.cfg.pp > 1 else [self.rep]):
+        tp_peer = low.place.patterns().get(TP_RING)
+        for g in (self.group(PULL_PREV) if low.cfg.pp > 1 else [self.rep]):
             members.append(g)
             while tp_peer is not None and tp_peer(members[-1]) not in (g, members[-1]) and len(members) < 1 << 16:
                 members.append(tp_peer(members[-1]))

@@ -31,10 +31,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from .patterns import CP_RING
+
 __all__ = ["RING_PATTERN", "is_ring_core", "kv_bytes", "ring_volume", "forward_ring_end", "backward_ring_end",
            "ring_core", "kv_buffer_bytes"]
 
-RING_PATTERN = "cp+1"
+RING_PATTERN = CP_RING
 """The placement pattern of the context-parallel ring (:meth:`.placement.Placement.patterns`)."""
 
 

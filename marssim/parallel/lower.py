@@ -52,7 +52,8 @@ from .config import ParallelConfig, check_parallel
 from .fold import fold, identity_folding
 from .memory import static_bytes
 from .partition import prepare_graph
-from .placement import PULLS, direct_patterns, place
+from .patterns import PULLS
+from .placement import direct_patterns, place
 from .program import Order, task_program
 from .roles import strategy_of
 from .runmodel import RunModel

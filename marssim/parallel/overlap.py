@@ -29,6 +29,7 @@ from marssim.workload import Op
 
 from .memo import graph_cached
 from .memory import low_precision_rank_parameters
+from .patterns import DP_RING
 
 __all__ = ["gather_bytes", "low_precision_parameters", "param_gather_unit", "param_gather_deps", "after_steps",
            "sends_block", "gather_buckets", "cast_timing", "step_casts"]
@@ -79,7 +80,7 @@ def param_gather_unit(b) -> None:
     adams = {op.param("layer"): op.name for op in low.unit_ops.get((chunk, "O"), []) if op.param("fn") == "adam"}
     for bucket in reversed(gather_buckets(sorted(adams), low.rank_params, cfg.bucket)):
         nbytes = gather_bytes(low, bucket)
-        ready = b.ring("all_gather", "dp", "dp+1", nbytes, cfg.dp_cp, adams[min(bucket)], ready) \
+        ready = b.ring("all_gather", "dp", DP_RING, nbytes, cfg.dp_cp, adams[min(bucket)], ready) \
             if nbytes > 0 else ready
         for layer in bucket:
             gathered[layer] = ready
@@ -159,7 +160,7 @@ def after_steps(b, steps: list[tuple[int, Op, int]]) -> None:
         ready: tuple = (b.me(b.t.last_compute),)
         names = {layer: adam.name for layer, adam, _ in steps}
         for bucket in reversed(gather_buckets(sorted(names), low.rank_params, cfg.bucket)):
-            ready = b.ring("all_gather", "dp", "dp+1", gather_bytes(low, bucket), cfg.dp_cp, names[min(bucket)], ready)
+            ready = b.ring("all_gather", "dp", DP_RING, gather_bytes(low, bucket), cfg.dp_cp, names[min(bucket)], ready)
             for layer in bucket:
                 ready_of[layer] = ready
     for layer, (cast, count, rel) in later.items():  # the gathered (or whole) weights cast for the next step

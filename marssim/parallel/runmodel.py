@@ -30,6 +30,7 @@ from .megatron import grad_dtype, kernels_key, op_kernels, optimizer_kernels, ro
 from .memo import BoundedCache, OwnerMemo, graph_cached
 from .memory import rank_parameters, tied_copy_params
 from .partition import chunk_layers, op_rules, rules_key, shard_loops, stage_of_layers
+from .patterns import PULL_NEXT, PULL_PREV
 from .placement import Placement
 
 __all__ = ["DESIGN_COUNTS", "SHARD_CACHE_SIZE", "RunModel", "design_counts"]
@@ -194,9 +195,9 @@ class RunModel:
     def pull_pattern(self, stage: int, source: int) -> str | None:
         """The pattern of a pipeline transfer that ``stage`` pulls from ``source``."""
         if self.cfg.pp > 1 and source == (stage + 1) % self.cfg.pp:
-            return "pull+1"
+            return PULL_NEXT
         if self.cfg.pp > 1 and source == (stage - 1) % self.cfg.pp:
-            return "pull-1"
+            return PULL_PREV
         return None
 
     def hop(self, src: int, dst: int, plan: CollectivePlan, pattern: str | None = None) -> Hop:

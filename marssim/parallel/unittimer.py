@@ -13,6 +13,7 @@ from marssim.workload import OpKind
 from . import context, experts, userbuffers
 from .fold import binding_route
 from .host import launch_gaps
+from .patterns import TP_RING, ep_peer
 from .runmodel import RunModel
 
 __all__ = ["UnitTimer"]
@@ -95,8 +96,8 @@ class UnitTimer:
         tp = low.tp_here(self.gpu)
         cap = self.system.resource_capacity
         hops = ()
-        if tp > 1 and "tp+1" in self.patterns:
-            peer = self.patterns["tp+1"]
+        if tp > 1 and TP_RING in self.patterns:
+            peer = self.patterns[TP_RING]
             members = [self.gpu]
             while len(members) < tp:
                 members.append(peer(members[-1]))
@@ -123,7 +124,7 @@ class UnitTimer:
         sent = nbytes / tp if split else nbytes
         plan = low.plan("send_recv", sent, [peer, self.gpu])
         seconds = self.route_time(peer, self.gpu, sent) if plan is None else low.hop(peer, self.gpu, plan).time
-        return seconds, (self.ring("tp+1", tp, nbytes, "all_gather") if split else 0.0)
+        return seconds, (self.ring(TP_RING, tp, nbytes, "all_gather") if split else 0.0)
 
     def step_time(self, pattern: str, n: int, nbytes: float) -> float:
         """Seconds of one step of a ring of ``n`` ranks moving ``nbytes`` per step (its slowest hop)."""
@@ -151,11 +152,11 @@ class UnitTimer:
                 return None
             seen.add((name, "R"))
             chunk = userbuffers.chunk_timing(low, self.gpu, op, tp)[0]
-            return userbuffers.ring_exchange_end(chunk, self.step_time("tp+1", tp, low.layout_bytes(name, "S")), tp)
+            return userbuffers.ring_exchange_end(chunk, self.step_time(TP_RING, tp, low.layout_bytes(name, "S")), tp)
         if userbuffers.scatters_output(op, rule):
             n = userbuffers.PIPELINE_SPLITS
             chunk = userbuffers.chunk_timing(low, self.gpu, op, n)[0] * userbuffers.sm_margin(low.design(self.gpu))
-            scatter = self.ring("tp+1", tp, low.layout_bytes(op.name, "R") / n, "reduce_scatter")
+            scatter = self.ring(TP_RING, tp, low.layout_bytes(op.name, "R") / n, "reduce_scatter")
             have[op.name] = "S"
             return userbuffers.pipeline_end(chunk, scatter, n)
         return None
@@ -169,7 +170,7 @@ class UnitTimer:
         total = 0.0
         for step in experts.expert_path(have, want):
             if step == "a2a" and cfg.ep > 1:
-                peer = self.patterns["ep+1"](self.gpu)
+                peer = self.patterns[ep_peer(1)](self.gpu)
                 total += self.route_time(self.gpu, peer, low.layout_bytes(name, "E") / cfg.ep) * (cfg.ep - 1)
             elif step == "ag":
                 total += self.ring(pattern, etp, low.layout_bytes(name, "X"), "all_gather")
@@ -227,9 +228,9 @@ class UnitTimer:
                 if layout in experts.EXPERT_LAYOUTS and want in experts.EXPERT_LAYOUTS:
                     seconds = self.expert_conversion(name, layout, want)
                 elif layout == "P" and want in ("R", "S", "F"):
-                    seconds = self.ring("tp+1", tp, full, "reduce_scatter" if want != "R" else "all_reduce")
+                    seconds = self.ring(TP_RING, tp, full, "reduce_scatter" if want != "R" else "all_reduce")
                 elif layout in ("S", "F") and want == "R" or (layout == "S" and want == "F"):
-                    seconds = self.ring("tp+1", tp, full, "all_gather")
+                    seconds = self.ring(TP_RING, tp, full, "all_gather")
                 else:
                     continue
                 # Megatron-LM launches the backward's collectives asynchronously (the input
@@ -250,10 +251,10 @@ class UnitTimer:
             last_start, clock = clock, clock + seconds
             kernels.append((seconds, low.kernels(op, self.gpu)))
             if rule.loss_reduce:
-                clock = collective(self.ring("tp+1", tp, 12.0 * low.t.batch * low.t.seq, "all_reduce"), clock)
+                clock = collective(self.ring(TP_RING, tp, 12.0 * low.t.batch * low.t.seq, "all_reduce"), clock)
             have[op.name] = rule.out
             if op.name in low.gather_out:
-                clock = collective(self.ring("tp+1", tp, low.layout_bytes(op.name, "R"), "all_gather"), clock)
+                clock = collective(self.ring(TP_RING, tp, low.layout_bytes(op.name, "R"), "all_gather"), clock)
                 have[op.name] = "R"
             done[op.name] = clock
         total = clock

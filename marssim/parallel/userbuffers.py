@@ -46,6 +46,7 @@ import math
 from marssim.workload import Op, OpKind
 
 from .partition import shard_loops
+from .patterns import TP_RING
 
 __all__ = ["OVERLAP_GEMMS", "PIPELINE_SPLITS", "PIPELINE_SMS", "AG_BUFFERS", "RS_BUFFERS", "te_gemm",
            "gathers_input", "scatters_output", "ring_exchange_end", "pipeline_end", "sm_margin", "buffer_bytes",
@@ -169,11 +170,11 @@ def _ring_exchange(b, op: Op, name: str, refs: tuple, tp: int) -> tuple:
     deps = refs + b.param_deps(op)
     timing = chunk_timing(low, b.rep, op, tp)
     chunk = low.layout_bytes(name, "S")
-    peer = low.place.patterns()["tp+1"]
+    peer = low.place.patterns()[TP_RING]
     nxt = peer(b.rep)
-    prv = next(g for g in b.group("tp+1") if peer(g) == b.rep)
+    prv = next(g for g in b.group(TP_RING) if peer(g) == b.rep)
     prv_rep = low.fold.rep(prv)
-    coll = b.collective("all_gather", "tp", "tp+1", chunk * tp, name, tp - 1, "ring_exchange")
+    coll = b.collective("all_gather", "tp", TP_RING, chunk * tp, name, tp - 1, "ring_exchange")
 
     def theirs(rel: int) -> tuple:
         return ("u", prv_rep, b.key, rel, "same")
@@ -183,7 +184,7 @@ def _ring_exchange(b, op: Op, name: str, refs: tuple, tp: int) -> tuple:
     send = -1
     for j in range(1, tp):
         send = b.flow(b.rep, nxt, chunk, name, coll, refs if j == 1 else (theirs(send),), hold=False,
-                      pattern="tp+1")
+                      pattern=TP_RING)
         arrived.append(theirs(send))
         compute = b.compute(op, (theirs(send),), timing=timing)
     b.t.converted[(name, "R")] = tuple(dict.fromkeys(tuple(refs) + tuple(arrived)))
@@ -205,6 +206,6 @@ def _pipeline(b, op: Op, rule, tp: int) -> tuple:
         rel = b.compute(op, tuple(deps) if k == 0 else (), timing=timing)
         computes.append(b.me(rel))
         # one communication stream: each chunk's reduce-scatter after the one before it
-        ready = b.ring("reduce_scatter", "tp", "tp+1", full / PIPELINE_SPLITS, tp, op.name, (b.me(rel),) + ready)
+        ready = b.ring("reduce_scatter", "tp", TP_RING, full / PIPELINE_SPLITS, tp, op.name, (b.me(rel),) + ready)
     b.t.converted[(op.name, "S")] = tuple(dict.fromkeys(ready))
     return (computes[-1],)
