@@ -28,7 +28,7 @@ from .host import launch_gaps
 from .megatron import grad_scaled, sequence_parallel_params
 from .patterns import DP_RING, PULL_PREV, TP_RING, ep_peer
 from .runmodel import RunModel
-from .template import AFTER_PREVIOUS, COLUMNS, Ref, Template, column_array, freeze
+from .template import AFTER_PREVIOUS, COLUMNS, LAST, LAST_BACKWARD, SAME, Ref, Steps, Template, column_array, freeze
 
 __all__ = ["Templates", "UnitBuilder"]
 
@@ -87,8 +87,8 @@ class UnitBuilder:
         c["steps"].append(steps)
         local = []
         for ref in dict.fromkeys(deps):
-            if ref[1] == self.rep and ref[2] == self.key and ref[4] == "same":
-                local.append(ref[3])
+            if ref.rep == self.rep and ref.unit == self.key and ref.mode == SAME:
+                local.append(ref.rel)
             else:
                 t.ext.append((rel, ref))
         t.preds.append(local)
@@ -106,12 +106,17 @@ class UnitBuilder:
             col.extend([col[first]] * count)
         t.preds.extend(itertools.repeat(AFTER_PREVIOUS, count))
         t.runs.append((first + 1, count))
-        # the references to prv_rep's steps, as one entry (expanded by _template_edges)
-        t.ext.append((first + 1, ("steps", count, prv_rep, self.key)))
+        # the references to prv_rep's steps, as one entry (expanded by template_edges)
+        t.ext.append((first + 1, Steps(count, prv_rep, self.key)))
         return first + count
 
     def me(self, rel: int) -> Ref:
-        return ("u", self.rep, self.key, rel, "same")
+        """Task ``rel`` of this unit, of the same micro-batch."""
+        return Ref(self.rep, self.key, rel, SAME)
+
+    def peer_ref(self, rep: int, rel: int) -> Ref:
+        """Task ``rel`` of the same unit and micro-batch of representative ``rep``."""
+        return Ref(rep, self.key, rel, SAME)
 
     def compute(self, op: Op, deps, timing: tuple[float, float, float, float] | None = None) -> int:
         """A kernel of ``op`` (its shard, or ``timing``: seconds, FLOPs, joules, output bytes of a
@@ -230,7 +235,7 @@ class UnitBuilder:
         else:
             first = self.flow(self.rep, nxt, chunk, op, coll, tuple(deps), hold=False, plan=plan, pattern=pattern)
             last = self._repeat_step(first, steps - 1, prv_rep)
-        done = tuple(dict.fromkeys((self.me(last), ("u", prv_rep, self.key, last, "same"))))
+        done = tuple(dict.fromkeys((self.me(last), Ref(prv_rep, self.key, last, SAME))))
         self._issued[pattern] = done
         return done
 
@@ -248,7 +253,7 @@ class UnitBuilder:
             rel = self.flow(self.rep, peer(self.rep), size / ep, op, coll, deps, hold=False)
             ready.append(self.me(rel))
             source = patterns[ep_peer(ep - k)](self.rep)  # who sends to this rank in the same step
-            ready.append(("u", low.fold.rep(source), self.key, rel, "same"))
+            ready.append(Ref(low.fold.rep(source), self.key, rel, SAME))
         return tuple(dict.fromkeys(ready))
 
     # ------------------------------------------------------------------ tensors
@@ -281,18 +286,18 @@ class UnitBuilder:
         if name in t.produced:
             return t.produced[name]
         key = low.unit_of[name]
-        mode = "last" if self.key[1] == "O" and key[1] != "O" else "same"
+        mode = LAST if self.key[1] == "O" and key[1] != "O" else SAME
         stage = low.stage_of_chunk(key[0])
         here = low.stage_of_chunk(self.key[0])
         if stage == here:
             other = self.templates.get(self.rep, key)
             layout, refs = other.produced[name]
-            return layout, tuple(r if r[4] == "last" else (*r[:4], mode) for r in refs)
+            return layout, tuple(r.as_mode(mode) for r in refs)
         peer = low.gpu_on_stage(self.rep, stage)
         sender = low.fold.rep(peer)
         other = self.templates.get(sender, key)
         layout, refs = other.produced[name]
-        refs = tuple(r if r[4] == "last" else (*r[:4], mode) for r in refs)
+        refs = tuple(r.as_mode(mode) for r in refs)
         nbytes = low.layout_bytes(name, layout)
         tp = low.tp_here(self.rep)
         # Megatron-LM's scatter/gather of pipeline activations (p2p_communication.py, _communicate:
@@ -311,7 +316,7 @@ class UnitBuilder:
         ready = (self.me(rel),)
         if split:
             ready = ready + self.ring("all_gather", "pp", TP_RING, nbytes, tp, name, ready)
-        result = (layout, ready + tuple(r for r in refs if r[1] == self.rep))
+        result = (layout, ready + tuple(r for r in refs if r.rep == self.rep))
         t.produced[name] = result
         return result
 
@@ -458,7 +463,7 @@ class UnitBuilder:
                 dense += low.opt_params.get(buf.param("layer"), 0) - low.rank_expert_params.get(buf.param("layer"), 0)
                 expert += low.rank_expert_params.get(buf.param("layer"), 0)
             if not cfg.overlap_grad_reduce:
-                deps.append(("u", self.rep, ("last-backward", 0), 0, "last"))
+                deps.append(Ref(self.rep, LAST_BACKWARD, 0, LAST))
             name = bucket[0].name
             ready = self.ring(kind, "dp", DP_RING, dense * gb, cfg.dp_cp, name, tuple(deps))
             if expert:  # over the ranks that hold the same expert weights
@@ -531,17 +536,18 @@ class UnitBuilder:
         peer = low.gpu_on_stage(self.rep, low.stage_of_chunk(key[0]))
         sender = low.fold.rep(peer)
         refs = self.templates.get(sender, key).produced[name][1]
-        mode = "last" if key[1] != "O" else "same"
-        refs = tuple(r if r[4] == "last" else (*r[:4], mode) for r in refs)
+        mode = LAST if key[1] != "O" else SAME
+        refs = tuple(r.as_mode(mode) for r in refs)
         nbytes = low.word_embedding_params * low.grad_bytes
         plan = low.plan("all_reduce", nbytes, [peer, self.rep])
         coll = self.collective("all_reduce", "emb", "", nbytes, op, 2 if plan is None else plan.steps,
                                 "ring" if plan is None else plan.algorithm)
         steps = 1 if plan is None else plan.steps
         payload = nbytes if plan is None else plan.payload_per_step * plan.steps
+        pattern = low.pull_pattern(low.stage_of_chunk(self.key[0]), low.stage_of_chunk(key[0]))
         rel = self.flow(peer, self.rep, payload, op, coll, refs + tuple(deps), hold=False, steps=steps, pulled=True,
-                        plan=plan, pattern=low.pull_pattern(low.stage_of_chunk(self.key[0]), low.stage_of_chunk(key[0])))
-        out = (self.me(rel),) + tuple(r for r in refs if r[1] == self.rep) + tuple(deps)
+                        plan=plan, pattern=pattern)
+        out = (self.me(rel),) + tuple(r for r in refs if r.rep == self.rep) + tuple(deps)
         t.converted[(name, "all_reduce")] = out
         return out
 

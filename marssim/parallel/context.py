@@ -110,7 +110,7 @@ def ring_core(b, op, deps: tuple) -> tuple:
                          else cp - 1, "ring")
 
     def theirs(rel: int) -> tuple:  # the previous rank's task at the same position of its unit
-        return ("u", prv_rep, b.key, rel, "same")
+        return b.peer_ref(prv_rep, rel)
 
     # the first transfer is launched with the core: after the kernel before it on this GPU's stream
     # (a send waits for the stream's earlier work, as PyTorch's NCCL process group makes it)

@@ -102,7 +102,7 @@ def param_gather_deps(b, op: Op) -> tuple:
         return ()
     gather = b.templates.get(b.rep, (b.key[0], "G"))
     refs = getattr(gather, "gathered", {}).get(op.param("layer"), ())
-    return tuple((*r[:4], "last") for r in refs)
+    return tuple(r.at_last() for r in refs)
 
 
 def cast_timing(low, gpu: int, op: Op, count: int) -> tuple[float, float, float, float]:

@@ -86,7 +86,8 @@ def rules_key(cfg: ParallelConfig, stage_of: dict[int, int]) -> tuple:
     """What :func:`op_rules` depends on beyond the graph: sequence and expert parallelism and
     the tensor- and expert-tensor-parallel degree of every layer (``stage_of``:
     :func:`stage_of_layers`)."""
-    return ("rules", cfg.sp, cfg.ep, tuple(sorted((layer, cfg.tp_of(s), cfg.etp_of(s)) for layer, s in stage_of.items())))
+    degrees = tuple(sorted((layer, cfg.tp_of(s), cfg.etp_of(s)) for layer, s in stage_of.items()))
+    return ("rules", cfg.sp, cfg.ep, degrees)
 
 
 _MOE_RESHAPES = ("dispatch", "combine", "dispatch_grad", "combine_grad", "gate_grad")

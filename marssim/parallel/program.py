@@ -13,7 +13,7 @@ import numpy as np
 
 from marssim.taskprogram import CoupledSteps, TaskProgram
 
-from .template import COLUMNS, Template, template_edges
+from .template import COLUMNS, LAST, LAST_BACKWARD, Template, template_edges
 
 __all__ = ["Instances", "Order", "instances", "task_program"]
 
@@ -121,7 +121,7 @@ def task_program(built: Mapping[tuple[int, tuple[int, str]], Template], order: O
         xr = xg = xl = np.zeros(0, dtype=np.int64)
     xref_ptr = np.zeros(len(n_ipred) + 1, dtype=np.int64)
     np.cumsum(np.bincount(xr, minlength=len(n_ipred)), out=xref_ptr[1:])
-    lastkernel = np.asarray([key[1] == ("last-backward", 0) for key in grp_keys], dtype=np.bool_)
+    lastkernel = np.asarray([key[1] == LAST_BACKWARD for key in grp_keys], dtype=np.bool_)
     target_tpl = np.asarray([-1 if last else tpl_index.get((key[0], key[1]), -1)
                              for key, last in zip(grp_keys, lastkernel)], dtype=np.int32)
     targets = _group_targets(inst, templates, grp_start, grp_keys, lastkernel, tpl_index)
@@ -136,7 +136,8 @@ def task_program(built: Mapping[tuple[int, tuple[int, str]], Template], order: O
     np.cumsum(n_groups[inst.tpl], out=inst_gstart[1:])
     return TaskProgram(
         rows=rows, tpl_start=tpl_start, ipred_ptr=ipred_ptr, ipred=ipred, xref_ptr=xref_ptr,
-        xref_group=xg.astype(np.int32, copy=False), xref_rel=xl.astype(np.int32, copy=False), grp_start=grp_start, grp_lastkernel=lastkernel,
+        xref_group=xg.astype(np.int32, copy=False), xref_rel=xl.astype(np.int32, copy=False), grp_start=grp_start,
+        grp_lastkernel=lastkernel,
         grp_target_tpl=target_tpl, first_compute=first, last_compute=last,
         tpl_colls=tuple(tuple(t.colls) for t in templates), inst_tpl=inst.tpl.astype(np.int32),
         inst_mb=inst.mb.astype(np.int32), inst_base=inst.base, inst_coll=inst.coll, inst_gstart=inst_gstart,
@@ -176,7 +177,7 @@ def _group_targets(inst: Instances, templates: list[Template], grp_start: np.nda
             table = by_key.get((r_rep, r_key))
             if table is None:
                 continue
-            r_mb = np.full(len(mine), last_mb[(r_rep, r_key)]) if mode == "last" else inst.mb[mine]
+            r_mb = np.full(len(mine), last_mb[(r_rep, r_key)]) if mode == LAST else inst.mb[mine]
             inside = r_mb < len(table)
             out[slots[inside]] = table[r_mb[inside]]
     return out

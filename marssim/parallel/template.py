@@ -10,14 +10,50 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
 from marssim.taskgraph import Collective
 
-__all__ = ["AFTER_PREVIOUS", "COLUMNS", "Ref", "Template", "column_array", "freeze", "template_edges"]
+__all__ = ["AFTER_PREVIOUS", "COLUMNS", "LAST", "LAST_BACKWARD", "SAME", "Ref", "Steps", "Template", "column_array",
+           "freeze", "template_edges"]
 
-Ref = tuple  # ("u", rep, unit key, rel task, "same" | "last")
+SAME = "same"
+"""A reference to the instance of the same micro-batch as the reader's."""
+LAST = "last"
+"""A reference to the instance of the unit's last micro-batch (the optimizer reading the backward)."""
+LAST_BACKWARD = ("last-backward", 0)
+"""The unit key of a reference to the reader's GPU's latest instance with a backward kernel before it."""
+
+
+class Ref(NamedTuple):
+    """A task a row waits for: task ``rel`` (counted from the unit's first) of the instance of unit
+    ``unit`` (chunk, direction) of representative GPU ``rep``, of the reader's micro-batch
+    (``mode`` :data:`SAME`) or of the unit's last one (:data:`LAST`)."""
+
+    rep: int
+    unit: tuple
+    rel: int
+    mode: str
+
+    def as_mode(self, mode: str) -> Ref:
+        """This reference read as ``mode``; a :data:`LAST` one stays so."""
+        return self if self.mode == LAST else Ref(self.rep, self.unit, self.rel, mode)
+
+    def at_last(self) -> Ref:
+        """This reference read at the unit's last micro-batch."""
+        return Ref(self.rep, self.unit, self.rel, LAST)
+
+
+class Steps(NamedTuple):
+    """The references of a ring's ``count`` repeated steps: row ``r`` of them waits for row
+    ``r - 1`` of the same unit of representative ``rep`` (expanded by :func:`template_edges`)."""
+
+    count: int
+    rep: int
+    unit: tuple
+
 AFTER_PREVIOUS = ("previous row",)  # a template row's predecessors: the row before it alone (a ring's repeated steps)
 
 
@@ -27,7 +63,7 @@ class Template:
 
     cols: dict[str, list] = field(default_factory=lambda: defaultdict(list))
     preds: list[list[int]] = field(default_factory=list)
-    ext: list[tuple[int, Ref]] = field(default_factory=list)  # (task, reference outside the unit)
+    ext: list[tuple[int, Ref | Steps]] = field(default_factory=list)  # (task, reference outside the unit)
     colls: list[Collective] = field(default_factory=list)
     produced: dict[str, tuple[str, tuple]] = field(default_factory=dict)  # tensor -> (layout, refs)
     converted: dict[tuple[str, str], tuple] = field(default_factory=dict)
@@ -105,13 +141,13 @@ def freeze(tpl: Template) -> None:
 
 def template_edges(tpl: Template) -> None:
     """Precompute a template's references grouped by target unit (a ring's repeated steps, one
-    ``("steps", count, rep, key)`` entry, expanded: row ``r`` reads row ``r - 1`` of ``rep``); rows
-    as int32, as the program keeps them."""
+    :class:`Steps` entry, expanded: row ``r`` reads row ``r - 1`` of ``rep``); rows as int32, as
+    the program keeps them."""
     groups: dict[tuple, tuple[list, list, list, list]] = {}  # key -> (parts, parts read, rows, rows read)
     for rel, ref in tpl.ext:
-        if ref[0] == "steps":
-            _, count, r_rep, r_key = ref
-            parts, parts_read, rows, rows_read = groups.setdefault((r_rep, r_key, "same"), ([], [], [], []))
+        if type(ref) is Steps:
+            count, r_rep, r_key = ref
+            parts, parts_read, rows, rows_read = groups.setdefault((r_rep, r_key, SAME), ([], [], [], []))
             if rows:
                 parts.append(np.asarray(rows, dtype=np.int32))
                 parts_read.append(np.asarray(rows_read, dtype=np.int32))
@@ -121,7 +157,7 @@ def template_edges(tpl: Template) -> None:
             parts.append(steps)
             parts_read.append(steps - 1)
             continue
-        _, r_rep, r_key, r_rel, mode = ref
+        r_rep, r_key, r_rel, mode = ref
         _, _, rows, rows_read = groups.setdefault((r_rep, r_key, mode), ([], [], [], []))
         rows.append(rel)
         rows_read.append(r_rel)

@@ -177,7 +177,7 @@ def _ring_exchange(b, op: Op, name: str, refs: tuple, tp: int) -> tuple:
     coll = b.collective("all_gather", "tp", TP_RING, chunk * tp, name, tp - 1, "ring_exchange")
 
     def theirs(rel: int) -> tuple:
-        return ("u", prv_rep, b.key, rel, "same")
+        return b.peer_ref(prv_rep, rel)
 
     compute = b.compute(op, deps, timing=timing)
     arrived = []
