@@ -33,6 +33,12 @@ from .template import AFTER_PREVIOUS, COLUMNS, LAST, LAST_BACKWARD, SAME, Ref, S
 __all__ = ["Templates", "UnitBuilder"]
 
 _GROUP_PLAN = object()  # a ring's plan: its group's own (see UnitBuilder.ring)
+_ref = tuple.__new__  # a Ref from its fields without NamedTuple's constructor in Python (the builder's hot path)
+
+
+def _as_mode(refs: tuple, mode: str) -> tuple:
+    """``refs`` read as ``mode`` (:meth:`.template.Ref.as_mode`): themselves as :data:`SAME`."""
+    return refs if mode == SAME else tuple(r.at_last() for r in refs)
 
 
 @dataclass
@@ -62,6 +68,7 @@ class UnitBuilder:
         self.key = key
         self.t = Template()
         self.node_names = low.system.nodes
+        self._mine: dict[int, Ref] = {}  # me()'s refs
         self._issued: dict[str, tuple] = {}  # per ring pattern (communicator): its last collective's refs
 
     # ------------------------------------------------------------------ rows
@@ -86,9 +93,11 @@ class UnitBuilder:
         c["collective"].append(coll)
         c["steps"].append(steps)
         local = []
+        me, key = self.rep, self.key
         for ref in dict.fromkeys(deps):
-            if ref.rep == self.rep and ref.unit == self.key and ref.mode == SAME:
-                local.append(ref.rel)
+            rep, unit, at, mode = ref
+            if rep == me and unit == key and mode == SAME:
+                local.append(at)
             else:
                 t.ext.append((rel, ref))
         t.preds.append(local)
@@ -111,12 +120,16 @@ class UnitBuilder:
         return first + count
 
     def me(self, rel: int) -> Ref:
-        """Task ``rel`` of this unit, of the same micro-batch."""
-        return Ref(self.rep, self.key, rel, SAME)
+        """Task ``rel`` of this unit, of the same micro-batch (one object per task: a row reads
+        the tasks before it many times)."""
+        hit = self._mine.get(rel)
+        if hit is None:
+            hit = self._mine[rel] = _ref(Ref, (self.rep, self.key, rel, SAME))
+        return hit
 
     def peer_ref(self, rep: int, rel: int) -> Ref:
         """Task ``rel`` of the same unit and micro-batch of representative ``rep``."""
-        return Ref(rep, self.key, rel, SAME)
+        return _ref(Ref, (rep, self.key, rel, SAME))
 
     def compute(self, op: Op, deps, timing: tuple[float, float, float, float] | None = None) -> int:
         """A kernel of ``op`` (its shard, or ``timing``: seconds, FLOPs, joules, output bytes of a
@@ -235,7 +248,7 @@ class UnitBuilder:
         else:
             first = self.flow(self.rep, nxt, chunk, op, coll, tuple(deps), hold=False, plan=plan, pattern=pattern)
             last = self._repeat_step(first, steps - 1, prv_rep)
-        done = tuple(dict.fromkeys((self.me(last), Ref(prv_rep, self.key, last, SAME))))
+        done = tuple(dict.fromkeys((self.me(last), self.peer_ref(prv_rep, last))))
         self._issued[pattern] = done
         return done
 
@@ -253,7 +266,7 @@ class UnitBuilder:
             rel = self.flow(self.rep, peer(self.rep), size / ep, op, coll, deps, hold=False)
             ready.append(self.me(rel))
             source = patterns[ep_peer(ep - k)](self.rep)  # who sends to this rank in the same step
-            ready.append(Ref(low.fold.rep(source), self.key, rel, SAME))
+            ready.append(self.peer_ref(low.fold.rep(source), rel))
         return tuple(dict.fromkeys(ready))
 
     # ------------------------------------------------------------------ tensors
@@ -292,12 +305,12 @@ class UnitBuilder:
         if stage == here:
             other = self.templates.get(self.rep, key)
             layout, refs = other.produced[name]
-            return layout, tuple(r.as_mode(mode) for r in refs)
+            return layout, _as_mode(refs, mode)
         peer = low.gpu_on_stage(self.rep, stage)
         sender = low.fold.rep(peer)
         other = self.templates.get(sender, key)
         layout, refs = other.produced[name]
-        refs = tuple(r.as_mode(mode) for r in refs)
+        refs = _as_mode(refs, mode)
         nbytes = low.layout_bytes(name, layout)
         tp = low.tp_here(self.rep)
         # Megatron-LM's scatter/gather of pipeline activations (p2p_communication.py, _communicate:
@@ -389,7 +402,9 @@ class UnitBuilder:
             deps: list = []
             for name, want in zip(op.inputs, rule.want):
                 deps.extend(self.tensor(name, want, op.name))
-            deps.extend(self.param_deps(op))
+            if self._param_deps:
+                deps.extend(self._param_deps)
+            deps.extend(overlap.param_gather_deps(self, op))
             if rule.alias:
                 self.t.produced[op.name] = (rule.out, tuple(dict.fromkeys(deps)))
                 return
@@ -537,7 +552,7 @@ class UnitBuilder:
         sender = low.fold.rep(peer)
         refs = self.templates.get(sender, key).produced[name][1]
         mode = LAST if key[1] != "O" else SAME
-        refs = tuple(r.as_mode(mode) for r in refs)
+        refs = _as_mode(refs, mode)
         nbytes = low.word_embedding_params * low.grad_bytes
         plan = low.plan("all_reduce", nbytes, [peer, self.rep])
         coll = self.collective("all_reduce", "emb", "", nbytes, op, 2 if plan is None else plan.steps,

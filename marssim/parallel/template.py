@@ -39,7 +39,7 @@ class Ref(NamedTuple):
 
     def as_mode(self, mode: str) -> Ref:
         """This reference read as ``mode``; a :data:`LAST` one stays so."""
-        return self if self.mode == LAST else Ref(self.rep, self.unit, self.rel, mode)
+        return self if self.mode == LAST or self.mode == mode else Ref(self.rep, self.unit, self.rel, mode)
 
     def at_last(self) -> Ref:
         """This reference read at the unit's last micro-batch."""
