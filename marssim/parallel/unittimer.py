@@ -120,7 +120,7 @@ class UnitTimer:
         low = self.low
         tp = low.tp_here(self.gpu)
         split = (low.cfg.scatter_gather and layout == "R" and tp > 1 and producer_tp == tp
-                 and int(round(nbytes)) % tp == 0)
+                 and round(nbytes) % tp == 0)
         sent = nbytes / tp if split else nbytes
         plan = low.plan("send_recv", sent, [peer, self.gpu])
         seconds = self.route_time(peer, self.gpu, sent) if plan is None else low.hop(peer, self.gpu, plan).time
