@@ -98,3 +98,32 @@ def test_the_graph_memo_bounds_the_rules_of_many_layouts():
     for i in range(3 * GRAPH_MEMO.sizes["rules"]):
         graph_cached(g, ("rules", i), lambda i=i: {"op": i})
     assert len(GRAPH_MEMO.cache(g, "rules")) == GRAPH_MEMO.sizes["rules"]
+
+
+def test_screens_and_lowerings_on_threads_share_the_memos_and_agree_with_one_thread():
+    """A thread pool screening and lowering configurations of one graph (the memos of the graph,
+    the system and the rules shared between threads) gives the figures of one thread, bit for bit."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from marssim.cost import default_cost_model
+    from marssim.parallel import lower_parallel, parse_parallel
+    from marssim.parallel.analytic import screen
+    from marssim.system import load_system
+    from marssim.workload import load_workload
+
+    system = load_system("dgx-a100-cluster:nodes=1")
+    cost = default_cost_model()
+    specs = [f"tp={tp},pp={pp},dp={8 // tp // pp},global_batch=8{extra}" for tp in (1, 2, 4) for pp in (1, 2)
+             for extra in ("", ",sp=true", ",zero=1") if 8 % (tp * pp) == 0 and (tp > 1 or "sp" not in extra)]
+
+    def figures(graph, spec: str) -> tuple:
+        cfg = parse_parallel(spec)
+        tg = lower_parallel(graph, system, cfg, cost)
+        return screen(graph, system, cfg, cost).iteration_s, tg.n_tasks, float(tg.duration.sum())
+
+    workload = "gpt:layers=4,hidden=256,heads=8,vocab=1000,seq=64,mode=train,max_positions=64"
+    alone = [figures(load_workload(workload), s) for s in specs]
+    shared = load_workload(workload)
+    with ThreadPoolExecutor(4) as pool:
+        threaded = list(pool.map(lambda s: figures(shared, s), specs * 2))
+    assert threaded == alone * 2
