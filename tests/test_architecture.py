@@ -270,3 +270,133 @@ def test_no_module_outside_the_plan_level_asks_a_plan_its_class():
         if n != PLAN_KIND_CHECKS_ALLOWED.get(module, 0):
             found[module] = n
     assert not found, f"isinstance on a plan class outside marssim/plan (use marssim.plan.kinds.kind_of): {found}"
+
+
+# ---------------------------------------------------------------------------- files of one package
+
+PARALLEL = "marssim.parallel"
+MAX_PARALLEL_LINES = 650
+
+KNOWN_FILE_CIRCLES: dict[str, list[list[str]]] = {
+    # packages whose files import one another in a circle at import time: none. (Circles closed
+    # only by imports inside functions remain in analytical/ (schedule, _numba_kernels),
+    # calibrate/ (kernels, llm_kernels), cli/ (search, _serve_search), mapping/ (io, model),
+    # serve/ (engine, simulate, speculative) and sim/ (engine, fast); parallel/ has none of those
+    # either, see test_parallel_has_no_circle_even_through_lazy_imports.)
+}
+
+
+def _from_target(node: ast.ImportFrom, package: str) -> str:
+    """The absolute module ``from X import ...`` names (relative imports resolved in ``package``)."""
+    if not node.level:
+        return node.module or ""
+    base = package.split(".")
+    base = base[:len(base) - node.level + 1]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def _is_type_checking(node: ast.AST) -> bool:
+    test = getattr(node, "test", None)
+    return isinstance(node, ast.If) and (
+        (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING")
+        or (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"))
+
+
+def modules_imported(path: Path, module: str, inside_functions: bool = False) -> set[str]:
+    """Absolute names of the modules ``module`` imports when it is imported (not in function
+    bodies nor under ``if TYPE_CHECKING``; with ``inside_functions``, in function bodies too):
+    ``from X import Y`` gives ``X.Y`` when that is a module of marssim, else ``X``."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    out: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)) and not inside_functions:
+                continue
+            if _is_type_checking(child):
+                for other in child.orelse:
+                    visit(ast.Module(body=[other], type_ignores=[]))
+                continue
+            if isinstance(child, ast.Import):
+                out.update(alias.name for alias in child.names)
+            elif isinstance(child, ast.ImportFrom):
+                target = _from_target(child, package)
+                for alias in child.names:
+                    sub = f"{target}.{alias.name}"
+                    out.add(sub if is_marssim_module(sub) else target)
+            else:
+                visit(child)
+
+    visit(tree)
+    return out
+
+
+def packages() -> list[str]:
+    """Every package of marssim (``marssim`` itself included)."""
+    return sorted({m for m, p in all_modules().items() if p.name == "__init__.py"})
+
+
+def file_imports(package: str, inside_functions: bool = False) -> dict[str, set[str]]:
+    """Per file of ``package`` (its ``__init__`` and its modules, not its subpackages' files), the
+    other files of it that it imports (:func:`modules_imported`)."""
+    files = {m: p for m, p in all_modules().items()
+             if m == package or (m.rpartition(".")[0] == package and p.name != "__init__.py")}
+    return {m: {i for i in modules_imported(p, m, inside_functions) if i in files and i != m}
+            for m, p in files.items()}
+
+
+def test_no_files_of_a_package_import_each_other_in_a_circle():
+    """At import time, no file of a package imports another that (through others) imports it:
+    each package's files form layers (the known circles of other packages aside)."""
+    found = {p: c for p in packages() if (c := circles(file_imports(p)))}
+    assert found == KNOWN_FILE_CIRCLES
+
+
+def test_parallel_has_no_circle_even_through_lazy_imports():
+    """In ``parallel/`` not even an import inside a function closes a circle: the model of a run
+    (partition, runmodel, memory) never reaches back to the lowering that reads it."""
+    graph = file_imports(PARALLEL, inside_functions=True)
+    assert circles(graph) == []
+    model = {f"{PARALLEL}.{m}" for m in ("memo", "partition", "runmodel", "memory")}
+    lowering = {f"{PARALLEL}.{m}" for m in ("lower", "builder", "program", "template")}
+    for module in model:
+        assert not graph[module] & lowering, f"{module} imports the lowering: {sorted(graph[module] & lowering)}"
+
+
+def test_the_file_circle_checker_sees_a_circle_at_import_time(tmp_path):
+    """The checker itself: a module-level import counts, one inside a function or under
+    ``TYPE_CHECKING`` only with ``inside_functions`` (or not at all)."""
+    probe = tmp_path / "probe.py"
+    probe.write_text("from typing import TYPE_CHECKING\nfrom .memo import graph_cached\n"
+                     "from . import lower\nif TYPE_CHECKING:\n    from .report import ParallelReport\n"
+                     "def f():\n    from .builder import Templates\n")
+    module = f"{PARALLEL}.probe"
+    top = modules_imported(probe, module)
+    assert {f"{PARALLEL}.memo", f"{PARALLEL}.lower"} <= top
+    assert f"{PARALLEL}.builder" not in top and f"{PARALLEL}.report" not in top
+    assert PARALLEL not in top  # `from . import lower` imports the module, not the package's names
+    assert f"{PARALLEL}.builder" in modules_imported(probe, module, inside_functions=True)
+
+
+def test_no_file_of_parallel_is_over_the_line_limit():
+    long = {m: n for m, p in all_modules().items() if m.startswith(PARALLEL + ".")
+            and (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_PARALLEL_LINES}
+    assert long == {}, f"files of parallel/ over {MAX_PARALLEL_LINES} lines: {long}"
+
+
+def test_parallel_imports_no_private_name_of_another_module():
+    """``from .x import _y`` between files of ``parallel/`` (or from elsewhere) is refused: what a
+    module shares it names without an underscore."""
+    found = []
+    for module, path in all_modules().items():
+        if not (module == PARALLEL or module.startswith(PARALLEL + ".")):
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                target = _from_target(node, package)
+                found += [f"{module} imports {target}.{a.name}" for a in node.names
+                          if a.name.startswith("_") and not is_marssim_module(f"{target}.{a.name}")]
+    assert found == []

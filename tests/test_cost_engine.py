@@ -214,3 +214,19 @@ def test_simulated_energy_per_op_is_the_cost_models_compute_sram_dram():
         assert cost.energy == pytest.approx(cost.energy_compute + cost.energy_sram + cost.energy_dram, rel=1e-12)
         checked += cost.energy_dram > 0 and cost.energy_sram > 0
     assert checked > 10
+
+
+def test_each_dataflow_name_has_its_formula_family():
+    """A design's dataflow name maps to the :class:`Dataflow` the formulas branch on, in the
+    order of ``DATAFLOWS``; the systolic ones are exactly ``SYSTOLIC_DATAFLOWS``; the shipped
+    designs' parameters carry it, and a GPU design's is ``Dataflow.GPU``."""
+    from marssim.cost.features import DATAFLOW_CODES, Dataflow, DesignParams
+    from marssim.system.design import DATAFLOWS, SYSTOLIC_DATAFLOWS
+
+    assert tuple(DATAFLOW_CODES) == DATAFLOWS
+    assert [int(DATAFLOW_CODES[name]) for name in DATAFLOWS] == list(range(len(DATAFLOWS)))
+    assert {name for name, d in DATAFLOW_CODES.items() if d.systolic} == set(SYSTOLIC_DATAFLOWS)
+    for design in shipped_designs():
+        code = DesignParams(design).code
+        assert code is DATAFLOW_CODES[design.dataflow]
+        assert (code is Dataflow.GPU) == (design.dataflow == "gpu")

@@ -140,7 +140,7 @@ def test_placement_memo_gives_each_layout_its_own_ranks():
     """place() memoises rank layouts per system: configurations with the same layout share one,
     any other field of the layout (order, degrees, stage blocks) gets its own, equal to a fresh
     computation."""
-    from marssim.parallel.placement import _LAYOUTS_KEPT, _layout, place
+    from marssim.parallel.placement import LAYOUTS, _layout, place
 
     system = load_system("dgx-a100-cluster:nodes=4")
     specs = ["tp=2,pp=2,dp=8,micro_batch=1,global_batch=32", "tp=2,pp=2,dp=8,micro_batch=2,global_batch=32",
@@ -158,7 +158,7 @@ def test_placement_memo_gives_each_layout_its_own_ranks():
     assert first[specs[0]] is first[specs[1]]  # micro-batch is not part of the layout
     assert first[specs[0]] != first[specs[2]] and first[specs[0]] != first[specs[3]]
     assert first[specs[4]] != first[specs[0]]
-    assert _LAYOUTS_KEPT >= 1
+    assert 1 <= len(LAYOUTS.cache(system, "layout")) <= LAYOUTS.default_size
 
 
 def test_components_of_feeder_cycles_with_tails():

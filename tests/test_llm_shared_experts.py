@@ -117,15 +117,16 @@ def test_the_screen_times_every_block_by_its_kind(config, cost, cluster):
     """The closed-form screen times one block per kind and place: a stage's busy time is the sum
     of every block of its chunks timed on its own (the dense first block differs from the
     others), plus the embedding's and head's ops."""
-    from marssim.parallel.analytic import _lowering, _split_units, _Timer, screen
+    from marssim.parallel.analytic import _split_units, screen, screen_model
+    from marssim.parallel.unittimer import UnitTimer
 
     graph = load_workload(DS + ",mode=train")
     cfg = parse_parallel(config)
     got = screen(graph, cluster, cfg, cost)
-    low, _, representative = _lowering(graph, cluster, cfg, cost)
+    low, _, representative = screen_model(graph, cluster, cfg, cost)
     units = _split_units(low)
     for stage in range(cfg.pp):
-        timer = _Timer(low, representative[stage])
+        timer = UnitTimer(low, representative[stage])
         busy = 0.0
         for (chunk, direction), (of_layer, ends) in units.items():
             if chunk % cfg.pp != stage or direction == "O":
@@ -164,7 +165,7 @@ def test_shared_experts_are_dense_weights_split_over_tp_and_kept_by_every_expert
     rank), the router and norms whole, and of the routed experts ``experts / ep`` at ``1 / etp``
     of their weights (reduced over the expert-data-parallel replicas)."""
     from marssim.parallel import prepare_graph
-    from marssim.parallel.lower import op_rules
+    from marssim.parallel.partition import op_rules
     from marssim.parallel.memory import rank_parameters
 
     h, tp = 256, 2

@@ -14,7 +14,8 @@ from marssim.analytical import estimate
 from marssim.collectives.group import group_plan, hop_step, route_bottleneck
 from marssim.cost import default_cost_model
 from marssim.parallel import lower_parallel, parse_parallel
-from marssim.parallel.analytic import _lowering, _Timer
+from marssim.parallel.analytic import screen_model
+from marssim.parallel.unittimer import UnitTimer
 from marssim.parallel.megatron import (PERSIST_LN_HIDDEN_SIZES, grad_dtype, op_kernels, optimizer_kernels, roles,
                                        softmax_fused)
 from marssim.system import load_system
@@ -88,8 +89,8 @@ def test_the_lowering_runs_a_tensor_parallel_all_reduce_in_the_plans_time(node, 
 def test_the_screen_times_a_ring_as_the_lowering_does(node, cost):
     graph = load_workload(GPT)
     cfg = parse_parallel("tp=8,micro_batch=2")
-    low, _, rep = _lowering(graph, node, cfg, cost)
-    timer = _Timer(low, rep[0])
+    low, _, rep = screen_model(graph, node, cfg, cost)
+    timer = UnitTimer(low, rep[0])
     size = 2 * 512 * 1024 * 2
     plan = group_plan(node, [f"gpu{i}" for i in range(8)], "all_reduce", size)
     assert timer.ring("tp+1", 8, size, "all_reduce") == pytest.approx(plan.time, rel=1e-12)
@@ -211,7 +212,7 @@ def test_the_data_parallel_reduction_runs_in_the_gradient_buffers_type(cost):
     for setting, width in (("", 4), (",grad_reduce_dtype=bf16", 2)):
         cfg = parse_parallel("tp=2,dp=4,micro_batch=2,global_batch=8" + setting)
         tg = lower_parallel(graph, system, cfg, cost, folding=False)
-        low, _, _ = _lowering(graph, system, cfg, cost)
+        low, _, _ = screen_model(graph, system, cfg, cost)
         rep = tg.node_names.index("gpu0")
         sent = sum(c.nbytes for c in _colls(tg, "dp") if c.devices[0] == tg.node_names[rep])
         assert sent == pytest.approx(width * sum(low.opt_params.values()))

@@ -90,7 +90,8 @@ def test_pattern_transfers_wait_the_patterns_largest_latency() -> None:
     """Every data-parallel hop of a ring cut by a partly filled unit waits the hop across the
     spine; an all-to-all's direct sends keep their own latencies."""
     from marssim.parallel.fold import _pattern_sends, latency_floors
-    from marssim.parallel.placement import PULLS, direct_patterns, place
+    from marssim.parallel.patterns import PULLS
+    from marssim.parallel.placement import direct_patterns, place
 
     system = _small_cluster(nodes=5, per_leaf=2, gpus=4)
     where = place(system, parse_parallel("tp=2,pp=2,dp=5,global_batch=10"))

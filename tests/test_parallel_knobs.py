@@ -369,7 +369,7 @@ def test_expert_tensor_parallelism_splits_experts_and_gathers_their_tokens() -> 
     pair; the expert gradients reduce over the dp/ep = 2 replicas. etp=1: whole experts, no
     gather, and their gradients reduce over the 2 tensor-parallel copies times the 2 replicas."""
     from marssim.parallel.memory import rank_parameters
-    from marssim.parallel.lower import op_rules
+    from marssim.parallel.partition import op_rules
 
     system = load_system(NODE)
     graph = load_workload(MOE)

@@ -164,8 +164,8 @@ def tp_shards(graph: Graph, parallel) -> list[tuple[Op, Op]]:
     producers known), each split loop cut to ``ceil(size * num / den)``, the AdamW step over the
     parameters a rank of the group holds (a ``1/dp`` part of them with ZeRO). Graph inputs and
     views are not timed."""
-    from marssim.parallel.lower import op_rules, shard_loops
     from marssim.parallel.memory import rank_parameters
+    from marssim.parallel.partition import op_rules, shard_loops
 
     rules = op_rules(graph, parallel)
     per_layer, _ = rank_parameters(graph, parallel, rules)

@@ -44,6 +44,7 @@ every other op). No cost formula reads them.
 from __future__ import annotations
 
 import math
+from enum import IntEnum
 
 from marssim.system import Design
 from marssim.system.buffers import DEFAULT_BUFFERS, buffer_sizes, operand_windows
@@ -53,7 +54,7 @@ from marssim.workload.op import DTYPE_BYTES, GEMM_LIKE, kv_heads_of, products_of
 from .convgeom import conv_geometry
 
 __all__ = [
-    "op_features", "design_key", "DesignParams", "DTYPES", "KIND_CODES", "DATAFLOW_CODES", "N_FEATURES",
+    "op_features", "design_key", "DesignParams", "DTYPES", "KIND_CODES", "Dataflow", "DATAFLOW_CODES", "N_FEATURES",
     "CLASS_NONE", "CLASS_GEMM", "CLASS_STREAM", "KERNEL_KINDS", "KERNEL_KIND_OF", "conv_geometry_key",
     "KERNEL_PHASES", "KERNEL_BACKENDS", "kernel_phase", "kernel_backend", "attention_geometry_key",
 ]
@@ -87,7 +88,28 @@ KERNEL_BACKENDS: tuple[str, ...] = ("", "flash", "efficient", "cudnn", "math")
 """Backends of ``torch.nn.functional.scaled_dot_product_attention`` that name different kernels
 of one fused attention shape (``""``: no fused attention backend, every other op)."""
 
-DATAFLOW_CODES = {"os": 0, "ws": 1, "is": 2, "rs": 3, "nvdla": 4, "shidiannao": 5, "gpu": 6}
+class Dataflow(IntEnum):
+    """A design's dataflow as the cost formulas branch on it: systolic output-, weight- and
+    input-stationary (:mod:`.systolic`), Eyeriss row-stationary, NVDLA-like and ShiDianNao-like
+    (:mod:`.loopmap`), GPU-class (:mod:`.gpu`); the values are the order of
+    :data:`marssim.system.design.DATAFLOWS`."""
+
+    OS = 0
+    WS = 1
+    IS = 2
+    RS = 3
+    NVDLA = 4
+    SHIDIANNAO = 5
+    GPU = 6
+
+    @property
+    def systolic(self) -> bool:
+        """Whether a PE array's systolic formulas time it (os, ws, is)."""
+        return self <= Dataflow.IS
+
+
+DATAFLOW_CODES: dict[str, Dataflow] = {d.name.lower(): d for d in Dataflow}
+"""A design's ``dataflow`` name -> its :class:`Dataflow`."""
 
 # op classes: what kind of formula times the op
 CLASS_NONE = 0    # graph inputs: no cost

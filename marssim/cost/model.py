@@ -61,8 +61,8 @@ from .base import OpCost
 from .calibrated import DTYPE_STANDINS, TUNINGS, FitKey, KernelFit, KernelTable, KernelTiming, fit, load_table
 from .features import (
     CLASS_GEMM, CLASS_NONE, CLASS_STREAM, DTYPES, F_BACKEND, F_CLASS, F_DTYPE, F_FLOPS, F_G, F_KERNEL, F_KK, F_M,
-    F_MACS, F_NN, F_PHASE, F_TRAFFIC, KERNEL_BACKENDS, KERNEL_KINDS, KERNEL_PHASES, N_FEATURES, DesignParams,
-    attention_geometry_key, conv_geometry_key, design_key, op_features,
+    F_MACS, F_NN, F_PHASE, F_TRAFFIC, KERNEL_BACKENDS, KERNEL_KINDS, KERNEL_PHASES, N_FEATURES, Dataflow,
+    DesignParams, attention_geometry_key, conv_geometry_key, design_key, op_features,
 )
 from .gpu import GpuTable, design_peaks, gpu_gemm, gpu_stream
 from .loopmap import nvdla_gemm, rs_gemm, shidiannao_gemm
@@ -74,7 +74,7 @@ _log = logging.getLogger("marssim.cost")
 
 _ZERO = OpCost(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, "none", 0.0, 0.0, 0.0, 0.0, 0.0)
 _MODEL_NAMES = ("systolic-os", "systolic-ws", "systolic-is", "loopmap-rs", "loopmap-nvdla", "loopmap-shidiannao")
-_LOOPMAP = {3: rs_gemm, 4: nvdla_gemm, 5: shidiannao_gemm}
+_LOOPMAP = {Dataflow.RS: rs_gemm, Dataflow.NVDLA: nvdla_gemm, Dataflow.SHIDIANNAO: shidiannao_gemm}
 
 MAX_OBJECT_CACHE = 1 << 14
 """Entries of the per-object (``id``) caches before they are cleared (they keep objects alive)."""
@@ -562,7 +562,7 @@ class DataflowCost:
             return _ZERO
         code = d.code
         macs = x[F_MACS]
-        if code == 6:
+        if code is Dataflow.GPU:
             kernel, dt = x[F_KERNEL], x[F_DTYPE]
             if cls == CLASS_GEMM and d.gpu.missing:
                 d.gpu.check_dtype(dt)
@@ -587,7 +587,7 @@ class DataflowCost:
             if cls == CLASS_STREAM:
                 t, c, m, cyc, sram_rd, sram_wr, dram_rd, dram_wr = stream_op(x, d, max)
                 model = "bandwidth"
-            elif code <= 2:
+            elif code.systolic:
                 t, c, m, cyc, sram_rd, sram_wr, dram_rd, dram_wr = systolic_gemm(x, d, code, max, min)
                 model = _MODEL_NAMES[code]
             else:
@@ -634,13 +634,13 @@ class DataflowCost:
                 continue
             whole = n_sel == len(fids)
             x = _Columns(matrix, fids if whole else fids[mask])
-            if code == 6:
+            if code is Dataflow.GPU:
                 kernel, dt = x[F_KERNEL], x[F_DTYPE]
                 p = tuple(a[kernel, dt] for a in d.gpu.arrays)
                 t = (gpu_gemm if value == CLASS_GEMM else gpu_stream)(x, p, np.maximum, np.minimum)[0]
             elif value == CLASS_STREAM:
                 t = stream_op(x, d, np.maximum)[0]
-            elif code <= 2:
+            elif code.systolic:
                 t = systolic_gemm(x, d, code, np.maximum, np.minimum)[0]
             else:
                 t = _LOOPMAP[code](x, d, np.maximum, np.minimum)[0]
@@ -648,9 +648,9 @@ class DataflowCost:
                 out[:] = t
             else:
                 out[mask] = t
-        if code == 6 and d.gpu.any_correction:
+        if code is Dataflow.GPU and d.gpu.any_correction:
             out *= self._factor_column(did)[fids]
-        if code == 6:  # no curve past the best throughput measured (measured times replace it below)
+        if code is Dataflow.GPU:  # no curve past the best throughput measured (measured times replace it below)
             gemm = cls == CLASS_GEMM
             if d.gpu.missing and gemm.any():
                 for dt in np.unique(matrix[F_DTYPE][fids][gemm]).tolist():
@@ -658,11 +658,11 @@ class DataflowCost:
             if gemm.any():
                 floor = matrix[F_FLOPS][fids] / d.gpu.ceilings[matrix[F_KERNEL][fids], matrix[F_DTYPE][fids]]
                 out[gemm] = np.maximum(out[gemm], floor[gemm])
-        if code == 6 and d.gpu.attention is not None:
+        if code is Dataflow.GPU and d.gpu.attention is not None:
             between = self._between_column(did)[fids]
             hit = ~np.isnan(between)
             out[hit] = between[hit]
-        if code == 6 and d.gpu.measured:
+        if code is Dataflow.GPU and d.gpu.measured:
             measured = self._measured_column(did)[fids]
             hit = ~np.isnan(measured)
             out[hit] = measured[hit]

@@ -5,8 +5,9 @@ exact symmetry folding (:mod:`.fold`), the lowering to a TaskGraph (:mod:`.lower
 GPU (:mod:`.memory`) and the run report (:mod:`.report`)."""
 
 from .config import ORDERS, SCHEDULES, ParallelConfig, check_parallel, parallel_problems, parse_parallel
-from .lower import chunk_layers, lower_parallel, prepare_graph
+from .lower import lower_parallel
 from .memory import MemoryEstimate, check_memory, memory_estimate
+from .partition import chunk_layers, prepare_graph
 from .report import ParallelReport, parallel_report, report_of
 
 __all__ = ["ParallelConfig", "SCHEDULES", "ORDERS", "parse_parallel", "parallel_problems", "check_parallel",

@@ -31,10 +31,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from .patterns import CP_RING
+
 __all__ = ["RING_PATTERN", "is_ring_core", "kv_bytes", "ring_volume", "forward_ring_end", "backward_ring_end",
            "ring_core", "kv_buffer_bytes"]
 
-RING_PATTERN = "cp+1"
+RING_PATTERN = CP_RING
 """The placement pattern of the context-parallel ring (:meth:`.placement.Placement.patterns`)."""
 
 
@@ -91,7 +93,7 @@ def kv_buffer_bytes(cp: int, kv: float, out: float) -> float:
 
 def ring_core(b, op, deps: tuple) -> tuple:
     """Add the ring steps of the fused core ``op`` to the unit builder ``b`` (a
-    :class:`.lower._Builder`) and return the refs after which its output is ready on this rank.
+    :class:`.builder.UnitBuilder`) and return the refs after which its output is ready on this rank.
 
     The ring's ranks are either one class of the folding (their steps in lockstep: a transfer a
     rank receives stands for the one it sends) or each its own; a step refers to its predecessor
@@ -102,13 +104,13 @@ def ring_core(b, op, deps: tuple) -> tuple:
     kv = kv_bytes(low.layout_bytes, op)
     peer = low.place.patterns()[RING_PATTERN]
     nxt = peer(b.rep)
-    prv = next(g for g in b._group(RING_PATTERN) if peer(g) == b.rep)
+    prv = next(g for g in b.group(RING_PATTERN) if peer(g) == b.rep)
     prv_rep = low.fold.rep(prv)
-    coll = b._collective("p2p", "cp", RING_PATTERN, ring_volume(cp, kv, backward), op.name, 2 * cp - 2 if backward
+    coll = b.collective("p2p", "cp", RING_PATTERN, ring_volume(cp, kv, backward), op.name, 2 * cp - 2 if backward
                          else cp - 1, "ring")
 
     def theirs(rel: int) -> tuple:  # the previous rank's task at the same position of its unit
-        return ("u", prv_rep, b.key, rel, "same")
+        return b.peer_ref(prv_rep, rel)
 
     # the first transfer is launched with the core: after the kernel before it on this GPU's stream
     # (a send waits for the stream's earlier work, as PyTorch's NCCL process group makes it)

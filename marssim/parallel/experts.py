@@ -26,6 +26,8 @@ from __future__ import annotations
 
 from fractions import Fraction
 
+from .patterns import DP_RING, EDP_RING, ETP_RING, TP_RING
+
 __all__ = ["busiest_share", "rank_shares", "LAYOUT_SHARE", "layout_fraction", "expert_path", "EXPERT_LAYOUTS",
            "gradient_group", "etp_pattern"]
 
@@ -96,10 +98,10 @@ def gradient_group(cfg, stage: int) -> tuple[str, int]:
     replicas = cfg.dp_cp // cfg.ep
     if copies > 1:
         return "xdp+1", copies * replicas
-    return ("edp+1" if cfg.ep > 1 else "dp+1"), replicas
+    return (EDP_RING if cfg.ep > 1 else DP_RING), replicas
 
 
 def etp_pattern(cfg, stage: int) -> str:
     """The ring pattern of a stage's expert-tensor-parallel group: the tensor-parallel ring when
     the two are one group."""
-    return "tp+1" if cfg.etp_of(stage) == cfg.tp_of(stage) else "etp+1"
+    return TP_RING if cfg.etp_of(stage) == cfg.tp_of(stage) else ETP_RING

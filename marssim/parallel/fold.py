@@ -38,16 +38,18 @@ tests compare with the folded one.
 
 from __future__ import annotations
 
-import weakref
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from marssim.system import Route, System
 
+from .memo import OwnerMemo
+
 __all__ = ["Folding", "fold", "identity_folding", "latency_floors", "binding_route"]
 
-_BINDING: "weakref.WeakKeyDictionary[System, dict]" = weakref.WeakKeyDictionary()  # binding_route's memo
+BINDING = OwnerMemo(default_size=1 << 16)
+"""Per system (while it lives), :func:`binding_route`'s routes by (source, destination)."""
 
 Peer = Callable[[int], int | None]
 """A pattern: the GPU (node index) a GPU sends to, or None."""
@@ -123,18 +125,15 @@ class Folding:
 def binding_route(system: System, src: str, dst: str) -> Route:
     """``system.route(src, dst)`` without the links no rate can depend on
     (:attr:`~marssim.system.System.dominated_links`)."""
-    cache = _BINDING.get(system)
-    if cache is None:
-        cache = _BINDING[system] = {}
-    hit = cache.get((src, dst))
-    if hit is None:
+    def make() -> Route:
         dominated = system.dominated_links
-        hit = route = system.route(src, dst)
+        route = system.route(src, dst)
         if dominated and not dominated.isdisjoint(route.resources):
-            hit = Route(route.nodes, tuple(r for r in route.resources if r not in dominated), route.latency,
-                        route.weights)
-        cache[(src, dst)] = hit
-    return hit
+            return Route(route.nodes, tuple(r for r in route.resources if r not in dominated), route.latency,
+                         route.weights)
+        return route
+
+    return BINDING.get_or_make(system, ("binding", src, dst), make)
 
 
 def _pattern_sends(gpus: Sequence[int], patterns: dict[str, Peer], pulls: Sequence[str]):

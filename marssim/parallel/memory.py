@@ -40,7 +40,12 @@ from marssim.system import System
 from marssim.workload import Graph, OpKind
 from marssim.workload.op import DTYPE_BYTES
 
+from . import context, userbuffers
 from .config import ParallelConfig
+from .experts import EXPERT_LAYOUTS, busiest_share, layout_fraction
+from .memo import graph_cached
+from .partition import chunk_layers, op_rules, prepare_graph, rules_key, stage_of_layers
+from .placement import place
 
 __all__ = ["StaticMemory", "MemoryEstimate", "rank_parameters", "low_precision_rank_parameters", "rank_weight_bytes",
            "static_bytes", "memory_estimate", "check_memory"]
@@ -115,7 +120,6 @@ def tied_copy_params(t, cfg: ParallelConfig) -> int:
 def rank_parameters(graph: Graph, cfg: ParallelConfig, rules) -> tuple[dict[int, int], dict[int, int]]:
     """Per layer group (``layer`` of the ops): parameters one rank holds, and how many of them
     are expert weights."""
-    from .lower import stage_of_layers
 
     stage_of = stage_of_layers(graph.meta["transformer"].layers, cfg)
     per: dict[int, int] = defaultdict(int)
@@ -135,7 +139,6 @@ def low_precision_rank_parameters(graph: Graph, cfg: ParallelConfig, rules) -> d
     casts (``w_dtype`` fp8 or fp4), split as :func:`rank_parameters` splits them."""
     from marssim.workload.llm.precision import LOW_PRECISION
 
-    from .lower import stage_of_layers
 
     stage_of = stage_of_layers(graph.meta["transformer"].layers, cfg)
     per: dict[int, int] = defaultdict(int)
@@ -152,25 +155,23 @@ def rank_weight_bytes(graph: Graph, cfg: ParallelConfig, rules) -> dict[int, flo
     workload holds per parameter (:func:`marssim.workload.llm.precision.held_weight_bytes`)."""
     from marssim.workload.llm.precision import held_weight_bytes
 
-    from .lower import graph_cache, rules_key, stage_of_layers
 
     t = graph.meta["transformer"]
     stage_of = stage_of_layers(t.layers, cfg)
-    key = ("rank_weight_bytes", rules_key(cfg, stage_of))
-    cache = graph_cache(graph)
-    hit = cache.get(key)
-    if hit is None:
-        hit = cache[key] = defaultdict(float)
+
+    def make() -> dict[int, float]:
+        out: dict[int, float] = defaultdict(float)
         for op in graph.ops:
             if op.param("phase", "fwd") != "fwd" or not op.weight_elems or op.param("shares"):
                 continue
             n = _shard_weights(op, rules[op.name], cfg.tp_of(stage_of[op.param("layer")]))
-            hit[op.param("layer")] += n * held_weight_bytes(op, t)
-    return hit
+            out[op.param("layer")] += n * held_weight_bytes(op, t)
+        return out
+
+    return graph_cached(graph, ("rank_weight_bytes", rules_key(cfg, stage_of)), make)
 
 
 def _stage_layers(graph: Graph, cfg: ParallelConfig, stage: int) -> set[int]:
-    from .lower import chunk_layers
 
     t = graph.meta["transformer"]
     chunks = chunk_layers(t.layers, cfg)
@@ -179,7 +180,6 @@ def _stage_layers(graph: Graph, cfg: ParallelConfig, stage: int) -> set[int]:
 
 def _resident_inputs(graph: Graph) -> list:
     """The graph's resident inputs (a serving graph's KV cache), in graph order (kept with the graph)."""
-    from .lower import graph_cached
 
     return graph_cached(graph, "resident_inputs", lambda: [op for op in graph.ops
                                                             if op.kind == OpKind.INPUT and op.param("resident")])
@@ -232,7 +232,6 @@ def memory_estimate(graph: Graph, cfg: ParallelConfig, capacity: float, rules=No
     """Static, activation and buffer bytes per stage for one rank (``graph``: one micro-batch,
     prepared for ``cfg``); ``capacity``: bytes of a GPU's memory; ``rules`` and ``per`` (the
     :func:`rank_parameters` per layer) when the caller has them."""
-    from .lower import op_rules
 
     if rules is None:
         rules = op_rules(graph, cfg)
@@ -248,7 +247,6 @@ def memory_estimate(graph: Graph, cfg: ParallelConfig, capacity: float, rules=No
         per_layer = _saved_per_layer(graph, cfg, rules)
         plain = per_layer
         if t.recompute != "none":  # a layer's backward first recomputes what its forward did not keep
-            from .lower import graph_cached, op_rules, prepare_graph, rules_key, stage_of_layers
 
             whole = prepare_graph(graph, cfg.with_(recompute="none"))
             key = ("saved_per_layer",) + rules_key(cfg, stage_of_layers(t.layers, cfg))
@@ -258,7 +256,6 @@ def memory_estimate(graph: Graph, cfg: ParallelConfig, capacity: float, rules=No
             acts[s] = sum(per_layer.get(layer, 0.0) for layer in layers) * _in_flight(cfg, s, cfg.micro_batches)
             working[s] = max((plain.get(layer, 0.0) - per_layer.get(layer, 0.0) for layer in layers), default=0.0)
     if cfg.zero >= 3 and cfg.dp_cp > 1:  # the parameters of a model chunk, gathered before each of its units
-        from .lower import chunk_layers
 
         eb = DTYPE_BYTES[t.dtype]
         for c, layers in enumerate(chunk_layers(t.layers, cfg)):
@@ -272,7 +269,6 @@ def memory_estimate(graph: Graph, cfg: ParallelConfig, capacity: float, rules=No
 def _knob_buffers(graph: Graph, cfg: ParallelConfig) -> dict[int, float]:
     """Per stage, bytes of the context-parallel ring's buffers and of Transformer Engine's
     userbuffers (``graph``: one micro-batch on one context-parallel rank)."""
-    from . import context, userbuffers
 
     t = graph.meta["transformer"]
     out: dict[int, float] = {}
@@ -296,9 +292,7 @@ def _saved_per_layer(graph: Graph, cfg: ParallelConfig, rules) -> dict[int, floa
     (each tensor divided by its tensor-parallel split)."""
     from marssim.workload.llm.footprint import saved_tensors
 
-    from .lower import graph_cached, stage_of_layers
 
-    from .experts import EXPERT_LAYOUTS, busiest_share, layout_fraction
 
     t = graph.meta["transformer"]
     per_layer: dict[int, float] = defaultdict(float)
@@ -321,8 +315,6 @@ def _saved_per_layer(graph: Graph, cfg: ParallelConfig, rules) -> dict[int, floa
 def check_memory(graph: Graph, system: System, cfg: ParallelConfig) -> None:
     """Raise CapacityError naming the GPU, its peak, the capacity and the largest term when the
     closed-form memory of ``cfg`` exceeds a GPU's memory (see :mod:`.memory`)."""
-    from .lower import prepare_graph
-    from .placement import place
 
     prepared = prepare_graph(graph, cfg)
     capacity = min(a.memory.capacity for a in system.accelerators)

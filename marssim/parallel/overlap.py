@@ -27,6 +27,10 @@ from __future__ import annotations
 
 from marssim.workload import Op
 
+from .memo import graph_cached
+from .memory import low_precision_rank_parameters
+from .patterns import DP_RING
+
 __all__ = ["gather_bytes", "low_precision_parameters", "param_gather_unit", "param_gather_deps", "after_steps",
            "sends_block", "gather_buckets", "cast_timing", "step_casts"]
 
@@ -34,9 +38,6 @@ __all__ = ["gather_bytes", "low_precision_parameters", "param_gather_unit", "par
 def low_precision_parameters(low) -> dict[int, int]:
     """Per layer group: the parameters one rank holds of GEMMs whose weights a low-precision
     recipe casts (their ``w_dtype``), split as :func:`.memory.rank_parameters` splits them."""
-    from .lower import graph_cached
-    from .memory import low_precision_rank_parameters
-
     return graph_cached(low.graph, ("low_precision_parameters", low.rules_key),
                         lambda: low_precision_rank_parameters(low.graph, low.cfg, low.rules))
 
@@ -79,7 +80,7 @@ def param_gather_unit(b) -> None:
     adams = {op.param("layer"): op.name for op in low.unit_ops.get((chunk, "O"), []) if op.param("fn") == "adam"}
     for bucket in reversed(gather_buckets(sorted(adams), low.rank_params, cfg.bucket)):
         nbytes = gather_bytes(low, bucket)
-        ready = b.ring("all_gather", "dp", "dp+1", nbytes, cfg.dp_cp, adams[min(bucket)], ready) \
+        ready = b.ring("all_gather", "dp", DP_RING, nbytes, cfg.dp_cp, adams[min(bucket)], ready) \
             if nbytes > 0 else ready
         for layer in bucket:
             gathered[layer] = ready
@@ -99,16 +100,16 @@ def param_gather_deps(b, op: Op) -> tuple:
             firsts.setdefault(o.param("layer"), o.name)
     if firsts.get(op.param("layer")) != op.name:
         return ()
-    gather = low.template(b.rep, (b.key[0], "G"))
+    gather = b.templates.get(b.rep, (b.key[0], "G"))
     refs = getattr(gather, "gathered", {}).get(op.param("layer"), ())
-    return tuple((*r[:4], "last") for r in refs)
+    return tuple(r.at_last() for r in refs)
 
 
 def cast_timing(low, gpu: int, op: Op, count: int) -> tuple[float, float, float, float]:
     """``(seconds, FLOPs, joules, output bytes)`` of the weight cast ``op`` over ``count``
     parameters on ``gpu``, memoised with the lowering's shards."""
     design = low.design(gpu)
-    key = ("fp8_weights", low._shape(op), design.name, count)
+    key = ("fp8_weights", low.shape_key(op), design.name, count)
     hit = low.shard_cache.get(key)
     if hit is not None:
         low.cost_models.setdefault(op.name, hit[1])
@@ -117,7 +118,7 @@ def cast_timing(low, gpu: int, op: Op, count: int) -> tuple[float, float, float,
     c = low.cost.op_cost(part, design)
     low.cost_models.setdefault(op.name, c.model)
     timing = (float(c.time), float(part.flops), float(c.energy), 0.0)
-    low.shard_cache[key] = (timing, c.model)
+    low.shard_cache.put(key, (timing, c.model))
     return timing
 
 
@@ -159,7 +160,7 @@ def after_steps(b, steps: list[tuple[int, Op, int]]) -> None:
         ready: tuple = (b.me(b.t.last_compute),)
         names = {layer: adam.name for layer, adam, _ in steps}
         for bucket in reversed(gather_buckets(sorted(names), low.rank_params, cfg.bucket)):
-            ready = b.ring("all_gather", "dp", "dp+1", gather_bytes(low, bucket), cfg.dp_cp, names[min(bucket)], ready)
+            ready = b.ring("all_gather", "dp", DP_RING, gather_bytes(low, bucket), cfg.dp_cp, names[min(bucket)], ready)
             for layer in bucket:
                 ready_of[layer] = ready
     for layer, (cast, count, rel) in later.items():  # the gathered (or whole) weights cast for the next step

@@ -18,25 +18,21 @@ with ``order=tp-dp-pp`` a context-parallel group sits ``tp`` GPUs apart (Megatro
 from __future__ import annotations
 
 import itertools
-import threading
-import weakref
-from collections import OrderedDict
 from dataclasses import dataclass, replace
 
 from marssim.system import System
 
 from .config import ParallelConfig
+from .memo import OwnerMemo
+from .patterns import CP_RING, DP_RING, EDP_RING, ETP_RING, PULL_NEXT, PULL_PREV, TP_RING, Pattern, ep_peer
 
-__all__ = ["Placement", "place", "default_order", "PULLS", "direct_patterns"]
-
-PULLS = ("pull+1", "pull-1")
-"""Patterns whose flows go from the peer to the GPU (pipeline transfers are pulled by receivers)."""
+__all__ = ["Placement", "place", "default_order", "direct_patterns"]
 
 
 def direct_patterns(patterns) -> tuple[str, ...]:
     """The patterns whose transfers are an all-to-all's direct sends (each pair on its own route,
     not steps of a ring): the expert-parallel partners ``ep+k``."""
-    return tuple(name for name in patterns if name.startswith("ep+"))
+    return tuple(name for name in patterns if Pattern(name).group == "ep")
 
 
 @dataclass(frozen=True)
@@ -85,20 +81,20 @@ class Placement:
         c = self.coords
         out: dict[str, object] = {}
         if any(cfg.tp_of(s) > 1 for s in range(P)):
-            out["tp+1"] = lambda g: self.at(c[g][0], c[g][1], (c[g][2] + 1) % cfg.tp_of(c[g][1]))
+            out[TP_RING] = lambda g: self.at(c[g][0], c[g][1], (c[g][2] + 1) % cfg.tp_of(c[g][1]))
         if D > 1:
-            out["dp+1"] = lambda g: self.at((c[g][0] + 1) % D, c[g][1], c[g][2])
+            out[DP_RING] = lambda g: self.at((c[g][0] + 1) % D, c[g][1], c[g][2])
         if C > 1:  # the context-parallel ring: the innermost part of the data-parallel coordinate
-            out["cp+1"] = lambda g: self.at((c[g][0] // C) * C + (c[g][0] % C + 1) % C, c[g][1], c[g][2])
+            out[CP_RING] = lambda g: self.at((c[g][0] // C) * C + (c[g][0] % C + 1) % C, c[g][1], c[g][2])
         if P > 1:  # pulled: a stage's GPU receives from the GPU of the other stage that on_stage names
-            out["pull+1"] = lambda g: self.on_stage(g, (c[g][1] + 1) % P)
-            out["pull-1"] = lambda g: self.on_stage(g, (c[g][1] - 1) % P)
+            out[PULL_NEXT] = lambda g: self.on_stage(g, (c[g][1] + 1) % P)
+            out[PULL_PREV] = lambda g: self.on_stage(g, (c[g][1] - 1) % P)
         if any(1 < cfg.etp_of(s) < cfg.tp_of(s) for s in range(P)):
             def etp_next(g):  # the expert-tensor-parallel ring: etp consecutive tensor-parallel ranks
                 e = cfg.etp_of(c[g][1])
                 return self.at(c[g][0], c[g][1], (c[g][2] // e) * e + (c[g][2] % e + 1) % e)
 
-            out["etp+1"] = etp_next
+            out[ETP_RING] = etp_next
         if any(cfg.tp_of(s) > cfg.etp_of(s) for s in range(P)):
             def copies_next(g):  # the ranks holding the same experts: tp / etp per group, then the replicas
                 dp, s, t = c[g]
@@ -110,16 +106,16 @@ class Placement:
             out["xdp+1"] = copies_next
         if E > 1:
             for k in range(1, E):
-                out[f"ep+{k}"] = (lambda k: lambda g: self.at((c[g][0] // E) * E + (c[g][0] % E + k) % E,
+                out[ep_peer(k)] = (lambda k: lambda g: self.at((c[g][0] // E) * E + (c[g][0] % E + k) % E,
                                                               c[g][1], c[g][2]))(k)
             if D // E > 1:
-                out["edp+1"] = lambda g: self.at((c[g][0] + E) % D, c[g][1], c[g][2])
+                out[EDP_RING] = lambda g: self.at((c[g][0] + E) % D, c[g][1], c[g][2])
         return out  # type: ignore[return-value]
 
 
-_LAYOUTS: "weakref.WeakKeyDictionary[System, OrderedDict]" = weakref.WeakKeyDictionary()
-_LAYOUTS_KEPT = 8  # layouts memoised per system (a search's configurations share a few)
-_LAYOUTS_LOCK = threading.Lock()
+LAYOUTS = OwnerMemo(default_size=8)
+"""Per system (while it lives), its most recently used rank layouts (a search's configurations
+share a few; screens may run in threads)."""
 
 
 def place(system: System, cfg: ParallelConfig) -> Placement:
@@ -129,20 +125,7 @@ def place(system: System, cfg: ParallelConfig) -> Placement:
     blocked = bool(cfg.stage_start or (cfg.stage_tp and not cfg.uniform))
     key = (blocked, cfg.stage_start if blocked else (), tuple(cfg.tp_of(s) for s in range(cfg.pp)), cfg.pp,
            cfg.dp_cp, cfg.order, cfg.gpus)
-    with _LAYOUTS_LOCK:  # screens may run in threads (a Dask cluster of threads)
-        memo = _LAYOUTS.get(system)
-        if memo is None:
-            memo = _LAYOUTS[system] = OrderedDict()
-        hit = memo.get(key)
-        if hit is not None:
-            memo.move_to_end(key)
-    if hit is None:
-        hit = _layout(system, cfg, blocked)
-        with _LAYOUTS_LOCK:
-            hit = memo.setdefault(key, hit)
-            while len(memo) > _LAYOUTS_KEPT:
-                memo.popitem(last=False)
-    ranks, coords = hit
+    ranks, coords = LAYOUTS.get_or_make(system, ("layout", key), lambda: _layout(system, cfg, blocked))
     return Placement(cfg, ranks, coords)
 
 

@@ -45,6 +45,9 @@ import math
 
 from marssim.workload import Op, OpKind
 
+from .partition import shard_loops
+from .patterns import TP_RING
+
 __all__ = ["OVERLAP_GEMMS", "PIPELINE_SPLITS", "PIPELINE_SMS", "AG_BUFFERS", "RS_BUFFERS", "te_gemm",
            "gathers_input", "scatters_output", "ring_exchange_end", "pipeline_end", "sm_margin", "buffer_bytes",
            "chunk_timing", "pipelined"]
@@ -120,13 +123,11 @@ def buffer_bytes(t, cfg) -> float:
 
 def chunk_timing(low, gpu: int, op: Op, parts: int) -> tuple[float, float, float, float]:
     """``(seconds, FLOPs, joules, output bytes)`` of ``1/parts`` of ``op``'s tokens on ``gpu``
-    (the op's tensor-parallel split kept; ``low``: a :class:`.lower._Lowering`), memoised with the
+    (the op's tensor-parallel split kept; ``low``: a :class:`.runmodel.RunModel`), memoised with the
     lowering's shards."""
-    from .lower import shard_loops
-
     design = low.design(gpu)
     rule = low.rules[op.name]
-    key = ("userbuffers", low._shape(op), design.name, rule.split, parts)
+    key = ("userbuffers", low.shape_key(op), design.name, rule.split, parts)
     hit = low.shard_cache.get(key)
     if hit is not None:
         low.cost_models.setdefault(op.name, hit[1])
@@ -137,13 +138,13 @@ def chunk_timing(low, gpu: int, op: Op, parts: int) -> tuple[float, float, float
     c = low.cost.op_cost(part, design)
     low.cost_models.setdefault(op.name, c.model)
     timing = (float(c.time), float(part.flops), float(c.energy), float(part.output_bytes))
-    low.shard_cache[key] = (timing, c.model)
+    low.shard_cache.put(key, (timing, c.model))
     return timing
 
 
 def pipelined(b, op: Op, rule) -> tuple | None:
     """Add ``op`` with its overlapped communication to the unit builder ``b`` (a
-    :class:`.lower._Builder`) when the setting applies to it; the refs after which its output is
+    :class:`.builder.UnitBuilder`) when the setting applies to it; the refs after which its output is
     ready (None: lower it as usual)."""
     low = b.low
     tp = low.tp_here(b.rep)
@@ -164,28 +165,26 @@ def pipelined(b, op: Op, rule) -> tuple | None:
 
 def _ring_exchange(b, op: Op, name: str, refs: tuple, tp: int) -> tuple:
     low = b.low
-    from .overlap import param_gather_deps
-
     # the copies start with the GEMM: after the kernel before it on this GPU's stream
     refs = tuple(refs) + ((b.me(b.t.last_compute),) if b.t.last_compute >= 0 else ())
-    deps = refs + tuple(b._param_deps) + param_gather_deps(b, op)
+    deps = refs + b.param_deps(op)
     timing = chunk_timing(low, b.rep, op, tp)
     chunk = low.layout_bytes(name, "S")
-    peer = low.place.patterns()["tp+1"]
+    peer = low.place.patterns()[TP_RING]
     nxt = peer(b.rep)
-    prv = next(g for g in b._group("tp+1") if peer(g) == b.rep)
+    prv = next(g for g in b.group(TP_RING) if peer(g) == b.rep)
     prv_rep = low.fold.rep(prv)
-    coll = b._collective("all_gather", "tp", "tp+1", chunk * tp, name, tp - 1, "ring_exchange")
+    coll = b.collective("all_gather", "tp", TP_RING, chunk * tp, name, tp - 1, "ring_exchange")
 
     def theirs(rel: int) -> tuple:
-        return ("u", prv_rep, b.key, rel, "same")
+        return b.peer_ref(prv_rep, rel)
 
     compute = b.compute(op, deps, timing=timing)
     arrived = []
     send = -1
     for j in range(1, tp):
         send = b.flow(b.rep, nxt, chunk, name, coll, refs if j == 1 else (theirs(send),), hold=False,
-                      pattern="tp+1")
+                      pattern=TP_RING)
         arrived.append(theirs(send))
         compute = b.compute(op, (theirs(send),), timing=timing)
     b.t.converted[(name, "R")] = tuple(dict.fromkeys(tuple(refs) + tuple(arrived)))
@@ -193,14 +192,11 @@ def _ring_exchange(b, op: Op, name: str, refs: tuple, tp: int) -> tuple:
 
 
 def _pipeline(b, op: Op, rule, tp: int) -> tuple:
-    from .overlap import param_gather_deps
-
     low = b.low
     deps: list = []
     for name, want in zip(op.inputs, rule.want):
         deps.extend(b.tensor(name, want, op.name))
-    deps.extend(b._param_deps)
-    deps.extend(param_gather_deps(b, op))
+    deps.extend(b.param_deps(op))
     seconds, flops, energy, out = chunk_timing(low, b.rep, op, PIPELINE_SPLITS)
     timing = (seconds * sm_margin(low.design(b.rep)), flops, energy, out)
     full = low.layout_bytes(op.name, "R")
@@ -210,6 +206,6 @@ def _pipeline(b, op: Op, rule, tp: int) -> tuple:
         rel = b.compute(op, tuple(deps) if k == 0 else (), timing=timing)
         computes.append(b.me(rel))
         # one communication stream: each chunk's reduce-scatter after the one before it
-        ready = b.ring("reduce_scatter", "tp", "tp+1", full / PIPELINE_SPLITS, tp, op.name, (b.me(rel),) + ready)
+        ready = b.ring("reduce_scatter", "tp", TP_RING, full / PIPELINE_SPLITS, tp, op.name, (b.me(rel),) + ready)
     b.t.converted[(op.name, "S")] = tuple(dict.fromkeys(ready))
     return (computes[-1],)

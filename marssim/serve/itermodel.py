@@ -22,7 +22,7 @@ sequence, attending over its ``ctx`` cached tokens, its own included). Its ops a
   sampling.
 
 Each op is split over the stage's tensor-parallel ranks by the lowering's rules
-(:func:`marssim.parallel.roles.rule_for`, :func:`marssim.parallel.lower.shard_loops`) and timed by
+(:func:`marssim.parallel.roles.rule_for`, :func:`marssim.parallel.partition.shard_loops`) and timed by
 the cost model on the stage's GPU design, exactly as :func:`marssim.parallel.analytic.serving_times`
 times a ``mode=serve`` graph; a layout conversion between ops (the all-reduce after the
 row-parallel GEMMs and the embedding, the all-gather of the logits) is a collective over the
@@ -129,7 +129,7 @@ class IterationModel:
     def __init__(self, config: TransformerConfig, system: System, stages: tuple[tuple[str, ...], ...],
                  cost: CostModel, *, context_bucket: int = 1, ep: int = 1) -> None:
         from marssim.parallel.config import ParallelConfig
-        from marssim.parallel.lower import op_rules
+        from marssim.parallel.partition import op_rules
         from marssim.workload.llm import build_transformer
 
         tps = {len(s) for s in stages}
@@ -568,7 +568,7 @@ class IterationModel:
         """Seconds of each op's shard on ``design`` (its rule's share of the time), in one
         vectorised call of the cost model where it has one (``op_times`` equals ``op_cost`` bit
         for bit)."""
-        from marssim.parallel.lower import shard_loops
+        from marssim.parallel.partition import shard_loops
 
         parts = []
         for op, rule in ops:

@@ -70,8 +70,8 @@ def replica_memory(model: IterationModel, cfg: SchedulerConfig, capacity: float,
     ``draft``: a speculative draft's ``(weight bytes, KV bytes per cached token)`` on each GPU of
     the first stage (:func:`~.speculative.draft_memory`), added to the model's."""
     from marssim.parallel.config import ParallelConfig
-    from marssim.parallel.lower import shard_loops
     from marssim.parallel.memory import rank_weight_bytes
+    from marssim.parallel.partition import shard_loops
 
     t = model.config
     graph = model.graph

@@ -15,14 +15,32 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import simpy
 from simpy.events import PENDING
 
-__all__ = ["FairShareNetwork", "max_min_rates", "progressive_filling"]
+__all__ = ["FairShareNetwork", "Flow", "max_min_rates", "progressive_filling"]
 
 _EPS = 1e-12
 _INF = float("inf")
+
+
+@dataclass(slots=True, eq=False)
+class Flow:
+    """One flow serialising on the network: ``left`` bytes still to send at time ``t0`` (s), sent
+    at ``rate`` (bytes/s) since; its registered route key, its ``latency`` (s) after the last byte,
+    the time it ``finish``-es serialising at this rate (inf while it has none); ``version`` counts
+    its rate changes (a heap entry of an older version is stale), ``seq`` orders it among flows."""
+
+    left: float
+    t0: float
+    rate: float
+    route: object
+    latency: float
+    finish: float
+    version: int
+    seq: int
 
 
 def max_min_rates(flow_resources: Sequence[Sequence[int]], capacity: Sequence[float]) -> list[float]:
@@ -128,8 +146,7 @@ class FairShareNetwork:
         self.record = record
         self.timeline: list[tuple[float, int, float, int]] = []
         self.busy = [0.0] * len(self.capacity)  # seconds each resource carried at least one flow
-        # token -> [bytes left at t0, t0, rate, route key, latency, finish time, version, sequence]
-        self._flows: dict[int, list] = {}
+        self._flows: dict[int, Flow] = {}  # token -> its flow
         self._routes: dict[object, tuple[int, ...]] = {i: tuple(r) for i, r in enumerate(routes)}
         self._weights: dict[object, tuple[float, ...]] = {i: tuple(w) for i, w in enumerate(weights) if w}
         self._mult: dict[object, int] = {}  # route key -> active flows on it
@@ -196,7 +213,7 @@ class FairShareNetwork:
         network process recomputes the rates at this same instant."""
         now = self.env._now
         self._seq += 1
-        self._flows[token] = [nbytes, now, 0.0, route, latency, _INF, 0, self._seq]
+        self._flows[token] = Flow(nbytes, now, 0.0, route, latency, _INF, 0, self._seq)
         mult = self._mult
         m = mult.get(route, 0)
         mult[route] = m + 1
@@ -236,15 +253,15 @@ class FairShareNetwork:
         while heap and heap[0][0] <= limit:
             _, seq, token, version = heapq.heappop(heap)
             f = flows.get(token)
-            if f is not None and f[6] == version and f[7] == seq:
+            if f is not None and f.version == version and f.seq == seq:
                 out.append((seq, token))
         out.sort()
         return [token for _, token in out]
 
-    def _remove(self, token: int, now: float) -> list:
+    def _remove(self, token: int, now: float) -> Flow:
         """Take a finished flow out of the network; returns its state."""
         f = self._flows.pop(token)
-        key = f[3]
+        key = f.route
         left = self._mult[key] - 1
         dirty = self._dirty
         for r in self._routes[key]:
@@ -358,19 +375,19 @@ class FairShareNetwork:
             rate = by_route[key]
             for token in route_flows[key]:
                 f = flows[token]
-                old = f[2]
-                if old == rate and f[5] != _INF:
+                old = f.rate
+                if old == rate and f.finish != _INF:
                     continue
                 if old:
-                    f[0] -= old * (now - f[1])
-                f[1] = now
-                f[2] = rate
-                f[6] += 1
+                    f.left -= old * (now - f.t0)
+                f.t0 = now
+                f.rate = rate
+                f.version += 1
                 if rate > 0:
-                    finish = f[5] = now + f[0] / rate
-                    push(heap, (finish, f[7], token, f[6]))
+                    finish = f.finish = now + f.left / rate
+                    push(heap, (finish, f.seq, token, f.version))
                 else:
-                    f[5] = _INF
+                    f.finish = _INF
         if self.record:
             self._record(now, keys, by_route)
 
@@ -385,7 +402,7 @@ class FairShareNetwork:
         for r in touched:  # every active route on the resource, in or out of the recomputed components
             for k in self._res_routes.get(r, ()):
                 m = self._mult[k]
-                rate = by_route[k] if k in by_route else flows[next(iter(route_flows[k]))][2]
+                rate = by_route[k] if k in by_route else flows[next(iter(route_flows[k]))].rate
                 w = self._weights.get(k)
                 n = m * w[self._routes[k].index(r)] if w else m
                 t = totals.setdefault(r, [0.0, 0])
@@ -416,7 +433,7 @@ class FairShareNetwork:
                 delivered_cb = self._delivered_cb
                 for token in done:
                     f = self._remove(token, now)
-                    latency = f[4]
+                    latency = f.latency
                     if latency <= 0:
                         self.on_delivered(token)  # may start new flows
                     else:
@@ -426,7 +443,7 @@ class FairShareNetwork:
             while heap:
                 top = heap[0]
                 f = flows.get(top[2])
-                if f is not None and f[6] == top[3] and f[7] == top[1]:
+                if f is not None and f.version == top[3] and f.seq == top[1]:
                     break
                 heapq.heappop(heap)
             nxt = heap[0][0] if heap else _INF
