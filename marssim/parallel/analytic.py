@@ -19,11 +19,13 @@ of by a schedule:
 * after the last backward: the data-parallel reduction of the last gradient bucket (the earlier
   ones overlap the backward; all of them when ``overlap_grad_reduce`` is off), the
   sequence-parallel norms' and the tied embedding's all-reduces, the optimizer step's kernels and
-  all-reduces and its FP8 weight casts, and ZeRO's parameter all-gather (with
+  all-reduces and its FP8 weight casts, and ZeRO-1/2's parameter all-gather (with
   ``overlap_param_gather`` before the first forward instead: the part of it the first
   micro-batch's forward does not hide); a stage's tail overlapping the last backward of the
   stages before it (not the last stage's when it waits for the first stage's embedding
   gradient);
+* ZeRO-3: per forward and backward unit, the time its kernels wait for the module-by-module
+  parameter all-gathers (:func:`.zero3.unit_seconds` over the unit's kernels and gathers);
 * memory: :func:`.memory.memory_estimate`.
 
 It ignores contention and the finer overlap of the schedule, so it is a ranking, not a
@@ -33,6 +35,7 @@ measures its error and rank correlation against simulations.
 
 from __future__ import annotations
 
+import itertools
 import math
 import weakref
 from collections import defaultdict
@@ -43,7 +46,7 @@ from marssim.cost.base import CostModel
 from marssim.system import System
 from marssim.workload import Graph, OpKind
 
-from . import context, experts, overlap, userbuffers
+from . import context, experts, overlap, userbuffers, zero3
 from .config import ParallelConfig
 from .fold import Folding, binding_route, identity_folding
 from .lower import _Lowering, _model_flops, _parameters, graph_cached, prepare_graph
@@ -398,6 +401,8 @@ def screen(graph: Graph, system: System, cfg: ParallelConfig, cost: CostModel, *
                                       len(blocks) - 1))
                 if ends:
                     parts.append((timer.unit(ends), 1))
+                if low.zero3_plans:  # ZeRO-3's parameter gathers the unit's kernels wait for
+                    parts.append(((_zero3_exposed(low, timer, chunk, direction), 0.0, 0.0), 1))
                 for (b, r, q), n in parts:
                     busy += b * n
                     received += r * n
@@ -444,6 +449,27 @@ def screen(graph: Graph, system: System, cfg: ParallelConfig, cost: CostModel, *
     flops, peak = _model_flops(low)
     return Screen(iteration_s=pipeline + tail, stage_s=tuple(stage_times), tail_s=tail, memory=memory,
                   model_flops=flops, peak_flops=peak, gpus=cfg.gpus)
+
+
+def _zero3_exposed(low: _Lowering, timer: _Timer, chunk: int, direction: str) -> float:
+    """Seconds a unit's kernels wait for ZeRO-3's parameter all-gathers (:mod:`.zero3`): the unit
+    run by :func:`.zero3.unit_seconds` with its kernels' times and each gather's ring, less its
+    kernels' time."""
+    plan = low.zero3_plans.get((chunk, direction))
+    if plan is None or not plan.uses:
+        return 0.0
+    key = ("zero3 exposed", chunk, direction, timer.signature(), timer.ring_hops("dp+1", low.cfg.dp_cp)[1])
+    hit = low.memo.get(key)
+    if hit is not None:
+        return hit
+    ops = low.unit_ops[(chunk, direction)]
+    seconds = [0.0 if low.rules[op.name].alias else low.shard(op, timer.gpu)[0] for op in ops]
+    firsts = [u.first for u in plan.uses] + [len(ops)]
+    compute = [sum(seconds[a:b]) for a, b in itertools.pairwise(firsts)]
+    prelude = sum(seconds[:firsts[0]])
+    gather = [timer.ring("dp+1", low.cfg.dp_cp, g.params * low.param_bytes, "all_gather") for g in plan.gathers]
+    hit = low.memo[key] = max(0.0, zero3.unit_seconds(plan, prelude, compute, gather) - prelude - sum(compute))
+    return hit
 
 
 def _split_units(low: _Lowering) -> dict[tuple[int, str], tuple[dict[int, list], list]]:
@@ -523,9 +549,10 @@ def _tail(low: _Lowering, timer: _Timer, stage: int, backward: float) -> tuple[f
         # the buckets reduce while the last backward runs; the last one (the stage's first layers,
         # one bucket's worth) after it, and whatever the backward could not hide
         size = 0
+        bucket = cfg.zero3_bucket if cfg.zero == 3 else cfg.bucket
         for p in params:
             size += p
-            if size >= cfg.bucket:
+            if size >= bucket:
                 break
         last = timer.ring("dp+1", n, size * gb, kind) if n > 1 else 0.0
         exposed = max(last, everything - backward)
@@ -556,7 +583,7 @@ def _tail(low: _Lowering, timer: _Timer, stage: int, backward: float) -> tuple[f
         cast, count = overlap.step_casts(low, layer)
         if cast is not None:
             optimizer += overlap.cast_timing(low, timer.gpu, cast, count)[0]
-    gathers = cfg.zero >= 1 and n > 1 and not cfg.overlap_param_gather
+    gathers = cfg.zero in (1, 2) and n > 1 and not cfg.overlap_param_gather  # ZeRO-3: per module (_zero3_exposed)
     gather = timer.ring("dp+1", n, overlap.gather_bytes(low, layers), "all_gather") if gathers else 0.0
     return exposed, embedding, optimizer + gather
 

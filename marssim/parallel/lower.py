@@ -16,8 +16,10 @@ What a Megatron-LM run does, task by task, on one GPU per class of identical GPU
 * after its last backward, each chunk reduces its gradients over the data-parallel group in
   buckets of ``bucket`` parameters (later layers first, overlapping the rest of the backward when
   ``overlap_grad_reduce``), reduce-scattered with ``zero`` >= 1 (then the optimizer updates a
-  ``1/dp`` shard and the parameters are all-gathered); ZeRO-3 also all-gathers each chunk's
-  parameters before each of its units; then the optimizer steps;
+  ``1/dp`` shard and the parameters are all-gathered); then the optimizer steps. ZeRO-3 runs as
+  DeepSpeed does (:mod:`.zero3`): each module's parameters all-gathered before its use in the
+  forward and again in the backward, with a bounded prefetch, the gradients reduce-scattered in
+  buckets of ``zero3_bucket`` parameters, nothing gathered after the step;
 * weights, gradients and optimizer state are resident (:mod:`.memory`); activations are buffers
   from their producer's start to their last reader's end;
 * the settings of :mod:`.config` that change the tasks live in modules of their own: context
@@ -53,7 +55,7 @@ from marssim.taskgraph import COMPUTE, TRANSFER, Collective, TaskGraph, from_pro
 from marssim.taskprogram import CoupledSteps, TaskProgram
 from marssim.workload import Graph, Op, OpKind
 
-from . import context, experts, overlap, userbuffers
+from . import context, experts, overlap, userbuffers, zero3
 from .config import ParallelConfig, check_parallel
 from .fold import Folding, binding_route, fold, identity_folding
 from .host import launch_gaps, launch_seconds
@@ -874,9 +876,16 @@ class _Builder:
         elif direction == "G":
             overlap.param_gather_unit(self)
         else:
-            if low.cfg.zero == 3 and low.training:
-                self._gather_params()
-            for op in low.unit_ops.get(self.key, []):
+            plan = low.zero3_plans.get(self.key) if low.zero3_plans else None
+            starts = {u.first: i for i, u in enumerate(plan.uses)} if plan is not None else {}
+            ready: dict[int, tuple] = {}
+            if starts:  # the unit's start on its GPU (after the unit before it), where its first gathers issue
+                t.first_compute = t.last_compute = self._row(
+                    COMPUTE, self.rep, 0.0, -1, -1, 0.0, -1, 0.0, 0.0, -1, 0.0,
+                    low.op_index[low.unit_ops[self.key][0].name], -1, ())
+            for i, op in enumerate(low.unit_ops.get(self.key, [])):
+                if i in starts:
+                    self._zero3_use(plan, starts[i], op, ready)
                 self.op(op)
         launch = low.launch(self.rep)
         if launch > 0 and t.kernels:  # the host's launch gaps, the unit starting synchronised (.host)
@@ -922,15 +931,26 @@ class _Builder:
 
     _param_deps: tuple = ()
 
-    def _gather_params(self) -> None:
-        """ZeRO-3: all-gather this chunk's parameter shards before the unit."""
+    def _zero3_use(self, plan, use: int, op: Op, ready: dict[int, tuple]) -> None:
+        """ZeRO-3 at the hook of ``plan``'s use ``use`` (whose first op is ``op``): its own
+        all-gather (a fetch) when the kernel before it has ended, then the prefetches it issues
+        once its parameters are there, one after another on the data-parallel communicator
+        (:mod:`.zero3`); the use's kernels wait for its parameters."""
         low = self.low
-        params = low.chunk_params[self.key[0]]
-        first = low.unit_ops.get(self.key, [])
-        if not first or params <= 0:
-            return
-        nbytes = overlap.gather_bytes(low, low.chunks[self.key[0]])
-        self._param_deps = self.ring("all_gather", "dp", "dp+1", nbytes, low.cfg.dp_cp, first[0].name, ())
+        t = self.t
+        issue = (self.me(t.last_compute),) if t.last_compute >= 0 else ()
+        mine = [k for k, g in enumerate(plan.gathers) if g.issuer == use]
+        for k in mine:
+            if plan.gathers[k].use == use:
+                ready[k] = self.ring("all_gather", "dp", "dp+1", plan.gathers[k].params * low.param_bytes, low.cfg.dp_cp,
+                                     op.name, issue)
+        source = plan.source[use]
+        own = ready.get(source, ()) if source >= 0 else ()
+        for k in mine:
+            if plan.gathers[k].use != use:
+                ready[k] = self.ring("all_gather", "dp", "dp+1", plan.gathers[k].params * low.param_bytes, low.cfg.dp_cp,
+                                     op.name, issue + own)
+        self._param_deps = own
 
     def _optimizer(self) -> None:
         """After the chunk's last backward: its gradients reduced over the data-parallel group in
@@ -956,7 +976,7 @@ class _Builder:
         buckets: list[list[Op]] = []
         size = 0
         for buf in sorted(buffers, key=lambda o: -o.param("layer")):
-            if not buckets or size >= cfg.bucket:
+            if not buckets or size >= (cfg.zero3_bucket if cfg.zero == 3 else cfg.bucket):
                 buckets.append([])
                 size = 0
             buckets[-1].append(buf)
@@ -1236,6 +1256,9 @@ def _parameters(low: _Lowering) -> None:
     low.opt_params = dict(per_layer)
     if low.tied_copy:
         low.opt_params[low.t.layers] = low.opt_params.get(low.t.layers, 0) + low.word_embedding_params
+    # ZeRO-3: each forward and backward unit's parameter all-gathers (.zero3)
+    low.zero3_plans = zero3.unit_plans(low.graph, low.cfg, low.rules, low.unit_ops) \
+        if low.cfg.zero == 3 and low.training and low.cfg.dp_cp > 1 else {}
 
 
 def _segments(n: int, runs: list[tuple[int, int]]):

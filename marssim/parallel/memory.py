@@ -18,7 +18,9 @@ splits each op's weights by its tensor- and expert-parallel rule):
   ``1/v`` of the stage under the interleaved schedule;
 * KV cache (serving): the stage's layers' caches, split over the tensor-parallel ranks by key and
   value heads;
-* communication buffers: ZeRO-3's gathered parameters of a model chunk; under context
+* communication buffers: ZeRO-3's gathered parameters (the most its forward or backward holds at
+  once under DeepSpeed's prefetch, live and reuse limits, the persistent ones, and one gradient
+  bucket: :func:`.zero3.live_bytes`); under context
   parallelism the key/value ring's buffers of one layer (:func:`.context.kv_buffer_bytes`); under
   ``tp_comm_overlap`` Transformer Engine's userbuffers (:func:`.userbuffers.buffer_bytes`).
 
@@ -64,7 +66,7 @@ class StaticMemory:
 class MemoryEstimate:
     """The peak one rank of each stage reaches: static bytes, activations in flight (plus the
     working set of a layer recomputed for its backward) and communication buffers (ZeRO-3's
-    gathered parameters of a model chunk). This one model is what the pre-check refuses by, what
+    gathered parameters and gradient bucket). This one model is what the pre-check refuses by, what
     the search screens with and what a run reports."""
 
     static: dict[int, StaticMemory]
@@ -257,13 +259,12 @@ def memory_estimate(graph: Graph, cfg: ParallelConfig, capacity: float, rules=No
             layers = _stage_layers(graph, cfg, s)
             acts[s] = sum(per_layer.get(layer, 0.0) for layer in layers) * _in_flight(cfg, s, cfg.micro_batches)
             working[s] = max((plain.get(layer, 0.0) - per_layer.get(layer, 0.0) for layer in layers), default=0.0)
-    if cfg.zero >= 3 and cfg.dp_cp > 1:  # the parameters of a model chunk, gathered before each of its units
-        from .lower import chunk_layers
+    if cfg.zero >= 3 and cfg.dp_cp > 1 and t.training:  # what ZeRO-3 holds gathered at once, and a gradient bucket
+        from .megatron import grad_dtype
+        from .zero3 import live_bytes
 
-        eb = DTYPE_BYTES[t.dtype]
-        for c, layers in enumerate(chunk_layers(t.layers, cfg)):
-            s = c % cfg.pp
-            buffers[s] = max(buffers.get(s, 0.0), sum(per.get(layer, 0) for layer in layers) * eb)
+        for s in range(cfg.pp):
+            buffers[s] = live_bytes(graph, cfg, rules, s, DTYPE_BYTES[t.dtype], DTYPE_BYTES[grad_dtype(cfg, t)])
     for s, extra in _knob_buffers(graph, cfg).items():
         buffers[s] = buffers.get(s, 0.0) + extra
     return MemoryEstimate(static, acts, capacity, working, buffers)
