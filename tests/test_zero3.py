@@ -180,3 +180,24 @@ def test_zero3_settings_apply_to_zero3_only(setting):
     with pytest.raises(InputError, match=key):
         lower_parallel(graph, system, parse_parallel(f"tp=1,dp=8,zero=1,global_batch=8,{setting}"))
     lower_parallel(graph, system, parse_parallel(f"tp=1,dp=8,zero=3,global_batch=8,{setting}"))
+
+
+def test_long_gathers_take_at_most_ring_rows_transfers_at_the_same_times():
+    """A gather over 72 ranks (71 steps, 8 classes of GPUs: 35 transfers of 2 steps and one of 1) is at most RING_ROWS transfers per
+    rank of consecutive steps in the simulator's lowering: the estimate of it equals the estimate
+    coupling every step (marssim estimate's lowering), and so does the simulation."""
+    from marssim.analytical import estimate
+    from marssim.parallel.zero3 import RING_ROWS
+    from marssim.sim import simulate_summary
+
+    system = load_system("dgx-a100-cluster:nodes=9")
+    graph = load_workload("gpt:layers=2,hidden=256,heads=4,vocab=1000,seq=64,max_positions=64,mode=train,batch=1")
+    cfg = parse_parallel("tp=1,dp=72,zero=3,global_batch=72")
+    cost = default_cost_model()
+    rows = lower_parallel(graph, system, cfg, cost)
+    coupled = estimate(lower_parallel(graph, system, cfg, cost, coupled_rings=True), system).makespan
+    gathers = [i for i, c in enumerate(rows.collectives) if c.kind == "all_gather" and c.group == "dp"]
+    per = np.bincount(rows.collective[np.isin(rows.collective, gathers)], minlength=len(rows.collectives))[gathers]
+    assert per.max() <= RING_ROWS < 71
+    assert estimate(rows, system).makespan == pytest.approx(coupled, rel=1e-12)
+    assert simulate_summary(rows, system, memory_policy="ignore").makespan == pytest.approx(coupled, rel=1e-12)

@@ -705,7 +705,7 @@ class _Builder:
         return out
 
     def ring(self, kind: str, group: str, pattern: str, size: float, n: int, op: str, deps,
-             plan: "CollectivePlan | None | object" = _GROUP_PLAN) -> tuple:
+             plan: "CollectivePlan | None | object" = _GROUP_PLAN, max_rows: int = 0) -> tuple:
         """A collective over the ``n`` ranks of ``pattern``'s ring of ``size`` bytes (the whole
         tensor per rank) as NCCL runs it (:meth:`_Lowering.plan`): its steps, each rank sending
         the step's bytes to its ring neighbour with the step's latency and weight on the links
@@ -714,7 +714,9 @@ class _Builder:
         ``plan``: the plan to run instead of the group's own (its steps over this ring). The
         collectives of one ring pattern (one NCCL communicator) run one after another in the
         order this unit issues them, as NCCL runs a communicator's operations on its stream.
-        Returns the refs after which this rank's result is ready."""
+        ``max_rows``: a ring over several classes of GPUs takes at most this many transfers per
+        rank (0: one per step; see below). Returns the refs after which this rank's result is
+        ready."""
         if n <= 1 or size <= 0:
             return tuple(deps)
         # a communicator runs its collectives one after another, in the order they are issued
@@ -745,6 +747,18 @@ class _Builder:
             last = self.flow(self.rep, nxt, chunk * steps, op, coll, tuple(deps), hold=False, steps=steps, plan=plan,
                              pattern=pattern)
             self.t.coupled.append((last, prv_rep, float(chunk)))
+        elif max_rows and steps > max_rows:
+            # at most max_rows transfers, each of `per` back-to-back steps, each after its own
+            # previous one and prv_rep's (the steps coupled per transfer rather than per step:
+            # the same times while the ranks run in lockstep)
+            per = -(-steps // max_rows)
+            rows, rest = divmod(steps, per)
+            first = self.flow(self.rep, nxt, chunk * per, op, coll, tuple(deps), hold=False, steps=per, plan=plan,
+                              pattern=pattern)
+            last = self._repeat_step(first, rows - 1, prv_rep)
+            if rest:
+                last = self.flow(self.rep, nxt, chunk * rest, op, coll, (self.me(last), ("u", prv_rep, self.key, last,
+                                 "same")), hold=False, steps=rest, plan=plan, pattern=pattern)
         else:
             first = self.flow(self.rep, nxt, chunk, op, coll, tuple(deps), hold=False, plan=plan, pattern=pattern)
             last = self._repeat_step(first, steps - 1, prv_rep)
@@ -943,13 +957,13 @@ class _Builder:
         for k in mine:
             if plan.gathers[k].use == use:
                 ready[k] = self.ring("all_gather", "dp", "dp+1", plan.gathers[k].params * low.param_bytes, low.cfg.dp_cp,
-                                     op.name, issue)
+                                     op.name, issue, max_rows=zero3.RING_ROWS)
         source = plan.source[use]
         own = ready.get(source, ()) if source >= 0 else ()
         for k in mine:
             if plan.gathers[k].use != use:
                 ready[k] = self.ring("all_gather", "dp", "dp+1", plan.gathers[k].params * low.param_bytes, low.cfg.dp_cp,
-                                     op.name, issue + own)
+                                     op.name, issue + own, max_rows=zero3.RING_ROWS)
         self._param_deps = own
 
     def _optimizer(self) -> None:

@@ -26,6 +26,13 @@ the kernel before its issuing use has ended (a fetch: the use itself; a prefetch
 prefetched it, once that use's own parameters are there), one after another on the data-parallel
 communicator, and a module's kernels wait for its gather.
 
+A gather over data-parallel ranks of several classes of identical GPUs (:mod:`.fold`) is, in the
+TaskGraph the simulator runs, at most :data:`RING_ROWS` transfers per rank of consecutive ring
+steps, each waiting for the previous rank's transfer before it (a task per step would make a
+2,560-GPU run's hundreds of gathers per pass millions of tasks); while the ranks run in lockstep
+that is the time of a task per step. ``marssim estimate``'s lowering (``coupled_rings``) couples
+every step.
+
 Settings (:class:`Zero3Settings`, from :class:`~.config.ParallelConfig`): ``zero3_prefetch``,
 ``zero3_live``, ``zero3_persist``, ``zero3_reuse``, ``zero3_bucket``, in parameters (elements),
 with DeepSpeed's defaults.
@@ -42,8 +49,11 @@ from marssim.workload import Graph, Op, OpKind
 
 from .config import ParallelConfig
 
-__all__ = ["Gather", "UnitPlan", "Use", "Zero3Settings", "live_bytes", "module_of", "module_params", "plan_unit",
+__all__ = ["RING_ROWS", "Gather", "UnitPlan", "Use", "Zero3Settings", "live_bytes", "module_of", "module_params", "plan_unit",
            "unit_plans", "unit_seconds", "unit_uses"]
+
+RING_ROWS = 64
+"""The most transfers per rank of one parameter all-gather over several GPU classes (see above)."""
 
 
 @dataclass(frozen=True)
