@@ -462,11 +462,17 @@ def _zero3_exposed(low: _Lowering, timer: _Timer, chunk: int, direction: str) ->
     hit = low.memo.get(key)
     if hit is not None:
         return hit
-    ops = low.unit_ops[(chunk, direction)]
-    seconds = [0.0 if low.rules[op.name].alias else low.shard(op, timer.gpu)[0] for op in ops]
-    firsts = [u.first for u in plan.uses] + [len(ops)]
-    compute = [sum(seconds[a:b]) for a, b in itertools.pairwise(firsts)]
-    prelude = sum(seconds[:firsts[0]])
+    # the kernels' seconds per use, kept with the lowering's shard timings (per graph and cost model)
+    ckey = ("zero3 unit compute", low.rules_key, tuple(map(tuple, low.chunks)), chunk, direction,
+            low.design(timer.gpu).name, low.kernels_key)
+    times = low.shard_cache.get(ckey)
+    if times is None:
+        ops = low.unit_ops[(chunk, direction)]
+        seconds = [0.0 if low.rules[op.name].alias else low.shard(op, timer.gpu)[0] for op in ops]
+        firsts = [u.first for u in plan.uses] + [len(ops)]
+        times = low.shard_cache[ckey] = (sum(seconds[:firsts[0]]),
+                                         tuple(sum(seconds[a:b]) for a, b in itertools.pairwise(firsts)))
+    prelude, compute = times
     gather = [timer.ring("dp+1", low.cfg.dp_cp, g.params * low.param_bytes, "all_gather") for g in plan.gathers]
     hit = low.memo[key] = max(0.0, zero3.unit_seconds(plan, prelude, compute, gather) - prelude - sum(compute))
     return hit

@@ -113,7 +113,8 @@ def graph_cache(graph: Graph) -> dict:
     return cache
 
 
-_BOUNDED = frozenset({"rules", "layouts", "units", "rank_parameters", "low_precision_parameters", "saved_per_layer"})
+_BOUNDED = frozenset({"rules", "layouts", "units", "rank_parameters", "low_precision_parameters", "saved_per_layer",
+                      "zero3 plans", "zero3 live bytes"})
 _KEEP = 8
 """Per graph, at most this many values of each kind in :data:`_BOUNDED` (derived per layer
 layout, cheap to make again): a search's thousands of configurations then hold a bounded set."""

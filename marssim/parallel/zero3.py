@@ -261,10 +261,17 @@ def live_bytes(graph: Graph, cfg: ParallelConfig, rules, stage: int, param_bytes
     units hold gathered at once (at most a use's own plus the live limit), its persistent
     parameters (whole on every rank) at ``param_bytes`` each, and one gradient bucket (at most
     the stage's parameters) at ``grad_bytes`` each."""
-    from .lower import chunk_layers
+    from .lower import chunk_layers, graph_cached, rules_key, stage_of_layers
 
     t = graph.meta["transformer"]
     chunks = chunk_layers(t.layers, cfg)
+    key = ("zero3 live bytes", rules_key(cfg, stage_of_layers(t.layers, cfg)), chunks, Zero3Settings.of(cfg), stage,
+           param_bytes, grad_bytes)
+    return graph_cached(graph, key, lambda: _live_bytes(graph, cfg, rules, stage, param_bytes, grad_bytes, chunks))
+
+
+def _live_bytes(graph: Graph, cfg: ParallelConfig, rules, stage: int, param_bytes: float, grad_bytes: float,
+                chunks) -> float:
     chunk_of = {layer: c for c, layers in enumerate(chunks) for layer in layers}
     unit_ops: dict = {}
     for op in graph.ops:
