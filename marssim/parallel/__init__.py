@@ -1,8 +1,9 @@
 """Megatron-LM-style parallelism of LLM workloads on GPU clusters: tensor, sequence, pipeline,
 data and expert parallelism as a configuration (:mod:`.config`), where ranks run
 (:mod:`.placement`), how each op splits (:mod:`.roles`), pipeline schedules (:mod:`.schedule`),
-exact symmetry folding (:mod:`.fold`), the lowering to a TaskGraph (:mod:`.lower`), memory per
-GPU (:mod:`.memory`) and the run report (:mod:`.report`)."""
+exact symmetry folding (:mod:`.fold`), the lowering to a TaskGraph (:mod:`.lower`), ZeRO-3 as
+DeepSpeed runs it (:mod:`.zero3`), memory per GPU (:mod:`.memory`) and the run report
+(:mod:`.report`)."""
 
 from .config import ORDERS, SCHEDULES, ParallelConfig, check_parallel, parallel_problems, parse_parallel
 from .lower import lower_parallel

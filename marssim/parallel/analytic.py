@@ -19,11 +19,13 @@ of by a schedule:
 * after the last backward: the data-parallel reduction of the last gradient bucket (the earlier
   ones overlap the backward; all of them when ``overlap_grad_reduce`` is off), the
   sequence-parallel norms' and the tied embedding's all-reduces, the optimizer step's kernels and
-  all-reduces and its FP8 weight casts, and ZeRO's parameter all-gather (with
+  all-reduces and its FP8 weight casts, and ZeRO-1/2's parameter all-gather (with
   ``overlap_param_gather`` before the first forward instead: the part of it the first
   micro-batch's forward does not hide); a stage's tail overlapping the last backward of the
   stages before it (not the last stage's when it waits for the first stage's embedding
   gradient);
+* ZeRO-3: per forward and backward unit, the time its kernels wait for the module-by-module
+  parameter all-gathers (:func:`.zero3.unit_seconds` over the unit's kernels and gathers);
 * memory: :func:`.memory.memory_estimate`.
 
 It ignores contention and the finer overlap of the schedule, so it is a ranking, not a
@@ -33,6 +35,7 @@ measures its error and rank correlation against simulations.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -41,7 +44,7 @@ from marssim.cost.base import CostModel
 from marssim.system import System
 from marssim.workload import Graph
 
-from . import overlap
+from . import overlap, zero3
 from .config import ParallelConfig
 from .fold import Folding, identity_folding
 from .host import launch_gaps
@@ -160,6 +163,8 @@ def screen(graph: Graph, system: System, cfg: ParallelConfig, cost: CostModel, *
                                       len(alike)))
                 if ends:
                     parts.append((timer.unit(ends), 1))
+                if low.zero3_plans:  # ZeRO-3's parameter gathers the unit's kernels wait for
+                    parts.append(((_zero3_exposed(low, timer, chunk, direction), 0.0, 0.0), 1))
                 for (b, r, q), n in parts:
                     busy += b * n
                     received += r * n
@@ -206,6 +211,33 @@ def screen(graph: Graph, system: System, cfg: ParallelConfig, cost: CostModel, *
     flops, peak = low.model_flops()
     return Screen(iteration_s=pipeline + tail, stage_s=tuple(stage_times), tail_s=tail, memory=memory,
                   model_flops=flops, peak_flops=peak, gpus=cfg.gpus)
+
+
+def _zero3_exposed(low: RunModel, timer: UnitTimer, chunk: int, direction: str) -> float:
+    """Seconds a unit's kernels wait for ZeRO-3's parameter all-gathers (:mod:`.zero3`): the unit
+    run by :func:`.zero3.unit_seconds` with its kernels' times and each gather's ring, less its
+    kernels' time."""
+    plan = low.zero3_plans.get((chunk, direction))
+    if plan is None or not plan.uses:
+        return 0.0
+    key = ("zero3 exposed", chunk, direction, timer.signature(), timer.ring_hops(DP_RING, low.cfg.dp_cp)[1])
+    hit = low.memo.get(key)
+    if hit is not None:
+        return hit
+    # the kernels' seconds per use, kept with the lowering's shard timings (per graph and cost model)
+    ckey = ("zero3 unit compute", low.rules_key, tuple(map(tuple, low.chunks)), chunk, direction,
+            low.design(timer.gpu).name, low.kernels_key)
+    times = low.shard_cache.get(ckey)
+    if times is None:
+        ops = low.unit_ops[(chunk, direction)]
+        seconds = [0.0 if low.rules[op.name].alias else low.shard(op, timer.gpu)[0] for op in ops]
+        firsts = [u.first for u in plan.uses] + [len(ops)]
+        times = low.shard_cache.put(ckey, (sum(seconds[:firsts[0]]),
+                                           tuple(sum(seconds[a:b]) for a, b in itertools.pairwise(firsts))))
+    prelude, compute = times
+    gather = [timer.ring(DP_RING, low.cfg.dp_cp, g.params * low.param_bytes, "all_gather") for g in plan.gathers]
+    hit = low.memo[key] = max(0.0, zero3.unit_seconds(plan, prelude, compute, gather) - prelude - sum(compute))
+    return hit
 
 
 def _split_units(low: RunModel) -> dict[tuple[int, str], tuple[dict[int, list], list]]:
@@ -285,7 +317,7 @@ def _tail(low: RunModel, timer: UnitTimer, stage: int, backward: float) -> tuple
         size = 0
         for p in params:
             size += p
-            if size >= cfg.bucket:
+            if size >= (cfg.zero3_bucket if cfg.zero == 3 else cfg.bucket):
                 break
         last = timer.ring(DP_RING, n, size * gb, kind) if n > 1 else 0.0
         exposed = max(last, everything - backward)
@@ -316,7 +348,7 @@ def _tail(low: RunModel, timer: UnitTimer, stage: int, backward: float) -> tuple
         cast, count = overlap.step_casts(low, layer)
         if cast is not None:
             optimizer += overlap.cast_timing(low, timer.gpu, cast, count)[0]
-    gathers = cfg.zero >= 1 and n > 1 and not cfg.overlap_param_gather
+    gathers = cfg.zero in (1, 2) and n > 1 and not cfg.overlap_param_gather  # ZeRO-3: per module (_zero3_exposed)
     gather = timer.ring(DP_RING, n, overlap.gather_bytes(low, layers), "all_gather") if gathers else 0.0
     return exposed, embedding, optimizer + gather
 

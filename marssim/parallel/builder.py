@@ -23,7 +23,7 @@ from marssim.collectives.plan import CollectivePlan, ring_steps
 from marssim.taskgraph import COMPUTE, TRANSFER, Collective
 from marssim.workload import Op, OpKind
 
-from . import context, experts, overlap, userbuffers
+from . import context, experts, overlap, userbuffers, zero3
 from .host import launch_gaps
 from .megatron import grad_scaled, sequence_parallel_params
 from .patterns import DP_RING, PULL_PREV, TP_RING, ep_peer
@@ -205,7 +205,7 @@ class UnitBuilder:
         return out
 
     def ring(self, kind: str, group: str, pattern: str, size: float, n: int, op: str, deps,
-             plan: CollectivePlan | None | object = _GROUP_PLAN) -> tuple:
+             plan: CollectivePlan | None | object = _GROUP_PLAN, max_rows: int = 0) -> tuple:
         """A collective over the ``n`` ranks of ``pattern``'s ring of ``size`` bytes (the whole
         tensor per rank) as NCCL runs it (:meth:`.runmodel.RunModel.plan`): its steps, each rank sending
         the step's bytes to its ring neighbour with the step's latency and weight on the links
@@ -214,7 +214,9 @@ class UnitBuilder:
         ``plan``: the plan to run instead of the group's own (its steps over this ring). The
         collectives of one ring pattern (one NCCL communicator) run one after another in the
         order this unit issues them, as NCCL runs a communicator's operations on its stream.
-        Returns the refs after which this rank's result is ready."""
+        ``max_rows``: a ring over several classes of GPUs takes at most this many transfers per
+        rank (0: one per step; see below). Returns the refs after which this rank's result is
+        ready."""
         if n <= 1 or size <= 0:
             return tuple(deps)
         # a communicator runs its collectives one after another, in the order they are issued
@@ -245,6 +247,18 @@ class UnitBuilder:
             last = self.flow(self.rep, nxt, chunk * steps, op, coll, tuple(deps), hold=False, steps=steps, plan=plan,
                              pattern=pattern)
             self.t.coupled.append((last, prv_rep, float(chunk)))
+        elif max_rows and steps > max_rows:
+            # at most max_rows transfers, each of `per` back-to-back steps, each after its own
+            # previous one and prv_rep's (the steps coupled per transfer rather than per step:
+            # the same times while the ranks run in lockstep)
+            per = -(-steps // max_rows)
+            rows, rest = divmod(steps, per)
+            first = self.flow(self.rep, nxt, chunk * per, op, coll, tuple(deps), hold=False, steps=per, plan=plan,
+                              pattern=pattern)
+            last = self._repeat_step(first, rows - 1, prv_rep)
+            if rest:
+                last = self.flow(self.rep, nxt, chunk * rest, op, coll, (self.me(last), self.peer_ref(prv_rep, last)),
+                                 hold=False, steps=rest, plan=plan, pattern=pattern)
         else:
             first = self.flow(self.rep, nxt, chunk, op, coll, tuple(deps), hold=False, plan=plan, pattern=pattern)
             last = self._repeat_step(first, steps - 1, prv_rep)
@@ -376,9 +390,16 @@ class UnitBuilder:
         elif direction == "G":
             overlap.param_gather_unit(self)
         else:
-            if low.cfg.zero == 3 and low.training:
-                self._gather_params()
-            for op in low.unit_ops.get(self.key, []):
+            plan = low.zero3_plans.get(self.key) if low.zero3_plans else None
+            starts = {u.first: i for i, u in enumerate(plan.uses)} if plan is not None else {}
+            ready: dict[int, tuple] = {}
+            if starts:  # the unit's start on its GPU (after the unit before it), where its first gathers issue
+                t.first_compute = t.last_compute = self._row(
+                    COMPUTE, self.rep, 0.0, -1, -1, 0.0, -1, 0.0, 0.0, -1, 0.0,
+                    low.op_index[low.unit_ops[self.key][0].name], -1, ())
+            for i, op in enumerate(low.unit_ops.get(self.key, [])):
+                if i in starts:
+                    self._zero3_use(plan, starts[i], op, ready)
                 self.op(op)
         launch = low.launch(self.rep)
         if launch > 0 and t.kernels:  # the host's launch gaps, the unit starting synchronised (.host)
@@ -425,19 +446,30 @@ class UnitBuilder:
     _param_deps: tuple = ()
 
     def param_deps(self, op: Op) -> tuple:
-        """The refs ``op``'s kernel waits for its parameters: ZeRO-3's all-gather before the unit,
+        """The refs ``op``'s kernel waits for its parameters: ZeRO-3's all-gather of its module,
         the overlapped parameter all-gather's bucket (:func:`.overlap.param_gather_deps`)."""
         return tuple(self._param_deps) + overlap.param_gather_deps(self, op)
 
-    def _gather_params(self) -> None:
-        """ZeRO-3: all-gather this chunk's parameter shards before the unit."""
+    def _zero3_use(self, plan, use: int, op: Op, ready: dict[int, tuple]) -> None:
+        """ZeRO-3 at the hook of ``plan``'s use ``use`` (whose first op is ``op``): its own
+        all-gather (a fetch) when the kernel before it has ended, then the prefetches it issues
+        once its parameters are there, one after another on the data-parallel communicator
+        (:mod:`.zero3`); the use's kernels wait for its parameters."""
         low = self.low
-        params = low.chunk_params[self.key[0]]
-        first = low.unit_ops.get(self.key, [])
-        if not first or params <= 0:
-            return
-        nbytes = overlap.gather_bytes(low, low.chunks[self.key[0]])
-        self._param_deps = self.ring("all_gather", "dp", DP_RING, nbytes, low.cfg.dp_cp, first[0].name, ())
+        t = self.t
+        issue = (self.me(t.last_compute),) if t.last_compute >= 0 else ()
+        mine = [k for k, g in enumerate(plan.gathers) if g.issuer == use]
+        for k in mine:
+            if plan.gathers[k].use == use:
+                ready[k] = self.ring("all_gather", "dp", DP_RING, plan.gathers[k].params * low.param_bytes,
+                                     low.cfg.dp_cp, op.name, issue, max_rows=zero3.RING_ROWS)
+        source = plan.source[use]
+        own = ready.get(source, ()) if source >= 0 else ()
+        for k in mine:
+            if plan.gathers[k].use != use:
+                ready[k] = self.ring("all_gather", "dp", DP_RING, plan.gathers[k].params * low.param_bytes,
+                                     low.cfg.dp_cp, op.name, issue + own, max_rows=zero3.RING_ROWS)
+        self._param_deps = own
 
     def _optimizer(self) -> None:
         """After the chunk's last backward: its gradients reduced over the data-parallel group in
@@ -463,7 +495,7 @@ class UnitBuilder:
         buckets: list[list[Op]] = []
         size = 0
         for buf in sorted(buffers, key=lambda o: -o.param("layer")):
-            if not buckets or size >= cfg.bucket:
+            if not buckets or size >= (cfg.zero3_bucket if cfg.zero == 3 else cfg.bucket):
                 buckets.append([])
                 size = 0
             buckets[-1].append(buf)

@@ -20,7 +20,19 @@ global_batch       sequences per iteration (``--global-batch-size``); micro-batc
 recompute          ``none``, ``selective`` or ``full`` (``--recompute-granularity``)
 zero               0: gradients all-reduced; 1 or 2: the optimizer state (1) and gradients (2) sharded
                    over dp (reduce-scatter of gradients, all-gather of parameters: Megatron's
-                   distributed optimizer); 3: parameters sharded too, all-gathered before each layer
+                   distributed optimizer); 3: parameters sharded too, as DeepSpeed's ZeRO stage 3
+                   runs it (:mod:`.zero3`): each module's parameters all-gathered before its forward
+                   and again before its backward, with a bounded prefetch; gradients
+                   reduce-scattered in buckets; nothing gathered after the optimizer step
+zero3_prefetch     ZeRO-3: parameters (elements) prefetched at a module's hook
+                   (``stage3_prefetch_bucket_size``, 5e7)
+zero3_live         ZeRO-3: the most parameters gathered at once before a prefetch stops
+                   (``stage3_max_live_parameters``, 1e9)
+zero3_persist      ZeRO-3: parameters of fewer elements stay gathered on every rank
+                   (``stage3_param_persistence_threshold``, 1e5)
+zero3_reuse        ZeRO-3: a module used again within this many parameters of other modules is
+                   kept gathered (``stage3_max_reuse_distance``, 1e9)
+zero3_bucket       ZeRO-3: gradient elements per reduce-scatter bucket (``reduce_bucket_size``, 5e8)
 layers_per_stage   layers of each pipeline stage (default: balanced; the embedding lives on the first
                    stage, the output layer and the loss on the last)
 stage_tp           tensor parallelism of each stage (default: ``tp`` everywhere): a stage runs on
@@ -102,6 +114,7 @@ from marssim.specs import Field, coerce, split_spec
 __all__ = ["ParallelConfig", "SCHEDULES", "ORDERS", "parse_parallel", "parallel_problems", "check_parallel"]
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
+ZERO3_KEYS = ("zero3_prefetch", "zero3_live", "zero3_persist", "zero3_reuse", "zero3_bucket")
 ORDERS = ("tp-pp-dp", "tp-dp-pp", "pp-tp-dp", "dp-tp-pp", "pp-dp-tp", "dp-pp-tp")
 
 
@@ -147,6 +160,11 @@ class ParallelConfig:
     overlap_param_gather: bool = False
     overlap_p2p_comm: bool = False
     etp: int = 0
+    zero3_prefetch: int = 50_000_000
+    zero3_live: int = 1_000_000_000
+    zero3_persist: int = 100_000
+    zero3_reuse: int = 1_000_000_000
+    zero3_bucket: int = 500_000_000
 
     @property
     def gpus(self) -> int:
@@ -223,6 +241,8 @@ FIELDS: dict[str, Field] = {
     "host_gaps": Field("bool"),
     "cp": Field("int", low=1), "tp_comm_overlap": Field("bool"), "overlap_param_gather": Field("bool"),
     "overlap_p2p_comm": Field("bool"), "etp": Field("int", low=0),
+    "zero3_prefetch": Field("int", low=0), "zero3_live": Field("int", low=0), "zero3_persist": Field("int", low=0),
+    "zero3_reuse": Field("int", low=0), "zero3_bucket": Field("int", low=1),
 }
 """How each setting of a configuration is written (``global_batch``: at least 1 when given; left out,
 one micro-batch per data-parallel replica)."""
@@ -343,6 +363,11 @@ def parallel_problems(cfg: ParallelConfig, transformer, gpus: int) -> list[tuple
     out.extend(_overlap_problems(cfg, t))
     if cfg.zero and not t.training:
         out.append(("zero", "applies to training"))
+    if cfg.zero != 3:
+        default = ParallelConfig()
+        for key in ZERO3_KEYS:
+            if getattr(cfg, key) != getattr(default, key):
+                out.append((key, f"applies to zero=3 (DeepSpeed's ZeRO stage 3), got zero={cfg.zero}"))
     if cfg.recompute != "none" and not t.training:
         out.append(("recompute", "applies to training"))
     return out

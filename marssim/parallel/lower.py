@@ -16,8 +16,10 @@ What a Megatron-LM run does, task by task, on one GPU per class of identical GPU
 * after its last backward, each chunk reduces its gradients over the data-parallel group in
   buckets of ``bucket`` parameters (later layers first, overlapping the rest of the backward when
   ``overlap_grad_reduce``), reduce-scattered with ``zero`` >= 1 (then the optimizer updates a
-  ``1/dp`` shard and the parameters are all-gathered); ZeRO-3 also all-gathers each chunk's
-  parameters before each of its units; then the optimizer steps;
+  ``1/dp`` shard and the parameters are all-gathered); then the optimizer steps. ZeRO-3 runs as
+  DeepSpeed does (:mod:`.zero3`): each module's parameters all-gathered before its use in the
+  forward and again in the backward, with a bounded prefetch, the gradients reduce-scattered in
+  buckets of ``zero3_bucket`` parameters, nothing gathered after the step;
 * weights, gradients and optimizer state are resident (:mod:`.memory`); activations are buffers
   from their producer's start to their last reader's end;
 * the settings of :mod:`.config` that change the tasks live in modules of their own: context

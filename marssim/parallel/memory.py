@@ -18,7 +18,9 @@ splits each op's weights by its tensor- and expert-parallel rule):
   ``1/v`` of the stage under the interleaved schedule;
 * KV cache (serving): the stage's layers' caches, split over the tensor-parallel ranks by key and
   value heads;
-* communication buffers: ZeRO-3's gathered parameters of a model chunk; under context
+* communication buffers: ZeRO-3's gathered parameters (the most its forward or backward holds at
+  once under DeepSpeed's prefetch, live and reuse limits, the persistent ones, and one gradient
+  bucket: :func:`.zero3.live_bytes`); under context
   parallelism the key/value ring's buffers of one layer (:func:`.context.kv_buffer_bytes`); under
   ``tp_comm_overlap`` Transformer Engine's userbuffers (:func:`.userbuffers.buffer_bytes`).
 
@@ -44,8 +46,9 @@ from . import context, userbuffers
 from .config import ParallelConfig
 from .experts import EXPERT_LAYOUTS, busiest_share, layout_fraction
 from .memo import graph_cached
-from .partition import chunk_layers, op_rules, prepare_graph, rules_key, stage_of_layers
+from .partition import chunk_layers, op_rules, prepare_graph, rules_key, shard_weights, stage_of_layers
 from .placement import place
+from .zero3 import live_bytes
 
 __all__ = ["StaticMemory", "MemoryEstimate", "rank_parameters", "low_precision_rank_parameters", "rank_weight_bytes",
            "static_bytes", "memory_estimate", "check_memory"]
@@ -69,7 +72,7 @@ class StaticMemory:
 class MemoryEstimate:
     """The peak one rank of each stage reaches: static bytes, activations in flight (plus the
     working set of a layer recomputed for its backward) and communication buffers (ZeRO-3's
-    gathered parameters of a model chunk). This one model is what the pre-check refuses by, what
+    gathered parameters and gradient bucket). This one model is what the pre-check refuses by, what
     the search screens with and what a run reports."""
 
     static: dict[int, StaticMemory]
@@ -98,17 +101,6 @@ class MemoryEstimate:
                 "KV cache": st.kv_cache, "communication buffers": self.buffers.get(stage, 0.0)}
 
 
-def _shard_weights(op, rule, tp: int) -> int:
-    sizes = {}
-    for loop, num, den in rule.split:
-        if op.has_dim(loop) and den > 1 and loop in ("N", "K", "B", "C"):
-            sizes[loop] = max(1, -(-op.dim(loop) * num // den))
-    if op.kind == OpKind.EMBEDDING and rule.out == "P":  # vocabulary-parallel: padded to tp equal parts
-        return -(-op.param("vocab") // tp) * op.dim("C")
-    part = op.with_loops(**sizes) if sizes else op
-    return part.weight_elems
-
-
 def tied_copy_params(t, cfg: ParallelConfig) -> int:
     """Parameters of one rank of the last stage's copy of a word embedding tied to the output
     layer (``t``: the :class:`~marssim.workload.llm.TransformerConfig`): its vocabulary part, padded
@@ -127,7 +119,7 @@ def rank_parameters(graph: Graph, cfg: ParallelConfig, rules) -> tuple[dict[int,
     for op in graph.ops:
         if op.param("phase", "fwd") != "fwd" or not op.weight_elems or op.param("shares"):
             continue
-        n = _shard_weights(op, rules[op.name], cfg.tp_of(stage_of[op.param("layer")]))
+        n = shard_weights(op, rules[op.name], cfg.tp_of(stage_of[op.param("layer")]))
         per[op.param("layer")] += n
         if op.param("grouped"):
             experts[op.param("layer")] += n
@@ -146,7 +138,7 @@ def low_precision_rank_parameters(graph: Graph, cfg: ParallelConfig, rules) -> d
         if op.param("phase", "fwd") != "fwd" or not op.weight_elems or op.param("shares") or \
                 op.param("w_dtype") not in LOW_PRECISION:
             continue
-        per[op.param("layer")] += _shard_weights(op, rules[op.name], cfg.tp_of(stage_of[op.param("layer")]))
+        per[op.param("layer")] += shard_weights(op, rules[op.name], cfg.tp_of(stage_of[op.param("layer")]))
     return dict(per)
 
 
@@ -164,7 +156,7 @@ def rank_weight_bytes(graph: Graph, cfg: ParallelConfig, rules) -> dict[int, flo
         for op in graph.ops:
             if op.param("phase", "fwd") != "fwd" or not op.weight_elems or op.param("shares"):
                 continue
-            n = _shard_weights(op, rules[op.name], cfg.tp_of(stage_of[op.param("layer")]))
+            n = shard_weights(op, rules[op.name], cfg.tp_of(stage_of[op.param("layer")]))
             out[op.param("layer")] += n * held_weight_bytes(op, t)
         return out
 
@@ -255,12 +247,11 @@ def memory_estimate(graph: Graph, cfg: ParallelConfig, capacity: float, rules=No
             layers = _stage_layers(graph, cfg, s)
             acts[s] = sum(per_layer.get(layer, 0.0) for layer in layers) * _in_flight(cfg, s, cfg.micro_batches)
             working[s] = max((plain.get(layer, 0.0) - per_layer.get(layer, 0.0) for layer in layers), default=0.0)
-    if cfg.zero >= 3 and cfg.dp_cp > 1:  # the parameters of a model chunk, gathered before each of its units
+    if cfg.zero >= 3 and cfg.dp_cp > 1 and t.training:  # what ZeRO-3 holds gathered at once, and a gradient bucket
+        from .megatron import grad_dtype
 
-        eb = DTYPE_BYTES[t.dtype]
-        for c, layers in enumerate(chunk_layers(t.layers, cfg)):
-            s = c % cfg.pp
-            buffers[s] = max(buffers.get(s, 0.0), sum(per.get(layer, 0) for layer in layers) * eb)
+        for s in range(cfg.pp):
+            buffers[s] = live_bytes(graph, cfg, rules, s, DTYPE_BYTES[t.dtype], DTYPE_BYTES[grad_dtype(cfg, t)])
     for s, extra in _knob_buffers(graph, cfg).items():
         buffers[s] = buffers.get(s, 0.0) + extra
     return MemoryEstimate(static, acts, capacity, working, buffers)

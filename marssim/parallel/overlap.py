@@ -156,7 +156,7 @@ def after_steps(b, steps: list[tuple[int, Op, int]]) -> None:
         else:
             later[layer] = (cast, count, rel)
     ready_of: dict[int, tuple] = {}
-    if cfg.zero >= 1 and cfg.dp_cp > 1 and not cfg.overlap_param_gather:
+    if cfg.zero in (1, 2) and cfg.dp_cp > 1 and not cfg.overlap_param_gather:  # ZeRO-3 gathers per module
         ready: tuple = (b.me(b.t.last_compute),)
         names = {layer: adam.name for layer, adam, _ in steps}
         for bucket in reversed(gather_buckets(sorted(names), low.rank_params, cfg.bucket)):

@@ -160,3 +160,16 @@ def _prepare(graph: Graph, t, cfg: ParallelConfig) -> Graph:
 
         out.meta["unsplit_footprint"] = footprint(prepare_graph(graph, cfg.with_(cp=1)))
     return out
+
+
+def shard_weights(op: Op, rule: Rule, tp: int) -> int:
+    """Elements of ``op``'s weights one rank holds under ``rule`` with ``tp`` tensor-parallel
+    ranks (a vocabulary-parallel embedding padded to ``tp`` equal parts)."""
+    sizes = {}
+    for loop, num, den in rule.split:
+        if op.has_dim(loop) and den > 1 and loop in ("N", "K", "B", "C"):
+            sizes[loop] = max(1, -(-op.dim(loop) * num // den))
+    if op.kind == OpKind.EMBEDDING and rule.out == "P":  # vocabulary-parallel: padded to tp equal parts
+        return -(-op.param("vocab") // tp) * op.dim("C")
+    part = op.with_loops(**sizes) if sizes else op
+    return part.weight_elems

@@ -22,7 +22,7 @@ from marssim.cost.base import CostModel
 from marssim.system import Route, System
 from marssim.workload import Graph, Op, OpKind
 
-from . import experts
+from . import experts, zero3
 from .config import ParallelConfig
 from .fold import Folding, binding_route
 from .host import launch_seconds
@@ -154,6 +154,9 @@ class RunModel:
         self.opt_params = dict(per_layer)
         if self.tied_copy:
             self.opt_params[self.t.layers] = self.opt_params.get(self.t.layers, 0) + self.word_embedding_params
+        # ZeRO-3: each forward and backward unit's parameter all-gathers (.zero3)
+        self.zero3_plans = zero3.unit_plans(self.graph, self.cfg, self.rules, self.unit_ops) \
+            if self.cfg.zero == 3 and self.training and self.cfg.dp_cp > 1 else {}
 
     # ------------------------------------------------------------------ routes and shards
     def route(self, src: int, dst: int, per: int | None = None, pattern: str | None = None) -> int:
