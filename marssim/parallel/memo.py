@@ -131,7 +131,7 @@ GRAPH_MEMO = OwnerMemo(default_size=16, sizes={
     # per layer layout (cheap to make again): a search's thousands of configurations hold a bounded set
     "rules": 8, "layouts": 8, "units": 8, "rank_parameters": 8, "low_precision_parameters": 8, "saved_per_layer": 8,
     "rank_weight_bytes": 8, "unit blocks": 8, "zero3 plans": 8, "zero3 live bytes": 8,
-    "prepared": 32,  # a graph rebuilt per micro-batch size, recomputation and context-parallel degree
+    "prepared": 32, "prepared from": 1,  # a graph rebuilt per micro-batch size, recomputation and context-parallel degree
     "shards": 8,  # shard timings, per cost model
 })
 """The values derived from a workload graph that many configurations of it share (rules,

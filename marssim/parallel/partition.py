@@ -11,6 +11,7 @@ in :data:`SHARED_RULES`. Units: parameters, loop sizes (elements).
 from __future__ import annotations
 
 import functools
+import weakref
 
 from marssim.errors import InputError
 from marssim.workload import Graph, Op, OpKind
@@ -141,25 +142,39 @@ def _prepare(graph: Graph, t, cfg: ParallelConfig) -> Graph:
     from marssim.workload.llm import build_transformer
     from marssim.workload.llm.config import with_overrides
 
+    # a graph prepared before is prepared again from the workload as written (its sequence not cut
+    # twice by context parallelism), and is that workload's own graph while it lives
+    base = graph.meta.get("unprepared", t)
     changes = {}
-    if t.batch != cfg.micro_batch:
+    if base.batch != cfg.micro_batch:
         changes["batch"] = cfg.micro_batch
-    if t.training and t.recompute != cfg.recompute:
+    if base.training and base.recompute != cfg.recompute:
         changes["recompute"] = cfg.recompute
     if cfg.cp > 1:  # a context-parallel rank's tokens (the attention core's ring gives it every key)
-        changes["seq"] = t.seq // cfg.cp
-    if not changes:
-        return graph
+        changes["seq"] = base.seq // cfg.cp
+    source = graph if base is t else _source(graph)
+    if not changes and source is not None:
+        return source
     try:
-        rebuilt = with_overrides(t, **changes)
+        rebuilt = with_overrides(base, **changes)
     except InputError as err:
         raise InputError(graph.spec, problems=err.problems) from None
     out = build_transformer(rebuilt, spec=graph.spec)
+    out.meta["unprepared"] = base
+    if source is not None:
+        ref = weakref.ref(source)
+        graph_cached(out, "prepared from", lambda: ref)
     if cfg.cp > 1:  # the model FLOPs of the whole sequence (attention is quadratic in it)
         from marssim.workload.llm.footprint import footprint
 
         out.meta["unsplit_footprint"] = footprint(prepare_graph(graph, cfg.with_(cp=1)))
     return out
+
+
+def _source(graph: Graph) -> Graph | None:
+    """The graph a prepared ``graph`` was prepared from, while it lives."""
+    ref = graph_cached(graph, "prepared from", lambda: None)
+    return ref() if ref is not None else None
 
 
 def shard_weights(op: Op, rule: Rule, tp: int) -> int:
