@@ -16,12 +16,14 @@ __all__ = ["open_executor", "progress_plan", "progress_bar", "write_search_files
 
 
 @contextlib.contextmanager
-def open_executor(args: argparse.Namespace):
-    """The executor the flags ask for; an unreachable or missing Dask is one InputError line."""
+def open_executor(args: argparse.Namespace, workers: int | None = None):
+    """The executor the flags ask for (``workers``: local processes instead of ``--workers``);
+    an unreachable or missing Dask is one InputError line."""
     from marssim.search.parallel import open_executor as _open
 
     try:
-        opened = _open(args.workers, args.dask, dask_timeout=args.dask_timeout)
+        opened = _open(args.workers if workers is None else workers, args.dask,
+                       dask_timeout=args.dask_timeout or 10.0)
         executor = opened.__enter__()
     except (ImportError, ConnectionError) as exc:
         raise InputError(None, "--dask", str(exc)) from None

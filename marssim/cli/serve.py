@@ -133,7 +133,7 @@ def _rates(text: str | None) -> list[float] | None:
 
 @contextlib.contextmanager
 def _executor(args: argparse.Namespace, points: int):
-    from marssim.search.parallel import open_executor
+    from ._searching import open_executor
 
     if args.dask and args.workers:
         raise InputError(None, "--workers", "give --workers (local processes) or --dask (a cluster), not both")
@@ -142,13 +142,7 @@ def _executor(args: argparse.Namespace, points: int):
         import os
 
         workers = min(points, os.cpu_count() or 1)
-    try:
-        opened = open_executor(workers, args.dask, dask_timeout=args.dask_timeout or 10.0)
-        executor = opened.__enter__()
-    except (ImportError, ConnectionError) as exc:
-        raise InputError(None, "--dask", str(exc)) from None
-    with contextlib.ExitStack() as stack:
-        stack.push(opened)
+    with open_executor(args, workers) as executor:
         yield executor
 
 
