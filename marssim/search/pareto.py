@@ -176,7 +176,7 @@ def plot_fronts(table, png: str | Path, title: str, rate_label: str = "requests/
                 ) -> list[Path]:
     """The two fronts side by side (PNG and SVG): every point a simulated deployment meeting the
     constraints, those on the front annotated with their short text and joined by the front's
-    step line, dominated ones grey."""
+    step line, dominated ones grey and unnamed (the front's table names every point)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -202,8 +202,11 @@ def plot_fronts(table, png: str | Path, title: str, rate_label: str = "requests/
         if name == "gpus":
             ax.xaxis.get_major_locator().set_params(integer=True)
         low, high = ax.get_xlim()
-        for k, (xy, names, front) in enumerate(_label_groups(table, xa, ya, flag)):
-            style = {"fontsize": 8 if front else 7, "color": "black" if front else "0.45", "zorder": 4}
+        # the front's points named (a dominated point is named in the table beside the figure: its
+        # labels piled up where many deployments serve the same rate)
+        labels = [group for group in _label_groups(table, xa, ya, flag) if group[2]]
+        for k, (xy, names, front) in enumerate(labels):
+            style = {"fontsize": 8, "color": "black", "zorder": 4}
             if name == "gpus":  # points in rows of a few GPUs apart: labels slanted, clear of each other
                 ax.annotate(names, xy, textcoords="offset points", xytext=(4, 7), ha="left", va="bottom",
                             rotation=30, rotation_mode="anchor", **style)
