@@ -238,34 +238,47 @@ def latest_predecessors(tg: TaskGraph, end: np.ndarray, tasks: np.ndarray | None
     predecessor lists."""
     pp, pi = tg.pred_ptr, tg.pred_idx
     n = len(pp) - 1
-    if tasks is None and len(pi) > _CHUNK_EDGES:  # in pieces of tasks: a few arrays of a piece's edges at a time
+    if tasks is None:  # every task, in pieces of consecutive tasks: a few arrays of a piece's edges at a time
         cuts = np.unique(np.concatenate([[0], np.searchsorted(pp, np.arange(_CHUNK_EDGES, len(pi), _CHUNK_EDGES)),
                                          [n]]))
-        return np.concatenate([latest_predecessors(tg, end, np.arange(a, b)) for a, b in zip(cuts[:-1], cuts[1:])])
-    if tasks is None:
-        lo, counts, idx = pp[:-1], np.diff(pp), None
-    else:
-        lo = pp[tasks]
-        counts = pp[np.asarray(tasks) + 1] - lo
+        return np.concatenate([np.full(0, -1, dtype=np.int64)] +
+                              [_latest_of(pp[a:b + 1], pi[pp[a]:pp[b]], end, n) for a, b in zip(cuts[:-1], cuts[1:])])
+    lo = pp[tasks]
+    counts = pp[np.asarray(tasks) + 1] - lo
     out = np.full(len(counts), -1, dtype=np.int64)
     has = np.flatnonzero(counts > 0)
     if not len(has):
         return out
-    if tasks is not None:  # the predecessor lists of these tasks, one after another
-        c = counts[has]
-        first = np.cumsum(c) - c
-        idx = np.repeat(lo[has] - first, c) + np.arange(int(c.sum()))
-    preds = (pi if idx is None else pi[idx]).astype(np.int64)
+    c = counts[has]  # the predecessor lists of these tasks, one after another
+    first = np.cumsum(c) - c
+    preds = pi[np.repeat(lo[has] - first, c) + np.arange(int(c.sum()))].astype(np.int64)
     pend = end[preds]
     if excluded is not None:
-        pend = np.where(preds == np.repeat(np.asarray(excluded)[has], counts[has]), -np.inf, pend)
-    starts = (lo[has] if idx is None else np.cumsum(counts[has]) - counts[has])
-    best = np.maximum.reduceat(pend, starts)
-    hit = pend == np.repeat(best, counts[has])
-    out[has] = np.minimum.reduceat(np.where(hit, preds, n), starts)
+        pend = np.where(preds == np.repeat(np.asarray(excluded)[has], c), -np.inf, pend)
+    out[has] = _segment_latest(preds, pend, first, c, n)
     if excluded is not None:  # a task whose only predecessors are left out has none
-        out[has[np.isneginf(best)]] = -1
+        out[has[np.isneginf(np.maximum.reduceat(pend, first))]] = -1
     return out
+
+
+def _latest_of(ptr: np.ndarray, preds: np.ndarray, end: np.ndarray, n: int) -> np.ndarray:
+    """:func:`latest_predecessors` of consecutive tasks whose predecessor lists are ``preds``,
+    delimited by ``ptr`` (offsets from ``ptr[0]``)."""
+    counts = np.diff(ptr)
+    out = np.full(len(counts), -1, dtype=np.int64)
+    has = np.flatnonzero(counts > 0)
+    if len(has):
+        preds = preds.astype(np.int64)
+        out[has] = _segment_latest(preds, end[preds], ptr[has] - ptr[0], counts[has], n)
+    return out
+
+
+def _segment_latest(preds: np.ndarray, pend: np.ndarray, starts: np.ndarray, counts: np.ndarray, n: int) -> np.ndarray:
+    """Per segment (``starts``, ``counts``: non-empty, consecutive), the ``preds`` entry of the
+    largest ``pend``, the lowest among equal ones."""
+    best = np.maximum.reduceat(pend, starts)
+    hit = pend == np.repeat(best, counts)
+    return np.minimum.reduceat(np.where(hit, preds, n), starts)
 
 
 def _attribute(tg: TaskGraph, start: np.ndarray, end: np.ndarray, device: int, makespan: float,
