@@ -415,22 +415,22 @@ def _volumes(tg: TaskGraph, reps: set[int]) -> dict[int, dict[str, float]]:
     transfer = np.flatnonzero(tg.kind != COMPUTE)
     if not len(transfer):
         return out
-    groups = np.asarray([c.group or "pp" for c in tg.collectives] + ["pp"], dtype=object)[tg.collective[transfer]]
+    # each transfer's group as a code (a transfer of no collective, index -1, is the pipeline's)
+    labels = [c.group or "pp" for c in tg.collectives] + ["pp"]
+    names = sorted(set(labels))
+    code_of = {name: i for i, name in enumerate(names)}
+    group_code = np.asarray([code_of[label] for label in labels], dtype=np.int64)[tg.collective[transfer]]
     src = tg.src[transfer]
     owner = np.where(np.isin(src, list(reps)), src, tg.dst[transfer])
-    nbytes = tg.nbytes[transfer]
-    # sums per (owner, group) in the transfers' order (bincount adds in input order: the floats of
-    # a loop over them)
-    names, group_code = np.unique(groups.astype(str), return_inverse=True)
     owners, owner_code = np.unique(owner, return_inverse=True)
     pair = owner_code * len(names) + group_code
-    sums = np.bincount(pair, weights=nbytes, minlength=len(owners) * len(names))
-    first = np.full(len(owners) * len(names), len(pair), dtype=np.int64)
-    np.minimum.at(first, pair, np.arange(len(pair)))
-    for key in np.argsort(first, kind="stable").tolist():  # each owner's groups in order of first use
-        if first[key] < len(pair):
-            row = out.setdefault(int(owners[key // len(names)]), {})
-            row[str(names[key % len(names)])] = float(sums[key])
+    # sums per (owner, group) in the transfers' order (bincount adds in input order: the floats of
+    # a loop over them)
+    sums = np.bincount(pair, weights=tg.nbytes[transfer], minlength=len(owners) * len(names))
+    used, first = np.unique(pair, return_index=True)
+    for key in used[np.argsort(first, kind="stable")].tolist():  # each owner's groups in order of first use
+        row = out.setdefault(int(owners[key // len(names)]), {})
+        row[names[key % len(names)]] = float(sums[key])
     return out
 
 
