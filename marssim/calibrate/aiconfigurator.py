@@ -201,6 +201,27 @@ def gemm_rows(path: Path, gpu: str, stack: str, package_version: str, date: str,
     return out
 
 
+def _attention_frame(path: str | Path, need: set[str], caches: tuple[str, ...], head_dims: Iterable[int] | None,
+                     heads: Iterable[int] | None):
+    """The rows of an attention table at ``path`` with the columns ``need`` (InputError naming
+    those missing) of bf16 queries over a cache of a type in ``caches``, no sliding window, one
+    beam, and a head size in ``head_dims`` and query heads in ``heads`` (None: all)."""
+    frame = _read_parquet(path)
+    missing = need - set(frame.columns)
+    if missing:
+        raise InputError(str(path), "columns", f"missing {', '.join(sorted(missing))}")
+    keep = (frame["attn_dtype"] == "bfloat16") & frame["kv_cache_dtype"].isin(list(caches))
+    if "window_size" in frame:
+        keep &= frame["window_size"] == 0
+    if "beam_width" in frame:
+        keep &= frame["beam_width"] == 1
+    if head_dims is not None:
+        keep &= frame["head_dim"].isin(list(head_dims))
+    if heads is not None:
+        keep &= frame["num_heads"].isin(list(heads))
+    return frame[keep]
+
+
 def context_attention_rows(path: Path, gpu: str, stack: str, package_version: str, date: str,
                            head_dims: Iterable[int] | None = DEFAULT_HEAD_DIMS,
                            min_tokens: int = DEFAULT_MIN_TOKENS,
@@ -211,23 +232,9 @@ def context_attention_rows(path: Path, gpu: str, stack: str, package_version: st
     if gpu not in AIC_GPUS:
         raise InputError(str(path), "gpu", f"expected one of {', '.join(AIC_GPUS)}, got {gpu!r}")
     dev = AIC_GPUS[gpu]
-    frame = _read_parquet(path)
-    need = {"batch_size", "isl", "num_heads", "num_key_value_heads", "head_dim", "attn_dtype", "kv_cache_dtype",
-            "latency"}
-    missing = need - set(frame.columns)
-    if missing:
-        raise InputError(str(path), "columns", f"missing {', '.join(sorted(missing))}")
-    keep = (frame["attn_dtype"] == "bfloat16") & (frame["kv_cache_dtype"] == "bfloat16")
-    if "window_size" in frame:
-        keep &= frame["window_size"] == 0
-    if "beam_width" in frame:
-        keep &= frame["beam_width"] == 1
-    if head_dims is not None:
-        keep &= frame["head_dim"].isin(list(head_dims))
-    keep &= frame["isl"] >= min_tokens
-    if heads is not None:
-        keep &= frame["num_heads"].isin(list(heads))
-    frame = frame[keep]
+    frame = _attention_frame(path, {"batch_size", "isl", "num_heads", "num_key_value_heads", "head_dim", "attn_dtype",
+                                    "kv_cache_dtype", "latency"}, ("bfloat16",), head_dims, heads)
+    frame = frame[frame["isl"] >= min_tokens]
     device = str(frame["device"].iloc[0]) if "device" in frame and len(frame) else gpu
     out = []
     for b, s, h, kvh, d, ms in zip(frame["batch_size"], frame["isl"], frame["num_heads"],
@@ -288,22 +295,8 @@ def generation_attention_rows(path: Path, gpu: str, stack: str, package_version:
     None: all) select the subset."""
     if gpu not in AIC_GPUS:
         raise InputError(str(path), "gpu", f"expected one of {', '.join(AIC_GPUS)}, got {gpu!r}")
-    frame = _read_parquet(path)
-    need = {"batch_size", "isl", "step", "num_heads", "num_key_value_heads", "head_dim", "attn_dtype",
-            "kv_cache_dtype", "latency"}
-    missing = need - set(frame.columns)
-    if missing:
-        raise InputError(str(path), "columns", f"missing {', '.join(sorted(missing))}")
-    keep = (frame["attn_dtype"] == "bfloat16") & frame["kv_cache_dtype"].isin(list(KV_DTYPES))
-    if "window_size" in frame:
-        keep &= frame["window_size"] == 0
-    if "beam_width" in frame:
-        keep &= frame["beam_width"] == 1
-    if head_dims is not None:
-        keep &= frame["head_dim"].isin(list(head_dims))
-    if heads is not None:
-        keep &= frame["num_heads"].isin(list(heads))
-    frame = frame[keep]
+    frame = _attention_frame(path, {"batch_size", "isl", "step", "num_heads", "num_key_value_heads", "head_dim",
+                                    "attn_dtype", "kv_cache_dtype", "latency"}, tuple(KV_DTYPES), head_dims, heads)
     return [generation_attention_row(gpu, stack, package_version, date, b, q, st, h, kvh, d, kv, ms, str(path))
             for b, q, st, h, kvh, d, kv, ms in zip(frame["batch_size"], frame["isl"], frame["step"],
                                                     frame["num_heads"], frame["num_key_value_heads"],
