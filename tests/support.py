@@ -87,3 +87,23 @@ def write_switch_system(directory: Path, accelerators: int = 4) -> str:
                   {"between": ["host0", "sw0"], "bandwidth": "32 GB/s", "latency": "1 us"}],
     }))
     return str(path)
+
+
+def small_moe_serving_search(model_spec: str):
+    """The deployment search of a small mixture-of-experts model on four switched accelerators
+    (roofline cost, fewest GPUs under TTFT P99 <= 50 ms and TBT P99 <= 10 ms, 100 Poisson
+    requests): the SearchResult, for tests of its expert-parallel layouts."""
+    from marssim.search.serve import ServeSearchSettings, mars_serve
+    from marssim.serve import Arrivals, Lengths, RequestSpec, load_model
+    from marssim.serve.case import ServeCase
+    from marssim.serve.slo import parse_constraints
+
+    system = make_system(4, topology="switch", capacity="64 MiB", bandwidth="50 GB/s", latency="1 us")
+    spec = RequestSpec(Arrivals("poisson", rate=200.0), Lengths("uniform", low=20, high=300),
+                       Lengths("uniform", low=2, high=60), 100)
+    case = ServeCase(load_model(model_spec), spec, 0, parse_constraints("ttft_p99=50ms,tbt_p99=10ms"), (),
+                     goodput=False)
+    settings = ServeSearchSettings(objective="gpus", generations=2, max_simulations=4, population=4, max_pp=1,
+                                   schedulers=("chunked",), max_num_seqs=(64,), max_batched_tokens=(512,),
+                                   block_sizes=(16,), seed_with_grid=False)
+    return mars_serve(case, system, RooflineCost(), settings)

@@ -106,23 +106,10 @@ def test_deepseek_moe_16b_serves_with_expert_parallelism(system, cost):
 def test_the_serving_search_picks_ep_and_tp_for_a_deepseek_style_model():
     """Level 2 of the deployment search descends over ``ep`` for a model with shared experts and a
     dense first block; the answer's simulation meets the constraints."""
-    from support import RooflineCost, make_system
+    from support import small_moe_serving_search
 
-    from marssim.search.serve import ServeSearchSettings, mars_serve
-    from marssim.serve import Arrivals, Lengths, RequestSpec
-    from marssim.serve.case import ServeCase
-    from marssim.serve.slo import parse_constraints
-
-    model = load_model("moe:layers=3,hidden=256,heads=8,kv_heads=4,ffn=768,expert_ffn=128,experts=8,top_k=3,"
-                       "shared_experts=2,dense_layers=1,vocab=2000")
-    system = make_system(4, topology="switch", capacity="64 MiB", bandwidth="50 GB/s", latency="1 us")
-    spec = RequestSpec(Arrivals("poisson", rate=200.0), Lengths("uniform", low=20, high=300),
-                       Lengths("uniform", low=2, high=60), 100)
-    case = ServeCase(model, spec, 0, parse_constraints("ttft_p99=50ms,tbt_p99=10ms"), (), goodput=False)
-    settings = ServeSearchSettings(objective="gpus", generations=2, max_simulations=4, population=4, max_pp=1,
-                                   schedulers=("chunked",), max_num_seqs=(64,), max_batched_tokens=(512,),
-                                   block_sizes=(16,), seed_with_grid=False)
-    result = mars_serve(case, system, RooflineCost(), settings)
+    result = small_moe_serving_search("moe:layers=3,hidden=256,heads=8,kv_heads=4,ffn=768,expert_ffn=128,"
+                                      "experts=8,top_k=3,shared_experts=2,dense_layers=1,vocab=2000")
     pools = [p for c in result.candidates for p in c.plan.pools]
     assert all(p.ep in (1, p.tp) for p in pools)
     assert {p.ep > 1 for p in pools if p.tp > 1} == {True, False}

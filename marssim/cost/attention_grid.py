@@ -99,34 +99,28 @@ class _Slice:
 
     def along_keys(self, h: int, b: int, s: int) -> float | None:
         keys, values = self.tree[h][b]
-        got = _bracket(keys, s)
-        if got is None:
-            return None
-        return sum(w * values[v] for v, w in got)
+        return _blend(keys, s, values.__getitem__)
 
     def along_seqs(self, h: int, b: int, s: int) -> float | None:
-        got = _bracket(self.seqs[h], b)
-        if got is None:
-            return None
-        total = 0.0
-        for v, w in got:
-            lt = self.along_keys(h, v, s)
-            if lt is None:
-                return None
-            total += w * lt
-        return total
+        return _blend(self.seqs[h], b, lambda v: self.along_keys(h, v, s))
 
     def value(self, h: int, b: int, s: int) -> float | None:
-        got = _bracket(self.heads, h)
-        if got is None:
+        return _blend(self.heads, h, lambda v: self.along_seqs(v, b, s))
+
+
+def _blend(axis: tuple[int, ...], x: int, inner) -> float | None:
+    """The weighted sum of ``inner(v)`` over the grid values ``v`` of ``axis`` that bracket ``x``
+    (:func:`_bracket`); None outside the axis or where ``inner`` has no value."""
+    got = _bracket(axis, x)
+    if got is None:
+        return None
+    total = 0.0
+    for v, w in got:
+        lt = inner(v)
+        if lt is None:
             return None
-        total = 0.0
-        for v, w in got:
-            lt = self.along_seqs(v, b, s)
-            if lt is None:
-                return None
-            total += w * lt
-        return total
+        total += w * lt
+    return total
 
 
 def _bracket(axis: tuple[int, ...], v: int) -> list[tuple[int, float]] | None:
