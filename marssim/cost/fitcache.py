@@ -19,25 +19,15 @@ import hashlib
 from collections.abc import Sequence
 from pathlib import Path
 
-from marssim.cachedir import entries_enabled, read_entry, user_cache_dir, write_entry
+from marssim.cachedir import entries_enabled, read_entry, write_entry
 
-__all__ = ["FIT_VERSION", "cached_table", "enabled", "fit_key", "fits_dir", "load_fits", "store_fits"]
+__all__ = ["FIT_VERSION", "cached_table", "fit_key", "load_fits", "store_fits"]
 
 FIT_VERSION = 1
 """The version of the fitting code (:mod:`.calibrated`'s fit, :mod:`.residual`'s correction):
 raise it with any change to what they compute, so that no stale entry is read."""
 
 _ROW_FIELDS: tuple[str, ...] | None = None
-
-
-def enabled() -> bool:
-    """Whether fits are read from and written to disk (``MARSSIM_NO_FIT_CACHE`` unset or 0)."""
-    return entries_enabled()
-
-
-def fits_dir() -> Path:
-    """The folder of the entries."""
-    return user_cache_dir() / "fits"
 
 
 def fit_key(rows: Sequence, peaks: dict[str, float] | None, device: str, stack: str | None) -> str:
@@ -74,7 +64,7 @@ def cached_table(path: str | Path, load):
     """``load(path)`` (a calibration table's parse, :func:`marssim.cost.calibrated.load_table`),
     read from the cache when this file's name and bytes were parsed before by this code (a table
     that does not parse raises as ``load`` does, and is not kept)."""
-    if not enabled():
+    if not entries_enabled():
         return load(path)
     try:
         data = Path(path).read_bytes()
