@@ -73,6 +73,42 @@ class _Layout(NamedTuple):
         return tuple(_Holder(d, box, r) for (d, box), r in zip(self.sig, self.ready))
 
 
+class _Flow(NamedTuple):
+    """A point-to-point piece of a re-distribution: holder ``holder`` sends ``nbytes`` bytes to
+    device ``destination``."""
+
+    holder: int
+    destination: str
+    nbytes: float
+
+
+@dataclass(frozen=True, slots=True)
+class _GatherMove:
+    """A split tensor needed whole by exactly its holders: an all-gather over ``devices`` of
+    ``chunks`` bytes each, ``total`` bytes in all."""
+
+    devices: tuple[str, ...]
+    chunks: list[float]
+    total: float
+
+
+@dataclass(frozen=True, slots=True)
+class _DirectMove:
+    """Any other re-distribution: per needing device (``order``) what it already holds
+    (``local``: (device, holder index)) and the ``flows`` of more than 0 bytes, recorded as one
+    collective of ``kind`` over ``devices`` moving ``total`` bytes (``any_flow``: whether there was
+    any flow, empty ones included), ``block`` the flows as a :class:`TransferBlock`."""
+
+    order: tuple[str, ...]
+    local: tuple[tuple[str, int], ...]
+    flows: tuple[_Flow, ...]
+    kind: str
+    devices: tuple[str, ...]
+    total: float
+    any_flow: bool
+    block: TransferBlock
+
+
 @dataclass(frozen=True, slots=True)
 class _Sharded:
     """An op split over a set: the device of each shard, whether shards hold partial sums, the
@@ -506,30 +542,26 @@ class _Lowering:
         plan = self.cache.moves.get(key)
         if plan is None:
             plan = self.cache.moves[key] = _move_plan(layout, needs, self.latency, self.system)
-        if plan[0] == "all_gather":
-            _, holder_devs, chunks, total = plan
-            done = self._emit("all_gather", holder_devs, chunks, list(ready), total, op_name, mb)
-            return {d: done[i] for i, d in enumerate(holder_devs)}
-        _, order, local, flows, kind, devices, total, any_flow, block = plan
-        result: dict[str, list[int]] = {dev: [] for dev in order}
-        for dev, hi in local:
+        if isinstance(plan, _GatherMove):
+            done = self._emit("all_gather", plan.devices, plan.chunks, list(ready), plan.total, op_name, mb)
+            return {d: done[i] for i, d in enumerate(plan.devices)}
+        result: dict[str, list[int]] = {dev: [] for dev in plan.order}
+        for dev, hi in plan.local:
             result[dev].extend(ready[hi])
-        if any_flow:
-            coll = self.b.add_collective(Collective(kind, "direct", devices, total, op_name, 1))
-            if flows:
-                first = emit_flows(self.b, block, ready, coll, op_name, mb)
-                for k, (_, dst, _) in enumerate(flows):
-                    result[dst].append(first + k)
+        if plan.any_flow:
+            coll = self.b.add_collective(Collective(plan.kind, "direct", plan.devices, plan.total, op_name, 1))
+            if plan.flows:
+                first = emit_flows(self.b, plan.block, ready, coll, op_name, mb)
+                for k, flow in enumerate(plan.flows):
+                    result[flow.destination].append(first + k)
         return {d: _unique(v) for d, v in result.items()}
 
 
-def _move_plan(layout: _Layout, needs, latency, system: System) -> tuple:
+def _move_plan(layout: _Layout, needs, latency, system: System) -> _GatherMove | _DirectMove:
     """How to bring each needed region from ``layout`` to its device, as indices into the
-    holders (so one plan serves every lowering with the same layout and needs):
-    ``("all_gather", devices, chunks, total bytes)`` when a split tensor is needed whole by
-    exactly its holders; else ``("direct", need devices in order, local deps (device, holder),
-    flows of more than 0 bytes (holder, destination, bytes), collective kind, devices, total
-    bytes, whether there was any flow, the flows as a :class:`TransferBlock`)``."""
+    holders (so one plan serves every lowering with the same layout and needs): a
+    :class:`_GatherMove` when a split tensor is needed whole by exactly its holders, else a
+    :class:`_DirectMove`."""
     eb = layout.elem_bytes
     full = full_box(layout.shape)
     holders = layout.holders
@@ -539,10 +571,10 @@ def _move_plan(layout: _Layout, needs, latency, system: System) -> tuple:
     if (not layout.replicated and len(holders) > 1 and set(need_devs) == set(holder_devs)
             and len(need_devs) == len(holder_devs) and all(box == full for _, box in needs)):
         chunks = [float(box_elems(h.box) * eb) for h in holders]
-        return ("all_gather", holder_devs, chunks, float(box_elems(full) * eb))
+        return _GatherMove(holder_devs, chunks, float(box_elems(full) * eb))
     order: dict[str, None] = {}
     local: list[tuple[str, int]] = []
-    flows: list[tuple[int, str, float]] = []
+    flows: list[_Flow] = []
     for dev, need in needs:
         order.setdefault(dev, None)
         here = next((i for i, h in enumerate(holders) if h.device == dev and intersect(h.box, need) == need), None)
@@ -560,15 +592,15 @@ def _move_plan(layout: _Layout, needs, latency, system: System) -> tuple:
             if h.device == dev:
                 local.append((dev, i))
             else:
-                flows.append((i, dev, float(box_elems(common) * eb)))
+                flows.append(_Flow(i, dev, float(box_elems(common) * eb)))
     kind, devices, total = "", (), 0.0
     if flows:
         kind = _classify(holders, needs, full)
-        devices = tuple(dict.fromkeys([holders[i].device for i, _, _ in flows] + [dst for _, dst, _ in flows]))
-        total = float(sum(nbytes for _, _, nbytes in flows))
-    moved = tuple(f for f in flows if f[2] > 0)
-    return ("direct", tuple(order), tuple(local), moved, kind, devices, total, bool(flows),
-            flow_block(system, holder_devs, moved))
+        devices = tuple(dict.fromkeys([holders[f.holder].device for f in flows] + [f.destination for f in flows]))
+        total = float(sum(f.nbytes for f in flows))
+    moved = tuple(f for f in flows if f.nbytes > 0)
+    return _DirectMove(tuple(order), tuple(local), moved, kind, devices, total, bool(flows),
+                       flow_block(system, holder_devs, moved))
 
 
 def expand_collective(builder: TaskGraphBuilder, kind: str, algorithm: str, devices: tuple[str, ...], steps,
