@@ -173,3 +173,30 @@ def test_the_settings_read_back_and_refuse_what_does_not_apply():
     with pytest.raises(InputError, match="engine.*none, vllm, sglang, trtllm"):
         parse_pool("replicas=1,tp=1,engine=tgi")
     assert replace(pool.scheduler, engine="none").overlap is False  # the setting stays, unused without an engine
+
+
+@pytest.mark.parametrize("pp,tp_comm", [(2, "closed"), (1, "network")])
+def test_the_host_time_falls_on_the_first_stage_and_on_the_network_path(pp, tp_comm, dgx, cost):
+    model = load_model("llama3-8b")
+
+    def lone(**sched):
+        dep = Deployment((Pool(replicas=1, tp=2, pp=pp, scheduler=SchedulerConfig(**sched)),), tp_comm=tp_comm)
+        pr = simulate_serving(dep, model, dgx, cost, Requests.of([0.0], [200], [6])).per_request
+        return float(pr["first_token_s"][0]), float((pr["finish_s"][0] - pr["first_token_s"][0]) / 5)
+
+    ttft0, tpot0 = lone()
+    ttft, tpot = lone(engine="vllm", host_overlap="false")
+    assert tpot - tpot0 == pytest.approx(_cpu(1, True), rel=1e-9)
+    assert ttft - ttft0 == pytest.approx(_cpu(1, True), rel=1e-9)
+
+
+def test_the_screen_times_an_iteration_with_the_same_host_time(dgx, cost):
+    from marssim.serve.screen import _times
+
+    im = iteration_model(load_model("llama3-8b"), dgx, (("gpu0",),), cost)
+    sched = SchedulerConfig(engine="trtllm", host_overlap="false")
+    host = host_time("trtllm", True, im, False)
+    for b in (1, 40, 64):
+        gpu = im.stage_times((b, 1), (0, 0), (), b, b * 300, b)[0]
+        assert _times(im, dgx, sched).decode(b, 300)[0] == host.step(gpu, b, True)
+        assert _times(im, dgx).decode(b, 300)[0] == gpu
