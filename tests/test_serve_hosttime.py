@@ -200,3 +200,20 @@ def test_the_screen_times_an_iteration_with_the_same_host_time(dgx, cost):
         gpu = im.stage_times((b, 1), (0, 0), (), b, b * 300, b)[0]
         assert _times(im, dgx, sched).decode(b, 300)[0] == host.step(gpu, b, True)
         assert _times(im, dgx).decode(b, 300)[0] == gpu
+
+
+def test_engine_none_and_a_hidden_host_leave_a_busy_run_bit_identical(dgx, cost):
+    model = load_model("llama3-8b")
+    reqs = Requests.of([0.0, 0.01, 0.02, 0.05, 0.08, 0.3], [300, 120, 700, 64, 500, 200], [20, 9, 14, 30, 5, 12])
+
+    def run(**sched):
+        dep = Deployment((Pool(replicas=1, tp=1, scheduler=SchedulerConfig(kind="chunked", max_batched_tokens=512,
+                                                                          **sched)),))
+        return simulate_serving(dep, model, dgx, cost, reqs).per_request
+
+    base = run()
+    for other in (run(engine="none"), run(engine="vllm")):  # vLLM overlaps: its host hides under these steps
+        for col in ("first_token_s", "finish_s"):
+            assert np.array_equal(other[col], base[col])
+    slower = run(engine="vllm", host_overlap="false")
+    assert (slower["finish_s"] > base["finish_s"]).all()
