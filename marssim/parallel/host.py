@@ -61,11 +61,14 @@ def launch_seconds(device: str | None, stack: str | None) -> float:
     docstring); 0 where the shipped host-overhead tables have no such measurement."""
     if not device:
         return 0.0
+    from marssim.cost.engine_host import ENGINE_TABLE
     from marssim.cost.host_overheads import load_host_overheads
     from marssim.data import host_overheads
 
     per_kernel = []
     for path in sorted(host_overheads().glob("*.csv")):
+        if path.name == ENGINE_TABLE:  # the engines' settings, not a per-device table
+            continue
         for r in load_host_overheads(path):
             if r.device.lower() != device.lower() or (stack and r.stack != stack):
                 continue

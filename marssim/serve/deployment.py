@@ -41,6 +41,17 @@ pool setting                  meaning (the engines' own names where they have on
 ``spec_layers``               blocks of one draft head pass (``spec_method=mtp``; 1)
 ``spec_k``                    tokens proposed per step (vLLM ``num_speculative_tokens``)
 ``spec_alpha``                probability that a proposed token is accepted (each, independently)
+``engine``                    whose host time an iteration pays (:mod:`.hosttime`): ``none``
+                              (default: the GPU's time alone), ``vllm``, ``sglang``, ``trtllm``
+                              (scheduling, inputs, sampling and output processing on the host,
+                              the kernels' launches; overlapped with the GPU as the engine does)
+``cuda_graphs``               decode iterations of a captured batch size replay one CUDA graph
+                              (``true``, default; the engine's capture sizes) or launch every
+                              kernel (``false``, vLLM ``--enforce-eager``); given with an engine
+``host_overlap``              ``auto`` (default: the engine's own, every shipped engine overlaps),
+                              ``true`` or ``false`` (vLLM ``--no-async-scheduling``, SGLang
+                              ``--disable-overlap-schedule``, TensorRT-LLM
+                              ``disable_overlap_scheduler``); given with an engine
 ============================  ===================================================================
 
 Deployment settings: ``router`` (``round_robin``, ``least_tokens``: the replica with the fewest
@@ -69,6 +80,8 @@ ROLES = ("both", "prefill", "decode")
 TP_COMM = ("closed", "network")
 PREEMPTION = ("recompute", "swap")
 SPEC_METHODS = ("none", "draft", "mtp")
+HOST_ENGINES = ("none", "vllm", "sglang", "trtllm")
+HOST_OVERLAP = ("auto", "true", "false")
 
 
 def bytes_text(n: float) -> str:
@@ -101,6 +114,14 @@ class SchedulerConfig:
     spec_layers: int = 1
     spec_k: int = 0
     spec_alpha: float = -1.0  # unset
+    engine: str = "none"
+    cuda_graphs: bool = True
+    host_overlap: str = "auto"
+
+    @property
+    def overlap(self) -> bool | None:
+        """Whether the engine's host work overlaps the GPU's (None: the engine's own)."""
+        return None if self.host_overlap == "auto" else self.host_overlap == "true"
 
     @property
     def speculative(self) -> bool:
@@ -196,10 +217,10 @@ class Deployment:
 _POOL_INT = ("replicas", "tp", "pp", "ep")
 _SCHED_INT = ("max_num_seqs", "max_batched_tokens", "block_size")
 _SCHED_FLOAT = ("watermark", "gpu_memory_utilization")
-_SCHED_BOOL = ("mixed", "prefix_caching")
+_SCHED_BOOL = ("mixed", "prefix_caching", "cuda_graphs")
 _SPEC_KEYS = ("spec_method", "spec_model", "spec_layers", "spec_k", "spec_alpha")
 POOL_KEYS = ("role", "replicas", "tp", "pp", "ep", "gpu", "scheduler") + _SCHED_INT + _SCHED_FLOAT + _SCHED_BOOL + \
-    ("preemption", "swap_space") + _SPEC_KEYS
+    ("preemption", "swap_space") + _SPEC_KEYS + ("engine", "host_overlap")
 
 
 def _int(value: Any, where: str, key: str, low: int = 1, high: int = 1 << 30) -> int:
@@ -285,6 +306,10 @@ def pool_from_dict(data: dict, where: str, prefix: str = "") -> Pool:
                 raise InputError(where, path, str(err)) from None
         elif key == "spec_method":
             sched[key] = _choice(value, where, path, SPEC_METHODS)
+        elif key == "engine":
+            sched[key] = _choice(value, where, path, HOST_ENGINES)
+        elif key == "host_overlap":
+            sched[key] = _choice(str(value).lower() if isinstance(value, bool) else value, where, path, HOST_OVERLAP)
         elif key == "spec_model":
             sched[key] = str(value).strip()
         elif key == "spec_layers":
@@ -297,6 +322,10 @@ def pool_from_dict(data: dict, where: str, prefix: str = "") -> Pool:
     if "swap_space" in sched and cfg.preemption != "swap":
         raise InputError(where, prefix + "swap_space", f"applies to preemption=swap (host memory for swapped "
                                                        f"blocks), got preemption={cfg.preemption}, which swaps nothing")
+    for key in ("cuda_graphs", "host_overlap"):
+        if key in sched and cfg.engine == "none":
+            raise InputError(where, prefix + key, "applies with an engine (engine=vllm, sglang or trtllm); "
+                                                  "engine=none models no host time")
     if cfg.mixed and cfg.kind != "continuous":
         raise InputError(where, prefix + "mixed", f"applies to scheduler=continuous, got scheduler={cfg.kind}")
     out = Pool(scheduler=cfg, **pool)

@@ -15,8 +15,10 @@ cache's blocks, so up to ``pp`` iterations are in flight, one per stage. An iter
 3. at the end of the last stage the sampled tokens exist (their time is the token's time); with
    ``pp > 1`` they go back to the first stage before that engine's next iteration.
 
-The engine does not wait for anything between iterations (no scheduler or sampling overhead on
-the host is modelled).
+With a pool's ``engine`` other than ``none`` the first stage's time is the iteration's with the
+host's work (:mod:`.hosttime`: scheduling, inputs, sampling, output processing and the kernels'
+launches, overlapped with the GPU as the engine does); with ``none`` the engine does not wait for
+anything between iterations.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import numpy as np
 import simpy
 
 from .fabric import Fabric
+from .hosttime import HostTime
 from .itermodel import IterationModel
 from .kvcache import BlockManager
 from .schedulers import Scheduler, Work
@@ -87,6 +90,7 @@ class VirtualEngine:
         timeout = env.timeout
         pp = model.pp
         record = rep.recorder.iteration
+        host = rep.host
         while True:
             work = sched.schedule(env.now)
             if work is None:
@@ -101,17 +105,27 @@ class VirtualEngine:
                 spec = rep.spec
                 drafting = spec.draft_time(work)
                 shape = spec.verify_shape(work)
+                seqs = len(work.prefills) + len(work.decodes)
                 if rep.tp_network:
+                    part = model.stage_parts(*shape)[0]
+                    if host is not None:
+                        gpu = drafting + part[0]
+                        yield timeout(host.step(gpu, seqs, not work.prefills) - gpu)
                     yield timeout(drafting)
-                    yield from rep.stage_on_network(0, model.stage_parts(*shape)[0])
+                    yield from rep.stage_on_network(0, part)
+                elif host is not None:
+                    yield timeout(host.step(drafting + model.stage_times(*shape)[0], seqs, not work.prefills))
                 else:
                     yield timeout(drafting + model.stage_times(*shape)[0])
                 rep.recorder.spec_time(drafting, env.now - start - drafting)
                 tokens = 0
             elif work.prefills or work.decodes:
                 shape, tokens = batch_shape(work)
+                seqs = len(work.prefills) + len(work.decodes)
                 if rep.tp_network:
                     for s, part in enumerate(model.stage_parts(*shape)):
+                        if s == 0 and host is not None:  # the host's time beyond the stage's compute
+                            yield timeout(host.step(part[0], seqs, not work.prefills) - part[0])
                         if pp > 1:
                             held = rep.stages[s].request()
                             yield held
@@ -121,9 +135,12 @@ class VirtualEngine:
                             if s < pp - 1:
                                 yield rep.pipeline_send(s, tokens)
                 elif pp == 1:
-                    yield timeout(model.stage_times(*shape)[0])
+                    gpu = model.stage_times(*shape)[0]
+                    yield timeout(gpu if host is None else host.step(gpu, seqs, not work.prefills))
                 else:
                     times = model.stage_times(*shape)
+                    if host is not None:
+                        times = (host.step(times[0], seqs, not work.prefills),) + tuple(times[1:])
                     for s in range(pp):
                         with rep.stages[s].request() as held:
                             yield held
@@ -148,9 +165,11 @@ class Replica:
 
     def __init__(self, env: simpy.Environment, index: int, pool: int, role: str, stages: tuple[tuple[str, ...], ...],
                  model: IterationModel, cfg, blocks: int, swap_blocks: int, block_bytes: tuple[float, ...],
-                 fabric: Fabric, recorder, cluster, tp_network: bool = False, spec=None, seed: int = 0) -> None:
+                 fabric: Fabric, recorder, cluster, tp_network: bool = False, spec=None, seed: int = 0,
+                 host: HostTime | None = None) -> None:
         """``spec``: the :class:`~.speculative.SpecTimer` of a pool that decodes speculatively
-        (its acceptances drawn from a generator seeded by ``seed``, the replica and the engine)."""
+        (its acceptances drawn from a generator seeded by ``seed``, the replica and the engine);
+        ``host``: the engine's host time per iteration (None: none)."""
         self.env = env
         self.index = index
         self.pool = pool
@@ -171,6 +190,7 @@ class Replica:
         per = blocks // pp
         swap_per = swap_blocks // pp
         self.spec = spec
+        self.host = host
         for v in range(pp):
             bm = BlockManager(per, cfg.block_size, cfg.watermark, swap_per)
             accept = None

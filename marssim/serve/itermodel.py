@@ -273,6 +273,23 @@ class IterationModel:
         """The GPU design of ``stage``."""
         return self._designs[stage]
 
+    def kernels(self, stage: int, prefill: bool) -> int:
+        """Kernels ``stage`` launches in an iteration (views launch none): per block its token-wise
+        ops, attention core and experts (the KV-cache write too when the iteration has prefill
+        tokens), and two all-reduces with tensor parallelism; the embedding on the first stage,
+        the head on the last."""
+        def count(piece: _Piece) -> int:
+            return sum(1 for _, rule in piece.ops if not rule.alias)
+
+        per = count(self._attention) + (count(self._kv_write) if prefill else 0) + (2 if self.tp > 1 else 0)
+        dense, main = self.stage_blocks[stage]
+        total = main * (per + count(self._tokens) + count(self._experts)) + dense * (per + count(self._dense_tokens))
+        if stage == 0:
+            total += count(self._embed)
+        if stage == self.pp - 1:
+            total += count(self._head)
+        return total
+
     # ------------------------------------------------------------------ the shape of a batch
     def stage_times(self, tokens: tuple[int, int], prefill_tokens: tuple[int, int],
                     prefill_groups: tuple[tuple[int, int, int], ...], decodes: int, decode_context: int,

@@ -148,6 +148,10 @@ def _vllm(p: int, pool: Pool, model: TransformerConfig, source: str) -> LaunchCo
     ]
     if pool.ep > 1:
         args.append(("--enable-expert-parallel", ""))
+    if cfg.engine != "none" and not cfg.cuda_graphs:
+        args.append(("--enforce-eager", ""))
+    if cfg.engine != "none" and cfg.overlap is not None:
+        args.append(("--async-scheduling" if cfg.overlap else "--no-async-scheduling", ""))
     notes = _common_notes(pool, "vllm")
     if cfg.preemption == "swap":
         args.append(("--swap-space", f"{cfg.swap_space / 2**30:g}"))
@@ -190,6 +194,10 @@ def _sglang(p: int, pool: Pool, model: TransformerConfig, source: str) -> Launch
         args.append(("--disable-radix-cache", ""))
     if cfg.mixed:
         args.append(("--enable-mixed-chunk", ""))
+    if cfg.engine != "none" and not cfg.cuda_graphs:
+        args.append(("--disable-cuda-graph", ""))
+    if cfg.engine != "none" and cfg.overlap is False:
+        args.append(("--disable-overlap-schedule", ""))
     notes = _common_notes(pool, "sglang")
     if cfg.preemption == "swap":
         notes.append("preemption=swap has no SGLang setting (it recomputes)")

@@ -67,6 +67,7 @@ from marssim.system import System
 from marssim.workload.llm.config import TransformerConfig
 
 from .deployment import Deployment, Pool, check_deployment
+from .hosttime import HostTime, host_time, shape_sequences
 from .itermodel import IterationModel
 from .memory import replica_memory
 from .requests import Requests
@@ -157,8 +158,9 @@ def _wait(load: float, service: float, q: float, servers: int = 1) -> float:
 class _Times:
     """An iteration model's latencies and periods for the shapes the screen asks, memoised."""
 
-    def __init__(self, im: IterationModel, system: System) -> None:
+    def __init__(self, im: IterationModel, system: System, host: HostTime | None = None) -> None:
         self.im = im
+        self.host = host
         self.pp = im.pp
         self.memo: dict[tuple, tuple[float, float]] = {}
         cap = system.resource_capacity
@@ -174,6 +176,9 @@ class _Times:
         hit = self.memo.get(key)
         if hit is None:
             times = self.im.stage_times(*shape)
+            if self.host is not None:  # the engine's host time on the first stage
+                seqs, decode_only = shape_sequences(shape)
+                times = (self.host.step(times[0], seqs, decode_only),) + tuple(times[1:])
             lat = float(sum(times))
             if self.pp > 1:
                 for s in range(self.pp - 1):
@@ -209,12 +214,16 @@ class _Times:
 _TIMES: dict[int, tuple[IterationModel, _Times]] = {}
 
 
-def _times(im: IterationModel, system: System) -> _Times:
-    hit = _TIMES.get(id(im))
+def _times(im: IterationModel, system: System, sched=None) -> _Times:
+    """The memoised times of ``im`` with the host time of the engine of ``sched`` (a
+    :class:`~.deployment.SchedulerConfig`; None: no host)."""
+    engine = ("none", True, None) if sched is None else (sched.engine, sched.cuda_graphs, sched.overlap)
+    key = (id(im), engine)
+    hit = _TIMES.get(key)
     if hit is None or hit[0] is not im:
         if len(_TIMES) >= 64:
             _TIMES.clear()
-        hit = _TIMES[id(im)] = (im, _Times(im, system))
+        hit = _TIMES[key] = (im, _Times(im, system, host_time(*engine[:2], im, engine[2])))
     return hit[1]
 
 
@@ -590,7 +599,7 @@ class DeploymentScreen:
         self.rejected = 0
         for (p, _), (im, pool, capacity, count) in classes.items():
             mem = replica_memory(im, pool.scheduler, capacity, where=f"pools[{p}]")
-            eng = _Engine(_times(im, system), pool, mem.blocks, stats, count)
+            eng = _Engine(_times(im, system, pool.scheduler), pool, mem.blocks, stats, count)
             self.engines.append(eng)
         self.kv = None
         if deployment.disaggregated:

@@ -36,6 +36,7 @@ from .deployment import Deployment, Pool, check_deployment
 from .disagg import kv_plan
 from .engine import Replica
 from .fabric import Fabric
+from .hosttime import host_time
 from .itermodel import IterationModel
 from .memory import ReplicaMemory, replica_memory
 from .metrics import ITERATION_COLUMNS, SLO, ConstraintsMissed, Recorder, WatchedRecorder, summarise
@@ -162,7 +163,9 @@ class _Cluster:
             index = len(self.replicas)
             rep = Replica(env, index, p, pool.role, stages, im, pool.scheduler, mem.blocks, swap,
                           tuple(mem.block_bytes(s) for s in range(pool.pp)), fabric, recorder, self,
-                          tp_network=deployment.tp_comm == "network", spec=spec, seed=seed)
+                          tp_network=deployment.tp_comm == "network", spec=spec, seed=seed,
+                          host=host_time(pool.scheduler.engine, pool.scheduler.cuda_graphs, im,
+                                         pool.scheduler.overlap))
             self.replicas.append(rep)
             self.infos.append(ReplicaInfo(index, p, pool.role, stages, design, mem))
         front = [r for r in self.replicas if r.role in ("both", "prefill")]
