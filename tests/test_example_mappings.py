@@ -20,7 +20,7 @@ EXAMPLES = sorted((topologies_dir() / "mappings").glob("*.yaml"))
 
 def test_every_shipped_topology_has_an_example_mapping() -> None:
     topologies = {p.stem for p in shipped_systems()}
-    covered = {yaml.safe_load(p.read_text())["system"].split(":")[0] for p in EXAMPLES}  # parameters after ':' 
+    covered = {yaml.safe_load(p.read_text())["system"].split(":")[0] for p in EXAMPLES}  # parameters after ':'
     assert topologies <= covered, f"no example mapping for {sorted(topologies - covered)}"
 
 

@@ -57,7 +57,9 @@ so a weight-gradient GEMM takes the ``wgrad`` row of its shape and a fused atten
 (``attention=flash``) the ``flash`` row of its own, never a row of the unfused products; a
 gradient kernel whose shape has no row of its phase takes the ``fwd`` row of the same shape
 (:func:`lookup_keys`: a GEMM's gradient is a GEMM of that shape, and tables measured before
-the phases were kept time training graphs as before). The efficiency curves are fitted on the
+the phases were kept time training graphs as before), except a fused attention backward, which
+without a row of its own is its measured (or interpolated) forward twin times the published
+ratio of the two (:mod:`marssim.cost.attention_backward`, ``OpCost.model == "derived"``). The efficiency curves are fitted on the
 forward rows of the unfused kernels only -- rows of phase ``fwd`` without a fused attention
 backend (:meth:`KernelTable.groups`) -- so every other shape of a kind, gradients included, is
 timed by its kind's forward curve: gradient GEMMs are GEMMs of their view. A fused attention
@@ -279,11 +281,13 @@ def lookup_keys(key: tuple) -> tuple[tuple, ...]:
     tables measured before the geometry columns existed); for a kernel of another phase than
     ``fwd``, the same shapes of phase ``fwd`` (a gradient GEMM is a GEMM of its view; tables
     without gradient rows). The backend is never relaxed: a fused attention kernel never takes
-    a row of the unfused products, nor one backend another's."""
+    a row of the unfused products, nor one backend another's; nor is a fused attention kernel's
+    phase (its backward is no forward kernel of another shape:
+    :mod:`marssim.cost.attention_backward` derives it from its forward twin)."""
     keys = [key]
     if key[KEY_GEOMETRY]:
         keys.append((*key[:KEY_GEOMETRY], (), *key[KEY_GEOMETRY + 1:]))
-    if key[KEY_PHASE] != "fwd":
+    if key[KEY_PHASE] != "fwd" and not key[KEY_PHASE + 1]:
         keys += [(*k[:KEY_PHASE], "fwd", *k[KEY_PHASE + 1:]) for k in keys]
     return tuple(keys)
 

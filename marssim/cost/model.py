@@ -10,7 +10,8 @@ rs, nvdla,          ``loopmap-rs/nvdla/shidiannao``   :mod:`marssim.cost.loopmap
 shidiannao                                            NVDLA, ShiDianNao)
 gpu                 ``gpu-roofline`` / ``fitted``     :mod:`marssim.cost.gpu`,
                     / ``measured`` /                  :mod:`marssim.cost.calibrated`,
-                    ``interpolated``                  :mod:`marssim.cost.attention_grid`
+                    ``interpolated`` /                :mod:`marssim.cost.attention_grid`,
+                    ``derived``                       :mod:`marssim.cost.attention_backward`
 (non-GEMM ops on    ``bandwidth``                     :mod:`marssim.cost.bandwidth`
  PE arrays)
 ==================  ================================  ==========================================
@@ -55,6 +56,7 @@ from marssim.system.design import DATAFLOWS, SYSTOLIC_DATAFLOWS
 from marssim.workload import Op
 
 from . import fitcache
+from .attention_backward import forward_twin, twin_ratio
 from .attention_grid import AttentionGrid, op_seconds, row_entries
 from .bandwidth import stream_op
 from .base import OpCost
@@ -206,6 +208,7 @@ class DataflowCost:
         self._matrix_n = 0
         self._measured_cols: dict[int, np.ndarray] = {}
         self._between_cols: dict[int, np.ndarray] = {}
+        self._derived_cols: dict[int, np.ndarray] = {}
         self._grids: dict[tuple, AttentionGrid] = {}
         self._factor_cols: dict[int, np.ndarray] = {}
 
@@ -574,13 +577,16 @@ class DataflowCost:
                 t_measured = _lookup(d.gpu.measured, x) if d.gpu.measured else None
                 t_between = None if t_measured is not None or d.gpu.attention is None else \
                     op_seconds(d.gpu.attention, x)
+                t_derived = None if t_measured is not None or t_between is not None else _derived(d.gpu, x)
                 if t_measured is not None:  # the curve's compute/memory split is kept as the breakdown
                     t, model = t_measured, "measured"
                 elif t_between is not None:  # between measured fused attention kernels
                     t, model = t_between, "interpolated"
+                elif t_derived is not None:  # a fused attention backward from its measured forward
+                    t, model = t_derived, "derived"
                 elif d.gpu.any_correction and d.gpu.corrections[kernel][dt] is not None:
                     t = t * float(d.gpu.correction_factors([x])[0])
-            if cls == CLASS_GEMM and model not in ("measured", "interpolated"):  # no curve past the best throughput
+            if cls == CLASS_GEMM and model not in ("measured", "interpolated", "derived"):  # no curve past the best
                 t = max(t, x[F_FLOPS] / d.gpu.ceilings[kernel, dt])
             peak = 0.5 * d.gpu.peaks[dt]
         else:
@@ -658,6 +664,10 @@ class DataflowCost:
             if gemm.any():
                 floor = matrix[F_FLOPS][fids] / d.gpu.ceilings[matrix[F_KERNEL][fids], matrix[F_DTYPE][fids]]
                 out[gemm] = np.maximum(out[gemm], floor[gemm])
+        if code is Dataflow.GPU and (d.gpu.measured or d.gpu.attention is not None):
+            derived = self._derived_column(did)[fids]
+            hit = ~np.isnan(derived)
+            out[hit] = derived[hit]
         if code is Dataflow.GPU and d.gpu.attention is not None:
             between = self._between_column(did)[fids]
             hit = ~np.isnan(between)
@@ -680,6 +690,21 @@ class DataflowCost:
             new = np.array([_or_nan(op_seconds(gpu.attention, x)) for x in self._rows[done:n]], dtype=np.float64)
             col = new if col is None else np.concatenate([col, new])
             self._between_cols[did] = col
+        return col
+
+    def _derived_column(self, did: int) -> np.ndarray:
+        """Seconds of every interned fused attention backward shape on GPU design ``did`` derived
+        from its measured or interpolated forward twin (NaN: not such a shape, or no forward
+        time; measured and interpolated shapes are replaced afterwards), extended as shapes are
+        interned."""
+        col = self._derived_cols.get(did)
+        n = len(self._rows)
+        done = 0 if col is None else len(col)
+        if done < n:
+            gpu = self._dparams[did].gpu
+            new = np.array([_or_nan(_derived(gpu, x)) for x in self._rows[done:n]], dtype=np.float64)
+            col = new if col is None else np.concatenate([col, new])
+            self._derived_cols[did] = col
         return col
 
     def _measured_column(self, did: int) -> np.ndarray:
@@ -824,12 +849,25 @@ def _measured_code(x: tuple[int, ...]) -> tuple:
     return (x[F_KERNEL], x[F_DTYPE], 0, 0, 0, 0, x[F_FLOPS], x[F_TRAFFIC], (), x[F_PHASE], x[F_BACKEND])
 
 
+def _derived(gpu, x: tuple[int, ...]) -> float | None:
+    """Seconds of the fused attention backward op ``x`` from its forward twin's measured or
+    interpolated time (:mod:`marssim.cost.attention_backward`), None for any other op or where
+    the twin has neither."""
+    twin = forward_twin(x)
+    if twin is None:
+        return None
+    t = _lookup(gpu.measured, twin) if gpu.measured else None
+    if t is None and gpu.attention is not None:
+        t = op_seconds(gpu.attention, twin)
+    return None if t is None else t * twin_ratio(x)
+
+
 def _lookup(measured: dict, x: tuple[int, ...], default=None):
     """``measured``'s entry for feature tuple ``x``, in the order of
     :func:`~marssim.cost.calibrated.lookup_keys`: the row of its own shape code; for a
     convolution, a row of its GEMM shape without geometry (tables measured before the geometry
-    columns); for a gradient or other non-forward kernel, the same of phase ``fwd``; else
-    ``default``."""
+    columns); for a gradient or other non-forward kernel that is not a fused attention kernel,
+    the same of phase ``fwd``; else ``default``."""
     code = _measured_code(x)
     got = measured.get(code)
     if got is None:
@@ -837,7 +875,7 @@ def _lookup(measured: dict, x: tuple[int, ...], default=None):
         if code[8]:
             codes.append((*code[:8], (), *code[9:]))
             got = measured.get(codes[-1])
-        if got is None and code[9]:  # phase index 0 is fwd
+        if got is None and code[9] and not code[10]:  # phase index 0 is fwd; a fused kernel keeps its phase
             for c in codes:
                 got = measured.get((*c[:9], 0, c[10]))
                 if got is not None:

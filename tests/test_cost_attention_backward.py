@@ -1,0 +1,67 @@
+"""A fused attention backward kernel timed from its measured forward twin: the published ratio
+in closed form at its points and between them, the cost model's derived time on the shipped
+H100/H200/B200 tables (scalar and vectorised alike), and a fused kernel's phase never relaxed
+to a forward row of another shape."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from marssim.cost import default_cost_model
+from marssim.cost.attention_backward import BACKWARD_FLOP_RATIO, FA3_H100_BF16, backward_ratio
+from marssim.cost.calibrated import lookup_keys, shape_key
+from marssim.serve import load_model
+from marssim.system import load_system
+from marssim.workload.llm import build_transformer
+from marssim.workload.llm.config import with_overrides
+
+
+@pytest.mark.parametrize("head_dim", sorted(FA3_H100_BF16))
+def test_the_ratio_is_the_published_forward_over_backward_rate_at_each_point(head_dim):
+    for seq, (fwd, bwd) in FA3_H100_BF16[head_dim].items():
+        assert backward_ratio(head_dim, seq) == pytest.approx(BACKWARD_FLOP_RATIO * fwd / bwd, rel=1e-12)
+
+
+def test_the_ratio_between_points_is_linear_in_log_length_and_constant_outside():
+    row = FA3_H100_BF16[128]
+    r = {s: BACKWARD_FLOP_RATIO * f / b for s, (f, b) in row.items()}
+    mid = int(round(math.sqrt(2048 * 4096)))  # halfway in ln s
+    u = (math.log(mid) - math.log(2048)) / math.log(2)
+    assert backward_ratio(128, mid) == pytest.approx((1 - u) * r[2048] + u * r[4096], rel=1e-12)
+    assert backward_ratio(128, 64) == r[512] and backward_ratio(128, 1 << 20) == r[16384]
+    d = 96  # between the two head dimensions, linear in ln d
+    w = (math.log(96) - math.log(64)) / (math.log(128) - math.log(64))
+    assert backward_ratio(d, 4096) == pytest.approx((1 - w) * backward_ratio(64, 4096) + w * r[4096], rel=1e-12)
+    with pytest.raises(ValueError):
+        backward_ratio(0, 4096)
+
+
+def _attention_ops(seq: int):
+    """Llama 3 8B's fused attention of one training layer at ``seq`` tokens: forward, backward."""
+    cfg = with_overrides(load_model("llama3-8b"), mode="train", seq=seq, batch=1, layers=1, attention="flash")
+    graph = build_transformer(cfg)
+    return graph.op("layers.0.attn.core"), graph.op("layers.0.attn.core.grad")
+
+
+@pytest.mark.parametrize("system", ["dgx-h100-cluster:nodes=1", "dgx-h200-cluster:nodes=1", "dgx-b200-cluster:nodes=1"])
+@pytest.mark.parametrize("seq", [4096, 3000])
+def test_the_backward_is_its_forward_twin_times_the_ratio(system, seq):
+    """The forward op has the backward's queries, keys, heads and head dimension, so its time
+    (measured on the grid, interpolated off it) is the twin's."""
+    design = next(iter(load_system(system).designs.values()))
+    model = default_cost_model()
+    fwd, bwd = _attention_ops(seq)
+    f, b = model.op_cost(fwd, design), model.op_cost(bwd, design)
+    assert f.model == ("measured" if seq == 4096 else "interpolated")
+    assert b.model == "derived"
+    assert b.time == pytest.approx(f.time * backward_ratio(128, seq), rel=1e-12)
+    assert model.op_times([bwd, fwd], [design, design]).tolist() == [b.time, f.time]
+
+
+def test_a_fused_kernel_keeps_its_phase_while_a_gradient_gemm_takes_the_forward_row():
+    fused = shape_key("attention", "bf16", 256, 4096, 4096, 128, 0.0, 0.0, phase="bwd", backend="flash")
+    assert all(k[9] == "bwd" for k in lookup_keys(fused))
+    gemm = shape_key("gemm", "bf16", 1, 4096, 4096, 4096, 0.0, 0.0, phase="dgrad")
+    assert [k[9] for k in lookup_keys(gemm)] == ["dgrad", "fwd"]
