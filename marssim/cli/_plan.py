@@ -248,14 +248,17 @@ def progress_bar(args: argparse.Namespace, how: str):
         return
     from tqdm import tqdm
 
+    from marssim.progress import EstimateProgress, LoweringProgress, SimulationProgress
+
     bar = tqdm(total=0, desc="lowering", unit=" tasks", unit_scale=True, file=sys.stderr, leave=False)
     phase = {"name": "lowering"}
 
-    def update(info: dict) -> None:
-        name = "lowering" if "stage" in info and "total" in info else ("simulating" if how == "simulate"
-                                                                        else "estimating")
-        done = info.get("tasks_done", info.get("tasks", 0))
-        total = info.get("tasks", 0) if "tasks_done" in info else info.get("total", 0)
+    def update(event: LoweringProgress | SimulationProgress | EstimateProgress) -> None:
+        match event:
+            case LoweringProgress(tasks=done, total=total):
+                name = "lowering"
+            case SimulationProgress(tasks_done=done, tasks=total) | EstimateProgress(tasks_done=done, tasks=total):
+                name = "simulating" if how == "simulate" else "estimating"
         if name != phase["name"]:
             phase["name"] = name
             bar.reset(total=total)

@@ -12,6 +12,7 @@ A parallel configuration runs micro-batches: its graph is one micro-batch of the
 
 from __future__ import annotations
 
+import enum
 import hashlib
 from typing import Union
 
@@ -23,9 +24,17 @@ from marssim.specs import split_spec
 from marssim.system import System
 from marssim.workload import Graph, load_workload
 
-__all__ = ["Plan", "plan_key", "plan_text", "is_llm", "graph_for", "bind_parallel"]
+__all__ = ["Plan", "PlanKind", "plan_key", "plan_text", "is_llm", "graph_for", "bind_parallel"]
 
 Plan = Union[Mapping, ParallelConfig, Deployment]
+
+
+class PlanKind(enum.Enum):
+    """The kinds of plan (what each is: :data:`marssim.plan.kinds.KINDS`)."""
+
+    MAPPING = "mapping"
+    PARALLEL = "parallel"
+    DEPLOYMENT = "deployment"
 
 
 def plan_key(plan: Plan) -> str:
