@@ -41,10 +41,10 @@ import time
 from collections import Counter
 from collections.abc import Callable
 
-from marssim.progress import LoweringProgress
 from marssim.cost.base import CostModel
 from marssim.errors import InputError
 from marssim.gcpause import gc_paused
+from marssim.progress import LoweringProgress
 from marssim.system import System
 from marssim.taskgraph import TaskGraph, from_program
 from marssim.taskprogram import TaskProgram

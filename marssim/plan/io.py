@@ -76,9 +76,8 @@ def load_plan(name_or_path: str | Path, *, system: System | str | None = None, w
 
         check_gpus(config.gpus, file)  # before the system is built
         spec = workload if isinstance(workload, str) else data.get("workload", "")
-        built_at = build_batch(spec, batch, config, micro_batch_given="micro_batch" in raw) \
-            if isinstance(spec, str) else batch  # a graph given is not built
-        graph, system = mapping_inputs(data, path, system, workload, built_at)
+        built_at = build_batch(str(spec), batch, config, micro_batch_given="micro_batch" in raw)
+        graph, system = mapping_inputs(data, path, system, workload, built_at)  # a graph given is not built
         config, graph = bind_parallel(config, graph, system, file, micro_batch_given="micro_batch" in raw,
                                       order_given="order" in raw,
                                       batch_given=workload_sets_batch(str(spec), batch))

@@ -40,9 +40,9 @@ from functools import cached_property
 
 import numpy as np
 
-from marssim.progress import GenerationDone
 from marssim.cost.base import CostModel
 from marssim.mapping import Mapping
+from marssim.progress import GenerationDone
 from marssim.system import System
 from marssim.workload import Graph
 

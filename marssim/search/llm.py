@@ -46,11 +46,11 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from marssim.progress import GenerationDone
 from marssim.cost.base import CostModel
 from marssim.errors import InputError
 from marssim.parallel import ParallelConfig, parallel_problems
 from marssim.plan import plan_key
+from marssim.progress import GenerationDone
 from marssim.system import System
 from marssim.workload import Graph
 

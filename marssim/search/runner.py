@@ -20,9 +20,9 @@ from dataclasses import dataclass, replace
 
 import pandas as pd
 
-from marssim.progress import GenerationDone, SearchDone, SearchStarted
 from marssim.cost.base import CostModel
 from marssim.plan.kinds import KINDS, PlanKind
+from marssim.progress import GenerationDone, SearchDone, SearchStarted
 from marssim.system import System
 from marssim.workload import Graph
 

@@ -48,9 +48,9 @@ from enum import IntEnum
 
 import numpy as np
 
-from marssim.progress import GenerationDone
 from marssim.cost.base import CostModel
 from marssim.errors import InputError
+from marssim.progress import GenerationDone
 from marssim.serve.case import ServeCase
 from marssim.serve.deployment import Deployment, Pool, SchedulerConfig
 from marssim.system import System

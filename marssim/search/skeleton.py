@@ -31,8 +31,8 @@ from typing import Any, Protocol
 
 import pandas as pd
 
-from marssim.progress import GenerationDone
 from marssim.plan import Plan, plan_key
+from marssim.progress import GenerationDone
 
 from .evaluate import Evaluation, Evaluator, rank_value
 from .result import Candidate, SearchInterrupted, SearchResult
