@@ -10,6 +10,7 @@ import pytest
 from marssim.cost import default_cost_model
 from marssim.errors import InputError
 from marssim.parallel import lower_parallel, parse_parallel
+from marssim.progress import EstimateProgress, LoweringProgress
 from marssim.parallel.size import MAX_GPUS, SizeEstimate, check_gpus, check_size
 from marssim.system import load_system
 from marssim.workload import load_workload
@@ -33,14 +34,15 @@ def test_the_size_known_before_copying_is_the_taskgraphs(system_spec, workload, 
     """The tasks counted from one template set per stage (before the others are built) are the
     tasks of the TaskGraph, and every progress report up to the last one says so."""
     system = load_system(system_spec)
-    calls: list[dict] = []
+    calls: list[LoweringProgress] = []
     tg = lower_parallel(load_workload(workload), system, parse_parallel(config), COST, folding=folding,
                         progress=calls.append)
-    stages = [c["stage"] for c in calls]
+    assert all(type(c) is LoweringProgress for c in calls)
+    stages = [c.stage for c in calls]
     assert stages[0] == "fold" and stages[-1] == "assemble"
     assert stages.index("assemble") > stages.index("templates") > stages.index("fold")
-    assert calls[-1]["tasks"] == calls[-1]["total"] == tg.n_tasks
-    done = [c["tasks"] for c in calls]
+    assert calls[-1].tasks == calls[-1].total == tg.n_tasks
+    done = [c.tasks for c in calls]
     assert done == sorted(done)
 
 
@@ -72,10 +74,11 @@ def test_the_estimate_reports_its_passes_to_the_end():
 
     system = load_system("dgx-a100-cluster:nodes=2")
     tg = lower_parallel(load_workload(GPT), system, parse_parallel("tp=4,pp=2,dp=2,global_batch=8"), COST)
-    calls: list[dict] = []
+    calls: list[EstimateProgress] = []
     estimate(tg, system, progress=calls.append)
-    assert [c["stage"] for c in calls] == ["durations", "schedule", "critical_path", "bounds"]
-    assert calls[-1]["tasks_done"] == calls[-1]["tasks"] == tg.n_tasks
+    assert all(type(c) is EstimateProgress for c in calls)
+    assert [c.stage for c in calls] == ["durations", "schedule", "critical_path", "bounds"]
+    assert calls[-1].tasks_done == calls[-1].tasks == tg.n_tasks
 
 
 def test_a_lowering_simulates_from_its_program_as_from_its_columns():

@@ -72,6 +72,43 @@ def test_micro_batch_on_the_command_line_runs(capsys):
     assert "batch=2" in capsys.readouterr().out
 
 
+def _count_builds(monkeypatch, name: str) -> list[int]:
+    """The batch of every build of zoo workload ``name`` from now on."""
+    import dataclasses
+
+    from marssim.workload import registry
+
+    entry = registry.zoo_entries()[name]
+    batches: list[int] = []
+
+    def build(**params):
+        batches.append(params["batch"])
+        return entry.build(**params)
+
+    monkeypatch.setitem(registry._ZOO, name, dataclasses.replace(entry, build=build))
+    return batches
+
+
+@pytest.mark.parametrize("verb", ["simulate", "estimate"])
+def test_a_run_builds_a_training_workload_once_at_its_micro_batch(verb, capsys, monkeypatch, tmp_path):
+    batches = _count_builds(monkeypatch, "gpt")
+    assert main([verb, "--system", SYSTEM, "--workload", GPT, "--parallel", "tp=8,micro_batch=2,global_batch=4",
+                 "--no-report"]) == 0
+    assert batches == [2] and "gpt:batch=2," in capsys.readouterr().out
+    # the same from a plan file, whose graph is the one the command line builds
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(f"system: {SYSTEM}\nworkload: {GPT}\nparallel:\n  tp: 8\n  micro_batch: 2\n  global_batch: 4\n")
+    batches.clear()
+    cfg, graph, _ = load_plan(plan)
+    assert batches == [2] and graph.batch == cfg.micro_batch == 2
+    assert graph.spec == load_workload(GPT, batch=2).spec
+    # a workload whose batch is needed (a serving one, whose batch is its own) is built at it, and refused
+    serving = "gpt:layers=4,hidden=512,heads=8,seq=256,vocab=8192,mode=serve,prompt=64,generate=4"
+    batches.clear()
+    assert main([verb, "--system", SYSTEM, "--workload", serving, "--parallel", "tp=8,micro_batch=2"]) == 2
+    assert batches == [1] and "serving workload's batch is its own (1)" in capsys.readouterr().err
+
+
 def test_the_check_refuses_by_the_memory_the_report_would_show(capsys):
     """One memory model: the refusal's peak is the closed form's, in GiB, with no time."""
     system = load_system(SYSTEM)

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import pickle
+from dataclasses import replace
 
 import pytest
 
@@ -15,7 +17,8 @@ from marssim.errors import InputError
 from marssim.mapping import Mapping
 from marssim.parallel import ParallelConfig
 from marssim.plan import KINDS, PlanKind, kind_of, plan_key, plan_text
-from marssim.search.evaluate import OBJECTIVES, SERVING_OBJECTIVES, Evaluation
+from marssim.search.evaluate import (OBJECTIVES, SERVING_OBJECTIVES, DeploymentEvaluation, Evaluation,
+                                     MappingEvaluation, ParallelEvaluation)
 from marssim.search.runner import ALGORITHMS
 from marssim.serve.deployment import Deployment, Pool
 from marssim.system import load_system
@@ -39,14 +42,38 @@ def test_every_plan_finds_its_kind_and_its_names_are_the_plan_levels(plans):
         kind_of("tp=2")
 
 
-def test_objectives_are_ranked_and_figures_are_fields_of_an_evaluation():
-    fields = {f.name for f in dataclasses.fields(Evaluation)}
-    done = Evaluation(1.0, 2.0, 3.0, rate=4.0, goodput=4.0, gpus=2, cost_per_mtok=1.0, slo_ratio=0.5,
-                      latency={"e2e_mean": 0.1})
-    for spec in KINDS.values():
-        assert set(spec.metrics) <= fields, spec.kind
+DONE = {PlanKind.MAPPING: MappingEvaluation(1.0, 2.0, energy=3.0),
+        PlanKind.PARALLEL: ParallelEvaluation(1.0, 2.0, energy=3.0, mfu=0.5, serving=True, ttft=0.2, tpot=0.01),
+        PlanKind.DEPLOYMENT: DeploymentEvaluation(1.0, 2.0, rate=4.0, goodput=4.0, gpus=2, cost_per_mtok=1.0,
+                                                  slo_ratio=0.5, latency={"e2e_mean": 0.1})}
+"""A feasible evaluation of each kind, every figure its objectives read given."""
+
+
+def test_objectives_are_ranked_and_figures_are_fields_of_the_kinds_record():
+    for kind, spec in KINDS.items():
+        record = spec.evaluation
+        assert record.kind is kind and issubclass(record, Evaluation)
+        fields = {f.name for f in dataclasses.fields(record)}
+        assert set(spec.metrics) <= fields, (kind, set(spec.metrics) - fields)
+        done = DONE[kind]
+        assert type(done) is record and done.kind is kind
         for objective in spec.objectives:
-            assert math.isfinite(done.fitness(objective)), (spec.kind, objective)
+            assert math.isfinite(done.fitness(objective)), (kind, objective)
+            assert done.fitness(objective) > 0 and not replace(done, feasible=False).fitness(objective) < math.inf
+    # each record holds its own figures only
+    records = [spec.evaluation for spec in KINDS.values()]
+    own = [{f.name for f in dataclasses.fields(r)} - {f.name for f in dataclasses.fields(Evaluation)} for r in records]
+    assert not own[0] & own[2] and not own[1] & own[2]
+    assert DONE[PlanKind.PARALLEL].fitness("latency") == 0.01  # a serving configuration: per output token
+    assert DONE[PlanKind.DEPLOYMENT].fitness("gpus") == pytest.approx(2 + 0.1 / 1.1, rel=1e-15)
+    with pytest.raises(ValueError, match="deployment evaluation"):
+        DONE[PlanKind.DEPLOYMENT].fitness("energy")
+
+
+def test_evaluations_pickle_as_themselves():
+    for done in DONE.values():
+        again = pickle.loads(pickle.dumps(done))
+        assert type(again) is type(done) and repr(again) == repr(done) and again.kind is done.kind
     assert OBJECTIVES == KINDS[PlanKind.MAPPING].objectives
     assert SERVING_OBJECTIVES == KINDS[PlanKind.DEPLOYMENT].objectives
     assert set(KINDS[PlanKind.PARALLEL].objectives) <= set(OBJECTIVES)

@@ -12,7 +12,7 @@ import pytest
 from marssim.lower import lower
 from marssim.mapping import AcceleratorSet, Mapping, mapping_problems
 from marssim.search.baselines import count_space, data_parallel, exhaustive, h2h, random_search, set_partitions
-from marssim.search.evaluate import Evaluation, Evaluator, Problem, rank_value
+from marssim.search.evaluate import Evaluator, MappingEvaluation, Problem, rank_value
 from marssim.search.ga import GAConfig, mars
 from marssim.search.runner import SearchSettings, run_algorithm
 from marssim.search.space import MappingSpace
@@ -155,10 +155,12 @@ def test_energy_objective_reports_simulated_energy_and_beats_data_parallel():
 
 
 def test_energy_objective_without_energy_figures_is_infinite():
-    e = Evaluation(makespan=1e-3, throughput=10.0, energy=float("nan"))
+    e = MappingEvaluation(1e-3, 10.0, energy=float("nan"))
     assert e.fitness("energy") == math.inf and e.fitness("edp") == math.inf
     with pytest.raises(ValueError, match="unknown objective"):
         e.fitness("speed")
+    with pytest.raises(ValueError, match="mapping evaluation"):  # a deployment's objective is no mapping's
+        e.fitness("goodput")
 
 
 # ------------------------------------------------------------------------------ determinism, seeds, budget

@@ -105,16 +105,31 @@ def test_unknown_workload_names_the_spec(case, capsys):
     assert "resnet5O" in capsys.readouterr().err
 
 
-def test_compare_prints_one_table_with_every_algorithm(case, tmp_path, capsys):
+def test_compare_prints_one_table_with_every_algorithm(case, tmp_path, capsys, monkeypatch):
+    import io
+    import sys
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    err = Terminal()
+    monkeypatch.setattr(sys, "stderr", err)
     path = tmp_path / "ring2.yaml"
     path.write_text(yaml.safe_dump(system_dict(2)))
     csv = tmp_path / "table.csv"
-    args = ["compare", "--system", str(path), "--workload", "two-small:batch=1", *FAST, "--workers", "1",
+    loud = [a for a in FAST if a != "--quiet"]
+    args = ["compare", "--system", str(path), "--workload", "two-small:batch=1", *loud, "--workers", "1",
             "--csv", str(csv)]
     assert main(args) == 0
     printed = capsys.readouterr().out
     table = pd.read_csv(csv)
     assert list(table["algorithm"]) == ["data_parallel", "h2h", "mars", "random", "exhaustive"]
+    # on a terminal each search says when it begins and, in its summary line, how it ended
+    said = err.getvalue().splitlines()
+    for name in table["algorithm"]:
+        begun = said.index(f"{name}: running")
+        assert said[begun + 1].startswith(f"{name}: {name}: ")
     for name in table["algorithm"]:
         assert f"\n{name}" in printed
     rows = table.set_index("algorithm")

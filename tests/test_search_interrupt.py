@@ -10,6 +10,7 @@ from marssim.cli._searching import progress_plan
 from marssim.cost import default_cost_model
 from marssim.lower import lower
 from marssim.mapping import load_mapping
+from marssim.progress import GenerationDone
 from marssim.search import GAConfig, SearchSettings
 from marssim.search.ga import mars
 from marssim.search.result import SearchInterrupted
@@ -21,8 +22,8 @@ CASE = ["--system", "ring-8", "--workload", "resnet50:batch=2", "--workers", "1"
 
 
 def _interrupt_at(generation: int):
-    def progress(row: dict) -> None:
-        if row["generation"] + 1 >= generation:
+    def progress(event: GenerationDone) -> None:
+        if event.generation + 1 >= generation:
             raise KeyboardInterrupt
 
     return progress

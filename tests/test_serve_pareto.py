@@ -14,7 +14,7 @@ import pytest
 
 from support import RooflineCost, make_system
 
-from marssim.search.evaluate import Evaluation
+from marssim.search.evaluate import DeploymentEvaluation
 from marssim.search.pareto import (FRONTS, dominates, front_points, front_table, non_dominated, plot_fronts,
                                    screen_front)
 from marssim.search.report import format_top, top_candidates, top_rows
@@ -73,10 +73,11 @@ def dep(replicas: int, tp: int = 1) -> Deployment:
     return Deployment((Pool(replicas, tp, 1, "both", "", SchedulerConfig()),))
 
 
-def figures(gpus: int, tokens: float, per_user: float, ttft: float, ratio: float) -> Evaluation:
-    return Evaluation(1.0, tokens, rate=10.0, goodput=10.0, gpus=gpus, slo_ratio=ratio,
-                      user_tokens_per_s=per_user, latency={"ttft_p99": ttft, "tbt_p99": 0.05, "tpot_p99": 0.04,
-                                                           "tpot_mean": 1.0 / per_user, "e2e_mean": 2.0})
+def figures(gpus: int, tokens: float, per_user: float, ttft: float, ratio: float) -> DeploymentEvaluation:
+    return DeploymentEvaluation(1.0, tokens, rate=10.0, goodput=10.0, gpus=gpus, slo_ratio=ratio,
+                                user_tokens_per_s=per_user,
+                                latency={"ttft_p99": ttft, "tbt_p99": 0.05, "tpot_p99": 0.04,
+                                         "tpot_mean": 1.0 / per_user, "e2e_mean": 2.0})
 
 
 def search_result(candidates: list[Candidate], best: Candidate) -> SearchResult:

@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from marssim.errors import CapacityError
+from marssim.progress import SimulationProgress
 from marssim.sim import simulate, simulate_summary
 from marssim.sim.fast import available
 from marssim.taskgraph import TaskGraphBuilder
@@ -128,12 +129,13 @@ def test_progress_is_reported_to_the_end_by_both_engines():
         prev = [b.transfer(f"acc{i % 3}", f"acc{(i + 1) % 3}", 1e5, preds=[t])]
     tg = b.build()
     for engine in ("simpy", "compiled"):
-        calls: list[dict] = []
+        calls: list[SimulationProgress] = []
         r = simulate(tg, system, engine=engine, progress=calls.append)
         assert calls, engine
-        done = [c["tasks_done"] for c in calls]
-        assert done == sorted(done) and done[-1] == calls[-1]["tasks"] == tg.n_tasks
-        assert calls[-1]["time_s"] == pytest.approx(r.makespan, rel=1e-12)
+        assert all(type(c) is SimulationProgress for c in calls), engine
+        done = [c.tasks_done for c in calls]
+        assert done == sorted(done) and done[-1] == calls[-1].tasks == tg.n_tasks
+        assert calls[-1].time_s == pytest.approx(r.makespan, rel=1e-12)
 
 
 def test_the_spill_policy_runs_on_simpy_and_the_compiled_engine_says_so():

@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from marssim.progress import EstimateProgress
 from marssim.results.aggregate import resource_bytes as _aggregate_bytes
 from marssim.results.build import build_result, device_table
 from marssim.results.result import Result
@@ -219,19 +220,19 @@ class Estimate:
 
 
 def estimate(taskgraph: TaskGraph, system: System, *, backend: str = "auto",
-             progress: Callable[[dict], None] | None = None) -> Estimate:
+             progress: Callable[[EstimateProgress], None] | None = None) -> Estimate:
     """Evaluate ``taskgraph`` on ``system`` without link contention (see the module docstring).
 
     ``backend``: ``auto`` (compiled kernels when numba is installed), ``python`` or ``numba``;
     all give identical results. ``progress``: called after each of the estimate's passes (durations,
-    the list schedule, the critical path, the bounds) with ``{"stage", "tasks_done", "tasks"}``.
+    the list schedule, the critical path, the bounds) with an :class:`~marssim.progress.EstimateProgress`.
     Raises ValueError when the TaskGraph has a cycle."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
 
     def report(stage: str, done: int) -> None:
         if progress is not None:
-            progress({"stage": stage, "tasks_done": done, "tasks": taskgraph.n_tasks})
+            progress(EstimateProgress(stage, done, taskgraph.n_tasks))
 
     wall = time.perf_counter()
     tg = taskgraph

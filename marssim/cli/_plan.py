@@ -91,7 +91,7 @@ def load_plan_args(args: argparse.Namespace):
     from marssim.mapping import Mapping
     from marssim.mapping.sharding import STRATEGIES
     from marssim.parallel import parse_parallel
-    from marssim.plan import bind_parallel, is_llm, load_plan, workload_sets_batch
+    from marssim.plan import bind_parallel, build_batch, is_llm, load_plan, workload_sets_batch
     from marssim.system import load_system
     from marssim.workload import load_workload
 
@@ -116,7 +116,9 @@ def load_plan_args(args: argparse.Namespace):
 
             check_gpus(cfg.gpus)  # before the system is built
         system = load_system(args.system)
-        graph = load_workload(args.workload, batch=args.batch)
+        batch = args.batch if cfg is None else build_batch(args.workload, args.batch, cfg,
+                                                           micro_batch_given="micro_batch" in _keys(args.parallel))
+        graph = load_workload(args.workload, batch=batch)  # a training LLM's micro-batch at once
         if cfg is not None:
             plan, graph = bind_parallel(cfg, graph, system, "--parallel",
                                         micro_batch_given="micro_batch" in _keys(args.parallel),
@@ -248,14 +250,17 @@ def progress_bar(args: argparse.Namespace, how: str):
         return
     from tqdm import tqdm
 
+    from marssim.progress import EstimateProgress, LoweringProgress, SimulationProgress
+
     bar = tqdm(total=0, desc="lowering", unit=" tasks", unit_scale=True, file=sys.stderr, leave=False)
     phase = {"name": "lowering"}
 
-    def update(info: dict) -> None:
-        name = "lowering" if "stage" in info and "total" in info else ("simulating" if how == "simulate"
-                                                                        else "estimating")
-        done = info.get("tasks_done", info.get("tasks", 0))
-        total = info.get("tasks", 0) if "tasks_done" in info else info.get("total", 0)
+    def update(event: LoweringProgress | SimulationProgress | EstimateProgress) -> None:
+        match event:
+            case LoweringProgress(tasks=done, total=total):
+                name = "lowering"
+            case SimulationProgress(tasks_done=done, tasks=total) | EstimateProgress(tasks_done=done, tasks=total):
+                name = "simulating" if how == "simulate" else "estimating"
         if name != phase["name"]:
             phase["name"] = name
             bar.reset(total=total)

@@ -51,19 +51,20 @@ def progress_bar(args: argparse.Namespace, cfg, objective: str):
     update callback (one call per generation)."""
     from tqdm import tqdm
 
+    from marssim.progress import GenerationDone
     from marssim.search.report import fitness_display
 
     total, unit = progress_plan(cfg)
     bar = tqdm(total=total, desc=unit, unit="", file=sys.stderr, disable=args.quiet or not sys.stderr.isatty(),
                leave=False, bar_format="{desc}: {n}/{total} |{bar}| {elapsed}<{remaining}{postfix}")
 
-    def update(row: dict) -> None:
-        label, value = fitness_display(objective, row["best_fitness"])
-        done = {"simulations": row["simulations"], "evaluations": row["simulations"] + row["estimates"],
-                "generations": row["generation"] + 1}[unit]
+    def update(event: GenerationDone) -> None:
+        label, value = fitness_display(objective, event.best_fitness)
+        done = {"simulations": event.simulations, "evaluations": event.simulations + event.estimates,
+                "generations": event.generation + 1}[unit]
         bar.n = min(done, total)
-        bar.set_postfix_str(f"generation {row['generation'] + 1}/{cfg.generations}, best {value:.4g} "
-                            f"{label.split('(')[-1].rstrip(')')}, {row['evaluations_per_s']:.1f} eval/s", refresh=False)
+        bar.set_postfix_str(f"generation {event.generation + 1}/{cfg.generations}, best {value:.4g} "
+                            f"{label.split('(')[-1].rstrip(')')}, {event.evaluations_per_s:.1f} eval/s", refresh=False)
         bar.refresh()
 
     return bar, update

@@ -62,7 +62,7 @@ def llm_table(results, system: str = ""):
     base = None
     for r in results:
         e = r.evaluation
-        value = e.tpot if e.serving and e.tpot == e.tpot else e.makespan
+        value = e.time_s
         base = value if base is None else base
         rows.append({**({"system": system} if system else {}), "algorithm": r.algorithm, "best": r.best.text(),
                      "time_ms": value * 1e3, "mfu": e.mfu, "memory_GiB": e.memory_peak / 2**30,
@@ -167,9 +167,16 @@ def run(args: argparse.Namespace) -> int:
     else:
         settings = replace(mapping_settings(args), exhaustive_limit=args.exhaustive_limit)
 
-        def progress(name, result):
-            if not quiet:
-                print(f"{name}: running" if result is None else f"{name}: {result.summary()}", file=sys.stderr)
+        from marssim.progress import SearchDone, SearchStarted
+
+        def progress(event: SearchStarted | SearchDone) -> None:
+            if quiet:
+                return
+            match event:
+                case SearchStarted(algorithm=name):
+                    print(f"{name}: running", file=sys.stderr)
+                case SearchDone(algorithm=name, result=result):
+                    print(f"{name}: {result.summary()}", file=sys.stderr)
 
         with open_executor(args) as executor:
             table, _ = compare(graph, system, cost, settings, executor=executor, progress=progress)

@@ -265,7 +265,7 @@ def run(args: argparse.Namespace) -> int:
             bar.close()
             print("interrupted before any plan was simulated; nothing written", file=sys.stderr)
             return 130
-    serving = result.evaluation.serving
+    serving = llm and graph.meta["transformer"].mode == "serve"
     label, value = fitness_display(result.objective, result.fitness, serving)
     if llm:
         print(f"{graph.spec} on {system.spec} ({len(system.accelerators)} GPUs), objective {result.objective}")
@@ -314,12 +314,14 @@ def keep_interrupted(result, graph, system, args: argparse.Namespace) -> int:
 
 
 def _header(result) -> str:
+    from marssim.plan.kinds import PlanKind
+
     e = result.evaluation
     text = f"# {result.algorithm} search, objective {result.objective}, seed {result.seed}"
     if result.interrupted:
         text += " (interrupted)"
     text += f"\n# simulated {e.makespan * 1e3:.4f} ms"
-    if e.mfu == e.mfu:
+    if e.kind is PlanKind.PARALLEL and e.mfu == e.mfu:
         text += f" per iteration, MFU {e.mfu:.1%}"
     return text + "\n"
 

@@ -44,6 +44,7 @@ from collections.abc import Callable
 from marssim.cost.base import CostModel
 from marssim.errors import InputError
 from marssim.gcpause import gc_paused
+from marssim.progress import LoweringProgress
 from marssim.system import System
 from marssim.taskgraph import TaskGraph, from_program
 from marssim.taskprogram import TaskProgram
@@ -62,7 +63,7 @@ from .runmodel import RunModel
 from .schedule import stage_units
 from .size import SizeEstimate, check_gpus, check_size
 
-Progress = Callable[[dict], None]
+Progress = Callable[[LoweringProgress], None]
 """A progress callback (see :func:`lower_parallel`)."""
 
 PROGRESS_EVERY = 0.5  # s of wall time between progress calls
@@ -76,8 +77,9 @@ def lower_parallel(graph: Graph, system: System, cfg: ParallelConfig, cost: Cost
     """Lower ``graph`` (an LLM workload) under ``cfg`` on ``system`` (see the module docstring).
 
     ``folding``: simulate one GPU per class of identical GPUs (exact, :mod:`.fold`); False: every
-    GPU. ``progress``: called at most every half second of wall time with ``{"stage": "fold",
-    "templates" or "assemble", "tasks": tasks lowered so far, "total": tasks of the TaskGraph}``.
+    GPU. ``progress``: called at most every half second of wall time a
+    :class:`~marssim.progress.LoweringProgress` (stage ``fold``, ``templates`` or ``assemble``, tasks
+    lowered so far, tasks of the TaskGraph).
     ``max_bytes``: the most a simulation of the result may need (default: this machine's memory;
     :mod:`.size`). Raises InputError when the configuration cannot run the workload on the
     system, or spans more GPUs or would need more memory than that bound (saying its size).
@@ -115,7 +117,7 @@ class Reporter:
         now = time.perf_counter()
         if force or stage != self.stage or now - self.last >= PROGRESS_EVERY:
             self.stage, self.last = stage, now
-            self.callback({"stage": stage, "tasks": tasks, "total": self.total})
+            self.callback(LoweringProgress(stage, tasks, self.total))
 
 
 def _lower(graph: Graph, system: System, cfg: ParallelConfig, cost: CostModel, folding: bool, report: Reporter,

@@ -28,7 +28,7 @@ from marssim.system import System
 from marssim.workload import Graph
 
 from .kinds import KINDS, PlanKind
-from .model import Plan, bind_parallel, workload_sets_batch
+from .model import Plan, bind_parallel, build_batch, workload_sets_batch
 
 __all__ = ["load_plan", "save_plan", "plan_to_dict", "resolve_plan_file", "example_plans"]
 
@@ -75,8 +75,9 @@ def load_plan(name_or_path: str | Path, *, system: System | str | None = None, w
         from marssim.parallel.size import check_gpus
 
         check_gpus(config.gpus, file)  # before the system is built
-        graph, system = mapping_inputs(data, path, system, workload, batch)
         spec = workload if isinstance(workload, str) else data.get("workload", "")
+        built_at = build_batch(str(spec), batch, config, micro_batch_given="micro_batch" in raw)
+        graph, system = mapping_inputs(data, path, system, workload, built_at)  # a graph given is not built
         config, graph = bind_parallel(config, graph, system, file, micro_batch_given="micro_batch" in raw,
                                       order_given="order" in raw,
                                       batch_given=workload_sets_batch(str(spec), batch))

@@ -4,17 +4,16 @@ apart, in one place, so that nothing outside the plan level asks a plan its clas
 
 Each :class:`PlanKind` has a :class:`KindSpec` (:data:`KINDS`; :func:`kind_of` finds a plan's):
 its noun, the section of a file that holds it, the objectives a search of it minimises, its one list
-of search algorithms (the first the default), the figures its evaluations report, its names
-(one line, a short cell, a stable key), its own lines of a report, the graph it runs (a
-configuration runs one micro-batch of the workload), how a search deals it to workers, and how its
-simulation and its screen are named. Evaluating a plan of any kind goes through
-:mod:`marssim.plan.run` (:func:`~marssim.plan.run`, :func:`~marssim.plan.run_deployment`,
-:func:`~marssim.plan.serve_stream`).
+of search algorithms (the first the default), the figures its evaluations report, its record of
+an evaluation (:mod:`marssim.plan.evaluation`), its names (one line, a short cell, a stable key),
+its own lines of a report, the graph it runs (a configuration runs one micro-batch of the
+workload), how a search deals it to workers, and how its simulation and its screen are named.
+Evaluating a plan of any kind goes through :mod:`marssim.plan.run` (:func:`~marssim.plan.run`,
+:func:`~marssim.plan.run_deployment`, :func:`~marssim.plan.serve_stream`).
 """
 
 from __future__ import annotations
 
-import enum
 import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,17 +24,11 @@ from marssim.parallel import ParallelConfig
 from marssim.serve.deployment import Deployment
 from marssim.workload import Graph
 
-from .model import Plan, graph_for
+from .evaluation import (PLAN_OBJECTIVES, SERVING_OBJECTIVES, DeploymentEvaluation, Evaluation, MappingEvaluation,
+                         ParallelEvaluation)
+from .model import Plan, PlanKind, graph_for
 
 __all__ = ["PlanKind", "KindSpec", "KINDS", "find_kind", "kind_of", "short_config", "short_deployment"]
-
-
-class PlanKind(enum.Enum):
-    """The kinds of plan."""
-
-    MAPPING = "mapping"
-    PARALLEL = "parallel"
-    DEPLOYMENT = "deployment"
 
 
 @dataclass(frozen=True)
@@ -45,8 +38,9 @@ class KindSpec:
     ``plan_type``: its class; ``noun``: what a person calls one (``mapping``, ``configuration``,
     ``deployment``), ``plural``: what a person calls its plans; ``section``: the key of a file
     that holds one; ``objectives``: what a search of it may minimise (the first the default);
-    ``algorithms``: the searches it has (the first the default); ``metrics``: the figures of its evaluations (names of
-    :class:`marssim.search.evaluate.Evaluation` fields); ``screen``: what its screen is;
+    ``algorithms``: the searches it has (the first the default); ``evaluation``: the record of
+    its evaluations (a :class:`~marssim.plan.evaluation.Evaluation`), ``metrics``: the figures it
+    reports (names of that record's fields); ``screen``: what its screen is;
     ``text``, ``short``, ``key``: a plan in a line, in a table cell, as a stable hex key;
     ``describe``: its own lines of a report (``graph``: the workload, None for a deployment);
     ``graph_of``: the graph it runs of the workload; ``affinity``: what a worker builds once
@@ -62,6 +56,7 @@ class KindSpec:
     objectives: tuple[str, ...]
     algorithms: tuple[str, ...]
     metrics: tuple[str, ...]
+    evaluation: type[Evaluation]
     screen: str
     text: Callable[[Plan], str]
     short: Callable[[Plan], str]
@@ -179,9 +174,10 @@ def _config_affinity(cfg: ParallelConfig) -> tuple:
 KINDS: dict[PlanKind, KindSpec] = {
     PlanKind.MAPPING: KindSpec(
         PlanKind.MAPPING, Mapping, "mapping", "per-op mappings", "assign",
-        objectives=("latency", "throughput", "energy", "edp"),
+        objectives=PLAN_OBJECTIVES,
         algorithms=("mars", "data_parallel", "h2h", "random", "exhaustive"),
-        metrics=("makespan", "throughput", "energy"), screen="analytical estimate",
+        metrics=("makespan", "throughput", "energy"), evaluation=MappingEvaluation,
+        screen="analytical estimate",
         text=lambda m: f"mapping {m.key[:12]}", short=lambda m: m.key[:12], key=lambda m: m.key,
         describe=_describe_mapping, graph_of=_same_graph),
     PlanKind.PARALLEL: KindSpec(
@@ -189,15 +185,17 @@ KINDS: dict[PlanKind, KindSpec] = {
         "parallel configurations of an LLM workload on a GPU cluster", "parallel",
         objectives=("latency", "throughput"), algorithms=("mars", "megatron_grid"),
         metrics=("makespan", "throughput", "energy", "mfu", "exposed", "ttft", "tpot", "memory_peak"),
-        screen="closed form", text=lambda c: c.text(), short=short_config, key=_hash_key,
+        evaluation=ParallelEvaluation, screen="closed form", text=lambda c: c.text(), short=short_config,
+        key=_hash_key,
         describe=lambda c, graph: [f"  {c.text()}"], graph_of=lambda graph, c: graph_for(graph, c),
         affinity=_config_affinity, folded=True, rerun_rel_tol=1e-12),
     PlanKind.DEPLOYMENT: KindSpec(
         PlanKind.DEPLOYMENT, Deployment, "deployment", "serving deployments", "pools",
-        objectives=("goodput", "gpus", "cost"), algorithms=("mars", "uniform_grid", "exhaustive"),
+        objectives=SERVING_OBJECTIVES, algorithms=("mars", "uniform_grid", "exhaustive"),
         metrics=("rate", "goodput", "gpus", "cost_per_mtok", "slo_ratio", "latency", "throughput",
                  "user_tokens_per_s"),
-        screen="closed form", text=lambda d: d.text(), short=short_deployment, key=_hash_key,
+        evaluation=DeploymentEvaluation, screen="closed form", text=lambda d: d.text(), short=short_deployment,
+        key=_hash_key,
         describe=_describe_deployment, graph_of=_same_graph),
 }
 """Every kind of plan and what it is."""

@@ -12,6 +12,7 @@ A parallel configuration runs micro-batches: its graph is one micro-batch of the
 
 from __future__ import annotations
 
+import enum
 import hashlib
 from typing import Union
 
@@ -21,11 +22,19 @@ from marssim.parallel import ParallelConfig, check_parallel
 from marssim.serve.deployment import Deployment
 from marssim.specs import split_spec
 from marssim.system import System
-from marssim.workload import Graph, load_workload
+from marssim.workload import Graph, load_workload, spec_mode
 
-__all__ = ["Plan", "plan_key", "plan_text", "is_llm", "graph_for", "bind_parallel"]
+__all__ = ["Plan", "PlanKind", "plan_key", "plan_text", "is_llm", "graph_for", "bind_parallel", "build_batch"]
 
 Plan = Union[Mapping, ParallelConfig, Deployment]
+
+
+class PlanKind(enum.Enum):
+    """The kinds of plan (what each is: :data:`marssim.plan.kinds.KINDS`)."""
+
+    MAPPING = "mapping"
+    PARALLEL = "parallel"
+    DEPLOYMENT = "deployment"
 
 
 def plan_key(plan: Plan) -> str:
@@ -56,6 +65,18 @@ def graph_for(graph: Graph, cfg: ParallelConfig, cache: dict | None = None) -> G
     if hit is None:
         hit = cache[cfg.micro_batch] = load_workload(graph.spec, batch=cfg.micro_batch)
     return hit
+
+
+def build_batch(spec: str, batch: int | None, config: ParallelConfig, *, micro_batch_given: bool) -> int | None:
+    """The batch to build the workload ``spec`` at for ``config`` (``batch``: the one asked for, None:
+    the spec's): a training LLM whose configuration gives its micro-batch while the workload gives
+    no batch is built at the micro-batch at once -- the graph :func:`bind_parallel` would otherwise
+    rebuild from the workload at its own batch (:func:`graph_for`), the same parameters, so the
+    same graph, built once --; any other workload at ``batch`` (its own batch is then needed: the
+    micro-batch is checked against it, or it is the micro-batch)."""
+    if micro_batch_given and not workload_sets_batch(spec, batch) and spec_mode(spec) == "train":
+        return config.micro_batch
+    return batch
 
 
 def workload_sets_batch(spec: str, batch: int | None = None) -> bool:

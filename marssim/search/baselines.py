@@ -35,7 +35,7 @@ from marssim.mapping.sharding import BATCH_DIM
 from marssim.system import System
 from marssim.workload import Graph, Op, OpKind
 
-from .evaluate import Evaluation, Evaluator, Problem, rank_value
+from .evaluate import Evaluator, MappingEvaluation, Problem, rank_value
 from .ga import design_table
 from .result import SearchResult
 from .space import Genome, MappingSpace
@@ -56,7 +56,7 @@ def _evaluator(graph, system, cost, executor, evaluator) -> Evaluator:
     return evaluator or Evaluator(Problem(graph, system, _default_cost(cost)), executor)
 
 
-def _result(name: str, objective: str, candidates: Sequence[tuple[Mapping, Evaluation]], ev: Evaluator,
+def _result(name: str, objective: str, candidates: Sequence[tuple[Mapping, MappingEvaluation]], ev: Evaluator,
             sims0: int, est0: int, t0: float, seed: int = 0, notes: dict | None = None) -> SearchResult:
     best_m, best_e = min(candidates, key=lambda me: (rank_value(me[1].fitness(objective)), me[0].key))
     history = pd.DataFrame([{"generation": 0, "best_fitness": best_e.fitness(objective),

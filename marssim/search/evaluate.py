@@ -36,6 +36,7 @@ from marssim.lower import LoweringCache
 from marssim.mapping import Mapping
 from marssim.parallel import ParallelConfig
 from marssim.plan import Plan, graph_for, plan_key
+from marssim.plan.evaluation import DeploymentEvaluation, Evaluation, MappingEvaluation, ParallelEvaluation
 from marssim.plan.kinds import KINDS, PlanKind, find_kind, kind_of
 from marssim.serve.case import CaseRun, ServeCase
 from marssim.serve.deployment import Deployment
@@ -43,22 +44,16 @@ from marssim.system import System
 from marssim.workercache import Missing, pickled, worker_copy
 from marssim.workload import Graph
 
-__all__ = ["OBJECTIVES", "SERVING_OBJECTIVES", "RANK_DIGITS", "rank_value", "Problem", "Evaluation", "Evaluator",
+__all__ = ["OBJECTIVES", "SERVING_OBJECTIVES", "RANK_DIGITS", "rank_value", "Problem", "Evaluation",
+           "MappingEvaluation", "ParallelEvaluation", "DeploymentEvaluation", "Evaluator",
            "evaluate_mapping",
            "estimate_mapping", "estimate_evaluation", "simulate_plan", "screen_plan", "deployment_evaluation"]
 
 OBJECTIVES = KINDS[PlanKind.MAPPING].objectives
-"""``latency``: makespan of the batch (an LLM's iteration; serving: time per output token);
-``throughput``: steady-state samples/s (LLM training: sequences/s, serving: output tokens/s),
-maximised; ``energy``: joules; ``edp``: energy-delay product (J*s). All are minimised as fitness."""
+"""A per-op mapping's objectives (:data:`marssim.plan.evaluation.PLAN_OBJECTIVES`)."""
 
 SERVING_OBJECTIVES = KINDS[PlanKind.DEPLOYMENT].objectives
-"""A serving deployment's objectives, each under the case's constraints (a deployment that
-misses them has infinite fitness): ``goodput``: the highest request rate meeting them,
-maximised (fitness: its inverse, s per request); ``gpus``: the GPUs serving the offered load,
-ties going to the lower mean end-to-end latency (fitness ``GPUs + E2E / (E2E + 1 s)``, the
-fraction below 1, so the order is lexicographic); ``cost``: dollars per million output tokens
-at the offered load."""
+"""A serving deployment's objectives (:data:`marssim.plan.evaluation.SERVING_OBJECTIVES`)."""
 
 
 @dataclass(frozen=True)
@@ -88,81 +83,8 @@ def rank_value(fitness: float) -> float:
     return round(fitness, RANK_DIGITS - 1 - math.floor(math.log10(abs(fitness))))
 
 
-@dataclass(frozen=True)
-class Evaluation:
-    """The outcome of one plan (SI units), simulated or screened. ``feasible`` is False when a
-    memory overflows or the plan cannot run (``error`` says why); such plans have infinite
-    fitness. A parallel configuration also carries its report's figures: MFU, exposed
-    communication and bubble per group (s), time to first token and per output token (serving),
-    the memory peak of its worst GPU (bytes); NaN or empty for a mapping."""
-
-    makespan: float
-    throughput: float = float("nan")
-    energy: float = float("nan")
-    feasible: bool = True
-    error: str = ""
-    wall_s: float = 0.0
-    mfu: float = float("nan")
-    exposed: dict = field(default_factory=dict, compare=False)
-    ttft: float = float("nan")
-    tpot: float = float("nan")
-    memory_peak: float = float("nan")
-    # a serving deployment: the rate its figures are at, its goodput, GPUs, cost, constraints
-    rate: float = float("nan")
-    goodput: float = float("nan")
-    gpus: int = 0
-    cost_per_mtok: float = float("nan")
-    slo_ratio: float = float("nan")
-    slo_miss: str = ""
-    capacity: float = float("nan")
-    runs: int = 0
-    latency: dict = field(default_factory=dict, compare=False)
-    user_tokens_per_s: float = float("nan")
-    """A deployment's mean rate a user sees, tokens/s: per request, its tokens after the first over
-    their decoding time (1 / TPOT); NaN for a screen or a run stopped early."""
-
-    @property
-    def serving(self) -> bool:
-        return self.tpot == self.tpot or self.ttft == self.ttft
-
-    @property
-    def deployment(self) -> bool:
-        """Whether this evaluates a serving deployment."""
-        return self.gpus > 0
-
-    @property
-    def slo_met(self) -> bool:
-        """A deployment's figures meet its case's constraints."""
-        return self.slo_ratio <= 1.0
-
-    def fitness(self, objective: str = "latency") -> float:
-        """The value to minimise for ``objective``."""
-        if not self.feasible:
-            return math.inf
-        if objective in SERVING_OBJECTIVES:
-            if not self.slo_ratio <= 1.0:
-                return math.inf
-            if objective == "goodput":
-                return 1.0 / self.goodput if self.goodput > 0 else math.inf
-            if objective == "gpus":
-                e2e = self.latency.get("e2e_mean", math.inf)
-                return self.gpus + (e2e / (e2e + 1.0) if e2e == e2e and e2e < math.inf else 0.999999)
-            return self.cost_per_mtok if self.cost_per_mtok == self.cost_per_mtok else math.inf
-        if objective == "latency":
-            value = self.tpot if self.tpot == self.tpot else self.makespan
-            return value if value == value else math.inf
-        if objective == "throughput":
-            return 1.0 / self.throughput if self.throughput > 0 else math.inf
-        if objective == "energy":
-            return self.energy if self.energy == self.energy else math.inf
-        if objective == "edp":
-            return self.energy * self.makespan if self.energy == self.energy else math.inf
-        raise ValueError(f"unknown objective {objective!r}; expected one of "
-                         f"{', '.join(OBJECTIVES + SERVING_OBJECTIVES)}")
-
-
 # ---------------------------------------------------------------------- one plan, here
-def evaluate_mapping(problem: Problem, mapping: Mapping, cache: LoweringCache | None = None) -> Evaluation:
+def evaluate_mapping(problem: Problem, mapping: Mapping, cache: LoweringCache | None = None) -> MappingEvaluation:
     """Lower and simulate one mapping (headline numbers only: no interval log, no set-up run);
     the numbers equal those of a full :func:`marssim.sim.simulate` of the same mapping.
     ``cache``: a :class:`~marssim.lower.LoweringCache` for the problem's graph, system and cost."""
@@ -173,9 +95,9 @@ def evaluate_mapping(problem: Problem, mapping: Mapping, cache: LoweringCache | 
         done = run(mapping, problem.graph, problem.system, problem.cost, memory_policy=problem.memory_policy,
                    detail=False, cache=cache, validate=False)
     except CapacityError as err:
-        return Evaluation(math.inf, feasible=False, error=str(err), wall_s=time.perf_counter() - t0)
+        return MappingEvaluation(math.inf, feasible=False, error=str(err), wall_s=time.perf_counter() - t0)
     s = done.summary
-    return Evaluation(s.makespan, s.throughput, s.energy, wall_s=time.perf_counter() - t0)
+    return MappingEvaluation(s.makespan, s.throughput, energy=s.energy, wall_s=time.perf_counter() - t0)
 
 
 def estimate_mapping(problem: Problem, mapping: Mapping, cache: LoweringCache | None = None) -> float:
@@ -183,9 +105,10 @@ def estimate_mapping(problem: Problem, mapping: Mapping, cache: LoweringCache | 
     return estimate_evaluation(problem, mapping, cache).makespan
 
 
-def estimate_evaluation(problem: Problem, mapping: Mapping, cache: LoweringCache | None = None) -> Evaluation:
+def estimate_evaluation(problem: Problem, mapping: Mapping,
+                        cache: LoweringCache | None = None) -> MappingEvaluation:
     """The contention-free analytical estimate (see :mod:`marssim.analytical`) of one mapping,
-    as an :class:`Evaluation`: estimated makespan and throughput, and the compute energy (the
+    as a :class:`MappingEvaluation`: estimated makespan and throughput, and the compute energy (the
     same as simulated: it does not depend on the schedule). Memory capacity is not checked."""
     from marssim.plan import run
 
@@ -193,7 +116,12 @@ def estimate_evaluation(problem: Problem, mapping: Mapping, cache: LoweringCache
     done = run(mapping, problem.graph, problem.system, problem.cost, how="estimate", detail=False, cache=cache,
                validate=False)
     s = done.summary
-    return Evaluation(s.makespan, s.throughput, s.energy, wall_s=time.perf_counter() - t0)
+    return MappingEvaluation(s.makespan, s.throughput, energy=s.energy, wall_s=time.perf_counter() - t0)
+
+
+def _serving(graph: Graph) -> bool:
+    """Whether an LLM workload serves (its latency is the time per output token)."""
+    return graph.meta["transformer"].mode == "serve"
 
 
 def _config_throughput(graph: Graph, cfg: ParallelConfig, seconds: float) -> float:
@@ -215,23 +143,26 @@ def simulate_plan(problem: Problem, plan: Plan, cache: LoweringCache | None = No
 
 
 def _simulate_config(problem: Problem, plan: ParallelConfig, cache: LoweringCache | None, graphs: dict | None,
-                     max_bytes: float | None) -> Evaluation:
+                     max_bytes: float | None) -> ParallelEvaluation:
     from marssim.plan import run
 
     t0 = time.perf_counter()
     graph = graph_for(problem.graph, plan, graphs)
+    serving = _serving(graph)
     try:
         done = run(plan, graph, problem.system, problem.cost, memory_policy=problem.memory_policy, detail=False,
                    max_bytes=max_bytes)
     except (CapacityError, InputError) as err:
-        return Evaluation(math.inf, feasible=False, error=str(err), wall_s=time.perf_counter() - t0)
+        return ParallelEvaluation(math.inf, feasible=False, error=str(err), wall_s=time.perf_counter() - t0,
+                                  serving=serving)
     rep = done.report
     nan = float("nan")
-    return Evaluation(rep.iteration_s, _config_throughput(graph, plan, rep.iteration_s), done.summary.energy,
-                      wall_s=time.perf_counter() - t0, mfu=rep.mfu, exposed=dict(rep.exposed_s),
-                      ttft=rep.ttft_s if rep.ttft_s is not None else nan,
-                      tpot=rep.tpot_s if rep.tpot_s is not None else nan,
-                      memory_peak=max(rep.memory_peak.values(), default=nan))
+    return ParallelEvaluation(rep.iteration_s, _config_throughput(graph, plan, rep.iteration_s),
+                              energy=done.summary.energy, wall_s=time.perf_counter() - t0, mfu=rep.mfu,
+                              exposed=dict(rep.exposed_s), serving=serving,
+                              ttft=rep.ttft_s if rep.ttft_s is not None else nan,
+                              tpot=rep.tpot_s if rep.tpot_s is not None else nan,
+                              memory_peak=max(rep.memory_peak.values(), default=nan))
 
 
 def screen_plan(problem: Problem, plan: Plan, cache: LoweringCache | None = None,
@@ -243,23 +174,25 @@ def screen_plan(problem: Problem, plan: Plan, cache: LoweringCache | None = None
 
 
 def _screen_config(problem: Problem, plan: ParallelConfig, cache: LoweringCache | None,
-                   graphs: dict | None) -> Evaluation:
+                   graphs: dict | None) -> ParallelEvaluation:
     from marssim.parallel.analytic import screen, serving_times
 
     t0 = time.perf_counter()
     graph = graph_for(problem.graph, plan, graphs)
+    serving = _serving(graph)
     try:
         sc = screen(graph, problem.system, plan, problem.cost, time_infeasible=False)
         ttft = tpot = float("nan")
-        if graph.meta["transformer"].mode == "serve":
+        if serving:
             ttft, tpot = serving_times(graph, problem.system, plan, problem.cost)
     except InputError as err:
-        return Evaluation(math.inf, feasible=False, error=str(err), wall_s=time.perf_counter() - t0)
+        return ParallelEvaluation(math.inf, feasible=False, error=str(err), wall_s=time.perf_counter() - t0,
+                                  serving=serving)
     peak = sc.memory.peak(sc.memory.worst_stage)
     error = "" if sc.fits else f"needs {peak / 2**30:.2f} GiB per GPU, capacity {sc.memory.capacity / 2**30:.2f} GiB"
-    return Evaluation(sc.iteration_s, _config_throughput(graph, plan, sc.iteration_s), feasible=sc.fits,
-                      error=error, wall_s=time.perf_counter() - t0, mfu=sc.mfu, ttft=ttft, tpot=tpot,
-                      memory_peak=peak)
+    return ParallelEvaluation(sc.iteration_s, _config_throughput(graph, plan, sc.iteration_s), feasible=sc.fits,
+                              error=error, wall_s=time.perf_counter() - t0, mfu=sc.mfu, serving=serving, ttft=ttft,
+                              tpot=tpot, memory_peak=peak)
 
 
 _SIMULATE = {
@@ -280,9 +213,9 @@ _SCREEN = {
 _LATENCY = ("ttft", "tbt", "tpot", "e2e", "queue")
 
 
-def deployment_evaluation(problem: Problem, deployment: Deployment, how: str) -> Evaluation:
+def deployment_evaluation(problem: Problem, deployment: Deployment, how: str) -> DeploymentEvaluation:
     """A deployment simulated (``how="simulate"``) or screened (``"estimate"``) on the problem's
-    serving case (:func:`marssim.plan.run_deployment`), as an :class:`Evaluation`: ``makespan``
+    serving case (:func:`marssim.plan.run_deployment`), as a :class:`DeploymentEvaluation`: ``makespan``
     the run's span (first arrival to last token, s), ``throughput`` output tokens/s, ``rate``
     the requests/s the figures are at, ``goodput`` (requests/s), GPUs, dollars per million
     output tokens, the constraints' ratio and what it missed, the latency statistics
@@ -297,8 +230,8 @@ def deployment_evaluation(problem: Problem, deployment: Deployment, how: str) ->
     try:
         done: CaseRun = run_deployment(deployment, case, problem.system, problem.cost, how=how)
     except (CapacityError, InputError) as err:
-        return Evaluation(math.inf, feasible=False, error=str(err), wall_s=time.perf_counter() - t0,
-                          gpus=deployment.gpus, slo_ratio=math.inf)
+        return DeploymentEvaluation(math.inf, feasible=False, error=str(err), wall_s=time.perf_counter() - t0,
+                                    gpus=deployment.gpus, slo_ratio=math.inf)
     s = done.summary
     latency = {f"{m}_{k}": float(v) for m in _LATENCY for k, v in s.get(f"{m}_s", {}).items()}
     if not done.feasible or done.ratio <= 1:
@@ -307,11 +240,12 @@ def deployment_evaluation(problem: Problem, deployment: Deployment, how: str) ->
         miss = f"stopped: {s['missed']}"
     else:
         miss = "; ".join(case.violations(s, done.rate if case.goodput else None))
-    return Evaluation(float(s.get("duration_s", math.nan)), float(s.get("output_tokens_per_s", math.nan)),
-                      feasible=done.feasible, error=done.error, wall_s=time.perf_counter() - t0, rate=done.rate,
-                      goodput=done.goodput, gpus=done.gpus, cost_per_mtok=done.cost_per_mtok, slo_ratio=done.ratio,
-                      slo_miss=miss, capacity=done.capacity_rps, runs=done.runs, latency=latency,
-                      user_tokens_per_s=float(s.get("user_tokens_per_s", {}).get("mean", math.nan)))
+    return DeploymentEvaluation(float(s.get("duration_s", math.nan)), float(s.get("output_tokens_per_s", math.nan)),
+                                feasible=done.feasible, error=done.error, wall_s=time.perf_counter() - t0,
+                                rate=done.rate, goodput=done.goodput, gpus=done.gpus,
+                                cost_per_mtok=done.cost_per_mtok, slo_ratio=done.ratio, slo_miss=miss,
+                                capacity=done.capacity_rps, runs=done.runs, latency=latency,
+                                user_tokens_per_s=float(s.get("user_tokens_per_s", {}).get("mean", math.nan)))
 
 
 # ---------------------------------------------------------------------- worker side

@@ -42,10 +42,11 @@ import numpy as np
 
 from marssim.cost.base import CostModel
 from marssim.mapping import Mapping
+from marssim.progress import GenerationDone
 from marssim.system import System
 from marssim.workload import Graph
 
-from .evaluate import OBJECTIVES, Evaluation, Evaluator, Problem, rank_value
+from .evaluate import OBJECTIVES, Evaluator, MappingEvaluation, Problem, rank_value
 from .result import SearchResult
 from .skeleton import Budget, two_level
 from .space import Genome, MappingSpace, runs_of
@@ -128,7 +129,7 @@ class _Individual:
     def __init__(self, genome: Genome) -> None:
         self.genome = genome
         self.fitness: float | None = None
-        self.evaluation: Evaluation | None = None
+        self.evaluation: MappingEvaluation | None = None
         self.mapping: Mapping | None = None
 
     def rank_key(self) -> tuple[float, str]:
@@ -213,7 +214,7 @@ class _MARS:
     def breed(self, population: list[_Individual]) -> list[_Individual]:
         return self.next_generation(population)
 
-    def fitness(self, evaluation: Evaluation) -> float:
+    def fitness(self, evaluation: MappingEvaluation) -> float:
         return evaluation.fitness(self.objective)
 
     def improved(self) -> bool:
@@ -704,7 +705,7 @@ class _MARS:
         evaluations = self.ev.simulate([m for ms in finals for m in ms])
         k = 0
         for ind, ms in zip(todo, finals):
-            best: tuple[float, str, Mapping, Evaluation] | None = None
+            best: tuple[float, str, Mapping, MappingEvaluation] | None = None
             if ind.fitness is not None:
                 assert ind.mapping is not None and ind.evaluation is not None
                 best = (rank_value(ind.fitness), ind.mapping.key, ind.mapping, ind.evaluation)
@@ -765,7 +766,7 @@ class _MARS:
 
 def mars(graph: Graph, system: System, cost: CostModel | None = None, *, config: GAConfig | None = None,
          seed: int = 0, executor: Executor | None = None, objective: str = "latency",
-         seeds: Sequence[Mapping] = (), progress: Callable[[dict], None] | None = None,
+         seeds: Sequence[Mapping] = (), progress: Callable[[GenerationDone], None] | None = None,
          evaluator: Evaluator | None = None, collective_algorithm: str = "auto",
          space: MappingSpace | None = None) -> SearchResult:
     """Search the mapping space with the MARS two-level GA; returns the best simulated mapping.
@@ -773,9 +774,9 @@ def mars(graph: Graph, system: System, cost: CostModel | None = None, *, config:
     ``seeds`` (e.g. baseline results) are simulated first and enter the population where they
     fit the encoding; the result is never worse than the best seed. ``executor`` evaluates
     candidates in parallel (any ``concurrent.futures.Executor``); results do not depend on it.
-    ``space`` replaces the space built from ``config``. ``progress`` receives a dict per
-    generation (the history row plus ``evaluations_per_s``: simulations and estimates per
-    second of wall time so far)."""
+    ``space`` replaces the space built from ``config``. ``progress`` receives a
+    :class:`~marssim.progress.GenerationDone` per generation (its history row, and simulations and
+    estimates per second of wall time so far)."""
     if objective not in OBJECTIVES:
         raise ValueError(f"unknown objective {objective!r}; expected one of {', '.join(OBJECTIVES)}")
     if cost is None:

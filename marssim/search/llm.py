@@ -50,10 +50,11 @@ from marssim.cost.base import CostModel
 from marssim.errors import InputError
 from marssim.parallel import ParallelConfig, parallel_problems
 from marssim.plan import plan_key
+from marssim.progress import GenerationDone
 from marssim.system import System
 from marssim.workload import Graph
 
-from .evaluate import Evaluation, Evaluator, Problem, rank_value
+from .evaluate import Evaluator, ParallelEvaluation, Problem, rank_value
 from .result import SearchResult
 from .operators import coordinate_descent, next_population
 from .skeleton import Budget, two_level
@@ -107,7 +108,7 @@ class LLMSearchSettings:
     seed_with_grid: bool = True
 
 
-def llm_fitness(evaluation: Evaluation, settings: LLMSearchSettings) -> float:
+def llm_fitness(evaluation: ParallelEvaluation, settings: LLMSearchSettings) -> float:
     """The value a configuration is ranked by (smaller is better): the objective, with the
     serving search's time-to-first-token bound as a constraint."""
     if (settings.objective == "throughput" and settings.ttft_bound is not None and evaluation.serving
@@ -273,13 +274,13 @@ def _legal(space: LLMSpace, cfg: ParallelConfig) -> bool:
 
 # ----------------------------------------------------------------------------- evaluation
 def screen_configs(graph: Graph, system: System, cost: CostModel, configs: Sequence[ParallelConfig],
-                   executor: Executor | None = None) -> list[Evaluation]:
+                   executor: Executor | None = None) -> list[ParallelEvaluation]:
     """Screen ``configs`` (closed form), in order, on ``executor``."""
     return Evaluator(Problem(graph, system, cost), executor).estimate(list(configs))
 
 
 def simulate_configs(graph: Graph, system: System, cost: CostModel, configs: Sequence[ParallelConfig],
-                     executor: Executor | None = None) -> list[Evaluation]:
+                     executor: Executor | None = None) -> list[ParallelEvaluation]:
     """Simulate ``configs``, in order, on ``executor`` (one configuration per task)."""
     return Evaluator(Problem(graph, system, cost), executor).simulate(list(configs), side_by_side=True)
 
@@ -344,15 +345,15 @@ class _LLMStrategy:
         self.settings = settings
         self.rng = np.random.default_rng(settings.seed)
         self.tried: set[tuple] = set()
-        self.scored: list[tuple[_Genome, Evaluation]] = []
+        self.scored: list[tuple[_Genome, ParallelEvaluation]] = []
         self.best_screen = math.inf
         self._improved = False
 
     # --------------------------------------------------------------- evaluation
-    def fitness(self, evaluation: Evaluation) -> float:
+    def fitness(self, evaluation: ParallelEvaluation) -> float:
         return llm_fitness(evaluation, self.settings)
 
-    def screen(self, configs: Sequence[ParallelConfig]) -> list[Evaluation]:
+    def screen(self, configs: Sequence[ParallelConfig]) -> list[ParallelEvaluation]:
         return self.ev.estimate(list(configs))
 
     def simulate(self, configs: Sequence[ParallelConfig]) -> None:
@@ -529,7 +530,7 @@ class _LLMStrategy:
         return replace(a, layers=b.layers if pick[0] else a.layers, perm=b.perm if pick[1] else a.perm,
                        tps=b.tps if pick[2] and sum(b.tps) == sum(a.tps) else a.tps)
 
-    def level2(self, genomes: list[_Genome]) -> list[tuple[_Genome, Evaluation]]:
+    def level2(self, genomes: list[_Genome]) -> list[tuple[_Genome, ParallelEvaluation]]:
         """The best level-2 choice for each genome's level 1, by coordinate descent over the
         screen: every genome's trials of a coordinate screened as one batch; a genome whose
         round changed nothing stops."""
@@ -541,12 +542,12 @@ class _LLMStrategy:
 
         best = coordinate_descent(genomes, lambda _: _GENES, options, self.screen,
                                   lambda c, e: (rank_value(self.fitness(e)), c.text()))
-        out: list[tuple[_Genome, Evaluation]] = []
+        out: list[tuple[_Genome, ParallelEvaluation]] = []
         configs = [g.config(sp) for g in best]
         legal = [c for c in configs if _legal(sp, c)]
         evals = dict(zip(map(plan_key, legal), self.screen(legal)))
         for g, c in zip(best, configs):
-            out.append((g, evals.get(plan_key(c), Evaluation(math.inf, feasible=False, error="not legal"))))
+            out.append((g, evals.get(plan_key(c), ParallelEvaluation(math.inf, feasible=False, error="not legal"))))
         return out
 
     def gene_values(self, g: _Genome) -> dict[str, tuple]:
@@ -564,7 +565,7 @@ class _LLMStrategy:
                 "overlap_param_gather": s.overlap_param_gather if sp.training and g.dp > 1 else (False,),
                 "etp": sp.etps(min(g.tps))}
 
-    def next_generation(self, scored: list[tuple[_Genome, Evaluation]]) -> list[_Genome]:
+    def next_generation(self, scored: list[tuple[_Genome, ParallelEvaluation]]) -> list[_Genome]:
         ranked = sorted(scored, key=lambda x: (rank_value(self.fitness(x[1])), x[0].config(self.space).text()))
         return next_population([g for g, _ in ranked], self.settings.population, self.rng, self.crossover1,
                                self.mutate1, _level1, self.tried)
@@ -589,10 +590,10 @@ def _check(ev: Evaluator, settings: LLMSearchSettings, result: SearchResult | No
 
 def mars_llm(graph: Graph, system: System, cost: CostModel, settings: LLMSearchSettings | None = None, *,
              executor: Executor | None = None, seeds: Sequence[ParallelConfig] = (),
-             progress: Callable[[dict], None] | None = None) -> SearchResult:
+             progress: Callable[[GenerationDone], None] | None = None) -> SearchResult:
     """The two-level search (module docstring); ``seeds``: configurations to start from (by
     default the best ones of :func:`megatron_grid`, simulated, so the search never returns a
-    worse configuration). ``progress`` is called with each generation's history row. Raises
+    worse configuration). ``progress`` is called with each generation's :class:`~marssim.progress.GenerationDone`. Raises
     :class:`~marssim.search.result.SearchInterrupted` on Ctrl-C (the best so far with it)."""
     settings = settings or LLMSearchSettings()
     space = LLMSpace.of(graph, system, settings)

@@ -47,7 +47,9 @@ def fitness_display(objective: str, fitness: float, serving: bool = False) -> tu
 
 
 def _serving(result: SearchResult) -> bool:
-    return result.evaluation.serving
+    """Whether the result's figures are a serving LLM's (latency per output token)."""
+    e = result.evaluation
+    return e.kind is PlanKind.PARALLEL and e.serving
 
 
 def plot_convergence(results: SearchResult | list[SearchResult], png: str | Path) -> list[Path]:
@@ -335,7 +337,7 @@ def search_summary(result: SearchResult, graph: Graph | None, system: System) ->
     out = {
         "algorithm": result.algorithm, "objective": result.objective, "seed": result.seed,
         "fitness": _num(result.fitness), "makespan_s": _num(result.makespan),
-        "throughput": _num(e.throughput), "energy_j": _num(e.energy),
+        "throughput": _num(e.throughput),
         "simulations": result.simulations, "estimates": result.estimates, "rejected_memory": result.rejected_memory,
         "wall_s": result.wall_s, "interrupted": result.interrupted, "system": system.spec,
         "workload": graph.spec if graph is not None else None,
@@ -348,20 +350,23 @@ def search_summary(result: SearchResult, graph: Graph | None, system: System) ->
 def _deployment_summary(dep: Deployment, e) -> dict:
     from marssim.serve.deployment import deployment_to_dict
 
-    return dict(best=deployment_to_dict(dep), best_text=dep.text(), gpus=e.gpus, rate_rps=_num(e.rate),
+    return dict(best=deployment_to_dict(dep), best_text=dep.text(), energy_j=None, gpus=e.gpus, rate_rps=_num(e.rate),
                 goodput_rps=_num(e.goodput), output_tokens_per_s=_num(e.throughput),
                 cost_per_mtok=_num(e.cost_per_mtok), slo_ratio=_num(e.slo_ratio), simulation_runs=e.runs,
                 latency_s={k: _num(v) for k, v in sorted(e.latency.items())})
 
 
 def _config_summary(cfg: ParallelConfig, e) -> dict:
-    return dict(best=cfg.to_dict(), best_text=cfg.text(), mfu=_num(e.mfu), ttft_s=_num(e.ttft), tpot_s=_num(e.tpot),
-                memory_peak_bytes=_num(e.memory_peak), exposed_s={k: _num(v) for k, v in e.exposed.items()})
+    return dict(best=cfg.to_dict(), best_text=cfg.text(), energy_j=_num(e.energy), mfu=_num(e.mfu),
+                ttft_s=_num(e.ttft), tpot_s=_num(e.tpot), memory_peak_bytes=_num(e.memory_peak),
+                exposed_s={k: _num(v) for k, v in e.exposed.items()})
 
 
-_SUMMARY = {PlanKind.MAPPING: lambda m, e: {"mapping_key": m.key}, PlanKind.PARALLEL: _config_summary,
+_SUMMARY = {PlanKind.MAPPING: lambda m, e: {"mapping_key": m.key, "energy_j": _num(e.energy)},
+            PlanKind.PARALLEL: _config_summary,
             PlanKind.DEPLOYMENT: _deployment_summary}
-"""A kind's best plan and figures in ``search.json``."""
+"""A kind's best plan and figures in ``search.json`` (``energy_j`` null for a deployment, which has no
+energy figure)."""
 
 
 def _json_ready(value):

@@ -11,7 +11,7 @@ import pandas as pd
 from marssim.plan import Plan, plan_key
 from marssim.plan.kinds import PlanKind, kind_of
 
-from .evaluate import Evaluation, rank_value
+from .evaluate import DeploymentEvaluation, Evaluation, rank_value
 
 __all__ = ["SearchResult", "SearchInterrupted", "Candidate", "deployment_figures"]
 
@@ -128,7 +128,7 @@ _HEADLINE = {PlanKind.MAPPING: lambda r: f"{r.makespan * 1e3:.4f} ms",
 """A kind's best figures so far, for an interrupted search."""
 
 
-def deployment_figures(e: Evaluation) -> str:
+def deployment_figures(e: DeploymentEvaluation) -> str:
     """A deployment's simulated figures in a line: GPUs, goodput or rate, latency percentiles,
     throughput, cost, whether it met the constraints."""
     lat = e.latency

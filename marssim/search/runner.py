@@ -22,6 +22,7 @@ import pandas as pd
 
 from marssim.cost.base import CostModel
 from marssim.plan.kinds import KINDS, PlanKind
+from marssim.progress import GenerationDone, SearchDone, SearchStarted
 from marssim.system import System
 from marssim.workload import Graph
 
@@ -69,7 +70,7 @@ def _space(graph: Graph, system: System, cfg: GAConfig) -> MappingSpace:
 
 
 def run_algorithm(name: str, graph: Graph, system: System, cost: CostModel, settings: SearchSettings, *,
-                  executor: Executor | None = None, progress: Callable[[dict], None] | None = None,
+                  executor: Executor | None = None, progress: Callable[[GenerationDone], None] | None = None,
                   baselines: dict[str, SearchResult] | None = None) -> SearchResult:
     """Run algorithm ``name`` (one of :data:`ALGORITHMS`) with its own evaluation cache.
     ``baselines``: results of baselines already run on this case, used as the GA's seeds
@@ -109,7 +110,8 @@ def run_algorithm(name: str, graph: Graph, system: System, cost: CostModel, sett
 
 
 def compare(graph: Graph, system: System, cost: CostModel, settings: SearchSettings, *,
-            executor: Executor | None = None, progress: Callable[[str, SearchResult | None], None] | None = None
+            executor: Executor | None = None,
+            progress: Callable[[SearchStarted | SearchDone], None] | None = None
             ) -> tuple[pd.DataFrame, dict[str, SearchResult]]:
     """Run data_parallel, h2h, mars (seeded with the baselines' results, not run again),
     random (simulating as many mappings as mars evaluated, counting its estimates) and, when the
@@ -117,20 +119,21 @@ def compare(graph: Graph, system: System, cost: CostModel, settings: SearchSetti
 
     Returns ``(table, results)``: one row per algorithm with ``makespan_ms``, ``fitness``,
     ``vs_data_parallel_pct`` (negative: lower latency than data_parallel), ``simulations``,
-    ``estimates``, ``wall_s``; ``progress(name, result)`` is called before (result None) and after each."""
+    ``estimates``, ``wall_s``; ``progress`` is called with a :class:`~marssim.progress.SearchStarted` before each
+    and a :class:`~marssim.progress.SearchDone` after."""
     results: dict[str, SearchResult] = {}
     order = ["data_parallel", "h2h", "mars", "random"]
     if count_space(_space(graph, system, settings.ga_config()), settings.exhaustive_limit) <= settings.exhaustive_limit:
         order.append("exhaustive")
     for name in order:
         if progress:
-            progress(name, None)
+            progress(SearchStarted(name))
         run_settings = settings
         if name == "random":
             run_settings = replace(settings, budget=max(1, results["mars"].simulations + results["mars"].estimates))
         results[name] = run_algorithm(name, graph, system, cost, run_settings, executor=executor, baselines=results)
         if progress:
-            progress(name, results[name])
+            progress(SearchDone(name, results[name]))
     base = results["data_parallel"].fitness
     rows = []
     for name, r in results.items():

@@ -50,11 +50,12 @@ import numpy as np
 
 from marssim.cost.base import CostModel
 from marssim.errors import InputError
+from marssim.progress import GenerationDone
 from marssim.serve.case import ServeCase
 from marssim.serve.deployment import Deployment, Pool, SchedulerConfig
 from marssim.system import System
 
-from .evaluate import SERVING_OBJECTIVES, Evaluation, Evaluator, Problem, rank_value
+from .evaluate import SERVING_OBJECTIVES, DeploymentEvaluation, Evaluator, Problem, rank_value
 from .result import SearchResult
 from .operators import coordinate_descent, next_population
 from .skeleton import Budget, two_level
@@ -342,17 +343,17 @@ class _ServeStrategy:
         self.settings = settings
         self.rng = np.random.default_rng(settings.seed)
         self.tried: set[tuple] = set()
-        self.scored: list[tuple[Deployment, Evaluation]] = []
+        self.scored: list[tuple[Deployment, DeploymentEvaluation]] = []
         self.best_screen: tuple = (2, math.inf)
         self._improved = False
         self.front_note: dict[str, int] = {}
         self.cap = settings.max_simulations - settings.front_reserve  # the generations' simulations
 
     # --------------------------------------------------------------- evaluation
-    def fitness(self, evaluation: Evaluation) -> float:
+    def fitness(self, evaluation: DeploymentEvaluation) -> float:
         return evaluation.fitness(self.settings.objective)
 
-    def screen_key(self, e: Evaluation) -> tuple:
+    def screen_key(self, e: DeploymentEvaluation) -> tuple:
         """How screened deployments are ranked: those meeting the constraints relaxed by
         ``screen_slack`` first, by the objective; then the rest, closest to the bounds first."""
         s = self.settings
@@ -365,7 +366,7 @@ class _ServeStrategy:
             return (0, rank_value(value))
         return (1, rank_value(e.slo_ratio) if e.feasible else math.inf)
 
-    def screen(self, deps: Sequence[Deployment]) -> list[Evaluation]:
+    def screen(self, deps: Sequence[Deployment]) -> list[DeploymentEvaluation]:
         return self.ev.estimate(list(deps))
 
     def simulate(self, deps: Sequence[Deployment]) -> None:
@@ -377,7 +378,7 @@ class _ServeStrategy:
         if todo:
             self.ev.simulate(todo, side_by_side=True)
 
-    def bound(self, e: Evaluation, simulated: bool = False) -> float:
+    def bound(self, e: DeploymentEvaluation, simulated: bool = False) -> float:
         """The objective's value a deployment could reach were the constraints no object: its
         GPUs, its cost, or for goodput the inverse of its capacity (the screen's; a simulated
         deployment's goodput)."""
@@ -523,7 +524,7 @@ class _ServeStrategy:
         pools[i] = replace(pool, scheduler=cfg)
         return dep.with_(pools=tuple(pools))
 
-    def level2(self, population: list[Deployment]) -> list[tuple[Deployment, Evaluation]]:
+    def level2(self, population: list[Deployment]) -> list[tuple[Deployment, DeploymentEvaluation]]:
         """The best engine settings of each deployment's pools, by coordinate descent over the
         screen: a gene of a pool at a time, every deployment's trials screened as one batch; a
         deployment whose round changed nothing stops."""
@@ -681,7 +682,7 @@ class _ServeStrategy:
         out = self._repair([pb if k else pa for pa, pb, k in zip(a.pools, b.pools, pick)])
         return out if out is not None else a
 
-    def next_generation(self, scored: list[tuple[Deployment, Evaluation]]) -> list[Deployment]:
+    def next_generation(self, scored: list[tuple[Deployment, DeploymentEvaluation]]) -> list[Deployment]:
         s = self.settings
 
         def key(item):
@@ -798,7 +799,7 @@ def _check(ev: Evaluator, space: ServeSpace, result: SearchResult | None) -> Non
 
 def _run(strategy_cls, case: ServeCase, system: System, cost: CostModel, settings: ServeSearchSettings,
          executor: Executor | None, budget: Budget, seeds: Sequence[Deployment] = (),
-         progress: Callable[[dict], None] | None = None, **kwargs) -> SearchResult:
+         progress: Callable[[GenerationDone], None] | None = None, **kwargs) -> SearchResult:
     if settings.objective not in SERVING_OBJECTIVES:
         raise ValueError(f"objective must be one of {', '.join(SERVING_OBJECTIVES)}, got {settings.objective!r}")
     space = ServeSpace.of(case, system, settings)
@@ -821,7 +822,7 @@ def _run(strategy_cls, case: ServeCase, system: System, cost: CostModel, setting
 
 def mars_serve(case: ServeCase, system: System, cost: CostModel, settings: ServeSearchSettings | None = None, *,
                executor: Executor | None = None, seeds: Sequence[Deployment] = (),
-               progress: Callable[[dict], None] | None = None) -> SearchResult:
+               progress: Callable[[GenerationDone], None] | None = None) -> SearchResult:
     """The two-level search (module docstring); ``seeds``: deployments to start from (by default
     the grid's best, simulated, so the search never returns a worse one). ``progress`` is called
     with each generation's history row. Raises :class:`~marssim.search.result.SearchInterrupted`

@@ -32,6 +32,7 @@ from typing import Any, Protocol
 import pandas as pd
 
 from marssim.plan import Plan, plan_key
+from marssim.progress import GenerationDone
 
 from .evaluate import Evaluation, Evaluator, rank_value
 from .result import Candidate, SearchInterrupted, SearchResult
@@ -142,7 +143,7 @@ def candidates_of(ev: Evaluator) -> list[Candidate]:
 
 
 def two_level(strategy: Strategy, ev: Evaluator, budget: Budget, objective: str, *, seeds: Sequence[Plan] = (),
-              seed: int = 0, progress: Callable[[dict], None] | None = None, notes: dict | None = None
+              seed: int = 0, progress: Callable[[GenerationDone], None] | None = None, notes: dict | None = None
               ) -> SearchResult:
     """Run ``strategy`` on ``ev`` until ``budget`` ends it (see the module docstring). Raises
     :class:`SearchInterrupted` on Ctrl-C once a plan has been simulated, ValueError when
@@ -194,7 +195,8 @@ def two_level(strategy: Strategy, ev: Evaluator, budget: Budget, objective: str,
             rows.append(row)
             if progress is not None:
                 rate = (row["simulations"] + row["estimates"]) / max(row["wall_s"], 1e-9)
-                progress({**row, "evaluations_per_s": rate})
+                progress(GenerationDone(row["generation"], row["best_fitness"], row["simulations"], row["estimates"],
+                                        row["wall_s"], rate, dict(row)))
             improved = best is not None and best[0] < best_seen * (1 - 1e-12)
             if improved:
                 best_seen = best[0]

@@ -25,6 +25,7 @@ import simpy
 from marssim.errors import CapacityError
 from marssim.gcpause import gc_paused
 from marssim.lazymodule import lazy_module
+from marssim.progress import SimulationProgress
 from marssim.system import System
 from marssim.taskgraph import COMPUTE, TaskGraph
 from marssim.results.build import Spill, build_result
@@ -106,8 +107,8 @@ def simulate(taskgraph: TaskGraph, system: System, *, memory_policy: str = "erro
     ``streams``: compute tasks a device may run at once. ``record``: keep the memory and link
     timelines (traces need them; searches do not). ``setup``: also simulate the weight loads
     to report ``Result.setup_time``. ``engine``: see :data:`ENGINES` (the same result from
-    either). ``progress``: called at most every half second of wall time with
-    ``{"time_s": simulated seconds so far, "tasks_done", "tasks"}``."""
+    either). ``progress``: called at most every half second of wall time with a
+    :class:`~marssim.progress.SimulationProgress` (simulated seconds so far, tasks ended, tasks)."""
     _check(memory_policy, streams, engine, taskgraph)
     wall = time.perf_counter()
     with gc_paused():
@@ -278,7 +279,7 @@ class _Simulation:
 
         def report() -> None:
             ended = int(np.count_nonzero(~np.isnan(np.asarray(self.end, dtype=float))))
-            progress({"time_s": env.now, "tasks_done": ended, "tasks": self.n})
+            progress(SimulationProgress(env.now, ended, self.n))
 
         last = time.perf_counter()
         try:

@@ -20,6 +20,7 @@ import numpy as np
 
 from marssim.errors import CapacityError
 from marssim.lazymodule import lazy_module
+from marssim.progress import SimulationProgress
 from marssim.results.build import build_result
 from marssim.results.summary import summarise
 from marssim.system import System
@@ -29,9 +30,9 @@ pd = lazy_module("pandas")  # imported when a table is first built
 
 __all__ = ["available", "usable", "run_compiled", "Progress"]
 
-Progress = Callable[[dict], None]
-"""A progress callback: called with ``{"time_s": simulated seconds, "tasks_done": tasks ended,
-"tasks": all tasks}`` at most every ``PROGRESS_EVERY`` seconds of wall time."""
+Progress = Callable[[SimulationProgress], None]
+"""A progress callback: called with a :class:`~marssim.progress.SimulationProgress` (simulated
+seconds, tasks ended, all tasks) at most every ``PROGRESS_EVERY`` seconds of wall time."""
 
 PROGRESS_EVERY = 0.5  # s of wall time between progress calls
 _BUDGET = 1 << 16  # events per call of the compiled loop
@@ -320,8 +321,8 @@ def run_compiled(taskgraph: TaskGraph, system: System, memory_policy: str, strea
                 state = k.State(**arrays)
             if progress is not None and time.perf_counter() - last >= PROGRESS_EVERY:
                 last = time.perf_counter()
-                progress({"time_s": float(arrays["fl"][k.F.NOW]), "tasks_done": int(np.count_nonzero(arrays["end"] == arrays["end"])),
-                          "tasks": tg.n_tasks})
+                progress(SimulationProgress(float(arrays["fl"][k.F.NOW]),
+                                            int(np.count_nonzero(arrays["end"] == arrays["end"])), tg.n_tasks))
     except MemoryError:
         pool = int(arrays["it"][k.I.ERRPOOL])
         t = int(arrays["it"][k.I.ERRTASK])
@@ -332,8 +333,7 @@ def run_compiled(taskgraph: TaskGraph, system: System, memory_policy: str, strea
     if unfinished:
         raise RuntimeError(f"{unfinished} tasks never ran: the task graph has a cycle or an unreachable dependency")
     if progress is not None:
-        progress({"time_s": float(np.nanmax(end)) if tg.n_tasks else 0.0, "tasks_done": tg.n_tasks,
-                  "tasks": tg.n_tasks})
+        progress(SimulationProgress(float(np.nanmax(end)) if tg.n_tasks else 0.0, tg.n_tasks, tg.n_tasks))
     start = arrays["start"]
     if schedule_only:  # a summary and every task's times: no tables (and no pandas)
         from .engine import Schedule

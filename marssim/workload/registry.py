@@ -17,7 +17,8 @@ from marssim.specs import coerce, field_like, format_spec, parse_params, split_s
 
 from .graph import Graph
 
-__all__ = ["ZooEntry", "register", "zoo_entries", "parse_spec", "load_workload", "format_spec", "is_onnx_spec"]
+__all__ = ["ZooEntry", "register", "zoo_entries", "parse_spec", "load_workload", "format_spec", "is_onnx_spec",
+           "spec_mode"]
 
 
 @dataclass(frozen=True)
@@ -113,6 +114,25 @@ def load_workload(spec: str, *, batch: int | None = None) -> Graph:
     graph.spec = format_spec(name, changed)
     check_sizes(graph, spec)
     return graph
+
+
+def spec_mode(spec: str) -> str | None:
+    """The mode (``train``, ``serve``, ``forward``, ...) a zoo LLM spec runs -- the spec's own
+    ``mode`` or its model's default --, read from the spec alone, without building the graph; None
+    for any other spec (an ONNX file, a Hugging Face config, a zoo model that is no LLM) and for a
+    spec that does not parse (building it says why)."""
+    from .llm.hf import is_hf_spec
+
+    if is_hf_spec(spec) or is_onnx_spec(spec):
+        return None
+    try:
+        name, raw = parse_spec(spec)
+    except InputError:
+        return None
+    entry = zoo_entries().get(name)
+    if entry is None or entry.group != "llm" or "mode" not in entry.defaults:
+        return None
+    return str(raw.get("mode", entry.defaults["mode"]))
 
 
 MAX_OP_COUNT = 2**62
