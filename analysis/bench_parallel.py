@@ -31,7 +31,7 @@ _CHILD = textwrap.dedent("""
     import json, resource, sys, time
     from marssim.cost import default_cost_model
     from marssim.parallel import lower_parallel, parse_parallel
-    from marssim.parallel.run import report_of
+    from marssim.parallel import report_of
     from marssim.system import load_system
     from marssim.workload import load_workload
 

@@ -4,9 +4,10 @@ Infinity Fabric), in bf16 and in FP8 (Transformer Engine's recipe; MI300X: FP8 a
 peak too), one parallel configuration for all (tp 8, pp 2, dp 9, sequence parallelism, ZeRO-1,
 full recomputation, global batch 72 of 4,096 tokens), simulated.
 
-These are the model's predictions from datasheet figures: no GPU but the H100 has a measured
-kernel table, so every other system's kernels are timed by the analytical GPU roofline (each
-op's report names its cost model); no constant is fitted to any published iteration time.
+These are the model's predictions: the H100, H200 and B200 GEMMs from measured kernel tables (the
+project's own H100 table and AIConfigurator's, by each system's software stack), every other
+system's kernels by the analytical GPU roofline from datasheet figures (the last column counts the
+GEMMs by the cost model that timed them); no constant is fitted to any published iteration time.
 
 Usage: ``python analysis/llm_systems.py [--gpus 144]``. Prints a table; the committed output is
 ``analysis/results/llm_systems.txt``.
@@ -33,21 +34,19 @@ def run(system_spec: str, workload: str, config: str) -> dict:
     from collections import Counter
 
     from marssim.cost import default_cost_model
-    from marssim.parallel import lower_parallel, parse_parallel
-    from marssim.parallel.run import check_memory, report_of
-    from marssim.sim import simulate
+    from marssim.parallel import parse_parallel
+    from marssim.plan import graph_for
+    from marssim.plan import run as run_plan
     from marssim.system import load_system
     from marssim.workload import load_workload
 
     system = load_system(system_spec)
-    graph = load_workload(workload)
     cfg = parse_parallel(config)
-    check_memory(graph, system, cfg)
+    graph = graph_for(load_workload(workload), cfg)
     cost = default_cost_model()
     wall = time.perf_counter()
-    tg = lower_parallel(graph, system, cfg, cost)
-    result = simulate(tg, system)
-    rep = report_of(tg, system, result)
+    done = run_plan(cfg, graph, system, cost, how="simulate", detail=False)
+    tg, rep = done.taskgraph, done.report
     gemm_models = Counter(info.cost_model for info in tg.ops if info.kind == "gemm" and info.cost_model)
     return {"iteration_ms": rep.iteration_s * 1e3, "tflops": rep.tflops_per_gpu, "mfu": rep.mfu,
             "peak": rep.peak_flops, "memory_gib": max(rep.memory_peak.values()) / 2**30,
