@@ -65,3 +65,31 @@ def test_a_fused_kernel_keeps_its_phase_while_a_gradient_gemm_takes_the_forward_
     assert all(k[9] == "bwd" for k in lookup_keys(fused))
     gemm = shape_key("gemm", "bf16", 1, 4096, 4096, 4096, 0.0, 0.0, phase="dgrad")
     assert [k[9] for k in lookup_keys(gemm)] == ["dgrad", "fwd"]
+
+
+def test_a_context_kernel_past_the_grid_grows_as_its_square_and_a_decode_kernel_is_not_extrapolated():
+    from marssim.cost.attention_grid import SATURATED_KEYS, AttentionFamily, AttentionGrid, SliceKey
+
+    ctx = SliceKey("bf16", "fwd", "flash", 128, AttentionFamily.CONTEXT, 1, 16)
+    dec = SliceKey("bf16", "fwd", "flash", 128, AttentionFamily.DECODE, 1, 16)
+    short = SliceKey("bf16", "fwd", "flash", 64, AttentionFamily.CONTEXT, 1, 16)
+    last = 4 * SATURATED_KEYS
+    grid = AttentionGrid([(ctx, 8, 1, last // 2, 1e-3), (ctx, 8, 1, last, 3e-3), (dec, 8, 1, last, 2e-5),
+                          (short, 8, 1, SATURATED_KEYS // 2, 1e-4)])
+    assert grid.seconds(ctx, 8, 1, 3 * last) == pytest.approx(3e-3 * 9, rel=1e-12)
+    assert grid.seconds(ctx, 8, 1, 3 * last, extrapolate=False) is None
+    assert grid.seconds(ctx, 8, 1, last) == pytest.approx(3e-3, rel=1e-12)  # a measured point stays itself
+    assert grid.seconds(dec, 8, 1, 2 * last) is None  # a decode kernel is bound by its cache, not s^2
+    assert grid.seconds(short, 8, 1, SATURATED_KEYS) is None  # a line below the plateau is not extended
+
+
+def test_long_context_attention_on_the_shipped_grid_is_extrapolated_and_its_backward_derived():
+    design = next(iter(load_system("dgx-h100-cluster:nodes=1").designs.values()))
+    model = default_cost_model()
+    (f16, _), (f32, b32) = _attention_ops(16384), _attention_ops(32768)
+    at16, at32 = model.op_cost(f16, design), model.op_cost(f32, design)
+    assert (at16.model, at32.model) == ("measured", "extrapolated")
+    assert at32.time == pytest.approx(4 * at16.time, rel=1e-12)
+    back = model.op_cost(b32, design)
+    assert back.model == "derived" and back.time == pytest.approx(at32.time * backward_ratio(128, 32768), rel=1e-12)
+    assert model.op_times([f32, b32], [design, design]).tolist() == [at32.time, back.time]

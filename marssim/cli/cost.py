@@ -48,7 +48,8 @@ def _shape(op) -> str:
 
 
 TIMED_BY = ("measured = the median of a measured kernel of the shape; interpolated = between measured fused "
-            "attention kernels of the shape's slice (heads, key/value heads, cache type) in log space; derived = a fused "
+            "attention kernels of the shape's slice (heads, key/value heads, cache type) in log space; extrapolated = a "
+            "context attention kernel past the longest measured prompt, as its s^2 products; derived = a fused "
             "attention backward: its measured or interpolated forward twin times FlashAttention-3's published "
             "backward/forward time ratio; fitted = the "
             "efficiency curve fitted to the measurements, with its local correction; gpu-roofline = the analytical "

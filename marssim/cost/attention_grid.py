@@ -22,7 +22,10 @@ itself) or ``decode`` (``m == 1``: one query per sequence over its cache); other
 (chunked prefill, speculative verification) have no slice. A value on a grid line takes weight
 1 there, so a measured shape gives its measured time back exactly. A shape outside the
 measured range of a line it needs (decode grids stop where the cache would not fit) is not
-interpolated: the caller falls back to the fitted curve.
+interpolated: the caller falls back to the fitted curve -- except a context kernel longer than
+the longest prompt of a line that reaches :data:`SATURATED_KEYS` keys, which is extrapolated as
+the ``s^2`` products of a kernel at its plateau throughput (``OpCost.model == "extrapolated"``;
+the measured grids stop at 16k-token prompts, long-context training runs 32k-128k per rank).
 
 Only rows that carry their heads (:func:`marssim.cost.calibrated.attention_geometry`) take part;
 the ops carry theirs in their feature tuples (:func:`marssim.cost.features.attention_geometry_key`).
@@ -79,10 +82,23 @@ class SliceKey:
     kv_bits: int
 
 
-class _Slice:
-    """One slice: ``ln t`` by heads, then sequences, then keys, each level's keys sorted."""
+SATURATED_KEYS = 4096
+"""Keys from which a context kernel runs at its plateau throughput (FlashAttention-3's and cuDNN's
+published H100 rates at 4k tokens are within 3 % of those at 16k: Shah et al., 2024), so that
+beyond the longest measured prompt its time grows as the ``s^2`` products it computes."""
 
-    def __init__(self) -> None:
+TAIL_EXPONENTS = {AttentionFamily.CONTEXT: 2.0}
+"""Per family, the power of the key count a kernel's time follows past the longest measured one
+(context: compute-bound ``s^2``); a family without one is not extrapolated."""
+
+
+class _Slice:
+    """One slice: ``ln t`` by heads, then sequences, then keys, each level's keys sorted;
+    ``tail``: the power of the keys its lines extend by past their longest measured key count
+    (None: no extrapolation)."""
+
+    def __init__(self, tail: float | None = None) -> None:
+        self.tail = tail
         self.points: dict[tuple[int, int, int], float] = {}
         self.tree: dict[int, dict[int, tuple[tuple[int, ...], dict[int, float]]]] = {}
         self.heads: tuple[int, ...] = ()
@@ -97,15 +113,18 @@ class _Slice:
         self.heads = tuple(sorted(self.tree))
         self.seqs = {h: tuple(sorted(by_b)) for h, by_b in self.tree.items()}
 
-    def along_keys(self, h: int, b: int, s: int) -> float | None:
+    def along_keys(self, h: int, b: int, s: int, extrapolate: bool) -> float | None:
         keys, values = self.tree[h][b]
+        last = keys[-1]
+        if extrapolate and self.tail is not None and s > last >= SATURATED_KEYS:
+            return values[last] + self.tail * math.log(s / last)
         return _blend(keys, s, values.__getitem__)
 
-    def along_seqs(self, h: int, b: int, s: int) -> float | None:
-        return _blend(self.seqs[h], b, lambda v: self.along_keys(h, v, s))
+    def along_seqs(self, h: int, b: int, s: int, extrapolate: bool) -> float | None:
+        return _blend(self.seqs[h], b, lambda v: self.along_keys(h, v, s, extrapolate))
 
-    def value(self, h: int, b: int, s: int) -> float | None:
-        return _blend(self.heads, h, lambda v: self.along_seqs(v, b, s))
+    def value(self, h: int, b: int, s: int, extrapolate: bool = True) -> float | None:
+        return _blend(self.heads, h, lambda v: self.along_seqs(v, b, s, extrapolate))
 
 
 def _blend(axis: tuple[int, ...], x: int, inner) -> float | None:
@@ -147,7 +166,9 @@ class AttentionGrid:
         for key, h, b, s, seconds in entries:
             if h < 1 or b < 1 or s < 1 or not seconds > 0:
                 continue
-            sl = self._slices.setdefault(key, _Slice())
+            sl = self._slices.get(key)
+            if sl is None:
+                sl = self._slices[key] = _Slice(TAIL_EXPONENTS.get(key.family))
             lt = math.log(seconds)
             old = sl.points.get((h, b, s))
             sl.points[(h, b, s)] = lt if old is None else min(old, lt)
@@ -164,13 +185,15 @@ class AttentionGrid:
         """The slices held, in insertion order."""
         return tuple(self._slices)
 
-    def seconds(self, key: SliceKey, heads: int, sequences: int, keys: int) -> float | None:
+    def seconds(self, key: SliceKey, heads: int, sequences: int, keys: int, extrapolate: bool = True) -> float | None:
         """The interpolated time (s) of a kernel of slice ``key`` with ``heads`` query heads,
-        ``sequences`` sequences and ``keys`` keys; None where the slice cannot interpolate it."""
+        ``sequences`` sequences and ``keys`` keys; None where the slice cannot interpolate it.
+        ``extrapolate``: a context kernel past the longest measured prompt of a grid line that
+        reaches :data:`SATURATED_KEYS` takes that prompt's time times ``(keys / longest)^2``."""
         sl = self._slices.get(key)
         if sl is None:
             return None
-        lt = sl.value(heads, sequences, keys)
+        lt = sl.value(heads, sequences, keys, extrapolate)
         return None if lt is None else math.exp(lt)
 
 
@@ -218,7 +241,7 @@ STANDINS = {"bf16": "fp16", "fp16": "bf16"}
 :data:`marssim.cost.calibrated.DTYPE_STANDINS` for measured rows)."""
 
 
-def op_seconds(grid: AttentionGrid, x: tuple[int, ...]) -> float | None:
+def op_seconds(grid: AttentionGrid, x: tuple[int, ...], extrapolate: bool = True) -> float | None:
     """The interpolated time (s) of the op with feature tuple ``x``, or None (not a fused
     attention kernel of a family, or no slice interpolates it); a bf16 kernel without a bf16
     slice takes the fp16 one, and vice versa."""
@@ -226,8 +249,8 @@ def op_seconds(grid: AttentionGrid, x: tuple[int, ...]) -> float | None:
     if got is None:
         return None
     key, heads, seqs, keys = got
-    t = grid.seconds(key, heads, seqs, keys)
+    t = grid.seconds(key, heads, seqs, keys, extrapolate)
     twin = STANDINS.get(key.dtype)
     if t is None and twin is not None:
-        t = grid.seconds(replace(key, dtype=twin), heads, seqs, keys)
+        t = grid.seconds(replace(key, dtype=twin), heads, seqs, keys, extrapolate)
     return t

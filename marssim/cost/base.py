@@ -28,7 +28,8 @@ class OpCost:
     utilisation: fraction of the design's peak MAC rate achieved over ``time``.
     model: which model produced it (``systolic-os``, ``loopmap-rs``, ``bandwidth``; a GPU's
     ``measured`` (a measured kernel of the shape), ``interpolated`` (between measured fused
-    attention kernels), ``derived`` (a fused attention backward from its measured forward:
+    attention kernels), ``extrapolated`` (a context attention kernel past the longest measured
+    prompt, as its ``s^2`` products), ``derived`` (a fused attention backward from its measured forward:
     :mod:`marssim.cost.attention_backward`), ``fitted`` (the curve fitted to measurements) or ``gpu-roofline``...).
     dram_bytes, sram_bytes: bytes read plus written off chip and in the on-chip buffer (the
     array's accesses, DRAM fills and drains); NaN where the model does not count them.

@@ -59,8 +59,8 @@ gradient kernel whose shape has no row of its phase takes the ``fwd`` row of the
 (:func:`lookup_keys`: a GEMM's gradient is a GEMM of that shape, and tables measured before
 the phases were kept time training graphs as before), except a fused attention backward, which
 without a row of its own is its measured (or interpolated) forward twin times the published
-ratio of the two (:mod:`marssim.cost.attention_backward`, ``OpCost.model == "derived"``). The efficiency curves are fitted on the
-forward rows of the unfused kernels only -- rows of phase ``fwd`` without a fused attention
+ratio of the two (:mod:`marssim.cost.attention_backward`, ``OpCost.model == "derived"``).
+The efficiency curves are fitted on the forward rows of the unfused kernels only -- rows of phase ``fwd`` without a fused attention
 backend (:meth:`KernelTable.groups`) -- so every other shape of a kind, gradients included, is
 timed by its kind's forward curve: gradient GEMMs are GEMMs of their view. A fused attention
 shape between measured fused attention kernels with their heads (a context or decode kernel of

@@ -580,13 +580,14 @@ class DataflowCost:
                 t_derived = None if t_measured is not None or t_between is not None else _derived(d.gpu, x)
                 if t_measured is not None:  # the curve's compute/memory split is kept as the breakdown
                     t, model = t_measured, "measured"
-                elif t_between is not None:  # between measured fused attention kernels
-                    t, model = t_between, "interpolated"
+                elif t_between is not None:  # between measured fused attention kernels, or past them
+                    inside = op_seconds(d.gpu.attention, x, extrapolate=False) is not None
+                    t, model = t_between, "interpolated" if inside else "extrapolated"
                 elif t_derived is not None:  # a fused attention backward from its measured forward
                     t, model = t_derived, "derived"
                 elif d.gpu.any_correction and d.gpu.corrections[kernel][dt] is not None:
                     t = t * float(d.gpu.correction_factors([x])[0])
-            if cls == CLASS_GEMM and model not in ("measured", "interpolated", "derived"):  # no curve past the best
+            if cls == CLASS_GEMM and model not in MEASURED_MODELS:  # no curve past the best rate measured
                 t = max(t, x[F_FLOPS] / d.gpu.ceilings[kernel, dt])
             peak = 0.5 * d.gpu.peaks[dt]
         else:
@@ -847,6 +848,10 @@ def _measured_code(x: tuple[int, ...]) -> tuple:
         return (x[F_KERNEL], x[F_DTYPE], x[F_G], x[F_M], x[F_NN], x[F_KK], 0, 0,
                 conv_geometry_key(x) or attention_geometry_key(x), x[F_PHASE], x[F_BACKEND])
     return (x[F_KERNEL], x[F_DTYPE], 0, 0, 0, 0, x[F_FLOPS], x[F_TRAFFIC], (), x[F_PHASE], x[F_BACKEND])
+
+
+MEASURED_MODELS = ("measured", "interpolated", "extrapolated", "derived")
+"""The :attr:`OpCost.model` values of a GPU kernel timed from measured kernels rather than a curve."""
 
 
 def _derived(gpu, x: tuple[int, ...]) -> float | None:
