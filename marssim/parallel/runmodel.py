@@ -21,6 +21,7 @@ from marssim.collectives.plan import CollectivePlan
 from marssim.cost.base import CostModel
 from marssim.system import Route, System
 from marssim.workload import Graph, Op, OpKind
+from marssim.workload.llm import require_transformer
 
 from . import experts, zero3
 from .config import ParallelConfig
@@ -53,7 +54,7 @@ class RunModel:
         self.cost = cost
         self.fold = folding
         self.place = where
-        self.t = graph.meta["transformer"]
+        self.t = require_transformer(graph, "a parallel configuration")
         self.H = "S" if cfg.sp else "R"
         self.training = self.t.training
         self.micro_batches = cfg.micro_batches if self.training else 1

@@ -14,17 +14,12 @@ from typing import Any
 
 from marssim.workload.registry import register
 
-from .build import build_transformer
+from .build import build_transformer, require_transformer, transformer_of
 from .config import FAMILY_DEFAULTS, MODES, PRESETS, RECOMPUTE, TransformerConfig, config_from
 from .footprint import Footprint, footprint
 
 __all__ = ["TransformerConfig", "PRESETS", "FAMILY_DEFAULTS", "MODES", "RECOMPUTE", "build_transformer",
-           "config_from", "Footprint", "footprint", "transformer_config"]
-
-
-def transformer_config(graph) -> TransformerConfig | None:
-    """The configuration a graph was built from, or None for other workloads."""
-    return graph.meta.get("transformer")
+           "config_from", "Footprint", "footprint", "transformer_of", "require_transformer"]
 
 
 def _entry(name: str, base: dict[str, Any], description: str) -> None:
