@@ -16,6 +16,7 @@ import weakref
 from marssim.errors import InputError
 from marssim.workload import Graph, Op, OpKind
 from marssim.workload.llm import require_transformer
+from marssim.workload.llm.tprole import TP_ROLE
 
 from . import experts
 from .config import ParallelConfig
@@ -73,7 +74,7 @@ def _structure(graph: Graph) -> tuple:
     """What :func:`~.roles.rule_for` reads of a graph's ops (names, kinds, inputs, the params it
     looks at) and the expert routing: graphs alike in it get the same rules."""
     def make() -> tuple:
-        params = ("view", "grad", "grouped", "fn", "what")
+        params = ("view", "grad", "grouped", "fn", "what", TP_ROLE)
         t = require_transformer(graph, "a parallel configuration")
         return (getattr(t, "expert_load", None),) + tuple(
             (op.name, op.kind, tuple(op.inputs), tuple(op.param(p) for p in params)) for op in graph.ops)

@@ -4,8 +4,9 @@ Spec strings name a family with any dimension (``gpt:layers=96,hidden=12288,head
 ``llama:...``, ``moe:...``) or a published model (``gpt3-175b``, ``llama3-70b``,
 ``mixtral-8x7b``) with overrides, and a mode (``mode=train``, ``prefill``, ``decode``,
 ``serve``): see :mod:`.config` (fields, presets, sources), :mod:`.forward` (the blocks),
-:mod:`.autograd` (backward and optimizer), :mod:`.build` (the modes) and :mod:`.footprint`
-(parameters, FLOPs per phase, memory).
+:mod:`.autograd` (backward and optimizer), :mod:`.build` (the modes; :func:`transformer_of` and
+:func:`require_transformer`, the configuration a graph was built from), :mod:`.tprole` (each
+GEMM's tensor-parallel role) and :mod:`.footprint` (parameters, FLOPs per phase, memory).
 """
 
 from __future__ import annotations
