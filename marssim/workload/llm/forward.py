@@ -30,7 +30,8 @@ exactly); the mask is applied in the softmax and the products are marked ``causa
 models that skip masked blocks.
 
 Every op carries ``layer`` (``-1`` for the embedding, ``layers`` for the final norm, head and
-loss) and ``phase`` (``fwd``).
+loss) and ``phase`` (``fwd``); every GEMM its tensor-parallel role (``tp_role``: column, row or
+replicated, :mod:`.tprole`).
 
 With ``gemm_dtype`` (``dtype=fp8`` or ``fp4``) the blocks' GEMMs read their input through a cast
 (``<x>.fp8``, or ``<x>.amax`` and ``<x>.fp4``) and their weights' low-precision copy
@@ -74,12 +75,10 @@ class Decoder:
         cfg, b = self.cfg, self.b
         low = cfg.gemm_dtype
         if not low or not low_precision_gemm(name):
-            y = b.linear(name, x, out_features, bias=bias, grouped=grouped, shares=shares)
-            b.annotate_last(**{TP_ROLE: role})
-            return y
+            return b.linear(name, x, out_features, bias=bias, grouped=grouped, shares=shares, params={TP_ROLE: role})
         xq = self.cast(x)
-        y = b.linear(name, xq, out_features, bias=bias, grouped=grouped, shares=shares)
-        b.annotate_last(in_dtypes=(low,), w_dtype=low, **{TP_ROLE: role})
+        y = b.linear(name, xq, out_features, bias=bias, grouped=grouped, shares=shares, params={TP_ROLE: role})
+        b.annotate_last(in_dtypes=(low,), w_dtype=low)
         return y
 
     def cast(self, x: T) -> T:
