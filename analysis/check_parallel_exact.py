@@ -105,6 +105,7 @@ def run_case(system_spec, workload: str, config: str, folded: bool) -> dict[str,
     from marssim.system import load_system, system_from_dict
     from marssim.taskgraph import COMPUTE
     from marssim.workload import load_workload
+    from marssim.workload.llm import transformer_of
 
     system = load_system(system_spec) if isinstance(system_spec, str) else system_from_dict(small_cluster(**system_spec))
     graph = load_workload(workload)
@@ -126,7 +127,7 @@ def run_case(system_spec, workload: str, config: str, folded: bool) -> dict[str,
         out[f"simulate.last_kernel.{gpu}"] = float(last[gpu]).hex()
     out["estimate.makespan"] = est.makespan.hex()
     out["estimate.lower_bound"] = float(est.lower_bound).hex()
-    t = prepare_graph(graph, cfg).meta["transformer"]
+    t = transformer_of(prepare_graph(graph, cfg))
     if t.training:
         out["screen.iteration"] = float(screen(graph, system, cfg, cost).iteration_s).hex()
     else:

@@ -16,7 +16,7 @@ from marssim.cli import main
 from marssim.errors import InputError
 from marssim.serve import load_model
 from marssim.workload import load_workload
-from marssim.workload.llm import footprint
+from marssim.workload.llm import footprint, transformer_of
 from support import write_switch_system
 
 DATA = Path(__file__).parent / "data" / "hf"
@@ -64,19 +64,19 @@ def test_mixtral_active_parameters_are_two_of_eight_experts():
 @pytest.mark.parametrize("name,preset", [("llama-3-8b", "llama3-8b"), ("llama-3-70b", "llama3-70b"),
                                          ("mixtral-8x7b", "mixtral-8x7b")])
 def test_a_config_json_is_the_preset_of_the_same_model(name, preset):
-    a = load_workload(hf(name, "mode=train,seq=512,layers=2")).meta["transformer"]
-    b = load_workload(f"{preset}:mode=train,seq=512,layers=2").meta["transformer"]
+    a = transformer_of(load_workload(hf(name, "mode=train,seq=512,layers=2")))
+    b = transformer_of(load_workload(f"{preset}:mode=train,seq=512,layers=2"))
     # the same architecture and run; only the name and the length of the rotary table may differ
     assert replace(a, name="", max_positions=0) == replace(b, name="", max_positions=0)
 
 
 def test_spec_parameters_and_names():
     graph = load_workload(hf("llama-3-8b", "mode=prefill,seq=64,batch=2,layers=3,attention=flash"))
-    cfg = graph.meta["transformer"]
+    cfg = transformer_of(graph)
     assert (cfg.mode, cfg.seq, cfg.batch, cfg.layers, cfg.attention, cfg.name) == \
         ("prefill", 64, 2, 3, "flash", "llama-3-8b")
-    assert load_workload(f"hf:{DATA / 'llama-3-8b'}:layers=1", batch=4).meta["transformer"].batch == 4  # a directory
-    neox = load_workload(hf("gpt-neox-20b", "layers=1")).meta["transformer"]
+    assert transformer_of(load_workload(f"hf:{DATA / 'llama-3-8b'}:layers=1", batch=4)).batch == 4  # a directory
+    neox = transformer_of(load_workload(hf("gpt-neox-20b", "layers=1")))
     assert (neox.family, neox.positions, neox.norm, neox.bias, neox.tie_embeddings, neox.dtype) == \
         ("gpt", "rotary", "layer", True, False, "fp16")
 
@@ -157,8 +157,8 @@ def test_qwen3_moe_without_embeddings_is_its_published_count():
 
 @pytest.mark.parametrize("name", sorted(PUBLISHED_MOE))
 def test_a_fine_grained_config_json_is_its_preset(name):
-    a = load_workload(hf(name, "mode=train,seq=256,layers=2")).meta["transformer"]
-    b = load_workload(f"{name}:mode=train,seq=256,layers=2").meta["transformer"]
+    a = transformer_of(load_workload(hf(name, "mode=train,seq=256,layers=2")))
+    b = transformer_of(load_workload(f"{name}:mode=train,seq=256,layers=2"))
     assert replace(a, name="") == replace(b, name="")
 
 
@@ -190,7 +190,7 @@ def test_qwen2_moe_shared_expert_is_gated_and_first_mlp_only_layers_are_dense(tm
                  num_key_value_heads=2, vocab_size=vocab, num_experts=experts, num_experts_per_tok=2,
                  moe_intermediate_size=width, shared_expert_intermediate_size=shared_ffn, intermediate_size=ffn,
                  mlp_only_layers=[0])
-    cfg = load_workload(f"hf:{path}:mode=forward,seq=2").meta["transformer"]
+    cfg = transformer_of(load_workload(f"hf:{path}:mode=forward,seq=2"))
     assert (cfg.dense_layers, cfg.shared_experts, cfg.shared_ffn, cfg.shared_gate, cfg.expert_ffn, cfg.ffn) == \
         (1, 1, shared_ffn, True, width, ffn)
     f = footprint(load_workload(f"hf:{path}:mode=forward,seq=2"))

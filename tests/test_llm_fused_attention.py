@@ -16,7 +16,7 @@ from marssim.errors import InputError
 from marssim.mapping.sharding import legal_strategies, shard_regions
 from marssim.system import Design
 from marssim.workload import OpKind, load_workload
-from marssim.workload.llm import footprint
+from marssim.workload.llm import footprint, transformer_of
 
 GPT = "gpt3-1.3b:mode=train,layers=2,seq=512,batch=2"
 LLAMA = "llama:layers=2,hidden=512,heads=8,kv_heads=2,ffn=1024,vocab=1000,mode=train,seq=256,batch=2"
@@ -31,7 +31,7 @@ def _ops(spec):
 def test_fused_core_does_the_products_it_replaces(spec):
     _, unfused = _ops(spec)
     g, fused = _ops(spec + ",attention=flash")
-    t = g.meta["transformer"]
+    t = transformer_of(g)
     b, s, h, kv, d, eb = t.batch, t.seq, t.heads, t.kv, t.d_head, 2
     for i in range(t.layers):
         p = f"layers.{i}.attn."
@@ -60,7 +60,7 @@ def test_fusing_saves_exactly_the_score_traffic(spec):
     Y, dY in, out) + 2 + 2 (dS read for dQ and for dK); without dropout 5 fewer each way."""
     _, unfused = _ops(spec)
     g, fused = _ops(spec + ",attention=flash")
-    t = g.meta["transformer"]
+    t = transformer_of(g)
     scores = t.heads * t.seq * t.seq * t.batch
     drop = 5 if t.dropout else 0
     assert (t.dropout > 0) == (spec == GPT)  # one spec of each kind

@@ -17,6 +17,7 @@ from marssim.plan import bind_parallel, run
 from marssim.results.view import folded_view, shown_devices
 from marssim.system import load_system
 from marssim.workload import load_workload
+from marssim.workload.llm import transformer_of
 
 SYSTEM = "dgx-a100-cluster:nodes=2"
 GPT = "gpt:layers=8,hidden=512,heads=8,seq=256,vocab=8192,mode=train"
@@ -100,14 +101,14 @@ def test_the_stage_table_adds_up_and_its_memory_is_the_closed_form(folded):
     assert sum(st.gpus for st in rep.stages) == rep.gpus
     # the stages' layers cover the model once: embedding, blocks, head
     covered = [layer for st in rep.stages for layer in range(st.layers[0], st.layers[1] + 1)]
-    assert sorted(covered) == list(range(-1, graph.meta["transformer"].layers + 1))
+    assert sorted(covered) == list(range(-1, transformer_of(graph).layers + 1))
 
 
 def test_tensor_parallel_volume_is_the_rings_closed_form(cost):
     """No sequence parallelism, tp=2, one micro-batch: per block and micro-batch two all-reduces
     forward and two backward of s*b*h*2 bytes, each sending 2(n-1)/n of it."""
     done, cfg, graph, _ = _run("tp=2,pp=1,dp=4,micro_batch=1,global_batch=4", cost, system="dgx-a100-cluster:nodes=1")
-    t = graph.meta["transformer"]
+    t = transformer_of(graph)
     size = t.seq * t.batch * t.hidden * 2
     per_block = 4 * size * 2 * (cfg.tp - 1) / cfg.tp
     volume = done.report.stages[0].volume["tp"]
@@ -124,7 +125,7 @@ def test_hfu_counts_recomputation_and_mfu_does_not(cost):
     # full recomputation runs the forward again: 4 passes of the forward's FLOPs where the model counts 3
     assert b.hardware_flops / b.model_flops == pytest.approx(4 / 3, rel=0.05)
     assert b.hfu > b.mfu
-    t = load_workload(GPT).meta["transformer"]
+    t = transformer_of(load_workload(GPT))
     assert a.tokens == 16 * t.seq and a.samples == 16
 
 

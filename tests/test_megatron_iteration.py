@@ -21,6 +21,7 @@ from marssim.parallel.megatron import (PERSIST_LN_HIDDEN_SIZES, grad_dtype, op_k
 from marssim.system import load_system
 from marssim.taskgraph import COMPUTE
 from marssim.workload import load_workload
+from marssim.workload.llm import transformer_of
 
 GPT = "gpt:layers=2,hidden=1024,heads=16,seq=512,vocab=8192,max_positions=512,mode=train,batch=2"
 LLAMA = "llama:layers=2,hidden=1024,heads=16,kv_heads=4,ffn=2816,seq=512,vocab=8192,mode=train,batch=2"
@@ -181,7 +182,7 @@ def test_the_persistent_layer_norm_is_one_pass_where_its_hidden_size_allows():
 def test_the_optimizer_step_moves_what_megatrons_step_moves(dtype, per_param):
     """Float16OptimizerWithFloat16Params.step: fp32 copy of the gradient (fp16's buffer), unscale
     (fp16's loss scaler), the norm, FusedAdam, the copy to the 16-bit weight, the buffer zeroed."""
-    t = load_workload(GPT.replace("batch=2", f"dtype={dtype}")).meta["transformer"]
+    t = transformer_of(load_workload(GPT.replace("batch=2", f"dtype={dtype}")))
     n = 1000
     before, after = optimizer_kernels("g", n, t, parse_parallel("tp=1"))
     assert sum(k.bytes_moved for k in before + after) == per_param * n + 4  # and the norm, one fp32 value
@@ -195,8 +196,8 @@ def test_the_optimizer_step_moves_what_megatrons_step_moves(dtype, per_param):
 
 def test_gradient_buffer_type_is_megatrons():
     cfg = parse_parallel("tp=1")
-    bf16 = load_workload(GPT).meta["transformer"]
-    fp16 = load_workload(GPT + ",dtype=fp16").meta["transformer"]
+    bf16 = transformer_of(load_workload(GPT))
+    fp16 = transformer_of(load_workload(GPT + ",dtype=fp16"))
     assert grad_dtype(cfg, bf16) == "fp32" and grad_dtype(cfg, fp16) == "fp16"
     assert grad_dtype(parse_parallel("tp=1,grad_reduce_dtype=bf16"), bf16) == "bf16"
 

@@ -26,6 +26,7 @@ from marssim.sim import simulate
 from marssim.system import load_system
 from marssim.taskgraph import COMPUTE
 from marssim.workload import load_workload
+from marssim.workload.llm import transformer_of
 
 COST = default_cost_model()
 NODE = "dgx-h100-cluster:nodes=1"
@@ -78,7 +79,7 @@ def _link(system, a: str = "gpu0", b: str = "gpu1") -> tuple[float, float]:
 def test_illegal_combinations_name_the_key(spec, config, key) -> None:
     graph = load_workload(spec)
     with pytest.raises(InputError) as info:
-        check_parallel(parse_parallel(config), graph.meta["transformer"], 8)
+        check_parallel(parse_parallel(config), transformer_of(graph), 8)
     assert info.value.problems[0][0] == key
 
 

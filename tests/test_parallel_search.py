@@ -24,6 +24,7 @@ from marssim.search.llm import (LLMSearchSettings, LLMSpace, grid_search, mars_l
 from marssim.sim import simulate
 from marssim.system import load_system
 from marssim.workload import load_workload
+from marssim.workload.llm import transformer_of
 
 MIXED = "mixed-a100-h100-cluster:nodes_a100=1,nodes_h100=1,gpus_per_node=4"
 SMALL = "gpt:layers=4,hidden=512,heads=8,seq=256,vocab=8192,mode=train,batch=8"
@@ -52,7 +53,7 @@ def _every_configuration(graph, gpus: int, max_pp: int, tps=(1, 2, 4), micro_bat
     data-parallel degree, stage count, each stage's tensor-parallel degree (its GPUs: tp * dp),
     layers per stage, the order of the stages' GPU blocks (or, for uniform stages in order, the
     two rank orders), micro-batch."""
-    t = graph.meta["transformer"]
+    t = transformer_of(graph)
     out = set()
     for dp in (1, 2, 4, 8):
         for pp in range(1, max_pp + 1):

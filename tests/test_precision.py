@@ -16,6 +16,7 @@ from marssim.parallel import lower_parallel, memory_estimate, parse_parallel, pr
 from marssim.sim import simulate
 from marssim.system import Design, load_system
 from marssim.workload import load_workload
+from marssim.workload.llm import transformer_of
 from marssim.workload.llm.footprint import footprint
 from marssim.workload.llm.precision import AMAX_HISTORY, LOW_PRECISION_GEMMS
 
@@ -37,7 +38,7 @@ H100 = {"bf16": 989.4e12, "fp8": 1979e12, "fp32": 66.9e12}
 
 def test_only_the_blocks_gemms_read_fp8_and_everything_else_stays_bf16() -> None:
     graph = load_workload(SMALL_GPT + ",mode=train,dtype=fp8")
-    cfg = graph.meta["transformer"]
+    cfg = transformer_of(graph)
     assert (cfg.dtype, cfg.gemm_dtype) == ("bf16", "fp8")
     for op in graph.ops:
         block_gemm = op.kind.value == "gemm" and any(

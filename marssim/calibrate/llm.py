@@ -52,6 +52,7 @@ from dataclasses import dataclass, replace
 
 from marssim.errors import InputError
 from marssim.workload import Graph, Op, OpKind
+from marssim.workload.llm import require_transformer, transformer_of
 
 from .grid import SDPA, GridPoint, _point
 
@@ -110,7 +111,7 @@ def _model_config(model: str, dtype: str):
     if entry is None or entry.group != "llm":
         raise InputError(model, "", "expected an LLM workload (gpt, llama, moe or a preset such as llama3-8b)")
     graph = load_workload(_join(model, f"mode=forward,layers=1,seq=1,batch=1,dtype={dtype}"))
-    return graph.meta["transformer"]
+    return require_transformer(graph, "an LLM kernel grid", model)
 
 
 def llm_runs(options: LlmGridOptions = LlmGridOptions()) -> list[LlmRun]:
@@ -188,7 +189,7 @@ def op_hints(graph: Graph, op: Op, tp: int = 1) -> tuple[tuple[str, int], ...]:
     scatters into: a rank's part of the vocabulary-parallel token table), ``top_k`` (the experts
     an MoE router keeps per token)."""
     fn = op.param("fn")
-    cfg = graph.meta.get("transformer")
+    cfg = transformer_of(graph)
     if fn == "softmax_grad":
         src = graph.ops[graph.index[op.inputs[0]]]
         if src.kind == OpKind.SOFTMAX:

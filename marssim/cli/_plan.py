@@ -94,6 +94,7 @@ def load_plan_args(args: argparse.Namespace):
     from marssim.plan import bind_parallel, build_batch, is_llm, load_plan, workload_sets_batch
     from marssim.system import load_system
     from marssim.workload import load_workload
+    from marssim.workload.llm import require_transformer
 
     if args.mapping and args.parallel is not None:
         raise InputError(None, "--parallel", "give either --mapping or --parallel (a mapping file may hold a "
@@ -139,7 +140,7 @@ def load_plan_args(args: argparse.Namespace):
 
     if is_llm(graph):
         refuse_llm_off_gpus(system, graph.spec, "--mapping" if args.mapping and not args.system else "--system")
-        refuse_missing_precision(graph.meta["transformer"], system, graph.spec)
+        refuse_missing_precision(require_transformer(graph, "a precision check"), system, graph.spec)
     if kind_of(plan).kind is not PlanKind.PARALLEL:
         given = [flag for flag, dest, default in _PARALLEL_ONLY if getattr(args, dest, default) != default]
         if not hasattr(args, "streams") and getattr(args, "memory_policy", "error") == "ignore":

@@ -108,6 +108,7 @@ def run(args: argparse.Namespace) -> int:
 
     from marssim.fsutil import atomic_file
     from marssim.search import compare
+    from marssim.workload.llm import require_transformer
 
     from .search import mapping_settings
 
@@ -145,7 +146,7 @@ def run(args: argparse.Namespace) -> int:
                 raise InputError(other.spec, "--also-system", "expected a cluster of GPUs")
         settings = llm_settings(args, graph)
         tables, winners = [], []
-        t = graph.meta["transformer"]
+        t = require_transformer(graph, "the search over parallel configurations")
         for one in systems:
             with open_executor(args) as executor:
                 grid = grid_search(graph, one, cost, settings, executor=executor)

@@ -111,6 +111,7 @@ def load_case(args: argparse.Namespace):
     from marssim.search.llm import llm_search_available
     from marssim.system import load_system
     from marssim.workload import load_workload
+    from marssim.workload.llm import require_transformer
 
     if args.dask and args.workers:
         raise InputError(None, "--workers", "give --workers (local processes) or --dask (a cluster), not both")
@@ -122,7 +123,7 @@ def load_case(args: argparse.Namespace):
 
     if is_llm(graph):
         refuse_llm_off_gpus(system, graph.spec)
-        refuse_missing_precision(graph.meta["transformer"], system, graph.spec)
+        refuse_missing_precision(require_transformer(graph, "a precision check"), system, graph.spec)
     llm = llm_search_available(graph, system)
     if not llm:
         for flag, dest in (("--global-batch", "global_batch"), ("--ttft-bound", "ttft_bound")):
@@ -156,8 +157,9 @@ def llm_settings(args: argparse.Namespace, graph):
     """The LLM search's :class:`~marssim.search.llm.LLMSearchSettings` from the flags;
     InputError for flags that do not apply."""
     from marssim.search.llm import LLMSearchSettings
+    from marssim.workload.llm import require_transformer
 
-    t = graph.meta["transformer"]
+    t = require_transformer(graph, "the search over parallel configurations")
     if args.objective not in ("latency", "throughput"):
         raise InputError(None, "--objective", f"an LLM search minimises latency (training: iteration time; serving: "
                                               f"time per output token) or maximises throughput; got {args.objective}")
@@ -239,6 +241,7 @@ def plan_case(args: argparse.Namespace) -> None:
 def run(args: argparse.Namespace) -> int:
     from marssim.search.report import describe_best, fitness_display, format_top
     from marssim.search.result import SearchInterrupted
+    from marssim.workload.llm import require_transformer
 
     from ._serve_search import run_search, serving_requested
 
@@ -265,7 +268,7 @@ def run(args: argparse.Namespace) -> int:
             bar.close()
             print("interrupted before any plan was simulated; nothing written", file=sys.stderr)
             return 130
-    serving = llm and graph.meta["transformer"].mode == "serve"
+    serving = llm and require_transformer(graph, "an LLM search").mode == "serve"
     label, value = fitness_display(result.objective, result.fitness, serving)
     if llm:
         print(f"{graph.spec} on {system.spec} ({len(system.accelerators)} GPUs), objective {result.objective}")

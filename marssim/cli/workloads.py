@@ -46,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
 def _llm_table(entries) -> str:
     """Families and presets of large language models: dimensions and parameter counts."""
     from marssim.system.describe import format_table
-    from marssim.workload.llm import FAMILY_DEFAULTS, MODES, TransformerConfig
+    from marssim.workload.llm import FAMILY_DEFAULTS, MODES, TransformerConfig, require_transformer
     from marssim.workload.llm.footprint import footprint
 
     rows = []
@@ -54,7 +54,7 @@ def _llm_table(entries) -> str:
         if entry.group != "llm":
             continue
         graph = entry.build(**{**entry.defaults, "seq": 1, "mode": "forward"})
-        cfg: TransformerConfig = graph.meta["transformer"]
+        cfg: TransformerConfig = require_transformer(graph, "an LLM entry of the zoo", name)
         f = footprint(graph)
         ffn = f"ffn {cfg.ffn_size}" if cfg.dense_ffn_used else "ffn -"
         dims = f"{cfg.layers} x {cfg.hidden}, {cfg.heads}/{cfg.kv} heads, {ffn}, vocab {cfg.vocab}"

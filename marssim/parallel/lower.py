@@ -49,6 +49,7 @@ from marssim.system import System
 from marssim.taskgraph import TaskGraph, from_program
 from marssim.taskprogram import TaskProgram
 from marssim.workload import Graph, OpKind
+from marssim.workload.llm import require_transformer
 
 from .builder import Templates
 from .config import ParallelConfig, check_parallel
@@ -92,9 +93,7 @@ def lower_parallel(graph: Graph, system: System, cfg: ParallelConfig, cost: Cost
         from marssim.cost import default_cost_model
 
         cost = default_cost_model()
-    t = graph.meta.get("transformer")
-    if t is None:
-        raise InputError(where, "", "a parallel configuration needs an LLM workload (gpt, llama, moe or a preset)")
+    t = require_transformer(graph, "a parallel configuration", where)
     check_parallel(cfg, t, len(system.accelerators), where)
     check_gpus(cfg.gpus, where)
     graph = prepare_graph(graph, cfg)

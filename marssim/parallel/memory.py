@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from marssim.errors import CapacityError
 from marssim.system import System
 from marssim.workload import Graph, OpKind
+from marssim.workload.llm import require_transformer
 from marssim.workload.op import DTYPE_BYTES
 
 from . import context, userbuffers
@@ -112,8 +113,7 @@ def tied_copy_params(t, cfg: ParallelConfig) -> int:
 def rank_parameters(graph: Graph, cfg: ParallelConfig, rules) -> tuple[dict[int, int], dict[int, int]]:
     """Per layer group (``layer`` of the ops): parameters one rank holds, and how many of them
     are expert weights."""
-
-    stage_of = stage_of_layers(graph.meta["transformer"].layers, cfg)
+    stage_of = stage_of_layers(require_transformer(graph, "a parallel configuration").layers, cfg)
     per: dict[int, int] = defaultdict(int)
     experts: dict[int, int] = defaultdict(int)
     for op in graph.ops:
@@ -130,9 +130,7 @@ def low_precision_rank_parameters(graph: Graph, cfg: ParallelConfig, rules) -> d
     """Per layer group: parameters one rank holds of GEMMs whose weights a low-precision recipe
     casts (``w_dtype`` fp8 or fp4), split as :func:`rank_parameters` splits them."""
     from marssim.workload.llm.precision import LOW_PRECISION
-
-
-    stage_of = stage_of_layers(graph.meta["transformer"].layers, cfg)
+    stage_of = stage_of_layers(require_transformer(graph, "a parallel configuration").layers, cfg)
     per: dict[int, int] = defaultdict(int)
     for op in graph.ops:
         if op.param("phase", "fwd") != "fwd" or not op.weight_elems or op.param("shares") or \
@@ -146,9 +144,7 @@ def rank_weight_bytes(graph: Graph, cfg: ParallelConfig, rules) -> dict[int, flo
     """Per layer group: bytes of weights one rank holds, each op's parameters at the bytes the
     workload holds per parameter (:func:`marssim.workload.llm.precision.held_weight_bytes`)."""
     from marssim.workload.llm.precision import held_weight_bytes
-
-
-    t = graph.meta["transformer"]
+    t = require_transformer(graph, "a parallel configuration")
     stage_of = stage_of_layers(t.layers, cfg)
 
     def make() -> dict[int, float]:
@@ -164,8 +160,7 @@ def rank_weight_bytes(graph: Graph, cfg: ParallelConfig, rules) -> dict[int, flo
 
 
 def _stage_layers(graph: Graph, cfg: ParallelConfig, stage: int) -> set[int]:
-
-    t = graph.meta["transformer"]
+    t = require_transformer(graph, "a parallel configuration")
     chunks = chunk_layers(t.layers, cfg)
     return {layer for c, layers in enumerate(chunks) if c % cfg.pp == stage for layer in layers}
 
@@ -182,7 +177,7 @@ def static_bytes(graph: Graph, cfg: ParallelConfig, stage: int, rules, per: dict
     """The static bytes of one rank of ``stage`` (see the module docstring); ``per``: the
     :func:`rank_parameters` per layer, ``held_per``: the bytes of weights a rank holds per layer,
     when the caller has them."""
-    t = graph.meta["transformer"]
+    t = require_transformer(graph, "a parallel configuration")
     layers = _stage_layers(graph, cfg, stage)
     if per is None:
         per, _ = rank_parameters(graph, cfg, rules)
@@ -234,7 +229,7 @@ def memory_estimate(graph: Graph, cfg: ParallelConfig, capacity: float, rules=No
     acts: dict[int, float] = {}
     working: dict[int, float] = {}
     buffers: dict[int, float] = {}
-    t = graph.meta["transformer"]
+    t = require_transformer(graph, "a parallel configuration")
     if t.training:
         per_layer = _saved_per_layer(graph, cfg, rules)
         plain = per_layer
@@ -260,8 +255,7 @@ def memory_estimate(graph: Graph, cfg: ParallelConfig, capacity: float, rules=No
 def _knob_buffers(graph: Graph, cfg: ParallelConfig) -> dict[int, float]:
     """Per stage, bytes of the context-parallel ring's buffers and of Transformer Engine's
     userbuffers (``graph``: one micro-batch on one context-parallel rank)."""
-
-    t = graph.meta["transformer"]
+    t = require_transformer(graph, "a parallel configuration")
     out: dict[int, float] = {}
     core = None
     if cfg.cp > 1:
@@ -282,10 +276,7 @@ def _saved_per_layer(graph: Graph, cfg: ParallelConfig, rules) -> dict[int, floa
     """Bytes of activations one micro-batch keeps for the backward, per layer group, on one rank
     (each tensor divided by its tensor-parallel split)."""
     from marssim.workload.llm.footprint import saved_tensors
-
-
-
-    t = graph.meta["transformer"]
+    t = require_transformer(graph, "a parallel configuration")
     per_layer: dict[int, float] = defaultdict(float)
     stage_of = stage_of_layers(t.layers, cfg)
     index = graph.index

@@ -15,6 +15,8 @@ import weakref
 
 from marssim.errors import InputError
 from marssim.workload import Graph, Op, OpKind
+from marssim.workload.llm import require_transformer
+from marssim.workload.llm.tprole import TP_ROLE
 
 from . import experts
 from .config import ParallelConfig
@@ -58,7 +60,7 @@ def op_rules(graph: Graph, cfg: ParallelConfig) -> dict[str, Rule]:
     """Every op's tensor-parallel rule (:func:`~.roles.rule_for` with its stage's degree), in
     graph order; the MoE re-layouts as ``D`` (locally permuted, before the all-to-all).
     Memoised per graph by the degree of every layer, sequence and expert parallelism."""
-    stage_of = stage_of_layers(graph.meta["transformer"].layers, cfg)
+    stage_of = stage_of_layers(require_transformer(graph, "a parallel configuration").layers, cfg)
     key = rules_key(cfg, stage_of)
     return graph_cached(graph, key, lambda: _shared_rules(graph, cfg, stage_of, key))
 
@@ -72,8 +74,8 @@ def _structure(graph: Graph) -> tuple:
     """What :func:`~.roles.rule_for` reads of a graph's ops (names, kinds, inputs, the params it
     looks at) and the expert routing: graphs alike in it get the same rules."""
     def make() -> tuple:
-        params = ("view", "grad", "grouped", "fn", "what")
-        t = graph.meta["transformer"]
+        params = ("view", "grad", "grouped", "fn", "what", TP_ROLE)
+        t = require_transformer(graph, "a parallel configuration")
         return (getattr(t, "expert_load", None),) + tuple(
             (op.name, op.kind, tuple(op.inputs), tuple(op.param(p) for p in params)) for op in graph.ops)
     return graph_cached(graph, "rule structure", make)
@@ -110,7 +112,7 @@ def shard_loops(op: Op, rule: Rule, rank_params: dict[int, int], zero_share: int
 def _op_rules(graph: Graph, cfg: ParallelConfig, stage_of: dict[int, int]) -> dict[str, Rule]:
     layouts: dict[str, str] = {}
     rules: dict[str, Rule] = {}
-    t = graph.meta["transformer"]
+    t = require_transformer(graph, "a parallel configuration")
     share = experts.busiest_share(t.expert_load, cfg.ep)
     load = (share.numerator, share.denominator)
     for op in graph.ops:
@@ -130,10 +132,7 @@ def _op_rules(graph: Graph, cfg: ParallelConfig, stage_of: dict[int, int]) -> di
 
 def prepare_graph(graph: Graph, cfg: ParallelConfig) -> Graph:
     """``graph`` rebuilt (when needed) for one micro-batch of ``cfg`` with its recomputation."""
-    t = graph.meta.get("transformer")
-    if t is None:
-        raise InputError(graph.spec, "", "a parallel configuration needs an LLM workload (gpt, llama, moe or a "
-                                         "preset such as llama3-70b)")
+    t = require_transformer(graph, "a parallel configuration")
     key = ("prepared", cfg.micro_batch, cfg.recompute if t.training else t.recompute, cfg.cp)
     return graph_cached(graph, key, lambda: _prepare(graph, t, cfg))
 

@@ -19,10 +19,14 @@ producer's layout differs, the lowering inserts the collective that converts it:
 ``P -> R`` all-reduce, ``P -> S`` reduce-scatter, ``S -> R`` all-gather (and the
 expert-parallel all-to-all ``S <-> E``); ``R -> S`` and ``R -> F`` are local slices. The rules:
 
-* column-parallel GEMMs (Q/K/V, MLP up/gate/fc1, the output layer over the vocabulary) split
-  their output features: ``R -> F``; row-parallel GEMMs (attention output, MLP down/fc2) split
-  their input features: ``F -> P``; their input-gradient GEMMs swap the two, weight-gradient
-  GEMMs keep the forward's split; the MoE router is replicated;
+* each GEMM's split is the role the graph builder declared on it
+  (:class:`~marssim.workload.llm.tprole.TpRole`, param ``tp_role``; a GEMM of a transformer graph
+  without one is refused, naming it: its split would be a guess): column-parallel GEMMs (Q/K/V,
+  MLP up/gate/fc1, the output layer over the vocabulary) split their output features:
+  ``R -> F``; row-parallel GEMMs (attention output, MLP down/fc2) split their input features:
+  ``F -> P``; their input-gradient GEMMs swap the two, weight-gradient GEMMs keep the forward's
+  split; replicated GEMMs (the MoE router, the shared experts' gate score) keep the tokens as they
+  come;
 * attention products, softmax and the ops on attention scores or MLP activations split heads or
   features (``F``); the vocabulary-parallel loss splits the vocabulary and all-reduces three
   numbers per token (max, target logit, sum of exponentials);
@@ -49,19 +53,9 @@ from dataclasses import dataclass
 
 from marssim.errors import InputError
 from marssim.workload import Op, OpKind
+from marssim.workload.llm.tprole import TpRole, tp_role
 
-__all__ = ["Rule", "rule_for", "strategy_of", "COLUMN", "ROW", "REPLICATED"]
-
-COLUMN = ("attn.qkv", "mlp.fc1", "mlp.gate", "mlp.up", "moe.gate", "moe.up", "moe.fc1", "shared.gate", "shared.up",
-          "shared.fc1", "output")
-"""The column-parallel GEMMs, by the name of the forward op within its block (``shared.*``: the
-shared experts of a mixture of experts, split over ``tp`` as the dense MLP)."""
-ROW = ("attn.proj", "mlp.fc2", "mlp.down", "moe.down", "shared.down", "shared.fc2")
-"""The row-parallel GEMMs."""
-REPLICATED = ("moe.router", "shared.router")
-"""The GEMMs whose weights every tensor-parallel rank holds whole (the MoE router, the shared
-experts' gate score). Any other GEMM of a transformer graph is refused, naming it: its split
-would be a guess."""
+__all__ = ["Rule", "role_of", "rule_for", "strategy_of"]
 
 
 @dataclass(frozen=True)
@@ -77,6 +71,19 @@ class Rule:
     alias: bool = False
     loss_reduce: bool = False
     scale: int = 1  # a rank does 1/scale of the op (MoE re-layouts, whose shards no loop names)
+
+
+def role_of(op: Op, want: tuple[TpRole, ...] = tuple(TpRole)) -> TpRole:
+    """The tensor-parallel role the graph builder declared on the GEMM ``op``, one of ``want``.
+    Raises InputError naming the op when it declares none (or another): its split would be a
+    guess."""
+    role = tp_role(op)
+    if role not in want:
+        got = f"declares {getattr(role, 'value', role)!r}" if role is not None else "declares none"
+        raise InputError(None, "workload", f"{op.name}: a GEMM whose tensor-parallel split is not known (it {got}; "
+                                           f"expected the role {' or '.join(repr(r.value) for r in want)}, as the "
+                                           f"transformer graph builder declares on every GEMM)")
+    return TpRole(role)
 
 
 def _base_name(name: str) -> str:
@@ -119,16 +126,9 @@ def rule_for(op: Op, layouts: dict[str, str], tp: int, sp: bool, ep: int, etp: i
             if etp <= 1:
                 return Rule((("B", 1, ep), tokens), tuple("E" for _ in range(n_in)), "E")
             return _expert_tensor_parallel(op, grad, (("B", 1, ep), tokens), etp)
-        suffix = _suffix(_base_name(name))
-        column = suffix in COLUMN
-        row = suffix in ROW
-        if not (column or row):
-            if suffix not in REPLICATED:
-                raise InputError(None, "workload", f"{name}: a GEMM whose tensor-parallel split is not known (its "
-                                                   f"name within a block, {suffix!r}, is none of the column-parallel "
-                                                   f"{', '.join(COLUMN)}, the row-parallel {', '.join(ROW)} or the "
-                                                   f"replicated {', '.join(REPLICATED)})")
-            # the MoE router: replicated weights, the tokens as they come
+        role = role_of(op)
+        column = role is TpRole.COLUMN
+        if role is TpRole.REPLICATED:  # the MoE router: replicated weights, the tokens as they come
             return Rule((("M", 1, tp),) if sp else (), tuple(H for _ in range(n_in)), H)
         if grad is None:
             return Rule((("N", 1, tp),), ("R",), "F") if column else Rule((("K", 1, tp),), ("F",), "P")
@@ -185,7 +185,7 @@ def rule_for(op: Op, layouts: dict[str, str], tp: int, sp: bool, ep: int, etp: i
 def _expert_tensor_parallel(op: Op, grad, base: tuple, etp: int) -> Rule:
     """An expert GEMM split over ``etp`` ranks as the dense column- and row-parallel rule over
     ``tp``, with the expert layouts (``R -> X``, ``F -> Y``, ``P -> Z``)."""
-    column = _suffix(_base_name(op.name)) in COLUMN
+    column = role_of(op, (TpRole.COLUMN, TpRole.ROW)) is TpRole.COLUMN
     if grad is None:
         return Rule(base + (("N", 1, etp),), ("X",), "Y") if column else Rule(base + (("K", 1, etp),), ("Y",), "Z")
     if grad == "input":

@@ -21,6 +21,8 @@ from marssim.collectives.plan import CollectivePlan
 from marssim.cost.base import CostModel
 from marssim.system import Route, System
 from marssim.workload import Graph, Op, OpKind
+from marssim.workload.llm import require_transformer
+from marssim.workload.llm.tprole import TP_ROLE
 
 from . import experts, zero3
 from .config import ParallelConfig
@@ -53,7 +55,7 @@ class RunModel:
         self.cost = cost
         self.fold = folding
         self.place = where
-        self.t = graph.meta["transformer"]
+        self.t = require_transformer(graph, "a parallel configuration")
         self.H = "S" if cfg.sp else "R"
         self.training = self.t.training
         self.micro_batches = cfg.micro_batches if self.training else 1
@@ -330,7 +332,7 @@ class RunModel:
         """What an op's shard timing depends on, without its name (blocks share timings)."""
         key = self.shape_keys.get(op.name)
         if key is None:
-            params = tuple((k, v) for k, v in op.params if k not in ("layer", "shares", "mask_of"))
+            params = tuple((k, v) for k, v in op.params if k not in ("layer", "shares", "mask_of", TP_ROLE))
             key = self.shape_keys[op.name] = (op.kind, op.loops, params, op.in_shapes, op.out_shape,
                                               op.weight_elems, op.dtype)
         return key

@@ -46,6 +46,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from marssim.workload import Graph, Op, OpKind
+from marssim.workload.llm import require_transformer
 
 from .config import ParallelConfig
 from .memo import graph_cached
@@ -131,7 +132,7 @@ def module_params(graph: Graph, cfg: ParallelConfig, rules) -> dict[str, int]:
     """Per module (forward op with weights): the elements of its weights one rank holds before
     partitioning (split by its tensor-parallel rule, as :func:`.memory.rank_parameters` splits
     them); a module whose weights another holds (a tied output layer) has the owner's."""
-    stage_of = stage_of_layers(graph.meta["transformer"].layers, cfg)
+    stage_of = stage_of_layers(require_transformer(graph, "a parallel configuration").layers, cfg)
     out: dict[str, int] = {}
     for op in graph.ops:
         if op.param("phase", "fwd") != "fwd" or not op.weight_elems or op.param("shares"):
@@ -243,7 +244,7 @@ def unit_plans(graph: Graph, cfg: ParallelConfig, rules, unit_ops: dict) -> dict
     """Per unit key (chunk, ``F`` or ``B``) of ``unit_ops``: its :class:`UnitPlan` (memoised with
     the graph by the rules and settings)."""
     s = Zero3Settings.of(cfg)
-    rk = rules_key(cfg, stage_of_layers(graph.meta["transformer"].layers, cfg))
+    rk = rules_key(cfg, stage_of_layers(require_transformer(graph, "a parallel configuration").layers, cfg))
     key = ("zero3 plans", rk, s, tuple(sorted((k, len(v)) for k, v in unit_ops.items())))
 
     def make() -> dict:
@@ -258,7 +259,7 @@ def live_bytes(graph: Graph, cfg: ParallelConfig, rules, stage: int, param_bytes
     units hold gathered at once (at most a use's own plus the live limit), its persistent
     parameters (whole on every rank) at ``param_bytes`` each, and one gradient bucket (at most
     the stage's parameters) at ``grad_bytes`` each."""
-    t = graph.meta["transformer"]
+    t = require_transformer(graph, "a parallel configuration")
     chunks = chunk_layers(t.layers, cfg)
     key = ("zero3 live bytes", rules_key(cfg, stage_of_layers(t.layers, cfg)), chunks, Zero3Settings.of(cfg), stage,
            param_bytes, grad_bytes)

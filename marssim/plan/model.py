@@ -23,6 +23,7 @@ from marssim.serve.deployment import Deployment
 from marssim.specs import split_spec
 from marssim.system import System
 from marssim.workload import Graph, load_workload, spec_mode
+from marssim.workload.llm import require_transformer, transformer_of
 
 __all__ = ["Plan", "PlanKind", "plan_key", "plan_text", "is_llm", "graph_for", "bind_parallel", "build_batch"]
 
@@ -51,13 +52,13 @@ def plan_text(plan: Plan) -> str:
 
 def is_llm(graph: Graph) -> bool:
     """True when ``graph`` is a transformer a parallel configuration can run."""
-    return graph.meta.get("transformer") is not None
+    return transformer_of(graph) is not None
 
 
 def graph_for(graph: Graph, cfg: ParallelConfig, cache: dict | None = None) -> Graph:
     """``graph`` at ``cfg``'s micro-batch (a training workload is rebuilt from its spec; a
     serving one keeps its batch). ``cache``: graphs already built, by micro-batch."""
-    t = graph.meta["transformer"]
+    t = require_transformer(graph, "a parallel configuration")
     if not t.training or cfg.micro_batch == graph.batch:
         return graph
     cache = {} if cache is None else cache
@@ -95,22 +96,20 @@ def bind_parallel(config: ParallelConfig, graph: Graph, system: System, where: s
     (:func:`marssim.parallel.placement.default_order`).
     Raises InputError naming ``where`` and the key: a workload that is no LLM, or a configuration
     the workload or the system cannot take."""
-    if not is_llm(graph):
-        raise InputError(where, "", f"a parallel configuration needs an LLM workload (gpt, llama, moe or a preset "
-                                    f"such as llama3-70b), got {graph.spec}")
+    t = require_transformer(graph, "a parallel configuration", where)
     if micro_batch_given:
         if batch_given and graph.batch != config.micro_batch:
             raise InputError(where, "micro_batch", f"is {config.micro_batch} while the workload's batch is "
                                                    f"{graph.batch}; a parallel configuration runs micro-batches "
                                                    "of micro_batch sequences (global_batch: sequences per "
                                                    "iteration): give one of the two")
-        graph = graph_for(graph, config) if graph.meta["transformer"].training else graph
+        graph = graph_for(graph, config) if t.training else graph
         if graph.batch != config.micro_batch:
             raise InputError(where, "micro_batch", f"applies to training; a serving workload's batch is its "
                                                    f"own ({graph.batch}), got micro_batch={config.micro_batch}")
     else:
         config = config.with_(micro_batch=graph.batch)
-    check_parallel(config, graph.meta["transformer"], len(system.accelerators), where)
+    check_parallel(config, require_transformer(graph, "a parallel configuration"), len(system.accelerators), where)
     if not order_given:
         from marssim.parallel.placement import default_order
 

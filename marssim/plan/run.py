@@ -35,6 +35,7 @@ from marssim.results.summary import Summary
 from marssim.system import System, expand_ids
 from marssim.taskgraph import TaskGraph
 from marssim.workload import Graph
+from marssim.workload.llm import require_transformer
 
 from .model import Plan
 
@@ -219,8 +220,7 @@ def _report(cfg: ParallelConfig, graph: Graph, system: System, tg: TaskGraph, sc
     """The parallel report of a schedule, with the closed-form memory per stage and term and the
     tokens and sequences of one iteration."""
     from marssim.parallel import chunk_layers, memory_estimate, prepare_graph
-
-    t = graph.meta["transformer"]
+    t = require_transformer(graph, "a parallel report")
     capacity = min(a.memory.capacity for a in system.accelerators)
     memory = memory_estimate(prepare_graph(graph, cfg), cfg, capacity)
     if t.mode == "serve":

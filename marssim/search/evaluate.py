@@ -43,6 +43,7 @@ from marssim.serve.deployment import Deployment
 from marssim.system import System
 from marssim.workercache import Missing, pickled, worker_copy
 from marssim.workload import Graph
+from marssim.workload.llm import require_transformer
 
 __all__ = ["OBJECTIVES", "SERVING_OBJECTIVES", "RANK_DIGITS", "rank_value", "Problem", "Evaluation",
            "MappingEvaluation", "ParallelEvaluation", "DeploymentEvaluation", "Evaluator",
@@ -121,12 +122,12 @@ def estimate_evaluation(problem: Problem, mapping: Mapping,
 
 def _serving(graph: Graph) -> bool:
     """Whether an LLM workload serves (its latency is the time per output token)."""
-    return graph.meta["transformer"].mode == "serve"
+    return require_transformer(graph, "a parallel configuration").mode == "serve"
 
 
 def _config_throughput(graph: Graph, cfg: ParallelConfig, seconds: float) -> float:
     """Sequences per second of a training step, output tokens per second of serving."""
-    t = graph.meta["transformer"]
+    t = require_transformer(graph, "a parallel configuration")
     if not seconds > 0:
         return float("nan")
     if t.mode == "serve":

@@ -53,6 +53,7 @@ from marssim.plan import plan_key
 from marssim.progress import GenerationDone
 from marssim.system import System
 from marssim.workload import Graph
+from marssim.workload.llm import TransformerConfig, require_transformer, transformer_of
 
 from .evaluate import Evaluator, ParallelEvaluation, Problem, rank_value
 from .result import SearchResult
@@ -66,7 +67,7 @@ __all__ = ["LLMSearchSettings", "LLMSpace", "megatron_grid", "mars_llm", "grid_s
 def llm_search_available(graph: Graph, system: System) -> bool:
     """True when ``graph`` is an LLM and every accelerator of ``system`` is a GPU-class design:
     the search over parallel configurations applies."""
-    if graph.meta.get("transformer") is None:
+    if transformer_of(graph) is None:
         return False
     return all(system.designs[a.designs[0]].dataflow == "gpu" for a in system.accelerators)
 
@@ -136,7 +137,7 @@ class LLMSpace:
 
     @classmethod
     def of(cls, graph: Graph, system: System, settings: LLMSearchSettings) -> "LLMSpace":
-        t = graph.meta["transformer"]
+        t = require_transformer(graph, "the search over parallel configurations")
         gpus = len(system.accelerators)
         router = getattr(system, "_router", None)
         per_node = len(router.node_gpus[0]) if router is not None and router.node_gpus else min(8, gpus)
@@ -151,8 +152,13 @@ class LLMSpace:
         return cls(graph, system, settings, gpus, per_node, tps, t.layers, kinds, peaks, gb)
 
     @property
+    def transformer(self) -> TransformerConfig:
+        """The configuration of the LLM searched."""
+        return require_transformer(self.graph, "the search over parallel configurations")
+
+    @property
     def training(self) -> bool:
-        return self.graph.meta["transformer"].training
+        return self.transformer.training
 
     @property
     def heterogeneous(self) -> bool:
@@ -168,7 +174,7 @@ class LLMSpace:
         """Context-parallel degrees open to ``dp`` data-parallel GPUs per model-parallel rank: the
         settings' degrees that divide ``dp`` and the sequence into ``2 cp`` chunks, for a training
         workload with a fused attention core (1 otherwise)."""
-        t = self.graph.meta["transformer"]
+        t = self.transformer
         if not self.training or t.attention == "unfused":
             return (1,)
         return tuple(c for c in self.settings.cp if c == 1 or (dp % c == 0 and t.seq % (2 * c) == 0))
@@ -176,14 +182,14 @@ class LLMSpace:
     def etps(self, tp: int) -> tuple[int, ...]:
         """Expert tensor parallelism for stages of at least ``tp``: 0 (the tensor-parallel degree)
         and its smaller divisors, for a mixture-of-experts model (a dense model: 0)."""
-        if not self.graph.meta["transformer"].experts or not self.settings.expert_parallel:
+        if not self.transformer.experts or not self.settings.expert_parallel:
             return (0,)
         return (0,) + tuple(e for e in range(1, tp) if tp % e == 0)
 
     def eps(self, dp: int) -> tuple[int, ...]:
         """Expert-parallel degrees for ``dp`` replicas: divisors of both ``dp`` and the experts
         (a dense model: 1)."""
-        experts = self.graph.meta["transformer"].experts
+        experts = self.transformer.experts
         if not experts or not self.settings.expert_parallel:
             return (1,)
         return tuple(e for e in range(1, dp + 1) if dp % e == 0 and experts % e == 0)
@@ -268,7 +274,7 @@ def _level1(g: _Genome) -> tuple:
 
 
 def _legal(space: LLMSpace, cfg: ParallelConfig) -> bool:
-    t = space.graph.meta["transformer"]
+    t = space.transformer
     return not parallel_problems(cfg, replace(t, batch=cfg.micro_batch), space.gpus)
 
 

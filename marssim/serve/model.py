@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from marssim.errors import InputError
+from marssim.workload.llm import require_transformer
 from marssim.workload.llm.config import TransformerConfig
 from marssim.workload.registry import parse_spec
 
@@ -57,7 +58,7 @@ def load_model(spec: str) -> TransformerConfig:
     small = ",".join([f"{k}={v}" for k, v in params.items()] + ["mode=prefill", "seq=2", "batch=1", "layers=1"]
                      + ([f"dense_layers={min(full_dense, 1)}"] if full_dense or dense is not None else []))
     graph = load_workload(f"{name}:{small}")
-    config: TransformerConfig = graph.meta["transformer"]
+    config = require_transformer(graph, "a served model", spec)
     if layers is not None:
         try:
             full["layers"] = int(layers)

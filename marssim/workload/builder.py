@@ -169,18 +169,19 @@ class GraphBuilder:
         return self._add(name, OpKind.CONV, loops, [x], (n, out_channels, p, q), params, weights)
 
     def linear(self, name: str, x: T, out_features: int, bias: bool = True, grouped: bool = False,
-               shares: str | None = None) -> T:
+               shares: str | None = None, params: dict | None = None) -> T:
         """Fully connected layer over the feature axis: ``(n, K, tokens, 1) -> (n, N, tokens, 1)``.
 
         ``grouped``: ``n`` indexes independent weight matrices (MoE experts, each over its
         ``tokens``), ``n * K * N`` weights. ``shares``: the op whose weights this one reads
-        (tied embeddings): they are counted as traffic, not as parameters."""
+        (tied embeddings): they are counted as traffic, not as parameters. ``params``: more
+        params of the op (a transformer's tensor-parallel role, input and weight types)."""
         n, c, h, w = x.shape
         if w != 1:
             raise ValueError(f"{name}: linear expects (n, features, tokens, 1); flatten {x.shape} first")
         loops = {"B": n, "M": h, "N": out_features, "K": c}
         weights = (n if grouped else 1) * c * out_features + (out_features if bias else 0)
-        params: dict = {"bias": bias}
+        params = {**(params or {}), "bias": bias}
         if grouped:
             params["grouped"] = True
         if shares:

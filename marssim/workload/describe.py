@@ -81,8 +81,9 @@ def describe_graph(graph: Graph, *, max_rows: int = 60) -> str:
     a line says how many were left out."""
     ops = graph.ops
     lines = [f"Workload {graph.name}  (spec {graph.spec})"]
-    transformer = graph.meta.get("transformer")
-    if transformer is not None:
+    from .llm import transformer_of
+
+    if transformer_of(graph) is not None:
         lines += describe_transformer(graph)
     dtypes = sorted({op.dtype for op in ops})
     models = graph.models
@@ -163,9 +164,10 @@ def _precision(cfg) -> str:
 def describe_transformer(graph: Graph) -> list[str]:
     """The lines ``marssim show`` prints for an LLM graph: configuration, parameters, FLOPs per
     phase and the bytes one step holds (see :mod:`marssim.workload.llm.footprint`)."""
+    from .llm import require_transformer
     from .llm.footprint import footprint
 
-    cfg = graph.meta["transformer"]
+    cfg = require_transformer(graph, "an LLM description")
     f = footprint(graph)
     kv = f"{cfg.kv} kv heads" if cfg.kv != cfg.heads else "multi-head"
     arch = (f"  {cfg.family}: {cfg.layers} layers, hidden {cfg.hidden}, {cfg.heads} heads of {cfg.d_head} ({kv}), "

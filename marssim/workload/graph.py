@@ -25,8 +25,8 @@ class Graph:
         self.batch = batch
         self.spec = spec or name
         self.meta: dict = dict(meta or {})
-        """What the builder knows beyond the ops (an LLM's :class:`~marssim.workload.llm.TransformerConfig`
-        under ``"transformer"``)."""
+        """What the builder knows beyond the ops (an LLM's :class:`~marssim.workload.llm.TransformerConfig`,
+        read through :func:`marssim.workload.llm.transformer_of` alone)."""
         self.ops: tuple[Op, ...] = _topological(ops)
         self.index: dict[str, int] = {op.name: i for i, op in enumerate(self.ops)}
         preds: list[tuple[int, ...]] = []

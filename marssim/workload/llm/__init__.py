@@ -4,8 +4,9 @@ Spec strings name a family with any dimension (``gpt:layers=96,hidden=12288,head
 ``llama:...``, ``moe:...``) or a published model (``gpt3-175b``, ``llama3-70b``,
 ``mixtral-8x7b``) with overrides, and a mode (``mode=train``, ``prefill``, ``decode``,
 ``serve``): see :mod:`.config` (fields, presets, sources), :mod:`.forward` (the blocks),
-:mod:`.autograd` (backward and optimizer), :mod:`.build` (the modes) and :mod:`.footprint`
-(parameters, FLOPs per phase, memory).
+:mod:`.autograd` (backward and optimizer), :mod:`.build` (the modes; :func:`transformer_of` and
+:func:`require_transformer`, the configuration a graph was built from), :mod:`.tprole` (each
+GEMM's tensor-parallel role) and :mod:`.footprint` (parameters, FLOPs per phase, memory).
 """
 
 from __future__ import annotations
@@ -14,17 +15,12 @@ from typing import Any
 
 from marssim.workload.registry import register
 
-from .build import build_transformer
+from .build import build_transformer, require_transformer, transformer_of
 from .config import FAMILY_DEFAULTS, MODES, PRESETS, RECOMPUTE, TransformerConfig, config_from
 from .footprint import Footprint, footprint
 
 __all__ = ["TransformerConfig", "PRESETS", "FAMILY_DEFAULTS", "MODES", "RECOMPUTE", "build_transformer",
-           "config_from", "Footprint", "footprint", "transformer_config"]
-
-
-def transformer_config(graph) -> TransformerConfig | None:
-    """The configuration a graph was built from, or None for other workloads."""
-    return graph.meta.get("transformer")
+           "config_from", "Footprint", "footprint", "transformer_of", "require_transformer"]
 
 
 def _entry(name: str, base: dict[str, Any], description: str) -> None:

@@ -10,7 +10,8 @@ the set of forward outputs its backward reads (plus dropout masks), not a separa
 forward op        backward ops (each with its own shapes, FLOPs and bytes)
 ================  =====================================================================================
 linear (gemm)     ``.dgrad``: GEMM ``dY W^T`` (``grad=input``, reads the forward weights: ``shares``);
-                  ``.wgrad``: GEMM ``X^T dY`` (``grad=weight``); together exactly 2x the forward MACs
+                  ``.wgrad``: GEMM ``X^T dY`` (``grad=weight``); together exactly 2x the forward MACs;
+                  both carry the forward's tensor-parallel role (``tp_role``, :mod:`.tprole`)
 matmul            ``.grad_a``, ``.grad_b``: the two products with the other operand (grouped-query
                   attention: the key/value gradients sum over each group of query heads)
 fused attention   ``.grad``: one fused backward kernel (``fused=bwd``) reading Q, K, V, the context and
@@ -66,6 +67,7 @@ from marssim.workload.op import DTYPE_BYTES, Op, OpKind
 from .config import TransformerConfig
 from .forward import quantize
 from .precision import AMAX_HISTORY, FP8_TENSORS_BWD, FP8_TENSORS_FWD
+from .tprole import TP_ROLE
 
 __all__ = ["add_backward", "group_name", "ADAM_BYTES_PER_PARAM"]
 
@@ -196,6 +198,9 @@ class _Backward:
         x = op.inputs[0]
         bsz, m, n, k = loops["B"], loops["M"], loops["N"], loops["K"]
         common: dict = {"grouped": True} if grouped else {}
+        role = op.param(TP_ROLE)
+        if role is not None:  # the backward GEMMs are split as the forward one (roles.rule_for swaps the layouts)
+            common[TP_ROLE] = role
         low = op.param("w_dtype")
         if low is not None:  # a low-precision GEMM: the gradient is cast too, both backward GEMMs read it
             tags = dict(b.tags)

@@ -21,6 +21,7 @@ memory (``resident`` inputs sized for the largest context of the graph).
 
 from __future__ import annotations
 
+from marssim.errors import InputError
 from marssim.workload.builder import GraphBuilder, T
 from marssim.workload.graph import Graph
 
@@ -28,11 +29,33 @@ from .autograd import add_backward
 from .config import TransformerConfig
 from .forward import Decoder
 
-__all__ = ["build_transformer"]
+__all__ = ["build_transformer", "require_transformer", "transformer_of"]
+
+_CONFIG = "transformer"
+"""The key of ``Graph.meta`` under which a built graph keeps its configuration (read through
+:func:`transformer_of` and :func:`require_transformer` alone)."""
+
+
+def transformer_of(graph: Graph) -> TransformerConfig | None:
+    """The configuration ``graph`` was built from by :func:`build_transformer`; None for any other
+    workload (a zoo model, an ONNX file)."""
+    return graph.meta.get(_CONFIG)
+
+
+def require_transformer(graph: Graph, needs: str, where: str | None = None) -> TransformerConfig:
+    """The configuration of ``graph`` (:func:`transformer_of`). Raises InputError naming ``where``
+    (the file or flag the workload came from; the workload's spec when None), what ``needs`` an LLM
+    workload (``"a parallel configuration"``) and the workload given, when it is no LLM."""
+    cfg = graph.meta.get(_CONFIG)
+    if cfg is None:
+        raise InputError(graph.spec if where is None else where, "",
+                         f"{needs} needs an LLM workload (gpt, llama, moe or a preset such as llama3-70b), "
+                         f"got {graph.spec}")
+    return cfg
 
 
 def build_transformer(cfg: TransformerConfig, *, spec: str = "") -> Graph:
-    """The graph of ``cfg`` (checked) in its mode; ``graph.meta["transformer"]`` is ``cfg``."""
+    """The graph of ``cfg`` (checked) in its mode; :func:`transformer_of` gives ``cfg`` back."""
     b = GraphBuilder(cfg.name or cfg.family, batch=cfg.batch, dtype=cfg.dtype, spec=spec)
     if cfg.mode in ("forward", "train"):
         _forward(cfg, b)
@@ -46,7 +69,7 @@ def build_transformer(cfg: TransformerConfig, *, spec: str = "") -> Graph:
         _serve(cfg, b)
     b.tags = {}
     graph = b.build()
-    graph.meta["transformer"] = cfg
+    graph.meta[_CONFIG] = cfg
     return graph
 
 

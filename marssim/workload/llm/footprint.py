@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from marssim.workload.graph import Graph
 from marssim.workload.op import DTYPE_BYTES, OpKind
 
+from .build import transformer_of
 from .precision import held_weight_bytes
 
 __all__ = ["Footprint", "footprint", "saved_tensors", "CAST_FNS"]
@@ -103,7 +104,7 @@ def saved_tensors(graph: Graph) -> dict[tuple[str, str], tuple[int, int]]:
 def footprint(graph: Graph) -> Footprint:
     """The :class:`Footprint` of ``graph`` (any workload; the training and serving terms are
     zero where the graph has none)."""
-    cfg = graph.meta.get("transformer")
+    cfg = transformer_of(graph)
     flops: dict[str, float] = defaultdict(float)
     params = 0
     expert_params = 0

@@ -30,7 +30,8 @@ exactly); the mask is applied in the softmax and the products are marked ``causa
 models that skip masked blocks.
 
 Every op carries ``layer`` (``-1`` for the embedding, ``layers`` for the final norm, head and
-loss) and ``phase`` (``fwd``).
+loss) and ``phase`` (``fwd``); every GEMM its tensor-parallel role (``tp_role``: column, row or
+replicated, :mod:`.tprole`).
 
 With ``gemm_dtype`` (``dtype=fp8`` or ``fp4``) the blocks' GEMMs read their input through a cast
 (``<x>.fp8``, or ``<x>.amax`` and ``<x>.fp4``) and their weights' low-precision copy
@@ -47,6 +48,7 @@ from marssim.workload.op import DTYPE_BYTES, OpKind
 
 from .config import TransformerConfig
 from .precision import low_precision_gemm
+from .tprole import TP_ROLE, TpRole
 
 __all__ = ["Decoder", "HEAD_LAYER", "quantize"]
 
@@ -65,16 +67,17 @@ class Decoder:
         self._casts: dict[str, T] = {}  # tensor -> its low-precision copy (one cast however many GEMMs read it)
 
     # ------------------------------------------------------------------ low precision
-    def linear(self, name: str, x: T, out_features: int, bias: bool = False, grouped: bool = False,
+    def linear(self, name: str, x: T, out_features: int, role: TpRole, bias: bool = False, grouped: bool = False,
                shares: str | None = None) -> T:
-        """A linear layer; a block GEMM of a low-precision recipe reads ``x`` cast and its
-        weights' low-precision copy, and writes the activation type."""
+        """A linear layer of tensor-parallel ``role`` (:mod:`.tprole`); a block GEMM of a
+        low-precision recipe reads ``x`` cast and its weights' low-precision copy, and writes the
+        activation type."""
         cfg, b = self.cfg, self.b
         low = cfg.gemm_dtype
         if not low or not low_precision_gemm(name):
-            return b.linear(name, x, out_features, bias=bias, grouped=grouped, shares=shares)
+            return b.linear(name, x, out_features, bias=bias, grouped=grouped, shares=shares, params={TP_ROLE: role})
         xq = self.cast(x)
-        y = b.linear(name, xq, out_features, bias=bias, grouped=grouped, shares=shares)
+        y = b.linear(name, xq, out_features, bias=bias, grouped=grouped, shares=shares, params={TP_ROLE: role})
         b.annotate_last(in_dtypes=(low,), w_dtype=low)
         return y
 
@@ -124,8 +127,9 @@ class Decoder:
         if last_token and x.h > 1:
             x = b.reshape(self.n("last_token"), x, shape=(x.n, x.c, 1, 1), what="slice")
             b.annotate_last(view=True)
-        return b.linear(self.n("output"), x, cfg.vocab, bias=False,
-                        shares=self.n("embed.tokens") if cfg.tie_embeddings else None)
+        # the vocabulary-parallel output layer: column-parallel over the vocabulary
+        return self.linear(self.n("output"), x, cfg.vocab, TpRole.COLUMN, bias=False,
+                           shares=self.n("embed.tokens") if cfg.tie_embeddings else None)
 
     # ------------------------------------------------------------------ blocks
     def block(self, i: int, x: T, cache: tuple[T, T] | None = None, cache_len: int = 0,
@@ -153,7 +157,7 @@ class Decoder:
             k = self._cache_view(p + "attn.k_cache", k_cache, k, cache_len, cache_after)
             v = self._cache_view(p + "attn.v_cache", v_cache, v, cache_len, cache_after)
         ctx = self._core(p, q, k, v)
-        y = self.linear(p + "attn.proj", ctx, cfg.hidden, bias=cfg.bias)
+        y = self.linear(p + "attn.proj", ctx, cfg.hidden, TpRole.ROW, bias=cfg.bias)
         if cfg.dropout and cfg.training:
             y = self._dropout(p + "attn.proj_dropout", y)
         x = b.eltwise(p + "attn.residual", y, x, fn="add")
@@ -167,7 +171,7 @@ class Decoder:
         cfg, b = self.cfg, self.b
         d = cfg.d_head
         q_feat, kv_feat = cfg.heads * d, cfg.kv * d
-        qkv = self.linear(p + "attn.qkv", h, q_feat + 2 * kv_feat, bias=cfg.bias)
+        qkv = self.linear(p + "attn.qkv", h, q_feat + 2 * kv_feat, TpRole.COLUMN, bias=cfg.bias)
         parts = []
         for part, feat in (("q", q_feat), ("k", kv_feat), ("v", kv_feat)):
             t = b.reshape(p + f"attn.{part}", qkv, shape=(h.n, feat, h.h, 1), what="split")
@@ -240,13 +244,13 @@ class Decoder:
         cfg, b = self.cfg, self.b
         width = width or cfg.ffn_size
         if cfg.activation == "gelu":
-            y = self.linear(p + f"{part}.fc1", h, width, bias=cfg.bias)
+            y = self.linear(p + f"{part}.fc1", h, width, TpRole.COLUMN, bias=cfg.bias)
             y = b.eltwise(p + f"{part}.act", y, fn="gelu")
-            return self.linear(p + f"{part}.fc2", y, cfg.hidden, bias=cfg.bias)
-        gate = self.linear(p + f"{part}.gate", h, width, bias=cfg.bias)
-        up = self.linear(p + f"{part}.up", h, width, bias=cfg.bias)
+            return self.linear(p + f"{part}.fc2", y, cfg.hidden, TpRole.ROW, bias=cfg.bias)
+        gate = self.linear(p + f"{part}.gate", h, width, TpRole.COLUMN, bias=cfg.bias)
+        up = self.linear(p + f"{part}.up", h, width, TpRole.COLUMN, bias=cfg.bias)
         y = b.eltwise(p + f"{part}.act", gate, up, fn="swiglu")
-        return self.linear(p + f"{part}.down", y, cfg.hidden, bias=cfg.bias)
+        return self.linear(p + f"{part}.down", y, cfg.hidden, TpRole.ROW, bias=cfg.bias)
 
     def _moe(self, p: str, h: T) -> T:
         """Router, top-k gating, dispatch of each token to ``top_k`` experts (``capacity`` tokens
@@ -255,20 +259,20 @@ class Decoder:
         cfg, b = self.cfg, self.b
         e = cfg.experts
         cap = max(1, math.ceil(cfg.capacity_factor * cfg.top_k * h.n * h.h / e))
-        logits = b.linear(p + "moe.router", h, e, bias=False)
+        logits = self.linear(p + "moe.router", h, e, TpRole.REPLICATED, bias=False)
         gates = b.eltwise(p + "moe.topk", logits, fn="router")
         routed = b.op(p + "moe.dispatch", OpKind.RESHAPE, {"N": e, "C": cfg.hidden, "H": cap, "W": 1}, [h, gates],
                       (e, cfg.hidden, cap, 1), params={"what": "dispatch"})
         act = cfg.activation
         width = cfg.expert_ffn_size
         if act == "swiglu":
-            gate = self.linear(p + "moe.gate", routed, width, bias=False, grouped=True)
-            up = self.linear(p + "moe.up", routed, width, bias=False, grouped=True)
+            gate = self.linear(p + "moe.gate", routed, width, TpRole.COLUMN, bias=False, grouped=True)
+            up = self.linear(p + "moe.up", routed, width, TpRole.COLUMN, bias=False, grouped=True)
             y = b.eltwise(p + "moe.act", gate, up, fn="swiglu")
         else:
-            y = self.linear(p + "moe.fc1", routed, width, bias=False, grouped=True)
+            y = self.linear(p + "moe.fc1", routed, width, TpRole.COLUMN, bias=False, grouped=True)
             y = b.eltwise(p + "moe.act", y, fn="gelu")
-        y = self.linear(p + "moe.down", y, cfg.hidden, bias=False, grouped=True)
+        y = self.linear(p + "moe.down", y, cfg.hidden, TpRole.ROW, bias=False, grouped=True)
         out = b.op(p + "moe.combine", OpKind.RESHAPE, {"N": h.n, "C": h.c, "H": h.h, "W": 1}, [y, gates], h.shape,
                    params={"what": "combine"})
         if not cfg.shared_experts:
@@ -285,7 +289,7 @@ class Decoder:
         y = self._mlp(p, h, "shared", cfg.shared_width)
         if not cfg.shared_gate:
             return y
-        score = b.linear(p + "shared.router", h, 1, bias=False)
+        score = self.linear(p + "shared.router", h, 1, TpRole.REPLICATED, bias=False)
         n, c, hh, w = y.shape
         return b.op(p + "shared.scale", OpKind.ELTWISE, {"N": n, "C": c, "H": hh, "W": w}, [y, score], y.shape,
                     params={"fn": "sigmoid_gate"})
