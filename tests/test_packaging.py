@@ -86,11 +86,13 @@ def test_a_wheel_installed_elsewhere_ships_its_data_and_runs_from_another_direct
     # not processed there), after the new environment's own site-packages, where the wheel goes
     _run([python, "-c", f"import site, pathlib; pathlib.Path(site.getsitepackages()[0], 'parent.pth')"
                         f".write_text({_parent_site_dirs()!r})"], tmp_path)
-    _run([python, "-m", "pip", "install", "--no-deps", "--no-index", "-q", wheel], tmp_path)
+    # nothing of the checkout on the path, for the install too (a checkout on PYTHONPATH holds the
+    # project's metadata, which pip would take for the package installed already)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "MARSSIM_TOPOLOGIES", "MARSSIM_TRACES")}
+    _run([python, "-m", "pip", "install", "--no-deps", "--no-index", "-q", wheel], tmp_path, env)
 
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "MARSSIM_TOPOLOGIES", "MARSSIM_TRACES")}
     marssim = venv / "bin" / "marssim"
     site = _run([python, "-c", "import marssim, marssim.data as d; print(marssim.__file__); "
                                "print(d.topologies()); print(d.calibration()); print(d.collectives()); "
