@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 
 from marssim.cli import main
-from marssim.cost import default_cost_model
 from marssim.parallel import memory_estimate, parse_parallel, prepare_graph
 from marssim.plan import bind_parallel, run
 from marssim.results.view import folded_view, shown_devices
@@ -21,11 +20,6 @@ from marssim.workload.llm import transformer_of
 
 SYSTEM = "dgx-a100-cluster:nodes=2"
 GPT = "gpt:layers=8,hidden=512,heads=8,seq=256,vocab=8192,mode=train"
-
-
-@pytest.fixture(scope="module")
-def cost():
-    return default_cost_model()
 
 
 def _run(cfg_text: str, cost, workload: str = GPT, system: str = SYSTEM, **kwargs):

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import pytest
 
-from marssim.cost import default_cost_model
 from marssim.errors import InputError
 from marssim.parallel import parse_parallel
 from marssim.parallel.roles import rule_for
@@ -83,11 +82,6 @@ def test_shared_experts_are_tensor_parallel_as_the_mlp_and_the_gate_score_replic
         assert rule.out == out and (loop, 1, tp) in rule.split
     score = rule_for(by["layers.0.shared.router"], {}, tp=tp, sp=True, ep=2)
     assert score.out == "S" and score.split == (("M", 1, tp),)
-
-
-@pytest.fixture(scope="module")
-def cost():
-    return default_cost_model()
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,6 @@ import pytest
 
 from marssim.analytical import estimate
 from marssim.collectives.group import group_plan, hop_step, route_bottleneck
-from marssim.cost import default_cost_model
 from marssim.parallel import lower_parallel, parse_parallel
 from marssim.parallel.analytic import screen_model
 from marssim.parallel.unittimer import UnitTimer
@@ -25,11 +24,6 @@ from marssim.workload.llm import transformer_of
 
 GPT = "gpt:layers=2,hidden=1024,heads=16,seq=512,vocab=8192,max_positions=512,mode=train,batch=2"
 LLAMA = "llama:layers=2,hidden=1024,heads=16,kv_heads=4,ffn=2816,seq=512,vocab=8192,mode=train,batch=2"
-
-
-@pytest.fixture(scope="module")
-def cost():
-    return default_cost_model()
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,6 @@ import pytest
 import yaml
 
 from marssim.cli import main
-from marssim.cost import default_cost_model
 from marssim.errors import InputError
 from marssim.parallel import ParallelConfig, lower_parallel, parallel_problems
 from marssim.parallel.report import report_of
@@ -30,11 +29,6 @@ MIXED = "mixed-a100-h100-cluster:nodes_a100=1,nodes_h100=1,gpus_per_node=4"
 SMALL = "gpt:layers=4,hidden=512,heads=8,seq=256,vocab=8192,mode=train,batch=8"
 WIDER = "gpt:layers=4,hidden=1024,heads=8,seq=512,vocab=8192,mode=train,batch=8"
 RESTRICTED = dict(micro_batches=(1, 2), schedules=("1f1b",), recompute=("none",), zero=(0,), sp=(False,), max_pp=3)
-
-
-@pytest.fixture(scope="module")
-def cost():
-    return default_cost_model()
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,6 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from marssim.cost import default_cost_model
 from marssim.cost.engine_host import (
     CPU_STAGES,
     ENGINE_TABLE,
@@ -27,20 +26,9 @@ from marssim.serve import Deployment, Pool, Requests, SchedulerConfig, load_mode
 from marssim.serve.deployment import deployment_from_dict, deployment_to_dict
 from marssim.serve.hosttime import host_time
 from marssim.serve.simulate import iteration_model, simulate_serving
-from marssim.system import load_system
 from marssim.workload import OpKind, load_workload
 
 TINY = "llama:layers=2,hidden=256,heads=4,kv_heads=2,ffn=512,vocab=1024"
-
-
-@pytest.fixture(scope="module")
-def cost():
-    return default_cost_model()
-
-
-@pytest.fixture(scope="module")
-def dgx():
-    return load_system("dgx-h100")
 
 
 def _cpu(seqs: int, several: bool) -> float:

@@ -9,26 +9,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from marssim.cost import default_cost_model
 from marssim.parallel import parse_parallel
 from marssim.parallel.analytic import serving_times
 from marssim.serve import Arrivals, Deployment, Lengths, Pool, RequestSpec, Requests, SchedulerConfig, load_model
 from marssim.serve.itermodel import IterationModel, attention_loops, resize_tokens
 from marssim.serve.simulate import simulate_serving
-from marssim.system import load_system
 from marssim.workload import OpKind, load_workload
 from marssim.workload.llm import build_transformer
 from marssim.workload.llm.config import with_overrides
-
-
-@pytest.fixture(scope="module")
-def cost():
-    return default_cost_model()
-
-
-@pytest.fixture(scope="module")
-def dgx():
-    return load_system("dgx-h100")
 
 
 CASES = [  # (model spec, tp, pp, prompt, output tokens)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import pytest
 
-from marssim.cost import default_cost_model
 from marssim.parallel import parse_parallel
 from marssim.plan import run
 from marssim.plan.model import bind_parallel
@@ -24,11 +23,6 @@ SYSTEMS = ["dgx-a100-cluster:nodes=1", "dgx-h100-cluster:nodes=1", "dgx-h200-clu
            "dgx-b200-cluster:nodes=1", "gb200-nvl72:racks=1", "mi300x-cluster:nodes=1",
            "mixed-a100-h100-cluster"]
 MODEL, TP, PROMPT, OUTPUT = "llama3-8b", 4, 300, 3
-
-
-@pytest.fixture(scope="module")
-def cost():
-    return default_cost_model()
 
 
 def _estimate(spec: str, system, cost) -> float:

@@ -8,7 +8,6 @@ import math
 
 import pytest
 
-from marssim.cost import default_cost_model
 from marssim.errors import InputError
 from marssim.parallel import parse_parallel
 from marssim.parallel.analytic import serving_times
@@ -17,23 +16,12 @@ from marssim.serve.memory import replica_memory
 from marssim.serve.deployment import SchedulerConfig, parse_pool
 from marssim.serve.itermodel import IterationModel
 from marssim.serve.simulate import simulate_serving
-from marssim.system import load_system
 from marssim.workload import load_workload
 from marssim.workload.llm import build_transformer
 from marssim.workload.llm.config import with_overrides
 
 SMALL = "moe:layers=2,hidden=512,heads=8,kv_heads=2,ffn=1024,experts=8,top_k=2,vocab=1000"
 FOUR = ("gpu0", "gpu1", "gpu2", "gpu3")
-
-
-@pytest.fixture(scope="module")
-def cost():
-    return default_cost_model()
-
-
-@pytest.fixture(scope="module")
-def dgx():
-    return load_system("dgx-h100")
 
 
 @pytest.mark.parametrize("prompt,output,batch", [(300, 6, 4), (77, 5, 4), (100, 4, 7)])

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import pytest
 
-from marssim.cost import default_cost_model
 from marssim.parallel import parse_parallel
 from marssim.parallel.analytic import serving_times
 from marssim.serve import Deployment, Pool, Requests, load_model
@@ -25,16 +24,6 @@ DS = ("moe:layers=3,hidden=512,heads=8,kv_heads=8,ffn=1536,expert_ffn=256,expert
 QW = ("moe:layers=2,hidden=512,heads=8,kv_heads=2,ffn=1024,expert_ffn=256,experts=8,top_k=2,shared_experts=1,"
       "shared_ffn=1024,shared_gate=true,vocab=1000")
 FOUR = ("gpu0", "gpu1", "gpu2", "gpu3")
-
-
-@pytest.fixture(scope="module")
-def cost():
-    return default_cost_model()
-
-
-@pytest.fixture(scope="module")
-def dgx():
-    return load_system("dgx-h100")
 
 
 @pytest.mark.parametrize("model", [DS, QW], ids=["deepseek", "qwen"])
