@@ -19,7 +19,8 @@ from marssim.serve.deployment import Deployment, check_deployment, parse_pool
 from marssim.serve.model import load_model
 from marssim.serve.simulate import check_pool
 from marssim.validate.published import (PublishedRun, PublishedServing, ServingPrediction, format_predictions,
-                                        load_published, predict, predict_all, published_tables, summary, table_kind)
+                                        load_published, predict, predict_all, published_tables, summary, TableKind,
+                                        table_kind)
 from marssim.workload import load_workload
 
 SMALL = "gpt:layers=4,hidden=512,heads=8,seq=256,vocab=8192,mode=train"
@@ -163,7 +164,8 @@ def test_a_serving_table_is_told_by_its_columns_and_checked_by_row_and_column(tm
         table_kind(SERVE_HEADER.strip().replace(",requests", "").split(","), "f.csv")
     with pytest.raises(InputError, match="got both"):
         table_kind(SERVE_HEADER.strip().split(",") + ["measured_iteration_s"], "f.csv")
-    assert table_kind(["name", "system", "workload", "parallel", "measured_iteration_s", "source"], "f.csv") == "train"
+    train = ["name", "system", "workload", "parallel", "measured_iteration_s", "source"]
+    assert table_kind(train, "f.csv") is TableKind.TRAIN
 
 
 def test_a_serving_prediction_is_the_served_tokens_over_the_run():

@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 
 from marssim.errors import CapacityError, InputError
@@ -27,7 +28,7 @@ from .published_serving import (SERVE_COLUMNS, PublishedServing, ServingPredicti
                                 read_serving_rows, serving_record)
 
 __all__ = ["PublishedRun", "PublishedServing", "Prediction", "ServingPrediction", "load_published", "published_tables",
-           "predict", "predict_all", "format_predictions", "summary", "table_kind"]
+           "predict", "predict_all", "format_predictions", "summary", "TableKind", "table_kind"]
 
 _COLUMNS = ("name", "system", "workload", "parallel", "measured_iteration_s", "source")
 
@@ -75,8 +76,16 @@ def published_tables() -> dict[str, Path]:
     return {p.stem: p for p in sorted(published().glob("*.csv"))}
 
 
-def table_kind(columns: Sequence[str], file: str) -> str:
-    """``train`` or ``serve``: the kind of table the header ``columns`` make (a serving table has
+class TableKind(str, Enum):
+    """What a table's rows are: training runs (an iteration time each) or serving runs (output
+    tokens/s)."""
+
+    TRAIN = "train"
+    SERVE = "serve"
+
+
+def table_kind(columns: Sequence[str], file: str) -> TableKind:
+    """The kind of table the header ``columns`` make (a serving table has
     ``measured_output_tokens_per_s``, a training table ``measured_iteration_s``); InputError
     naming the file and the columns missing for its kind, or both measured columns."""
     columns = tuple(columns)
@@ -84,11 +93,12 @@ def table_kind(columns: Sequence[str], file: str) -> str:
     if train and serve:
         raise InputError(file, "", "expected one measured column: measured_iteration_s (training runs) or "
                                    "measured_output_tokens_per_s (serving runs), got both")
-    kind, expected = ("serve", SERVE_COLUMNS) if serve else ("train", _COLUMNS)
+    kind, expected = (TableKind.SERVE, SERVE_COLUMNS) if serve else (TableKind.TRAIN, _COLUMNS)
     missing = [c for c in expected if c not in columns]
     if missing:
-        what = "a serving table" if serve else "a training table (or, for serving runs, " + ", ".join(SERVE_COLUMNS) + ")"
-        raise InputError(file, "", f"expected the columns {', '.join(expected)} of {what}; missing {', '.join(missing)}")
+        what = "a serving table" if serve else f"a training table (or, for serving runs, {', '.join(SERVE_COLUMNS)})"
+        raise InputError(file, "", f"expected the columns {', '.join(expected)} of {what}; "
+                                   f"missing {', '.join(missing)}")
     return kind
 
 
@@ -113,7 +123,7 @@ def load_published(name_or_path: str | Path) -> list[PublishedRun] | list[Publis
         raise InputError(file, "", f"not a text file (byte {err.start:,} is not UTF-8); expected a CSV table") from None
     lines = [line for line in text.splitlines() if not line.startswith("#")]
     reader = csv.DictReader(lines)
-    if table_kind(reader.fieldnames or (), file) == "serve":
+    if table_kind(reader.fieldnames or (), file) is TableKind.SERVE:
         served = read_serving_rows(file, list(reader))
         if not served:
             raise InputError(file, "", "expected at least one row")

@@ -146,17 +146,17 @@ def format_serving(predictions: Sequence[ServingPrediction]) -> str:
     then the mean and worst error."""
     from .published import summary
 
-    header = (f"{'run':<32}{'ISL/OSL':>11}{'measured':>10}{'predicted':>10}{'error':>8}{'run s':>8}{'TTFT s':>8}"
+    header = (f"{'run':<33}{'ISL/OSL':>11}{'measured':>10}{'predicted':>10}{'error':>8}{'run s':>8}{'TTFT s':>8}"
               f"{'TPOT ms':>8}{'batch':>7}{'preempt':>8}")
     lines = [header]
     for p in predictions:
         r = p.run
         lengths = f"{r.input_tokens}/{r.output_tokens}"
         if p.problem:
-            lines.append(f"{r.name[:31]:<32}{lengths:>11}{r.measured_output_tokens_per_s:>10.0f}  not predicted: "
+            lines.append(f"{r.name[:32]:<33}{lengths:>11}{r.measured_output_tokens_per_s:>10.0f}  not predicted: "
                          f"{p.problem}"[:120])
             continue
-        lines.append(f"{r.name[:31]:<32}{lengths:>11}{r.measured_output_tokens_per_s:>10.0f}"
+        lines.append(f"{r.name[:32]:<33}{lengths:>11}{r.measured_output_tokens_per_s:>10.0f}"
                      f"{p.output_tokens_per_s:>10.0f}{p.error:>+8.1%}{p.duration_s:>8.1f}{p.ttft_s:>8.1f}"
                      f"{p.tpot_s * 1e3:>8.1f}{p.mean_batch:>7.0f}{p.preemptions:>8d}")
     s = summary(predictions)
