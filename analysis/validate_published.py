@@ -39,8 +39,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     names = args.tables.split(",") if args.tables else list(published_tables())
     cost = default_cost_model()
-    print(f"validate_published: the shipped published tables predicted by {args.how} "
-          f"({platform.processor() or platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()})")
+    print(f"validate_published: shipped published tables, training runs predicted by {args.how}, serving runs by "
+          f"simulation ({platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+          f"Python {platform.python_version()})")
     for name in names:
         runs = load_published(name)
         serving = isinstance(runs[0], PublishedServing)
