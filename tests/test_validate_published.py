@@ -1,10 +1,12 @@
 """Predictions against published measurements: the shipped tables load and every row names a
-configuration its system and workload can take; errors and their summary are what they say;
-bad tables and flags that do not apply are refused on one line."""
+configuration its system and workload can take; the converted figures of the shipped tables
+follow from what their sources publish by the conversions their headers state; errors and their
+summary are what they say; bad tables and flags that do not apply are refused on one line."""
 
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 
@@ -13,24 +15,74 @@ from marssim.errors import InputError
 from marssim.parallel import parse_parallel
 from marssim.plan import bind_parallel
 from marssim.system import load_system
-from marssim.validate.published import (PublishedRun, format_predictions, load_published, predict, published_tables,
-                                        summary)
+from marssim.serve.deployment import Deployment, check_deployment, parse_pool
+from marssim.serve.model import load_model
+from marssim.serve.simulate import check_pool
+from marssim.validate.published import (PublishedRun, PublishedServing, ServingPrediction, format_predictions,
+                                        load_published, predict, predict_all, published_tables, summary, TableKind,
+                                        table_kind)
 from marssim.workload import load_workload
 
 SMALL = "gpt:layers=4,hidden=512,heads=8,seq=256,vocab=8192,mode=train"
+SMALL_SERVED = "llama:layers=2,hidden=256,heads=4,kv_heads=4,ffn=512,vocab=1024,dtype=fp8"
+SERVE_HEADER = "name,system,model,deployment,input_tokens,output_tokens,requests,measured_output_tokens_per_s,source\n"
 
 
 def test_the_shipped_tables_name_runs_their_systems_can_take():
     tables = published_tables()
-    assert "korthikanti2022-table5" in tables
+    assert {"korthikanti2022-table5", "nemo2407-h100-fp8", "nemo2403-h100-fp8-long-context",
+            "trtllm-1.0-h100-h200-fp8-throughput"} <= set(tables)
     for name in tables:
         runs = load_published(name)
-        assert runs and all(r.measured_iteration_s > 0 and r.source for r in runs)
+        assert runs and all(r.source for r in runs)
         for r in runs:
             system = load_system(r.system)
+            if isinstance(r, PublishedServing):
+                model = load_model(r.model)
+                pool = parse_pool(r.deployment, r.name)
+                check_deployment(Deployment((pool,)), r.name)
+                check_pool(pool, model, r.name, "")
+                assert pool.gpus <= len(system.accelerators) and r.measured_output_tokens_per_s > 0
+                assert r.input_tokens + r.output_tokens <= model.max_positions
+                continue
+            assert r.measured_iteration_s > 0
             cfg, graph = bind_parallel(parse_parallel(r.parallel), load_workload(r.workload), system, r.name,
                                        micro_batch_given=True, batch_given=False)
             assert cfg.gpus == len(system.accelerators) and graph.batch == cfg.micro_batch
+
+
+def _sizes(run: PublishedRun) -> tuple[int, int, int]:
+    """GPUs, global batch and sequence length of a training row, read off its system, parallel
+    configuration and workload (not off its measured figure)."""
+    system = load_system(run.system)
+    cfg = parse_parallel(run.parallel)
+    seq = load_workload(run.workload).meta["transformer"].seq
+    return len(system.accelerators), cfg.global_batch, seq
+
+
+def test_the_nemo_summary_rows_are_the_published_tokens_per_gpu_converted():
+    """measured_iteration_s = GBS x seq / (tokens/s/GPU x GPUs), the tokens/s/GPU as each row's
+    source names it: every row reproduces its source's figure to the 4-5 digits it gives."""
+    runs = load_published("nemo2407-h100-fp8")
+    assert len(runs) == 12 and sum("cp=" in r.parallel for r in runs) == 2
+    for r in runs:
+        tokens = float(re.search(r"\((\d+) tokens/s/GPU\)", r.source).group(1))
+        gpus, gbs, seq = _sizes(r)
+        assert gbs * seq / (r.measured_iteration_s * gpus) == pytest.approx(tokens, rel=1e-4), r.name
+        assert "dtype=fp8" in r.workload
+
+
+def test_the_long_context_rows_are_the_published_flops_converted_by_the_stated_count():
+    """measured_iteration_s = GBS x s x F(s) / (TFLOPS/GPU x 1e12 x GPUs), F the header's count
+    per token (6 x GEMM weights + 12 layers s h + 6 h V) of LLAMA2-7B, recomputed here."""
+    layers, h, ffn, vocab = 32, 4096, 11008, 32000
+    runs = load_published("nemo2403-h100-fp8-long-context")
+    assert [parse_parallel(r.parallel).cp for r in runs] == [2, 2, 4, 8, 16, 32]
+    for r in runs:
+        tflops = float(re.search(r"\((\d+) TFLOPS/GPU\)", r.source).group(1))
+        gpus, gbs, seq = _sizes(r)
+        per_token = 6 * layers * (4 * h * h + 3 * h * ffn) + 12 * layers * seq * h + 6 * h * vocab
+        assert gbs * seq * per_token / (r.measured_iteration_s * gpus * 1e12) == pytest.approx(tflops, rel=1e-4)
 
 
 def test_korthikanti_table5_pairs_each_model_with_and_without_recomputation():
@@ -92,3 +144,50 @@ def test_the_cli_predicts_a_table_and_refuses_flags_that_do_not_apply(tmp_path, 
     assert "small" in out and "mean |error|" in out and (tmp_path / "o" / "published.csv").is_file()
     assert main(["validate", "--published", str(path), "--system", "ring-8"]) == 2
     assert "--system" in capsys.readouterr().err
+
+
+def test_a_serving_table_is_told_by_its_columns_and_checked_by_row_and_column(tmp_path):
+    path = tmp_path / "s.csv"
+    row = f'x,dgx-h100-cluster:nodes=1,"{SMALL_SERVED}","replicas=1,tp=1",16,8,4,100,me\n'
+    path.write_text("# a serving table\n" + SERVE_HEADER + row)
+    (run,) = load_published(path)
+    assert isinstance(run, PublishedServing) and (run.input_tokens, run.output_tokens, run.requests) == (16, 8, 4)
+    path.write_text(SERVE_HEADER + row.replace(",16,8,4,", ",16,eight,4,"))
+    with pytest.raises(InputError) as info:
+        load_published(path)
+    assert info.value.path == "row 1.output_tokens"
+    path.write_text(SERVE_HEADER + row.replace(",100,me", ",-3,me"))
+    with pytest.raises(InputError) as info:
+        load_published(path)
+    assert info.value.path == "row 1.measured_output_tokens_per_s"
+    with pytest.raises(InputError, match="missing requests"):
+        table_kind(SERVE_HEADER.strip().replace(",requests", "").split(","), "f.csv")
+    with pytest.raises(InputError, match="got both"):
+        table_kind(SERVE_HEADER.strip().split(",") + ["measured_iteration_s"], "f.csv")
+    train = ["name", "system", "workload", "parallel", "measured_iteration_s", "source"]
+    assert table_kind(train, "f.csv") is TableKind.TRAIN
+
+
+def test_a_serving_prediction_is_the_served_tokens_over_the_run():
+    run = PublishedServing("small", "dgx-h100-cluster:nodes=1", SMALL_SERVED, "replicas=1,tp=1", 16, 8, 6, 1000.0,
+                           "a test")
+    (p,) = predict_all([run], how="estimate")
+    assert isinstance(p, ServingPrediction) and not p.problem and p.how == "simulate"
+    assert p.output_tokens_per_s == pytest.approx(6 * 8 / p.duration_s, rel=1e-9)
+    assert p.error == pytest.approx(p.output_tokens_per_s / 1000.0 - 1)
+    assert 0 < p.ttft_s <= p.duration_s and p.tpot_s > 0
+    text = format_predictions([p])
+    assert "16/8" in text and "mean |error|" in text and all(len(line) <= 120 for line in text.splitlines())
+    bad = PublishedServing("bad", "dgx-h100-cluster:nodes=1", SMALL_SERVED, "replicas=1,tp=3", 16, 8, 6, 1.0, "t")
+    (q,) = predict_all([bad])
+    assert q.problem and math.isnan(q.output_tokens_per_s) and summary([q])["rows"] == 0
+
+
+def test_the_cli_predicts_a_serving_table(tmp_path, capsys):
+    path = tmp_path / "s.csv"
+    path.write_text(SERVE_HEADER + f'x,dgx-h100-cluster:nodes=1,"{SMALL_SERVED}","replicas=1,tp=1",16,8,4,100,me\n')
+    assert main(["validate", "--published", str(path), "--out", str(tmp_path / "o")]) == 0
+    out = capsys.readouterr().out
+    assert "predicted by simulate" in out and "16/8" in out
+    text = (tmp_path / "o" / "published.csv").read_text()
+    assert "predicted_output_tokens_per_s" in text.splitlines()[0]

@@ -19,13 +19,17 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "rank correlation (Kendall tau, Spearman rho) and which resources' contention explains the "
                     "largest gaps. Writes validate.csv, summary.txt, attribution.csv and a scatter plot "
                     "(scatter.png/.svg) into --out. With --published TABLE: predict runs others measured (a table "
-                    "of systems, workloads, parallel configurations and measured iteration times; shipped: "
-                    "korthikanti2022-table5) and print per row the error and where the predicted time went, and "
-                    "the mean and worst error; writes published.csv into --out.")
+                    "of systems, workloads, parallel configurations and measured iteration times, or of serving "
+                    "runs: a model's deployment, a batch of equal requests and the output tokens/s measured; "
+                    "shipped: korthikanti2022-table5, nemo2407-h100-fp8, nemo2403-h100-fp8-long-context, "
+                    "trtllm-1.0-h100-h200-fp8-throughput) and print per row the error and where the predicted "
+                    "time went, and the mean and worst error; writes published.csv into --out.")
     p.add_argument("--published", metavar="TABLE",
-                   help="a CSV of published measured runs, or a shipped table's name (korthikanti2022-table5)")
+                   help="a CSV of published measured runs, or a shipped table's name (korthikanti2022-table5, "
+                        "nemo2407-h100-fp8, ...)")
     p.add_argument("--how", choices=("simulate", "estimate"), default="simulate",
-                   help="with --published: predict by simulation (default) or by the analytical estimate")
+                   help="with --published: predict training runs by simulation (default) or by the analytical "
+                        "estimate (serving runs are always simulated)")
     p.add_argument("--system", metavar="SYSTEM", help="system YAML or shipped name")
     p.add_argument("--workload", metavar="SPEC", help="zoo spec like resnet50:batch=8 or an .onnx file")
     p.add_argument("--batch", type=positive_int, help="override the workload's batch")
@@ -118,7 +122,8 @@ def run_published(args: argparse.Namespace) -> int:
             predictions = predict_all(runs, cost_model(args), args.how, executor=pool, progress=progress)
     else:
         predictions = predict_all(runs, cost_model(args), args.how, progress=progress)
-    print(f"{args.published}: {len(runs)} published runs, predicted by {args.how}")
+    how = "simulate" if predictions and all(p.how == "simulate" for p in predictions) else args.how
+    print(f"{args.published}: {len(runs)} published runs, predicted by {how}")
     print(format_predictions(predictions))
     if args.out:
         from pathlib import Path

@@ -2,10 +2,13 @@
 workload, a parallel configuration and the iteration time they report) evaluated by
 :func:`marssim.plan.run`, each row's error stated with where the predicted time went.
 
-A table is a CSV file (``#`` lines are its provenance) with the columns ``name, system,
-workload, parallel, measured_iteration_s, source`` and optionally ``measured_mfu``; the shipped
-tables (``marssim.data.published()``) are found by their file stem, e.g.
-``korthikanti2022-table5``. The measured figures are checks, never fitted to.
+A table is a CSV file (``#`` lines are its provenance) of one of two kinds, told apart by its
+columns: training runs, with the columns ``name, system, workload, parallel,
+measured_iteration_s, source`` and optionally ``measured_mfu``; or serving runs, with the columns
+of :data:`~.published_serving.SERVE_COLUMNS` (``measured_output_tokens_per_s`` among them),
+predicted by the serving engine (:mod:`.published_serving`). The shipped tables
+(``marssim.data.published()``) are found by their file stem, e.g. ``korthikanti2022-table5``.
+The measured figures are checks, never fitted to.
 """
 
 from __future__ import annotations
@@ -16,12 +19,16 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 
 from marssim.errors import CapacityError, InputError
 
-__all__ = ["PublishedRun", "Prediction", "load_published", "published_tables", "predict", "predict_all",
-           "format_predictions", "summary"]
+from .published_serving import (SERVE_COLUMNS, PublishedServing, ServingPrediction, format_serving, predict_serving,
+                                read_serving_rows, serving_record)
+
+__all__ = ["PublishedRun", "PublishedServing", "Prediction", "ServingPrediction", "load_published", "published_tables",
+           "predict", "predict_all", "format_predictions", "summary", "TableKind", "table_kind"]
 
 _COLUMNS = ("name", "system", "workload", "parallel", "measured_iteration_s", "source")
 
@@ -69,9 +76,36 @@ def published_tables() -> dict[str, Path]:
     return {p.stem: p for p in sorted(published().glob("*.csv"))}
 
 
-def load_published(name_or_path: str | Path) -> list[PublishedRun]:
-    """The rows of a table (a path, or a shipped table's name); InputError naming the file, the
-    row and the column for anything missing or malformed."""
+class TableKind(str, Enum):
+    """What a table's rows are: training runs (an iteration time each) or serving runs (output
+    tokens/s)."""
+
+    TRAIN = "train"
+    SERVE = "serve"
+
+
+def table_kind(columns: Sequence[str], file: str) -> TableKind:
+    """The kind of table the header ``columns`` make (a serving table has
+    ``measured_output_tokens_per_s``, a training table ``measured_iteration_s``); InputError
+    naming the file and the columns missing for its kind, or both measured columns."""
+    columns = tuple(columns)
+    train, serve = "measured_iteration_s" in columns, "measured_output_tokens_per_s" in columns
+    if train and serve:
+        raise InputError(file, "", "expected one measured column: measured_iteration_s (training runs) or "
+                                   "measured_output_tokens_per_s (serving runs), got both")
+    kind, expected = (TableKind.SERVE, SERVE_COLUMNS) if serve else (TableKind.TRAIN, _COLUMNS)
+    missing = [c for c in expected if c not in columns]
+    if missing:
+        what = "a serving table" if serve else f"a training table (or, for serving runs, {', '.join(SERVE_COLUMNS)})"
+        raise InputError(file, "", f"expected the columns {', '.join(expected)} of {what}; "
+                                   f"missing {', '.join(missing)}")
+    return kind
+
+
+def load_published(name_or_path: str | Path) -> list[PublishedRun] | list[PublishedServing]:
+    """The rows of a table (a path, or a shipped table's name): :class:`PublishedRun` rows of a
+    training table, :class:`PublishedServing` rows of a serving table (:func:`table_kind`);
+    InputError naming the file, the row and the column for anything missing or malformed."""
     path = Path(name_or_path)
     if not path.is_file():
         tables = published_tables()
@@ -89,9 +123,11 @@ def load_published(name_or_path: str | Path) -> list[PublishedRun]:
         raise InputError(file, "", f"not a text file (byte {err.start:,} is not UTF-8); expected a CSV table") from None
     lines = [line for line in text.splitlines() if not line.startswith("#")]
     reader = csv.DictReader(lines)
-    missing = [c for c in _COLUMNS if c not in (reader.fieldnames or ())]
-    if missing:
-        raise InputError(file, "", f"expected the columns {', '.join(_COLUMNS)}; missing {', '.join(missing)}")
+    if table_kind(reader.fieldnames or (), file) is TableKind.SERVE:
+        served = read_serving_rows(file, list(reader))
+        if not served:
+            raise InputError(file, "", "expected at least one row")
+        return served
     rows = []
     for i, row in enumerate(reader):
         where = f"row {i + 1}"
@@ -141,14 +177,19 @@ def predict(run: PublishedRun, cost=None, how: str = "simulate") -> Prediction:
                       exposed, wall_s=time.perf_counter() - start)
 
 
-def _predict_one(args: tuple) -> Prediction:
+def _predict_one(args: tuple) -> Prediction | ServingPrediction:
     run, cost, how = args
+    if isinstance(run, PublishedServing):
+        return predict_serving(run, cost)
     return predict(run, cost, how)
 
 
-def predict_all(runs: Sequence[PublishedRun], cost=None, how: str = "simulate", executor: Executor | None = None,
-                progress: Callable[[Prediction], None] | None = None) -> list[Prediction]:
-    """Every run predicted, in order, on ``executor`` (one run per task) or here."""
+def predict_all(runs: Sequence[PublishedRun | PublishedServing], cost=None, how: str = "simulate",
+                executor: Executor | None = None,
+                progress: Callable[[Prediction | ServingPrediction], None] | None = None
+                ) -> list[Prediction | ServingPrediction]:
+    """Every run predicted, in order, on ``executor`` (one run per task) or here; serving runs
+    by the serving simulation whatever ``how`` says (it has no closed form of an offline run)."""
     if cost is None:
         from marssim.cost import default_cost_model
 
@@ -172,10 +213,13 @@ def summary(predictions: Sequence[Prediction]) -> dict[str, float]:
             "worst_abs": max(abs(e) for e in errors), "mean": sum(errors) / len(errors)}
 
 
-def format_predictions(predictions: Sequence[Prediction]) -> str:
+def format_predictions(predictions: Sequence[Prediction] | Sequence[ServingPrediction]) -> str:
     """One line per row: measured and predicted iteration (s), the error, MFU and HFU, and where a
     GPU's predicted time went (computing, bubble, the two groups with the most exposed
-    communication), within 120 columns; then the mean and worst error."""
+    communication), within 120 columns; then the mean and worst error. Serving rows:
+    :func:`~.published_serving.format_serving`."""
+    if predictions and all(isinstance(p, ServingPrediction) for p in predictions):
+        return format_serving(predictions)
     lines = [f"{'run':<22}{'measured s':>11}{'predicted':>11}{'error':>8}{'MFU':>7}{'HFU':>7}{'busy':>7}"
              f"{'bubble':>8}  exposed communication"]
     for p in predictions:
@@ -194,14 +238,18 @@ def format_predictions(predictions: Sequence[Prediction]) -> str:
     return "\n".join(lines)
 
 
-def write_predictions(predictions: Sequence[Prediction], path: str | Path) -> Path:
-    """The predictions as CSV (atomically): one row per run."""
+def write_predictions(predictions: Sequence[Prediction | ServingPrediction], path: str | Path) -> Path:
+    """The predictions as CSV (atomically): one row per run (a serving run's columns are
+    :func:`~.published_serving.serving_record`'s)."""
     import pandas as pd
 
     from marssim.fsutil import atomic_file
 
     rows = []
     for p in predictions:
+        if isinstance(p, ServingPrediction):
+            rows.append(serving_record(p))
+            continue
         rows.append({"name": p.run.name, "system": p.run.system, "workload": p.run.workload,
                      "parallel": p.run.parallel, "source": p.run.source, "how": p.how,
                      "measured_iteration_s": p.run.measured_iteration_s, "predicted_iteration_s": p.iteration_s,
