@@ -302,3 +302,25 @@ def test_tensor_parallel_collectives_as_flows_equal_the_closed_form_alone_and_sl
     assert network.summary["tbt_s"]["mean"] > closed.summary["tbt_s"]["mean"] * 1.02
     assert network.summary["little"]["mean_in_system"] == pytest.approx(network.summary["little"]["rate_x_latency"],
                                                                         rel=1e-9)
+
+
+def test_guaranteed_no_evict_never_preempts_and_runs_as_many_requests_as_whole_outputs_fit(model, system):
+    """TensorRT-LLM's capacity policy: a request is admitted only when its prompt and whole output
+    fit beside the running requests' whole prompts and outputs, so the cache that preempts under
+    the default policy preempts nothing, and a burst of equal requests runs floor((blocks -
+    watermark) / blocks of one whole request) at once."""
+    guaranteed = SchedulerConfig(gpu_memory_utilization=0.6, max_batched_tokens=2048, capacity="guaranteed_no_evict")
+    r = run(model, system, [Pool(replicas=2, tp=1, scheduler=guaranteed)], spec())
+    assert r.summary["preemptions"] == 0 and r.summary["completed"] == 300
+    assert run(model, system, POOLS["recompute"], spec()).summary["preemptions"] > 0  # the same cache, by default
+    prompt, output, n = 200, 100, 400
+    burst = RequestSpec(Arrivals("poisson", rate=1e9), Lengths("fixed", value=prompt), Lengths("fixed", value=output),
+                        n).draw(0)
+    one = SchedulerConfig(max_num_seqs=1024, max_batched_tokens=8192, capacity="guaranteed_no_evict")
+    r = run(model, system, [Pool(replicas=1, tp=1, scheduler=one)], burst)
+    it = r.iterations
+    blocks = int(it["kv_capacity"].max())
+    whole = -(-(prompt + output) // one.block_size)
+    expected = (blocks - int(one.watermark * blocks)) // whole
+    assert 0 < expected < n and r.summary["preemptions"] == 0
+    assert int(it["decode_tokens"].max()) == expected

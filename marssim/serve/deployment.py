@@ -29,6 +29,11 @@ pool setting                  meaning (the engines' own names where they have on
 ``block_size``                tokens per KV-cache block (``--block-size``, 16)
 ``watermark``                 fraction of blocks a new prompt must leave free (0.01)
 ``gpu_memory_utilization``    fraction of a GPU's memory the engine may use (0.9)
+``capacity``                  ``max_utilization`` (default: admit a prompt when its blocks are
+                              free, preempt when decodes run out) or ``guaranteed_no_evict``
+                              (TensorRT-LLM's default ``CapacitySchedulerPolicy``: admit a request
+                              only when its prompt and whole output fit beside the running ones';
+                              no preemption)
 ``preemption``                ``recompute`` (vLLM's default: a preempted sequence's blocks are
                               freed, its tokens prefilled again) or ``swap`` (to host memory)
 ``swap_space``                host memory per GPU for swapped blocks (``--swap-space``, 4 GiB), with
@@ -79,6 +84,8 @@ ROUTERS = ("round_robin", "least_tokens", "least_requests", "random")
 ROLES = ("both", "prefill", "decode")
 TP_COMM = ("closed", "network")
 PREEMPTION = ("recompute", "swap")
+CAPACITY_POLICIES = ("max_utilization", "guaranteed_no_evict")
+"""How a scheduler admits requests against its KV cache (:mod:`.schedulers`)."""
 SPEC_METHODS = ("none", "draft", "mtp")
 HOST_ENGINES = ("none", "vllm", "sglang", "trtllm")
 HOST_OVERLAP = ("auto", "true", "false")
@@ -107,6 +114,7 @@ class SchedulerConfig:
     watermark: float = 0.01
     gpu_memory_utilization: float = 0.9
     preemption: str = "recompute"
+    capacity: str = "max_utilization"
     swap_space: float = 4 * 2**30  # bytes per GPU
     prefix_caching: bool = False
     spec_method: str = "none"
@@ -220,7 +228,7 @@ _SCHED_FLOAT = ("watermark", "gpu_memory_utilization")
 _SCHED_BOOL = ("mixed", "prefix_caching", "cuda_graphs")
 _SPEC_KEYS = ("spec_method", "spec_model", "spec_layers", "spec_k", "spec_alpha")
 POOL_KEYS = ("role", "replicas", "tp", "pp", "ep", "gpu", "scheduler") + _SCHED_INT + _SCHED_FLOAT + _SCHED_BOOL + \
-    ("preemption", "swap_space") + _SPEC_KEYS + ("engine", "host_overlap")
+    ("preemption", "capacity", "swap_space") + _SPEC_KEYS + ("engine", "host_overlap")
 
 
 def _int(value: Any, where: str, key: str, low: int = 1, high: int = 1 << 30) -> int:
@@ -297,6 +305,8 @@ def pool_from_dict(data: dict, where: str, prefix: str = "") -> Pool:
             sched[key] = _bool(value, where, path)
         elif key == "preemption":
             sched[key] = _choice(value, where, path, PREEMPTION)
+        elif key == "capacity":
+            sched[key] = _choice(value, where, path, CAPACITY_POLICIES)
         elif key == "swap_space":
             from marssim import units
 

@@ -122,6 +122,9 @@ def _common_notes(pool: Pool, engine: str) -> list[str]:
                      if engine == "vllm" else "mixed=true: --enable-mixed-chunk with chunked prefill")
     if cfg.watermark != 0.01:
         notes.append(f"watermark={cfg.watermark:g} has no flag (vLLM keeps 0.01)")
+    if cfg.capacity == "guaranteed_no_evict":
+        notes.append("capacity=guaranteed_no_evict is TensorRT-LLM's capacity scheduler policy; "
+                     f"{'vLLM' if engine == 'vllm' else 'SGLang'} admits by free blocks and preempts")
     return notes
 
 

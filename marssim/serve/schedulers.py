@@ -24,6 +24,13 @@ arrived). Policies (``SchedulerConfig.kind``):
     decodes, then the chunks of prompts already started, then new prompts, each chunk as large as
     the remaining token budget allows.
 
+Capacity policy (``SchedulerConfig.capacity``, TensorRT-LLM's ``CapacitySchedulerPolicy``):
+``max_utilization`` (the default, vLLM's and SGLang's way) admits a prompt when its own blocks
+are free and preempts when decodes run out of blocks; ``guaranteed_no_evict`` (TensorRT-LLM's
+default) admits a request only when the blocks of its prompt and whole output fit beside the
+whole prompts and outputs of the running requests, so no decode ever preempts. The request's
+output length stands for its ``max_tokens`` (what a benchmark sets).
+
 With speculative decoding (:mod:`.speculative`) a decoding sequence takes the blocks of its next
 token and the ``spec_k`` proposed after it (they are verified together), counts ``spec_k + 1``
 tokens against the token budget, and after the step keeps the blocks of the tokens accepted.
@@ -80,12 +87,18 @@ class Scheduler:
         self.swapped: deque[Seq] = deque()
         self.incoming: deque[Seq] = deque()
         self.caching = cfg.prefix_caching
+        self.guaranteed = cfg.capacity == "guaranteed_no_evict" and cfg.kind != "static"  # static reserves anyway
+        self._final = 0  # guaranteed_no_evict: blocks the running requests hold once their outputs are done
         self._kind = {"static": self._static, "continuous": self._continuous, "chunked": self._chunked}[cfg.kind]
 
     @property
     def unfinished(self) -> int:
         """Requests here that are not done (waiting, running, swapped or arriving)."""
         return len(self.waiting) + len(self.running) + len(self.swapped) + len(self.incoming)
+
+    def final_blocks(self, s: Seq) -> int:
+        """Blocks ``s`` holds here once its output is done (its prompt alone in a prefill pool)."""
+        return self.bm.blocks(s.prompt + (s.output if self.role != "prefill" else 0))
 
     def reserve_tokens(self, seq: Seq) -> int:
         """Tokens whose blocks a request arriving with its KV cache needs here."""
@@ -164,7 +177,10 @@ class Scheduler:
     def _take_incoming(self) -> None:
         cap = self.cfg.max_num_seqs
         while self.incoming and len(self.running) < cap:
-            self.running.append(self.incoming.popleft())
+            s = self.incoming.popleft()
+            if self.guaranteed:
+                self._final += self.final_blocks(s)
+            self.running.append(s)
 
     def _started(self, s: Seq, now: float) -> None:
         if s.scheduled < 0:
@@ -187,6 +203,11 @@ class Scheduler:
             need = bm.blocks(s.target) - hit
             if not bm.can_admit(need, s.prefix if hit else -1):
                 break
+            if self.guaranteed:
+                final = self.final_blocks(s)
+                if self._final + final > bm.total - bm.watermark and self.running:
+                    break
+                self._final += final
             self.waiting.popleft()
             if hit:
                 s.prefix_blocks = bm.prefix_hit(s.prefix)
@@ -236,6 +257,8 @@ class Scheduler:
         """Take ``s`` (the last running sequence) out: to host memory with ``swap`` (when it is
         decoding, reads no cached prefix and the swap space has room), else by recompute."""
         self.running.pop()
+        if self.guaranteed:
+            self._final -= self.final_blocks(s)
         s.preemptions += 1
         self.sink.preempted(s)
         bm = self.bm
@@ -302,6 +325,8 @@ class Scheduler:
                     gone = True
                 elif self.role == "prefill":
                     s.ve = None
+                    if self.guaranteed:
+                        self._final -= self.final_blocks(s)
                     sink.handoff(s, now, self)
                     gone = True
         if self.lookahead and work.decodes:
@@ -355,6 +380,8 @@ class Scheduler:
 
     def _finish(self, s: Seq, now: float) -> None:
         s.done = True
+        if self.guaranteed:
+            self._final -= self.final_blocks(s)
         self.release(s)
         self.sink.finished(s, now)
 

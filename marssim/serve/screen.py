@@ -21,7 +21,8 @@ as the token-balancing router makes it):
   E[P(q)]`` of the time; decodes fill the rest, so a token's mean gap is ``g = D(B) / (1 - rho)``
   and Little's law gives the batch: ``B = lambda o1 g`` (solved for the smallest ``B``; no
   solution below the sequence cap and the KV-cache capacity ``blocks / c``: the load is beyond
-  the engine's capacity). ``mixed``: the same with ``M(B, q) - D(B)`` per prompt. ``chunked``: an
+  the engine's capacity; with ``capacity=guaranteed_no_evict`` the cap is ``blocks / (p + o)``,
+  each running request holding its whole prompt and output). ``mixed``: the same with ``M(B, q) - D(B)`` per prompt. ``chunked``: an
   iteration carrying ``x`` prompt tokens takes ``D(B) + (F(B) - D(B)) x / (K - B)``, so prompt
   tokens take ``rho = lambda p (F - D) / (K - B)`` of the time, ``g = D(B) / (1 - rho)``, and a
   fraction ``lambda g ceil(q / (K - B))`` of iterations carry some;
@@ -261,7 +262,10 @@ class _Engine:
         wm = int(self.cfg.watermark * per)
         self.kv_tokens = max(0, per - wm) * self.cfg.block_size
         self.ctx = max(1, int(round(stats.decode_context)))
-        b_max = min(float(self.cfg.max_num_seqs), self.kv_tokens / max(stats.decode_context, 1.0))
+        # a running request holds its context's blocks; under guaranteed_no_evict its whole prompt and output
+        held = stats.prompt_mean + stats.decode_mean + 1.0 if self.cfg.capacity == "guaranteed_no_evict" \
+            and self.cfg.kind != "static" else stats.decode_context
+        b_max = min(float(self.cfg.max_num_seqs), self.kv_tokens / max(held, 1.0))
         if self.cfg.kind == "chunked":
             b_max = min(b_max, self.cfg.max_batched_tokens - 1.0)
         self.b_max = b_max
