@@ -17,7 +17,10 @@ from __future__ import annotations
 import numpy as np
 from numba import config as numba_config
 from numba import njit, types
+from numba.core import cgutils
 from numba.experimental import structref
+from numba.experimental.jitclass.base import imp_dtor
+from numba.extending import intrinsic
 
 __all__ = ["State", "FIELDS", "run", "start", "I", "F", "DONE", "BUDGET", "GROW_LINKS"]
 
@@ -122,11 +125,40 @@ class State(structref.StructRefProxy):
 structref.define_proxy(State, _StateType, list(FIELDS))
 
 
+@intrinsic
+def _state_of(typingctx, arrays):
+    """A :class:`State` holding the tuple ``arrays`` (in :data:`FIELDS` order), written in one
+    piece of generated code: the proxy's constructor assigns the fields one by one, about 150
+    statements numba would type and lower (seconds of the first compilation)."""
+    if not isinstance(arrays, types.BaseTuple) or len(arrays) != len(FIELDS):
+        return None
+    state_type = _StateType(list(zip(FIELDS, arrays.types)))
+
+    def codegen(context, builder, signature, args):
+        data_type = state_type.get_data_type()
+        alloc_type = context.data_model_manager[data_type].get_value_type()
+        meminfo = context.nrt.meminfo_alloc_dtor(
+            builder, context.get_constant(types.uintp, context.get_abi_sizeof(alloc_type)),
+            imp_dtor(context, builder.module, state_type))
+        pointer = builder.bitcast(context.nrt.meminfo_data(builder, meminfo), alloc_type.as_pointer())
+        builder.store(cgutils.get_null_value(alloc_type), pointer)
+        data = cgutils.create_struct_proxy(data_type)(context, builder, ref=pointer)
+        for i, (name, typ) in enumerate(zip(FIELDS, arrays.types)):
+            value = builder.extract_value(args[0], i)
+            context.nrt.incref(builder, typ, value)  # the state holds a reference (its destructor drops it)
+            setattr(data, name, value)
+        state = context.make_helper(builder, state_type)
+        state.meminfo = meminfo
+        return state._getvalue()
+
+    return state_type(arrays), codegen
+
+
 @njit(cache=True)
 def _new_state(arrays):
     """A :class:`State` holding ``arrays`` (built in compiled code, cached: the proxy's own
     constructor is compiled anew in every process)."""
-    return State(*arrays)
+    return _state_of(arrays)
 
 
 # ---------------------------------------------------------------------- event queue
