@@ -310,7 +310,7 @@ def run_compiled(taskgraph: TaskGraph, system: System, memory_policy: str, strea
     state = k.State(**arrays)  # holds the same arrays: what the loop writes is read from `arrays`
     last = time.perf_counter()
     try:
-        k.start(state)
+        k.start(state, np.flatnonzero(arrays["waiting"] == 0))  # the tasks without predecessors
         while True:
             status = k.run(state, _BUDGET, n_res + 1)
             if status == k.DONE:
