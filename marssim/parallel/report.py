@@ -30,6 +30,8 @@ import numpy as np
 from marssim.system import System
 from marssim.taskgraph import COMPUTE, TaskGraph
 
+from .gapwalk import walk_gaps
+
 __all__ = ["ParallelReport", "parallel_report", "report_of", "CATEGORIES"]
 
 CATEGORIES = ("tp", "cp", "sp", "pp", "dp", "ep", "emb", "mp", "bubble")
@@ -281,47 +283,61 @@ def _segment_latest(preds: np.ndarray, pend: np.ndarray, starts: np.ndarray, cou
     return np.minimum.reduceat(np.where(hit, preds, n), starts)
 
 
+def compute_by_device(tg: TaskGraph) -> dict[int, np.ndarray]:
+    """Each device's compute tasks, ascending (node index -> task indices), from one stable sort
+    of the compute tasks by device rather than a pass over every task per device."""
+    comp = np.flatnonzero(tg.kind == COMPUTE)
+    if not len(comp):
+        return {}
+    device = tg.device[comp]
+    order = np.argsort(device, kind="stable")
+    comp, device = comp[order], device[order]
+    cuts = np.flatnonzero(np.diff(device)) + 1
+    return {int(device[a]): comp[a:b] for a, b in zip(np.concatenate([[0], cuts]), np.concatenate([cuts, [len(comp)]]))}
+
+
+@dataclass(frozen=True)
+class _WalkColumns:
+    """What the walk of :func:`_attribute` reads per task: whether it is a kernel, its collective
+    (-1: none), and per collective (then one for none) the index of its group in CATEGORIES."""
+
+    is_compute: np.ndarray
+    collective: np.ndarray
+    code: np.ndarray
+
+
+def _walk_columns(tg: TaskGraph) -> _WalkColumns:
+    labels = [c.group or "pp" for c in tg.collectives] + ["pp"]  # a transfer of no collective (-1) is the pipeline's
+    return _WalkColumns(tg.kind == COMPUTE, tg.collective, np.asarray([CATEGORIES.index(g) for g in labels]))
+
+
 def _attribute(tg: TaskGraph, start: np.ndarray, end: np.ndarray, device: int, makespan: float,
-               latest: np.ndarray | None = None) -> dict[str, float]:
+               latest: np.ndarray | None = None, comp: np.ndarray | None = None,
+               walk: _WalkColumns | None = None) -> dict[str, float]:
     """Seconds device ``device``'s compute stream is idle, by what it waits for: from each gap's
-    end back along the predecessors that ended last (``latest``: :func:`latest_predecessors`)."""
+    end back along the predecessors that ended last (``latest``: :func:`latest_predecessors`;
+    ``comp``: the device's compute tasks, ascending, as :func:`compute_by_device` gives them;
+    ``walk``: the task graph's :func:`_walk_columns`, read once for every device)."""
     out = dict.fromkeys(CATEGORIES, 0.0)
-    comp = np.flatnonzero((tg.kind == COMPUTE) & (tg.device == device))
+    if comp is None:
+        comp = np.flatnonzero((tg.kind == COMPUTE) & (tg.device == device))
     if not len(comp):
         out["bubble"] = makespan
         return out
     if latest is None:
         latest = latest_predecessors(tg, end)
     comp = comp[np.lexsort((comp, start[comp]))]
-    kind, collective, collectives = tg.kind, tg.collective, tg.collectives  # read once (lazy columns)
+    if walk is None:
+        walk = _walk_columns(tg)
     gaps_end = start[comp]
     gaps_start = np.concatenate([[0.0], end[comp[:-1]]])
     gaps = np.flatnonzero(gaps_end - gaps_start > 1e-15)
     # each gap's own task: what it waited for last, the previous kernel of its stream aside
     firsts = latest_predecessors(tg, end, comp[gaps], np.where(gaps > 0, comp[np.maximum(gaps - 1, 0)], -1))
-    for k, p in zip(gaps.tolist(), firsts.tolist()):
-        lo = float(gaps_start[k])
-        cursor = float(gaps_end[k])
-        guard = 0
-        while cursor > lo + 1e-15 and guard < 10_000:
-            guard += 1
-            if p < 0:
-                out["bubble"] += cursor - lo
-                break
-            e = float(end[p])
-            if e < cursor - 1e-15:  # the last predecessor ended before: nothing to wait for in between
-                out["bubble"] += cursor - max(lo, e)
-                cursor = max(lo, e)
-                if cursor <= lo + 1e-15:
-                    break
-            if kind[p] == COMPUTE:  # another GPU's kernel: from here back, the wait is the pipeline's
-                out["bubble"] += cursor - lo
-                break
-            seg_start = max(lo, float(start[p]))
-            c = collective[p]  # what a transfer belongs to (as _category says)
-            out[(collectives[c].group if c >= 0 else "") or "pp"] += cursor - seg_start
-            cursor = seg_start
-            p = int(latest[p])
+    sums = np.zeros(len(CATEGORIES))
+    walk_gaps(gaps_start[gaps], gaps_end[gaps], firsts, start, end, walk.is_compute, walk.collective, walk.code,
+              latest, sums, CATEGORIES.index("bubble"))
+    out = dict(zip(CATEGORIES, sums.tolist()))
     out["bubble"] += max(0.0, makespan - float(end[comp[-1]]))
     return out
 
@@ -352,13 +368,17 @@ def parallel_report(tg: TaskGraph, system, start: np.ndarray, end: np.ndarray, m
     comp = tg.kind == COMPUTE
     volume = _volumes(tg, {index[rep] for rep in weight})
     latest = latest_predecessors(tg, end)
+    by_device = compute_by_device(tg)
+    walk = _walk_columns(tg)
+    none = np.zeros(0, dtype=np.int64)
+    flops = tg.flops
     hardware = 0.0
     for rep, w in sorted(weight.items()):
         d = index[rep]
-        mask = comp & (tg.device == d)
-        busy = float(durations[mask].sum())
-        hardware += float(tg.flops[mask].sum()) * w
-        waits = _attribute(tg, start, end, d, makespan, latest)
+        mine = by_device.get(d, none)  # ascending: the sums below add in task order, as a mask would
+        busy = float(durations[mine].sum())
+        hardware += float(flops[mine].sum()) * w
+        waits = _attribute(tg, start, end, d, makespan, latest, mine, walk)
         per_gpu[rep] = {"busy_s": busy, **{f"{k}_s": v for k, v in waits.items()}, "gpus": w,
                         **{f"{k}_bytes": v for k, v in volume.get(d, {}).items()}}
         busy_total += busy * w
