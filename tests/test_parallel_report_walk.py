@@ -31,7 +31,7 @@ def run(request):
 
 @pytest.mark.parametrize("chunk", [1 << 20, 1000])
 def test_latest_predecessor_is_the_scans_choice(run, chunk, monkeypatch):
-    import marssim.parallel.report as report
+    from marssim.parallel import report
 
     monkeypatch.setattr(report, "_CHUNK_EDGES", chunk)  # in one piece, and in pieces of tasks
     tg, schedule = run
@@ -120,8 +120,8 @@ def test_attribution_is_the_python_walks(run, numba, monkeypatch):
     from marssim.parallel import gapwalk
     from marssim.parallel.report import _attribute, compute_by_device
 
-    if not numba:
-        monkeypatch.setattr(gapwalk, "_COMPILED", gapwalk._walk)
+    if not numba:  # the walk in plain Python (and the predecessors from the TaskGraph's lists)
+        monkeypatch.setattr(gapwalk, "_COMPILED", {"walk": gapwalk._walk})
     tg, schedule = run
     start, end = schedule.start, schedule.end
     makespan = float(np.nanmax(end))
@@ -135,3 +135,21 @@ def test_attribution_is_the_python_walks(run, numba, monkeypatch):
         assert got == want, d  # the same floats, bit for bit
         charged += sum(v > 0 for k, v in want.items() if k != "bubble")
     assert charged > 0  # some waits are charged to a collective, not all to the bubble
+
+
+def test_program_and_lists_agree_on_chosen_tasks(run, monkeypatch):
+    """The predecessors read from the lowering's program (compiled) and from the TaskGraph's
+    lists (vectorised) pick the same task, with one predecessor of each task left out."""
+    from marssim.parallel import gapwalk
+
+    tg, schedule = run
+    end = np.round(schedule.end, 4)  # equal ends: the tie rule
+    tasks = np.arange(0, tg.n_tasks, 3)
+    pp, pi = tg.pred_ptr, tg.pred_idx
+    excluded = np.where(pp[tasks + 1] > pp[tasks], pi[np.minimum(pp[tasks], len(pi) - 1)], -1)
+    assert gapwalk.compiled()
+    got = latest_predecessors(tg, end, tasks, excluded)
+    monkeypatch.setattr(gapwalk, "_COMPILED", {"walk": gapwalk._walk})
+    want = latest_predecessors(tg, end, tasks, excluded)
+    assert np.array_equal(got, want)
+    assert (got == -1).any() and (got >= 0).any()

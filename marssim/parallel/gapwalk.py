@@ -14,7 +14,7 @@ import os
 
 import numpy as np
 
-__all__ = ["walk_gaps"]
+__all__ = ["latest_in_program", "walk_gaps"]
 
 _EPS = 1e-15  # s: a gap or a remainder shorter than this is none
 
@@ -49,21 +49,50 @@ def _walk(gap_lo: np.ndarray, gap_hi: np.ndarray, first: np.ndarray, start: np.n
             p = latest[p]
 
 
-_COMPILED = None
+_COMPILED: dict = {}
 
 
-def _kernel():
-    global _COMPILED
-    if _COMPILED is None:
-        _COMPILED = _walk
+def _kernels() -> dict:
+    """The compiled functions (``walk``, ``latest``: :mod:`._gapwalk_kernels`), or the
+    Python walk alone without numba."""
+    if not _COMPILED:
+        _COMPILED["walk"] = _walk
         if os.environ.get("MARSSIM_NO_NUMBA", "") in ("", "0"):
             try:
-                from numba import njit
+                from . import _gapwalk_kernels as K
             except ImportError:
                 pass
             else:
-                _COMPILED = njit(cache=True)(_walk)
+                _COMPILED.update(walk=K.walk, latest=K.latest)
     return _COMPILED
+
+
+def compiled() -> bool:
+    """Whether the walks run compiled (numba installed, ``MARSSIM_NO_NUMBA`` unset)."""
+    return "latest" in _kernels()
+
+
+def _program_arrays(program) -> tuple:
+    return (program.inst_tpl, program.inst_base, program.tpl_start, program.ipred_ptr, program.ipred,
+            program.xref_ptr, program.xref_group, program.xref_rel, program.grp_start, program.grp_lastkernel,
+            program.last_compute, program.first_compute, program.inst_gstart, program.target, program.chain_prev)
+
+
+def latest_in_program(program, end: np.ndarray, tasks: np.ndarray | None = None,
+                      excluded: np.ndarray | None = None) -> np.ndarray:
+    """:func:`marssim.parallel.report.latest_predecessors` of a lowering's TaskGraph read from its
+    :class:`~marssim.taskprogram.TaskProgram` (compiled; callers check :func:`compiled`): per task
+    (of ``tasks``, default all) its predecessor that ended last, the lowest index among equal
+    ends (``excluded[k]``: a predecessor of ``tasks[k]`` left out), -1 where it has none; without
+    the TaskGraph's predecessor lists (hundreds of MB on the largest runs)."""
+    end = np.ascontiguousarray(end, dtype=np.float64)
+    every = tasks is None
+    tasks = np.zeros(0, dtype=np.int64) if every else np.ascontiguousarray(tasks, dtype=np.int64)
+    skips = np.full(len(tasks), -1, dtype=np.int64) if excluded is None else \
+        np.ascontiguousarray(excluded, dtype=np.int64)
+    out = np.empty(program.n_tasks if every else len(tasks), dtype=np.int64)
+    _kernels()["latest"](out, tasks, skips, every, program.inst_of, end, *_program_arrays(program))
+    return out
 
 
 def walk_gaps(gap_lo: np.ndarray, gap_hi: np.ndarray, first: np.ndarray, start: np.ndarray, end: np.ndarray,
@@ -76,7 +105,7 @@ def walk_gaps(gap_lo: np.ndarray, gap_hi: np.ndarray, first: np.ndarray, start: 
     transfers of none, index -1), the rest (no predecessor, time between predecessors, another
     GPU's kernel) to ``sums[bubble]``. ``start``, ``end``: per task (s); ``is_compute``,
     ``collective``, ``latest``: per task. Adds into ``sums`` in place."""
-    _kernel()(np.ascontiguousarray(gap_lo, dtype=np.float64), np.ascontiguousarray(gap_hi, dtype=np.float64),
+    _kernels()["walk"](np.ascontiguousarray(gap_lo, dtype=np.float64), np.ascontiguousarray(gap_hi, dtype=np.float64),
               np.ascontiguousarray(first, dtype=np.int64), np.ascontiguousarray(start, dtype=np.float64),
               np.ascontiguousarray(end, dtype=np.float64), np.ascontiguousarray(is_compute, dtype=np.bool_),
               np.ascontiguousarray(collective, dtype=np.int32), np.ascontiguousarray(code, dtype=np.int64),

@@ -30,6 +30,7 @@ import numpy as np
 from marssim.system import System
 from marssim.taskgraph import COMPUTE, TaskGraph
 
+from . import gapwalk
 from .gapwalk import walk_gaps
 
 __all__ = ["ParallelReport", "parallel_report", "report_of", "CATEGORIES"]
@@ -237,7 +238,10 @@ def latest_predecessors(tg: TaskGraph, end: np.ndarray, tasks: np.ndarray | None
     """Per task (of ``tasks``, default all), its predecessor that ended last (the lowest index
     among equal ends; ``excluded[i]``: a predecessor of ``tasks[i]`` left out), -1 where it has
     none: what a task waited for last, by vectorised segment reductions over the TaskGraph's
-    predecessor lists."""
+    predecessor lists (a lowering's TaskGraph: compiled, over its program, without building them)."""
+    program = getattr(tg, "program", None)
+    if program is not None and gapwalk.compiled():
+        return gapwalk.latest_in_program(program, end, tasks, excluded)
     pp, pi = tg.pred_ptr, tg.pred_idx
     n = len(pp) - 1
     if tasks is None:  # every task, in pieces of consecutive tasks: a few arrays of a piece's edges at a time
@@ -306,9 +310,16 @@ class _WalkColumns:
     code: np.ndarray
 
 
-def _walk_columns(tg: TaskGraph) -> _WalkColumns:
-    labels = [c.group or "pp" for c in tg.collectives] + ["pp"]  # a transfer of no collective (-1) is the pipeline's
-    return _WalkColumns(tg.kind == COMPUTE, tg.collective, np.asarray([CATEGORIES.index(g) for g in labels]))
+def _group_labels(tg: TaskGraph) -> list[str]:
+    """Each collective's group, then ``pp`` for a transfer of none (collective index -1)."""
+    return [c.group or "pp" for c in tg.collectives] + ["pp"]
+
+
+def _walk_columns(tg: TaskGraph, labels: list[str] | None = None) -> _WalkColumns:
+    labels = _group_labels(tg) if labels is None else labels
+    index = {g: CATEGORIES.index(g) for g in set(labels)}
+    return _WalkColumns(tg.kind == COMPUTE, tg.collective, np.fromiter(map(index.__getitem__, labels), np.int64,
+                                                                       len(labels)))
 
 
 def _attribute(tg: TaskGraph, start: np.ndarray, end: np.ndarray, device: int, makespan: float,
@@ -364,19 +375,19 @@ def parallel_report(tg: TaskGraph, system, start: np.ndarray, end: np.ndarray, m
     per_gpu: dict[str, dict[str, float]] = {}
     names = tg.node_names
     index = {n: i for i, n in enumerate(names)}
-    durations = end - start
     comp = tg.kind == COMPUTE
-    volume = _volumes(tg, {index[rep] for rep in weight})
+    labels = _group_labels(tg)
+    volume = _volumes(tg, {index[rep] for rep in weight}, labels)
     latest = latest_predecessors(tg, end)
     by_device = compute_by_device(tg)
-    walk = _walk_columns(tg)
+    walk = _walk_columns(tg, labels)
     none = np.zeros(0, dtype=np.int64)
     flops = tg.flops
     hardware = 0.0
     for rep, w in sorted(weight.items()):
         d = index[rep]
         mine = by_device.get(d, none)  # ascending: the sums below add in task order, as a mask would
-        busy = float(durations[mine].sum())
+        busy = float((end[mine] - start[mine]).sum())  # the durations of its kernels alone, in task order
         hardware += float(flops[mine].sum()) * w
         waits = _attribute(tg, start, end, d, makespan, latest, mine, walk)
         per_gpu[rep] = {"busy_s": busy, **{f"{k}_s": v for k, v in waits.items()}, "gpus": w,
@@ -427,7 +438,7 @@ def parallel_report(tg: TaskGraph, system, start: np.ndarray, end: np.ndarray, m
                           gemm_peak_flops=float(meta.get("gemm_peak_flops", 0.0)))
 
 
-def _volumes(tg: TaskGraph, reps: set[int]) -> dict[int, dict[str, float]]:
+def _volumes(tg: TaskGraph, reps: set[int], labels: list[str] | None = None) -> dict[int, dict[str, float]]:
     """Bytes each representative GPU (node index in ``reps``) moves per group in one iteration:
     the transfers of its own units (a ring step it sends, an activation it pulls; a transfer of
     several steps carries them all)."""
@@ -436,10 +447,10 @@ def _volumes(tg: TaskGraph, reps: set[int]) -> dict[int, dict[str, float]]:
     if not len(transfer):
         return out
     # each transfer's group as a code (a transfer of no collective, index -1, is the pipeline's)
-    labels = [c.group or "pp" for c in tg.collectives] + ["pp"]
+    labels = _group_labels(tg) if labels is None else labels
     names = sorted(set(labels))
     code_of = {name: i for i, name in enumerate(names)}
-    group_code = np.asarray([code_of[label] for label in labels], dtype=np.int64)[tg.collective[transfer]]
+    group_code = np.fromiter(map(code_of.__getitem__, labels), np.int64, len(labels))[tg.collective[transfer]]
     src = tg.src[transfer]
     owner = np.where(np.isin(src, list(reps)), src, tg.dst[transfer])
     owners, owner_code = np.unique(owner, return_inverse=True)
