@@ -5,11 +5,13 @@ from __future__ import annotations
 
 from numba import njit
 
-from .gapwalk import _walk
+__all__ = ["compiled_walk", "latest"]
 
-__all__ = ["latest", "walk"]
 
-walk = njit(cache=True)(_walk)
+def compiled_walk(walk):
+    """``walk`` (:mod:`.gapwalk`'s loop over the gaps, passed in: this module imports nothing of
+    the package) compiled, and kept in numba's cache."""
+    return njit(cache=True)(walk)
 
 
 @njit(cache=True)

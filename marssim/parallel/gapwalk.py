@@ -63,7 +63,7 @@ def _kernels() -> dict:
             except ImportError:
                 pass
             else:
-                _COMPILED.update(walk=K.walk, latest=K.latest)
+                _COMPILED.update(walk=K.compiled_walk(_walk), latest=K.latest)
     return _COMPILED
 
 
