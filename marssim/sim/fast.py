@@ -58,7 +58,7 @@ def _kernels():
 
 def kernels_cached() -> bool:
     """Whether numba's cache holds the compiled engine (so that it loads in about a second
-    instead of compiling for about a minute); True when that cannot be told."""
+    instead of compiling for about 15 s); True when that cannot be told."""
     k = _kernels()
     try:
         return os.path.exists(k.run._cache._cache_file._index_path)
