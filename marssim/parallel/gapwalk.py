@@ -5,7 +5,9 @@ the pipeline bubble).
 
 One loop of scalar steps per gap (hundreds of thousands of gaps on the largest runs), so it is
 compiled with numba where numba is installed (``MARSSIM_NO_NUMBA=1``: plain Python, the same
-floats: the same additions in the same order). Units: seconds.
+floats: the same additions in the same order). With numba, the predecessor each task waited for
+last is found here too, over a lowering's :class:`~marssim.taskprogram.TaskProgram`
+(:func:`latest_in_program`), without the TaskGraph's predecessor lists. Units: seconds.
 """
 
 from __future__ import annotations
