@@ -31,7 +31,7 @@ def run(request):
 
 @pytest.mark.parametrize("chunk", [1 << 20, 1000])
 def test_latest_predecessor_is_the_scans_choice(run, chunk, monkeypatch):
-    import marssim.parallel.report as report
+    from marssim.parallel import report
 
     monkeypatch.setattr(report, "_CHUNK_EDGES", chunk)  # in one piece, and in pieces of tasks
     tg, schedule = run
@@ -78,3 +78,78 @@ def test_latest_predecessor_of_chosen_tasks_with_one_left_out(run):
     for t, x, g in zip(tasks.tolist(), excluded.tolist(), got.tolist()):
         preds = [int(p) for p in pi[pp[t]:pp[t + 1]] if int(p) != x]
         assert g == (max(preds, key=lambda q: (end[q], -q)) if preds else -1), t
+
+
+def _python_walk(tg, start, end, device, makespan, latest):
+    """The attribution as a loop over each gap's predecessors, step by step in Python: what the
+    compiled walk (marssim.parallel.gapwalk) must give, float for float."""
+    out = dict.fromkeys(("tp", "cp", "sp", "pp", "dp", "ep", "emb", "mp", "bubble"), 0.0)
+    comp = np.flatnonzero((tg.kind == COMPUTE) & (tg.device == device))
+    comp = comp[np.lexsort((comp, start[comp]))]
+    gaps_end = start[comp]
+    gaps_start = np.concatenate([[0.0], end[comp[:-1]]])
+    gaps = np.flatnonzero(gaps_end - gaps_start > 1e-15)
+    firsts = latest_predecessors(tg, end, comp[gaps], np.where(gaps > 0, comp[np.maximum(gaps - 1, 0)], -1))
+    for k, p in zip(gaps.tolist(), firsts.tolist()):
+        lo, cursor, guard = float(gaps_start[k]), float(gaps_end[k]), 0
+        while cursor > lo + 1e-15 and guard < 10_000:
+            guard += 1
+            if p < 0:
+                out["bubble"] += cursor - lo
+                break
+            e = float(end[p])
+            if e < cursor - 1e-15:
+                out["bubble"] += cursor - max(lo, e)
+                cursor = max(lo, e)
+                if cursor <= lo + 1e-15:
+                    break
+            if tg.kind[p] == COMPUTE:
+                out["bubble"] += cursor - lo
+                break
+            seg_start = max(lo, float(start[p]))
+            c = tg.collective[p]
+            out[(tg.collectives[c].group if c >= 0 else "") or "pp"] += cursor - seg_start
+            cursor = seg_start
+            p = int(latest[p])
+    out["bubble"] += max(0.0, makespan - float(end[comp[-1]]))
+    return out
+
+
+@pytest.mark.parametrize("numba", [True, False], ids=["compiled", "python"])
+def test_attribution_is_the_python_walks(run, numba, monkeypatch):
+    from marssim.parallel import gapwalk
+    from marssim.parallel.report import _attribute, compute_by_device
+
+    if not numba:  # the walk in plain Python (and the predecessors from the TaskGraph's lists)
+        monkeypatch.setattr(gapwalk, "_COMPILED", {"walk": gapwalk._walk})
+    tg, schedule = run
+    start, end = schedule.start, schedule.end
+    makespan = float(np.nanmax(end))
+    latest = latest_predecessors(tg, end)
+    by_device = compute_by_device(tg)
+    charged = 0
+    for d in np.unique(tg.device[tg.kind == COMPUTE]).tolist():
+        assert np.array_equal(by_device[d], np.flatnonzero((tg.kind == COMPUTE) & (tg.device == d)))
+        want = _python_walk(tg, start, end, d, makespan, latest)
+        got = _attribute(tg, start, end, d, makespan, latest, by_device[d])
+        assert got == want, d  # the same floats, bit for bit
+        charged += sum(v > 0 for k, v in want.items() if k != "bubble")
+    assert charged > 0  # some waits are charged to a collective, not all to the bubble
+
+
+def test_program_and_lists_agree_on_chosen_tasks(run, monkeypatch):
+    """The predecessors read from the lowering's program (compiled) and from the TaskGraph's
+    lists (vectorised) pick the same task, with one predecessor of each task left out."""
+    from marssim.parallel import gapwalk
+
+    tg, schedule = run
+    end = np.round(schedule.end, 4)  # equal ends: the tie rule
+    tasks = np.arange(0, tg.n_tasks, 3)
+    pp, pi = tg.pred_ptr, tg.pred_idx
+    excluded = np.where(pp[tasks + 1] > pp[tasks], pi[np.minimum(pp[tasks], len(pi) - 1)], -1)
+    assert gapwalk.compiled()
+    got = latest_predecessors(tg, end, tasks, excluded)
+    monkeypatch.setattr(gapwalk, "_COMPILED", {"walk": gapwalk._walk})
+    want = latest_predecessors(tg, end, tasks, excluded)
+    assert np.array_equal(got, want)
+    assert (got == -1).any() and (got >= 0).any()

@@ -30,6 +30,9 @@ import numpy as np
 from marssim.system import System
 from marssim.taskgraph import COMPUTE, TaskGraph
 
+from . import gapwalk
+from .gapwalk import walk_gaps
+
 __all__ = ["ParallelReport", "parallel_report", "report_of", "CATEGORIES"]
 
 CATEGORIES = ("tp", "cp", "sp", "pp", "dp", "ep", "emb", "mp", "bubble")
@@ -235,7 +238,10 @@ def latest_predecessors(tg: TaskGraph, end: np.ndarray, tasks: np.ndarray | None
     """Per task (of ``tasks``, default all), its predecessor that ended last (the lowest index
     among equal ends; ``excluded[i]``: a predecessor of ``tasks[i]`` left out), -1 where it has
     none: what a task waited for last, by vectorised segment reductions over the TaskGraph's
-    predecessor lists."""
+    predecessor lists (a lowering's TaskGraph: compiled, over its program, without building them)."""
+    program = getattr(tg, "program", None)
+    if program is not None and gapwalk.compiled():
+        return gapwalk.latest_in_program(program, end, tasks, excluded)
     pp, pi = tg.pred_ptr, tg.pred_idx
     n = len(pp) - 1
     if tasks is None:  # every task, in pieces of consecutive tasks: a few arrays of a piece's edges at a time
@@ -281,47 +287,68 @@ def _segment_latest(preds: np.ndarray, pend: np.ndarray, starts: np.ndarray, cou
     return np.minimum.reduceat(np.where(hit, preds, n), starts)
 
 
+def compute_by_device(tg: TaskGraph) -> dict[int, np.ndarray]:
+    """Each device's compute tasks, ascending (node index -> task indices), from one stable sort
+    of the compute tasks by device rather than a pass over every task per device."""
+    comp = np.flatnonzero(tg.kind == COMPUTE)
+    if not len(comp):
+        return {}
+    device = tg.device[comp]
+    order = np.argsort(device, kind="stable")
+    comp, device = comp[order], device[order]
+    cuts = np.flatnonzero(np.diff(device)) + 1
+    return {int(device[a]): comp[a:b] for a, b in zip(np.concatenate([[0], cuts]), np.concatenate([cuts, [len(comp)]]))}
+
+
+@dataclass(frozen=True)
+class _WalkColumns:
+    """What the walk of :func:`_attribute` reads per task: whether it is a kernel, its collective
+    (-1: none), and per collective (then one for none) the index of its group in CATEGORIES."""
+
+    is_compute: np.ndarray
+    collective: np.ndarray
+    code: np.ndarray
+
+
+def _group_labels(tg: TaskGraph) -> list[str]:
+    """Each collective's group, then ``pp`` for a transfer of none (collective index -1)."""
+    return [c.group or "pp" for c in tg.collectives] + ["pp"]
+
+
+def _walk_columns(tg: TaskGraph, labels: list[str] | None = None) -> _WalkColumns:
+    labels = _group_labels(tg) if labels is None else labels
+    index = {g: CATEGORIES.index(g) for g in set(labels)}
+    return _WalkColumns(tg.kind == COMPUTE, tg.collective, np.fromiter(map(index.__getitem__, labels), np.int64,
+                                                                       len(labels)))
+
+
 def _attribute(tg: TaskGraph, start: np.ndarray, end: np.ndarray, device: int, makespan: float,
-               latest: np.ndarray | None = None) -> dict[str, float]:
+               latest: np.ndarray | None = None, comp: np.ndarray | None = None,
+               walk: _WalkColumns | None = None) -> dict[str, float]:
     """Seconds device ``device``'s compute stream is idle, by what it waits for: from each gap's
-    end back along the predecessors that ended last (``latest``: :func:`latest_predecessors`)."""
+    end back along the predecessors that ended last (``latest``: :func:`latest_predecessors`;
+    ``comp``: the device's compute tasks, ascending, as :func:`compute_by_device` gives them;
+    ``walk``: the task graph's :func:`_walk_columns`, read once for every device)."""
     out = dict.fromkeys(CATEGORIES, 0.0)
-    comp = np.flatnonzero((tg.kind == COMPUTE) & (tg.device == device))
+    if comp is None:
+        comp = np.flatnonzero((tg.kind == COMPUTE) & (tg.device == device))
     if not len(comp):
         out["bubble"] = makespan
         return out
     if latest is None:
         latest = latest_predecessors(tg, end)
     comp = comp[np.lexsort((comp, start[comp]))]
-    kind, collective, collectives = tg.kind, tg.collective, tg.collectives  # read once (lazy columns)
+    if walk is None:
+        walk = _walk_columns(tg)
     gaps_end = start[comp]
     gaps_start = np.concatenate([[0.0], end[comp[:-1]]])
     gaps = np.flatnonzero(gaps_end - gaps_start > 1e-15)
     # each gap's own task: what it waited for last, the previous kernel of its stream aside
     firsts = latest_predecessors(tg, end, comp[gaps], np.where(gaps > 0, comp[np.maximum(gaps - 1, 0)], -1))
-    for k, p in zip(gaps.tolist(), firsts.tolist()):
-        lo = float(gaps_start[k])
-        cursor = float(gaps_end[k])
-        guard = 0
-        while cursor > lo + 1e-15 and guard < 10_000:
-            guard += 1
-            if p < 0:
-                out["bubble"] += cursor - lo
-                break
-            e = float(end[p])
-            if e < cursor - 1e-15:  # the last predecessor ended before: nothing to wait for in between
-                out["bubble"] += cursor - max(lo, e)
-                cursor = max(lo, e)
-                if cursor <= lo + 1e-15:
-                    break
-            if kind[p] == COMPUTE:  # another GPU's kernel: from here back, the wait is the pipeline's
-                out["bubble"] += cursor - lo
-                break
-            seg_start = max(lo, float(start[p]))
-            c = collective[p]  # what a transfer belongs to (as _category says)
-            out[(collectives[c].group if c >= 0 else "") or "pp"] += cursor - seg_start
-            cursor = seg_start
-            p = int(latest[p])
+    sums = np.zeros(len(CATEGORIES))
+    walk_gaps(gaps_start[gaps], gaps_end[gaps], firsts, start, end, walk.is_compute, walk.collective, walk.code,
+              latest, sums, CATEGORIES.index("bubble"))
+    out = dict(zip(CATEGORIES, sums.tolist()))
     out["bubble"] += max(0.0, makespan - float(end[comp[-1]]))
     return out
 
@@ -348,17 +375,21 @@ def parallel_report(tg: TaskGraph, system, start: np.ndarray, end: np.ndarray, m
     per_gpu: dict[str, dict[str, float]] = {}
     names = tg.node_names
     index = {n: i for i, n in enumerate(names)}
-    durations = end - start
     comp = tg.kind == COMPUTE
-    volume = _volumes(tg, {index[rep] for rep in weight})
+    labels = _group_labels(tg)
+    volume = _volumes(tg, {index[rep] for rep in weight}, labels)
     latest = latest_predecessors(tg, end)
+    by_device = compute_by_device(tg)
+    walk = _walk_columns(tg, labels)
+    none = np.zeros(0, dtype=np.int64)
+    flops = tg.flops
     hardware = 0.0
     for rep, w in sorted(weight.items()):
         d = index[rep]
-        mask = comp & (tg.device == d)
-        busy = float(durations[mask].sum())
-        hardware += float(tg.flops[mask].sum()) * w
-        waits = _attribute(tg, start, end, d, makespan, latest)
+        mine = by_device.get(d, none)  # ascending: the sums below add in task order, as a mask would
+        busy = float((end[mine] - start[mine]).sum())  # the durations of its kernels alone, in task order
+        hardware += float(flops[mine].sum()) * w
+        waits = _attribute(tg, start, end, d, makespan, latest, mine, walk)
         per_gpu[rep] = {"busy_s": busy, **{f"{k}_s": v for k, v in waits.items()}, "gpus": w,
                         **{f"{k}_bytes": v for k, v in volume.get(d, {}).items()}}
         busy_total += busy * w
@@ -407,7 +438,7 @@ def parallel_report(tg: TaskGraph, system, start: np.ndarray, end: np.ndarray, m
                           gemm_peak_flops=float(meta.get("gemm_peak_flops", 0.0)))
 
 
-def _volumes(tg: TaskGraph, reps: set[int]) -> dict[int, dict[str, float]]:
+def _volumes(tg: TaskGraph, reps: set[int], labels: list[str] | None = None) -> dict[int, dict[str, float]]:
     """Bytes each representative GPU (node index in ``reps``) moves per group in one iteration:
     the transfers of its own units (a ring step it sends, an activation it pulls; a transfer of
     several steps carries them all)."""
@@ -416,10 +447,10 @@ def _volumes(tg: TaskGraph, reps: set[int]) -> dict[int, dict[str, float]]:
     if not len(transfer):
         return out
     # each transfer's group as a code (a transfer of no collective, index -1, is the pipeline's)
-    labels = [c.group or "pp" for c in tg.collectives] + ["pp"]
+    labels = _group_labels(tg) if labels is None else labels
     names = sorted(set(labels))
     code_of = {name: i for i, name in enumerate(names)}
-    group_code = np.asarray([code_of[label] for label in labels], dtype=np.int64)[tg.collective[transfer]]
+    group_code = np.fromiter(map(code_of.__getitem__, labels), np.int64, len(labels))[tg.collective[transfer]]
     src = tg.src[transfer]
     owner = np.where(np.isin(src, list(reps)), src, tg.dst[transfer])
     owners, owner_code = np.unique(owner, return_inverse=True)

@@ -17,7 +17,10 @@ from __future__ import annotations
 import numpy as np
 from numba import config as numba_config
 from numba import njit, types
+from numba.core import cgutils
 from numba.experimental import structref
+from numba.experimental.jitclass.base import imp_dtor
+from numba.extending import intrinsic
 
 __all__ = ["State", "FIELDS", "run", "start", "I", "F", "DONE", "BUDGET", "GROW_LINKS"]
 
@@ -122,11 +125,88 @@ class State(structref.StructRefProxy):
 structref.define_proxy(State, _StateType, list(FIELDS))
 
 
+@intrinsic
+def _state_of(typingctx, arrays):
+    """A :class:`State` holding the tuple ``arrays`` (in :data:`FIELDS` order), written in one
+    piece of generated code: the proxy's constructor assigns the fields one by one, about 150
+    statements numba would type and lower (seconds of the first compilation)."""
+    if not isinstance(arrays, types.BaseTuple) or len(arrays) != len(FIELDS):
+        return None
+    state_type = _StateType(list(zip(FIELDS, arrays.types)))
+
+    def codegen(context, builder, signature, args):
+        data_type = state_type.get_data_type()
+        alloc_type = context.data_model_manager[data_type].get_value_type()
+        meminfo = context.nrt.meminfo_alloc_dtor(
+            builder, context.get_constant(types.uintp, context.get_abi_sizeof(alloc_type)),
+            imp_dtor(context, builder.module, state_type))
+        pointer = builder.bitcast(context.nrt.meminfo_data(builder, meminfo), alloc_type.as_pointer())
+        builder.store(cgutils.get_null_value(alloc_type), pointer)
+        data = cgutils.create_struct_proxy(data_type)(context, builder, ref=pointer)
+        for i, (name, typ) in enumerate(zip(FIELDS, arrays.types)):
+            value = builder.extract_value(args[0], i)
+            context.nrt.incref(builder, typ, value)  # the state holds a reference (its destructor drops it)
+            setattr(data, name, value)
+        state = context.make_helper(builder, state_type)
+        state.meminfo = meminfo
+        return state._getvalue()
+
+    return state_type(arrays), codegen
+
+
 @njit(cache=True)
 def _new_state(arrays):
     """A :class:`State` holding ``arrays`` (built in compiled code, cached: the proxy's own
     constructor is compiled anew in every process)."""
-    return State(*arrays)
+    return _state_of(arrays)
+
+
+# ---------------------------------------------------------------------- sorting
+@njit(cache=True)
+def _sort(a, b, lo, hi, pairs):
+    """Sort ``a[lo:hi]`` (int64) ascending in place, moving ``b[lo:hi]`` along when ``pairs``:
+    insertion sort for a few values, else heapsort. One small function for every sort of the loop
+    (numba's own sorts compile several functions per array type); its keys are distinct where
+    ``pairs`` (flow start sequences), so the order is the only one."""
+    n = hi - lo
+    if n <= 16:
+        for i in range(lo + 1, hi):
+            x = a[i]
+            y = b[i] if pairs else 0
+            j = i - 1
+            while j >= lo and a[j] > x:
+                a[j + 1] = a[j]
+                if pairs:
+                    b[j + 1] = b[j]
+                j -= 1
+            a[j + 1] = x
+            if pairs:
+                b[j + 1] = y
+        return
+    first = n // 2  # heapify from here down, then take the largest out to the end
+    end = n
+    while end > 1:
+        if first > 0:
+            first -= 1
+        else:
+            end -= 1
+            a[lo], a[lo + end] = a[lo + end], a[lo]
+            if pairs:
+                b[lo], b[lo + end] = b[lo + end], b[lo]
+        root = first
+        while True:
+            child = 2 * root + 1
+            if child >= end:
+                break
+            if child + 1 < end and a[lo + child] < a[lo + child + 1]:
+                child += 1
+            if a[lo + root] < a[lo + child]:
+                a[lo + root], a[lo + child] = a[lo + child], a[lo + root]
+                if pairs:
+                    b[lo + root], b[lo + child] = b[lo + child], b[lo + root]
+                root = child
+            else:
+                break
 
 
 # ---------------------------------------------------------------------- event queue
@@ -533,7 +613,7 @@ def _rates(S, nkeys):
     keys = S.keys
     for i in range(nkeys):
         keys[i] = S.found[i]
-    keys[:nkeys].sort()
+    _sort(keys, keys, 0, nkeys, False)
     # met before? (the same routes with the same flows on each: the same rates)
     h = np.uint64(14695981039346656037)
     for g in range(nkeys):
@@ -668,7 +748,7 @@ def _record_links(S, nkeys):
                 S.tot_mark[r] = stamp
                 S.touched[nt] = r
                 nt += 1
-    S.touched[:nt].sort()
+    _sort(S.touched, S.touched, 0, nt, False)
     for i in range(nt):
         r = S.touched[i]
         total = 0.0
@@ -802,7 +882,7 @@ def _successors(S, t, at):
         k += 1
     for e in range(at + 1, k):  # usually ascending already (sorted only when not)
         if sb[e] < sb[e - 1]:
-            sb[at:k].sort()
+            _sort(sb, sb, at, k, False)
             break
     return k
 
@@ -966,9 +1046,9 @@ def _network(S):
         S.fin_seq[nf] = S.f_seq[top]
         nf += 1
     if nf:
-        order = np.argsort(S.fin_seq[:nf])  # in start order
+        _sort(S.fin_seq, S.fin_slot, 0, nf, True)  # in start order
         for j in range(nf):
-            t = S.slot_task[S.fin_slot[order[j]]]
+            t = S.slot_task[S.fin_slot[j]]
             _, row = _inst_row(S, t)
             _remove_flow(S, t, row)
             lat = S.rt_lat[S.r_route[row]]
@@ -991,10 +1071,10 @@ def _network(S):
 
 # ---------------------------------------------------------------------- the loop
 @njit(cache=True)
-def start(S):
+def start(S, first):
     """What the SimPy engine does before its loop: ready every task without predecessors (in
-    task order), then start the device streams (their processes' start events)."""
-    first = np.flatnonzero(S.waiting == 0)  # listed first: those a task ending at once readies come later
+    task order: ``first``, listed by the caller before any runs, since those a task ending at once
+    readies come later), then start the device streams (their processes' start events)."""
     for t in first:
         if _dispatch(S, t):
             _complete(S, t)

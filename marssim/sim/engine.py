@@ -68,7 +68,7 @@ loaded from numba's cache (about a second); one that simulates more (a search) g
 
 SIMPY_TASKS_UNCOMPILED = 50_000
 """The same bound while the compiled engine is not yet in numba's cache (the first run after
-installing): SimPy takes a few seconds on so many tasks, compiling the engine about 25 s of CPU. A
+installing): SimPy takes a few seconds on so many tasks, compiling the engine about 15 s of CPU. A
 larger run compiles it (once: numba keeps it in its cache), so that no size of run stays on
 SimPy for good."""
 

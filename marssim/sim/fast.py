@@ -59,7 +59,7 @@ def _kernels():
 
 def kernels_cached() -> bool:
     """Whether numba's cache holds the compiled engine (so that it loads in about a second
-    instead of compiling for about a minute); True when that cannot be told."""
+    instead of compiling for about 15 s); True when that cannot be told."""
     k = _kernels()
     try:
         return os.path.exists(k.run._cache._cache_file._index_path)
@@ -311,7 +311,7 @@ def run_compiled(taskgraph: TaskGraph, system: System, memory_policy: str, strea
     state = k.State(**arrays)  # holds the same arrays: what the loop writes is read from `arrays`
     last = time.perf_counter()
     try:
-        k.start(state)
+        k.start(state, np.flatnonzero(arrays["waiting"] == 0))  # the tasks without predecessors
         while True:
             status = k.run(state, _BUDGET, n_res + 1)
             if status == k.DONE:

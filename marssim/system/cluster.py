@@ -230,6 +230,13 @@ class ClusterRouter:
         return None
 
 
+def _link(a: str, b: str, spec: LinkSpec) -> Link:
+    """A link of ``spec``'s bandwidth and latency (values the cluster's spec has validated, so the
+    model is made without validating them again: tens of thousands of links on the largest
+    clusters)."""
+    return Link.model_construct(a=a, b=b, bandwidth=spec.bandwidth, latency=spec.latency)
+
+
 def expand_cluster(spec: ClusterSpec, gpu_offset: int = 0) -> tuple[list[Accelerator], list[Host], list[Switch],
                                                                      list[Link], ClusterRouter]:
     """The accelerators, hosts, switches and links of ``spec``, and its router."""
@@ -257,12 +264,12 @@ def expand_cluster(spec: ClusterSpec, gpu_offset: int = 0) -> tuple[list[Acceler
             names = []
             nvs = f"nvswitch{node}"
             if group.scale_up == "switch":
-                switches.append(Switch(id=nvs, latency=group.nvswitch_latency))
+                switches.append(Switch.model_construct(id=nvs, latency=group.nvswitch_latency))
             else:
                 mesh_nodes.add(node)
             for k in range(group.gpus_per_node):
                 if k % group.per_host == 0:
-                    hosts.append(Host(id=f"host{len(host_gpus)}", dram=group.host_dram))
+                    hosts.append(Host.model_construct(id=f"host{len(host_gpus)}", dram=group.host_dram))
                     host_gpus.append([])
                 host = len(host_gpus) - 1
                 name = f"gpu{index}"
@@ -270,18 +277,17 @@ def expand_cluster(spec: ClusterSpec, gpu_offset: int = 0) -> tuple[list[Acceler
                 names.append(name)
                 host_gpus[host].append(name)
                 gpus[name] = _Gpu(node, k, host)
-                accelerators.append(Accelerator(id=name, designs=(group.design,), memory=group.memory))
+                accelerators.append(Accelerator.model_construct(id=name, designs=(group.design,), memory=group.memory))
                 if group.scale_up == "switch":
-                    links.append(Link(a=nvs, b=name, bandwidth=group.nvlink.bandwidth, latency=group.nvlink.latency))
+                    links.append(_link(nvs, name, group.nvlink))
                 else:
                     for other in names[:-1]:
-                        links.append(Link(a=other, b=name, bandwidth=group.nvlink.bandwidth,
-                                          latency=group.nvlink.latency))
-                links.append(Link(a=f"host{host}", b=name, bandwidth=to_host.bandwidth, latency=to_host.latency))
+                        links.append(_link(other, name, group.nvlink))
+                links.append(_link(f"host{host}", name, to_host))
                 leaf = (unit, k)
                 leaf_members[leaf] = leaf_members.get(leaf, 0) + 1
                 leaf_nic[leaf] = max(leaf_nic.get(leaf, 0.0), group.nic.bandwidth)
-                links.append(Link(a=f"leaf{unit}.{k}", b=name, bandwidth=group.nic.bandwidth, latency=group.nic.latency))
+                links.append(_link(f"leaf{unit}.{k}", name, group.nic))
             node_gpus.append(names)
             node_unit.append(unit)
             node_group.append(group)
@@ -289,7 +295,7 @@ def expand_cluster(spec: ClusterSpec, gpu_offset: int = 0) -> tuple[list[Acceler
         unit += 1
     units = sorted({u for u, _ in leaf_members})
     for u, k in sorted(leaf_members):
-        switches.append(Switch(id=f"leaf{u}.{k}", latency=fabric.leaf_latency))
+        switches.append(Switch.model_construct(id=f"leaf{u}.{k}", latency=fabric.leaf_latency))
     many_units = len(units) > 1
     if many_units:
         rails = sorted({k for _, k in leaf_members})

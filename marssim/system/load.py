@@ -345,15 +345,34 @@ def system_from_dict(data: Any, file: str | None = None, spec: str = "", *, requ
     return system
 
 
+def _connected_parts(system: System) -> list[set[str]]:
+    """The groups of nodes the links connect (union-find over the links: a cluster of thousands
+    of nodes is checked without building its link graph, which routing on a cluster never needs)."""
+    parent = {n: n for n in system.nodes}
+
+    def root(x: str) -> str:
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    for link in system.links:
+        a, b = root(parent.setdefault(link.a, link.a)), root(parent.setdefault(link.b, link.b))
+        if a != b:
+            parent[a] = b
+    parts: dict[str, set[str]] = {}
+    for n in parent:
+        parts.setdefault(root(n), set()).add(n)
+    return list(parts.values())
+
+
 def _check_connected(system: System, file: str | None, spec: _SystemFile) -> None:
     """One problem per group of nodes cut off from the rest: every node must reach every other
     (the part with the most accelerators, then the first host, is the system; each other
     connected part is reported once, with the key that declares its first node)."""
-    import networkx as nx
-
     from .describe import compress_ids
 
-    parts = [set(c) for c in nx.connected_components(system.graph)]
+    parts = _connected_parts(system)
     if len(parts) == 1:
         return
     order = {n: i for i, n in enumerate(system.nodes)}
