@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import heapq
 import time
-from dataclasses import dataclass
 
 import numpy as np
 import simpy
@@ -34,6 +33,7 @@ from marssim.results.summary import Summary, summarise
 from .fast import Progress  # noqa: F401  (the progress callback type)
 from .memory import POLICIES, MemoryPool
 from .network import FairShareNetwork
+from .schedule import Schedule
 from marssim.results.result import Result
 
 pd = lazy_module("pandas")  # imported when a table is first built
@@ -133,16 +133,6 @@ def simulate_summary(taskgraph: TaskGraph, system: System, *, memory_policy: str
     per-resource tables (what a search needs, several times faster on small graphs)."""
     return simulate_schedule(taskgraph, system, memory_policy=memory_policy, streams=streams, engine=engine,
                              progress=progress).summary
-
-
-@dataclass(frozen=True)
-class Schedule:
-    """What a search's report needs of a simulation: its :class:`Summary` and every task's start
-    and end (s; ``start[t]``, ``end[t]`` as :attr:`Result.intervals` has them)."""
-
-    summary: Summary
-    start: np.ndarray
-    end: np.ndarray
 
 
 def simulate_schedule(taskgraph: TaskGraph, system: System, *, memory_policy: str = "error",

@@ -26,6 +26,8 @@ from marssim.results.summary import summarise
 from marssim.system import System
 from marssim.taskgraph import COMPUTE, TaskGraph
 
+from .schedule import Schedule
+
 pd = lazy_module("pandas")  # imported when a table is first built
 
 __all__ = ["available", "usable", "run_compiled", "Progress"]
@@ -303,7 +305,7 @@ def _grow_links(arrays: dict) -> None:
 def run_compiled(taskgraph: TaskGraph, system: System, memory_policy: str, streams: int, record: bool,
                  progress: Progress | None = None, schedule_only: bool = False):
     """Simulate on the compiled engine (callers check :func:`usable` first): the
-    :class:`Result` (or with ``schedule_only`` the :class:`~marssim.sim.engine.Schedule`: its
+    :class:`Result` (or with ``schedule_only`` the :class:`~marssim.sim.schedule.Schedule`: its
     summary and every task's start and end) the SimPy engine gives."""
     k = _kernels()
     tg = taskgraph
@@ -336,8 +338,6 @@ def run_compiled(taskgraph: TaskGraph, system: System, memory_policy: str, strea
         progress(SimulationProgress(float(np.nanmax(end)) if tg.n_tasks else 0.0, tg.n_tasks, tg.n_tasks))
     start = arrays["start"]
     if schedule_only:  # a summary and every task's times: no tables (and no pandas)
-        from .engine import Schedule
-
         del state, arrays
         return Schedule(summarise(tg, system, end, streams), start, end)
     names = pools["names"]
