@@ -278,13 +278,9 @@ PARALLEL = "marssim.parallel"
 MAX_PARALLEL_LINES = 650
 
 KNOWN_FILE_CIRCLES: dict[str, list[list[str]]] = {
-    # packages whose files import one another in a circle at import time: none. (Circles closed
-    # only by imports inside functions remain in analytical/ (schedule, _numba_kernels),
-    # calibrate/ (kernels, llm_kernels), cli/ (search, _serve_search), mapping/ (io, model),
-    # serve/ (engine, simulate, speculative) and sim/ (engine, fast); parallel/ has none of those
-    # either, see test_parallel_has_no_circle_even_through_lazy_imports.)
+    # packages whose files import one another in a circle at import time: none (nor through
+    # imports inside functions, see test_no_files_of_a_package_import_each_other_even_lazily).
 }
-
 
 def _from_target(node: ast.ImportFrom, package: str) -> str:
     """The absolute module ``from X import ...`` names (relative imports resolved in ``package``)."""
@@ -353,11 +349,19 @@ def test_no_files_of_a_package_import_each_other_in_a_circle():
     assert found == KNOWN_FILE_CIRCLES
 
 
-def test_parallel_has_no_circle_even_through_lazy_imports():
-    """In ``parallel/`` not even an import inside a function closes a circle: the model of a run
-    (partition, runmodel, memory) never reaches back to the lowering that reads it."""
+def test_no_files_of_a_package_import_each_other_even_lazily():
+    """Not even an import inside a function closes a circle between the files of a package: what
+    two files share lives in a module both import, so each package's dependencies point one way
+    (every package of marssim)."""
+    found = {p: c for p in packages() if (c := circles(file_imports(p, inside_functions=True)))}
+    assert found == {}
+    assert "marssim.sim" in packages() and "marssim.parallel" in packages()  # the checker sees the packages
+
+
+def test_parallel_model_never_reaches_back_to_the_lowering():
+    """In ``parallel/`` the model of a run (partition, runmodel, memory) imports nothing of the
+    lowering that reads it, not even inside a function."""
     graph = file_imports(PARALLEL, inside_functions=True)
-    assert circles(graph) == []
     model = {f"{PARALLEL}.{m}" for m in ("memo", "partition", "runmodel", "memory")}
     lowering = {f"{PARALLEL}.{m}" for m in ("lower", "builder", "program", "template")}
     for module in model:
@@ -377,6 +381,21 @@ def test_the_file_circle_checker_sees_a_circle_at_import_time(tmp_path):
     assert f"{PARALLEL}.builder" not in top and f"{PARALLEL}.report" not in top
     assert PARALLEL not in top  # `from . import lower` imports the module, not the package's names
     assert f"{PARALLEL}.builder" in modules_imported(probe, module, inside_functions=True)
+
+
+def test_the_file_circle_checker_sees_a_circle_through_a_lazy_import(tmp_path):
+    """The checker itself, end to end: ``a`` imports ``b`` when imported and ``b`` imports ``a``
+    inside a function; the circle is there with ``inside_functions`` and not without."""
+    package = "marssim.probe"
+    paths = {f"{package}.a": tmp_path / "a.py", f"{package}.b": tmp_path / "b.py"}
+    paths[f"{package}.a"].write_text("from .b import g\n")
+    paths[f"{package}.b"].write_text("def g():\n    from .a import f\n    return f\n")
+
+    def graph(lazy: bool) -> dict[str, set[str]]:
+        return {m: {i for i in modules_imported(p, m, lazy) if i in paths and i != m} for m, p in paths.items()}
+
+    assert circles(graph(False)) == []
+    assert circles(graph(True)) == [sorted(paths)]
 
 
 def test_no_file_of_parallel_is_over_the_line_limit():

@@ -17,7 +17,8 @@ import pytest
 torch = pytest.importorskip("torch", reason="building the harness's kernels needs torch (marssim[gpu])")
 
 from marssim.calibrate.grid import FUSED_ATTENTION, MEASURE_KINDS, SDPA, build_grid  # noqa: E402
-from marssim.calibrate.kernels import _random, kernels_for  # noqa: E402
+from marssim.calibrate.kernels import kernels_for  # noqa: E402
+from marssim.calibrate.tensors import random_input  # noqa: E402
 
 WORKLOADS = ("resnet50", "bert-base", "mobilenetv2", "gpt2:seq=128", "vit-b16")
 
@@ -56,13 +57,13 @@ def test_conv_geometry_comes_from_the_op():
 
 
 def test_inputs_are_random_and_never_zero():
-    x = _random((1 << 20,), "fp16", "cpu", torch.Generator().manual_seed(0))
+    x = random_input((1 << 20,), "fp16", "cpu", torch.Generator().manual_seed(0))
     assert x.dtype == torch.float16 and int((x == 0).sum()) == 0
     assert float(x.abs().min()) >= 1 / 64 - 1e-4
     assert 0.95 < float(x.float().std()) < 1.1
-    y = _random((1 << 20,), "fp16", "cpu", torch.Generator().manual_seed(1))
+    y = random_input((1 << 20,), "fp16", "cpu", torch.Generator().manual_seed(1))
     assert not torch.equal(x, y)
-    assert torch.equal(x, _random((1 << 20,), "fp16", "cpu", torch.Generator().manual_seed(0)))
+    assert torch.equal(x, random_input((1 << 20,), "fp16", "cpu", torch.Generator().manual_seed(0)))
 
 
 def test_bf16_points_build_bf16_kernels():

@@ -14,7 +14,8 @@ import pytest
 torch = pytest.importorskip("torch", reason="building the harness's kernels needs torch (marssim[gpu])")
 
 from marssim.calibrate.grid import SDPA, MEASURE_KINDS, build_grid  # noqa: E402
-from marssim.calibrate.kernels import _random, kernels_for  # noqa: E402
+from marssim.calibrate.kernels import kernels_for  # noqa: E402
+from marssim.calibrate.tensors import random_input  # noqa: E402
 from marssim.calibrate.llm import LlmGridOptions, llm_grid  # noqa: E402
 
 GPT = "gpt3-125m:hidden=128,heads=2,vocab=301"
@@ -97,7 +98,7 @@ def test_flash_and_math_agree_forward_and_backward(points):
 def _draw(point, seed, shapes):
     gen = torch.Generator(device="cpu")
     gen.manual_seed(seed)
-    return [_random(s, point.dtype, "cpu", gen) for s in shapes]
+    return [random_input(s, point.dtype, "cpu", gen) for s in shapes]
 
 
 def _point(points, predicate):

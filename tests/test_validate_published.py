@@ -17,7 +17,7 @@ from marssim.plan import bind_parallel
 from marssim.system import load_system
 from marssim.serve.deployment import Deployment, check_deployment, parse_pool
 from marssim.serve.model import load_model
-from marssim.serve.simulate import check_pool
+from marssim.serve.poolcheck import check_pool
 from marssim.validate.published import (PublishedRun, PublishedServing, ServingPrediction, format_predictions,
                                         load_published, predict, predict_all, published_tables, summary, TableKind,
                                         table_kind)

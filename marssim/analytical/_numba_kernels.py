@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from .schedule import EV_DEVICE, EV_READY
+from .events import EV_DEVICE, EV_READY
 
 __all__ = ["list_schedule", "earliest_schedule"]
 

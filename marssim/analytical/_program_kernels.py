@@ -18,7 +18,7 @@ import numpy as np
 from numba import njit
 
 from ._numba_kernels import _ev_pop, _ev_push, _q_pop, _q_push
-from .schedule import EV_DEVICE, EV_READY
+from .events import EV_DEVICE, EV_READY
 
 __all__ = ["list_schedule", "earliest_schedule", "chained_schedule", "compute_chains"]
 

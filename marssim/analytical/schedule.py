@@ -24,15 +24,9 @@ import os
 
 import numpy as np
 
-__all__ = ["list_schedule", "earliest_schedule", "BACKENDS", "have_numba", "EV_READY", "EV_DEVICE"]
+from .events import EV_DEVICE, EV_READY
 
-EV_READY = 0
-"""An event of the list schedule: a task becomes ready (its ``x`` is the task). At equal times a
-task's readiness comes before a device's decision, so the device chooses among all tasks ready
-then."""
-EV_DEVICE = 1
-"""An event of the list schedule: a device with queued tasks decides which runs next (its ``x``
-is the device)."""
+__all__ = ["list_schedule", "earliest_schedule", "BACKENDS", "have_numba", "EV_READY", "EV_DEVICE"]
 
 BACKENDS = ("auto", "python", "numba")
 

@@ -33,9 +33,10 @@ from pathlib import Path
 from typing import Any
 
 from .grid import GridPoint, TimingPlan
-from .kernels import KernelImpl, tf32_allowed
+from .kernels import KernelImpl
 from .stats import TimingStats, summarize
 from .table import CalibrationRow, format_note, merge_rows, read_rows, short_device_name
+from .tensors import tf32_allowed
 
 __all__ = ["DeviceInfo", "device_info", "time_kernel", "MeasureOptions", "MeasureReport", "measure", "Task"]
 

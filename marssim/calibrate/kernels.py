@@ -47,34 +47,17 @@ registry -- which kernels exist, for which kinds and dtypes -- is usable without
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from .grid import FUSED_ATTENTION, SDPA, GridPoint
+from .tensors import Built, random_input, seeded_generator
 
-__all__ = ["KernelImpl", "Built", "KERNELS", "kernels_for", "torch_dtype", "tf32_allowed", "triton_specialization",
-           "TRITON_COMPILE_S"]
+__all__ = ["KernelImpl", "Built", "KERNELS", "kernels_for", "triton_specialization", "TRITON_COMPILE_S"]
 
 TRITON_COMPILE_S = 2.0
 """Seconds Triton takes to compile the GEMM once (per dtype and specialization), for estimates."""
-
-_TORCH_DTYPE_NAMES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "tf32": "float32"}
-
-
-@dataclass
-class Built:
-    """A kernel ready to run: ``fn()`` launches it once and returns its output; ``expected``
-    is the output shape the op says it has (checked after the first run); ``kernel`` the name
-    recorded in the table; ``note`` extra ``key=value`` facts (layout, tiles); ``backend`` the
-    table's ``backend`` column (which of a call's implementations ran; empty when one)."""
-
-    fn: Callable[[], Any]
-    expected: tuple[int, ...]
-    kernel: str
-    note: dict[str, str] = field(default_factory=dict)
-    backend: str = ""
-
 
 @dataclass(frozen=True)
 class KernelImpl:
@@ -98,39 +81,6 @@ class KernelImpl:
         return self.builder(point, device, seed)
 
 
-# ----------------------------------------------------------------------------- helpers
-def torch_dtype(dtype: str):
-    """The torch dtype of a table dtype (``tf32`` -> ``torch.float32``)."""
-    import torch
-
-    return getattr(torch, _TORCH_DTYPE_NAMES[dtype])
-
-
-def tf32_allowed(dtype: str) -> bool:
-    """Whether cuBLAS/cuDNN may use TF32 tensor cores for this dtype's kernels."""
-    return dtype == "tf32"
-
-
-def _random(shape: Sequence[int], dtype: str, device, gen, *, positive: bool = False):
-    """Normal random values moved away from zero by 1/64 (``positive``: |x| + 1/2)."""
-    import torch
-
-    x = torch.randn(tuple(shape), generator=gen, device=device, dtype=torch.float32)
-    if positive:
-        x = x.abs_().add_(0.5)
-    else:
-        x = torch.where(x >= 0, x + 1.0 / 64, x - 1.0 / 64)
-    return x.to(torch_dtype(dtype))
-
-
-def _generator(device, seed: int):
-    import torch
-
-    gen = torch.Generator(device=device)
-    gen.manual_seed(seed)
-    return gen
-
-
 # ----------------------------------------------------------------------------- GEMM-class
 def _llm_op(op) -> bool:
     """An op of an LLM graph (it carries a training/serving ``phase``): its kernels are PyTorch's
@@ -146,14 +96,14 @@ def _gemm(point: GridPoint, device, seed: int) -> Built:
 
         return llm_gemm(point, device, seed)
     op = point.op
-    gen = _generator(device, seed)
+    gen = seeded_generator(device, seed)
     m, n, k = op.dim("B") * op.dim("M"), op.dim("N"), op.dim("K")
-    x = _random((m, k), point.dtype, device, gen)
+    x = random_input((m, k), point.dtype, device, gen)
     if op.param("bias", False):
-        w = _random((n, k), point.dtype, device, gen)
-        b = _random((n,), point.dtype, device, gen)
+        w = random_input((n, k), point.dtype, device, gen)
+        b = random_input((n,), point.dtype, device, gen)
         return Built(lambda: torch.nn.functional.linear(x, w, b), (m, n), "torch.linear")
-    w = _random((k, n), point.dtype, device, gen)
+    w = random_input((k, n), point.dtype, device, gen)
     return Built(lambda: torch.matmul(x, w), (m, n), "torch.matmul")
 
 
@@ -167,10 +117,10 @@ def _triton_gemm(point: GridPoint, device, seed: int) -> Built:
     spec = SIP_KERNELS["gemm"]  # C = A @ B, the SIP package's GEMM without the activation
     blocks = {name: spec.constexprs[name] for name in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "ACTIVATION")}
     op = point.op
-    gen = _generator(device, seed)
+    gen = seeded_generator(device, seed)
     m, n, k = op.dim("B") * op.dim("M"), op.dim("N"), op.dim("K")
-    a = _random((m, k), point.dtype, device, gen)
-    b = _random((k, n), point.dtype, device, gen)
+    a = random_input((m, k), point.dtype, device, gen)
+    b = random_input((k, n), point.dtype, device, gen)
     c = torch.empty((m, n), dtype=torch.float16, device=device)  # the kernel writes fp16 (as SIP tunes it)
     grid = (triton.cdiv(m, blocks["BLOCK_M"]) * triton.cdiv(n, blocks["BLOCK_N"]),)
     kernel = getattr(triton_kernels, spec.function)
@@ -199,19 +149,19 @@ def _conv(point: GridPoint, device, seed: int) -> Built:
     from marssim.cost.convgeom import conv_launch
 
     op = point.op
-    gen = _generator(device, seed)
+    gen = seeded_generator(device, seed)
     # the geometry the row records: a spatial shard keeps only the padding its output still needs
     # (its rows come with the halo from the neighbouring shards); asymmetric padding is applied
     # to the input once, outside the timed kernel
     launch = conv_launch(op)
     geo = launch.geometry
-    x = _random((launch.n, geo.c, launch.rows, launch.cols), point.dtype, device, gen)
+    x = random_input((launch.n, geo.c, launch.rows, launch.cols), point.dtype, device, gen)
     if any(launch.pre_pad):
         x = torch.nn.functional.pad(x, launch.pre_pad)
     x = x.contiguous(memory_format=torch.channels_last)
-    weight = _random((geo.k, geo.c // geo.groups, geo.r, geo.s), point.dtype, device,
+    weight = random_input((geo.k, geo.c // geo.groups, geo.r, geo.s), point.dtype, device,
                      gen).contiguous(memory_format=torch.channels_last)
-    bias = _random((geo.k,), point.dtype, device, gen) if op.param("bias", False) else None
+    bias = random_input((geo.k,), point.dtype, device, gen) if op.param("bias", False) else None
     stride, padding = (geo.stride_h, geo.stride_w), (geo.pad_h, geo.pad_w)
 
     def fn():
@@ -228,10 +178,10 @@ def _bmm(point: GridPoint, device, seed: int) -> Built:
 
         return attention_product(point, device, seed)
     op = point.op
-    gen = _generator(device, seed)
+    gen = seeded_generator(device, seed)
     g, m, n, k = op.dim("B") * op.dim("H"), op.dim("M"), op.dim("N"), op.dim("K")
-    a = _random((g, m, k), point.dtype, device, gen)
-    b = _random((g, k, n), point.dtype, device, gen)
+    a = random_input((g, m, k), point.dtype, device, gen)
+    b = random_input((g, k, n), point.dtype, device, gen)
     return Built(lambda: torch.bmm(a, b), (g, m, n), "torch.bmm")
 
 
@@ -239,9 +189,9 @@ def _sdpa(point: GridPoint, device, seed: int) -> Built:
     import torch
 
     op = point.op  # the block's Q K^T product: B, H, M = N = tokens, K = head dim
-    gen = _generator(device, seed)
+    gen = seeded_generator(device, seed)
     shape = (op.dim("B"), op.dim("H"), op.dim("M"), op.dim("K"))
-    q, k, v = (_random(shape, point.dtype, device, gen) for _ in range(3))
+    q, k, v = (random_input(shape, point.dtype, device, gen) for _ in range(3))
     return Built(lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v), shape, "torch.sdpa")
 
 
@@ -263,16 +213,16 @@ def _elementwise(point: GridPoint, device, seed: int) -> Built:
     op = point.op
     if op.param("fn") in LLM_ELEMENTWISE:
         return llm_elementwise(point, device, seed)
-    gen = _generator(device, seed)
+    gen = seeded_generator(device, seed)
     fn_name = op.param("fn", "identity")
     unary, binary = _elementwise_fn(fn_name)
     out = tuple(op.out_shape)
-    inputs = [_random(s, point.dtype, device, gen) for s in op.in_shapes]
+    inputs = [random_input(s, point.dtype, device, gen) for s in op.in_shapes]
     if binary is not None:
         if len(inputs) < 2:  # a learned operand (bias, position embedding), broadcast over the batch
-            inputs.append(_random(out[1:], point.dtype, device, gen, positive=fn_name == "div"))
+            inputs.append(random_input(out[1:], point.dtype, device, gen, positive=fn_name == "div"))
         elif fn_name == "div":
-            inputs[1] = _random(op.in_shapes[1], point.dtype, device, gen, positive=True)
+            inputs[1] = random_input(op.in_shapes[1], point.dtype, device, gen, positive=True)
         a, b = inputs[0], inputs[1]
         rest = inputs[2:]
 
@@ -299,22 +249,22 @@ def _norm(point: GridPoint, device, seed: int) -> Built:
         from .llm_kernels import llm_norm
 
         return llm_norm(point, device, seed)
-    gen = _generator(device, seed)
+    gen = seeded_generator(device, seed)
     n, c, h, w = op.in_shapes[0]
     if kind == "batch":
-        x = _random((n, c, h, w), point.dtype, device, gen).contiguous(memory_format=torch.channels_last)
-        mean = _random((c,), point.dtype, device, gen)
-        var = _random((c,), point.dtype, device, gen, positive=True)
-        scale = _random((c,), point.dtype, device, gen)
-        shift = _random((c,), point.dtype, device, gen)
+        x = random_input((n, c, h, w), point.dtype, device, gen).contiguous(memory_format=torch.channels_last)
+        mean = random_input((c,), point.dtype, device, gen)
+        var = random_input((c,), point.dtype, device, gen, positive=True)
+        scale = random_input((c,), point.dtype, device, gen)
+        shift = random_input((c,), point.dtype, device, gen)
         return Built(lambda: F.batch_norm(x, mean, var, scale, shift, False, 0.0, 1e-5), (n, c, h, w),
                      "torch.batch_norm", {"layout": "NHWC"})
     if kind == "lrn":
-        x = _random((n, c, h, w), point.dtype, device, gen)
+        x = random_input((n, c, h, w), point.dtype, device, gen)
         return Built(lambda: F.local_response_norm(x, 5), (n, c, h, w), "torch.local_response_norm")
-    x = _random((n, h * w, c), point.dtype, device, gen)  # features last, as transformers hold them
-    scale = _random((c,), point.dtype, device, gen)
-    shift = _random((c,), point.dtype, device, gen)
+    x = random_input((n, h * w, c), point.dtype, device, gen)  # features last, as transformers hold them
+    scale = random_input((c,), point.dtype, device, gen)
+    shift = random_input((c,), point.dtype, device, gen)
     return Built(lambda: F.layer_norm(x, (c,), scale, shift, 1e-5), (n, h * w, c), "torch.layer_norm")
 
 
@@ -322,9 +272,9 @@ def _softmax(point: GridPoint, device, seed: int) -> Built:
     import torch
 
     op = point.op
-    gen = _generator(device, seed)
+    gen = seeded_generator(device, seed)
     shape = (op.dim("N") * op.dim("A"), op.dim("H"), op.dim("L"))
-    x = _random(shape, point.dtype, device, gen)
+    x = random_input(shape, point.dtype, device, gen)
     return Built(lambda: torch.softmax(x, dim=-1), shape, "torch.softmax")
 
 
@@ -333,11 +283,11 @@ def _pool(point: GridPoint, device, seed: int) -> Built:
     import torch.nn.functional as F
 
     op = point.op
-    gen = _generator(device, seed)
+    gen = seeded_generator(device, seed)
     n, c, h, w = op.in_shapes[0]
     out = tuple(op.out_shape)
     mode = op.param("mode", "max")
-    x = _random((n, c, h, w), point.dtype, device, gen).contiguous(memory_format=torch.channels_last)
+    x = random_input((n, c, h, w), point.dtype, device, gen).contiguous(memory_format=torch.channels_last)
     if op.param("global", False):
         pool = F.adaptive_max_pool2d if mode == "max" else F.adaptive_avg_pool2d
         return Built(lambda: pool(x, 1), out, f"torch.adaptive_{mode}_pool2d", {"layout": "NHWC"})
@@ -364,11 +314,11 @@ def _embedding(point: GridPoint, device, seed: int) -> Built:
     import torch
 
     op = point.op
-    gen = _generator(device, seed)
+    gen = seeded_generator(device, seed)
     n, h, c = op.dim("N"), op.dim("H"), op.dim("C")
     vocab = int(op.param("vocab", 1))
     ids = torch.randint(0, vocab, (n, h), generator=gen, device=device, dtype=torch.int64)
-    table = _random((vocab, c), point.dtype, device, gen)
+    table = random_input((vocab, c), point.dtype, device, gen)
     return Built(lambda: torch.nn.functional.embedding(ids, table), (n, h, c), "torch.embedding")
 
 

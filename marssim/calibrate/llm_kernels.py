@@ -51,6 +51,7 @@ from typing import Any
 from marssim.workload.op import kv_heads_of
 
 from .grid import GridPoint
+from .tensors import Built, random_input, seeded_generator
 
 __all__ = ["llm_gemm", "attention_product", "sdpa_builder", "llm_elementwise", "llm_norm", "adamw",
            "LLM_ELEMENTWISE", "SDPA_BACKEND_ENUMS"]
@@ -58,12 +59,6 @@ __all__ = ["llm_gemm", "attention_product", "sdpa_builder", "llm_elementwise", "
 SDPA_BACKEND_ENUMS = {"flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION", "cudnn": "CUDNN_ATTENTION",
                       "math": "MATH"}
 """The ``torch.nn.attention.SDPBackend`` member of each backend name."""
-
-
-def _helpers():
-    from .kernels import Built, _generator, _random
-
-    return Built, _generator, _random
 
 
 def _tokens(shape) -> tuple[int, int, int]:
@@ -78,27 +73,26 @@ def llm_gemm(point: GridPoint, device, seed: int):
     docstring)."""
     import torch
 
-    Built, _generator, _random = _helpers()
     op = point.op
-    gen = _generator(device, seed)
+    gen = seeded_generator(device, seed)
     b, m, n, k = op.dim("B"), op.dim("M"), op.dim("N"), op.dim("K")
     grad = op.param("grad")
     dt = point.dtype
     if op.param("grouped", False):
         if grad == "weight":
-            x, dy = _random((b, m, k), dt, device, gen), _random((b, m, n), dt, device, gen)
+            x, dy = random_input((b, m, k), dt, device, gen), random_input((b, m, n), dt, device, gen)
             return Built(lambda: torch.bmm(dy.transpose(1, 2), x), (b, n, k), "torch.bmm", {"layout": "A^T B"})
-        x, w = _random((b, m, k), dt, device, gen), _random((b, k, n), dt, device, gen)
+        x, w = random_input((b, m, k), dt, device, gen), random_input((b, k, n), dt, device, gen)
         return Built(lambda: torch.bmm(x, w), (b, m, n), "torch.bmm")
     tokens = b * m
     if grad == "weight":  # dW (N, K) = dY^T X: the tokens are the contraction
-        x, dy = _random((tokens, k), dt, device, gen), _random((tokens, n), dt, device, gen)
+        x, dy = random_input((tokens, k), dt, device, gen), random_input((tokens, n), dt, device, gen)
         return Built(lambda: torch.matmul(dy.t(), x), (n, k), "torch.matmul", {"layout": "A^T B"})
     if grad == "input":  # dX = dY W, W stored (out, in) = (K, N) of this GEMM
-        dy, w = _random((tokens, k), dt, device, gen), _random((k, n), dt, device, gen)
+        dy, w = random_input((tokens, k), dt, device, gen), random_input((k, n), dt, device, gen)
         return Built(lambda: torch.matmul(dy, w), (tokens, n), "torch.matmul")
-    x, w = _random((tokens, k), dt, device, gen), _random((n, k), dt, device, gen)
-    bias = _random((n,), dt, device, gen) if op.param("bias", False) else None
+    x, w = random_input((tokens, k), dt, device, gen), random_input((n, k), dt, device, gen)
+    bias = random_input((n,), dt, device, gen) if op.param("bias", False) else None
     return Built(lambda: torch.nn.functional.linear(x, w, bias), (tokens, n), "torch.linear")
 
 
@@ -109,9 +103,8 @@ def attention_product(point: GridPoint, device, seed: int):
     scores transposed and contract the group's queries."""
     import torch
 
-    Built, _generator, _random = _helpers()
     op = point.op
-    gen = _generator(device, seed)
+    gen = seeded_generator(device, seed)
     b, h, m, n, k = (op.dim(d) for d in "BHMNK")
     dt = point.dtype
     group = op.param("out_group", 1) if op.param("a_t") else op.param("kv_group", 1)
@@ -120,15 +113,15 @@ def attention_product(point: GridPoint, device, seed: int):
         kv = h
     per = h // kv  # query heads per folded GEMM
     if op.param("a_t"):  # (B*kv, M, per*K) x (B*kv, per*K, N): A stored (queries, M) per head, read transposed
-        a = _random((b * kv, per * k, m), dt, device, gen)
-        bb = _random((b * kv, per * k, n), dt, device, gen)
+        a = random_input((b * kv, per * k, m), dt, device, gen)
+        bb = random_input((b * kv, per * k, n), dt, device, gen)
         return Built(lambda: torch.bmm(a.transpose(1, 2), bb), (b * kv, m, n), "torch.bmm",
                      {"layout": "A^T B", "folded_heads": str(per)})
-    a = _random((b * kv, per * m, k), dt, device, gen)
+    a = random_input((b * kv, per * m, k), dt, device, gen)
     if op.param("b_feature", "K") == "K":  # B stored (N, K) per head (keys), read transposed
-        bb = _random((b * kv, n, k), dt, device, gen).transpose(1, 2)
+        bb = random_input((b * kv, n, k), dt, device, gen).transpose(1, 2)
     else:
-        bb = _random((b * kv, k, n), dt, device, gen)
+        bb = random_input((b * kv, k, n), dt, device, gen)
     return Built(lambda: torch.bmm(a, bb), (b * kv, per * m, n), "torch.bmm", {"folded_heads": str(per)})
 
 
@@ -146,11 +139,10 @@ def _sdpa(point: GridPoint, device, seed: int, backend: str):
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    Built, _generator, _random = _helpers()
     op = point.op
     if point.backend and point.backend != backend:
         raise ValueError(f"the point is for the {point.backend} backend, this kernel runs {backend}")
-    gen = _generator(device, seed)
+    gen = seeded_generator(device, seed)
     b, h, m, n, d = (op.dim(x) for x in "BHMNK")
     kv = kv_heads_of(h, op.param("kv_group", 1))
     dt = point.dtype
@@ -158,9 +150,9 @@ def _sdpa(point: GridPoint, device, seed: int, backend: str):
     dropout = float(op.param("dropout", 0.0))
     which = getattr(SDPBackend, SDPA_BACKEND_ENUMS[backend])
     backward = op.param("fused") == "bwd"
-    q = _random((b, h, m, d), dt, device, gen).requires_grad_(backward)
-    k = _random((b, kv, n, d), dt, device, gen).requires_grad_(backward)
-    v = _random((b, kv, n, d), dt, device, gen).requires_grad_(backward)
+    q = random_input((b, h, m, d), dt, device, gen).requires_grad_(backward)
+    k = random_input((b, kv, n, d), dt, device, gen).requires_grad_(backward)
+    v = random_input((b, kv, n, d), dt, device, gen).requires_grad_(backward)
     note = {"layout": "BHSD"}
 
     def call(q_, k_, v_, gqa: bool):
@@ -185,7 +177,7 @@ def _sdpa(point: GridPoint, device, seed: int, backend: str):
 
         return Built(fn, (b, h, m, d), "torch.sdpa", note, backend)
     out = call(q, k_in, v_in, gqa)
-    dout = _random((b, h, m, d), dt, device, gen)
+    dout = random_input((b, h, m, d), dt, device, gen)
 
     def fn_bwd():
         return torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)[0]
@@ -348,13 +340,13 @@ LLM_ELEMENTWISE = {"dropout": _dropout, "dropout_grad": _dropout_grad, "gelu_gra
 def llm_elementwise(point: GridPoint, device, seed: int):
     """An element-wise op of an LLM graph whose ``fn`` is in :data:`LLM_ELEMENTWISE`: its inputs
     as token tensors (features last), then the function's kernel."""
-    Built, _generator, _random = _helpers()
     op = point.op
-    gen = _generator(device, seed)
+    gen = seeded_generator(device, seed)
     fn_name = op.param("fn")
     make = LLM_ELEMENTWISE[fn_name]
-    inputs = [_random(_tokens(s), point.dtype, device, gen) for s in op.in_shapes]
-    fn, kernel, note = make(point, device, gen, inputs, random=lambda shape: _random(shape, point.dtype, device, gen))
+    inputs = [random_input(_tokens(s), point.dtype, device, gen) for s in op.in_shapes]
+    fn, kernel, note = make(point, device, gen, inputs,
+                            random=lambda shape: random_input(shape, point.dtype, device, gen))
     out = fn()
     return Built(fn, tuple(out.shape), kernel, note)
 
@@ -365,19 +357,18 @@ def llm_norm(point: GridPoint, device, seed: int):
     import torch
     import torch.nn.functional as F
 
-    Built, _generator, _random = _helpers()
     op = point.op
-    gen = _generator(device, seed)
+    gen = seeded_generator(device, seed)
     kind = op.param("norm")
     n, c, h, w = op.in_shapes[0]
     shape = (n, h * w, c)
-    x = _random(shape, point.dtype, device, gen)
-    scale = _random((c,), point.dtype, device, gen)
+    x = random_input(shape, point.dtype, device, gen)
+    scale = random_input((c,), point.dtype, device, gen)
     if kind == "rms":
         return Built(lambda: F.rms_norm(x, (c,), scale, 1e-5), shape, "torch.rms_norm")
-    dy = _random(shape, point.dtype, device, gen)
+    dy = random_input(shape, point.dtype, device, gen)
     if kind == "layer_grad":
-        shift = _random((c,), point.dtype, device, gen)
+        shift = random_input((c,), point.dtype, device, gen)
         _, mean, rstd = torch.native_layer_norm(x, (c,), scale, shift, 1e-5)
 
         def fn():
@@ -400,12 +391,11 @@ def adamw(point: GridPoint, device, seed: int) -> Any:
     buffer of its parameters (gradient, two moments), then the 16-bit weight copy."""
     import torch
 
-    Built, _generator, _random = _helpers()
     op = point.op
-    gen = _generator(device, seed)
+    gen = seeded_generator(device, seed)
     count = op.dim("N") * op.dim("C") * op.dim("H") * op.dim("W")
-    param = torch.nn.Parameter(_random((count,), "fp32", device, gen))
-    param.grad = _random((count,), "fp32", device, gen)
+    param = torch.nn.Parameter(random_input((count,), "fp32", device, gen))
+    param.grad = random_input((count,), "fp32", device, gen)
     weight16 = torch.empty((count,), dtype=torch.bfloat16, device=device)
     opt = torch.optim.AdamW([param], lr=1e-4, weight_decay=0.1, fused=True)
 

@@ -27,7 +27,7 @@ the longest prompt of a line that reaches :data:`SATURATED_KEYS` keys, which is 
 the ``s^2`` products of a kernel at its plateau throughput (``OpCost.model == "extrapolated"``;
 the measured grids stop at 16k-token prompts, long-context training runs 32k-128k per rank).
 
-Only rows that carry their heads (:func:`marssim.cost.calibrated.attention_geometry`) take part;
+Only rows that carry their heads (:func:`marssim.cost.features.attention_geometry`) take part;
 the ops carry theirs in their feature tuples (:func:`marssim.cost.features.attention_geometry_key`).
 """
 
@@ -40,7 +40,8 @@ from dataclasses import dataclass, replace
 from enum import Enum
 
 from .features import (
-    DTYPES, F_BACKEND, F_DTYPE, F_G, F_KK, F_M, F_NN, F_PHASE, KERNEL_BACKENDS, KERNEL_PHASES, attention_geometry_key,
+    DTYPES, F_BACKEND, F_DTYPE, F_G, F_KK, F_M, F_NN, F_PHASE, KERNEL_BACKENDS, KERNEL_PHASES, attention_geometry,
+    attention_geometry_key, lookup_backend,
 )
 
 __all__ = ["AttentionFamily", "SliceKey", "AttentionGrid", "family_of", "PRODUCTS", "row_entries", "op_slice",
@@ -199,10 +200,8 @@ class AttentionGrid:
 
 def row_entries(rows: Iterable) -> list[tuple[SliceKey, int, int, int, float]]:
     """The grid entries of calibration rows (:class:`~marssim.cost.calibrated.KernelTiming`):
-    the fused attention rows with their heads (:func:`~marssim.cost.calibrated.attention_geometry`)
+    the fused attention rows with their heads (:func:`~marssim.cost.features.attention_geometry`)
     of a family, a whole number of sequences and query heads a multiple of key/value heads."""
-    from .calibrated import attention_geometry, lookup_backend
-
     out = []
     for r in rows:
         backend = lookup_backend(r.kind, r.backend)

@@ -165,7 +165,8 @@ import numpy as np
 from marssim.errors import InputError
 
 from .convgeom import ConvGeometry, format_pair, parse_pair
-from .features import DTYPES, KERNEL_BACKENDS, KERNEL_KINDS, KERNEL_PHASES, N_GEMM_KERNELS
+from .features import (DTYPES, KERNEL_KINDS, KERNEL_PHASES, N_GEMM_KERNELS, SDPA_BACKENDS, attention_geometry,
+                       lookup_backend)
 from .gpu import TILE_K, CurveParams, gemm_curve, stream_curve
 from .residual import ResidualCorrection, fit_correction
 
@@ -184,8 +185,6 @@ CONV_COLUMNS = ("conv_c", "conv_h", "conv_w", "conv_k", "conv_r", "conv_s", "con
 OPTIONAL_COLUMNS = ("kernel", "phase", "backend", *CONV_COLUMNS, "stack", "note")
 PHASES = KERNEL_PHASES
 """Accepted ``phase`` values (empty means ``fwd``; :data:`marssim.cost.features.KERNEL_PHASES`)."""
-SDPA_BACKENDS = KERNEL_BACKENDS[1:]
-"""Backends of scaled-dot-product attention: on ``attention`` rows, part of the shape looked up."""
 TUNINGS = ("none", "vendor", "triton-autotune", "sip")
 """Accepted ``tuning`` values, least to most tuned."""
 DTYPE_STANDINS = {"bf16": "fp16", "fp16": "bf16"}
@@ -216,38 +215,6 @@ def calibration_dir() -> Path:
     from marssim.data import calibration
 
     return calibration()
-
-
-def lookup_backend(kind: str, backend: str) -> str:
-    """The backend a row or kernel is looked up by: a scaled-dot-product attention backend
-    (:data:`SDPA_BACKENDS`) on an ``attention`` row; ``""`` otherwise (other backend names, such as
-    a Triton code path or the AdamW implementation, are provenance)."""
-    return backend if kind == "attention" and backend in SDPA_BACKENDS else ""
-
-
-def attention_geometry(kind: str, backend: str, note: str, dtype: str) -> tuple[int, ...]:
-    """The heads of a fused attention row, part of the shape it is looked up by: ``(heads,
-    kv_heads, kv_bits)`` from its note's ``heads`` and ``kv_heads`` (query and key/value heads)
-    and ``kv_dtype`` (the cache's element type; absent: the row's ``dtype``), bits per key/value
-    element; ``()`` for any other row or a note without them (such a row matches a fused
-    attention op of its shape whatever its heads, as rows always did)."""
-    if kind != "attention" or not lookup_backend(kind, backend) or "kv_heads" not in note:
-        return ()
-    fields = {}
-    for part in note.split(";"):
-        key, sep, value = part.partition("=")
-        if sep:
-            fields[key.strip()] = value.strip()
-    try:
-        heads, kv_heads = int(fields["heads"]), int(fields["kv_heads"])
-    except (KeyError, ValueError):
-        return ()
-    from marssim.workload.op import DTYPE_BYTES
-
-    width = DTYPE_BYTES.get(fields.get("kv_dtype") or dtype)
-    if heads < 1 or kv_heads < 1 or width is None:
-        return ()
-    return (heads, kv_heads, int(round(8 * width)))
 
 
 def shape_key(kind: str, dtype: str, batch: int, m: int, n: int, k: int, flops: float,

@@ -57,6 +57,7 @@ __all__ = [
     "op_features", "design_key", "DesignParams", "DTYPES", "KIND_CODES", "Dataflow", "DATAFLOW_CODES", "N_FEATURES",
     "CLASS_NONE", "CLASS_GEMM", "CLASS_STREAM", "KERNEL_KINDS", "KERNEL_KIND_OF", "conv_geometry_key",
     "KERNEL_PHASES", "KERNEL_BACKENDS", "kernel_phase", "kernel_backend", "attention_geometry_key",
+    "SDPA_BACKENDS", "lookup_backend", "attention_geometry",
 ]
 
 DTYPES: tuple[str, ...] = tuple(DTYPE_BYTES)
@@ -87,6 +88,8 @@ norm and activation gradients), ``update`` an optimizer step."""
 KERNEL_BACKENDS: tuple[str, ...] = ("", "flash", "efficient", "cudnn", "math")
 """Backends of ``torch.nn.functional.scaled_dot_product_attention`` that name different kernels
 of one fused attention shape (``""``: no fused attention backend, every other op)."""
+SDPA_BACKENDS = KERNEL_BACKENDS[1:]
+"""Backends of scaled-dot-product attention: on ``attention`` rows, part of the shape looked up."""
 
 class Dataflow(IntEnum):
     """A design's dataflow as the cost formulas branch on it: systolic output-, weight- and
@@ -265,10 +268,40 @@ def _attention_tail(op: Op) -> tuple[int, int, int, int, int]:
 
 def attention_geometry_key(x: tuple[int, ...]) -> tuple[int, ...]:
     """``(heads, kv_heads, kv_bits)`` of the fused attention op with feature tuple ``x`` (see
-    :func:`marssim.cost.calibrated.attention_geometry`), ``()`` for any other op."""
+    :func:`attention_geometry`), ``()`` for any other op."""
     if x[F_CONV] or not x[F_BACKEND] or x[F_CLASS] != CLASS_GEMM:
         return ()
     return (x[F_SH], x[F_SW], x[F_PH])
+
+
+def lookup_backend(kind: str, backend: str) -> str:
+    """The backend a row or kernel is looked up by: a scaled-dot-product attention backend
+    (:data:`SDPA_BACKENDS`) on an ``attention`` row; ``""`` otherwise (other backend names, such as
+    a Triton code path or the AdamW implementation, are provenance)."""
+    return backend if kind == "attention" and backend in SDPA_BACKENDS else ""
+
+
+def attention_geometry(kind: str, backend: str, note: str, dtype: str) -> tuple[int, ...]:
+    """The heads of a fused attention row, part of the shape it is looked up by: ``(heads,
+    kv_heads, kv_bits)`` from its note's ``heads`` and ``kv_heads`` (query and key/value heads)
+    and ``kv_dtype`` (the cache's element type; absent: the row's ``dtype``), bits per key/value
+    element; ``()`` for any other row or a note without them (such a row matches a fused
+    attention op of its shape whatever its heads, as rows always did)."""
+    if kind != "attention" or not lookup_backend(kind, backend) or "kv_heads" not in note:
+        return ()
+    fields = {}
+    for part in note.split(";"):
+        key, sep, value = part.partition("=")
+        if sep:
+            fields[key.strip()] = value.strip()
+    try:
+        heads, kv_heads = int(fields["heads"]), int(fields["kv_heads"])
+    except (KeyError, ValueError):
+        return ()
+    width = DTYPE_BYTES.get(fields.get("kv_dtype") or dtype)
+    if heads < 1 or kv_heads < 1 or width is None:
+        return ()
+    return (heads, kv_heads, int(round(8 * width)))
 
 
 def conv_geometry_key(x: tuple[int, ...]) -> tuple[int, ...]:

@@ -64,7 +64,7 @@ from .calibrated import DTYPE_STANDINS, TUNINGS, FitKey, KernelFit, KernelTable,
 from .features import (
     CLASS_GEMM, CLASS_NONE, CLASS_STREAM, DTYPES, F_BACKEND, F_CLASS, F_DTYPE, F_FLOPS, F_G, F_KERNEL, F_KK, F_M,
     F_MACS, F_NN, F_PHASE, F_TRAFFIC, KERNEL_BACKENDS, KERNEL_KINDS, KERNEL_PHASES, N_FEATURES, Dataflow,
-    DesignParams, attention_geometry_key, conv_geometry_key, design_key, op_features,
+    DesignParams, attention_geometry_key, conv_geometry_key, design_key, lookup_backend, op_features,
 )
 from .gpu import GpuTable, design_peaks, gpu_gemm, gpu_stream
 from .loopmap import nvdla_gemm, rs_gemm, shidiannao_gemm
@@ -119,8 +119,6 @@ def design_stacks(design: Design) -> str | tuple[str, ...] | None:
 def _first_stack_rows(rows: Sequence[KernelTiming], stacks: tuple[str, ...]) -> tuple[KernelTiming, ...]:
     """Of ``rows``, those of unknown stack and, per kernel family (kind, dtype, attention
     backend), those of the first of ``stacks`` that has rows of the family; in table order."""
-    from .calibrated import lookup_backend
-
     rank = {s: i for i, s in enumerate(stacks)}
     first: dict[tuple[str, str, str], int] = {}
     for r in rows:

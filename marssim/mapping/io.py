@@ -21,7 +21,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -29,12 +28,13 @@ import yaml
 
 from marssim.errors import InputError, summarise_names, warn_input
 from marssim.fsutil import atomic_file
-from marssim.system import System, expand_ids, load_system, shipped_systems
+from marssim.system import System, expand_ids, load_system
 from marssim.schema import read_yaml
 from marssim.workload import Graph, load_workload
 
 from .model import ALGORITHMS, AcceleratorSet, Mapping, validate_mapping
 from .sharding import STRATEGIES, legal_strategies
+from .systemref import canonical_system_ref, relative_system_ref, resolve_mapping_system
 
 __all__ = ["mapping_from_dict", "mapping_to_dict", "load_mapping", "save_mapping", "resolve_mapping_system",
            "canonical_system_ref", "relative_system_ref", "mapping_inputs"]
@@ -255,25 +255,6 @@ def mapping_to_dict(mapping: Mapping, graph: Graph) -> dict[str, Any]:
             "sets": sets, "assign": assign}
 
 
-def canonical_system_ref(system: System) -> str:
-    """How a mapping names its system: a shipped system by its stem, any other by absolute path."""
-    if not system.path:
-        return system.name
-    path = Path(system.path).resolve()
-    for shipped in shipped_systems():
-        if shipped.resolve() == path:
-            return system.spec if system.spec.split(":")[0] == shipped.stem else shipped.stem
-    return str(path)
-
-
-def relative_system_ref(ref: str, path: str | Path) -> str:
-    """A system reference as a file at ``path`` writes it: an absolute path relative to the file
-    (so the pair can be moved together), anything else as it is."""
-    if ref and Path(ref).is_absolute():
-        return os.path.relpath(ref, Path(path).resolve().parent)
-    return ref
-
-
 def save_mapping(mapping: Mapping, graph: Graph, path: str | Path) -> Path:
     """Write the mapping as YAML (atomically). A system given by absolute path is written
     relative to the mapping file, so the pair can be moved together."""
@@ -283,16 +264,6 @@ def save_mapping(mapping: Mapping, graph: Graph, path: str | Path) -> Path:
     with atomic_file(path) as handle:
         handle.write(text)
     return Path(path)
-
-
-def resolve_mapping_system(system_ref: str, mapping_file: str | Path | None) -> str:
-    """A mapping's ``system:`` value as a loadable path: relative to the mapping file if such a
-    file exists, else as given (a path from the working directory or a shipped name)."""
-    if mapping_file is not None and system_ref:
-        candidate = Path(mapping_file).parent / system_ref
-        if candidate.exists():
-            return str(candidate)
-    return system_ref
 
 
 def mapping_inputs(data: dict, path: str | Path, system: System | str | None = None,

@@ -16,6 +16,7 @@ from marssim.system import System
 from marssim.workload import Graph
 
 from .sharding import STRATEGIES, legal_strategies
+from .systemref import canonical_system_ref
 
 __all__ = ["AcceleratorSet", "Mapping", "ALGORITHMS", "validate_mapping", "mapping_problems"]
 
@@ -91,7 +92,7 @@ class Mapping:
         shard = tuple(_first_legal(graph.ops[i], prefs) for i in graph.compute_ops)
         return cls(sets=(AcceleratorSet(devices, design),), op_set=(0,) * len(shard), op_sharding=shard,
                    micro_batches=micro_batches, collective_algorithm=collective_algorithm,
-                   system=_system_ref(system), workload=graph.spec)
+                   system=canonical_system_ref(system), workload=graph.spec)
 
     @classmethod
     def pipeline(cls, graph: Graph, system: System, sets: list[AcceleratorSet], boundaries: list[int],
@@ -115,14 +116,8 @@ class Mapping:
                 op_set[position[op]] = stage_of_layer[li]
         shard = tuple(_first_legal(graph.ops[i], prefs) for i in graph.compute_ops)
         return cls(sets=tuple(sets), op_set=tuple(op_set), op_sharding=shard, micro_batches=micro_batches,
-                   collective_algorithm=collective_algorithm, system=_system_ref(system),
+                   collective_algorithm=collective_algorithm, system=canonical_system_ref(system),
                    workload=graph.spec)
-
-
-def _system_ref(system: System) -> str:
-    from .io import canonical_system_ref
-
-    return canonical_system_ref(system)
 
 
 def _first_legal(op, prefs: tuple[str, ...]) -> str:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import numpy as np
 import simpy
 
+from .batchshape import batch_shape
 from .fabric import Fabric
 from .hosttime import HostTime
 from .itermodel import IterationModel
@@ -34,38 +35,7 @@ from .schedulers import Scheduler, Work
 from .sequence import Seq
 from .speculative import draw_accepted
 
-__all__ = ["Replica", "VirtualEngine", "batch_shape"]
-
-
-def batch_shape(work: Work) -> tuple:
-    """The arguments of :meth:`IterationModel.stage_times` for ``work``, and its token count."""
-    prefills = work.prefills
-    decodes = work.decodes
-    d = len(decodes)
-    if prefills:
-        qs = [q for _, q in prefills]
-        pt = sum(qs)
-        equal = min(qs) == max(qs)
-        groups: dict[tuple[int, int], int] = {}
-        logits = d
-        for s, q in prefills:
-            ctx = s.computed + q
-            groups[(q, ctx)] = groups.get((q, ctx), 0) + 1
-            if ctx >= s.target:
-                logits += 1
-        group = tuple(sorted((c, q, ctx) for (q, ctx), c in groups.items()))
-        kv = (len(prefills), qs[0]) if equal else (1, pt)
-        tokens = (len(prefills), qs[0]) if equal and not d else (1, pt + d)
-    else:
-        pt = 0
-        group = ()
-        kv = (0, 0)
-        tokens = (d, 1)
-        logits = d
-    context = 0
-    for s in decodes:
-        context += s.computed + 1
-    return (tokens, kv, group, d, context, logits), pt + d
+__all__ = ["Replica", "VirtualEngine"]
 
 
 class VirtualEngine:

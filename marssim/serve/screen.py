@@ -71,6 +71,7 @@ from .deployment import Deployment, Pool, check_deployment
 from .hosttime import HostTime, host_time, shape_sequences
 from .itermodel import IterationModel
 from .memory import replica_memory
+from .poolcheck import check_pool
 from .requests import Requests
 from .slo import Constraints
 
@@ -573,7 +574,7 @@ class DeploymentScreen:
 
     def __init__(self, deployment: Deployment, model: TransformerConfig, system: System, cost: CostModel,
                  stats: StreamStats) -> None:
-        from .simulate import check_pool, iteration_model, place_replicas
+        from .simulate import iteration_model, place_replicas
 
         check_deployment(deployment)
         for i, pool in enumerate(deployment.pools):

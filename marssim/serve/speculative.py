@@ -41,8 +41,11 @@ from marssim.errors import InputError
 from marssim.workload.llm.config import TransformerConfig
 from marssim.workload.op import DTYPE_BYTES
 
+from .batchshape import batch_shape
 from .deployment import Pool, SchedulerConfig
 from .itermodel import REF_BATCH, IterationModel
+from .poolcheck import check_pool
+from .schedulers import Work
 
 __all__ = ["expected_tokens_per_step", "draw_accepted", "draft_config", "draft_memory", "SpecTimer"]
 
@@ -74,7 +77,6 @@ def draft_config(target: TransformerConfig, pool: Pool, where: str, prefix: str)
     """The model of the pool's draft: ``spec_model`` (a draft model) or ``spec_layers`` blocks of
     the target (MTP heads). InputError when the draft cannot serve beside the target."""
     from .model import load_model
-    from .simulate import check_pool
 
     cfg = pool.scheduler
     if cfg.spec_method == "mtp":
@@ -129,8 +131,6 @@ class SpecTimer:
         """The arguments of :meth:`IterationModel.stage_times` for ``work`` with every decoding
         sequence verified as a chunk of ``k + 1`` tokens (one group at their mean context, as
         decode attention is timed), and prompt chunks as without speculation."""
-        from .engine import batch_shape
-
         q = self.k + 1
         d = len(work.decodes)
         shape, pt = batch_shape(work)
@@ -155,9 +155,6 @@ class SpecTimer:
     def draft_time(self, work) -> float:
         """Seconds of the draft in ``work``: its pass over the prompt chunks, then ``k`` passes of
         one token per decoding sequence at contexts growing by one."""
-        from .engine import batch_shape
-        from .schedulers import Work
-
         draft = self.draft
         total = 0.0
         if work.prefills:

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from marssim.errors import CapacityError, InputError
 
+from .accuracy import summary
 from .published_serving import (SERVE_COLUMNS, PublishedServing, ServingPrediction, format_serving, predict_serving,
                                 read_serving_rows, serving_record)
 
@@ -202,15 +203,6 @@ def predict_all(runs: Sequence[PublishedRun | PublishedServing], cost=None, how:
         if progress is not None:
             progress(p)
     return done
-
-
-def summary(predictions: Sequence[Prediction]) -> dict[str, float]:
-    """Mean and worst absolute error and mean signed error over the rows predicted."""
-    errors = [p.error for p in predictions if not p.problem]
-    if not errors:
-        return {"rows": 0, "mean_abs": math.nan, "worst_abs": math.nan, "mean": math.nan}
-    return {"rows": len(errors), "mean_abs": sum(abs(e) for e in errors) / len(errors),
-            "worst_abs": max(abs(e) for e in errors), "mean": sum(errors) / len(errors)}
 
 
 def format_predictions(predictions: Sequence[Prediction] | Sequence[ServingPrediction]) -> str:

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 from marssim.errors import CapacityError, InputError
 
+from .accuracy import summary
+
 __all__ = ["SERVE_COLUMNS", "PublishedServing", "ServingPrediction", "format_serving", "predict_serving",
            "read_serving_rows", "serving_record"]
 
@@ -144,8 +146,6 @@ def format_serving(predictions: Sequence[ServingPrediction]) -> str:
     """One line per row within 120 columns: the lengths, measured and predicted output tokens/s,
     the error, and the predicted run's duration, mean TTFT and TPOT, mean batch and preemptions;
     then the mean and worst error."""
-    from .published import summary
-
     header = (f"{'run':<33}{'ISL/OSL':>11}{'measured':>10}{'predicted':>10}{'error':>8}{'run s':>8}{'TTFT s':>8}"
               f"{'TPOT ms':>8}{'batch':>7}{'preempt':>8}")
     lines = [header]

@@ -1,0 +1,31 @@
+"""How close predictions came to published measurements: the mean and worst error over the rows
+predicted, shared by the training (:mod:`.published`) and serving (:mod:`.published_serving`)
+tables. An error is ``(predicted - measured) / measured``, a fraction."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Protocol
+
+__all__ = ["summary"]
+
+
+class Predicted(Protocol):
+    """A row's prediction as :func:`summary` reads it: its error, and why it was not predicted
+    (empty when it was)."""
+
+    @property
+    def error(self) -> float: ...
+
+    @property
+    def problem(self) -> str: ...
+
+
+def summary(predictions: Sequence[Predicted]) -> dict[str, float]:
+    """Mean and worst absolute error and mean signed error over the rows predicted."""
+    errors = [p.error for p in predictions if not p.problem]
+    if not errors:
+        return {"rows": 0, "mean_abs": math.nan, "worst_abs": math.nan, "mean": math.nan}
+    return {"rows": len(errors), "mean_abs": sum(abs(e) for e in errors) / len(errors),
+            "worst_abs": max(abs(e) for e in errors), "mean": sum(errors) / len(errors)}
