@@ -46,7 +46,7 @@ INPROC = HERE / "results" / "bench_megatron_scale.jsonl"
 MEMORY_CAP = 16 * 2**30
 
 sys.path.insert(0, str(HERE))
-from bench_megatron_scale import NARAYANAN, ZERO3, cases as megatron_cases  # noqa: E402
+from bench_megatron_scale import cases as megatron_cases  # noqa: E402
 
 TINY = ["simulate", "--system", "dgx-a100-cluster:nodes=1", "--workload",
         "gpt:layers=2,hidden=256,heads=4,vocab=1000,seq=64,mode=train,max_positions=64",

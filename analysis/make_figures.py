@@ -20,7 +20,7 @@ from _cases import SYSTEM, cost_model, run  # noqa: E402
 
 from marssim.lower import lower  # noqa: E402
 from marssim.mapping import Mapping  # noqa: E402
-from marssim.mapping.io import canonical_system_ref  # noqa: E402
+from marssim.mapping.systemref import canonical_system_ref  # noqa: E402
 from marssim.mapping.model import AcceleratorSet  # noqa: E402
 from marssim.mapping.sharding import legal_strategies  # noqa: E402
 from marssim.sim import simulate  # noqa: E402

@@ -29,8 +29,9 @@ from dataclasses import replace
 
 def main(argv: list[str] | None = None) -> int:
     from marssim.cost import default_cost_model
+    from marssim.validate.accuracy import summary
     from marssim.validate.published import (PublishedServing, format_predictions, load_published, predict_all,
-                                            published_tables, summary)
+                                            published_tables)
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--how", choices=("estimate", "simulate"), default="estimate")

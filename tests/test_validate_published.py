@@ -19,8 +19,9 @@ from marssim.serve.deployment import Deployment, check_deployment, parse_pool
 from marssim.serve.model import load_model
 from marssim.serve.poolcheck import check_pool
 from marssim.validate.published import (PublishedRun, PublishedServing, ServingPrediction, format_predictions,
-                                        load_published, predict, predict_all, published_tables, summary, TableKind,
+                                        load_published, predict, predict_all, published_tables, TableKind,
                                         table_kind)
+from marssim.validate.accuracy import summary
 from marssim.workload import load_workload
 
 SMALL = "gpt:layers=4,hidden=512,heads=8,seq=256,vocab=8192,mode=train"

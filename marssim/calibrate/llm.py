@@ -223,7 +223,7 @@ def llm_grid(options: LlmGridOptions = LlmGridOptions(), kinds: Sequence[str] = 
         if kind not in LLM_KINDS:
             raise ValueError(f"unknown kind {kind!r} for the LLM grid; expected some of {', '.join(LLM_KINDS)}")
     for backend in options.backends:
-        from marssim.cost.calibrated import SDPA_BACKENDS
+        from marssim.cost.features import SDPA_BACKENDS
 
         if backend not in SDPA_BACKENDS:
             raise ValueError(f"unknown attention backend {backend!r}; expected some of {', '.join(SDPA_BACKENDS)}")

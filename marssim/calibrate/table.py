@@ -26,9 +26,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from marssim.cost.calibrated import (
-    CONV_COLUMNS, OPTIONAL_COLUMNS, PHASES, REQUIRED_COLUMNS, KernelTiming, attention_geometry, conv_cells,
+    CONV_COLUMNS, OPTIONAL_COLUMNS, PHASES, REQUIRED_COLUMNS, KernelTiming, conv_cells,
     parse_conv_cells, row_stack,
 )
+from marssim.cost.features import attention_geometry
 from marssim.errors import InputError
 from marssim.fsutil import atomic_file
 

@@ -292,7 +292,7 @@ def save_deployment(result, case, system, model_spec: str, args, path: str | Pat
     import yaml
 
     from marssim.fsutil import atomic_file
-    from marssim.mapping.io import canonical_system_ref
+    from marssim.mapping.systemref import canonical_system_ref
     from marssim.serve.deployment import deployment_to_dict
 
     # ``marssim serve`` reads a system path from where it runs: a file's is written absolute

@@ -212,7 +212,7 @@ def _llm_options(args: argparse.Namespace):
     grid, which --llm would ignore, are refused."""
     from marssim.calibrate.grid import parse_list, split_workloads
     from marssim.calibrate.llm import LlmGridOptions
-    from marssim.cost.calibrated import SDPA_BACKENDS
+    from marssim.cost.features import SDPA_BACKENDS
 
     for flag, given in (("--workloads", args.workloads is not None), ("--shards", bool(args.shards)),
                         ("--max-batch-factor", args.max_batch_factor is not None)):

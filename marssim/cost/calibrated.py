@@ -165,7 +165,7 @@ import numpy as np
 from marssim.errors import InputError
 
 from .convgeom import ConvGeometry, format_pair, parse_pair
-from .features import (DTYPES, KERNEL_KINDS, KERNEL_PHASES, N_GEMM_KERNELS, SDPA_BACKENDS, attention_geometry,
+from .features import (DTYPES, KERNEL_KINDS, KERNEL_PHASES, N_GEMM_KERNELS, attention_geometry,
                        lookup_backend)
 from .gpu import TILE_K, CurveParams, gemm_curve, stream_curve
 from .residual import ResidualCorrection, fit_correction
@@ -174,7 +174,7 @@ __all__ = [
     "REQUIRED_COLUMNS", "OPTIONAL_COLUMNS", "CONV_COLUMNS", "PHASES", "TUNINGS", "KernelTiming", "KernelTable",
     "KernelFit", "FitKey", "load_table", "load_tables", "fit", "fit_group", "predict", "holdout_errors",
     "traces_dir", "calibration_dir", "shape_key", "lookup_keys", "conv_cells", "parse_conv_cells", "geometry_array",
-    "SDPA_BACKENDS", "lookup_backend", "attention_geometry", "KEY_GEOMETRY", "KEY_PHASE", "row_stack", "DTYPE_STANDINS",
+    "KEY_GEOMETRY", "KEY_PHASE", "row_stack", "DTYPE_STANDINS",
 ]
 
 REQUIRED_COLUMNS = ("kind", "dtype", "batch", "m", "n", "k", "flops", "bytes", "device", "sms", "driver", "cuda",

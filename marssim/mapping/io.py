@@ -36,8 +36,7 @@ from .model import ALGORITHMS, AcceleratorSet, Mapping, validate_mapping
 from .sharding import STRATEGIES, legal_strategies
 from .systemref import canonical_system_ref, relative_system_ref, resolve_mapping_system
 
-__all__ = ["mapping_from_dict", "mapping_to_dict", "load_mapping", "save_mapping", "resolve_mapping_system",
-           "canonical_system_ref", "relative_system_ref", "mapping_inputs"]
+__all__ = ["mapping_from_dict", "mapping_to_dict", "load_mapping", "save_mapping", "mapping_inputs"]
 
 _TOP_KEYS = {"system", "workload", "micro_batches", "collective_algorithm", "sets", "assign", "sharding", "name",
              "description", "batch"}

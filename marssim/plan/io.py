@@ -21,7 +21,8 @@ from marssim.data import topologies
 from marssim.errors import InputError
 from marssim.fsutil import atomic_file
 from marssim.mapping import mapping_from_dict, mapping_to_dict
-from marssim.mapping.io import canonical_system_ref, mapping_inputs, relative_system_ref
+from marssim.mapping.io import mapping_inputs
+from marssim.mapping.systemref import canonical_system_ref, relative_system_ref
 from marssim.parallel import ParallelConfig, parse_parallel
 from marssim.schema import read_yaml
 from marssim.system import System

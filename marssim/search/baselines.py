@@ -30,7 +30,7 @@ import pandas as pd
 
 from marssim.cost.base import CostModel
 from marssim.mapping import AcceleratorSet, Mapping, split_sizes
-from marssim.mapping.io import canonical_system_ref
+from marssim.mapping.systemref import canonical_system_ref
 from marssim.mapping.sharding import BATCH_DIM
 from marssim.system import System
 from marssim.workload import Graph, Op, OpKind

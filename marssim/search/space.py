@@ -32,7 +32,7 @@ from functools import cached_property
 import numpy as np
 
 from marssim.mapping import AcceleratorSet, Mapping, legal_strategies
-from marssim.mapping.io import canonical_system_ref
+from marssim.mapping.systemref import canonical_system_ref
 from marssim.system import System
 from marssim.workload import Graph
 

@@ -46,7 +46,7 @@ from .router import Router
 from .sequence import Seq
 from .speculative import SpecTimer, draft_config, draft_memory
 
-__all__ = ["simulate_serving", "simulate_spec", "ServeResult", "ReplicaInfo", "place_replicas", "check_pool",
+__all__ = ["simulate_serving", "simulate_spec", "ServeResult", "ReplicaInfo", "place_replicas",
            "iteration_model"]
 
 

@@ -29,7 +29,7 @@ from .published_serving import (SERVE_COLUMNS, PublishedServing, ServingPredicti
                                 read_serving_rows, serving_record)
 
 __all__ = ["PublishedRun", "PublishedServing", "Prediction", "ServingPrediction", "load_published", "published_tables",
-           "predict", "predict_all", "format_predictions", "summary", "TableKind", "table_kind"]
+           "predict", "predict_all", "format_predictions", "TableKind", "table_kind"]
 
 _COLUMNS = ("name", "system", "workload", "parallel", "measured_iteration_s", "source")
 
