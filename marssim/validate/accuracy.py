@@ -8,7 +8,7 @@ import math
 from collections.abc import Sequence
 from typing import Protocol
 
-__all__ = ["summary"]
+__all__ = ["summary", "summary_line"]
 
 
 class Predicted(Protocol):
@@ -29,3 +29,10 @@ def summary(predictions: Sequence[Predicted]) -> dict[str, float]:
         return {"rows": 0, "mean_abs": math.nan, "worst_abs": math.nan, "mean": math.nan}
     return {"rows": len(errors), "mean_abs": sum(abs(e) for e in errors) / len(errors),
             "worst_abs": max(abs(e) for e in errors), "mean": sum(errors) / len(errors)}
+
+
+def summary_line(predictions: Sequence[Predicted]) -> str:
+    """:func:`summary` as a table's closing line (rows, mean and worst absolute error, mean signed)."""
+    s = summary(predictions)
+    return (f"{s['rows']} rows: mean |error| {s['mean_abs']:.2%}, worst {s['worst_abs']:.2%}, "
+            f"mean signed {s['mean']:+.2%}")

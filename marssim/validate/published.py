@@ -24,7 +24,7 @@ from pathlib import Path
 
 from marssim.errors import CapacityError, InputError
 
-from .accuracy import summary
+from .accuracy import summary_line
 from .published_serving import (SERVE_COLUMNS, PublishedServing, ServingPrediction, format_serving, predict_serving,
                                 read_serving_rows, serving_record)
 
@@ -223,9 +223,7 @@ def format_predictions(predictions: Sequence[Prediction] | Sequence[ServingPredi
         exposed = " ".join(f"{g} {v / it:.1%}" for v, g in groups) or "-"
         lines.append(f"{p.run.name[:21]:<22}{p.run.measured_iteration_s:>11.3f}{it:>11.3f}{p.error:>+8.1%}"
                      f"{p.mfu:>7.1%}{p.hfu:>7.1%}{p.busy_s / it:>7.1%}{p.bubble_s / it:>8.1%}  {exposed}")
-    s = summary(predictions)
-    lines.append(f"{s['rows']} rows: mean |error| {s['mean_abs']:.2%}, worst {s['worst_abs']:.2%}, mean signed "
-                 f"{s['mean']:+.2%}")
+    lines.append(summary_line(predictions))
     lines.append("(busy, bubble, exposed communication: shares of the predicted iteration, per GPU)")
     return "\n".join(lines)
 

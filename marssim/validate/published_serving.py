@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from marssim.errors import CapacityError, InputError
 
-from .accuracy import summary
+from .accuracy import summary_line
 
 __all__ = ["SERVE_COLUMNS", "PublishedServing", "ServingPrediction", "format_serving", "predict_serving",
            "read_serving_rows", "serving_record"]
@@ -159,9 +159,7 @@ def format_serving(predictions: Sequence[ServingPrediction]) -> str:
         lines.append(f"{r.name[:32]:<33}{lengths:>11}{r.measured_output_tokens_per_s:>10.0f}"
                      f"{p.output_tokens_per_s:>10.0f}{p.error:>+8.1%}{p.duration_s:>8.1f}{p.ttft_s:>8.1f}"
                      f"{p.tpot_s * 1e3:>8.1f}{p.mean_batch:>7.0f}{p.preemptions:>8d}")
-    s = summary(predictions)
-    lines.append(f"{s['rows']} rows: mean |error| {s['mean_abs']:.2%}, worst {s['worst_abs']:.2%}, mean signed "
-                 f"{s['mean']:+.2%}")
+    lines.append(summary_line(predictions))
     lines.append("(output tokens/s of the whole run, all GPUs; run s, TTFT, TPOT, batch: the predicted run's)")
     return "\n".join(lines)
 
