@@ -107,3 +107,58 @@ def small_moe_serving_search(model_spec: str):
                                    schedulers=("chunked",), max_num_seqs=(64,), max_batched_tokens=(512,),
                                    block_sizes=(16,), seed_with_grid=False)
     return mars_serve(case, system, RooflineCost(), settings)
+
+
+def small_gpu_cluster(nodes: int = 4, per_leaf: int = 2, gpus: int = 4, oversubscription: float = 1.0):
+    """``nodes`` nodes of ``gpus`` GPUs on NVSwitch (300 TFLOP/s bf16, 80 GiB), one 25 GB/s NIC per GPU
+    into leaf switches of ``per_leaf`` nodes, a spine ``oversubscription`` times thinner."""
+    from marssim.system import system_from_dict
+
+    return system_from_dict({
+        "name": "test-cluster",
+        "designs": {"g": {"dataflow": "gpu", "clock": "1 GHz", "sram": "40 MiB", "sram_bandwidth": "5 TB/s",
+                          "gpu": {"sms": 100, "peak_flops": {"bf16": "300 TFLOP/s", "fp32": "20 TFLOP/s"}}}},
+        "cluster": {"node_groups": [{"nodes": nodes, "gpus_per_node": gpus, "design": "g",
+                                     "memory": {"capacity": "80 GiB", "bandwidth": "2 TB/s"},
+                                     "nvlink": {"bandwidth": "300 GB/s", "latency": "150 ns"},
+                                     "nvswitch_latency": "170 ns",
+                                     "nic": {"bandwidth": "25 GB/s", "latency": "1.2 us"},
+                                     "pcie": {"bandwidth": "32 GB/s", "latency": "500 ns"},
+                                     "host_dram": {"capacity": "1 TiB", "bandwidth": "400 GB/s"},
+                                     "nodes_per_leaf": per_leaf}],
+                    "fabric": {"leaf_latency": "130 ns", "spine_latency": "130 ns", "uplink_latency": "100 ns",
+                               "oversubscription": oversubscription}},
+    })
+
+
+TINY_SERVING_LLAMA = "llama:layers=4,hidden=256,heads=8,kv_heads=4,ffn=768,vocab=2000"
+"""A four-block Llama the serving-engine tests serve on :func:`switched_four` (a few hundred KV blocks)."""
+
+
+def switched_four():
+    """Four accelerators of 64 MiB on a switch (50 GB/s, 1 us): a KV cache of a few hundred to a
+    thousand blocks for :data:`TINY_SERVING_LLAMA`."""
+    return make_system(4, topology="switch", capacity="64 MiB", bandwidth="50 GB/s", latency="1 us")
+
+
+def alone_in_serve_mode_times(spec: str, prompt: int, output: int, batch: int, cost, system) -> None:
+    """Assert that ``batch`` equal requests of ``prompt`` and ``output`` tokens, served alone by one
+    GPU with a static batch, take the TTFT and TPOT that
+    :func:`marssim.parallel.analytic.serving_times` gives for the ``mode=serve`` graph of ``spec``."""
+    import pytest
+
+    from marssim.parallel import parse_parallel
+    from marssim.parallel.analytic import serving_times
+    from marssim.serve import Deployment, Pool, Requests, load_model
+    from marssim.serve.deployment import SchedulerConfig
+    from marssim.serve.simulate import simulate_serving
+    from marssim.workload import load_workload
+
+    graph = load_workload(f"{spec},mode=serve,prompt={prompt},generate={output - 1},batch={batch}")
+    ttft, tpot = serving_times(graph, system, parse_parallel(f"tp=1,micro_batch={batch}"), cost)
+    dep = Deployment((Pool(replicas=1, tp=1, scheduler=SchedulerConfig(kind="static", max_num_seqs=batch)),))
+    result = simulate_serving(dep, load_model(spec), system, cost,
+                              Requests.of([0.0] * batch, [prompt] * batch, [output] * batch))
+    pr = result.per_request
+    assert pr["first_token_s"] == pytest.approx([ttft] * batch, rel=1e-9)
+    assert (pr["finish_s"] - pr["first_token_s"]) / (output - 1) == pytest.approx([tpot] * batch, rel=1e-9)

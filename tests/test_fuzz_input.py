@@ -200,6 +200,20 @@ def test_any_workload_spec_loads_or_is_one_input_error(text):
 
 
 # ------------------------------------------------------------------ the command line
+def _refused_on_one_line(argv: list[str], capsys) -> bool:
+    """Run the command line: True when it refused the input (exit 2, one error line, no
+    traceback), False when it ran (exit 0); anything else fails the test."""
+    try:
+        code = main(argv)
+    except SystemExit as exc:  # argparse: a value of the wrong type
+        code = exc.code
+    err = capsys.readouterr().err.strip()
+    assert code in (0, 2), err
+    if code == 2:
+        assert "error: " in err.splitlines()[-1] and "Traceback" not in err
+    return code == 2
+
+
 @pytest.fixture(scope="module")
 def small_gpus(tmp_path_factory) -> str:
     """Four small GPUs on a switch (timed by the roofline: a run of a few requests is quick)."""
@@ -255,14 +269,7 @@ def test_serve_flags_end_in_a_run_or_one_error_line_and_no_partial_output(small_
             argv += [flag, value]
     out = tmp_path_factory.mktemp("o") / "out"
     argv += ["--out", str(out)]
-    try:
-        code = main(argv)
-    except SystemExit as exc:  # argparse: a value of the wrong type
-        code = exc.code
-    err = capsys.readouterr().err.strip()
-    assert code in (0, 2), err
-    if code == 2:
-        assert "error: " in err.splitlines()[-1] and "Traceback" not in err
+    if _refused_on_one_line(argv, capsys):
         assert not out.exists()
     else:
         assert (out / "summary.json").is_file()
@@ -300,14 +307,7 @@ def test_plan_flags_end_in_a_result_or_one_error_line_and_no_partial_output(tmp_
     outputs = {"--out": folder / "out", "--trace": folder / "t.json", "--intervals": folder / "i.csv"}
     for flag in data.draw(st.lists(st.sampled_from(sorted(outputs)), max_size=2, unique=True)):
         argv += [flag, str(outputs[flag])]
-    try:
-        code = main(argv)
-    except SystemExit as exc:  # argparse: a value of the wrong type
-        code = exc.code
-    err = capsys.readouterr().err.strip()
-    assert code in (0, 2), err
-    if code == 2:
-        assert "error: " in err.splitlines()[-1] and "Traceback" not in err
+    if _refused_on_one_line(argv, capsys):
         assert sorted(folder.iterdir()) == []  # nothing written, not even a temporary file
     else:
         for flag, path in outputs.items():

@@ -13,6 +13,7 @@ from marssim.parallel import parse_parallel
 from marssim.parallel.roles import rule_for
 from marssim.workload import OpKind, load_workload
 from marssim.workload.llm import footprint
+from support import small_gpu_cluster
 
 # DeepSeek-style: first block dense (ffn 768), then 8 routed experts of 128, top-3, 2 shared of 128
 DS = ("moe:layers=3,hidden=256,heads=4,kv_heads=4,ffn=768,expert_ffn=128,experts=8,top_k=3,shared_experts=2,"
@@ -87,22 +88,7 @@ def test_shared_experts_are_tensor_parallel_as_the_mlp_and_the_gate_score_replic
 @pytest.fixture(scope="module")
 def cluster():
     """Two nodes of four GPUs on NVSwitch, one NIC per GPU into a leaf switch."""
-    from marssim.system import system_from_dict
-
-    return system_from_dict({
-        "name": "two-nodes",
-        "designs": {"g": {"dataflow": "gpu", "clock": "1 GHz", "sram": "40 MiB", "sram_bandwidth": "5 TB/s",
-                          "gpu": {"sms": 100, "peak_flops": {"bf16": "300 TFLOP/s", "fp32": "20 TFLOP/s"}}}},
-        "cluster": {"node_groups": [{"nodes": 2, "gpus_per_node": 4, "design": "g",
-                                     "memory": {"capacity": "80 GiB", "bandwidth": "2 TB/s"},
-                                     "nvlink": {"bandwidth": "300 GB/s", "latency": "150 ns"},
-                                     "nvswitch_latency": "170 ns",
-                                     "nic": {"bandwidth": "25 GB/s", "latency": "1.2 us"},
-                                     "pcie": {"bandwidth": "32 GB/s", "latency": "500 ns"},
-                                     "host_dram": {"capacity": "1 TiB", "bandwidth": "400 GB/s"},
-                                     "nodes_per_leaf": 2}],
-                    "fabric": {"leaf_latency": "130 ns", "spine_latency": "130 ns", "uplink_latency": "100 ns",
-                               "oversubscription": 1.0}}})
+    return small_gpu_cluster(nodes=2, per_leaf=2, gpus=4)
 
 
 @pytest.mark.parametrize("config", ["tp=2,pp=1,dp=4,ep=2,sp=true,global_batch=8",

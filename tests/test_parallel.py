@@ -18,28 +18,11 @@ from marssim.parallel import lower_parallel, memory_estimate, parse_parallel, pr
 from marssim.parallel.report import report_of
 from marssim.parallel.schedule import stage_units
 from marssim.sim import simulate
-from marssim.system import load_system, system_from_dict
+from marssim.system import load_system
 from marssim.workload import load_workload
+from support import small_gpu_cluster
 
 COST = default_cost_model()  # analytical GPU roofline for the A100 clusters; shared by the tests
-
-
-def _small_cluster(nodes: int = 4, per_leaf: int = 2, gpus: int = 4, oversubscription: float = 1.0):
-    return system_from_dict({
-        "name": "test-cluster",
-        "designs": {"g": {"dataflow": "gpu", "clock": "1 GHz", "sram": "40 MiB", "sram_bandwidth": "5 TB/s",
-                          "gpu": {"sms": 100, "peak_flops": {"bf16": "300 TFLOP/s", "fp32": "20 TFLOP/s"}}}},
-        "cluster": {"node_groups": [{"nodes": nodes, "gpus_per_node": gpus, "design": "g",
-                                     "memory": {"capacity": "80 GiB", "bandwidth": "2 TB/s"},
-                                     "nvlink": {"bandwidth": "300 GB/s", "latency": "150 ns"},
-                                     "nvswitch_latency": "170 ns",
-                                     "nic": {"bandwidth": "25 GB/s", "latency": "1.2 us"},
-                                     "pcie": {"bandwidth": "32 GB/s", "latency": "500 ns"},
-                                     "host_dram": {"capacity": "1 TiB", "bandwidth": "400 GB/s"},
-                                     "nodes_per_leaf": per_leaf}],
-                    "fabric": {"leaf_latency": "130 ns", "spine_latency": "130 ns", "uplink_latency": "100 ns",
-                               "oversubscription": oversubscription}},
-    })
 
 
 # ---------------------------------------------------------------- clusters
@@ -48,7 +31,7 @@ def _small_cluster(nodes: int = 4, per_leaf: int = 2, gpus: int = 4, oversubscri
 def test_cluster_routes_are_shortest_paths() -> None:
     """Every GPU/host pair: the structural route's latency equals a latency-weighted graph
     search's, and the route is a path of existing links."""
-    system = _small_cluster(nodes=4, per_leaf=2, gpus=4)
+    system = small_gpu_cluster(nodes=4, per_leaf=2, gpus=4)
     graph = system.graph
 
     def weight(u, v, data):
@@ -71,11 +54,11 @@ def test_dominated_links_are_the_non_blocking_uplinks_and_change_no_rate() -> No
     from marssim.parallel.fold import binding_route
     from marssim.sim.network import max_min_rates
 
-    system = _small_cluster(nodes=6, per_leaf=4, gpus=4)
+    system = small_gpu_cluster(nodes=6, per_leaf=4, gpus=4)
     names = system.resource_names
     uplinks = {i for i, n in enumerate(names) if "spine" in n}
     assert uplinks and system.dominated_links == frozenset(uplinks)
-    assert _small_cluster(nodes=6, per_leaf=4, gpus=4, oversubscription=2.0).dominated_links == frozenset()
+    assert small_gpu_cluster(nodes=6, per_leaf=4, gpus=4, oversubscription=2.0).dominated_links == frozenset()
     gpus = system.accelerator_ids
     pairs = [(gpus[i], gpus[(i * 7 + 5) % len(gpus)]) for i in range(len(gpus))]
     pairs += [(gpus[i], gpus[-1 - i]) for i in range(8)]
@@ -93,7 +76,7 @@ def test_pattern_transfers_wait_the_patterns_largest_latency() -> None:
     from marssim.parallel.patterns import PULLS
     from marssim.parallel.placement import direct_patterns, place
 
-    system = _small_cluster(nodes=5, per_leaf=2, gpus=4)
+    system = small_gpu_cluster(nodes=5, per_leaf=2, gpus=4)
     where = place(system, parse_parallel("tp=2,pp=2,dp=5,global_batch=10"))
     patterns = where.patterns()
     sends = list(_pattern_sends(where.gpus, patterns, PULLS))
@@ -111,7 +94,7 @@ def test_pattern_transfers_wait_the_patterns_largest_latency() -> None:
 
 def test_per_task_values_taken_in_runs_equal_the_whole_index() -> None:
     """TaskProgram.take_rows (instance runs of a few tasks) equals indexing by every task's row."""
-    system = _small_cluster(nodes=2, per_leaf=2, gpus=4)
+    system = small_gpu_cluster(nodes=2, per_leaf=2, gpus=4)
     tg = lower_parallel(load_workload("gpt:layers=2,hidden=256,heads=4,vocab=1000,seq=64,mode=train,max_positions=64"),
                         system, parse_parallel("tp=2,pp=2,dp=2,global_batch=8"), COST)
     program = tg.__dict__["program"]
@@ -268,7 +251,7 @@ MIXED_CASES = [
 @pytest.mark.parametrize("name,cluster,spec,config", FOLD_CASES + MIXED_CASES,
                          ids=[c[0] for c in FOLD_CASES + MIXED_CASES])
 def test_folded_simulation_equals_the_full_one(name, cluster, spec, config) -> None:
-    system = load_system(cluster) if isinstance(cluster, str) else _small_cluster(**cluster)
+    system = load_system(cluster) if isinstance(cluster, str) else small_gpu_cluster(**cluster)
     graph = load_workload(spec)
     cfg = parse_parallel(config)
     folded = lower_parallel(graph, system, cfg, COST, folding=True)
@@ -301,7 +284,7 @@ def test_contention_is_present_where_folding_is_tested() -> None:
     from marssim.analytical import estimate
 
     _, cluster, spec, config = FOLD_CASES[0]
-    system = _small_cluster(**cluster)
+    system = small_gpu_cluster(**cluster)
     tg = lower_parallel(load_workload(spec), system, parse_parallel(config), COST)
     assert simulate(tg, system).makespan > estimate(tg, system).makespan * 1.001
 

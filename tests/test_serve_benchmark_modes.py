@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import yaml
 
-from support import RooflineCost, make_system, write_switch_system
+from support import TINY_SERVING_LLAMA, RooflineCost, switched_four, write_switch_system
 
 from marssim.cli import main
 from marssim.errors import InputError
@@ -21,7 +21,7 @@ from marssim.serve import (Arrivals, Deployment, Lengths, Pool, Requests, Reques
 from marssim.serve.requests import closed_loop
 from marssim.serve.simulate import simulate_spec
 
-MODEL = "llama:layers=4,hidden=256,heads=8,kv_heads=4,ffn=768,vocab=2000"
+MODEL = TINY_SERVING_LLAMA
 ENGINE = SchedulerConfig(max_num_seqs=32, max_batched_tokens=2048)
 
 
@@ -32,7 +32,7 @@ def model():
 
 @pytest.fixture(scope="module")
 def system():
-    return make_system(4, topology="switch", capacity="64 MiB", bandwidth="50 GB/s", latency="1 us")
+    return switched_four()
 
 
 def spec(arrivals: Arrivals, n: int) -> RequestSpec:

@@ -13,14 +13,14 @@ import math
 import numpy as np
 import pytest
 
-from support import RooflineCost, make_system
+from support import TINY_SERVING_LLAMA, RooflineCost, make_system, switched_four
 
 from marssim.serve import (Arrivals, Deployment, Lengths, Pool, RequestSpec, Requests, SchedulerConfig,
                            load_model, simulate_serving)
 from marssim.serve.disagg import kv_plan
 from marssim.serve.fabric import TRANSFER_KINDS, Fabric
 
-MODEL = "llama:layers=4,hidden=256,heads=8,kv_heads=4,ffn=768,vocab=2000"
+MODEL = TINY_SERVING_LLAMA
 
 
 @pytest.fixture(scope="module")
@@ -30,8 +30,7 @@ def model():
 
 @pytest.fixture(scope="module")
 def system():
-    # four accelerators on a switch, 64 MiB each: a KV cache of a few hundred to a thousand blocks
-    return make_system(4, topology="switch", capacity="64 MiB", bandwidth="50 GB/s", latency="1 us")
+    return switched_four()
 
 
 def run(model, system, pools, requests, **kw):

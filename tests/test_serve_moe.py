@@ -9,16 +9,14 @@ import math
 import pytest
 
 from marssim.errors import InputError
-from marssim.parallel import parse_parallel
-from marssim.parallel.analytic import serving_times
 from marssim.serve import Deployment, Pool, Requests, load_model
 from marssim.serve.memory import replica_memory
 from marssim.serve.deployment import SchedulerConfig, parse_pool
 from marssim.serve.itermodel import IterationModel
 from marssim.serve.simulate import simulate_serving
-from marssim.workload import load_workload
 from marssim.workload.llm import build_transformer
 from marssim.workload.llm.config import with_overrides
+from support import alone_in_serve_mode_times
 
 SMALL = "moe:layers=2,hidden=512,heads=8,kv_heads=2,ffn=1024,experts=8,top_k=2,vocab=1000"
 FOUR = ("gpu0", "gpu1", "gpu2", "gpu3")
@@ -30,14 +28,7 @@ def test_one_gpu_serves_in_the_serve_modes_times(prompt, output, batch, cost, dg
     ranks), a batch of equal requests alone takes ``serving_times``' TTFT and TPOT of the
     ``mode=serve`` graph, whose prefill and decode steps route their own tokens (batches whose
     decode steps route a token to every expert: the graph runs every expert)."""
-    graph = load_workload(f"{SMALL},mode=serve,prompt={prompt},generate={output - 1},batch={batch}")
-    ttft, tpot = serving_times(graph, dgx, parse_parallel(f"tp=1,micro_batch={batch}"), cost)
-    dep = Deployment((Pool(replicas=1, tp=1, scheduler=SchedulerConfig(kind="static", max_num_seqs=batch)),))
-    result = simulate_serving(dep, load_model(SMALL), dgx, cost,
-                              Requests.of([0.0] * batch, [prompt] * batch, [output] * batch))
-    pr = result.per_request
-    assert pr["first_token_s"] == pytest.approx([ttft] * batch, rel=1e-9)
-    assert (pr["finish_s"] - pr["first_token_s"]) / (output - 1) == pytest.approx([tpot] * batch, rel=1e-9)
+    alone_in_serve_mode_times(SMALL, prompt, output, batch, cost, dgx)
 
 
 @pytest.mark.parametrize("n,h", [(1, 300), (3, 100), (1, 7)])

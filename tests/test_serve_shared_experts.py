@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import pytest
 
-from marssim.parallel import parse_parallel
-from marssim.parallel.analytic import serving_times
 from marssim.serve import Deployment, Pool, Requests, load_model
 from marssim.serve.deployment import SchedulerConfig
 from marssim.serve.itermodel import IterationModel
@@ -18,6 +16,7 @@ from marssim.serve.simulate import simulate_serving
 from marssim.system import load_system
 from marssim.workload import load_workload
 from marssim.workload.llm import footprint
+from support import alone_in_serve_mode_times
 
 DS = ("moe:layers=3,hidden=512,heads=8,kv_heads=8,ffn=1536,expert_ffn=256,experts=8,top_k=3,shared_experts=2,"
       "dense_layers=1,vocab=1000")
@@ -33,14 +32,7 @@ def test_one_gpu_serves_in_the_serve_modes_times(model, prompt, output, batch, c
     ``mode=serve`` graph, whose every block is in it (the dense first one, the routed and
     shared experts, the shared experts' gate) -- batches whose decode steps route a token to
     every expert, so the graph runs every expert."""
-    graph = load_workload(f"{model},mode=serve,prompt={prompt},generate={output - 1},batch={batch}")
-    ttft, tpot = serving_times(graph, dgx, parse_parallel(f"tp=1,micro_batch={batch}"), cost)
-    dep = Deployment((Pool(replicas=1, tp=1, scheduler=SchedulerConfig(kind="static", max_num_seqs=batch)),))
-    result = simulate_serving(dep, load_model(model), dgx, cost,
-                              Requests.of([0.0] * batch, [prompt] * batch, [output] * batch))
-    pr = result.per_request
-    assert pr["first_token_s"] == pytest.approx([ttft] * batch, rel=1e-9)
-    assert (pr["finish_s"] - pr["first_token_s"]) / (output - 1) == pytest.approx([tpot] * batch, rel=1e-9)
+    alone_in_serve_mode_times(model, prompt, output, batch, cost, dgx)
 
 
 def test_dense_first_blocks_are_counted_per_pipeline_stage(cost, dgx):

@@ -11,7 +11,7 @@ import math
 import numpy as np
 import pytest
 
-from support import RooflineCost, make_system, write_switch_system
+from support import TINY_SERVING_LLAMA, RooflineCost, switched_four, write_switch_system
 
 from marssim.errors import InputError
 from marssim.serve import Deployment, Pool, Requests, SchedulerConfig, load_model, simulate_serving
@@ -19,7 +19,7 @@ from marssim.serve.deployment import deployment_from_dict, deployment_to_dict, p
 from marssim.serve.simulate import iteration_model
 from marssim.serve.speculative import draw_accepted, expected_tokens_per_step
 
-MODEL = "llama:layers=4,hidden=256,heads=8,kv_heads=4,ffn=768,vocab=2000"
+MODEL = TINY_SERVING_LLAMA
 DRAFT = "llama:layers=1,hidden=128,heads=4,kv_heads=2,ffn=256,vocab=2000"
 
 
@@ -30,7 +30,7 @@ def model():
 
 @pytest.fixture(scope="module")
 def system():
-    return make_system(4, topology="switch", capacity="64 MiB", bandwidth="50 GB/s", latency="1 us")
+    return switched_four()
 
 
 def spec_cfg(method: str, k: int, alpha: float, **kw) -> SchedulerConfig:

@@ -94,9 +94,9 @@ def test_compiled_engine_equals_simpy_on_folded_parallel_runs(config, folding):
     from marssim.parallel import lower_parallel, parse_parallel
     from marssim.workload import load_workload
 
-    from test_parallel import _small_cluster
+    from support import small_gpu_cluster
 
-    system = _small_cluster(nodes=4, per_leaf=1, gpus=4, oversubscription=4.0)
+    system = small_gpu_cluster(nodes=4, per_leaf=1, gpus=4, oversubscription=4.0)
     graph = load_workload("gpt:layers=4,hidden=512,heads=8,vocab=1000,seq=128,mode=train,max_positions=128")
     tg = lower_parallel(graph, system, parse_parallel(config), default_cost_model(), folding=folding)
     for record in (True, False):

@@ -573,14 +573,17 @@ class DataflowCost:
             model = d.gpu.models[kernel][dt]
             if use_measured:
                 t_measured = _lookup(d.gpu.measured, x) if d.gpu.measured else None
-                t_between = None if t_measured is not None or d.gpu.attention is None else \
-                    op_seconds(d.gpu.attention, x)
-                t_derived = None if t_measured is not None or t_between is not None else _derived(d.gpu, x)
+                grid = d.gpu.attention if t_measured is None else None
+                t_between = None if grid is None else op_seconds(grid, x, extrapolate=False)
+                t_beyond = None if grid is None or t_between is not None else op_seconds(grid, x)
+                t_derived = None if t_measured is not None or t_between is not None or t_beyond is not None \
+                    else _derived(d.gpu, x)
                 if t_measured is not None:  # the curve's compute/memory split is kept as the breakdown
                     t, model = t_measured, "measured"
-                elif t_between is not None:  # between measured fused attention kernels, or past them
-                    inside = op_seconds(d.gpu.attention, x, extrapolate=False) is not None
-                    t, model = t_between, "interpolated" if inside else "extrapolated"
+                elif t_between is not None:  # between measured fused attention kernels
+                    t, model = t_between, "interpolated"
+                elif t_beyond is not None:  # a context kernel past the longest measured prompt
+                    t, model = t_beyond, "extrapolated"
                 elif t_derived is not None:  # a fused attention backward from its measured forward
                     t, model = t_derived, "derived"
                 elif d.gpu.any_correction and d.gpu.corrections[kernel][dt] is not None:
