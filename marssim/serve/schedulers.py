@@ -124,7 +124,7 @@ class Scheduler:
         bm = self.bm
         while self.waiting and len(self.running) < cap:
             s = self.waiting[0]
-            need = bm.blocks(s.prompt + (s.output if self.role != "prefill" else 0))
+            need = self.final_blocks(s)
             if not bm.can_take(need):
                 break
             self.waiting.popleft()
