@@ -323,3 +323,15 @@ def test_guaranteed_no_evict_never_preempts_and_runs_as_many_requests_as_whole_o
     expected = (blocks - int(one.watermark * blocks)) // whole
     assert 0 < expected < n and r.summary["preemptions"] == 0
     assert int(it["decode_tokens"].max()) == expected
+
+
+def test_the_capacity_policy_reads_back_and_a_bad_one_is_refused_by_name():
+    from marssim.errors import InputError
+    from marssim.serve.deployment import deployment_from_dict, deployment_to_dict, parse_pool
+
+    pool = parse_pool("replicas=1,tp=1,capacity=guaranteed_no_evict")
+    assert pool.scheduler.capacity == "guaranteed_no_evict" and parse_pool(pool.text()) == pool
+    assert deployment_from_dict(deployment_to_dict(Deployment((pool,))), "f").pools == (pool,)
+    assert "capacity" not in parse_pool("replicas=1,tp=1").text()  # the default is not written
+    with pytest.raises(InputError, match="capacity.*max_utilization, guaranteed_no_evict"):
+        parse_pool("replicas=1,tp=1,capacity=lots")
