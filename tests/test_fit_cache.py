@@ -112,3 +112,58 @@ def test_cached_table_is_the_parsed_table(cache, monkeypatch):
     parsed = load_table(path)
     assert again.rows == parsed.rows == first.rows
     assert again.files == parsed.files
+
+
+def _small_tables(folder):
+    """A folder holding one table: the rows of :func:`_rows` as they stand in A100.csv."""
+    path = calibrated.calibration_dir() / "A100.csv"
+    lines = path.read_text(encoding="utf-8-sig").splitlines(keepends=True)
+    header = next(line for line in lines if not line.startswith("#"))
+    wanted = sorted({int(r.source.rsplit(":", 1)[1]) for r in _rows()})
+    folder.mkdir()
+    (folder / "A100.csv").write_text(header + "".join(lines[i - 1] for i in wanted))
+    return folder
+
+
+def _op_times(cost):
+    from marssim.system import load_system
+    from marssim.workload import load_workload
+
+    design = next(iter(load_system("dgx-a100-cluster:nodes=1").designs.values()))
+    graph = load_workload("gpt:layers=1,hidden=512,heads=8,vocab=1024,seq=256,max_positions=256,batch=2")
+    return [cost.op_cost(op, design) for op in graph.ops]
+
+
+def test_design_tables_come_back_without_the_rows(cache, monkeypatch, tmp_path):
+    source = _small_tables(tmp_path / "tables")
+    monkeypatch.setattr(model, "_SHARED_TABLES", {})
+    first = _op_times(model.DataflowCost(calibration=source))
+    assert {c.model for c in first} >= {"measured", "fitted"}  # measured shapes and curves both read back
+    assert len(list((cache / "fits").glob("design-*.pickle"))) == 1
+
+    def refuse(*a, **k):
+        raise AssertionError("the table's rows were read instead of the stored design tables")
+
+    monkeypatch.setattr(model, "_SHARED_TABLES", {})  # as in a new process
+    monkeypatch.setattr(model, "_SHARED_FITS", {})
+    monkeypatch.setattr(model.DataflowCost, "_load_table", refuse)
+    again = _op_times(model.DataflowCost(calibration=source))
+    assert [(c.time, c.model) for c in again] == [(c.time, c.model) for c in first]  # bit for bit
+
+
+def test_design_tables_key_follows_the_tables_bytes(tmp_path):
+    source = _small_tables(tmp_path / "tables")
+    args = ("a100", {"bf16": 312e12}, None, ("vendor",))
+    key = fitcache.design_tables_key(source, *args)
+    assert fitcache.design_tables_key(_small_tables(tmp_path / "moved"), *args) == key  # the folder is no part
+    assert fitcache.design_tables_key(source, "a100", {"bf16": 1e15}, None, ("vendor",)) != key
+    assert fitcache.design_tables_key(source, "a100", {"bf16": 312e12}, "other-stack", ("vendor",)) != key
+    table = source / "A100.csv"
+    text = table.read_text()
+    table.write_text(text.replace("e-0", "e-1", 1))
+    assert fitcache.design_tables_key(source, *args) != key
+    table.write_text(text)
+    assert fitcache.design_tables_key(source, *args) == key
+    (source / "B.csv").write_text(text)  # another table beside it: the rows a design reads may change
+    assert fitcache.design_tables_key(source, *args) != key
+    assert fitcache.design_tables_key(tmp_path / "missing", *args) is None

@@ -9,25 +9,43 @@ computes), and the numpy and scipy versions. It holds the pickled fits, which ar
 the fit returned (the same floats, bit for bit). The entries live in ``fits/`` of
 :func:`marssim.cachedir.user_cache_dir`; ``MARSSIM_NO_FIT_CACHE=1`` turns the cache off. Parsed
 calibration tables are kept beside them (:func:`cached_table`, keyed by the file's name and
-bytes), so that a later process neither parses nor fits. The cache is best effort: an entry that
-cannot be read or written is recomputed, never an error."""
+bytes), so that a later process neither parses nor fits; and what a GPU design reads of them (its
+fits, measured medians and fused attention grid, :class:`DesignTables`), keyed by the bytes of every
+table file with the design's table name, stack and peaks, so that a later process does not even read
+the tables' rows. The cache is best effort: an entry that cannot be read or written is recomputed,
+never an error."""
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from marssim.cachedir import entries_enabled, read_entry, write_entry
 
-__all__ = ["FIT_VERSION", "cached_table", "fit_key", "load_fits", "store_fits"]
+__all__ = ["FIT_VERSION", "DesignTables", "cached_table", "design_tables_key", "fit_key", "load_design_tables",
+           "load_fits", "store_design_tables", "store_fits"]
 
 FIT_VERSION = 1
 """The version of the fitting code (:mod:`.calibrated`'s fit, :mod:`.residual`'s correction):
 raise it with any change to what they compute, so that no stale entry is read."""
 
 _ROW_FIELDS: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True)
+class DesignTables:
+    """What one GPU design reads from the calibration tables: the fits by (kind, dtype)
+    (:class:`~.calibrated.KernelFit`), the measured median (s) of each kernel shape by shape code
+    (:meth:`~.model.DataflowCost.measured_for`) and the measured fused attention kernels
+    (:class:`~.attention_grid.AttentionGrid`)."""
+
+    fits: dict
+    measured: dict
+    attention: Any
 
 
 def fit_key(rows: Sequence, peaks: dict[str, float] | None, device: str, stack: str | None) -> str:
@@ -46,6 +64,38 @@ def fit_key(rows: Sequence, peaks: dict[str, float] | None, device: str, stack: 
         h.update(repr(tuple(getattr(r, f) for f in _ROW_FIELDS)).encode())
         h.update(b"\n")
     return h.hexdigest()
+
+
+def design_tables_key(source: Path, device: str, peaks: dict[str, float] | None, stack,
+                      tuning: Sequence[str]) -> str | None:
+    """The hex SHA-256 naming the :class:`DesignTables` of table ``device`` and ``stack`` under
+    ``peaks`` and ``tuning`` read from ``source`` (a directory of ``*.csv`` or one file): every
+    table's file name and bytes, the device's settings, :data:`FIT_VERSION` and the numpy and
+    scipy versions (the fits'); None when no table can be read."""
+    import numpy
+    import scipy
+
+    paths = sorted(source.glob("*.csv")) if source.is_dir() else [source] if source.is_file() else []
+    h = hashlib.sha256(repr(("design-tables", FIT_VERSION, numpy.__version__, scipy.__version__, device, stack,
+                             sorted((peaks or {}).items()), tuple(tuning))).encode())
+    try:
+        for path in paths:
+            h.update(path.name.encode() + b"\0")
+            h.update(hashlib.sha256(path.read_bytes()).digest())
+    except OSError:
+        return None
+    return h.hexdigest() if paths else None
+
+
+def load_design_tables(key: str) -> DesignTables | None:
+    """The :class:`DesignTables` kept under ``key``, or None."""
+    got = read_entry("fits", f"design-{key}")
+    return got if isinstance(got, DesignTables) else None
+
+
+def store_design_tables(key: str, tables: DesignTables) -> None:
+    """Keep ``tables`` under ``key`` (best effort, as :func:`store_fits`)."""
+    write_entry("fits", f"design-{key}", tables)
 
 
 def load_fits(key: str) -> dict | None:

@@ -60,6 +60,7 @@ from .attention_backward import forward_twin, twin_ratio
 from .attention_grid import AttentionGrid, op_seconds, row_entries
 from .bandwidth import stream_op
 from .base import OpCost
+from .fitcache import DesignTables
 from .calibrated import DTYPE_STANDINS, TUNINGS, FitKey, KernelFit, KernelTable, KernelTiming, fit, load_table
 from .features import (
     CLASS_GEMM, CLASS_NONE, CLASS_STREAM, DTYPES, F_BACKEND, F_CLASS, F_DTYPE, F_FLOPS, F_G, F_KERNEL, F_KK, F_M,
@@ -104,6 +105,7 @@ class _Columns:
 
 
 _SHARED_FITS: dict[tuple, dict] = {}  # see DataflowCost._fitted
+_SHARED_TABLES: dict[tuple, DesignTables] = {}  # see DataflowCost._design_tables
 
 
 def design_stacks(design: Design) -> str | tuple[str, ...] | None:
@@ -461,18 +463,44 @@ class DataflowCost:
                              "ops are timed by the analytical GPU roofline, as asked")
 
     def _gpu_table(self, design: Design) -> GpuTable:
-        name, stack = design.gpu.calibration, design_stacks(design)
-        fits = self.fits_for(name, design_peaks(design), stack) if name else {}
-        if name and self._calibrated:
+        name = design.gpu.calibration
+        tables = self._design_tables(name, design_peaks(design), design_stacks(design)) if name else None
+        fits = tables.fits if tables is not None else {}
+        if name and self._calibrated and not fits and not tables.measured:
             self._check_calibration(design, fits, name)
-        measured = {code: r.median_s for code, r in self.measured_for(name, stack).items()} \
-            if name and self.measured else None
+        measured = tables.measured if name and self.measured else None
         corrections = {key: f.correction for key, f in fits.items() if f.correction is not None} \
             if self.correction else None
-        grid = self._attention_grid(name, stack) if name and self.measured else None
+        grid = tables.attention if name and self.measured else None
         return GpuTable(design, {key: f.params for key, f in fits.items()}, measured=measured,
                         corrections=corrections, best_rates={key: f.best_rate for key, f in fits.items()},
                         attention=grid)
+
+    def _design_tables(self, name: str, peaks: dict[str, float], stack) -> DesignTables:
+        """What a GPU design with table ``name`` reads from this model's tables: its fits, its
+        measured medians by shape code and its fused attention grid. Tables read from files are
+        kept on disk (:func:`.fitcache.design_tables_key`: their bytes, the design's table, stack
+        and peaks, this model's tunings) and shared in-process, so that a later process reads
+        neither the tables' rows nor their fits."""
+        files = _table_files(self._source) if self._source is not None and self._given_fits is None else None
+        shared = (files, name.lower(), tuple(sorted(peaks.items())), stack, self.tuning) if files else None
+        if shared is not None:
+            hit = _SHARED_TABLES.get(shared)
+            if hit is not None:
+                return hit
+        disk = fitcache.design_tables_key(self._source, name.lower(), peaks, stack, self.tuning) \
+            if shared is not None else None
+        got = fitcache.load_design_tables(disk) if disk is not None else None
+        if got is None:
+            fits = self.fits_for(name, peaks, stack)
+            rows = self.measured_for(name, stack)
+            got = DesignTables(fits, {code: r.median_s for code, r in rows.items()},
+                               self._attention_grid(name, stack))
+            if disk is not None:
+                fitcache.store_design_tables(disk, got)
+        if shared is not None:
+            _SHARED_TABLES[shared] = got
+        return got
 
     def _attention_grid(self, name: str, stack) -> AttentionGrid:
         """The measured fused attention kernels (with their heads) a design with table ``name``
