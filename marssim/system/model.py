@@ -12,14 +12,16 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import networkx as nx
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from .design import Design
 from .quantities import Bandwidth, Bytes, EnergyPerByte, Seconds
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 __all__ = ["Memory", "Accelerator", "Host", "Switch", "Link", "System", "Route", "ResourceKind"]
 
@@ -242,6 +244,8 @@ class System:
     @cached_property
     def graph(self) -> nx.Graph:
         """Undirected link graph over node ids; edge attribute ``link`` is the :class:`Link`."""
+        import networkx as nx
+
         g = nx.Graph()
         g.add_nodes_from(self.nodes)
         for link in self.links:
@@ -348,6 +352,8 @@ class System:
         def weight(u: str, v: str, data: dict) -> float:
             sw = self._switch.get(v)
             return data["link"].latency + (sw.latency if sw is not None else 0.0) + 1e-15
+
+        import networkx as nx
 
         return nx.shortest_path(self.graph, src, dst, weight=weight)
 

@@ -5,10 +5,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from functools import cached_property
+from typing import TYPE_CHECKING
 
-import networkx as nx
 
 from .op import GEMM_LIKE, Op, OpKind
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 __all__ = ["Graph", "merge_graphs"]
 
@@ -81,6 +84,8 @@ class Graph:
 
     def to_networkx(self) -> nx.DiGraph:
         """The graph as a networkx DiGraph with the :class:`Op` under node attribute ``op``."""
+        import networkx as nx
+
         g = nx.DiGraph()
         for op in self.ops:
             g.add_node(op.name, op=op)
@@ -164,6 +169,8 @@ def _topological(ops: Sequence[Op]) -> tuple[Op, ...]:
         seen.add(op.name)
     if ordered:
         return tuple(ops)
+    import networkx as nx
+
     g = nx.DiGraph()
     position = {op.name: i for i, op in enumerate(ops)}
     g.add_nodes_from(position)
