@@ -180,3 +180,33 @@ def test_show_and_systems_name_the_new_systems(capsys) -> None:
     assert main(["show", "gb200-nvl72:racks=1"]) == 0  # a parameterised system, not taken for a workload
     out = capsys.readouterr().out
     assert out.startswith("System gb200-nvl72") and "72 accelerators" in out and "36 hosts" in out
+
+
+def test_unchecked_models_are_the_validated_ones():
+    """made_unchecked builds what validation builds, every field in place, and is refused by
+    models it cannot stand for (it falls back to pydantic's model_construct)."""
+    from pydantic import BaseModel, ConfigDict
+
+    from marssim.system.model import Accelerator, Host, Link, Memory, Switch, made_unchecked
+
+    mem = Memory(capacity=80 * 2**30, bandwidth=3.35e12)
+    cases = [(Link, dict(a="gpu0", b="leaf0.0", bandwidth=50e9, latency=1e-6, duplex="full", energy_per_byte=None)),
+             (Accelerator, dict(id="gpu0", designs=("h100",), memory=mem)),
+             (Host, dict(id="host0", dram=mem)),
+             (Switch, dict(id="nvswitch0", latency=2e-7, bandwidth=None))]
+    for cls, values in cases:
+        made = made_unchecked(cls, **values)
+        checked = cls(**values)
+        assert type(made) is cls and made == checked and hash(made) == hash(checked)
+        assert made.model_dump() == checked.model_dump()
+        with pytest.raises(Exception):  # frozen as the validated one
+            made.id = "other"  # type: ignore[misc]
+
+    class Loose(BaseModel):
+        model_config = ConfigDict(extra="allow", frozen=True)
+        x: int
+
+    loose = made_unchecked(Loose, x=1, y=2)  # not a model the shortcut stands for: model_construct's
+    assert loose.model_extra == {"y": 2}
+    partial = made_unchecked(Link, a="a", b="b", bandwidth=1.0)  # a field missing: the defaults filled in
+    assert partial.latency == 0.0 and partial.duplex == "full"

@@ -56,7 +56,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from .model import Accelerator, Host, Link, Memory, Switch
+from .model import Accelerator, Host, Link, Memory, Switch, made_unchecked
 from .quantities import Bandwidth, Seconds
 
 __all__ = ["MAX_CLUSTER_GPUS", "ClusterSpec", "NodeGroup", "Fabric", "ClusterRouter", "expand_cluster"]
@@ -234,7 +234,8 @@ def _link(a: str, b: str, spec: LinkSpec) -> Link:
     """A link of ``spec``'s bandwidth and latency (values the cluster's spec has validated, so the
     model is made without validating them again: tens of thousands of links on the largest
     clusters)."""
-    return Link.model_construct(a=a, b=b, bandwidth=spec.bandwidth, latency=spec.latency)
+    return made_unchecked(Link, a=a, b=b, bandwidth=spec.bandwidth, latency=spec.latency, duplex="full",
+                          energy_per_byte=None)
 
 
 def expand_cluster(spec: ClusterSpec, gpu_offset: int = 0) -> tuple[list[Accelerator], list[Host], list[Switch],
@@ -264,12 +265,12 @@ def expand_cluster(spec: ClusterSpec, gpu_offset: int = 0) -> tuple[list[Acceler
             names = []
             nvs = f"nvswitch{node}"
             if group.scale_up == "switch":
-                switches.append(Switch.model_construct(id=nvs, latency=group.nvswitch_latency))
+                switches.append(made_unchecked(Switch, id=nvs, latency=group.nvswitch_latency, bandwidth=None))
             else:
                 mesh_nodes.add(node)
             for k in range(group.gpus_per_node):
                 if k % group.per_host == 0:
-                    hosts.append(Host.model_construct(id=f"host{len(host_gpus)}", dram=group.host_dram))
+                    hosts.append(made_unchecked(Host, id=f"host{len(host_gpus)}", dram=group.host_dram))
                     host_gpus.append([])
                 host = len(host_gpus) - 1
                 name = f"gpu{index}"
@@ -277,7 +278,7 @@ def expand_cluster(spec: ClusterSpec, gpu_offset: int = 0) -> tuple[list[Acceler
                 names.append(name)
                 host_gpus[host].append(name)
                 gpus[name] = _Gpu(node, k, host)
-                accelerators.append(Accelerator.model_construct(id=name, designs=(group.design,), memory=group.memory))
+                accelerators.append(made_unchecked(Accelerator, id=name, designs=(group.design,), memory=group.memory))
                 if group.scale_up == "switch":
                     links.append(_link(nvs, name, group.nvlink))
                 else:
@@ -295,7 +296,7 @@ def expand_cluster(spec: ClusterSpec, gpu_offset: int = 0) -> tuple[list[Acceler
         unit += 1
     units = sorted({u for u, _ in leaf_members})
     for u, k in sorted(leaf_members):
-        switches.append(Switch.model_construct(id=f"leaf{u}.{k}", latency=fabric.leaf_latency))
+        switches.append(made_unchecked(Switch, id=f"leaf{u}.{k}", latency=fabric.leaf_latency, bandwidth=None))
     many_units = len(units) > 1
     if many_units:
         rails = sorted({k for _, k in leaf_members})

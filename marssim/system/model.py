@@ -23,9 +23,33 @@ from .quantities import Bandwidth, Bytes, EnergyPerByte, Seconds
 if TYPE_CHECKING:
     import networkx as nx
 
-__all__ = ["Memory", "Accelerator", "Host", "Switch", "Link", "System", "Route", "ResourceKind"]
+__all__ = ["Memory", "Accelerator", "Host", "Switch", "Link", "System", "Route", "ResourceKind", "made_unchecked"]
 
 _STRICT = ConfigDict(extra="forbid", frozen=True)
+
+_MODEL_SLOTS = ("__dict__", "__pydantic_fields_set__", "__pydantic_extra__", "__pydantic_private__")
+_UNCHECKED: dict[type, frozenset[str] | None] = {}
+
+
+def made_unchecked(cls: type[BaseModel], **values):
+    """An instance of the frozen model ``cls`` holding ``values`` -- every field given, each
+    already valid -- as pydantic's ``model_construct`` makes it (no validation), at a quarter of
+    its cost: the largest clusters expand into tens of thousands of links and accelerators. A
+    model this shortcut cannot stand for (private attributes, extra fields, a pydantic whose
+    instances keep other state) is made by ``model_construct``."""
+    fields = _UNCHECKED.get(cls, False)
+    if fields is False:
+        plain = (tuple(BaseModel.__slots__) == _MODEL_SLOTS and not cls.__private_attributes__
+                 and cls.model_config.get("extra") != "allow" and cls.model_config.get("frozen") is True)
+        fields = _UNCHECKED[cls] = frozenset(cls.model_fields) if plain else None
+    if fields is None or len(values) != len(fields) or not fields.issuperset(values):
+        return cls.model_construct(**values)
+    m = object.__new__(cls)
+    object.__setattr__(m, "__dict__", values)
+    object.__setattr__(m, "__pydantic_fields_set__", set(values))
+    object.__setattr__(m, "__pydantic_extra__", None)
+    object.__setattr__(m, "__pydantic_private__", None)
+    return m
 
 
 class Memory(BaseModel):
