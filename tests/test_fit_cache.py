@@ -167,3 +167,17 @@ def test_design_tables_key_follows_the_tables_bytes(tmp_path):
     (source / "B.csv").write_text(text)  # another table beside it: the rows a design reads may change
     assert fitcache.design_tables_key(source, *args) != key
     assert fitcache.design_tables_key(tmp_path / "missing", *args) is None
+
+
+def test_keys_follow_the_cost_code(monkeypatch):
+    """An entry written by other code of the cost package is not read: its source is in every key."""
+    rows = _rows()
+    source = calibrated.calibration_dir()
+    keys = (fitcache.fit_key(rows, None, "a100", None),
+            fitcache.design_tables_key(source, "a100", None, None, ("vendor",)))
+    monkeypatch.setattr(fitcache, "_CODE", ["another version of the code"])
+    assert fitcache.fit_key(rows, None, "a100", None) != keys[0]
+    assert fitcache.design_tables_key(source, "a100", None, None, ("vendor",)) != keys[1]
+    monkeypatch.setattr(fitcache, "_CODE", [])
+    assert (fitcache.fit_key(rows, None, "a100", None),
+            fitcache.design_tables_key(source, "a100", None, None, ("vendor",))) == keys  # recomputed alike

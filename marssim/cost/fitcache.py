@@ -5,7 +5,8 @@ every later process.
 An entry is keyed by what the fit reads and the code that computes it: every field of the rows
 fitted (their file name and line excepted, so a moved install hits the same entry), the device's
 peaks, :data:`FIT_VERSION` (raise it whenever a change to the fitting code changes what it
-computes), and the numpy and scipy versions. It holds the pickled fits, which are the very objects
+computes), the source of the cost package itself (:func:`code_digest`: an upgrade never reads an
+entry another version wrote) and the numpy and scipy versions. It holds the pickled fits, which are the very objects
 the fit returned (the same floats, bit for bit). The entries live in ``fits/`` of
 :func:`marssim.cachedir.user_cache_dir`; ``MARSSIM_NO_FIT_CACHE=1`` turns the cache off. Parsed
 calibration tables are kept beside them (:func:`cached_table`, keyed by the file's name and
@@ -26,7 +27,8 @@ from typing import Any
 
 from marssim.cachedir import entries_enabled, read_entry, write_entry
 
-__all__ = ["FIT_VERSION", "DesignTables", "cached_table", "design_tables_key", "fit_key", "load_design_tables",
+__all__ = ["FIT_VERSION", "DesignTables", "cached_table", "code_digest", "design_tables_key", "fit_key",
+           "load_design_tables",
            "load_fits", "store_design_tables", "store_fits"]
 
 FIT_VERSION = 1
@@ -34,6 +36,20 @@ FIT_VERSION = 1
 raise it with any change to what they compute, so that no stale entry is read."""
 
 _ROW_FIELDS: tuple[str, ...] | None = None
+_CODE: list[str] = []
+
+
+def code_digest() -> str:
+    """The hex SHA-256 of the source of every module of :mod:`marssim.cost` (their file names and
+    bytes): part of every key here, so that an entry computed, or pickled, by other code -- a
+    fit, a parsed row's class, an attention grid's layout -- is never read back after an upgrade."""
+    if not _CODE:
+        h = hashlib.sha256()
+        for path in sorted(Path(__file__).resolve().parent.glob("*.py")):
+            h.update(path.name.encode() + b"\0")
+            h.update(hashlib.sha256(path.read_bytes()).digest())
+        _CODE.append(h.hexdigest())
+    return _CODE[0]
 
 
 @dataclass(frozen=True)
@@ -58,7 +74,7 @@ def fit_key(rows: Sequence, peaks: dict[str, float] | None, device: str, stack: 
     if _ROW_FIELDS is None and rows:
         _ROW_FIELDS = tuple(f.name for f in dataclasses.fields(rows[0]) if f.name != "source")
     h = hashlib.sha256()
-    h.update(repr((FIT_VERSION, numpy.__version__, scipy.__version__, device, stack,
+    h.update(repr((FIT_VERSION, code_digest(), numpy.__version__, scipy.__version__, device, stack,
                    sorted((peaks or {}).items()))).encode())
     for r in rows:
         h.update(repr(tuple(getattr(r, f) for f in _ROW_FIELDS)).encode())
@@ -76,8 +92,8 @@ def design_tables_key(source: Path, device: str, peaks: dict[str, float] | None,
     import scipy
 
     paths = sorted(source.glob("*.csv")) if source.is_dir() else [source] if source.is_file() else []
-    h = hashlib.sha256(repr(("design-tables", FIT_VERSION, numpy.__version__, scipy.__version__, device, stack,
-                             sorted((peaks or {}).items()), tuple(tuning))).encode())
+    h = hashlib.sha256(repr(("design-tables", FIT_VERSION, code_digest(), numpy.__version__, scipy.__version__,
+                             device, stack, sorted((peaks or {}).items()), tuple(tuning))).encode())
     try:
         for path in paths:
             h.update(path.name.encode() + b"\0")
@@ -120,7 +136,7 @@ def cached_table(path: str | Path, load):
         data = Path(path).read_bytes()
     except OSError:
         return load(path)  # its own error
-    h = hashlib.sha256(repr((FIT_VERSION, str(path))).encode())
+    h = hashlib.sha256(repr((FIT_VERSION, code_digest(), str(path))).encode())
     h.update(data)
     entry = f"table-{h.hexdigest()}"
     got = read_entry("fits", entry)
