@@ -24,14 +24,16 @@ import sys
 from dataclasses import dataclass
 
 ROWS = (
-    # name, system, model, tp, batch, ctx, aiconfigurator model and system
+    # name, system, model, tp, batch, ctx, the table's KV cache, aiconfigurator model and system
     ("Llama3.1-8B H100 TP1 128/2048", "dgx-h100-cluster:nodes=1,stack=trtllm-1.3.0rc20", "llama3-8b", 1, 238, 1152,
-     "meta-llama/Meta-Llama-3.1-8B", "h100_sxm"),
+     "fp8", "meta-llama/Meta-Llama-3.1-8B", "h100_sxm"),
     ("Llama3.3-70B H100 TP2 128/2048", "dgx-h100-cluster:nodes=1,stack=trtllm-1.3.0rc20", "llama3-70b", 2, 120, 1152,
-     "meta-llama/Meta-Llama-3.1-70B", "h100_sxm"),
+     "fp8", "meta-llama/Meta-Llama-3.1-70B", "h100_sxm"),
     ("Llama3.1-405B H100 TP8 128/2048", "dgx-h100-cluster:nodes=1,stack=trtllm-1.3.0rc20", "llama3-405b", 8, 201, 1152,
-     "meta-llama/Meta-Llama-3.1-405B", "h100_sxm"),
+     "bf16", "meta-llama/Meta-Llama-3.1-405B", "h100_sxm"),
 )
+"""The batch is the mean the simulation reported for the row before the table's KV cache and
+fusion were set (bf16 KV cache, every op its own kernel), the same batch in both settings."""
 
 
 @dataclass(frozen=True)
@@ -57,9 +59,11 @@ def _group(op) -> str:
     return "norm/eltwise"
 
 
-def step_kernels(system_spec: str, model_spec: str, tp: int, batch: int, ctx: int, cost) -> tuple[list[Kernel], float]:
+def step_kernels(system_spec: str, model_spec: str, tp: int, batch: int, ctx: int, cost,
+                 fused: bool = False) -> tuple[list[Kernel], float]:
     """The kernels of one decode step of ``batch`` sequences at ``ctx`` tokens, and the step's
-    seconds as the serving engine times it (``stage_times``)."""
+    seconds as the serving engine times it (``stage_times``); ``fused``: an engine that absorbs
+    the element-wise ops it fuses (``fused_elementwise``)."""
     from marssim.parallel.partition import shard_loops
     from marssim.serve.itermodel import attention_loops, resize_tokens
     from marssim.serve.model import load_model
@@ -69,7 +73,7 @@ def step_kernels(system_spec: str, model_spec: str, tp: int, batch: int, ctx: in
     system = load_system(system_spec)
     model = load_model(model_spec)
     stages = (tuple(system.accelerator_ids[:tp]),)
-    im = iteration_model(model, system, stages, cost)
+    im = iteration_model(model, system, stages, cost, fused=fused)
     design = im.design(0)
     acc = system.accelerator(stages[0][0])
     bw = acc.memory.bandwidth
@@ -85,7 +89,8 @@ def step_kernels(system_spec: str, model_spec: str, tp: int, batch: int, ctx: in
     def add(op, rule, part, count: int) -> None:
         c = cost.op_cost(part, design)
         scale = max(1, rule.scale)
-        out.append(Kernel(op.name.split("layers.0.")[-1].replace("prefill.", ""), _group(op), c.time / scale, c.model,
+        seconds, how = (part.bytes_moved / bw, "absorbed") if op.name in im.absorbed else (c.time, c.model)
+        out.append(Kernel(op.name.split("layers.0.")[-1].replace("prefill.", ""), _group(op), seconds / scale, how,
                           bound(part, scale), count))
 
     for op, rule in im.token_ops:
@@ -146,13 +151,14 @@ def main(argv: list[str] | None = None) -> int:
     argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)
     cost = default_cost_model()
     print("decode_decomposition: one decode step, kernel by kernel (us per kernel, ms per step), model dtype=fp8, "
-          "attention=flash, KV cache bf16 and fp8")
-    for name, system, model, tp, batch, ctx, aic_model, aic_system in ROWS:
-        for kv in ("", ",kv_dtype=fp8"):
-            spec = f"{model}:dtype=fp8,attention=flash{kv}"
-            kernels, step = step_kernels(system, spec, tp, batch, ctx, cost)
-            print(f"\n{name}: TP{tp}, batch {batch}, context {ctx}, KV cache {'fp8' if kv else 'bf16'}; "
-                  f"step {step * 1e3:.2f} ms")
+          "attention=flash; as the table ran before (KV cache bf16, every op its own kernel) and with the table's "
+          "KV cache and fused_elementwise=true")
+    for name, system, model, tp, batch, ctx, table_kv, aic_model, aic_system in ROWS:
+        for kv, fused in (("bf16", False), (table_kv, True)):
+            spec = f"{model}:dtype=fp8,attention=flash" + (",kv_dtype=fp8" if kv == "fp8" else "")
+            kernels, step = step_kernels(system, spec, tp, batch, ctx, cost, fused)
+            print(f"\n{name}: TP{tp}, batch {batch}, context {ctx}, KV cache {kv}, "
+                  f"{'fused_elementwise' if fused else 'every op its own kernel'}; step {step * 1e3:.2f} ms")
             print(f"  {'kernel':<44}{'us':>9}{'bound us':>10}{'x bound':>9}  {'model':<14}{'per step':>10}")
             groups: dict[str, list[float]] = {}
             for k in kernels:
@@ -165,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
                 g[1] += (k.bound if not math.isnan(k.bound) else 0.0) * k.count
             print("  per step: " + ", ".join(f"{g} {t * 1e3:.2f} ms (bound {b * 1e3:.2f})" for g, (t, b) in
                                            groups.items()))
-            if kv:
+            if fused:
                 continue
             aic = aiconfigurator_step(aic_model, aic_system, tp, batch, ctx)
             if aic is None:

@@ -59,6 +59,10 @@ pool setting                  meaning (the engines' own names where they have on
 ``cuda_graphs``               decode iterations of a captured batch size replay one CUDA graph
                               (``true``, default; the engine's capture sizes) or launch every
                               kernel (``false``, vLLM ``--enforce-eager``); given with an engine
+``fused_elementwise``         the engine runs a block's residual adds, FP8 quantizations and
+                              rotary embeddings inside its norm, activation and attention kernels
+                              (``true``: TensorRT-LLM's Llama block; default ``false``: every op
+                              its own kernel); see :mod:`.itermodel`
 ``host_overlap``              ``auto`` (default: the engine's own, every shipped engine overlaps),
                               ``true`` or ``false`` (vLLM ``--no-async-scheduling``, SGLang
                               ``--disable-overlap-schedule``, TensorRT-LLM
@@ -132,6 +136,7 @@ class SchedulerConfig:
     engine: str = "none"
     cuda_graphs: bool = True
     host_overlap: str = "auto"
+    fused_elementwise: bool = False
 
     @property
     def overlap(self) -> bool | None:
@@ -232,7 +237,7 @@ class Deployment:
 _POOL_INT = ("replicas", "tp", "pp", "ep")
 _SCHED_INT = ("max_num_seqs", "max_batched_tokens", "block_size")
 _SCHED_FLOAT = ("watermark", "gpu_memory_utilization", "kv_cache_free_gpu_mem_fraction")
-_SCHED_BOOL = ("mixed", "prefix_caching", "cuda_graphs")
+_SCHED_BOOL = ("mixed", "prefix_caching", "cuda_graphs", "fused_elementwise")
 _SPEC_KEYS = ("spec_method", "spec_model", "spec_layers", "spec_k", "spec_alpha")
 POOL_KEYS = ("role", "replicas", "tp", "pp", "ep", "gpu", "scheduler") + _SCHED_INT + _SCHED_FLOAT + _SCHED_BOOL + \
     ("preemption", "capacity", "swap_space") + _SPEC_KEYS + ("engine", "host_overlap")
