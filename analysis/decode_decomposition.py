@@ -118,11 +118,11 @@ def step_kernels(system_spec: str, model_spec: str, tp: int, batch: int, ctx: in
     return out, step
 
 
-def aiconfigurator_step(model_path: str, system: str, tp: int, batch: int,
-                        ctx: int) -> dict[str, tuple[float, str]] | None:
+def aiconfigurator_step(model_path: str, system: str, tp: int, batch: int, ctx: int,
+                        kv: str = "bf16") -> dict[str, tuple[float, str]] | None:
     """aiconfigurator-core's TensorRT-LLM backend: the per-op ms of one generation step of ``batch``
-    sequences at ``ctx`` tokens (FP8 GEMMs, bf16 KV cache), with each op's source; None when the
-    package is not installed."""
+    sequences at ``ctx`` tokens (FP8 GEMMs, the KV cache in ``kv``, bf16 or fp8), with each op's
+    source; None when the package is not installed."""
     try:
         from aiconfigurator_core.sdk import common, config
         from aiconfigurator_core.sdk.backends.factory import get_backend
@@ -136,7 +136,8 @@ def aiconfigurator_step(model_path: str, system: str, tp: int, batch: int,
     with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
         db = get_database(system, "trtllm", "1.3.0rc20")
         mc = config.ModelConfig(tp_size=tp, gemm_quant_mode=common.GEMMQuantMode.fp8,
-                                kvcache_quant_mode=common.KVCacheQuantMode.bfloat16,
+                                kvcache_quant_mode=getattr(common.KVCacheQuantMode,
+                                                           "bfloat16" if kv == "bf16" else kv),
                                 fmha_quant_mode=common.FMHAQuantMode.bfloat16)
         m = get_model(model_path, mc, "trtllm")
         rc = config.RuntimeConfig(batch_size=batch, isl=ctx, osl=2)
@@ -172,6 +173,15 @@ def main(argv: list[str] | None = None) -> int:
             print("  per step: " + ", ".join(f"{g} {t * 1e3:.2f} ms (bound {b * 1e3:.2f})" for g, (t, b) in
                                            groups.items()))
             if fused:
+                if kv != "fp8":
+                    continue
+                # an FP8 cache holds twice the tokens: the same step at twice the batch
+                for b in (batch, 2 * batch):
+                    aic = aiconfigurator_step(aic_model, aic_system, tp, b, ctx, kv)
+                    if aic is not None:
+                        total = sum(v for v, _ in aic.values())
+                        print(f"  aiconfigurator-core, KV cache fp8, batch {b}: {total:.2f} ms, "
+                              f"{b / total * 1e3:,.0f} tokens/s")
                 continue
             aic = aiconfigurator_step(aic_model, aic_system, tp, batch, ctx)
             if aic is None:
@@ -179,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             total = sum(v for v, _ in aic.values())
             print(f"  aiconfigurator-core 0.12.0 trtllm backend, same step ({aic_model}, {aic_system}): "
-                  f"{total:.2f} ms")
+                  f"{total:.2f} ms, {batch / total * 1e3:,.0f} tokens/s")
             print("    " + ", ".join(f"{k.replace('generation_', '')} {v:.2f} ({s})" for k, (v, s) in aic.items()))
     return 0
 
