@@ -6,8 +6,8 @@ and where its predicted time went, with the machine, wall and CPU time.
     PYTHONPATH=. python analysis/validate_published.py --tables trtllm-1.0-h100-h200-fp8-throughput
 
 Serving tables (``trtllm-...``) are predicted by the serving simulation whatever ``--how`` says;
-their one variant stores the KV cache in FP8 (``kv_dtype=fp8``), which their sources do not
-state. ``--tables`` picks tables by name (default: every shipped one).
+their variants store the KV cache of every row in FP8 (``kv_dtype=fp8``), then in bf16, where a
+source states the type of some rows only. ``--tables`` picks tables by name (default: every shipped one).
 
 The measured figures are checks, never fitted to: every number of the model comes from a
 datasheet, a kernel or collective measurement, or Megatron-LM's code (docs/parallelism.md, "What
@@ -55,10 +55,13 @@ def main(argv: list[str] | None = None) -> int:
         if not args.variants:
             continue
         if serving:
-            varied = [replace(r, model=f"{r.model},kv_dtype=fp8") for r in runs]
-            s = summary(predict_all(varied, cost, args.how))
-            print("\n  the same rows with the KV cache in FP8 (mean |error|, worst, mean signed):")
-            print(f"    {'kv_dtype=fp8':22s} {s['mean_abs']:6.2%}  {s['worst_abs']:6.2%}  {s['mean']:+6.2%}")
+            print("\n  the same rows with the KV cache of every row in one type (mean |error|, worst, mean signed):")
+            for kv in ("fp8", "bf16"):
+                varied = [replace(r, model=_with_kv(r.model, kv)) for r in runs]
+                if varied == list(runs):
+                    continue
+                s = summary(predict_all(varied, cost, args.how))
+                print(f"    {'kv_dtype=' + kv:22s} {s['mean_abs']:6.2%}  {s['worst_abs']:6.2%}  {s['mean']:+6.2%}")
             continue
         print("\n  the same rows with one setting changed (mean |error|, worst, mean signed):")
         for setting in ("grads_clipped=true", "scatter_gather=false", "collectives=line", "host_gaps=false"):
@@ -66,6 +69,16 @@ def main(argv: list[str] | None = None) -> int:
             s = summary(predict_all(varied, cost, args.how))
             print(f"    {setting:22s} {s['mean_abs']:6.2%}  {s['worst_abs']:6.2%}  {s['mean']:+6.2%}")
     return 0
+
+
+def _with_kv(model: str, kv: str) -> str:
+    """The model spec ``model`` with its KV cache in ``kv`` (``kv_dtype=`` replaced or added; bf16:
+    the cache in the model's bf16, no ``kv_dtype``)."""
+    name, _, params = model.partition(":")
+    kept = [p for p in params.split(",") if p and not p.startswith("kv_dtype=")]
+    if kv != "bf16":
+        kept.append(f"kv_dtype={kv}")
+    return f"{name}:{','.join(kept)}" if kept else name
 
 
 if __name__ == "__main__":

@@ -67,7 +67,7 @@ def test_a_fused_kernel_keeps_its_phase_while_a_gradient_gemm_takes_the_forward_
     assert [k[9] for k in lookup_keys(gemm)] == ["dgrad", "fwd"]
 
 
-def test_a_context_kernel_past_the_grid_grows_as_its_square_and_a_decode_kernel_is_not_extrapolated():
+def test_a_context_kernel_past_the_grid_grows_as_its_square_and_a_short_decode_line_is_not_extrapolated():
     from marssim.cost.attention_grid import SATURATED_KEYS, AttentionFamily, AttentionGrid, SliceKey
 
     ctx = SliceKey("bf16", "fwd", "flash", 128, AttentionFamily.CONTEXT, 1, 16)
@@ -79,7 +79,8 @@ def test_a_context_kernel_past_the_grid_grows_as_its_square_and_a_decode_kernel_
     assert grid.seconds(ctx, 8, 1, 3 * last) == pytest.approx(3e-3 * 9, rel=1e-12)
     assert grid.seconds(ctx, 8, 1, 3 * last, extrapolate=False) is None
     assert grid.seconds(ctx, 8, 1, last) == pytest.approx(3e-3, rel=1e-12)  # a measured point stays itself
-    assert grid.seconds(dec, 8, 1, 2 * last) is None  # a decode kernel is bound by its cache, not s^2
+    # a decode line of one sequence streams 8 x 16k rows, below its plateau: not extended (nor as s^2)
+    assert grid.seconds(dec, 8, 1, 2 * last) is None
     assert grid.seconds(short, 8, 1, SATURATED_KEYS) is None  # a line below the plateau is not extended
 
 
@@ -93,3 +94,44 @@ def test_long_context_attention_on_the_shipped_grid_is_extrapolated_and_its_back
     back = model.op_cost(b32, design)
     assert back.model == "derived" and back.time == pytest.approx(at32.time * backward_ratio(128, 32768), rel=1e-12)
     assert model.op_times([f32, b32], [design, design]).tolist() == [at32.time, back.time]
+
+
+def test_a_decode_kernel_past_a_saturated_line_grows_as_the_cache_it_streams():
+    from marssim.cost.attention_grid import SATURATED_DECODE_ROWS, AttentionFamily, AttentionGrid, SliceKey, saturated
+
+    dec = SliceKey("bf16", "fwd", "flash", 128, AttentionFamily.DECODE, 4, 16)  # 32 heads over 8 key/value heads
+    # a line of 256 sequences that stops at 1,024 keys (256 x 1024 x 8 = 2M rows: at its plateau), one of
+    # 128 sequences that reaches 2,048 keys, and one of 2 sequences far below the plateau
+    grid = AttentionGrid([(dec, 32, 256, 512, 1.9e-4), (dec, 32, 256, 1024, 3.7e-4),
+                          (dec, 32, 128, 1024, 1.9e-4), (dec, 32, 128, 2048, 3.66e-4),
+                          (dec, 32, 2, 1024, 1.3e-5)])
+    assert saturated(dec.family, dec.group, 32, 256, 1024) and not saturated(dec.family, dec.group, 32, 2, 1024)
+    assert 256 * 1024 * 8 >= SATURATED_DECODE_ROWS > 2 * 1024 * 8
+    assert grid.seconds(dec, 32, 256, 1100) == pytest.approx(3.7e-4 * 1100 / 1024, rel=1e-12)  # linear in the keys
+    assert grid.seconds(dec, 32, 256, 1100, extrapolate=False) is None
+    assert grid.seconds(dec, 32, 256, 1024) == pytest.approx(3.7e-4, rel=1e-12)  # a measured point stays itself
+    assert grid.seconds(dec, 32, 2, 2048) is None  # a line below its plateau is not extended
+    # between two lines, each corner extended on its own line, then blended in ln(sequences)
+    u = math.log(200 / 128) / math.log(2)
+    lo, hi = 1.9e-4 * (1100 / 1024) ** math.log2(3.66e-4 / 1.9e-4), 3.7e-4 * 1100 / 1024
+    assert grid.seconds(dec, 32, 200, 1100) == pytest.approx(math.exp((1 - u) * math.log(lo) + u * math.log(hi)),
+                                                             rel=1e-12)
+
+
+def test_a_decode_step_past_the_shipped_grid_is_extrapolated_not_the_roofline():
+    """The shipped H100 decode grid of Llama 3 8B's heads stops at 1,024 keys for 256 sequences: a
+    longer cache takes that point's time times the keys, scalar and vectorised alike."""
+    from marssim.cost.attention_grid import op_seconds
+    from marssim.cost.features import op_features
+
+    design = next(iter(load_system("dgx-h100-cluster:nodes=1,stack=trtllm-1.3.0rc20").designs.values()))
+    model = default_cost_model()
+    cfg = with_overrides(load_model("llama3-8b"), mode="serve", prompt=8, generate=2, batch=1, layers=1,
+                         attention="flash")
+    core = next(op for op in build_transformer(cfg).ops if op.name.startswith("decode.1.") and op.param("core"))
+    last, past = core.with_loops(B=256, N=1024), core.with_loops(B=256, N=1536)
+    at_last, at_past = model.op_cost(last, design), model.op_cost(past, design)
+    assert at_last.model == "measured" and at_past.model == "extrapolated"
+    assert at_past.time == pytest.approx(at_last.time * 1.5, rel=1e-12)
+    assert model.op_times([past], [design]).tolist() == [at_past.time]
+    assert op_seconds(model._dparams[model._did(design)].gpu.attention, op_features(past), extrapolate=False) is None

@@ -76,3 +76,35 @@ def test_a_model_that_does_not_fit_is_one_error(cluster):
     with pytest.raises(InputError) as err:
         replica_memory(im, SchedulerConfig(), 80 * 2**30, where="pools[0]")
     assert "pools[0]" in str(err.value) and "weights" in str(err.value)
+
+
+@pytest.mark.parametrize("spec,tp,pp", [("llama3-8b", 1, 1), ("llama3-70b", 4, 2)])
+def test_tensorrt_llms_rule_gives_the_cache_its_share_of_the_free_memory(spec, tp, pp, cluster):
+    """``kv_cache_free_gpu_mem_fraction`` ``f``: the cache holds the whole blocks of ``f`` of what the
+    weights and the workspace leave of the whole GPU, which the ``gpu_memory_utilization`` rule at
+    the same fraction (``f x capacity - weights - workspace``) undercounts by ``(1 - f) x (weights +
+    workspace)``."""
+    t = load_model(spec)
+    im = IterationModel(t, cluster, _stages(tp, pp), RooflineCost())
+    capacity = 80 * 2**30
+    trt = replica_memory(im, SchedulerConfig(block_size=32, kv_cache_free_gpu_mem_fraction=0.95), capacity)
+    vllm = replica_memory(im, SchedulerConfig(block_size=32, gpu_memory_utilization=0.95), capacity)
+    assert trt.weights == vllm.weights and trt.workspace == vllm.workspace
+    free = [capacity - w - ws for w, ws in zip(trt.weights, trt.workspace)]
+    assert trt.blocks == min(int(0.95 * f // trt.block_bytes(s)) for s, f in enumerate(free))
+    assert vllm.blocks == min(int((0.95 * capacity - capacity + f) // vllm.block_bytes(s)) for s, f in enumerate(free))
+    gained = max(0.05 * (w + ws) for w, ws in zip(trt.weights, trt.workspace))  # at most, on some stage
+    assert 0 < (trt.blocks - vllm.blocks) * trt.block_bytes(0) <= gained + trt.block_bytes(0)
+
+
+def test_one_memory_rule_a_pool():
+    from marssim.serve.deployment import parse_pool
+
+    pool = parse_pool("replicas=1,tp=1,kv_cache_free_gpu_mem_fraction=0.95", "x")
+    assert pool.scheduler.kv_cache_free_gpu_mem_fraction == 0.95
+    assert parse_pool(pool.text(), "x") == pool  # reads back from its own text
+    with pytest.raises(InputError) as err:
+        parse_pool("replicas=1,gpu_memory_utilization=0.9,kv_cache_free_gpu_mem_fraction=0.95", "pools[0]")
+    assert "kv_cache_free_gpu_mem_fraction" in str(err.value) and "not both" in str(err.value)
+    with pytest.raises(InputError):
+        parse_pool("replicas=1,kv_cache_free_gpu_mem_fraction=1.5", "pools[0]")

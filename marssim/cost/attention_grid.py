@@ -22,10 +22,15 @@ itself) or ``decode`` (``m == 1``: one query per sequence over its cache); other
 (chunked prefill, speculative verification) have no slice. A value on a grid line takes weight
 1 there, so a measured shape gives its measured time back exactly. A shape outside the
 measured range of a line it needs (decode grids stop where the cache would not fit) is not
-interpolated: the caller falls back to the fitted curve -- except a context kernel longer than
-the longest prompt of a line that reaches :data:`SATURATED_KEYS` keys, which is extrapolated as
-the ``s^2`` products of a kernel at its plateau throughput (``OpCost.model == "extrapolated"``;
-the measured grids stop at 16k-token prompts, long-context training runs 32k-128k per rank).
+interpolated: the caller falls back to the fitted curve -- except a kernel past the longest key
+count of a line whose last point runs at its plateau, which is extrapolated from that point
+(``OpCost.model == "extrapolated"``): a context kernel longer than the longest prompt of a line
+that reaches :data:`SATURATED_KEYS` keys as the ``s^2`` products it computes (the measured grids
+stop at 16k-token prompts, long-context training runs 32k-128k per rank), and a decode kernel
+over a longer cache than a line's last measured one, where that point streams at least
+:data:`SATURATED_DECODE_ROWS` key/value-head rows, as the cache it streams, linear in the keys
+(the measured decode grids stop where ``sequences x keys`` reaches about 256k cached tokens, so a
+batch of 256 sequences has no point past 1,024 tokens of context).
 
 Only rows that carry their heads (:func:`marssim.cost.features.attention_geometry`) take part;
 the ops carry theirs in their feature tuples (:func:`marssim.cost.features.attention_geometry_key`).
@@ -45,7 +50,7 @@ from .features import (
 )
 
 __all__ = ["AttentionFamily", "SliceKey", "AttentionGrid", "family_of", "PRODUCTS", "row_entries", "op_slice",
-           "op_seconds", "STANDINS"]
+           "op_seconds", "STANDINS", "SATURATED_KEYS", "SATURATED_DECODE_ROWS", "TAIL_EXPONENTS", "saturated"]
 
 PRODUCTS = {"fwd": 2, "bwd": 4}
 """Products a fused attention kernel of a phase counts in its ``batch`` (``Q K^T`` and ``P V``
@@ -88,18 +93,38 @@ SATURATED_KEYS = 4096
 published H100 rates at 4k tokens are within 3 % of those at 16k: Shah et al., 2024), so that
 beyond the longest measured prompt its time grows as the ``s^2`` products it computes."""
 
-TAIL_EXPONENTS = {AttentionFamily.CONTEXT: 2.0}
+SATURATED_DECODE_ROWS = 1 << 20
+"""Key/value-head rows (``sequences x keys x key/value heads``) from which a decode kernel streams
+its cache at its plateau rate, so that past a line's last measured key count its time grows as
+the keys it reads: on AIConfigurator's H100 decode grids a doubling of the keys past 1M rows
+doubles the time within 15 % (mean ratio 1.85 between 1M and 3M rows, 2.01 past 3M; below 100k
+rows launch and tail effects leave it at 1.05-1.45)."""
+
+TAIL_EXPONENTS = {AttentionFamily.CONTEXT: 2.0, AttentionFamily.DECODE: 1.0}
 """Per family, the power of the key count a kernel's time follows past the longest measured one
-(context: compute-bound ``s^2``); a family without one is not extrapolated."""
+(context: compute-bound ``s^2``; decode: the cache it streams, ``s``); a family without one is
+not extrapolated."""
+
+
+def saturated(family: AttentionFamily, group: int, heads: int, sequences: int, keys: int) -> bool:
+    """Whether a measured point (``heads`` query heads, ``group`` of them per key/value head) runs
+    at its family's plateau, so that a line may be extended past it: a context kernel of at least
+    :data:`SATURATED_KEYS` keys, a decode kernel streaming at least :data:`SATURATED_DECODE_ROWS`
+    key/value-head rows."""
+    if family is AttentionFamily.CONTEXT:
+        return keys >= SATURATED_KEYS
+    return sequences * keys * max(1, heads // max(1, group)) >= SATURATED_DECODE_ROWS
 
 
 class _Slice:
     """One slice: ``ln t`` by heads, then sequences, then keys, each level's keys sorted;
-    ``tail``: the power of the keys its lines extend by past their longest measured key count
-    (None: no extrapolation)."""
+    ``key``: the slice's key; its family's tail (:data:`TAIL_EXPONENTS`) is the power of the keys
+    its lines extend by past their longest measured key count where that point is
+    :func:`saturated` (no tail: no extrapolation)."""
 
-    def __init__(self, tail: float | None = None) -> None:
-        self.tail = tail
+    def __init__(self, key: SliceKey) -> None:
+        self.key = key
+        self.tail = TAIL_EXPONENTS.get(key.family)
         self.points: dict[tuple[int, int, int], float] = {}
         self.tree: dict[int, dict[int, tuple[tuple[int, ...], dict[int, float]]]] = {}
         self.heads: tuple[int, ...] = ()
@@ -117,7 +142,8 @@ class _Slice:
     def along_keys(self, h: int, b: int, s: int, extrapolate: bool) -> float | None:
         keys, values = self.tree[h][b]
         last = keys[-1]
-        if extrapolate and self.tail is not None and s > last >= SATURATED_KEYS:
+        if extrapolate and self.tail is not None and s > last and \
+                saturated(self.key.family, self.key.group, h, b, last):
             return values[last] + self.tail * math.log(s / last)
         return _blend(keys, s, values.__getitem__)
 
@@ -169,7 +195,7 @@ class AttentionGrid:
                 continue
             sl = self._slices.get(key)
             if sl is None:
-                sl = self._slices[key] = _Slice(TAIL_EXPONENTS.get(key.family))
+                sl = self._slices[key] = _Slice(key)
             lt = math.log(seconds)
             old = sl.points.get((h, b, s))
             sl.points[(h, b, s)] = lt if old is None else min(old, lt)
@@ -189,8 +215,9 @@ class AttentionGrid:
     def seconds(self, key: SliceKey, heads: int, sequences: int, keys: int, extrapolate: bool = True) -> float | None:
         """The interpolated time (s) of a kernel of slice ``key`` with ``heads`` query heads,
         ``sequences`` sequences and ``keys`` keys; None where the slice cannot interpolate it.
-        ``extrapolate``: a context kernel past the longest measured prompt of a grid line that
-        reaches :data:`SATURATED_KEYS` takes that prompt's time times ``(keys / longest)^2``."""
+        ``extrapolate``: a kernel past the longest measured key count of a grid line whose last
+        point is :func:`saturated` takes that point's time times ``(keys / longest)^p``, ``p``
+        its family's :data:`TAIL_EXPONENTS` (context 2, decode 1)."""
         sl = self._slices.get(key)
         if sl is None:
             return None

@@ -610,7 +610,7 @@ class DataflowCost:
                     t, model = t_measured, "measured"
                 elif t_between is not None:  # between measured fused attention kernels
                     t, model = t_between, "interpolated"
-                elif t_beyond is not None:  # a context kernel past the longest measured prompt
+                elif t_beyond is not None:  # past the longest measured keys of a line at its plateau
                     t, model = t_beyond, "extrapolated"
                 elif t_derived is not None:  # a fused attention backward from its measured forward
                     t, model = t_derived, "derived"

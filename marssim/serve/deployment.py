@@ -29,6 +29,12 @@ pool setting                  meaning (the engines' own names where they have on
 ``block_size``                tokens per KV-cache block (``--block-size``, 16)
 ``watermark``                 fraction of blocks a new prompt must leave free (0.01)
 ``gpu_memory_utilization``    fraction of a GPU's memory the engine may use (0.9)
+``kv_cache_free_gpu_mem_fraction``  TensorRT-LLM's rule instead (``kv_cache_free_gpu_mem_fraction``
+                              of ``trtllm-bench``, ``KvCacheConfig.free_gpu_memory_fraction``):
+                              the KV cache takes this fraction of the memory left free after
+                              the weights and the activation workspace (0: unset, the
+                              ``gpu_memory_utilization`` rule); not given with
+                              ``gpu_memory_utilization``
 ``capacity``                  ``max_utilization`` (default: admit a prompt when its blocks are
                               free, preempt when decodes run out) or ``guaranteed_no_evict``
                               (TensorRT-LLM's default ``CapacitySchedulerPolicy``: admit a request
@@ -53,6 +59,10 @@ pool setting                  meaning (the engines' own names where they have on
 ``cuda_graphs``               decode iterations of a captured batch size replay one CUDA graph
                               (``true``, default; the engine's capture sizes) or launch every
                               kernel (``false``, vLLM ``--enforce-eager``); given with an engine
+``fused_elementwise``         the engine runs a block's residual adds, FP8 quantizations and
+                              rotary embeddings inside its norm, activation and attention kernels
+                              (``true``: TensorRT-LLM's Llama block; default ``false``: every op
+                              its own kernel); see :mod:`.itermodel`
 ``host_overlap``              ``auto`` (default: the engine's own, every shipped engine overlaps),
                               ``true`` or ``false`` (vLLM ``--no-async-scheduling``, SGLang
                               ``--disable-overlap-schedule``, TensorRT-LLM
@@ -113,6 +123,7 @@ class SchedulerConfig:
     block_size: int = 16
     watermark: float = 0.01
     gpu_memory_utilization: float = 0.9
+    kv_cache_free_gpu_mem_fraction: float = 0.0  # 0: unset (the gpu_memory_utilization rule)
     preemption: str = "recompute"
     capacity: str = "max_utilization"
     swap_space: float = 4 * 2**30  # bytes per GPU
@@ -125,6 +136,7 @@ class SchedulerConfig:
     engine: str = "none"
     cuda_graphs: bool = True
     host_overlap: str = "auto"
+    fused_elementwise: bool = False
 
     @property
     def overlap(self) -> bool | None:
@@ -224,8 +236,8 @@ class Deployment:
 # ---------------------------------------------------------------------- checking and parsing
 _POOL_INT = ("replicas", "tp", "pp", "ep")
 _SCHED_INT = ("max_num_seqs", "max_batched_tokens", "block_size")
-_SCHED_FLOAT = ("watermark", "gpu_memory_utilization")
-_SCHED_BOOL = ("mixed", "prefix_caching", "cuda_graphs")
+_SCHED_FLOAT = ("watermark", "gpu_memory_utilization", "kv_cache_free_gpu_mem_fraction")
+_SCHED_BOOL = ("mixed", "prefix_caching", "cuda_graphs", "fused_elementwise")
 _SPEC_KEYS = ("spec_method", "spec_model", "spec_layers", "spec_k", "spec_alpha")
 POOL_KEYS = ("role", "replicas", "tp", "pp", "ep", "gpu", "scheduler") + _SCHED_INT + _SCHED_FLOAT + _SCHED_BOOL + \
     ("preemption", "capacity", "swap_space") + _SPEC_KEYS + ("engine", "host_overlap")
@@ -300,6 +312,11 @@ def pool_from_dict(data: dict, where: str, prefix: str = "") -> Pool:
         elif key == "watermark":
             sched[key] = _float(value, where, path, 0.0, 0.5)
         elif key == "gpu_memory_utilization":
+            sched[key] = _float(value, where, path, 0.01, 1.0)
+        elif key == "kv_cache_free_gpu_mem_fraction":
+            if "gpu_memory_utilization" in data:
+                raise InputError(where, path, "expected one memory rule: kv_cache_free_gpu_mem_fraction (TensorRT-"
+                                              "LLM's share of the free memory) or gpu_memory_utilization, not both")
             sched[key] = _float(value, where, path, 0.01, 1.0)
         elif key in _SCHED_BOOL:
             sched[key] = _bool(value, where, path)

@@ -64,6 +64,16 @@ When fewer tokens reach the busiest rank than it holds experts (decode at small 
 runs only as many experts as tokens, one token each: a fused MoE kernel reads the weights of
 the experts that have tokens only (:meth:`IterationModel.expert_work`).
 
+An engine that fuses a block's element-wise ops into its other kernels (``fused_elementwise``:
+TensorRT-LLM, whose Llama block aiconfigurator-core 0.12.0 models as three element-wise kernels,
+``add_norm_1``, ``add_norm_2`` and ``act_gate``, beside the GEMMs and the attention,
+``sdk/models/llama.py``) runs a residual add inside the norm after it, an FP8 quantization inside
+the kernel that produces its input (norm, activation, attention) and the rotary embeddings inside
+the attention kernel: such an *absorbed* op launches no kernel of its own and costs its own
+traffic at the GPU's DRAM bandwidth (an upper bound of what it adds to the kernel it joins, which
+reads and writes less: the intermediate stays on chip), its layout conversions (the all-reduce
+a residual add waits for) unchanged.
+
 What is *not* here: the activations sent between pipeline stages and every other transfer are
 flows of the simulation's network (:mod:`.fabric`); this module gives their sizes.
 
@@ -84,7 +94,8 @@ from marssim.system import System
 from marssim.workload import Op, OpKind
 from marssim.workload.llm.config import TransformerConfig, with_overrides
 
-__all__ = ["IterationModel", "REF_BATCH", "REF_TOKENS", "stage_layers", "resize_tokens", "attention_loops"]
+__all__ = ["IterationModel", "REF_BATCH", "REF_TOKENS", "stage_layers", "resize_tokens", "attention_loops",
+           "ABSORBED_FUNCTIONS", "absorbed_op"]
 
 REF_BATCH = 3
 """Sequences of the template graph the ops are resized from."""
@@ -124,10 +135,11 @@ class IterationModel:
     (every stage the same tensor-parallel degree); ``cost``: the cost model; ``context_bucket``:
     decode attention's mean context rounded to a multiple of this many tokens (1: exact mean);
     ``ep``: expert parallelism of a mixture-of-experts model, 1 or the tensor-parallel degree (see
-    the module docstring)."""
+    the module docstring); ``fused_elementwise``: residual adds, FP8 quantizations and rotary
+    embeddings absorbed into the kernels beside them (see the module docstring)."""
 
     def __init__(self, config: TransformerConfig, system: System, stages: tuple[tuple[str, ...], ...],
-                 cost: CostModel, *, context_bucket: int = 1, ep: int = 1) -> None:
+                 cost: CostModel, *, context_bucket: int = 1, ep: int = 1, fused_elementwise: bool = False) -> None:
         from marssim.parallel.config import ParallelConfig
         from marssim.parallel.partition import op_rules
         from marssim.workload.llm import build_transformer
@@ -151,6 +163,7 @@ class IterationModel:
         self.pp = len(stages)
         self.cost = cost
         self.context_bucket = max(1, int(context_bucket))
+        self.fused_elementwise = bool(fused_elementwise)
         self.blocks = stage_layers(config.layers, self.pp)
         if min(self.blocks) < 1:
             raise InputError(None, "parallel", f"pp={self.pp} exceeds the model's {config.layers} layers")
@@ -213,13 +226,18 @@ class IterationModel:
         sample = next(op for op, _ in head if op.param("what") == "sample")
         self.sample_bytes_per_row = sample.output_bytes / REF_BATCH
         self.hidden_bytes_per_token = config.hidden * self.dtype_bytes
+        self.absorbed = frozenset(op.name for op, _ in self._tokens.ops + self._dense_tokens.ops
+                                  if self.fused_elementwise and absorbed_op(op))
+        """Names of the token-wise ops an engine with ``fused_elementwise`` runs inside other kernels."""
         # per stage: the design of its GPUs and its ring's hops (latency, bottleneck bandwidth)
         self._designs = []
+        self._dram = []
         self._rings = []
         cap = system.resource_capacity
         for gpus in stages:
             acc = system.accelerator(gpus[0])
             self._designs.append(system.design(gpus[0], acc.designs[0]))
+            self._dram.append(float(acc.memory.bandwidth))
             hops = []
             for i, g in enumerate(gpus):
                 route = system.route(g, gpus[(i + 1) % len(gpus)])
@@ -279,7 +297,7 @@ class IterationModel:
         tokens), and two all-reduces with tensor parallelism; the embedding on the first stage,
         the head on the last."""
         def count(piece: _Piece) -> int:
-            return sum(1 for _, rule in piece.ops if not rule.alias)
+            return sum(1 for op, rule in piece.ops if not rule.alias and op.name not in self.absorbed)
 
         per = count(self._attention) + (count(self._kv_write) if prefill else 0) + (2 if self.tp > 1 else 0)
         dense, main = self.stage_blocks[stage]
@@ -556,8 +574,7 @@ class IterationModel:
         """Seconds of ``ops`` on the stage's representative GPU: every op's shard and every layout
         conversion between them (the loop of ``analytic._Timer.unit``); and of them the
         conversions' seconds, bytes per rank and seconds of step latencies."""
-        design = self._designs[stage]
-        shards = iter(self._shards([(op, rule) for op, rule in ops if not rule.alias], design))
+        shards = iter(self._shards([(op, rule) for op, rule in ops if not rule.alias], stage))
         have: dict[str, tuple[str, float]] = {}
         seen: set[tuple[str, str]] = set()
         total = comm = nbytes = latency = 0.0
@@ -581,22 +598,28 @@ class IterationModel:
             have[op.name] = (rule.out, float(op.output_bytes))
         return total, comm, nbytes, latency
 
-    def _shards(self, ops: list[tuple[Op, object]], design) -> list[float]:
-        """Seconds of each op's shard on ``design`` (its rule's share of the time), in one
+    def _shards(self, ops: list[tuple[Op, object]], stage: int) -> list[float]:
+        """Seconds of each op's shard on ``stage``'s design (its rule's share of the time), in one
         vectorised call of the cost model where it has one (``op_times`` equals ``op_cost`` bit
-        for bit)."""
+        for bit); an absorbed op (:attr:`absorbed`) its shard's traffic at the DRAM bandwidth."""
         from marssim.parallel.partition import shard_loops
 
+        design = self._designs[stage]
         parts = []
         for op, rule in ops:
             sizes = shard_loops(op, rule, {}, 1)
             parts.append(op.with_loops(**sizes) if sizes else op)
+        timed = [part for part, (op, _) in zip(parts, ops) if op.name not in self.absorbed]
         op_times = getattr(self.cost, "op_times", None)
-        if op_times is not None and parts:
-            seconds = op_times(parts, [design] * len(parts)).tolist()
+        if op_times is not None and timed:
+            seconds = iter(op_times(timed, [design] * len(timed)).tolist())
         else:
-            seconds = [self.cost.op_cost(part, design).time for part in parts]
-        return [float(t / rule.scale) if rule.scale > 1 else float(t) for t, (_, rule) in zip(seconds, ops)]
+            seconds = iter([self.cost.op_cost(part, design).time for part in timed])
+        out = []
+        for part, (op, rule) in zip(parts, ops):
+            t = part.bytes_moved / self._dram[stage] if op.name in self.absorbed else next(seconds)
+            out.append(float(t / rule.scale) if rule.scale > 1 else float(t))
+        return out
 
     def _convert(self, stage: int, have: str, want: str, full: float) -> tuple[float, float, float]:
         """A layout conversion of a tensor of ``full`` bytes over the stage's tensor-parallel
@@ -647,6 +670,17 @@ class IterationModel:
 
 
 _EXPERT_OPS = ("dispatch", "gate", "up", "fc1", "act", "down", "fc2", "combine")
+
+ABSORBED_FUNCTIONS = ("add", "quantize", "rope")
+"""Element-wise functions an engine that fuses them runs inside other kernels: a residual add in
+the norm after it, an FP8 quantization in the kernel that produces its input, rotary embeddings in
+the attention kernel."""
+
+
+def absorbed_op(op: Op) -> bool:
+    """Whether ``op`` (a block's token-wise op) is one that ``fused_elementwise`` absorbs: an
+    element-wise op of a function in :data:`ABSORBED_FUNCTIONS`."""
+    return op.kind == OpKind.ELTWISE and op.param("fn") in ABSORBED_FUNCTIONS
 
 
 def _expert_op(op: Op) -> bool:

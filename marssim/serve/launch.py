@@ -122,6 +122,14 @@ def _common_notes(pool: Pool, engine: str) -> list[str]:
                      if engine == "vllm" else "mixed=true: --enable-mixed-chunk with chunked prefill")
     if cfg.watermark != 0.01:
         notes.append(f"watermark={cfg.watermark:g} has no flag (vLLM keeps 0.01)")
+    if cfg.kv_cache_free_gpu_mem_fraction > 0:
+        flag = "--gpu-memory-utilization" if engine == "vllm" else "--mem-fraction-static"
+        notes.append(f"kv_cache_free_gpu_mem_fraction={cfg.kv_cache_free_gpu_mem_fraction:g} is TensorRT-LLM's share "
+                     f"of the free memory for the KV cache; {flag} bounds the engine's whole memory instead (given "
+                     "here at its default)")
+    if cfg.fused_elementwise:
+        notes.append("fused_elementwise=true (residual adds, FP8 quantizations and rotary embeddings inside other "
+                     "kernels) is how TensorRT-LLM runs a Llama block; no flag sets it here")
     if cfg.capacity == "guaranteed_no_evict":
         notes.append("capacity=guaranteed_no_evict is TensorRT-LLM's capacity scheduler policy; "
                      f"{'vLLM' if engine == 'vllm' else 'SGLang'} admits by free blocks and preempts")

@@ -3,7 +3,8 @@ the activation workspace of its largest iteration, in blocks (vLLM's profile-the
 
 Per GPU of pipeline stage ``s`` (``tp`` ranks split every op by the lowering's rules):
 
-* usable memory: ``gpu_memory_utilization x capacity``;
+* usable memory: ``gpu_memory_utilization x capacity`` (vLLM's and SGLang's rule), or, with
+  ``kv_cache_free_gpu_mem_fraction`` ``f`` (TensorRT-LLM's rule), the whole capacity;
 * weights: the rank's parameters of the stage's blocks (:func:`marssim.parallel.memory.rank_weight_bytes`
   on the model's own ops), the embedding on the first stage, the output projection on the last
   (a tied one is copied there when ``pp > 1``), each op's at the bytes the engine holds per
@@ -13,7 +14,9 @@ Per GPU of pipeline stage ``s`` (``tp`` ranks split every op by the lowering's r
 * workspace: one forward pass of ``max_batched_tokens`` tokens holds the residual stream and the
   largest op's inputs and output at once (attention as the engines run it, a fused kernel that
   keeps no scores), plus the logits of ``max_num_seqs`` sequences in fp32;
-* KV cache: what is left, in blocks of ``block_size`` tokens; a token takes
+* KV cache: what is left (with ``f``: ``f x (capacity - weights - workspace)``, the share of the
+  memory free after the weights and the activations that TensorRT-LLM gives its KV cache), in
+  blocks of ``block_size`` tokens; a token takes
   ``2 x layers_s x ceil(kv_heads / tp) x head_dim`` elements on a rank (a key/value head is
   replicated when ``tp`` exceeds the key/value heads) at the cache's element size
   (``kv_dtype=fp8``: 1 B).
@@ -45,6 +48,7 @@ class ReplicaMemory:
     kv_bytes_per_token: tuple[float, ...]  # per GPU of each stage
     block_size: int
     blocks: int
+    free_fraction: float = 0.0  # TensorRT-LLM's rule: the cache's share of the free memory (0: not used)
 
     @property
     def kv_bytes(self) -> tuple[float, ...]:
@@ -57,7 +61,9 @@ class ReplicaMemory:
 
     def lines(self) -> list[str]:
         gib = 2**30
-        return [f"per GPU: {self.capacity / gib:.1f} GiB x utilisation = {self.usable / gib:.1f} GiB; weights "
+        rule = (f"KV cache {self.free_fraction:g} of the free memory" if self.free_fraction > 0 else
+                f"x utilisation = {self.usable / gib:.1f} GiB")
+        return [f"per GPU: {self.capacity / gib:.1f} GiB {rule}; weights "
                 f"{max(self.weights) / gib:.2f} GiB, workspace {max(self.workspace) / gib:.2f} GiB, KV cache "
                 f"{max(self.kv_bytes) / gib:.2f} GiB = {self.blocks:,} blocks of {self.block_size} tokens "
                 f"({self.blocks * self.block_size:,} tokens)"]
@@ -78,7 +84,8 @@ def replica_memory(model: IterationModel, cfg: SchedulerConfig, capacity: float,
     eb = DTYPE_BYTES[t.dtype]
     held = rank_weight_bytes(graph, ParallelConfig(tp=model.tp, micro_batch=REF_BATCH), model.rules)
     tp, pp = model.tp, model.pp
-    usable = cfg.gpu_memory_utilization * capacity
+    free_fraction = cfg.kv_cache_free_gpu_mem_fraction
+    usable = capacity if free_fraction > 0 else cfg.gpu_memory_utilization * capacity
     tokens = cfg.max_batched_tokens
     peak_op = 0.0
     for op, rule in model.token_ops + model.dense_token_ops:
@@ -108,16 +115,20 @@ def replica_memory(model: IterationModel, cfg: SchedulerConfig, capacity: float,
         ws = peak_op + residual + (logits if s == pp - 1 else 0.0)
         kv_token = float(model.blocks[s] * kv_per_token_layer) + (draft[1] if s == 0 else 0.0)
         left = usable - w - ws
+        if free_fraction > 0:
+            left *= free_fraction
         n = int(left // (cfg.block_size * kv_token)) if left > 0 else 0
         if n < 1:
             gib = 2**30
+            rule = (f"{free_fraction:g} of the free memory" if free_fraction > 0 else
+                    f"{cfg.gpu_memory_utilization:g} x {capacity / gib:.1f} GiB")
             raise InputError(where, "tp", f"no room for a KV cache on a GPU of stage {s}: weights {w / gib:.2f} GiB "
                                           f"and workspace {ws / gib:.2f} GiB of {usable / gib:.2f} GiB usable "
-                                          f"({cfg.gpu_memory_utilization:g} x {capacity / gib:.1f} GiB); more tp "
-                                          "or pp, fewer max_batched_tokens, or GPUs with more memory")
+                                          f"({rule}); more tp or pp, fewer max_batched_tokens, or GPUs with more "
+                                          "memory")
         blocks = n if blocks is None else min(blocks, n)
         weights.append(w)
         workspace.append(ws)
         per_token.append(kv_token)
     return ReplicaMemory(float(capacity), float(usable), tuple(weights), tuple(workspace), tuple(per_token),
-                         cfg.block_size, int(blocks))
+                         cfg.block_size, int(blocks), free_fraction)

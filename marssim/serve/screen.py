@@ -593,7 +593,8 @@ class DeploymentScreen:
             check_pool(pool, model, "deployment", f"pools[{p}].")
             design = system.accelerator(stages[0][0]).designs[0]
             self.gpus_by_design[design] = self.gpus_by_design.get(design, 0) + pool.gpus_per_replica
-            im = iteration_model(model, system, stages, cost, deployment.context_bucket, pool.ep)
+            im = iteration_model(model, system, stages, cost, deployment.context_bucket, pool.ep,
+                                 pool.scheduler.fused_elementwise)
             first.setdefault(p, stages)
             key = (p, id(im))
             if key not in classes:

@@ -126,14 +126,15 @@ class _Cluster:
             pool = deployment.pools[p]
             check_pool(pool, model, "deployment", f"pools[{p}].")
             design = system.accelerator(stages[0][0]).designs[0]
-            im = _iteration_model(model, system, stages, cost, deployment.context_bucket, pool.ep)
+            fused = pool.scheduler.fused_elementwise
+            im = _iteration_model(model, system, stages, cost, deployment.context_bucket, pool.ep, fused)
             capacity = system.accelerator(stages[0][0]).memory.capacity
             spec = None
             draft = (0.0, 0.0)
             if pool.scheduler.speculative:
                 if p not in drafts:
                     drafts[p] = draft_config(model, pool, "deployment", f"pools[{p}].")
-                draft_im = _iteration_model(drafts[p], system, stages, cost, deployment.context_bucket)
+                draft_im = _iteration_model(drafts[p], system, stages, cost, deployment.context_bucket, 1, fused)
                 spec = SpecTimer(im, draft_im, pool.scheduler)
                 draft = draft_memory(draft_im, pool.scheduler.spec_method)
             mem = replica_memory(im, pool.scheduler, capacity, where=f"pools[{p}]", draft=draft)
@@ -289,29 +290,29 @@ _MODELS: dict[tuple, tuple[CostModel, System, IterationModel]] = {}
 
 
 def _iteration_model(model: TransformerConfig, system: System, stages: tuple[tuple[str, ...], ...], cost: CostModel,
-                     bucket: int, ep: int = 1) -> IterationModel:
+                     bucket: int, ep: int = 1, fused: bool = False) -> IterationModel:
     """The iteration-time model of a replica on ``stages``, shared by every replica (of this and
     later simulations in this process, on the same system object and cost model) whose stages
     have the same design and ring routes: their memo of iteration pieces is shared too."""
     first = stages[0][0]
     acc = system.accelerator(first)
-    key = (model, len(stages[0]), len(stages), id(system), acc.designs[0], id(cost), bucket, ep,
+    key = (model, len(stages[0]), len(stages), id(system), acc.designs[0], id(cost), bucket, ep, fused,
            tuple(tuple(_ring_signature(system, s)) for s in stages))
     hit = _MODELS.get(key)
     if hit is not None and hit[0] is cost and hit[1] is system:
         return hit[2]
     if len(_MODELS) >= 32:
         _MODELS.clear()
-    im = IterationModel(model, system, stages, cost, context_bucket=bucket, ep=ep)
+    im = IterationModel(model, system, stages, cost, context_bucket=bucket, ep=ep, fused_elementwise=fused)
     _MODELS[key] = (cost, system, im)
     return im
 
 
 def iteration_model(model: TransformerConfig, system: System, stages: tuple[tuple[str, ...], ...], cost: CostModel,
-                    bucket: int = 1, ep: int = 1) -> IterationModel:
+                    bucket: int = 1, ep: int = 1, fused: bool = False) -> IterationModel:
     """The iteration-time model a simulation would give a replica on ``stages`` (the same object,
     with its memo, for every replica of the same design and ring routes in this process)."""
-    return _iteration_model(model, system, stages, cost, bucket, ep)
+    return _iteration_model(model, system, stages, cost, bucket, ep, fused)
 
 
 def _ring_signature(system: System, gpus: tuple[str, ...]) -> list[tuple[float, float]]:
