@@ -225,3 +225,17 @@ def test_unchecked_models_are_the_validated_ones():
     assert loose.model_extra == {"y": 2}
     partial = made_unchecked(Link, a="a", b="b", bandwidth=1.0)  # a field missing: the defaults filled in
     assert partial.latency == 0.0 and partial.duplex == "full"
+
+
+def test_a_declared_parameter_range_bounds_the_value_and_a_malformed_one_is_refused() -> None:
+    from marssim.system.params import apply_parameters
+
+    data = {"parameters": {"n": {"default": 4, "low": 2, "high": 8}, "m": 3}, "a": "{n}", "b": "{m}"}
+    body, changed = apply_parameters(data, {"n": "8"}, "f.yaml", "s:n=8")
+    assert body == {"a": 8, "b": 3} and changed == {"n": 8}
+    assert apply_parameters(data, {}, "f.yaml", "s")[0] == {"a": 4, "b": 3}
+    for value in ("1", "9"):
+        with pytest.raises(InputError, match="n: expected an integer from 2 to 8"):
+            apply_parameters(data, {"n": value}, "f.yaml", f"s:n={value}")
+    with pytest.raises(InputError, match="parameters.n: expected a default value or"):
+        apply_parameters({"parameters": {"n": {"low": 2}}}, {}, "f.yaml", "s")
