@@ -102,6 +102,14 @@ def test_delayed_scaling_named_or_not_is_the_same_graph() -> None:
     assert transformer_of(named).fp8_recipe == "delayed" and not transformer_of(named).current_scaling
 
 
+def test_the_description_names_the_recipe() -> None:
+    from marssim.workload.describe import describe_transformer
+
+    delayed, current = (" ".join(describe_transformer(g)) for g in _graphs())
+    assert "delayed scaling" in delayed and "current scaling" not in delayed
+    assert "current scaling" in current and "delayed scaling" not in current
+
+
 @pytest.mark.parametrize("spec,expected", [
     ("llama:layers=1,mode=train,fp8_recipe=current", "dtype=bf16"),
     ("llama:layers=1,mode=train,dtype=fp4,fp8_recipe=current", "dtype=fp4"),
