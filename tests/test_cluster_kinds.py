@@ -139,6 +139,21 @@ def test_gb200_nvl72_rack_matches_its_datasheet_aggregates() -> None:
     assert load_system("gb200-nvl72:fabric=ethernet").fabric_kind == "ethernet"
 
 
+def test_a_run_on_part_of_each_nvl72_rack_keeps_the_rack_s_links_and_refuses_more_than_72() -> None:
+    whole, part = load_system("gb200-nvl72:racks=4"), load_system("gb200-nvl72:racks=4,gpus_per_rack=64")
+    assert len(whole.accelerator_ids) == 4 * 72 and len(part.accelerator_ids) == 4 * 64
+    assert len(part.hosts) == 4 * 32  # a Grace CPU per two GPUs
+    g = part.accelerator_ids[0]
+    assert _per_direction_out(part, g, "nvswitch") == _per_direction_out(whole, whole.accelerator_ids[0], "nvswitch")
+    assert part.route(part.accelerator_ids[0], part.accelerator_ids[63]).nodes[1] == "nvswitch0"  # one domain
+    assert part.route(part.accelerator_ids[0], part.accelerator_ids[64]).nodes[1] != "nvswitch0"  # the next rack
+    assert load_system("gb200-nvl72:gpus_per_rack=72").spec == load_system("gb200-nvl72").spec  # the default
+    with pytest.raises(InputError, match="gpus_per_rack: expected an integer from 2 to 72"):
+        load_system("gb200-nvl72:gpus_per_rack=80")
+    with pytest.raises(InputError, match="gpus_per_host .2. must divide gpus_per_node .7."):
+        load_system("gb200-nvl72:gpus_per_rack=7")
+
+
 def test_dgx_b200_and_mi300x_nodes_match_their_datasheet_aggregates() -> None:
     b200 = load_system("dgx-b200-cluster:nodes=2")
     node = b200.accelerator_ids[:8]
@@ -210,3 +225,17 @@ def test_unchecked_models_are_the_validated_ones():
     assert loose.model_extra == {"y": 2}
     partial = made_unchecked(Link, a="a", b="b", bandwidth=1.0)  # a field missing: the defaults filled in
     assert partial.latency == 0.0 and partial.duplex == "full"
+
+
+def test_a_declared_parameter_range_bounds_the_value_and_a_malformed_one_is_refused() -> None:
+    from marssim.system.params import apply_parameters
+
+    data = {"parameters": {"n": {"default": 4, "low": 2, "high": 8}, "m": 3}, "a": "{n}", "b": "{m}"}
+    body, changed = apply_parameters(data, {"n": "8"}, "f.yaml", "s:n=8")
+    assert body == {"a": 8, "b": 3} and changed == {"n": 8}
+    assert apply_parameters(data, {}, "f.yaml", "s")[0] == {"a": 4, "b": 3}
+    for value in ("1", "9"):
+        with pytest.raises(InputError, match="n: expected an integer from 2 to 8"):
+            apply_parameters(data, {"n": value}, "f.yaml", f"s:n={value}")
+    with pytest.raises(InputError, match="parameters.n: expected a default value or"):
+        apply_parameters({"parameters": {"n": {"low": 2}}}, {}, "f.yaml", "s")

@@ -32,7 +32,7 @@ SERVE_HEADER = "name,system,model,deployment,input_tokens,output_tokens,requests
 def test_the_shipped_tables_name_runs_their_systems_can_take():
     tables = published_tables()
     assert {"korthikanti2022-table5", "nemo2407-h100-fp8", "nemo2403-h100-fp8-long-context",
-            "trtllm-1.0-h100-h200-fp8-throughput"} <= set(tables)
+            "megatron-bridge-2511-fp8", "trtllm-1.0-h100-h200-fp8-throughput"} <= set(tables)
     for name in tables:
         runs = load_published(name)
         assert runs and all(r.source for r in runs)
@@ -71,6 +71,38 @@ def test_the_nemo_summary_rows_are_the_published_tokens_per_gpu_converted():
         gpus, gbs, seq = _sizes(r)
         assert gbs * seq / (r.measured_iteration_s * gpus) == pytest.approx(tokens, rel=1e-4), r.name
         assert "dtype=fp8" in r.workload
+
+
+# Megatron-Bridge 25.11 performance summary, FP8-CS rows: GPUs, GBS, MBS, TP, PP, CP, VP, tokens/s/GPU
+MEGATRON_BRIDGE_2511 = {
+    "H100 LLAMA3-70B 64 GPUs": (64, 128, 1, 4, 8, 1, 5, 1602),
+    "H100 LLAMA3.1-405B 1024 GPUs": (1024, 512, 1, 8, 8, 2, 8, 292),
+    "B200 LLAMA3-8B 8 GPUs": (8, 128, 2, 1, 1, 1, 1, 30624),
+    "B200 LLAMA3.1-405B 128 GPUs": (128, 64, 1, 4, 8, 2, 8, 661),
+    "GB200 LLAMA3-8B 8 GPUs": (8, 128, 2, 1, 1, 1, 1, 31508),
+    "GB200 LLAMA3.1-405B 256 GPUs": (256, 1536, 1, 4, 16, 1, 4, 813),
+}
+
+
+def test_the_megatron_bridge_rows_are_the_published_layouts_and_tokens_per_gpu_converted():
+    """Each row's GPUs, batch and parallel layout are the summary's, its iteration the tokens/s/GPU
+    converted; every row runs FP8 with current scaling and FP8 parameters, and the 405B rows count
+    the embedding and loss in the pipeline split (126 + 2 layers in pp x vp chunks)."""
+    runs = load_published("megatron-bridge-2511-fp8")
+    assert {r.name for r in runs} == set(MEGATRON_BRIDGE_2511)
+    for r in runs:
+        gpus, gbs, mbs, tp, pp, cp, vp, tokens = MEGATRON_BRIDGE_2511[r.name]
+        cfg = parse_parallel(r.parallel)
+        assert (len(load_system(r.system).accelerators), cfg.global_batch, cfg.micro_batch) == (gpus, gbs, mbs)
+        assert (cfg.tp, cfg.pp, cfg.cp, cfg.virtual_stages, cfg.dp) == (tp, pp, cp, vp, gpus // (tp * pp * cp))
+        assert cfg.sp == (tp > 1) and cfg.tp_comm_overlap == (tp > 1)
+        assert f"({tokens} tokens/s/GPU)" in r.source
+        assert gbs * 8192 / (r.measured_iteration_s * gpus) == pytest.approx(tokens, rel=1e-4), r.name
+        t = load_workload(r.workload).meta["transformer"]
+        assert (t.gemm_dtype, t.fp8_recipe, t.fp8_param_gather, t.seq) == ("fp8", "current", True, 8192)
+        assert t.vocab % (128 * tp) == 0 and t.vocab - 128 * tp < 128256 <= t.vocab  # padded as Megatron pads
+        if t.layers == 126:
+            assert cfg.account_for_embedding and cfg.account_for_loss and (126 + 2) % (pp * vp) == 0
 
 
 def test_the_long_context_rows_are_the_published_flops_converted_by_the_stated_count():

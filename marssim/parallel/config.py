@@ -70,6 +70,12 @@ etp                expert tensor parallelism (``--expert-tensor-parallel-size``;
 overlap_p2p_comm   pipeline sends and receives asynchronous (``--overlap-p2p-communication``, the
                    interleaved schedule's); off (as Megatron-LM runs 1F1B): a GPU's next kernel waits
                    until its send to the neighbouring stage has completed
+account_for_embedding, account_for_loss
+                   the embedding (the output layer and loss) counted as one layer when the layers are
+                   split over the model chunks (``--account-for-embedding-in-pipeline-split``,
+                   ``--account-for-loss-in-pipeline-split``): ``layers + 2`` split evenly, the first
+                   chunk holding one block fewer, the last one fewer (Llama 3.1 405B's 126 layers in
+                   64 chunks of 2)
 =================  ===============================================================================
 
 What a Megatron-LM iteration runs beyond the workload graph's ops (:mod:`.megatron`, each with its
@@ -160,6 +166,8 @@ class ParallelConfig:
     overlap_param_gather: bool = False
     overlap_p2p_comm: bool = False
     etp: int = 0
+    account_for_embedding: bool = False
+    account_for_loss: bool = False
     zero3_prefetch: int = 50_000_000
     zero3_live: int = 1_000_000_000
     zero3_persist: int = 100_000
@@ -241,6 +249,7 @@ FIELDS: dict[str, Field] = {
     "host_gaps": Field("bool"),
     "cp": Field("int", low=1), "tp_comm_overlap": Field("bool"), "overlap_param_gather": Field("bool"),
     "overlap_p2p_comm": Field("bool"), "etp": Field("int", low=0),
+    "account_for_embedding": Field("bool"), "account_for_loss": Field("bool"),
     "zero3_prefetch": Field("int", low=0), "zero3_live": Field("int", low=0), "zero3_persist": Field("int", low=0),
     "zero3_reuse": Field("int", low=0), "zero3_bucket": Field("int", low=1),
 }
@@ -313,6 +322,14 @@ def parallel_problems(cfg: ParallelConfig, transformer, gpus: int) -> list[tuple
         out.append(("sp", "mixture-of-experts layers with tp > 1 need sequence parallelism (as Megatron-LM requires)"))
     layers = t.layers
     chunks = cfg.pp * (cfg.virtual_stages if cfg.schedule == "interleaved" else 1)
+    counted = layers + cfg.account_for_embedding + cfg.account_for_loss  # the layers a split divides
+    if cfg.layers_per_stage and (cfg.account_for_embedding or cfg.account_for_loss):
+        key = "account_for_embedding" if cfg.account_for_embedding else "account_for_loss"
+        out.append((key, "applies to the balanced split (give layers_per_stage or this, not both)"))
+    elif (cfg.account_for_embedding or cfg.account_for_loss) and counted // chunks < 2:
+        key = "account_for_embedding" if cfg.account_for_embedding else "account_for_loss"
+        out.append((key, f"leaves the first or last of the {chunks} model chunks without a layer "
+                         f"({layers} layers)"))
     if cfg.layers_per_stage:
         if len(cfg.layers_per_stage) != cfg.pp:
             out.append(("layers_per_stage", f"expected {cfg.pp} layer counts (one per stage), got "
@@ -324,8 +341,10 @@ def parallel_problems(cfg: ParallelConfig, transformer, gpus: int) -> list[tuple
             out.append(("layers_per_stage", "is not supported with the interleaved schedule (its chunks are even)"))
     elif cfg.pp > layers:
         out.append(("pp", f"expected at most the {layers} layers, got {cfg.pp}"))
-    elif cfg.schedule == "interleaved" and layers % chunks:
-        out.append(("virtual_stages", f"the {layers} layers must split into pp x virtual_stages = {chunks} chunks"))
+    elif cfg.schedule == "interleaved" and counted % chunks:
+        counted_text = f"{layers} layers" + (f" (+{counted - layers} counted for the embedding and loss)"
+                                             if counted != layers else "")
+        out.append(("virtual_stages", f"the {counted_text} must split into pp x virtual_stages = {chunks} chunks"))
     if cfg.schedule == "interleaved":
         if not cfg.uniform or cfg.stage_start:
             out.append(("schedule", "the interleaved schedule needs uniform stages (no stage_tp or stage_start)"))

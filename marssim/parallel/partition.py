@@ -38,10 +38,17 @@ __all__ = [
 def chunk_layers(layers: int, cfg: ParallelConfig) -> tuple[tuple[int, ...], ...]:
     """The layers of each model chunk: ``pp * virtual_stages`` chunks (``layers_per_stage`` when
     given), balanced with the larger ones first; chunk 0 also holds the embedding (layer -1), the
-    last the head (layer ``layers``). Memoised: read it, do not change it."""
+    last the head (layer ``layers``). With ``account_for_embedding`` (``account_for_loss``) the
+    embedding (the head) counts as a layer of the split: the first (last) chunk holds one block
+    fewer. Memoised: read it, do not change it."""
     n = cfg.pp * (cfg.virtual_stages if cfg.schedule == "interleaved" else 1)
-    sizes = list(cfg.layers_per_stage) if cfg.layers_per_stage else \
-        [layers // n + (1 if i < layers % n else 0) for i in range(n)]
+    if cfg.layers_per_stage:
+        sizes = list(cfg.layers_per_stage)
+    else:
+        counted = layers + cfg.account_for_embedding + cfg.account_for_loss
+        sizes = [counted // n + (1 if i < counted % n else 0) for i in range(n)]
+        sizes[0] -= cfg.account_for_embedding
+        sizes[-1] -= cfg.account_for_loss
     out, at = [], 0
     for size in sizes:
         out.append(list(range(at, at + size)))

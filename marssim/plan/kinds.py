@@ -143,7 +143,8 @@ _SHORT = (("sp", lambda v: "sp" if v else ""), ("ep", lambda v: f"ep{v}"), ("mic
           ("overlap_grad_reduce", lambda v: "" if v else "no-overlap"),
           ("tp_comm_overlap", lambda v: "tpo" if v else ""),
           ("overlap_param_gather", lambda v: "opg" if v else ""), ("overlap_p2p_comm", lambda v: "p2po" if v else ""),
-          ("etp", lambda v: f"etp{v}"))
+          ("etp", lambda v: f"etp{v}"), ("account_for_embedding", lambda v: "split+emb" if v else ""),
+          ("account_for_loss", lambda v: "split+loss" if v else ""))
 
 
 def short_config(cfg: ParallelConfig) -> str:

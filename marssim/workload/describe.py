@@ -153,8 +153,9 @@ def _precision(cfg) -> str:
     if not cfg.gemm_dtype:
         return cfg.dtype
     if cfg.gemm_dtype == "fp8":
+        scaling = "current scaling" if cfg.current_scaling else "delayed scaling"
         text = (f"{cfg.dtype} with FP8 GEMMs in the blocks (Transformer Engine: E4M3 forward, E5M2 gradients, "
-                "delayed scaling" if cfg.training else f"{cfg.dtype} with FP8 GEMMs in the blocks (FP8 weights, "
+                f"{scaling}" if cfg.training else f"{cfg.dtype} with FP8 GEMMs in the blocks (FP8 weights, "
                 "activations cast per GEMM")
     else:
         text = f"{cfg.dtype} with NVFP4 GEMMs in the blocks (Transformer Engine's NVFP4 recipe"

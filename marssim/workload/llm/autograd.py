@@ -53,8 +53,10 @@ input casts its output gradient first (``.grad_fp8``, E5M2; NVFP4: ``.grad_amax`
 ``.grad_fp4``), which ``.dgrad`` (with the weights' low-precision copy) and ``.wgrad`` (with the
 kept low-precision input) read; a cast's gradient passes through unchanged (straight-through);
 after each group's AdamW step ``.fp8_weights`` casts the group's GEMM weights (and their
-transposes) for the next step; an FP8 step ends its forward with ``fp8.amax_fwd`` and its
-backward with ``fp8.amax_bwd``, the amax-and-scale updates of delayed scaling.
+transposes) for the next step (under current scaling reading them once more for their amax); an
+FP8 step of delayed scaling ends its forward with ``fp8.amax_fwd`` and its backward with
+``fp8.amax_bwd``, the amax-and-scale updates of the amax histories (current scaling: each cast
+takes its tensor's amax first, ``.amax`` and ``.grad_amax``, and there is no history).
 """
 
 from __future__ import annotations
@@ -363,17 +365,23 @@ class _Backward:
             low = low_params.get(layer, 0)
             if low:  # the GEMM weights' low-precision copy and its transpose, for the next step
                 src = "fp32" if cfg.fp8_param_gather else cfg.dtype  # the master itself, or its bf16 copy
+                extra = DTYPE_BYTES[cfg.gemm_dtype]
+                cast = {"fn": "quantize", "in_dtypes": (src,), "keep": True, "weights": True}
+                if cfg.current_scaling:  # the weights' own amax first: one more read of them
+                    extra += DTYPE_BYTES[src]
+                    cast["amax"] = True
                 b.op(f"{prefix}.{cfg.gemm_dtype}_weights", OpKind.ELTWISE, {"N": 1, "C": low, "H": 1, "W": 1},
-                     [T(adam.op, (1, low, 1, 1))], (1, low, 1, 1),
-                     params={"fn": "quantize", "in_dtypes": (src,), "extra_per_elem": DTYPE_BYTES[cfg.gemm_dtype],
-                             "keep": True, "weights": True}, dtype=cfg.gemm_dtype)
+                     [T(adam.op, (1, low, 1, 1))], (1, low, 1, 1), params={**cast, "extra_per_elem": extra},
+                     dtype=cfg.gemm_dtype)
         b.tags = {}
 
     def amax_update(self, direction: str) -> None:
         """The fused amax-and-scale update of delayed scaling at the end of the forward (``fwd``)
-        or the backward (``bwd``): it reads and rewrites the amax history of every FP8 tensor of
+        or the backward (``bwd``; none under current scaling): it reads and rewrites the amax history of every FP8 tensor of
         that direction (:data:`~.precision.AMAX_HISTORY` fp32 entries each)."""
         cfg, b = self.cfg, self.b
+        if cfg.current_scaling:  # no history: each cast took its tensor's amax
+            return
         gemms = sum(1 for op in self.forward if op.kind == OpKind.GEMM and op.param("w_dtype") == "fp8")
         if not gemms:
             return

@@ -52,7 +52,8 @@ a parallel configuration times every expert-parallel rank at the busiest rank's 
 Precision: ``dtype`` is the type of activations, weights as stored, and every kernel but the
 low-precision GEMMs; ``dtype=fp8`` (or ``fp4``) is Transformer Engine's recipe, short for
 ``dtype=bf16,gemm_dtype=fp8``: the blocks' GEMMs read FP8 (NVFP4) inputs, everything else stays
-bf16 (:mod:`.precision`). ``fp8_param_gather`` keeps those GEMMs' weights in FP8 as parameters
+bf16 (:mod:`.precision`); ``fp8_recipe`` picks its scaling, ``delayed`` (the default) or
+``current`` (:data:`FP8_RECIPES`; refused without FP8). ``fp8_param_gather`` keeps those GEMMs' weights in FP8 as parameters
 (training); ``kv_dtype=fp8`` stores a serving run's KV cache in FP8.
 """
 
@@ -63,8 +64,8 @@ from typing import Any
 
 from marssim.errors import InputError
 
-__all__ = ["TransformerConfig", "PRESETS", "FAMILY_DEFAULTS", "MODES", "RECOMPUTE", "ATTENTION", "check_config",
-           "config_from"]
+__all__ = ["TransformerConfig", "PRESETS", "FAMILY_DEFAULTS", "MODES", "RECOMPUTE", "ATTENTION", "FP8_RECIPES",
+           "check_config", "config_from"]
 
 MODES = ("forward", "train", "prefill", "decode", "serve")
 """``forward``: one forward pass over ``seq`` tokens (logits for every token); ``train``: one
@@ -80,6 +81,12 @@ backward (the scores never leave the chip; dropout inside the kernel, no mask ke
 PyTorch's scaled-dot-product attention with the ``flash`` (FlashAttention-2, Dao 2023),
 memory-``efficient`` (xFormers; Rabe and Staats 2021) or ``cudnn`` (cuDNN's fused attention)
 backend."""
+
+FP8_RECIPES = ("delayed", "current")
+"""How an FP8 run scales its casts (Transformer Engine's recipes, :mod:`.precision`): ``delayed``
+(``DelayedScaling``: each scale from an amax history updated once per forward and backward) or
+``current`` (``Float8CurrentScaling``, "FP8-CS": each cast takes its tensor's own amax first, no
+history)."""
 
 RECOMPUTE = ("none", "selective", "full")
 """Activation recomputation (Korthikanti et al. 2022): ``selective`` re-runs the attention core
@@ -106,6 +113,7 @@ class TransformerConfig:
     dtype: str = "bf16"  # activations and weights as stored; fp8/fp4: bf16 with gemm_dtype fp8/fp4
     gemm_dtype: str = ""  # "" (dtype), fp8 or fp4: the input type of the blocks' GEMMs (Transformer Engine)
     fp8_param_gather: bool = False  # the FP8 GEMMs' weights are FP8 parameters, gathered in FP8 (training)
+    fp8_recipe: str = ""  # "" (delayed, an FP8 run's default), delayed or current: FP8 scaling (FP8_RECIPES)
     kv_dtype: str = ""  # "" (dtype) or fp8: the KV cache of prefill, decode and serve
     mode: str = "forward"
     recompute: str = "none"
@@ -213,6 +221,12 @@ class TransformerConfig:
         if self.shared_width:
             out.append(self.shared_width)
         return tuple(out)
+
+    @property
+    def current_scaling(self) -> bool:
+        """Whether every low-precision cast takes its tensor's own amax first (NVFP4, and FP8 with
+        ``fp8_recipe=current``) rather than a scale from an amax history (FP8's delayed scaling)."""
+        return self.gemm_dtype == "fp4" or (self.gemm_dtype == "fp8" and self.fp8_recipe == "current")
 
     @property
     def training(self) -> bool:
@@ -354,6 +368,11 @@ def check_config(cfg: TransformerConfig) -> None:
         _fail("gemm_dtype", f"expected fp8 or fp4 (Transformer Engine's recipes), got {cfg.gemm_dtype!r}")
     if cfg.fp8_param_gather and (cfg.gemm_dtype != "fp8" or cfg.mode != "train"):
         _fail("fp8_param_gather", "applies to FP8 training (dtype=fp8, mode=train)")
+    if cfg.fp8_recipe and cfg.fp8_recipe not in FP8_RECIPES:
+        _fail("fp8_recipe", f"expected one of {', '.join(FP8_RECIPES)}, got {cfg.fp8_recipe!r}")
+    if cfg.fp8_recipe and (cfg.gemm_dtype != "fp8" or cfg.mode not in ("forward", "train")):
+        _fail("fp8_recipe", f"applies to FP8 training and forward passes (dtype=fp8, mode=train or forward; serving "
+                            f"takes static scales), got dtype={cfg.gemm_dtype or cfg.dtype}, mode={cfg.mode}")
     if cfg.kv_dtype not in ("", "fp8", "bf16", "fp16", "fp32"):
         _fail("kv_dtype", f"expected fp8, bf16, fp16 or fp32, got {cfg.kv_dtype!r}")
     if cfg.kv_dtype and cfg.mode not in ("prefill", "decode", "serve"):

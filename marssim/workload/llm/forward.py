@@ -34,7 +34,8 @@ loss) and ``phase`` (``fwd``); every GEMM its tensor-parallel role (``tp_role``:
 replicated, :mod:`.tprole`).
 
 With ``gemm_dtype`` (``dtype=fp8`` or ``fp4``) the blocks' GEMMs read their input through a cast
-(``<x>.fp8``, or ``<x>.amax`` and ``<x>.fp4``) and their weights' low-precision copy
+(``<x>.fp8``, or ``<x>.amax`` and ``<x>.fp4``; ``<x>.amax`` and ``<x>.fp8`` under FP8's current
+scaling) and their weights' low-precision copy
 (:mod:`.precision`); with ``kv_dtype`` the KV cache holds that type, the keys and values cast as
 they are written.
 """
@@ -83,8 +84,8 @@ class Decoder:
 
     def cast(self, x: T) -> T:
         """``x`` in the recipe's GEMM type (:mod:`.precision`): one cast kernel writing the
-        low-precision tensor and, in training, its transpose (the copy backward keeps); NVFP4's
-        current scaling takes the tensor's amax first (``<x>.amax``)."""
+        low-precision tensor and, in training, its transpose (the copy backward keeps); current
+        scaling (NVFP4, FP8's ``fp8_recipe=current``) takes the tensor's amax first (``<x>.amax``)."""
         got = self._casts.get(x.op)
         if got is not None:
             return got
@@ -308,15 +309,16 @@ def _retype(b: GraphBuilder, out: str, ins: tuple[str, ...]) -> None:
 
 
 def quantize(b: GraphBuilder, cfg: TransformerConfig, x: T, name: str, fp8_format: str) -> T:
-    """``x`` cast to ``cfg.gemm_dtype`` by the op ``name`` (:mod:`.precision`): FP8 (delayed
-    scaling: the amax in the same pass) in format ``fp8_format`` (``e4m3`` forward, ``e5m2``
-    gradients), or NVFP4 after an amax kernel over ``x``; training also writes the transpose."""
+    """``x`` cast to ``cfg.gemm_dtype`` by the op ``name`` (:mod:`.precision`): FP8 in format
+    ``fp8_format`` (``e4m3`` forward, ``e5m2`` gradients) or NVFP4; delayed scaling takes the amax
+    in the same pass, current scaling (NVFP4, ``fp8_recipe=current``) in an amax kernel over ``x``
+    first; training also writes the transpose."""
     low, act = cfg.gemm_dtype, cfg.dtype
     params: dict = {"fn": "quantize", "in_dtypes": (act,)}
     ins = [x]
     if low == "fp8":
         params["fp8"] = fp8_format
-    else:  # current scaling: the tensor's own amax first (<x>.amax, <gemm>.grad_amax)
+    if cfg.current_scaling:  # the tensor's own amax first (<x>.amax, <gemm>.grad_amax)
         amax = b.op(name.rpartition(low)[0] + "amax", OpKind.ELTWISE, {"N": 1, "C": 1, "H": 1, "W": 1}, [x],
                     (1, 1, 1, 1), params={"fn": "amax", "in_dtypes": (act,)}, dtype="fp32")
         ins.append(amax)

@@ -27,6 +27,16 @@ once per step              ``<group>.fp8_weights`` after each group's AdamW step
                            backward)
 =========================  ===========================================================================
 
+``fp8_recipe=current`` is Transformer Engine's ``Float8CurrentScaling`` ("FP8-CS", the recipe of
+NeMo's and Megatron-Bridge's recent FP8 runs, Megatron-LM's ``--fp8-recipe tensorwise``): the
+same casts, formats and GEMMs, but each cast takes its tensor's own amax first, in a kernel of its
+own that reads the tensor once more (``<x>.amax`` before ``<x>.fp8``, ``<gemm>.grad_amax`` before
+``<gemm>.grad_fp8``: read 2 B per element, write one fp32 amax that the cast reads), the weights'
+cast after each AdamW step reads the weights once more for theirs (``extra_per_elem`` grows by
+the source's bytes; its param ``amax``), and there is no amax history: no ``fp8.amax_fwd`` or
+``fp8.amax_bwd``. ``fp8_recipe=delayed`` (the default of ``dtype=fp8``) is the recipe above, graph
+for graph. The option is refused without FP8, and in serving modes (static scales).
+
 ``dtype=fp4`` is NVFP4 (``NVFP4BlockScaling``; Blackwell): the same GEMMs with 4-bit inputs
 (0.5625 B per element with their block scales), each cast preceded by its ``<x>.amax`` kernel
 (current scaling: the amax of the tensor itself, one more read of it) and no amax history. The
@@ -40,7 +50,9 @@ FP8: the keys and values are cast as they are written, and attention reads them 
 element (computing in bf16).
 
 The amax reduction across the data- and tensor-parallel group (an all-reduce of a few bytes per
-tensor) is left out: its bytes are negligible and its latency is not a kernel of the graph.
+tensor) is left out: its bytes are negligible and its latency is not a kernel of the graph (under
+current scaling with sequence parallelism Transformer Engine reduces a cast's amax over the
+tensor-parallel group before the cast: a latency this model does not charge either).
 
 Memory per parameter (:func:`held_weight_bytes`; gradients and optimizer state do not depend on
 the GEMMs' precision: 4 B of fp32 main gradient and 12 B of fp32 master weight and Adam moments):
