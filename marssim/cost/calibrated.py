@@ -138,7 +138,8 @@ attention backend) its stack did not measure take the rows of the first of them 
 (:func:`marssim.cost.model.design_stacks`). Shipped tables: ``H100.csv`` holds
 ``pytorch-2.11.0+cu130`` (the measurement harness, 2026) and ``vidur-2024`` (Vidur's published
 profiles, :mod:`marssim.calibrate.published`); ``A100.csv`` holds ``vidur-2024``;
-``H100-aiconfigurator.csv``, ``H200-aiconfigurator.csv`` and ``B200-aiconfigurator.csv`` hold
+``H100-aiconfigurator.csv``, ``H200-aiconfigurator.csv``, ``B200-aiconfigurator.csv`` and
+``GB200-aiconfigurator.csv`` hold
 ``trtllm-1.3.0rc20`` (NVIDIA AIConfigurator's GEMMs and context and decode attention kernels,
 :mod:`marssim.calibrate.aiconfigurator`).
 
