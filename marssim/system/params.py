@@ -3,9 +3,9 @@
 A system file may declare ``parameters:`` with their defaults; any string value of the file that
 is exactly ``"{name}"`` takes the parameter's value (its type is the default's), and ``{name}``
 inside a longer string (a description) is replaced by its text. A default may carry bounds, as
-``{default: 72, low: 2, high: 72}``: a value given outside them is refused naming the parameter. A spec string overrides the
-defaults; its canonical form lists the overridden parameters in sorted order, so two specs
-naming the same system compare equal.
+``{default: 72, low: 2, high: 72}``: a value given outside them is refused naming the parameter. A
+spec string overrides the defaults; its canonical form lists the overridden parameters in sorted
+order, so two specs naming the same system compare equal.
 """
 
 from __future__ import annotations
@@ -45,7 +45,8 @@ def _declared(file: str, key: str, value: Any) -> tuple[Any, Field]:
     if not isinstance(value, dict):
         return value, field_like(value)
     if "default" not in value or set(value) - {"default", "low", "high"}:
-        raise InputError(file, f"parameters.{key}", f"expected a default value or {{default, low, high}}, got {value!r}")
+        raise InputError(file, f"parameters.{key}",
+                         f"expected a default value or {{default, low, high}}, got {value!r}")
     default = value["default"]
     base = field_like(default)
     low, high = value.get("low", base.low), value.get("high", base.high)

@@ -377,8 +377,8 @@ class _Backward:
 
     def amax_update(self, direction: str) -> None:
         """The fused amax-and-scale update of delayed scaling at the end of the forward (``fwd``)
-        or the backward (``bwd``; none under current scaling): it reads and rewrites the amax history of every FP8 tensor of
-        that direction (:data:`~.precision.AMAX_HISTORY` fp32 entries each)."""
+        or the backward (``bwd``; none under current scaling): it reads and rewrites the amax history
+        of every FP8 tensor of that direction (:data:`~.precision.AMAX_HISTORY` fp32 entries each)."""
         cfg, b = self.cfg, self.b
         if cfg.current_scaling:  # no history: each cast took its tensor's amax
             return

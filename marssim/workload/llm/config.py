@@ -53,8 +53,8 @@ Precision: ``dtype`` is the type of activations, weights as stored, and every ke
 low-precision GEMMs; ``dtype=fp8`` (or ``fp4``) is Transformer Engine's recipe, short for
 ``dtype=bf16,gemm_dtype=fp8``: the blocks' GEMMs read FP8 (NVFP4) inputs, everything else stays
 bf16 (:mod:`.precision`); ``fp8_recipe`` picks its scaling, ``delayed`` (the default) or
-``current`` (:data:`FP8_RECIPES`; refused without FP8). ``fp8_param_gather`` keeps those GEMMs' weights in FP8 as parameters
-(training); ``kv_dtype=fp8`` stores a serving run's KV cache in FP8.
+``current`` (:data:`FP8_RECIPES`; refused without FP8). ``fp8_param_gather`` keeps those GEMMs'
+weights in FP8 as parameters (training); ``kv_dtype=fp8`` stores a serving run's KV cache in FP8.
 """
 
 from __future__ import annotations
