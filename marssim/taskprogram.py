@@ -169,6 +169,28 @@ class TaskProgram:
             i = j
         return out
 
+    def tasks_of_rows(self, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The tasks whose template row ``mask`` selects (bool per row), ascending, and their rows
+        (int64 each): what ``np.flatnonzero(mask[row of every task])`` gives, without a
+        whole-length array."""
+        chosen = np.flatnonzero(mask)  # ascending: grouped by template
+        count = np.bincount(np.searchsorted(self.tpl_start, chosen, side="right") - 1, minlength=len(self.sizes))
+        ptr = np.zeros(len(count) + 1, dtype=np.int64)
+        np.cumsum(count, out=ptr[1:])
+        per_inst = count[self.inst_tpl]
+        first = np.cumsum(per_inst) - per_inst  # each instance's first place in the output
+        at = np.repeat(ptr[:-1][self.inst_tpl] - first, per_inst)
+        at += np.arange(len(at), dtype=np.int64)
+        rows = chosen[at]
+        del at
+        tasks = rows + np.repeat(self.inst_base[:-1] - self.tpl_start[self.inst_tpl], per_inst)
+        return tasks, rows
+
+    def rows_of(self, tasks: np.ndarray) -> np.ndarray:
+        """The template row of each of ``tasks`` (int64)."""
+        inst = self.inst_of[tasks]
+        return self.tpl_start[self.inst_tpl[inst]] + (np.asarray(tasks, dtype=np.int64) - self.inst_base[inst])
+
     def _rows_of_tasks(self) -> np.ndarray:
         sizes = self.sizes[self.inst_tpl]
         rows = np.repeat(self.tpl_start[self.inst_tpl] - self.inst_base[:-1], sizes)

@@ -375,20 +375,25 @@ def parallel_report(tg: TaskGraph, system, start: np.ndarray, end: np.ndarray, m
     per_gpu: dict[str, dict[str, float]] = {}
     names = tg.node_names
     index = {n: i for i, n in enumerate(names)}
-    comp = tg.kind == COMPUTE
-    labels = _group_labels(tg)
-    volume = _volumes(tg, {index[rep] for rep in weight}, labels)
+    reps = {index[rep] for rep in weight}
+    program = getattr(tg, "program", None)
+    if program is not None and "kind" not in tg.__dict__:  # the columns unbuilt: read the program
+        by_device, flops_of, walk, volume = _program_tasks(program, reps)
+    else:
+        labels = _group_labels(tg)
+        volume = _volumes(tg, reps, labels)
+        by_device = compute_by_device(tg)
+        walk = _walk_columns(tg, labels)
+        flops = tg.flops
+        flops_of = {d: flops[mine] for d, mine in by_device.items()}
     latest = latest_predecessors(tg, end)
-    by_device = compute_by_device(tg)
-    walk = _walk_columns(tg, labels)
     none = np.zeros(0, dtype=np.int64)
-    flops = tg.flops
     hardware = 0.0
     for rep, w in sorted(weight.items()):
         d = index[rep]
         mine = by_device.get(d, none)  # ascending: the sums below add in task order, as a mask would
         busy = float((end[mine] - start[mine]).sum())  # the durations of its kernels alone, in task order
-        hardware += float(flops[mine].sum()) * w
+        hardware += float(flops_of.get(d, np.zeros(0)).sum()) * w
         waits = _attribute(tg, start, end, d, makespan, latest, mine, walk)
         per_gpu[rep] = {"busy_s": busy, **{f"{k}_s": v for k, v in waits.items()}, "gpus": w,
                         **{f"{k}_bytes": v for k, v in volume.get(d, {}).items()}}
@@ -402,8 +407,9 @@ def parallel_report(tg: TaskGraph, system, start: np.ndarray, end: np.ndarray, m
     for name in ("prefill.sample",):
         if name in ops:
             i = ops.index(name)
-            sample_ends[0] = float(end[comp & (tg.op == i)].max())
+            sample_ends[0] = float(end[(tg.kind == COMPUTE) & (tg.op == i)].max())
     steps = sorted(int(n.split(".")[1]) for n in ops if n.startswith("decode.") and n.endswith(".sample"))
+    comp = tg.kind == COMPUTE if steps else None
     for step in steps:
         i = ops.index(f"decode.{step}.sample")
         sample_ends[step] = float(end[comp & (tg.op == i)].max())
@@ -436,6 +442,78 @@ def parallel_report(tg: TaskGraph, system, start: np.ndarray, end: np.ndarray, m
                           samples=samples, stages=tuple(stages), peak_dtype=str(meta.get("peak_dtype", "")),
                           gemm_dtype=str(meta.get("gemm_dtype", "")),
                           gemm_peak_flops=float(meta.get("gemm_peak_flops", 0.0)))
+
+
+def _program_tasks(program, reps: set[int]) -> tuple[dict[int, np.ndarray], dict[int, np.ndarray], _WalkColumns,
+                                                     dict[int, dict[str, float]]]:
+    """What :func:`parallel_report` reads of the tasks, from a lowering's
+    :class:`~marssim.taskprogram.TaskProgram` rather than the TaskGraph's columns (the same
+    arrays and sums): :func:`compute_by_device`, each device's kernels' FLOPs, the walk's
+    columns (each task's category in place of its collective, the codes the identity) and
+    :func:`_volumes`."""
+    rows = program.rows
+    is_compute = rows["kind"] == COMPUTE
+    tasks, task_rows = program.tasks_of_rows(is_compute)
+    by_device: dict[int, np.ndarray] = {}
+    flops_of: dict[int, np.ndarray] = {}
+    if len(tasks):
+        device = rows["device"][task_rows]
+        order = np.argsort(device, kind="stable")
+        tasks, task_rows, device = tasks[order], task_rows[order], device[order]
+        cuts = np.flatnonzero(np.diff(device)) + 1
+        for a, b in zip(np.concatenate([[0], cuts]).tolist(), np.concatenate([cuts, [len(tasks)]]).tolist()):
+            by_device[int(device[a])] = tasks[a:b]
+            flops_of[int(device[a])] = rows["flops"][task_rows[a:b]]
+    del tasks, task_rows
+    code = _row_categories(program)
+    walk = _WalkColumns(program.take_rows(is_compute), program.take_rows(code),
+                        np.arange(len(CATEGORIES), dtype=np.int64))
+    return by_device, flops_of, walk, _program_volumes(program, reps, is_compute, code)
+
+
+def _row_categories(program) -> np.ndarray:
+    """Per template row, the index in CATEGORIES of its collective's group (``pp``: none), int32."""
+    pp = CATEGORIES.index("pp")
+    table = [[CATEGORIES.index(c.group or "pp") for c in colls] + [pp] for colls in program.tpl_colls]
+    n_colls = np.array([len(t) - 1 for t in table], dtype=np.int64)
+    offset = np.zeros(len(table) + 1, dtype=np.int64)
+    np.cumsum(n_colls + 1, out=offset[1:])
+    flat = np.fromiter((c for t in table for c in t), np.int32, int(offset[-1]))
+    tpl = np.repeat(np.arange(len(table), dtype=np.int64), program.sizes)
+    local = program.rows["collective"].astype(np.int64)
+    return flat[offset[:-1][tpl] + np.where(local >= 0, local, n_colls[tpl])]
+
+
+def _program_volumes(program, reps: set[int], is_compute: np.ndarray, code: np.ndarray) -> dict[int, dict[str, float]]:
+    """:func:`_volumes` from a TaskProgram: a transfer's owner and group are its row's, so the
+    sums run over rows (task after task, :func:`.gapwalk.row_sums`) and the order of first use
+    is that of each pair's earliest task."""
+    rows = program.rows
+    moving = np.flatnonzero(~is_compute)
+    if not len(moving):
+        return {}
+    src = rows["src"][moving]
+    owner = np.where(np.isin(src, list(reps)), src, rows["dst"][moving]).astype(np.int64)
+    pairs, pair_of = np.unique(owner * len(CATEGORIES) + code[moving], return_inverse=True)
+    bins = np.full(len(is_compute), -1, dtype=np.int64)
+    bins[moving] = pair_of
+    sums = gapwalk.row_sums(program, bins, rows["nbytes"], len(pairs))
+    # each row's earliest task: in the first instance of its template (none: never run)
+    templates, first_inst = np.unique(program.inst_tpl, return_index=True)
+    tpl_first = np.full(len(program.sizes), -1, dtype=np.int64)
+    tpl_first[templates] = first_inst
+    tpl = np.repeat(np.arange(len(program.sizes), dtype=np.int64), program.sizes)[moving]
+    runs = tpl_first[tpl] >= 0
+    first_task = program.inst_base[tpl_first[tpl][runs]] + moving[runs] - program.tpl_start[tpl[runs]]
+    never = np.iinfo(np.int64).max
+    earliest = np.full(len(pairs), never, dtype=np.int64)
+    np.minimum.at(earliest, pair_of[runs], first_task)
+    used = np.flatnonzero(earliest < never)
+    out: dict[int, dict[str, float]] = {}
+    for key in used[np.argsort(earliest[used])].tolist():  # distinct: a task has one row, a row one pair
+        row = out.setdefault(int(pairs[key] // len(CATEGORIES)), {})
+        row[CATEGORIES[int(pairs[key] % len(CATEGORIES))]] = float(sums[key])
+    return out
 
 
 def _volumes(tg: TaskGraph, reps: set[int], labels: list[str] | None = None) -> dict[int, dict[str, float]]:
