@@ -34,7 +34,7 @@ import numpy as np
 from marssim.system import Route, System
 
 __all__ = ["COMPUTE", "TRANSFER", "Collective", "OpInfo", "TaskGraph", "TaskGraphBuilder", "ProgramTaskGraph",
-           "from_program", "column_chunks"]
+           "from_program", "column_chunks", "unbuilt_program"]
 
 COMPUTE = 0
 TRANSFER = 1
@@ -244,10 +244,20 @@ def column_chunks(taskgraph: TaskGraph, names: tuple[str, ...]):
     """The columns ``names`` of ``taskgraph`` in task order: whole, or for a
     :class:`ProgramTaskGraph` whose columns are not built, from its program in runs of whole
     instances (so an aggregation need not build them). Yields dicts of arrays."""
-    if isinstance(taskgraph, ProgramTaskGraph) and not all(n in taskgraph.__dict__ for n in names):
-        yield from taskgraph.__dict__["program"].column_chunks(names)
+    program = unbuilt_program(taskgraph, names)
+    if program is not None:
+        yield from program.column_chunks(names)
     else:
         yield {name: getattr(taskgraph, name) for name in names}
+
+
+def unbuilt_program(taskgraph: TaskGraph, names: tuple[str, ...]):
+    """The :class:`~marssim.taskprogram.TaskProgram` of a :class:`ProgramTaskGraph` whose
+    columns ``names`` are not all built (an aggregation then reads its rows and instances
+    rather than building them), else None."""
+    if isinstance(taskgraph, ProgramTaskGraph) and not all(n in taskgraph.__dict__ for n in names):
+        return taskgraph.__dict__["program"]
+    return None
 
 
 def from_program(program, *, node_names: tuple[str, ...], op_names: tuple[str, ...], routes: tuple[Route, ...],

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from numba import njit
 
-__all__ = ["compiled_walk", "latest", "row_sums"]
+__all__ = ["compiled_walk", "latest"]
 
 
 def compiled_walk(walk):
@@ -60,15 +60,3 @@ def latest(out, tasks, skips, every, inst_of, end, inst_tpl, inst_base, tpl_star
                 best = p
                 best_end = end[p]
         out[k] = best
-
-
-@njit(cache=True)
-def row_sums(out, inst_tpl, tpl_start, bins, values):
-    """Per bin, ``values`` of the rows of every task whose row has a bin (``bins[row] >= 0``),
-    added task after task (instance after instance, its rows in order) into ``out``."""
-    for i in range(len(inst_tpl)):
-        j = inst_tpl[i]
-        for r in range(tpl_start[j], tpl_start[j + 1]):
-            b = bins[r]
-            if b >= 0:
-                out[b] += values[r]

@@ -16,7 +16,7 @@ import os
 
 import numpy as np
 
-__all__ = ["latest_in_program", "row_sums", "walk_gaps"]
+__all__ = ["latest_in_program", "walk_gaps"]
 
 _EPS = 1e-15  # s: a gap or a remainder shorter than this is none
 
@@ -55,8 +55,8 @@ _COMPILED: dict = {}
 
 
 def _kernels() -> dict:
-    """The compiled functions (``walk``, ``latest``, ``row_sums``: :mod:`._gapwalk_kernels`), or
-    the Python walk alone without numba."""
+    """The compiled functions (``walk``, ``latest``: :mod:`._gapwalk_kernels`), or the
+    Python walk alone without numba."""
     if not _COMPILED:
         _COMPILED["walk"] = _walk
         if os.environ.get("MARSSIM_NO_NUMBA", "") in ("", "0"):
@@ -65,7 +65,7 @@ def _kernels() -> dict:
             except ImportError:
                 pass
             else:
-                _COMPILED.update(walk=K.compiled_walk(_walk), latest=K.latest, row_sums=K.row_sums)
+                _COMPILED.update(walk=K.compiled_walk(_walk), latest=K.latest)
     return _COMPILED
 
 
@@ -94,24 +94,6 @@ def latest_in_program(program, end: np.ndarray, tasks: np.ndarray | None = None,
         np.ascontiguousarray(excluded, dtype=np.int64)
     out = np.empty(program.n_tasks if every else len(tasks), dtype=np.int64)
     _kernels()["latest"](out, tasks, skips, every, program.inst_of, end, *_program_arrays(program))
-    return out
-
-
-def row_sums(program, bins: np.ndarray, values: np.ndarray, n_bins: int) -> np.ndarray:
-    """Per bin ``0 .. n_bins - 1``, the ``values`` (one per template row) of the tasks of
-    ``program`` (a :class:`~marssim.taskprogram.TaskProgram`) whose row has that bin (``bins``:
-    per row, -1: none), added task after task: the floats of ``np.bincount`` over the tasks,
-    without per-task arrays where the sum runs compiled."""
-    out = np.zeros(n_bins)
-    bins = np.ascontiguousarray(bins, dtype=np.int64)
-    values = np.ascontiguousarray(values, dtype=np.float64)
-    kernel = _kernels().get("row_sums")
-    if kernel is not None:
-        kernel(out, program.inst_tpl, program.tpl_start, bins, values)
-        return out
-    _, rows = program.tasks_of_rows(bins >= 0)
-    if len(rows):
-        out += np.bincount(bins[rows], weights=values[rows], minlength=n_bins)
     return out
 
 

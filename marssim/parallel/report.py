@@ -486,7 +486,7 @@ def _row_categories(program) -> np.ndarray:
 
 def _program_volumes(program, reps: set[int], is_compute: np.ndarray, code: np.ndarray) -> dict[int, dict[str, float]]:
     """:func:`_volumes` from a TaskProgram: a transfer's owner and group are its row's, so the
-    sums run over rows (task after task, :func:`.gapwalk.row_sums`) and the order of first use
+    sums run over rows (task after task, :meth:`~marssim.taskprogram.TaskProgram.row_sums`) and the order of first use
     is that of each pair's earliest task."""
     rows = program.rows
     moving = np.flatnonzero(~is_compute)
@@ -497,7 +497,7 @@ def _program_volumes(program, reps: set[int], is_compute: np.ndarray, code: np.n
     pairs, pair_of = np.unique(owner * len(CATEGORIES) + code[moving], return_inverse=True)
     bins = np.full(len(is_compute), -1, dtype=np.int64)
     bins[moving] = pair_of
-    sums = gapwalk.row_sums(program, bins, rows["nbytes"], len(pairs))
+    sums = program.row_sums(bins, rows["nbytes"], len(pairs))
     # each row's earliest task: in the first instance of its template (none: never run)
     templates, first_inst = np.unique(program.inst_tpl, return_index=True)
     tpl_first = np.full(len(program.sizes), -1, dtype=np.int64)
