@@ -175,21 +175,23 @@ class TaskProgram:
             i = j
         return out
 
-    def tasks_of_rows(self, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def tasks_of_rows(self, mask: np.ndarray, instances: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """The tasks whose template row ``mask`` selects (bool per row), ascending, and their rows
         (int64 each): what ``np.flatnonzero(mask[row of every task])`` gives, without a
-        whole-length array."""
+        whole-length array. ``instances``: ascending, the only ones holding such tasks (None: any)."""
         chosen = np.flatnonzero(mask)  # ascending: grouped by template
         count = np.bincount(np.searchsorted(self.tpl_start, chosen, side="right") - 1, minlength=len(self.sizes))
         ptr = np.zeros(len(count) + 1, dtype=np.int64)
         np.cumsum(count, out=ptr[1:])
-        per_inst = count[self.inst_tpl]
+        tpl = self.inst_tpl if instances is None else self.inst_tpl[instances]
+        base = self.inst_base[:-1] if instances is None else self.inst_base[instances]
+        per_inst = count[tpl]
         first = np.cumsum(per_inst) - per_inst  # each instance's first place in the output
-        at = np.repeat(ptr[:-1][self.inst_tpl] - first, per_inst)
+        at = np.repeat(ptr[:-1][tpl] - first, per_inst)
         at += np.arange(len(at), dtype=np.int64)
         rows = chosen[at]
         del at
-        tasks = rows + np.repeat(self.inst_base[:-1] - self.tpl_start[self.inst_tpl], per_inst)
+        tasks = rows + np.repeat(base - self.tpl_start[tpl], per_inst)
         return tasks, rows
 
     def rows_of(self, tasks: np.ndarray) -> np.ndarray:

@@ -23,6 +23,7 @@ exposed communication and communication volume per group.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -378,22 +379,25 @@ def parallel_report(tg: TaskGraph, system, start: np.ndarray, end: np.ndarray, m
     reps = {index[rep] for rep in weight}
     program = getattr(tg, "program", None)
     if program is not None and "kind" not in tg.__dict__:  # the columns unbuilt: read the program
-        by_device, flops_of, walk, volume = _program_tasks(program, reps)
+        kernels, walk, volume = _program_tasks(program, reps)
     else:
         labels = _group_labels(tg)
         volume = _volumes(tg, reps, labels)
         by_device = compute_by_device(tg)
         walk = _walk_columns(tg, labels)
         flops = tg.flops
-        flops_of = {d: flops[mine] for d, mine in by_device.items()}
+        none = np.zeros(0, dtype=np.int64)
+
+        def kernels(d: int) -> tuple[np.ndarray, np.ndarray]:
+            mine = by_device.get(d, none)
+            return mine, flops[mine]
     latest = latest_predecessors(tg, end)
-    none = np.zeros(0, dtype=np.int64)
     hardware = 0.0
     for rep, w in sorted(weight.items()):
         d = index[rep]
-        mine = by_device.get(d, none)  # ascending: the sums below add in task order, as a mask would
+        mine, mine_flops = kernels(d)  # ascending: the sums below add in task order, as a mask would
         busy = float((end[mine] - start[mine]).sum())  # the durations of its kernels alone, in task order
-        hardware += float(flops_of.get(d, np.zeros(0)).sum()) * w
+        hardware += float(mine_flops.sum()) * w
         waits = _attribute(tg, start, end, d, makespan, latest, mine, walk)
         per_gpu[rep] = {"busy_s": busy, **{f"{k}_s": v for k, v in waits.items()}, "gpus": w,
                         **{f"{k}_bytes": v for k, v in volume.get(d, {}).items()}}
@@ -444,31 +448,35 @@ def parallel_report(tg: TaskGraph, system, start: np.ndarray, end: np.ndarray, m
                           gemm_peak_flops=float(meta.get("gemm_peak_flops", 0.0)))
 
 
-def _program_tasks(program, reps: set[int]) -> tuple[dict[int, np.ndarray], dict[int, np.ndarray], _WalkColumns,
+def _program_tasks(program, reps: set[int]) -> tuple[Callable[[int], tuple[np.ndarray, np.ndarray]], _WalkColumns,
                                                      dict[int, dict[str, float]]]:
     """What :func:`parallel_report` reads of the tasks, from a lowering's
     :class:`~marssim.taskprogram.TaskProgram` rather than the TaskGraph's columns (the same
-    arrays and sums): :func:`compute_by_device`, each device's kernels' FLOPs, the walk's
-    columns (each task's category in place of its collective, the codes the identity) and
-    :func:`_volumes`."""
+    arrays and sums): a function giving a device's kernels (ascending, as
+    :func:`compute_by_device` gives them, built one device at a time) and their FLOPs, the
+    walk's columns (each task's category in place of its collective, the codes the identity)
+    and :func:`_volumes`."""
     rows = program.rows
     is_compute = rows["kind"] == COMPUTE
-    tasks, task_rows = program.tasks_of_rows(is_compute)
-    by_device: dict[int, np.ndarray] = {}
-    flops_of: dict[int, np.ndarray] = {}
-    if len(tasks):
-        device = rows["device"][task_rows]
-        order = np.argsort(device, kind="stable")
-        tasks, task_rows, device = tasks[order], task_rows[order], device[order]
-        cuts = np.flatnonzero(np.diff(device)) + 1
-        for a, b in zip(np.concatenate([[0], cuts]).tolist(), np.concatenate([cuts, [len(tasks)]]).tolist()):
-            by_device[int(device[a])] = tasks[a:b]
-            flops_of[int(device[a])] = rows["flops"][task_rows[a:b]]
-    del tasks, task_rows
+    # the instances of each template, ascending: a device's kernels are in those of the
+    # templates with kernels on it
+    by_tpl = np.argsort(program.inst_tpl, kind="stable")
+    tpl_ptr = np.zeros(len(program.sizes) + 1, dtype=np.int64)
+    np.cumsum(np.bincount(program.inst_tpl, minlength=len(program.sizes)), out=tpl_ptr[1:])
+    tpl_of_row = np.repeat(np.arange(len(program.sizes), dtype=np.int64), program.sizes)
+
+    def kernels(d: int) -> tuple[np.ndarray, np.ndarray]:
+        mask = is_compute & (rows["device"] == d)
+        tpls = np.unique(tpl_of_row[mask])
+        insts = np.sort(np.concatenate([by_tpl[tpl_ptr[j]:tpl_ptr[j + 1]] for j in tpls.tolist()] +
+                                       [np.zeros(0, dtype=np.int64)]))
+        tasks, task_rows = program.tasks_of_rows(mask, insts)
+        return tasks, rows["flops"][task_rows]
+
     code = _row_categories(program)
     walk = _WalkColumns(program.take_rows(is_compute), program.take_rows(code),
                         np.arange(len(CATEGORIES), dtype=np.int64))
-    return by_device, flops_of, walk, _program_volumes(program, reps, is_compute, code)
+    return kernels, walk, _program_volumes(program, reps, is_compute, code)
 
 
 def _row_categories(program) -> np.ndarray:
