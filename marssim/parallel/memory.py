@@ -222,8 +222,10 @@ def memory_estimate(graph: Graph, cfg: ParallelConfig, capacity: float, rules=No
 
     if rules is None:
         rules = op_rules(graph, cfg)
-    if per is None:
-        per, _ = rank_parameters(graph, cfg, rules)
+    if per is None:  # kept with the graph, as the lowering keeps it (RunModel)
+        key = ("rank_parameters", rules_key(cfg, stage_of_layers(require_transformer(graph, "a memory estimate").layers,
+                                                                  cfg)))
+        per, _ = graph_cached(graph, key, lambda: rank_parameters(graph, cfg, rules))
     held_per = rank_weight_bytes(graph, cfg, rules)
     static = {s: static_bytes(graph, cfg, s, rules, per, held_per) for s in range(cfg.pp)}
     acts: dict[int, float] = {}
