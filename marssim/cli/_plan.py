@@ -192,11 +192,15 @@ def run_plan_verb(args: argparse.Namespace, how: str) -> int:
     and evaluating a plan make few reference cycles, and each of the collector's full passes
     over the objects they keep (the graphs, their rules, the system's routes: hundreds of
     thousands) found none to free while costing up to a tenth of a second (five of them on the
-    largest estimate)."""
-    from marssim.gcpause import gc_paused
+    largest estimate). What it keeps goes to the collector's oldest generation unexamined
+    (:func:`marssim.gcpause.promote_survivors`), not walked by the first collection after."""
+    from marssim.gcpause import gc_paused, promote_survivors
 
     with gc_paused():
-        return _run_plan_verb(args, how)
+        try:
+            return _run_plan_verb(args, how)
+        finally:
+            promote_survivors()
 
 
 def _run_plan_verb(args: argparse.Namespace, how: str) -> int:
