@@ -159,8 +159,8 @@ def _lower(graph: Graph, system: System, cfg: ParallelConfig, cost: CostModel, f
     check_size(size, where_key, max_bytes)
     report.total = size.tasks
     done = 0
-    for rep, key, _ in order:
-        done += len(templates.get(rep, key))
+    for (rep, key), count in Counter((rep, key) for rep, key, _ in order).items():  # each unit once, in order
+        done += len(templates.get(rep, key)) * count
         report("templates", done)
     report("assemble", size.tasks)
     tg = _taskgraph(low, task_program(templates.built, order))
