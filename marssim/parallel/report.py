@@ -354,6 +354,28 @@ def _attribute(tg: TaskGraph, start: np.ndarray, end: np.ndarray, device: int, m
     return out
 
 
+def _attribute_in_program(program, start: np.ndarray, end: np.ndarray, makespan: float, comp: np.ndarray,
+                          is_compute_row: np.ndarray, code_row: np.ndarray) -> dict[str, float]:
+    """:func:`_attribute` of a lowering's TaskGraph over its program (compiled): the same gaps,
+    the same walk (:func:`.gapwalk.walk_gaps_in_program`), without per-task arrays."""
+    out = dict.fromkeys(CATEGORIES, 0.0)
+    if not len(comp):
+        out["bubble"] = makespan
+        return out
+    comp = comp[np.lexsort((comp, start[comp]))]
+    gaps_end = start[comp]
+    gaps_start = np.concatenate([[0.0], end[comp[:-1]]])
+    gaps = np.flatnonzero(gaps_end - gaps_start > 1e-15)
+    # each gap's own task: what it waited for last, the previous kernel of its stream aside
+    firsts = gapwalk.latest_in_program(program, end, comp[gaps], np.where(gaps > 0, comp[np.maximum(gaps - 1, 0)], -1))
+    sums = np.zeros(len(CATEGORIES))
+    gapwalk.walk_gaps_in_program(program, gaps_start[gaps], gaps_end[gaps], firsts, start, end, is_compute_row,
+                                 code_row, sums, CATEGORIES.index("bubble"))
+    out = dict(zip(CATEGORIES, sums.tolist()))
+    out["bubble"] += max(0.0, makespan - float(end[comp[-1]]))
+    return out
+
+
 def parallel_report(tg: TaskGraph, system, start: np.ndarray, end: np.ndarray, memory_peak: dict[str, float], *,
                     memory=None, chunks: list[list[int]] = (), tokens: float = 0.0, samples: float = 0.0
                     ) -> ParallelReport:
@@ -379,7 +401,14 @@ def parallel_report(tg: TaskGraph, system, start: np.ndarray, end: np.ndarray, m
     reps = {index[rep] for rep in weight}
     program = getattr(tg, "program", None)
     if program is not None and "kind" not in tg.__dict__:  # the columns unbuilt: read the program
-        kernels, walk, volume = _program_tasks(program, reps)
+        kernels, is_compute_row, code_row, volume = _program_tasks(program, reps)
+        if gapwalk.compiled():  # each task's kind, category and latest predecessor where the walk reads them
+
+            def attribute(d: int, mine: np.ndarray) -> dict[str, float]:
+                return _attribute_in_program(program, start, end, makespan, mine, is_compute_row, code_row)
+        else:
+            walk = _WalkColumns(program.take_rows(is_compute_row), program.take_rows(code_row),
+                                np.arange(len(CATEGORIES), dtype=np.int64))
     else:
         labels = _group_labels(tg)
         volume = _volumes(tg, reps, labels)
@@ -391,14 +420,18 @@ def parallel_report(tg: TaskGraph, system, start: np.ndarray, end: np.ndarray, m
         def kernels(d: int) -> tuple[np.ndarray, np.ndarray]:
             mine = by_device.get(d, none)
             return mine, flops[mine]
-    latest = latest_predecessors(tg, end)
+    if program is None or "kind" in tg.__dict__ or not gapwalk.compiled():
+        latest = latest_predecessors(tg, end)
+
+        def attribute(d: int, mine: np.ndarray) -> dict[str, float]:
+            return _attribute(tg, start, end, d, makespan, latest, mine, walk)
     hardware = 0.0
     for rep, w in sorted(weight.items()):
         d = index[rep]
         mine, mine_flops = kernels(d)  # ascending: the sums below add in task order, as a mask would
         busy = float((end[mine] - start[mine]).sum())  # the durations of its kernels alone, in task order
         hardware += float(mine_flops.sum()) * w
-        waits = _attribute(tg, start, end, d, makespan, latest, mine, walk)
+        waits = attribute(d, mine)
         per_gpu[rep] = {"busy_s": busy, **{f"{k}_s": v for k, v in waits.items()}, "gpus": w,
                         **{f"{k}_bytes": v for k, v in volume.get(d, {}).items()}}
         busy_total += busy * w
@@ -448,14 +481,14 @@ def parallel_report(tg: TaskGraph, system, start: np.ndarray, end: np.ndarray, m
                           gemm_peak_flops=float(meta.get("gemm_peak_flops", 0.0)))
 
 
-def _program_tasks(program, reps: set[int]) -> tuple[Callable[[int], tuple[np.ndarray, np.ndarray]], _WalkColumns,
-                                                     dict[int, dict[str, float]]]:
+def _program_tasks(program, reps: set[int]) -> tuple[Callable[[int], tuple[np.ndarray, np.ndarray]], np.ndarray,
+                                                     np.ndarray, dict[int, dict[str, float]]]:
     """What :func:`parallel_report` reads of the tasks, from a lowering's
     :class:`~marssim.taskprogram.TaskProgram` rather than the TaskGraph's columns (the same
     arrays and sums): a function giving a device's kernels (ascending, as
-    :func:`compute_by_device` gives them, built one device at a time) and their FLOPs, the
-    walk's columns (each task's category in place of its collective, the codes the identity)
-    and :func:`_volumes`."""
+    :func:`compute_by_device` gives them, built one device at a time) and their FLOPs; per
+    template row whether it is a kernel and its category (:func:`_row_categories`: what the
+    walk reads of a task, in place of its kind and collective); and :func:`_volumes`."""
     rows = program.rows
     is_compute = rows["kind"] == COMPUTE
     # the instances of each template, ascending: a device's kernels are in those of the
@@ -474,9 +507,7 @@ def _program_tasks(program, reps: set[int]) -> tuple[Callable[[int], tuple[np.nd
         return tasks, rows["flops"][task_rows]
 
     code = _row_categories(program)
-    walk = _WalkColumns(program.take_rows(is_compute), program.take_rows(code),
-                        np.arange(len(CATEGORIES), dtype=np.int64))
-    return kernels, walk, _program_volumes(program, reps, is_compute, code)
+    return kernels, is_compute, code, _program_volumes(program, reps, is_compute, code)
 
 
 def _row_categories(program) -> np.ndarray:
