@@ -202,7 +202,7 @@ class TaskGraph:
 
 _COLUMN_FIELDS = ("kind", "device", "duration", "src", "dst", "nbytes", "route", "flops", "energy", "mem_node",
                   "mem_bytes", "priority", "op", "micro_batch", "collective")
-_LAZY_FIELDS = frozenset(_COLUMN_FIELDS + ("pred_ptr", "pred_idx", "collectives", "steps"))
+_LAZY_FIELDS = frozenset(_COLUMN_FIELDS + ("pred_ptr", "pred_idx", "collectives", "steps", "ops"))
 
 
 class ProgramTaskGraph(TaskGraph):
@@ -230,6 +230,8 @@ class ProgramTaskGraph(TaskGraph):
         elif name == "steps":
             col = program.column("steps")
             object.__setattr__(self, name, col if (col > 1).any() else None)
+        elif name == "ops":  # given as the function that makes them (from_program)
+            object.__setattr__(self, name, tuple(self.__dict__.pop("_ops")()))
         else:
             col = program.column(name)
             col.setflags(write=False)
@@ -264,11 +266,14 @@ def from_program(program, *, node_names: tuple[str, ...], op_names: tuple[str, .
                  **labels: Any) -> TaskGraph:
     """The TaskGraph of ``program`` (a :class:`~marssim.taskprogram.TaskProgram`), its columns
     built when first read (:class:`ProgramTaskGraph`); ``labels``: the other fields (resident,
-    setup, meta, ops, device_design, batch)."""
+    setup, meta, ops, device_design, batch); ``ops`` may be the function that makes them, called
+    when they are first read."""
     tg = object.__new__(ProgramTaskGraph)
     values = {"node_names": node_names, "op_names": op_names, "routes": routes, "resident": {}, "setup": (),
               "meta": {}, "ops": (), "device_design": {}, "batch": 0, "program": program}
     values.update(labels)
+    if callable(values["ops"]):
+        values["_ops"] = values.pop("ops")
     for key, value in values.items():
         object.__setattr__(tg, key, value)
     return tg
