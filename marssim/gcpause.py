@@ -13,7 +13,7 @@ import contextlib
 import gc
 from collections.abc import Iterator
 
-__all__ = ["gc_paused"]
+__all__ = ["gc_paused", "promote_survivors"]
 
 
 @contextlib.contextmanager
@@ -26,3 +26,14 @@ def gc_paused() -> Iterator[None]:
     finally:
         if was_enabled:
             gc.enable()
+
+
+def promote_survivors() -> None:
+    """Move every object the cyclic collector tracks into its oldest generation without
+    examining them (``gc.freeze`` then ``gc.unfreeze``): after a long pause the youngest
+    generation holds everything allocated during it, and the first collection once the
+    collector runs again would walk all of it. Cycles among them are freed by the next full
+    collection. Nothing is done while objects are frozen (``gc.unfreeze`` would release them)."""
+    if gc.get_freeze_count() == 0:
+        gc.freeze()
+        gc.unfreeze()

@@ -34,7 +34,7 @@ import numpy as np
 from marssim.system import Route, System
 
 __all__ = ["COMPUTE", "TRANSFER", "Collective", "OpInfo", "TaskGraph", "TaskGraphBuilder", "ProgramTaskGraph",
-           "from_program", "column_chunks"]
+           "from_program", "column_chunks", "unbuilt_program"]
 
 COMPUTE = 0
 TRANSFER = 1
@@ -202,7 +202,7 @@ class TaskGraph:
 
 _COLUMN_FIELDS = ("kind", "device", "duration", "src", "dst", "nbytes", "route", "flops", "energy", "mem_node",
                   "mem_bytes", "priority", "op", "micro_batch", "collective")
-_LAZY_FIELDS = frozenset(_COLUMN_FIELDS + ("pred_ptr", "pred_idx", "collectives", "steps"))
+_LAZY_FIELDS = frozenset(_COLUMN_FIELDS + ("pred_ptr", "pred_idx", "collectives", "steps", "ops"))
 
 
 class ProgramTaskGraph(TaskGraph):
@@ -230,6 +230,8 @@ class ProgramTaskGraph(TaskGraph):
         elif name == "steps":
             col = program.column("steps")
             object.__setattr__(self, name, col if (col > 1).any() else None)
+        elif name == "ops":  # given as the function that makes them (from_program)
+            object.__setattr__(self, name, tuple(self.__dict__.pop("_ops")()))
         else:
             col = program.column(name)
             col.setflags(write=False)
@@ -244,21 +246,34 @@ def column_chunks(taskgraph: TaskGraph, names: tuple[str, ...]):
     """The columns ``names`` of ``taskgraph`` in task order: whole, or for a
     :class:`ProgramTaskGraph` whose columns are not built, from its program in runs of whole
     instances (so an aggregation need not build them). Yields dicts of arrays."""
-    if isinstance(taskgraph, ProgramTaskGraph) and not all(n in taskgraph.__dict__ for n in names):
-        yield from taskgraph.__dict__["program"].column_chunks(names)
+    program = unbuilt_program(taskgraph, names)
+    if program is not None:
+        yield from program.column_chunks(names)
     else:
         yield {name: getattr(taskgraph, name) for name in names}
+
+
+def unbuilt_program(taskgraph: TaskGraph, names: tuple[str, ...]):
+    """The :class:`~marssim.taskprogram.TaskProgram` of a :class:`ProgramTaskGraph` whose
+    columns ``names`` are not all built (an aggregation then reads its rows and instances
+    rather than building them), else None."""
+    if isinstance(taskgraph, ProgramTaskGraph) and not all(n in taskgraph.__dict__ for n in names):
+        return taskgraph.__dict__["program"]
+    return None
 
 
 def from_program(program, *, node_names: tuple[str, ...], op_names: tuple[str, ...], routes: tuple[Route, ...],
                  **labels: Any) -> TaskGraph:
     """The TaskGraph of ``program`` (a :class:`~marssim.taskprogram.TaskProgram`), its columns
     built when first read (:class:`ProgramTaskGraph`); ``labels``: the other fields (resident,
-    setup, meta, ops, device_design, batch)."""
+    setup, meta, ops, device_design, batch); ``ops`` may be the function that makes them, called
+    when they are first read."""
     tg = object.__new__(ProgramTaskGraph)
     values = {"node_names": node_names, "op_names": op_names, "routes": routes, "resident": {}, "setup": (),
               "meta": {}, "ops": (), "device_design": {}, "batch": 0, "program": program}
     values.update(labels)
+    if callable(values["ops"]):
+        values["_ops"] = values.pop("ops")
     for key, value in values.items():
         object.__setattr__(tg, key, value)
     return tg

@@ -24,6 +24,7 @@ previous rank's, instead of one task per step. Units: as TaskGraph's.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -147,6 +148,11 @@ class TaskProgram:
         return np.diff(self.tpl_start)
 
     @cached_property
+    def used_rows(self) -> np.ndarray:
+        """Whether each template row is a task (its template has an instance), bool per row."""
+        return np.repeat(np.bincount(self.inst_tpl, minlength=len(self.sizes)) > 0, self.sizes)
+
+    @cached_property
     def inst_of(self) -> np.ndarray:
         """The instance of every task (int32)."""
         return np.repeat(np.arange(self.n_instances, dtype=np.int32), self.sizes[self.inst_tpl])
@@ -168,6 +174,73 @@ class TaskProgram:
             out[bounds[i]:bounds[j]] = values[rows]
             i = j
         return out
+
+    def tasks_of_rows(self, mask: np.ndarray, instances: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """The tasks whose template row ``mask`` selects (bool per row), ascending, and their rows
+        (int64 each): what ``np.flatnonzero(mask[row of every task])`` gives, without a
+        whole-length array. ``instances``: ascending, the only ones holding such tasks (None: any)."""
+        chosen = np.flatnonzero(mask)  # ascending: grouped by template
+        count = np.bincount(np.searchsorted(self.tpl_start, chosen, side="right") - 1, minlength=len(self.sizes))
+        ptr = np.zeros(len(count) + 1, dtype=np.int64)
+        np.cumsum(count, out=ptr[1:])
+        tpl = self.inst_tpl if instances is None else self.inst_tpl[instances]
+        base = self.inst_base[:-1] if instances is None else self.inst_base[instances]
+        per_inst = count[tpl]
+        first = np.cumsum(per_inst) - per_inst  # each instance's first place in the output
+        at = np.repeat(ptr[:-1][tpl] - first, per_inst)
+        at += np.arange(len(at), dtype=np.int64)
+        rows = chosen[at]
+        del at
+        tasks = rows + np.repeat(base - self.tpl_start[tpl], per_inst)
+        return tasks, rows
+
+    def rows_of(self, tasks: np.ndarray) -> np.ndarray:
+        """The template row of each of ``tasks`` (int64)."""
+        inst = self.inst_of[tasks]
+        return self.tpl_start[self.inst_tpl[inst]] + (np.asarray(tasks, dtype=np.int64) - self.inst_base[inst])
+
+    def row_sums(self, bins: np.ndarray, values: np.ndarray, n_bins: int) -> np.ndarray:
+        """Per bin ``0 .. n_bins - 1``, the ``values`` (one per template row) of every task whose
+        row has that bin (``bins``: one per row, -1: none), added task after task: the floats of
+        ``np.add.at`` or ``np.bincount`` over the tasks, without per-task arrays (a compiled loop
+        over the instances; without numba, ``np.bincount`` over runs of instances, each run's
+        sums started from the previous run's)."""
+        bins = np.ascontiguousarray(bins, dtype=np.int64)
+        values = np.ascontiguousarray(values, dtype=np.float64)
+        out = np.zeros(n_bins)
+        kernel = _row_sums_kernel()
+        if kernel is not None:
+            kernel(out, self.inst_tpl, self.tpl_start, bins, values)
+            return out
+        keep = bins >= 0
+        head = np.arange(n_bins, dtype=np.int64)
+        for _, _, rows in self._row_runs():
+            rows = rows[keep[rows]]
+            out = np.bincount(np.concatenate([head, bins[rows]]), weights=np.concatenate([out, values[rows]]),
+                              minlength=n_bins)
+        return out
+
+    def instance_max(self, values: np.ndarray) -> np.ndarray:
+        """Per instance, the largest of ``values`` (one per task) over its tasks (-inf: none)."""
+        out = np.full(self.n_instances, -np.inf)
+        has = np.flatnonzero(np.diff(self.inst_base) > 0)
+        if len(has):
+            out[has] = np.maximum.reduceat(values, self.inst_base[has])
+        return out
+
+    def _row_runs(self, chunk: int = 1 << 20):
+        """The row of every task, in runs of whole instances of about ``chunk`` tasks: ``(first
+        instance, instance after the last, rows)``."""
+        sizes = self.sizes[self.inst_tpl]
+        n_inst = self.n_instances
+        i0 = 0
+        while i0 < n_inst:
+            i1 = int(np.searchsorted(self.inst_base, self.inst_base[i0] + chunk, side="right"))
+            i1 = min(max(i1 - 1, i0 + 1), n_inst)
+            rows = np.repeat(self.tpl_start[self.inst_tpl[i0:i1]] - self.inst_base[i0:i1], sizes[i0:i1])
+            rows += np.arange(int(self.inst_base[i0]), int(self.inst_base[i1]), dtype=np.int64)
+            yield i0, i1, rows
+            i0 = i1
 
     def _rows_of_tasks(self) -> np.ndarray:
         sizes = self.sizes[self.inst_tpl]
@@ -192,22 +265,9 @@ class TaskProgram:
         instances of about ``chunk`` tasks, in task order: an aggregation over tasks without
         building whole columns."""
         sizes = self.sizes[self.inst_tpl]
-        n_inst = self.n_instances
-        i0 = 0
-        while i0 < n_inst:
-            i1 = int(np.searchsorted(self.inst_base, self.inst_base[i0] + chunk, side="right"))
-            i1 = min(max(i1 - 1, i0 + 1), n_inst)
-            lo, hi = int(self.inst_base[i0]), int(self.inst_base[i1])
-            rows = np.repeat(self.tpl_start[self.inst_tpl[i0:i1]] - self.inst_base[i0:i1], sizes[i0:i1])
-            rows += np.arange(lo, hi, dtype=np.int64)
-            out = {}
-            for name in names:
-                if name == "micro_batch":
-                    out[name] = np.repeat(self.inst_mb[i0:i1], sizes[i0:i1])
-                else:
-                    out[name] = self.rows[name][rows]
-            yield out
-            i0 = i1
+        for i0, i1, rows in self._row_runs(chunk):
+            yield {name: np.repeat(self.inst_mb[i0:i1], sizes[i0:i1]) if name == "micro_batch" else self.rows[name][rows]
+                   for name in names}
 
     def collectives(self) -> tuple[Collective, ...]:
         """Every instance's collectives in order (the TaskGraph's ``collectives``)."""
@@ -392,3 +452,33 @@ class TaskProgram:
                           rev_rel=cat(rev_rel_parts) if rev_rel_parts else np.zeros(0, np.int32),
                           grp_rel_ptr=grp_rel_ptr, grp_rel=cat(grp_rel_parts) if grp_rel_parts else np.zeros(0, np.int32),
                           chain_next=chain_next)
+
+
+def _add_rows(out, inst_tpl, tpl_start, bins, values):
+    """:meth:`TaskProgram.row_sums`' loop: every instance's rows in order, each row's value into
+    its bin."""
+    for i in range(len(inst_tpl)):
+        j = inst_tpl[i]
+        for r in range(tpl_start[j], tpl_start[j + 1]):
+            b = bins[r]
+            if b >= 0:
+                out[b] += values[r]
+
+
+_KERNELS: dict = {}
+
+
+def _row_sums_kernel():
+    """:func:`_add_rows` compiled (numba, kept in its cache), or None without numba or with
+    ``MARSSIM_NO_NUMBA`` set."""
+    if "row_sums" not in _KERNELS:
+        kernel = None
+        if os.environ.get("MARSSIM_NO_NUMBA", "") in ("", "0"):
+            try:
+                from numba import njit
+            except ImportError:
+                pass
+            else:
+                kernel = njit(cache=True)(_add_rows)
+        _KERNELS["row_sums"] = kernel
+    return _KERNELS["row_sums"]

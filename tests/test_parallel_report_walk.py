@@ -153,3 +153,35 @@ def test_program_and_lists_agree_on_chosen_tasks(run, monkeypatch):
     want = latest_predecessors(tg, end, tasks, excluded)
     assert np.array_equal(got, want)
     assert (got == -1).any() and (got >= 0).any()
+
+
+@pytest.mark.parametrize("case", CASES, ids=["zero3", "pipeline"])
+@pytest.mark.parametrize("numba", [True, False], ids=["compiled", "python"])
+def test_report_from_the_program_is_the_columns(case, numba, monkeypatch):
+    """A report read from a lowering's program (its TaskGraph's columns never built: the
+    compute tasks per GPU, their FLOPs, the walk's kinds, categories and latest predecessors by
+    row, the volumes by row) is the report read from the columns, float for float and key for
+    key."""
+    import json
+
+    from marssim import taskprogram
+    from marssim.analytical import estimate
+    from marssim.parallel import gapwalk
+    from marssim.parallel.report import report_of
+
+    system_spec, config = case
+    system = load_system(system_spec)
+    tg = lower_parallel(load_workload(GPT), system, parse_parallel(config), default_cost_model())
+    est = estimate(tg, system)
+    if not numba:  # the row sums by np.bincount over runs of instances, the walk in Python over per-task columns
+        monkeypatch.setitem(taskprogram._KERNELS, "row_sums", None)
+        monkeypatch.setattr(gapwalk, "_COMPILED", {"walk": gapwalk._walk})
+    assert "kind" not in tg.__dict__
+    from_program = report_of(tg, system, est).to_dict()
+    assert "kind" not in tg.__dict__  # read from the program alone
+    tasks, rows = tg.program.tasks_of_rows(tg.program.rows["kind"] == COMPUTE)
+    assert np.array_equal(tasks, np.flatnonzero(tg.kind == COMPUTE))
+    assert np.array_equal(rows, tg.program.rows_of(tasks))
+    from_columns = report_of(tg, system, est).to_dict()
+    assert json.dumps(from_program) == json.dumps(from_columns)  # the same floats, in the same order
+    assert any(v.get("dp_bytes", 0) > 0 or v.get("pp_bytes", 0) > 0 for v in from_program["per_gpu"].values())

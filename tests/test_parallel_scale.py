@@ -98,11 +98,14 @@ def test_a_lowering_simulates_from_its_program_as_from_its_columns():
     tg = lower_parallel(load_workload(GPT), system, parse_parallel("tp=8,pp=2,dp=11,global_batch=44,recompute=full"),
                         COST)
     assert isinstance(tg, ProgramTaskGraph) and "kind" not in tg.__dict__
+    assert "ops" not in tg.__dict__  # the ops' labels too are made when first read
     engine = "compiled" if available() else "simpy"
     lazy = simulate_summary(tg, system, engine=engine)
     assert "kind" not in tg.__dict__  # the summary did not build the columns
     built = dataclasses.replace(tg)  # every field read: the columns built
     assert "kind" in built.__dict__ and built.n_tasks == tg.n_tasks
+    assert len(tg.ops) > 0 and built.ops == tg.ops  # made once read, the same for both
+    assert {o.name for o in tg.ops} <= set(tg.op_names) and any(o.cost_model for o in tg.ops)
     again = simulate_summary(built, system, engine=engine)
     assert (again.makespan, again.throughput) == (lazy.makespan, lazy.throughput)
     assert again.energy == lazy.energy or (again.energy != again.energy and lazy.energy != lazy.energy)

@@ -109,6 +109,35 @@ def test_a_run_builds_a_training_workload_once_at_its_micro_batch(verb, capsys, 
     assert batches == [1] and "serving workload's batch is its own (1)" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("verb", ["simulate", "estimate"])
+def test_a_run_builds_a_training_workload_once_with_its_recomputation(verb, capsys, monkeypatch):
+    """A training LLM whose spec names no recomputation is built once, with the configuration's
+    (no graph without it is built for the memory model either): the run's output is the output
+    of the workload built as written and prepared for the configuration."""
+    import marssim.workload.llm as llm
+
+    argv = [verb, "--system", SYSTEM, "--workload", GPT, "--parallel",
+            "tp=4,pp=2,micro_batch=1,global_batch=4,recompute=full"]
+    assert main(argv) == 0
+    want = capsys.readouterr().out
+    built = []
+    original = llm.build_transformer
+    monkeypatch.setattr(llm, "build_transformer", lambda cfg, **kw: built.append(cfg.recompute) or original(cfg, **kw))
+    batches = _count_builds(monkeypatch, "gpt")
+    assert main(argv) == 0
+    assert capsys.readouterr().out == want and "recompute=full" not in want.splitlines()[0].split(" on ")[0]
+    assert batches == [1] and built == ["full"]  # the zoo's one build; no rebuild for the configuration
+    graph = load_workload(GPT, batch=1, recompute="full")
+    cfg = parse_parallel("tp=4,pp=2,micro_batch=1,global_batch=4,recompute=full")
+    assert graph.spec == load_workload(GPT, batch=1).spec and prepare_graph(graph, cfg) is graph
+    # a spec naming its own recomputation is built as written, then prepared for the configuration
+    batches.clear()
+    built.clear()
+    assert main([verb, "--system", SYSTEM, "--workload", GPT + ",recompute=selective", "--parallel",
+                 "tp=4,pp=2,micro_batch=1,global_batch=4,recompute=full"]) == 0
+    assert batches == [1] and built == ["selective", "full"]
+
+
 def test_the_check_refuses_by_the_memory_the_report_would_show(capsys):
     """One memory model: the refusal's peak is the closed form's, in GiB, with no time."""
     system = load_system(SYSTEM)

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from marssim.progress import EstimateProgress
+from marssim.results.aggregate import node_busy
 from marssim.results.aggregate import resource_bytes as _aggregate_bytes
 from marssim.results.build import build_result, device_table
 from marssim.results.result import Result
@@ -36,7 +37,7 @@ from marssim.results.schedule import critical_path
 from marssim.results.summary import steady_throughput, total_energy
 from marssim.results.timelines import buffer_timeline, flow_timeline
 from marssim.system import System
-from marssim.taskgraph import COMPUTE, TaskGraph, column_chunks
+from marssim.taskgraph import COMPUTE, TaskGraph
 
 from .schedule import BACKENDS, earliest_schedule, list_schedule
 
@@ -398,10 +399,7 @@ def _estimate_program(tg: TaskGraph, system: System, program, bottleneck: np.nda
     report("schedule", n)
     report("critical_path", n)
     duration = program.take_rows(d_row)
-    busy = np.zeros(n_nodes)
-    for c in column_chunks(tg, ("kind", "device", "duration")):  # compute seconds per node, task after task
-        compute = c["kind"] == COMPUTE
-        np.add.at(busy, c["device"][compute], c["duration"][compute])
+    busy = node_busy(tg)  # compute seconds per node, task after task
     res_load = _aggregate_bytes(tg, system, incidence=incidence) / system.resource_capacity
     bounds = {"critical_path": critical, "device_work": float(busy.max(initial=0.0)),
               "resource_load": float(res_load.max(initial=0.0))}

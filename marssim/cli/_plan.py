@@ -91,7 +91,7 @@ def load_plan_args(args: argparse.Namespace):
     from marssim.mapping import Mapping
     from marssim.mapping.sharding import STRATEGIES
     from marssim.parallel import parse_parallel
-    from marssim.plan import bind_parallel, build_batch, is_llm, load_plan, workload_sets_batch
+    from marssim.plan import bind_parallel, build_batch, build_recompute, is_llm, load_plan, workload_sets_batch
     from marssim.system import load_system
     from marssim.workload import load_workload
     from marssim.workload.llm import require_transformer
@@ -119,7 +119,9 @@ def load_plan_args(args: argparse.Namespace):
         system = load_system(args.system)
         batch = args.batch if cfg is None else build_batch(args.workload, args.batch, cfg,
                                                            micro_batch_given="micro_batch" in _keys(args.parallel))
-        graph = load_workload(args.workload, batch=batch)  # a training LLM's micro-batch at once
+        # a training LLM at once at its micro-batch and with the configuration's recomputation
+        graph = load_workload(args.workload, batch=batch,
+                              recompute=None if cfg is None else build_recompute(args.workload, cfg))
         if cfg is not None:
             plan, graph = bind_parallel(cfg, graph, system, "--parallel",
                                         micro_batch_given="micro_batch" in _keys(args.parallel),
@@ -185,7 +187,23 @@ def print_report(result, args: argparse.Namespace) -> None:
 
 
 def run_plan_verb(args: argparse.Namespace, how: str) -> int:
-    """``simulate`` (``how="simulate"``) or ``estimate``: load, check, run, print, write."""
+    """``simulate`` (``how="simulate"``) or ``estimate``: load, check, run, print, write, with
+    the cyclic garbage collector paused (:func:`marssim.gcpause.gc_paused`): loading, lowering
+    and evaluating a plan make few reference cycles, and each of the collector's full passes
+    over the objects they keep (the graphs, their rules, the system's routes: hundreds of
+    thousands) found none to free while costing up to a tenth of a second (five of them on the
+    largest estimate). What it keeps goes to the collector's oldest generation unexamined
+    (:func:`marssim.gcpause.promote_survivors`), not walked by the first collection after."""
+    from marssim.gcpause import gc_paused, promote_survivors
+
+    with gc_paused():
+        try:
+            return _run_plan_verb(args, how)
+        finally:
+            promote_survivors()
+
+
+def _run_plan_verb(args: argparse.Namespace, how: str) -> int:
     from marssim.plan import run, trace_gpus
     from marssim.plan.kinds import PlanKind, kind_of
     from marssim.results.view import folded_view

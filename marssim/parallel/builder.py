@@ -188,15 +188,19 @@ class UnitBuilder:
 
     def group(self, pattern: str) -> list[int]:
         """The GPUs of ``pattern``'s ring from this representative on (memoised per lowering)."""
-        key = (self.rep, pattern)
+        return self.ring_from(self.rep, pattern)
+
+    def ring_from(self, start: int, pattern: str) -> list[int]:
+        """The GPUs of ``pattern``'s ring from GPU ``start`` on (memoised per lowering)."""
+        key = (start, pattern)
         hit = self.low.groups.get(key)
         if hit is not None:
             return hit
         peer = self.low.place.patterns().get(pattern) if pattern else None
-        out = [self.rep]
+        out = [start]
         if peer is not None:
-            seen = {self.rep}
-            g = peer(self.rep)
+            seen = {start}
+            g = peer(start)
             while g not in seen and len(out) < 1 << 16:
                 out.append(g)
                 seen.add(g)
@@ -607,11 +611,8 @@ class UnitBuilder:
         it delays other stages' updates, not the iteration, but by their difference)."""
         low = self.low
         members: list[int] = []
-        tp_peer = low.place.patterns().get(TP_RING)
         for g in (self.group(PULL_PREV) if low.cfg.pp > 1 else [self.rep]):
-            members.append(g)
-            while tp_peer is not None and tp_peer(members[-1]) not in (g, members[-1]) and len(members) < 1 << 16:
-                members.append(tp_peer(members[-1]))
+            members.extend(self.ring_from(g, TP_RING))  # each stage's tensor-parallel ring from g
         if len(members) < 2:
             return tuple(deps)
         plan = low.plan("all_reduce", nbytes, members)

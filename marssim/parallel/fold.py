@@ -147,19 +147,21 @@ def _pattern_sends(gpus: Sequence[int], patterns: dict[str, Peer], pulls: Sequen
             yield (pname, g) + ((p, g) if pull else (g, p))
 
 
-def latency_floors(system: System, sends, direct: Sequence[str] = ()) -> dict[tuple[str, int, int], float]:
+def latency_floors(system: System, sends, direct: Sequence[str] = (),
+                   routes: dict[tuple[int, int], Route] | None = None) -> dict[tuple[str, int, int], float]:
     """(pattern, src, dst) -> the latency (s) a transfer of that pattern waits: the largest route
     latency among the pattern's hops (``sends``: :func:`_pattern_sends`' tuples). Every member of
     a pattern then waits alike, wherever the scalable units cut its rings. The patterns named in
     ``direct`` (an all-to-all's partners, each pair on its own) are left out: their transfers
-    wait their own route's latency."""
+    wait their own route's latency. ``routes``: each hop's route (:func:`binding_route`, whose
+    latency is the route's) where the caller has them."""
     names = system.nodes
     worst: dict[str, float] = {}
     hops: list[tuple[str, int, int]] = []
     for pname, _, src, dst in sends:
         if pname in direct:
             continue
-        lat = system.route(names[src], names[dst]).latency
+        lat = (routes[(src, dst)] if routes is not None else system.route(names[src], names[dst])).latency
         if lat > worst.get(pname, -1.0):
             worst[pname] = lat
         hops.append((pname, src, dst))
@@ -189,7 +191,7 @@ def fold(system: System, gpus: Sequence[int], role: dict[int, object], patterns:
         inverse[pname].setdefault(dst if pname not in pulls else src, []).append(g)
         if (src, dst) not in routes:
             routes[(src, dst)] = binding_route(system, names[src], names[dst])
-    floors = latency_floors(system, sends, direct)
+    floors = latency_floors(system, sends, direct, routes)
     capacity = system.resource_capacity
     first = {}
     cls = {}

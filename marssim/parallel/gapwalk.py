@@ -16,7 +16,7 @@ import os
 
 import numpy as np
 
-__all__ = ["latest_in_program", "walk_gaps"]
+__all__ = ["latest_in_program", "walk_gaps", "walk_gaps_in_program"]
 
 _EPS = 1e-15  # s: a gap or a remainder shorter than this is none
 
@@ -65,7 +65,7 @@ def _kernels() -> dict:
             except ImportError:
                 pass
             else:
-                _COMPILED.update(walk=K.compiled_walk(_walk), latest=K.latest)
+                _COMPILED.update(walk=K.compiled_walk(_walk), latest=K.latest, walk_program=K.walk_in_program)
     return _COMPILED
 
 
@@ -112,3 +112,19 @@ def walk_gaps(gap_lo: np.ndarray, gap_hi: np.ndarray, first: np.ndarray, start: 
               np.ascontiguousarray(end, dtype=np.float64), np.ascontiguousarray(is_compute, dtype=np.bool_),
               np.ascontiguousarray(collective, dtype=np.int32), np.ascontiguousarray(code, dtype=np.int64),
               np.ascontiguousarray(latest, dtype=np.int64), sums, int(bubble))
+
+
+def walk_gaps_in_program(program, gap_lo: np.ndarray, gap_hi: np.ndarray, first: np.ndarray, start: np.ndarray,
+                         end: np.ndarray, is_compute_row: np.ndarray, code_row: np.ndarray, sums: np.ndarray,
+                         bubble: int) -> None:
+    """:func:`walk_gaps` of a lowering's TaskGraph over its
+    :class:`~marssim.taskprogram.TaskProgram` (compiled; callers check :func:`compiled`): a
+    task's kind and category (``is_compute_row``, ``code_row``: per template row; a category
+    indexes ``sums``) read from its row, and each transfer's latest predecessor found when the
+    walk reaches it (:func:`latest_in_program`'s rule), not read from per-task arrays. The same
+    additions in the same order: the same floats."""
+    _kernels()["walk_program"](
+        np.ascontiguousarray(gap_lo, dtype=np.float64), np.ascontiguousarray(gap_hi, dtype=np.float64),
+        np.ascontiguousarray(first, dtype=np.int64), np.ascontiguousarray(start, dtype=np.float64),
+        np.ascontiguousarray(end, dtype=np.float64), np.ascontiguousarray(is_compute_row, dtype=np.bool_),
+        np.ascontiguousarray(code_row, dtype=np.int64), sums, int(bubble), program.inst_of, *_program_arrays(program))

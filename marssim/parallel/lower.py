@@ -37,6 +37,7 @@ Units: seconds, bytes. Pure and deterministic.
 """
 from __future__ import annotations
 
+import functools
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -159,8 +160,8 @@ def _lower(graph: Graph, system: System, cfg: ParallelConfig, cost: CostModel, f
     check_size(size, where_key, max_bytes)
     report.total = size.tasks
     done = 0
-    for rep, key, _ in order:
-        done += len(templates.get(rep, key))
+    for (rep, key), count in Counter((rep, key) for rep, key, _ in order).items():  # each unit once, in order
+        done += len(templates.get(rep, key)) * count
         report("templates", done)
     report("assemble", size.tasks)
     tg = _taskgraph(low, task_program(templates.built, order))
@@ -202,7 +203,8 @@ def _taskgraph(low: RunModel, program: TaskProgram) -> TaskGraph:
     resident, setup = _memory(low)
     return from_program(
         program, node_names=names, op_names=tuple(op.name for op in low.graph.ops), routes=tuple(low.routes),
-        resident=resident, setup=setup, meta=_meta(low), ops=_op_info(low),
+        resident=resident, setup=setup, meta=_meta(low),
+        ops=functools.partial(_op_info, low, dict(low.cost_models)),  # made when first read
         device_design={names[g]: low.system.accelerator(names[g]).designs[0] for g in low.fold.reps},
         batch=low.cfg.batch)
 
@@ -227,9 +229,10 @@ def _memory(low: RunModel) -> tuple[dict[str, float], tuple[tuple[str, str, floa
     return resident, tuple(setup)
 
 
-def _op_info(low: RunModel) -> tuple:
+def _op_info(low: RunModel, cost_models: dict[str, str]) -> tuple:
     """The typed label of every compute op: its tensor-parallel split as a strategy name, its
-    pipeline stage as the set, the cost model that timed it."""
+    pipeline stage as the set, the cost model that timed it (``cost_models``: by op, as the
+    lowering left them)."""
     from marssim.taskgraph import OpInfo
 
     out = []
@@ -239,7 +242,7 @@ def _op_info(low: RunModel) -> tuple:
         rule = low.rules[op.name]
         stage = low.stage_of_chunk(low.chunk_of_layer[op.param("layer")])
         out.append(OpInfo(op.name, op.kind.value, op.model, " ".join(f"{k}={v}" for k, v in op.loops),
-                          strategy_of(op, rule), stage, low.cost_models.get(op.name, "")))
+                          strategy_of(op, rule), stage, cost_models.get(op.name, "")))
     return tuple(out)
 
 

@@ -222,8 +222,10 @@ def memory_estimate(graph: Graph, cfg: ParallelConfig, capacity: float, rules=No
 
     if rules is None:
         rules = op_rules(graph, cfg)
-    if per is None:
-        per, _ = rank_parameters(graph, cfg, rules)
+    if per is None:  # kept with the graph, as the lowering keeps it (RunModel)
+        key = ("rank_parameters", rules_key(cfg, stage_of_layers(require_transformer(graph, "a memory estimate").layers,
+                                                                  cfg)))
+        per, _ = graph_cached(graph, key, lambda: rank_parameters(graph, cfg, rules))
     held_per = rank_weight_bytes(graph, cfg, rules)
     static = {s: static_bytes(graph, cfg, s, rules, per, held_per) for s in range(cfg.pp)}
     acts: dict[int, float] = {}
@@ -234,10 +236,7 @@ def memory_estimate(graph: Graph, cfg: ParallelConfig, capacity: float, rules=No
         per_layer = _saved_per_layer(graph, cfg, rules)
         plain = per_layer
         if t.recompute != "none":  # a layer's backward first recomputes what its forward did not keep
-
-            whole = prepare_graph(graph, cfg.with_(recompute="none"))
-            key = ("saved_per_layer",) + rules_key(cfg, stage_of_layers(t.layers, cfg))
-            plain = graph_cached(whole, key, lambda: _saved_per_layer(whole, cfg, op_rules(whole, cfg)))
+            plain = _saved_per_layer_without_recompute(graph, cfg, rules)
         for s in range(cfg.pp):
             layers = _stage_layers(graph, cfg, s)
             acts[s] = sum(per_layer.get(layer, 0.0) for layer in layers) * _in_flight(cfg, s, cfg.micro_batches)
@@ -272,15 +271,37 @@ def _knob_buffers(graph: Graph, cfg: ParallelConfig) -> dict[int, float]:
     return out
 
 
-def _saved_per_layer(graph: Graph, cfg: ParallelConfig, rules) -> dict[int, float]:
+def _saved_per_layer_without_recompute(graph: Graph, cfg: ParallelConfig, rules) -> dict[int, float]:
+    """:func:`_saved_per_layer` of the workload of ``graph`` (which recomputes) built without
+    recomputation, read from ``graph`` itself
+    (:func:`~marssim.workload.llm.footprint.saved_without_recompute`: its forward ops and their
+    rules are that graph's); built and read where a recomputed copy names no forward op."""
+    from marssim.workload.llm.footprint import saved_without_recompute
+
+    t = require_transformer(graph, "a parallel configuration")
+    key = ("saved_per_layer_without_recompute",) + rules_key(cfg, stage_of_layers(t.layers, cfg))
+
+    def make() -> dict[int, float]:
+        saved = saved_without_recompute(graph)
+        if saved is None:
+            whole = prepare_graph(graph, cfg.with_(recompute="none"))
+            return _saved_per_layer(whole, cfg, op_rules(whole, cfg))
+        return _saved_per_layer(graph, cfg, rules, saved)
+
+    return graph_cached(graph, key, make)
+
+
+def _saved_per_layer(graph: Graph, cfg: ParallelConfig, rules, saved: dict | None = None) -> dict[int, float]:
     """Bytes of activations one micro-batch keeps for the backward, per layer group, on one rank
-    (each tensor divided by its tensor-parallel split)."""
+    (each tensor divided by its tensor-parallel split); ``saved``: the tensors kept (default:
+    :func:`~marssim.workload.llm.footprint.saved_tensors` of ``graph``)."""
     from marssim.workload.llm.footprint import saved_tensors
     t = require_transformer(graph, "a parallel configuration")
     per_layer: dict[int, float] = defaultdict(float)
     stage_of = stage_of_layers(t.layers, cfg)
     index = graph.index
-    saved = graph_cached(graph, "saved", lambda: saved_tensors(graph))
+    if saved is None:
+        saved = graph_cached(graph, "saved", lambda: saved_tensors(graph))
     share = busiest_share(t.expert_load, cfg.ep)
     for (name, what), (size, layer) in saved.items():
         rule = rules.get(name)

@@ -23,6 +23,7 @@ exposed communication and communication volume per group.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -353,6 +354,28 @@ def _attribute(tg: TaskGraph, start: np.ndarray, end: np.ndarray, device: int, m
     return out
 
 
+def _attribute_in_program(program, start: np.ndarray, end: np.ndarray, makespan: float, comp: np.ndarray,
+                          is_compute_row: np.ndarray, code_row: np.ndarray) -> dict[str, float]:
+    """:func:`_attribute` of a lowering's TaskGraph over its program (compiled): the same gaps,
+    the same walk (:func:`.gapwalk.walk_gaps_in_program`), without per-task arrays."""
+    out = dict.fromkeys(CATEGORIES, 0.0)
+    if not len(comp):
+        out["bubble"] = makespan
+        return out
+    comp = comp[np.lexsort((comp, start[comp]))]
+    gaps_end = start[comp]
+    gaps_start = np.concatenate([[0.0], end[comp[:-1]]])
+    gaps = np.flatnonzero(gaps_end - gaps_start > 1e-15)
+    # each gap's own task: what it waited for last, the previous kernel of its stream aside
+    firsts = gapwalk.latest_in_program(program, end, comp[gaps], np.where(gaps > 0, comp[np.maximum(gaps - 1, 0)], -1))
+    sums = np.zeros(len(CATEGORIES))
+    gapwalk.walk_gaps_in_program(program, gaps_start[gaps], gaps_end[gaps], firsts, start, end, is_compute_row,
+                                 code_row, sums, CATEGORIES.index("bubble"))
+    out = dict(zip(CATEGORIES, sums.tolist()))
+    out["bubble"] += max(0.0, makespan - float(end[comp[-1]]))
+    return out
+
+
 def parallel_report(tg: TaskGraph, system, start: np.ndarray, end: np.ndarray, memory_peak: dict[str, float], *,
                     memory=None, chunks: list[list[int]] = (), tokens: float = 0.0, samples: float = 0.0
                     ) -> ParallelReport:
@@ -375,21 +398,40 @@ def parallel_report(tg: TaskGraph, system, start: np.ndarray, end: np.ndarray, m
     per_gpu: dict[str, dict[str, float]] = {}
     names = tg.node_names
     index = {n: i for i, n in enumerate(names)}
-    comp = tg.kind == COMPUTE
-    labels = _group_labels(tg)
-    volume = _volumes(tg, {index[rep] for rep in weight}, labels)
-    latest = latest_predecessors(tg, end)
-    by_device = compute_by_device(tg)
-    walk = _walk_columns(tg, labels)
-    none = np.zeros(0, dtype=np.int64)
-    flops = tg.flops
+    reps = {index[rep] for rep in weight}
+    program = getattr(tg, "program", None)
+    if program is not None and "kind" not in tg.__dict__:  # the columns unbuilt: read the program
+        kernels, is_compute_row, code_row, volume = _program_tasks(program, reps)
+        if gapwalk.compiled():  # each task's kind, category and latest predecessor where the walk reads them
+
+            def attribute(d: int, mine: np.ndarray) -> dict[str, float]:
+                return _attribute_in_program(program, start, end, makespan, mine, is_compute_row, code_row)
+        else:
+            walk = _WalkColumns(program.take_rows(is_compute_row), program.take_rows(code_row),
+                                np.arange(len(CATEGORIES), dtype=np.int64))
+    else:
+        labels = _group_labels(tg)
+        volume = _volumes(tg, reps, labels)
+        by_device = compute_by_device(tg)
+        walk = _walk_columns(tg, labels)
+        flops = tg.flops
+        none = np.zeros(0, dtype=np.int64)
+
+        def kernels(d: int) -> tuple[np.ndarray, np.ndarray]:
+            mine = by_device.get(d, none)
+            return mine, flops[mine]
+    if program is None or "kind" in tg.__dict__ or not gapwalk.compiled():
+        latest = latest_predecessors(tg, end)
+
+        def attribute(d: int, mine: np.ndarray) -> dict[str, float]:
+            return _attribute(tg, start, end, d, makespan, latest, mine, walk)
     hardware = 0.0
     for rep, w in sorted(weight.items()):
         d = index[rep]
-        mine = by_device.get(d, none)  # ascending: the sums below add in task order, as a mask would
+        mine, mine_flops = kernels(d)  # ascending: the sums below add in task order, as a mask would
         busy = float((end[mine] - start[mine]).sum())  # the durations of its kernels alone, in task order
-        hardware += float(flops[mine].sum()) * w
-        waits = _attribute(tg, start, end, d, makespan, latest, mine, walk)
+        hardware += float(mine_flops.sum()) * w
+        waits = attribute(d, mine)
         per_gpu[rep] = {"busy_s": busy, **{f"{k}_s": v for k, v in waits.items()}, "gpus": w,
                         **{f"{k}_bytes": v for k, v in volume.get(d, {}).items()}}
         busy_total += busy * w
@@ -402,8 +444,9 @@ def parallel_report(tg: TaskGraph, system, start: np.ndarray, end: np.ndarray, m
     for name in ("prefill.sample",):
         if name in ops:
             i = ops.index(name)
-            sample_ends[0] = float(end[comp & (tg.op == i)].max())
+            sample_ends[0] = float(end[(tg.kind == COMPUTE) & (tg.op == i)].max())
     steps = sorted(int(n.split(".")[1]) for n in ops if n.startswith("decode.") and n.endswith(".sample"))
+    comp = tg.kind == COMPUTE if steps else None
     for step in steps:
         i = ops.index(f"decode.{step}.sample")
         sample_ends[step] = float(end[comp & (tg.op == i)].max())
@@ -436,6 +479,80 @@ def parallel_report(tg: TaskGraph, system, start: np.ndarray, end: np.ndarray, m
                           samples=samples, stages=tuple(stages), peak_dtype=str(meta.get("peak_dtype", "")),
                           gemm_dtype=str(meta.get("gemm_dtype", "")),
                           gemm_peak_flops=float(meta.get("gemm_peak_flops", 0.0)))
+
+
+def _program_tasks(program, reps: set[int]) -> tuple[Callable[[int], tuple[np.ndarray, np.ndarray]], np.ndarray,
+                                                     np.ndarray, dict[int, dict[str, float]]]:
+    """What :func:`parallel_report` reads of the tasks, from a lowering's
+    :class:`~marssim.taskprogram.TaskProgram` rather than the TaskGraph's columns (the same
+    arrays and sums): a function giving a device's kernels (ascending, as
+    :func:`compute_by_device` gives them, built one device at a time) and their FLOPs; per
+    template row whether it is a kernel and its category (:func:`_row_categories`: what the
+    walk reads of a task, in place of its kind and collective); and :func:`_volumes`."""
+    rows = program.rows
+    is_compute = rows["kind"] == COMPUTE
+    # the instances of each template, ascending: a device's kernels are in those of the
+    # templates with kernels on it
+    by_tpl = np.argsort(program.inst_tpl, kind="stable")
+    tpl_ptr = np.zeros(len(program.sizes) + 1, dtype=np.int64)
+    np.cumsum(np.bincount(program.inst_tpl, minlength=len(program.sizes)), out=tpl_ptr[1:])
+    tpl_of_row = np.repeat(np.arange(len(program.sizes), dtype=np.int64), program.sizes)
+
+    def kernels(d: int) -> tuple[np.ndarray, np.ndarray]:
+        mask = is_compute & (rows["device"] == d)
+        tpls = np.unique(tpl_of_row[mask])
+        insts = np.sort(np.concatenate([by_tpl[tpl_ptr[j]:tpl_ptr[j + 1]] for j in tpls.tolist()] +
+                                       [np.zeros(0, dtype=np.int64)]))
+        tasks, task_rows = program.tasks_of_rows(mask, insts)
+        return tasks, rows["flops"][task_rows]
+
+    code = _row_categories(program)
+    return kernels, is_compute, code, _program_volumes(program, reps, is_compute, code)
+
+
+def _row_categories(program) -> np.ndarray:
+    """Per template row, the index in CATEGORIES of its collective's group (``pp``: none), int32."""
+    pp = CATEGORIES.index("pp")
+    table = [[CATEGORIES.index(c.group or "pp") for c in colls] + [pp] for colls in program.tpl_colls]
+    n_colls = np.array([len(t) - 1 for t in table], dtype=np.int64)
+    offset = np.zeros(len(table) + 1, dtype=np.int64)
+    np.cumsum(n_colls + 1, out=offset[1:])
+    flat = np.fromiter((c for t in table for c in t), np.int32, int(offset[-1]))
+    tpl = np.repeat(np.arange(len(table), dtype=np.int64), program.sizes)
+    local = program.rows["collective"].astype(np.int64)
+    return flat[offset[:-1][tpl] + np.where(local >= 0, local, n_colls[tpl])]
+
+
+def _program_volumes(program, reps: set[int], is_compute: np.ndarray, code: np.ndarray) -> dict[int, dict[str, float]]:
+    """:func:`_volumes` from a TaskProgram: a transfer's owner and group are its row's, so the
+    sums run over rows (task after task, :meth:`~marssim.taskprogram.TaskProgram.row_sums`) and the order of first use
+    is that of each pair's earliest task."""
+    rows = program.rows
+    moving = np.flatnonzero(~is_compute)
+    if not len(moving):
+        return {}
+    src = rows["src"][moving]
+    owner = np.where(np.isin(src, list(reps)), src, rows["dst"][moving]).astype(np.int64)
+    pairs, pair_of = np.unique(owner * len(CATEGORIES) + code[moving], return_inverse=True)
+    bins = np.full(len(is_compute), -1, dtype=np.int64)
+    bins[moving] = pair_of
+    sums = program.row_sums(bins, rows["nbytes"], len(pairs))
+    # each row's earliest task: in the first instance of its template (none: never run)
+    templates, first_inst = np.unique(program.inst_tpl, return_index=True)
+    tpl_first = np.full(len(program.sizes), -1, dtype=np.int64)
+    tpl_first[templates] = first_inst
+    tpl = np.repeat(np.arange(len(program.sizes), dtype=np.int64), program.sizes)[moving]
+    runs = tpl_first[tpl] >= 0
+    first_task = program.inst_base[tpl_first[tpl][runs]] + moving[runs] - program.tpl_start[tpl[runs]]
+    never = np.iinfo(np.int64).max
+    earliest = np.full(len(pairs), never, dtype=np.int64)
+    np.minimum.at(earliest, pair_of[runs], first_task)
+    used = np.flatnonzero(earliest < never)
+    out: dict[int, dict[str, float]] = {}
+    for key in used[np.argsort(earliest[used])].tolist():  # distinct: a task has one row, a row one pair
+        row = out.setdefault(int(pairs[key] // len(CATEGORIES)), {})
+        row[CATEGORIES[int(pairs[key] % len(CATEGORIES))]] = float(sums[key])
+    return out
 
 
 def _volumes(tg: TaskGraph, reps: set[int], labels: list[str] | None = None) -> dict[int, dict[str, float]]:

@@ -193,8 +193,13 @@ class RunModel:
         key = (kind, nbytes, id(members))
         hit = self._plans.get(key)
         if hit is None or hit[0] is not members:
-            names = self.system.nodes
-            hit = self._plans[key] = (members, group_plan(self.system, [names[g] for g in members], kind, nbytes))
+            # a plan depends on the group's shape alone (group_plan memoises it so): one per set of GPUs
+            group = (kind, nbytes, frozenset(members))
+            plan = self._plans.get(group)
+            if plan is None:
+                names = self.system.nodes
+                plan = self._plans[group] = (group_plan(self.system, [names[g] for g in members], kind, nbytes),)
+            hit = self._plans[key] = (members, plan[0])
         return hit[1]
 
     def pull_pattern(self, stage: int, source: int) -> str | None:

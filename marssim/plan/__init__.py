@@ -11,11 +11,13 @@ evaluation is its own typed record (:mod:`.evaluation`)."""
 from .evaluation import DeploymentEvaluation, Evaluation, MappingEvaluation, ParallelEvaluation
 from .io import example_plans, load_plan, plan_to_dict, resolve_plan_file, save_plan
 from .kinds import KINDS, KindSpec, PlanKind, kind_of
-from .model import Plan, bind_parallel, build_batch, graph_for, is_llm, plan_key, plan_text, workload_sets_batch
+from .model import (Plan, bind_parallel, build_batch, build_recompute, graph_for, is_llm, plan_key, plan_text,
+                    workload_sets_batch)
 from .run import HOW, Run, lower_plan, run, run_deployment, serve_rates, serve_stream, trace_gpus
 
 __all__ = ["Evaluation", "MappingEvaluation", "ParallelEvaluation", "DeploymentEvaluation",
-           "KINDS", "KindSpec", "PlanKind", "kind_of", "Plan", "bind_parallel", "build_batch", "graph_for", "is_llm",
+           "KINDS", "KindSpec", "PlanKind", "kind_of", "Plan", "bind_parallel", "build_batch", "build_recompute",
+           "graph_for", "is_llm",
            "plan_key", "plan_text", "workload_sets_batch",
            "example_plans", "load_plan", "plan_to_dict", "resolve_plan_file", "save_plan",
            "HOW", "Run", "lower_plan", "run", "run_deployment", "serve_rates", "serve_stream", "trace_gpus"]

@@ -25,7 +25,8 @@ from marssim.system import System
 from marssim.workload import Graph, load_workload, spec_mode
 from marssim.workload.llm import require_transformer, transformer_of
 
-__all__ = ["Plan", "PlanKind", "plan_key", "plan_text", "is_llm", "graph_for", "bind_parallel", "build_batch"]
+__all__ = ["Plan", "PlanKind", "plan_key", "plan_text", "is_llm", "graph_for", "bind_parallel", "build_batch",
+           "build_recompute"]
 
 Plan = Union[Mapping, ParallelConfig, Deployment]
 
@@ -78,6 +79,16 @@ def build_batch(spec: str, batch: int | None, config: ParallelConfig, *, micro_b
     if micro_batch_given and not workload_sets_batch(spec, batch) and spec_mode(spec) == "train":
         return config.micro_batch
     return batch
+
+
+def build_recompute(spec: str, config: ParallelConfig) -> str | None:
+    """The recomputation to build the workload ``spec`` with for ``config`` (None: the spec's): a
+    training zoo LLM whose spec names none is built with the configuration's at once -- the
+    graph :func:`marssim.parallel.prepare_graph` would otherwise rebuild from it for the
+    configuration, the same parameters, so the same graph (named by the same spec), built once."""
+    if spec_mode(spec) == "train" and "recompute" not in split_spec(spec).params:
+        return config.recompute
+    return None
 
 
 def workload_sets_batch(spec: str, batch: int | None = None) -> bool:

@@ -19,9 +19,9 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 from marssim.system import Route, System
-from marssim.taskgraph import COMPUTE, TaskGraph, column_chunks
+from marssim.taskgraph import COMPUTE, TaskGraph, column_chunks, unbuilt_program
 
-__all__ = ["route_incidence", "resource_bytes", "node_compute_energy", "compute_energy", "transfer_energy",
+__all__ = ["route_incidence", "resource_bytes", "node_busy", "node_compute_energy", "compute_energy", "transfer_energy",
            "communication_energy", "route_energy_per_byte"]
 
 
@@ -51,14 +51,24 @@ def resource_bytes(taskgraph: TaskGraph, system: System, *,
     if tg.routes:
         res_idx, res_route, res_weight = incidence if incidence is not None else route_incidence(tg.routes)
         if len(res_idx):
-            # bytes per route, added task after task (whole columns or runs of them: the same sums)
-            route_bytes = np.zeros(len(tg.routes))
-            moved = False
-            for c in column_chunks(tg, ("kind", "route", "nbytes")):
-                moving = c["kind"] != COMPUTE
-                if moving.any():
-                    moved = True
-                    np.add.at(route_bytes, c["route"][moving], c["nbytes"][moving])
+            # bytes per route, added task after task (whole columns, runs of them or a program's
+            # rows: the same sums)
+            program = unbuilt_program(tg, ("kind", "route", "nbytes"))
+            if program is not None:
+                rows = program.rows
+                moving = rows["kind"] != COMPUTE
+                moved = bool((moving & program.used_rows).any())
+                route = rows["route"].astype(np.int64)
+                route = np.where(route < 0, route + len(tg.routes), route)  # as np.add.at reads -1
+                route_bytes = program.row_sums(np.where(moving, route, -1), rows["nbytes"], len(tg.routes))
+            else:
+                route_bytes = np.zeros(len(tg.routes))
+                moved = False
+                for c in column_chunks(tg, ("kind", "route", "nbytes")):
+                    moving = c["kind"] != COMPUTE
+                    if moving.any():
+                        moved = True
+                        np.add.at(route_bytes, c["route"][moving], c["nbytes"][moving])
             if moved:
                 np.add.at(out, res_idx, route_bytes[res_route] * res_weight)
     for route, nbytes in extra:
@@ -67,11 +77,34 @@ def resource_bytes(taskgraph: TaskGraph, system: System, *,
     return out
 
 
+def node_busy(taskgraph: TaskGraph) -> np.ndarray:
+    """Per node index: seconds of its compute tasks, added task after task."""
+    tg = taskgraph
+    program = unbuilt_program(tg, ("kind", "device", "duration"))
+    if program is not None:
+        rows = program.rows
+        return program.row_sums(np.where(rows["kind"] == COMPUTE, rows["device"], -1), rows["duration"],
+                                len(tg.node_names))
+    busy = np.zeros(len(tg.node_names))
+    for c in column_chunks(tg, ("kind", "device", "duration")):
+        compute = c["kind"] == COMPUTE
+        np.add.at(busy, c["device"][compute], c["duration"][compute])
+    return busy
+
+
 def node_compute_energy(taskgraph: TaskGraph) -> tuple[np.ndarray, np.ndarray]:
     """Per node index: joules of its compute tasks (unknown ones counted 0) and whether any of
     them had an energy figure."""
     tg = taskgraph
     n = len(tg.node_names)
+    program = unbuilt_program(tg, ("kind", "energy", "device"))
+    if program is not None:
+        rows = program.rows
+        compute = rows["kind"] == COMPUTE
+        energy = program.row_sums(np.where(compute, rows["device"], -1), np.nan_to_num(rows["energy"]), n)
+        known = np.zeros(n, dtype=bool)
+        known[rows["device"][compute & program.used_rows & ~np.isnan(rows["energy"])]] = True
+        return energy, known
     energy = np.zeros(n)
     known = np.zeros(n, dtype=bool)
     for c in column_chunks(tg, ("kind", "energy", "device")):  # added task after task

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .aggregate import communication_energy, compute_energy, resource_bytes
+from .aggregate import communication_energy, compute_energy, node_busy, resource_bytes
 from marssim.system import System
-from marssim.taskgraph import COMPUTE, TaskGraph, column_chunks
+from marssim.taskgraph import COMPUTE, TaskGraph, column_chunks, unbuilt_program
 
 __all__ = ["Summary", "summarise", "steady_throughput", "compute_energy", "total_energy"]
 
@@ -61,8 +61,15 @@ def steady_throughput(tg: TaskGraph, end: np.ndarray, makespan: float, system: S
         return float("nan")
     mbs = 1
     finish = np.full(0, -np.inf)
+    program = unbuilt_program(tg, ("micro_batch",))
+    if program is not None:  # the latest end of each instance, then of each micro-batch (max: any order)
+        runs = np.diff(program.inst_base) > 0
+        mb = program.inst_mb[runs]
+        if len(mb):
+            finish = np.full(int(mb.max()) + 1, -np.inf)
+            np.maximum.at(finish, mb, program.instance_max(end)[runs])
     at = 0
-    for c in column_chunks(tg, ("micro_batch",)):
+    for c in (() if program is not None else column_chunks(tg, ("micro_batch",))):
         mb = c["micro_batch"]
         if len(mb) and int(mb.max()) + 1 > len(finish):
             finish = np.concatenate([finish, np.full(int(mb.max()) + 1 - len(finish), -np.inf)])
@@ -81,12 +88,12 @@ def steady_throughput(tg: TaskGraph, end: np.ndarray, makespan: float, system: S
 def _busiest_work(tg: TaskGraph, system: System, streams: int) -> float:
     """Seconds the busiest device (compute over ``streams``) or bandwidth resource (bytes over
     capacity) must work to process the whole TaskGraph; at least the smallest positive float."""
-    busy = np.zeros(len(tg.node_names))
-    moving = False
-    for c in column_chunks(tg, ("kind", "device", "duration")):  # added task after task
-        compute = c["kind"] == COMPUTE
-        np.add.at(busy, c["device"][compute], c["duration"][compute])
-        moving = moving or bool((~compute).any())
+    busy = node_busy(tg)
+    program = unbuilt_program(tg, ("kind",))
+    if program is not None:
+        moving = bool(((program.rows["kind"] != COMPUTE) & program.used_rows).any())
+    else:
+        moving = bool((tg.kind != COMPUTE).any())
     work = float(busy.max(initial=0.0)) / streams
     if moving:
         res_bytes = resource_bytes(tg, system)

@@ -69,15 +69,20 @@ def is_onnx_spec(spec: str) -> bool:
     return _ONNX_SPEC.match(spec) is not None
 
 
-def load_workload(spec: str, *, batch: int | None = None) -> Graph:
+def load_workload(spec: str, *, batch: int | None = None, recompute: str | None = None) -> Graph:
     """Build a workload from a zoo spec (``resnet50:batch=8``), an ONNX file path, optionally
     with a batch (``model.onnx:batch=8``), or a Hugging Face ``config.json``
     (``hf:PATH[:key=value,...]``).
 
-    ``batch`` overrides the spec's batch. Raises InputError for an unknown name or parameter, or
-    for parameter values the model cannot take (the key is named)."""
+    ``batch`` overrides the spec's batch. ``recompute``: a zoo LLM built with that
+    recomputation, its ``spec`` still naming the workload as written (as a graph that
+    :func:`marssim.parallel.prepare_graph` rebuilt for a configuration's recomputation is named).
+    Raises InputError for an unknown name or parameter, or for parameter values the model cannot
+    take (the key is named)."""
     from .llm.hf import is_hf_spec
 
+    if recompute is not None and (is_hf_spec(spec) or is_onnx_spec(spec)):
+        raise InputError(spec, "recompute", "is set here for a zoo LLM only; give it in the spec")
     if is_hf_spec(spec):
         from .llm.hf import load_hf
 
@@ -102,8 +107,13 @@ def load_workload(spec: str, *, batch: int | None = None) -> Graph:
         if "batch" not in params:
             raise InputError(spec, "batch", f"{name} takes no batch parameter")
         params["batch"] = batch
+    built = params
+    if recompute is not None:
+        if "recompute" not in params:
+            raise InputError(spec, "recompute", f"{name} takes no recompute parameter")
+        built = {**params, "recompute": recompute}
     try:
-        graph = entry.build(**params)
+        graph = entry.build(**built)
     except InputError as err:
         if err.file is None:  # a builder names the key; the spec is the "file"
             raise InputError(spec, problems=err.problems) from None

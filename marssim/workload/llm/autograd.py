@@ -100,6 +100,7 @@ class _Backward:
         self.norm_grads: dict[int, list[T]] = defaultdict(list)
         self.recomputed: set[int] = set()
         self.shapes: dict[str, tuple[int, int, int, int]] = {}  # recomputed tensors
+        self.by_layer: dict[int, list[Op]] | None = None  # the forward ops of each layer, in order
 
     # ------------------------------------------------------------------ helpers
     def tensor(self, name: str, reader: Op) -> T:
@@ -149,8 +150,11 @@ class _Backward:
         if cfg.recompute == "selective" and not op.param("core"):
             return
         self.recomputed.add(layer)
-        chosen = [o for o in self.forward if o.param("layer") == layer
-                  and (cfg.recompute == "full" or o.param("core"))]
+        if self.by_layer is None:  # one pass over the forward, not one per recomputed layer
+            self.by_layer = defaultdict(list)
+            for o in self.forward:
+                self.by_layer[o.param("layer")].append(o)
+        chosen = [o for o in self.by_layer.get(layer, ()) if cfg.recompute == "full" or o.param("core")]
         b = self.b
         for o in chosen:
             params = {k: v for k, v in o.params if k != "phase"}

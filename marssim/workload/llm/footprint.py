@@ -35,7 +35,7 @@ from marssim.workload.op import DTYPE_BYTES, OpKind
 from .build import transformer_of
 from .precision import held_weight_bytes
 
-__all__ = ["Footprint", "footprint", "saved_tensors", "CAST_FNS"]
+__all__ = ["Footprint", "footprint", "saved_tensors", "saved_without_recompute", "CAST_FNS"]
 
 CAST_FNS = frozenset({"quantize", "amax", "amax_update"})
 """Element-wise functions of a low-precision recipe's casts (:mod:`.precision`)."""
@@ -75,15 +75,43 @@ def saved_tensors(graph: Graph) -> dict[tuple[str, str], tuple[int, int]]:
     (bytes, layer)``. A forward output is kept when a backward or recomputation op reads it
     (its layer: the smallest layer among those readers); a dropout mask (one byte per
     element) when the backward reads the mask of a forward (not recomputed) dropout."""
+    return _kept(graph, ("bwd", "recompute"), {})
+
+
+RECOMPUTED = ".recompute"
+"""The suffix of a recomputed copy of a forward op (:mod:`.autograd`)."""
+
+
+def saved_without_recompute(graph: Graph) -> dict[tuple[str, str], tuple[int, int]] | None:
+    """:func:`saved_tensors` of the same workload built without recomputation, read from
+    ``graph``, which recomputes: its backward reads each recomputed copy where the graph without
+    recomputation reads the forward op it copies (same op, same bytes, same readers in the same
+    order). None when a copy names no forward op."""
+    ops = graph.ops
+    index = graph.index
+    alias: dict[str, str] = {}
+    for op in ops:
+        if op.param("phase") == "recompute":
+            source = op.name[:-len(RECOMPUTED)] if op.name.endswith(RECOMPUTED) else None
+            if source is None or source not in index or ops[index[source]].param("phase", "fwd") != "fwd":
+                return None
+            alias[op.name] = source
+    return _kept(graph, ("bwd",), alias)
+
+
+def _kept(graph: Graph, phases: tuple[str, ...], alias: dict[str, str]) -> dict[tuple[str, str], tuple[int, int]]:
+    """The forward outputs (and dropout masks) the ops of ``phases`` read, each tensor read
+    through ``alias`` (a recomputed copy -> its forward op)."""
     index = graph.index
     ops = graph.ops
     out: dict[tuple[str, str], tuple[int, int]] = {}
     for op in ops:
         phase = op.param("phase")
-        if phase not in ("bwd", "recompute"):
+        if phase not in phases:
             continue
         layer = op.param("layer")
         for src in op.inputs:
+            src = alias.get(src, src)
             producer = ops[index[src]]
             if producer.kind == OpKind.INPUT or producer.param("phase", "fwd") != "fwd":
                 continue
@@ -95,6 +123,7 @@ def saved_tensors(graph: Graph) -> dict[tuple[str, str], tuple[int, int]]:
             out[key] = (size, layer)
         mask = op.param("mask_of")
         if mask is not None:
+            mask = alias.get(mask, mask)
             producer = ops[index[mask]]
             if producer.param("phase", "fwd") == "fwd":
                 out[(mask, "mask")] = (producer.out_elems, layer)
