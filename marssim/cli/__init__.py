@@ -14,7 +14,7 @@ import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-__all__ = ["main", "build_parser", "VERBS", "Verb"]
+__all__ = ["main", "console", "build_parser", "VERBS", "Verb"]
 
 _DESCRIPTION = """\
 marssim: simulate and map DNN workloads on multi-accelerator systems.
@@ -95,8 +95,20 @@ def _verb_named(argv: Sequence[str]) -> str | None:
     return word if word in names else None
 
 
+def console() -> None:
+    """The ``marssim`` command (and ``python -m marssim``): :func:`main`, then the process exits
+    without a last walk of the cyclic garbage collector over what the run kept (hundreds of
+    thousands of objects after a large run; finalisers and atexit handlers run as before). A
+    caller that goes on after :func:`main` (a test, a notebook) calls :func:`main` itself."""
+    import gc
+
+    code = main()
+    gc.freeze()
+    sys.exit(code)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``marssim`` console script; returns the exit status."""
+    """Run the command line on ``argv`` (default ``sys.argv[1:]``); returns the exit status."""
     from marssim.cachedir import use_numba_cache_dir
 
     use_numba_cache_dir()  # numba's compiled kernels in the user's cache folder (before numba is imported)
