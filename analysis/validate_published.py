@@ -1,13 +1,14 @@
 """Predictions of the shipped published tables (``marssim validate --published``), each row's error
 and where its predicted time went, with the machine, wall and CPU time.
 
-    PYTHONPATH=. python analysis/validate_published.py > analysis/results/validate_published.txt
-    PYTHONPATH=. python analysis/validate_published.py --how simulate
-    PYTHONPATH=. python analysis/validate_published.py --tables trtllm-1.0-h100-h200-fp8-throughput
+    PYTHONPATH=. python analysis/validate_published.py --kind train > analysis/results/validate_published.txt
+    PYTHONPATH=. python analysis/validate_published.py --kind train --how simulate
+    PYTHONPATH=. python analysis/validate_published.py --kind serve > analysis/results/validate_published_serving.txt
 
-Serving tables (``trtllm-...``) are predicted by the serving simulation whatever ``--how`` says;
-their variants store the KV cache of every row in FP8 (``kv_dtype=fp8``), then in bf16, where a
-source states the type of some rows only. ``--tables`` picks tables by name (default: every shipped one).
+Serving tables (``trtllm-...``, ``sglang-...``) are predicted by the serving simulation whatever
+``--how`` says; where a table sets the KV cache's type on some rows (``kv_dtype=`` in a model
+spec), its variants store the KV cache of every row in FP8 (``kv_dtype=fp8``), then in bf16.
+``--tables`` picks tables by name, ``--kind`` by kind (default: every shipped one).
 
 The measured figures are checks, never fitted to: every number of the model comes from a
 datasheet, a kernel or collective measurement, or Megatron-LM's code (docs/parallelism.md, "What
@@ -43,8 +44,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--how", choices=("estimate", "simulate"), default="estimate")
     parser.add_argument("--no-variants", dest="variants", action="store_false")
     parser.add_argument("--tables", help="comma-separated table names (default: every shipped table)")
+    parser.add_argument("--kind", choices=("train", "serve"), help="only the training or the serving tables")
     args = parser.parse_args(argv)
     names = args.tables.split(",") if args.tables else list(published_tables())
+    if args.kind:
+        names = [n for n in names if isinstance(load_published(n)[0], PublishedServing) == (args.kind == "serve")]
     cost = default_cost_model()
     print(f"validate_published: shipped published tables, training runs predicted by {args.how}, serving runs by "
           f"simulation ({platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
@@ -59,6 +63,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n{name}: {len(runs)} published runs, predicted by {how} in {wall:.1f} s wall, {cpu:.1f} s CPU")
         print(format_predictions(predictions))
         if not args.variants:
+            continue
+        if serving and not any("kv_dtype=" in r.model for r in runs):
             continue
         if serving:
             print("\n  the same rows with the KV cache of every row in one type (mean |error|, worst, mean signed):")

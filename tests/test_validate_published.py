@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from marssim.cli import main
@@ -21,6 +23,7 @@ from marssim.serve.poolcheck import check_pool
 from marssim.validate.published import (PublishedRun, PublishedServing, ServingPrediction, format_predictions,
                                         load_published, predict, predict_all, published_tables, TableKind,
                                         table_kind)
+from marssim.validate.published_serving import LatencyStatistic, figure_summaries
 from marssim.validate.accuracy import summary
 from marssim.workload import load_workload
 
@@ -32,7 +35,8 @@ SERVE_HEADER = "name,system,model,deployment,input_tokens,output_tokens,requests
 def test_the_shipped_tables_name_runs_their_systems_can_take():
     tables = published_tables()
     assert {"korthikanti2022-table5", "nemo2407-h100-fp8", "nemo2403-h100-fp8-long-context",
-            "megatron-bridge-2511-fp8", "trtllm-1.0-h100-h200-fp8-throughput"} <= set(tables)
+            "megatron-bridge-2511-fp8", "trtllm-1.0-h100-h200-fp8-throughput",
+            "sglang-0.3.0-vllm-0.6.0-bf16-latency"} <= set(tables)
     for name in tables:
         runs = load_published(name)
         assert runs and all(r.source for r in runs)
@@ -43,7 +47,8 @@ def test_the_shipped_tables_name_runs_their_systems_can_take():
                 pool = parse_pool(r.deployment, r.name)
                 check_deployment(Deployment((pool,)), r.name)
                 check_pool(pool, model, r.name, "")
-                assert pool.gpus <= len(system.accelerators) and r.measured_output_tokens_per_s > 0
+                assert pool.gpus <= len(system.accelerators) and not r.measured_output_tokens_per_s <= 0
+                assert any(v > 0 for v in (r.measured_output_tokens_per_s, r.measured_ttft_s, r.measured_tpot_s))
                 assert r.input_tokens + r.output_tokens <= model.max_positions
                 continue
             assert r.measured_iteration_s > 0
@@ -224,3 +229,95 @@ def test_the_cli_predicts_a_serving_table(tmp_path, capsys):
     assert "predicted by simulate" in out and "16/8" in out
     text = (tmp_path / "o" / "published.csv").read_text()
     assert "predicted_output_tokens_per_s" in text.splitlines()[0]
+
+
+LATENCY_HEADER = SERVE_HEADER.strip() + ",request_rate,latency_statistic,measured_ttft_ms,measured_tpot_ms\n"
+
+
+def test_a_latency_row_is_read_with_its_rate_and_statistic_and_refused_by_row_and_column(tmp_path):
+    path = tmp_path / "s.csv"
+    row = f'x,dgx-h100-cluster:nodes=1,"{SMALL_SERVED}","replicas=1,tp=1",16,8,4,,me,4,median,50,20\n'
+    path.write_text(LATENCY_HEADER + row)
+    (run,) = load_published(path)
+    assert run.request_rate == 4 and not run.offline and run.statistic is LatencyStatistic.MEDIAN
+    assert (run.measured_ttft_s, run.measured_tpot_s) == (pytest.approx(0.05), pytest.approx(0.02))
+    assert math.isnan(run.measured_output_tokens_per_s) and run.has_latency
+    path.write_text(LATENCY_HEADER + row.replace(",4,median,", ",inf,median,"))
+    assert load_published(path)[0].offline
+    bad = {"row 1.request_rate": row.replace(",4,median,", ",-1,median,"),
+           "row 1.latency_statistic": row.replace(",median,", ",p90,"),
+           "row 1.measured_ttft_ms": row.replace(",50,20", ",fast,20"),
+           "row 1.measured_tpot_ms": row.replace(",50,20", ",50,0")}
+    for key, text in bad.items():
+        path.write_text(LATENCY_HEADER + text)
+        with pytest.raises(InputError) as info:
+            load_published(path)
+        assert info.value.path == key and info.value.file == str(path), key
+    path.write_text(LATENCY_HEADER + row.replace(",median,", ",,"))
+    with pytest.raises(InputError, match="mean or median") as info:
+        load_published(path)
+    assert info.value.path == "row 1.latency_statistic"
+    path.write_text(LATENCY_HEADER + row.replace(",median,50,20", ",,,"))
+    with pytest.raises(InputError, match="got none") as info:
+        load_published(path)
+    assert info.value.path == "row 1.measured_output_tokens_per_s"
+
+
+def test_an_online_prediction_takes_the_rows_statistic_of_the_requests_and_each_figures_error():
+    from marssim.cost import default_cost_model
+    from marssim.plan import serve_stream
+    from marssim.serve.requests import Arrivals, Lengths, RequestSpec
+
+    base = PublishedServing("online", "dgx-h100-cluster:nodes=1", SMALL_SERVED, "replicas=1,tp=1", 16, 8, 12,
+                            math.nan, "t", request_rate=2.0, statistic=LatencyStatistic.MEDIAN,
+                            measured_ttft_s=0.001, measured_tpot_s=0.0005)
+    mean_row = replace(base, name="mean", statistic=LatencyStatistic.MEAN, measured_tpot_s=math.nan)
+    offline = replace(base, name="offline", request_rate=math.inf, measured_output_tokens_per_s=1000.0,
+                      measured_ttft_s=math.nan, measured_tpot_s=math.nan)
+    cost = default_cost_model()
+    p, m, o = predict_all([base, mean_row, offline], cost)
+    assert not (p.problem or m.problem or o.problem)
+    # the median over the requests, recomputed from the per-request records of the same run
+    spec = RequestSpec(Arrivals("poisson", rate=2.0), Lengths("fixed", 16), Lengths("fixed", 8), 12)
+    r = serve_stream(Deployment((parse_pool("replicas=1,tp=1"),)), load_model(SMALL_SERVED),
+                     load_system("dgx-h100-cluster:nodes=1"), cost, spec).per_request
+    ttft = r["first_token_s"] - r["arrival_s"]
+    tpot = (r["finish_s"] - r["first_token_s"]) / (r["output_tokens"] - 1)
+    assert p.ttft_stat_s == pytest.approx(float(np.median(ttft))) and p.tpot_stat_s == pytest.approx(np.median(tpot))
+    assert m.ttft_stat_s == pytest.approx(float(ttft.mean())) and m.ttft_stat_s == pytest.approx(m.ttft_s)
+    assert p.ttft_error == pytest.approx(p.ttft_stat_s / 0.001 - 1)
+    assert p.tpot_error == pytest.approx(p.tpot_stat_s / 0.0005 - 1)
+    assert math.isnan(m.tpot_error) and math.isnan(p.error)
+    assert o.error == pytest.approx(o.output_tokens_per_s / 1e3 - 1)
+    # 12 requests spread over ~6 s of Poisson arrivals take longer than the same requests sent at once
+    span = float(r["arrival_s"].max() - r["arrival_s"].min())
+    assert p.duration_s > o.duration_s and p.duration_s >= span > 1.0
+    s = figure_summaries([p, m, o])
+    assert (s["ttft"]["rows"], s["tpot"]["rows"], s["output_tokens_per_s"]["rows"]) == (2, 1, 1)
+    assert s["tpot"]["mean_abs"] == pytest.approx(abs(p.tpot_error))
+    assert s["ttft"]["mean"] == pytest.approx((p.ttft_error + m.ttft_error) / 2)
+    text = format_predictions([p, m, o])
+    assert all(len(line) <= 120 for line in text.splitlines()) and "TPOT" in text and " p50 " in text
+    assert summary([p, m, o])["rows"] == 1  # the throughput error of the one row that publishes it
+
+
+# The source's offline rows: request throughput (req/s) as the README's table publishes it
+SGLANG_060_REQUESTS_PER_S = {"SGLang 70B 4xH100 inf": 19.84, "vLLM 70B 4xH100 inf": 19.04,
+                             "SGLang 8B 1xA100 inf": 22.03, "vLLM 8B 1xA100 inf": 21.27}
+
+
+def test_the_sglang_vllm_bf16_table_takes_its_output_length_from_its_offline_rows():
+    """Every request of the table generates the mean output length its header derives: the
+    offline rows' output tokens/s over their request throughput (both published), 194 tokens to
+    within half a token; the online rows are Poisson at 4 or 8 requests/s with a median TTFT and
+    TPOT each; every model in bf16."""
+    runs = load_published("sglang-0.3.0-vllm-0.6.0-bf16-latency")
+    assert len(runs) == 12 and all("dtype" not in r.model for r in runs)
+    for r in runs:
+        if r.offline:
+            tokens = r.measured_output_tokens_per_s / SGLANG_060_REQUESTS_PER_S[r.name]
+            assert tokens == pytest.approx(r.output_tokens, abs=0.5), r.name
+            assert r.requests == 5000 and math.isnan(r.measured_tpot_s)
+        else:
+            assert r.request_rate in (4, 8) and r.requests == 300 * r.request_rate
+            assert r.statistic is LatencyStatistic.MEDIAN and r.measured_ttft_s > 0 and r.measured_tpot_s > 0

@@ -23,8 +23,9 @@ class Predicted(Protocol):
 
 
 def summary(predictions: Sequence[Predicted]) -> dict[str, float]:
-    """Mean and worst absolute error and mean signed error over the rows predicted."""
-    errors = [p.error for p in predictions if not p.problem]
+    """Mean and worst absolute error and mean signed error over the rows predicted; a row whose
+    error is NaN (its figure not published) is left out."""
+    errors = [p.error for p in predictions if not p.problem and not math.isnan(p.error)]
     if not errors:
         return {"rows": 0, "mean_abs": math.nan, "worst_abs": math.nan, "mean": math.nan}
     return {"rows": len(errors), "mean_abs": sum(abs(e) for e in errors) / len(errors),

@@ -5,8 +5,10 @@ workload, a parallel configuration and the iteration time they report) evaluated
 A table is a CSV file (``#`` lines are its provenance) of one of two kinds, told apart by its
 columns: training runs, with the columns ``name, system, workload, parallel,
 measured_iteration_s, source`` and optionally ``measured_mfu``; or serving runs, with the columns
-of :data:`~.published_serving.SERVE_COLUMNS` (``measured_output_tokens_per_s`` among them),
-predicted by the serving engine (:mod:`.published_serving`). The shipped tables
+of :data:`~.published_serving.SERVE_COLUMNS` (``measured_output_tokens_per_s`` among them, blank
+on a row that publishes only latencies) and optionally :data:`~.published_serving.LATENCY_COLUMNS`
+(an arrival rate, the median or mean TTFT and TPOT), predicted by the serving engine
+(:mod:`.published_serving`). The shipped tables
 (``marssim.data.published()``) are found by their file stem, e.g. ``korthikanti2022-table5``.
 The measured figures are checks, never fitted to.
 """
