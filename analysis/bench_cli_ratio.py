@@ -54,7 +54,8 @@ def main() -> None:
     args = ap.parse_args()
     cases = bench_megatron_scale.cases(False)
     lines = []
-    header = (f"{'row':<32} {'verb':<9} {'in-process s':>12} {'MiB':>6} {'CLI s':>7} {'MiB':>6} {'CLI / in-process':>17}")
+    header = (f"{'row':<32} {'verb':<9} {'in-process s':>12} {'MiB':>6} {'CLI s':>7} {'MiB':>6} "
+              f"{'CLI / in-process':>17}")
     print(header, flush=True)
     with tempfile.TemporaryDirectory(prefix="marssim-bench-ratio-") as tmp:
         cache, work = os.path.join(tmp, "cache"), os.path.join(tmp, "work")
