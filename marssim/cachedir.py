@@ -66,14 +66,18 @@ def entry_key(*parts: object) -> str:
 
 def read_entry(folder: str, name: str):
     """The value kept as ``name`` in ``folder`` of the cache folder, or None (none kept, entries
-    off, or one that cannot be read)."""
+    off, or one that cannot be read). A read marks the entry's modification time as its last use."""
     if not entries_enabled():
         return None
+    path = user_cache_dir() / folder / f"{name}.pickle"
     try:
-        with open(user_cache_dir() / folder / f"{name}.pickle", "rb") as handle:
-            return pickle.load(handle)
+        with open(path, "rb") as handle:
+            value = pickle.load(handle)
     except (OSError, EOFError, pickle.UnpicklingError, AttributeError, ImportError, TypeError, ValueError):
         return None
+    with contextlib.suppress(OSError):
+        os.utime(path)  # its last use, which a clean-up of entries other code wrote reads
+    return value
 
 
 def write_entry(folder: str, name: str, value: object) -> None:

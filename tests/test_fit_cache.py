@@ -95,7 +95,7 @@ def test_unreadable_entry_is_recomputed(cache):
     fitted_rows = model.DataflowCost(calibration=KernelTable(rows))._device_rows(device, None)
     key = fitcache.fit_key(fitted_rows, None, device, None)
     (cache / "fits").mkdir()
-    (cache / "fits" / f"{key}.pickle").write_bytes(b"not a pickle")
+    (cache / "fits" / f"{fitcache.entry_name('fit', key)}.pickle").write_bytes(b"not a pickle")
     got = model.DataflowCost(calibration=KernelTable(rows))._fitted(device, None, None)
     _assert_identical(got, fit(KernelTable(rows), peaks=None))
 
@@ -181,3 +181,41 @@ def test_keys_follow_the_cost_code(monkeypatch):
     monkeypatch.setattr(fitcache, "_CODE", [])
     assert (fitcache.fit_key(rows, None, "a100", None),
             fitcache.design_tables_key(source, "a100", None, None, ("vendor",))) == keys  # recomputed alike
+
+
+def test_entries_other_code_wrote_are_removed_once_unused(cache, monkeypatch):
+    """Writing an entry removes the entries of its kind that other code wrote and nothing read for
+    a month; a recent one of another version (a second install sharing the folder) is kept, and so
+    are this version's entries and entries of other kinds."""
+    import os
+    import time
+
+    folder = cache / "fits"
+    folder.mkdir()
+    mine = fitcache.entry_name("table", "")
+    other = fitcache.entry_name("table", "").replace(fitcache.code_digest()[:12], "0" * 12)
+    old_other, recent_other = folder / f"{other}aaa.pickle", folder / f"{other}bbb.pickle"
+    old_mine, old_design = folder / f"{mine}ccc.pickle", folder / f"design-{'0' * 12}-ddd.pickle"
+    collective = folder / f"{'e' * 64}.pickle"
+    month = time.time() - fitcache.STALE_AFTER_S - 10
+    for path in (old_other, recent_other, old_mine, old_design, collective):
+        path.write_bytes(b"x")
+    for path in (old_other, old_mine, old_design, collective):
+        os.utime(path, (month, month))
+    fitcache.cached_table(calibrated.calibration_dir() / "A100.csv", load_table)
+    assert not old_other.exists()  # the table kind, other code, unused for a month
+    assert recent_other.exists() and old_mine.exists()
+    assert old_design.exists() and collective.exists()  # another kind; the collectives' entries
+    assert len(list(folder.glob(f"{mine}*.pickle"))) == 2  # the one written, and the old one of this code
+
+
+def test_a_read_marks_the_entry_used(cache):
+    from marssim.cachedir import read_entry, write_entry
+
+    write_entry("fits", "probe", {"a": 1})
+    path = cache / "fits" / "probe.pickle"
+    import os
+
+    os.utime(path, (1_000_000, 1_000_000))
+    assert read_entry("fits", "probe") == {"a": 1}
+    assert path.stat().st_mtime > 1_000_000

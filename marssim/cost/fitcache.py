@@ -13,22 +13,26 @@ calibration tables are kept beside them (:func:`cached_table`, keyed by the file
 bytes), so that a later process neither parses nor fits; and what a GPU design reads of them (its
 fits, measured medians and fused attention grid, :class:`DesignTables`), keyed by the bytes of every
 table file with the design's table name, stack and peaks, so that a later process does not even read
-the tables' rows. The cache is best effort: an entry that cannot be read or written is recomputed,
-never an error."""
+the tables' rows. Writing an entry removes the entries of its kind that other code wrote
+and no process has read for a month (:func:`entry_name`, :data:`STALE_AFTER_S`), so that upgrades
+do not pile up tables no version reads again. The cache
+is best effort: an entry that cannot be read or written is recomputed, never an error."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from marssim.cachedir import entries_enabled, read_entry, write_entry
+from marssim.cachedir import entries_enabled, read_entry, user_cache_dir, write_entry
 
-__all__ = ["FIT_VERSION", "DesignTables", "cached_table", "code_digest", "design_tables_key", "fit_key",
-           "load_design_tables",
+__all__ = ["FIT_VERSION", "ENTRY_KINDS", "DesignTables", "cached_table", "code_digest", "design_tables_key",
+           "entry_name", "fit_key", "load_design_tables", "STALE_AFTER_S",
            "load_fits", "store_design_tables", "store_fits"]
 
 FIT_VERSION = 1
@@ -105,25 +109,25 @@ def design_tables_key(source: Path, device: str, peaks: dict[str, float] | None,
 
 def load_design_tables(key: str) -> DesignTables | None:
     """The :class:`DesignTables` kept under ``key``, or None."""
-    got = read_entry("fits", f"design-{key}")
+    got = read_entry("fits", entry_name("design", key))
     return got if isinstance(got, DesignTables) else None
 
 
 def store_design_tables(key: str, tables: DesignTables) -> None:
     """Keep ``tables`` under ``key`` (best effort, as :func:`store_fits`)."""
-    write_entry("fits", f"design-{key}", tables)
+    _store("design", key, tables)
 
 
 def load_fits(key: str) -> dict | None:
     """The fits stored under ``key``, or None (no entry, or one that cannot be read)."""
-    got = read_entry("fits", key)
+    got = read_entry("fits", entry_name("fit", key))
     return got if isinstance(got, dict) else None
 
 
 def store_fits(key: str, fits: dict) -> None:
     """Keep ``fits`` under ``key`` (atomically: a reader sees the whole entry or none); a folder
     that cannot be written is passed over."""
-    write_entry("fits", key, fits)
+    _store("fit", key, fits)
 
 
 def cached_table(path: str | Path, load):
@@ -138,10 +142,42 @@ def cached_table(path: str | Path, load):
         return load(path)  # its own error
     h = hashlib.sha256(repr((FIT_VERSION, code_digest(), str(path))).encode())
     h.update(data)
-    entry = f"table-{h.hexdigest()}"
-    got = read_entry("fits", entry)
+    got = read_entry("fits", entry_name("table", h.hexdigest()))
     if got is not None and hasattr(got, "rows"):
         return got
     table = load(path)
-    write_entry("fits", entry, table)
+    _store("table", h.hexdigest(), table)
     return table
+
+
+ENTRY_KINDS = ("fit", "table", "design")
+"""The kinds of entry kept here; each entry's name is ``<kind>-<code>-<key>``."""
+
+
+def entry_name(kind: str, key: str) -> str:
+    """The name of the entry of ``kind`` (:data:`ENTRY_KINDS`) under ``key``: led by the kind and
+    the first 12 hex digits of :func:`code_digest`, so that entries other code wrote can be told
+    apart (the key itself already depends on the code)."""
+    return f"{kind}-{code_digest()[:12]}-{key}"
+
+
+STALE_AFTER_S = 30 * 86400.0
+"""Seconds after its last use (:func:`marssim.cachedir.read_entry` marks each read) from which an
+entry that other code wrote is removed."""
+
+
+def _store(kind: str, key: str, value: object) -> None:
+    """Keep ``value`` as the entry of ``kind`` under ``key``, then remove the entries of that kind
+    that other code wrote and no process has read for :data:`STALE_AFTER_S` (an upgrade's
+    predecessors), so that upgrades do not pile up entries no version reads; two installs sharing
+    the folder keep theirs while both are used. Best effort, as every write here."""
+    write_entry("fits", entry_name(kind, key), value)
+    if not entries_enabled():
+        return
+    mine, now = entry_name(kind, ""), time.time()
+    with contextlib.suppress(OSError):
+        for path in (user_cache_dir() / "fits").glob(f"{kind}-*.pickle"):
+            if not path.name.startswith(mine):
+                with contextlib.suppress(OSError):
+                    if now - path.stat().st_mtime > STALE_AFTER_S:
+                        path.unlink()
