@@ -335,3 +335,44 @@ def test_the_capacity_policy_reads_back_and_a_bad_one_is_refused_by_name():
     assert "capacity" not in parse_pool("replicas=1,tp=1").text()  # the default is not written
     with pytest.raises(InputError, match="capacity.*max_utilization, guaranteed_no_evict"):
         parse_pool("replicas=1,tp=1,capacity=lots")
+
+
+def test_multi_step_scheduling_makes_a_prompt_wait_for_the_block_under_way(model, system):
+    """vLLM's multi-step scheduling (scheduler_steps=N): a decode-only iteration opens a block of N
+    decode iterations, so a request arriving just after the first of them is prefilled when the
+    N-th ends (with N=1, when the first ends); everything else as without it: every token, no
+    preemption, and the same decode iterations of the running request before the arrival."""
+    from marssim.serve import Requests
+
+    first = run(model, system, [Pool(replicas=1, tp=1, scheduler=SchedulerConfig())],
+                Requests.of(np.array([0.0]), np.array([64]), np.array([40])))
+    it = first.iterations
+    decode_ends = np.asarray(it["end"])[np.asarray(it["decode_tokens"]) > 0]
+    arrive = float(decode_ends[0]) - 1e-9  # during the first decode iteration of the lone request
+    two = Requests.of(np.array([0.0, arrive]), np.array([64, 64]), np.array([40, 40]))
+    for steps in (1, 4, 7):
+        r = run(model, system, [Pool(replicas=1, tp=1, scheduler=SchedulerConfig(scheduler_steps=steps))], two)
+        it = r.iterations
+        start, end = np.asarray(it["start"]), np.asarray(it["end"])
+        prefill, decode = np.asarray(it["prefill_tokens"]), np.asarray(it["decode_tokens"])
+        second = int(np.flatnonzero(prefill > 0)[1])  # the second request's prefill iteration
+        decodes_before = int(((decode > 0) & (np.arange(len(start)) < second)).sum())
+        assert decodes_before == steps  # the whole block of the first request's decodes
+        assert start[second] == pytest.approx(end[second - 1], abs=1e-12)
+        assert r.summary["completed"] == 2 and r.summary["preemptions"] == 0
+        assert int(decode.sum()) + int((prefill > 0).sum()) == 80  # every output token once
+
+
+def test_scheduler_steps_read_back_and_are_refused_where_vllm_has_no_multi_step():
+    from marssim.errors import InputError
+    from marssim.serve.deployment import parse_pool
+
+    pool = parse_pool("replicas=1,tp=1,scheduler_steps=10")
+    assert pool.scheduler.scheduler_steps == 10 and parse_pool(pool.text()) == pool
+    assert "scheduler_steps" not in parse_pool("replicas=1,tp=1").text()
+    for text in ("scheduler=chunked,scheduler_steps=4", "mixed=true,scheduler_steps=4",
+                 "spec_method=mtp,spec_k=2,spec_alpha=0.7,scheduler_steps=4"):
+        with pytest.raises(InputError, match="scheduler_steps.*multi-step"):
+            parse_pool("replicas=1,tp=1," + text)
+    with pytest.raises(InputError, match="scheduler_steps.*integer from 1 to 64"):
+        parse_pool("replicas=1,tp=1,scheduler_steps=0")

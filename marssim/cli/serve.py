@@ -26,7 +26,7 @@ A deployment is one or more --pool settings (or a --deployment YAML file):
   --pool replicas=8,tp=8,scheduler=chunked,max_batched_tokens=2048
   --pool role=prefill,replicas=2,tp=4 --pool role=decode,replicas=6,tp=4   disaggregated prefill/decode
 Pool keys: role, replicas, tp, pp, gpu, scheduler (static|continuous|chunked), max_num_seqs,
-max_batched_tokens, mixed, block_size, watermark, gpu_memory_utilization (or TensorRT-LLM's
+max_batched_tokens, mixed, scheduler_steps (vLLM's multi-step scheduling), block_size, watermark, gpu_memory_utilization (or TensorRT-LLM's
 kv_cache_free_gpu_mem_fraction: the KV cache's share of the memory the weights leave), preemption
 (recompute|swap), swap_space, prefix_caching, and speculative decoding: spec_method (draft|mtp),
 spec_model (the draft model), spec_layers (MTP head blocks), spec_k, spec_alpha (see docs/serving.md).

@@ -23,6 +23,11 @@ pool setting                  meaning (the engines' own names where they have on
                               (Sarathi-Serve, vLLM's chunked prefill: every iteration the running
                               decodes, then prompt chunks up to the token budget)
 ``max_num_seqs``              sequences an iteration may hold (vLLM ``--max-num-seqs``, 256)
+``scheduler_steps``           decode steps scheduled at once (vLLM's multi-step scheduling,
+                              ``--num-scheduler-steps``; 1, the default: every step scheduled):
+                              a decode-only iteration opens a block of this many, and requests
+                              that arrive meanwhile wait for its end; ``scheduler=continuous``
+                              without ``mixed`` and without speculative decoding
 ``max_batched_tokens``        tokens an iteration may hold (``--max-num-batched-tokens``; the
                               chunk budget of ``chunked``; a longer prompt than this is rejected
                               by ``continuous`` and ``static``); default 8192
@@ -119,6 +124,7 @@ class SchedulerConfig:
     kind: str = "continuous"
     max_num_seqs: int = 256
     max_batched_tokens: int = 8192
+    scheduler_steps: int = 1
     mixed: bool = False
     block_size: int = 16
     watermark: float = 0.01
@@ -235,7 +241,7 @@ class Deployment:
 
 # ---------------------------------------------------------------------- checking and parsing
 _POOL_INT = ("replicas", "tp", "pp", "ep")
-_SCHED_INT = ("max_num_seqs", "max_batched_tokens", "block_size")
+_SCHED_INT = ("max_num_seqs", "max_batched_tokens", "block_size", "scheduler_steps")
 _SCHED_FLOAT = ("watermark", "gpu_memory_utilization", "kv_cache_free_gpu_mem_fraction")
 _SCHED_BOOL = ("mixed", "prefix_caching", "cuda_graphs", "fused_elementwise")
 _SPEC_KEYS = ("spec_method", "spec_model", "spec_layers", "spec_k", "spec_alpha")
@@ -309,6 +315,8 @@ def pool_from_dict(data: dict, where: str, prefix: str = "") -> Pool:
             sched[key] = _int(value, where, path, 1, 1 << 24)
         elif key == "block_size":
             sched[key] = _int(value, where, path, 1, 4096)
+        elif key == "scheduler_steps":
+            sched[key] = _int(value, where, path, 1, 64)
         elif key == "watermark":
             sched[key] = _float(value, where, path, 0.0, 0.5)
         elif key == "gpu_memory_utilization":
@@ -355,6 +363,10 @@ def pool_from_dict(data: dict, where: str, prefix: str = "") -> Pool:
                                                   "engine=none models no host time")
     if cfg.mixed and cfg.kind != "continuous":
         raise InputError(where, prefix + "mixed", f"applies to scheduler=continuous, got scheduler={cfg.kind}")
+    if cfg.scheduler_steps > 1 and (cfg.kind != "continuous" or cfg.mixed or cfg.speculative):
+        raise InputError(where, prefix + "scheduler_steps", "multi-step scheduling applies to scheduler=continuous "
+                                                           "without mixed=true and without speculative decoding (as "
+                                                           "vLLM runs it)")
     out = Pool(scheduler=cfg, **pool)
     _check_spec(out, where, prefix)
     return out

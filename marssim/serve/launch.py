@@ -24,6 +24,8 @@ the model's ``dtype``                 ``--dtype``                     ``--dtype`
                                       (NIXL connector)                ``prefill`` / ``decode``
 ``preemption=swap``, ``swap_space``   ``--swap-space`` (GiB; vLLM's   (none: SGLang recomputes)
                                       V0 engine)
+``scheduler_steps``                   ``--num-scheduler-steps``       (none: a comment says so)
+                                      (vLLM's V0 engine)
 ``spec_method=draft``, ``spec_model``,  ``--speculative-config``         ``--speculative-algorithm
 ``spec_k``                            ``{"model": ...,                STANDALONE``,
                                       "num_speculative_tokens": k}``  ``--speculative-draft-model-path``,
@@ -164,6 +166,10 @@ def _vllm(p: int, pool: Pool, model: TransformerConfig, source: str) -> LaunchCo
     if cfg.engine != "none" and cfg.overlap is not None:
         args.append(("--async-scheduling" if cfg.overlap else "--no-async-scheduling", ""))
     notes = _common_notes(pool, "vllm")
+    if cfg.scheduler_steps > 1:
+        args.append(("--num-scheduler-steps", str(cfg.scheduler_steps)))
+        notes.append("scheduler_steps: --num-scheduler-steps is the V0 engine's (vLLM 0.6-0.9); V1 schedules "
+                     "every step")
     if cfg.preemption == "swap":
         args.append(("--swap-space", f"{cfg.swap_space / 2**30:g}"))
         notes.append("preemption=swap: --swap-space is the V0 engine's (vLLM before 0.10); V1 recomputes")
@@ -212,6 +218,9 @@ def _sglang(p: int, pool: Pool, model: TransformerConfig, source: str) -> Launch
     notes = _common_notes(pool, "sglang")
     if cfg.preemption == "swap":
         notes.append("preemption=swap has no SGLang setting (it recomputes)")
+    if cfg.scheduler_steps > 1:
+        notes.append(f"scheduler_steps={cfg.scheduler_steps} (vLLM's multi-step scheduling) has no SGLang setting; "
+                     "SGLang schedules every step")
     if cfg.speculative:
         if cfg.spec_method == "draft":
             args += [("--speculative-algorithm", "STANDALONE"),

@@ -18,7 +18,10 @@ arrived). Policies (``SchedulerConfig.kind``):
     their own; otherwise every running sequence decodes one token, taking a new block when its
     context crosses one, preempting the latest admitted sequences when blocks run out (by
     recompute or swap), and swapped sequences come back when nothing was preempted. With
-    ``mixed`` the admitted prompts join the decodes in one iteration (Orca).
+    ``mixed`` the admitted prompts join the decodes in one iteration (Orca). With
+    ``scheduler_steps`` above 1 (vLLM's multi-step scheduling) a decode-only iteration opens a
+    block of that many decode iterations of the running sequences: prompts that arrive meanwhile
+    wait for its end (a block ends early when its sequences are done).
 ``chunked``
     Sarathi-Serve's stall-free batching (vLLM's chunked prefill): every iteration first the running
     decodes, then the chunks of prompts already started, then new prompts, each chunk as large as
@@ -88,6 +91,7 @@ class Scheduler:
         self.incoming: deque[Seq] = deque()
         self.caching = cfg.prefix_caching
         self.guaranteed = cfg.capacity == "guaranteed_no_evict" and cfg.kind != "static"  # static reserves anyway
+        self._block_left = 0  # multi-step scheduling: decode steps left in the block under way
         self._final = 0  # guaranteed_no_evict: blocks the running requests hold once their outputs are done
         self._kind = {"static": self._static, "continuous": self._continuous, "chunked": self._chunked}[cfg.kind]
 
@@ -147,12 +151,20 @@ class Scheduler:
                 self._admit(work, self.cfg.max_batched_tokens - len(work.decodes) * (1 + self.lookahead), now,
                             whole=True)
             return work
+        if self._block_left > 0:  # multi-step: the block's next decode step, nothing admitted before its end
+            self._block_left -= 1
+            self._decodes(work)
+            if work.decodes:
+                return work
+            self._block_left = 0  # every sequence of the block is done: it ends here
         if not self.swapped:
             self._admit(work, self.cfg.max_batched_tokens, now, whole=True)
         if not work.prefills:
             preempted = self._decodes(work)
             if not preempted:
                 self._swap_in(work)
+            if work.decodes:
+                self._block_left = self.cfg.scheduler_steps - 1
         return work
 
     def _chunked(self, now: float) -> Work:
