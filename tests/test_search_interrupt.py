@@ -125,15 +125,19 @@ def test_a_real_ctrl_c_reaches_only_the_parent_and_leaves_no_traceback(tmp_path)
     import time
 
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "marssim", "search", *LLM_CASE, "--workers", "2", "--budget", "400",
+    # a search long enough to interrupt (about 12 s on a 2-core machine: 14 generations of 48
+    # before six without improvement end it)
+    case = ["--system", "mixed-a100-h100-cluster:nodes_a100=2,nodes_h100=2,gpus_per_node=4",
+            "--workload", "gpt:layers=8,hidden=512,heads=8,seq=256,vocab=8192,mode=train,batch=16", "--quiet",
+            "--population", "48"]
+    proc = subprocess.Popen([sys.executable, "-m", "marssim", "search", *case, "--workers", "2", "--budget", "400",
                              "--generations", "200", "--out", "found"], cwd=tmp_path, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
                             # as from a terminal: Ctrl-C reaches it (a runner started in the background
                             # hands its children SIGINT ignored, and Python then never raises it)
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     # interrupt while it searches: once its worker processes run (the first screens), a few
-    # seconds on (the search then takes about 9 s on a 2-core machine; writing its outputs after
-    # is not what this tests)
+    # seconds on (writing its outputs after is not what this tests)
     children = pathlib.Path(f"/proc/{proc.pid}/task/{proc.pid}/children")
     deadline = time.monotonic() + 60.0
     while children.exists() and not children.read_text().split() and time.monotonic() < deadline:
