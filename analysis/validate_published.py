@@ -16,7 +16,9 @@ a Megatron-LM iteration runs beyond the graph"). Besides the tables, a few setti
 one at a time on each table, to show how much each moves the prediction: two the papers do not
 state (whether the gradients were clipped; Megatron-LM's pipeline scatter/gather) and two of the
 model's own (collectives at the links' line rate, no host launch gaps); a table of FP8 runs with
-current scaling (``fp8_recipe=current``) also under delayed scaling.
+current scaling (``fp8_recipe=current``) also under delayed scaling; a table of Hopper runs with
+fused attention also with the attention kernels the cuDNN frontend benchmark published for the
+PyTorch 24.03 container (``attention_kernels=pytorch-24.03``): FlashAttention-2, then cuDNN 9.1.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ from dataclasses import replace
 
 
 CURRENT = "fp8_recipe=current"
+HOPPER = ("dgx-h100-cluster", "dgx-h200-cluster")
+"""Systems whose tables are also predicted with the PyTorch 24.03 container's attention kernels."""
 """The workload setting of FP8 current scaling: a table's rows with it are also predicted under
 delayed scaling, to show what the recipe's amax kernels cost."""
 
@@ -84,6 +88,13 @@ def main(argv: list[str] | None = None) -> int:
             varied = [replace(r, workload=r.workload.replace(CURRENT, "fp8_recipe=delayed")) for r in runs]
             s = summary(predict_all(varied, cost, args.how))
             print(f"    {'fp8_recipe=delayed':22s} {s['mean_abs']:6.2%}  {s['worst_abs']:6.2%}  {s['mean']:+6.2%}")
+        if all(r.system.startswith(HOPPER) and "attention=flash" in r.workload for r in runs):
+            for backend, label in (("flash", "FlashAttention-2"), ("cudnn", "cuDNN 9.1")):  # the 2024 stack's kernels
+                varied = [replace(r, system=f"{r.system},attention_kernels=pytorch-24.03",
+                                  workload=r.workload.replace("attention=flash", f"attention={backend}")) for r in runs]
+                s = summary(predict_all(varied, cost, args.how))
+                print(f"    {label:22s} {s['mean_abs']:6.2%}  {s['worst_abs']:6.2%}  {s['mean']:+6.2%}"
+                      "  (attention_kernels=pytorch-24.03)")
     return 0
 
 

@@ -18,8 +18,7 @@ import pytest
 from marssim.data import DATA_PACKAGES, calibration, collectives, host_overheads, requests, topologies
 
 ROOT = Path(__file__).resolve().parents[1]
-SOURCES = ("pyproject.toml", "setup.py", "README.md", "marssim", "topologies", "traces/calibration", "traces/collectives",
-           "traces/host-overheads", "traces/requests", "traces/published")
+SOURCES = ("pyproject.toml", "setup.py", "README.md", "marssim", *DATA_PACKAGES.values())
 
 
 def _setuptools_builds_this_project() -> bool:
@@ -96,10 +95,11 @@ def test_a_wheel_installed_elsewhere_ships_its_data_and_runs_from_another_direct
     marssim = venv / "bin" / "marssim"
     site = _run([python, "-c", "import marssim, marssim.data as d; print(marssim.__file__); "
                                "print(d.topologies()); print(d.calibration()); print(d.collectives()); "
-                               "print(d.host_overheads()); print(d.requests())"], elsewhere, env).stdout.split()
+                               "print(d.host_overheads()); print(d.requests()); print(d.attention_kernels())"],
+                elsewhere, env).stdout.split()
     assert all(Path(p).is_relative_to(venv) for p in site), site  # the wheel's copy, not the checkout
     for directory, name in ((site[2], "A100.csv"), (site[3], "vidur-2024.csv"), (site[4], "A100.csv"),
-                            (site[5], "README.md")):
+                            (site[5], "README.md"), (site[6], "pytorch-24.03.csv")):
         assert (Path(directory) / name).is_file(), (directory, name)
 
     listed = _run([marssim, "systems"], elsewhere, env).stdout

@@ -322,7 +322,7 @@ def design_key(design: Design) -> tuple:
     energy = None if e is None else (e.mac, *e.per_byte, e.static_power)
     g = design.gpu
     gpu = None if g is None else (g.sms, tuple(sorted(g.peak_flops.items())), g.l2, g.tile_m, g.tile_n,
-                                  g.launch_overhead, g.calibration, g.stack)
+                                  g.launch_overhead, g.calibration, g.stack, g.attention_kernels)
     b = design.buffers
     buffers = None if b is None else (b.sizes, b.split if isinstance(b.split, str) else tuple(sorted(b.split.items())),
                                       b.double_buffered, b.dram_latency, b.channels, b.convention)

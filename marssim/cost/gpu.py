@@ -63,6 +63,7 @@ import numpy as np
 from marssim.system import Design
 
 from .attention_grid import AttentionGrid
+from .attention_kernels import AttentionRescale
 from .features import (
     CLASS_NONE, DTYPES, F_CLASS, F_DTYPE, F_FLOPS, F_G, F_KERNEL, F_KK, F_M, F_N, F_NN, F_TRAFFIC, KERNEL_KINDS,
     N_GEMM_KERNELS, conv_geometry_key,
@@ -220,19 +221,22 @@ class GpuTable:
     exceeds (``ceilings[kind, dtype]``: the best throughput measured for the kind and dtype, else
     the dense peak: a curve fitted on the measured shapes must not extrapolate past what the GPU
     was seen to sustain), and the measured fused attention kernels that time the shapes between
-    them (``attention``: :mod:`marssim.cost.attention_grid`, None without)."""
+    them (``attention``: :mod:`marssim.cost.attention_grid`, None without), and the training
+    stack's kernel set that times its causal prompt attention kernels instead (``rescale``:
+    :mod:`marssim.cost.attention_kernels`, None without)."""
 
     __slots__ = ("rows", "arrays", "models", "peaks", "ceilings", "measured", "corrections", "any_correction",
-                 "missing", "design_name", "attention")
+                 "missing", "design_name", "attention", "rescale")
 
     def __init__(self, design: Design, overrides: dict[tuple[str, str], CurveParams] | None = None,
                  override_model: str = "fitted",
                  measured: dict[tuple[int, ...], float] | None = None,
                  corrections: dict[tuple[str, str], ResidualCorrection] | None = None,
                  best_rates: dict[tuple[str, str], float] | None = None,
-                 attention: AttentionGrid | None = None) -> None:
+                 attention: AttentionGrid | None = None, rescale: AttentionRescale | None = None) -> None:
         self.measured = dict(measured or {})
         self.attention = attention if attention else None
+        self.rescale = rescale
         corrections = corrections or {}
         self.corrections = tuple(tuple(corrections.get((kind, dt)) for dt in DTYPES) for kind in KERNEL_KINDS)
         self.any_correction = bool(corrections)

@@ -11,7 +11,8 @@ shidiannao                                            NVDLA, ShiDianNao)
 gpu                 ``gpu-roofline`` / ``fitted``     :mod:`marssim.cost.gpu`,
                     / ``measured`` /                  :mod:`marssim.cost.calibrated`,
                     ``interpolated`` /                :mod:`marssim.cost.attention_grid`,
-                    ``derived``                       :mod:`marssim.cost.attention_backward`
+                    ``derived`` /                     :mod:`marssim.cost.attention_backward`,
+                    ``rescaled``                      :mod:`marssim.cost.attention_kernels`
 (non-GEMM ops on    ``bandwidth``                     :mod:`marssim.cost.bandwidth`
  PE arrays)
 ==================  ================================  ==========================================
@@ -58,6 +59,7 @@ from marssim.workload import Op
 from . import fitcache
 from .attention_backward import forward_twin, twin_ratio
 from .attention_grid import AttentionGrid, op_seconds, row_entries
+from .attention_kernels import AttentionRescale, generation_of, load_kernel_set
 from .bandwidth import stream_op
 from .base import OpCost
 from .fitcache import DesignTables
@@ -209,6 +211,7 @@ class DataflowCost:
         self._measured_cols: dict[int, np.ndarray] = {}
         self._between_cols: dict[int, np.ndarray] = {}
         self._derived_cols: dict[int, np.ndarray] = {}
+        self._rescaled_cols: dict[int, np.ndarray] = {}
         self._grids: dict[tuple, AttentionGrid] = {}
         self._factor_cols: dict[int, np.ndarray] = {}
 
@@ -474,7 +477,24 @@ class DataflowCost:
         grid = tables.attention if name and self.measured else None
         return GpuTable(design, {key: f.params for key, f in fits.items()}, measured=measured,
                         corrections=corrections, best_rates={key: f.best_rate for key, f in fits.items()},
-                        attention=grid)
+                        attention=grid, rescale=self._rescale(design, grid))
+
+    @staticmethod
+    def _rescale(design: Design, grid: AttentionGrid | None) -> AttentionRescale | None:
+        """The kernel set that times ``design``'s causal prompt attention kernels
+        (``gpu.attention_kernels``, :mod:`marssim.cost.attention_kernels`), None without one or
+        without a measured grid to rescale (measured kernels switched off, no table); InputError
+        for a set measured on a GPU of another generation than the design's table."""
+        name = design.gpu.attention_kernels
+        if not name or grid is None:
+            return None
+        kernels = load_kernel_set(name)
+        if generation_of(kernels.gpu) != generation_of(design.gpu.calibration or ""):
+            raise InputError(None, f"designs.{design.name}.gpu.attention_kernels",
+                             f"kernel set {name!r} was measured on {kernels.gpu} ({generation_of(kernels.gpu)}); "
+                             f"expected a set of the design's GPU generation ({design.gpu.calibration}: "
+                             f"{generation_of(design.gpu.calibration or '') or 'unknown'})")
+        return AttentionRescale(kernels, grid, design.gpu.sms)
 
     def _design_tables(self, name: str, peaks: dict[str, float], stack) -> DesignTables:
         """What a GPU design with table ``name`` reads from this model's tables: its fits, its
@@ -606,7 +626,10 @@ class DataflowCost:
                 t_beyond = None if grid is None or t_between is not None else op_seconds(grid, x)
                 t_derived = None if t_measured is not None or t_between is not None or t_beyond is not None \
                     else _derived(d.gpu, x)
-                if t_measured is not None:  # the curve's compute/memory split is kept as the breakdown
+                t_stack = d.gpu.rescale.seconds(x) if d.gpu.rescale is not None else None
+                if t_stack is not None:  # a training stack's attention kernel, from its published rates
+                    t, model = t_stack, "rescaled"
+                elif t_measured is not None:  # the curve's compute/memory split is kept as the breakdown
                     t, model = t_measured, "measured"
                 elif t_between is not None:  # between measured fused attention kernels
                     t, model = t_between, "interpolated"
@@ -706,7 +729,25 @@ class DataflowCost:
             measured = self._measured_column(did)[fids]
             hit = ~np.isnan(measured)
             out[hit] = measured[hit]
+        if code is Dataflow.GPU and d.gpu.rescale is not None:
+            rescaled = self._rescaled_column(did)[fids]
+            hit = ~np.isnan(rescaled)
+            out[hit] = rescaled[hit]
         return out
+
+    def _rescaled_column(self, did: int) -> np.ndarray:
+        """Seconds of every interned causal prompt attention shape on GPU design ``did`` as its
+        kernel set times it (NaN: a shape the set does not time), extended as shapes are
+        interned."""
+        col = self._rescaled_cols.get(did)
+        n = len(self._rows)
+        done = 0 if col is None else len(col)
+        if done < n:
+            rescale = self._dparams[did].gpu.rescale
+            new = np.array([_or_nan(rescale.seconds(x)) for x in self._rows[done:n]], dtype=np.float64)
+            col = new if col is None else np.concatenate([col, new])
+            self._rescaled_cols[did] = col
+        return col
 
     def _between_column(self, did: int) -> np.ndarray:
         """Interpolated seconds of every interned shape on GPU design ``did`` (NaN: not a fused
@@ -879,7 +920,7 @@ def _measured_code(x: tuple[int, ...]) -> tuple:
     return (x[F_KERNEL], x[F_DTYPE], 0, 0, 0, 0, x[F_FLOPS], x[F_TRAFFIC], (), x[F_PHASE], x[F_BACKEND])
 
 
-MEASURED_MODELS = ("measured", "interpolated", "extrapolated", "derived")
+MEASURED_MODELS = ("measured", "interpolated", "extrapolated", "derived", "rescaled")
 """The :attr:`OpCost.model` values of a GPU kernel timed from measured kernels rather than a curve."""
 
 

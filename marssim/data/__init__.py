@@ -9,11 +9,15 @@
 * :func:`requests`: the request traces of serving simulations (``*.csv``, with their
   ``README.md`` of source and license): ``traces/requests/``;
 * :func:`published`: tables of published measured runs (``*.csv``, their sources in the
-  files), the checks of ``marssim validate --published``: ``traces/published/``.
+  files), the checks of ``marssim validate --published``: ``traces/published/``;
+* :func:`attention_kernels`: published forward and backward rates of training stacks' fused
+  attention kernels (``*.csv``, their sources in the files; :mod:`marssim.cost.attention_kernels`):
+  ``traces/attention-kernels/``.
 
 The directories stay where the repository keeps them. The build (``setup.py``) maps the
 packages ``marssim.data.topologies``, ``marssim.data.calibration``, ``marssim.data.collectives``,
-``marssim.data.host_overheads``, ``marssim.data.requests`` and ``marssim.data.published`` onto them, so a wheel
+``marssim.data.host_overheads``, ``marssim.data.requests``, ``marssim.data.published`` and
+``marssim.data.attention_kernels`` onto them, so a wheel
 carries them as package data beside this module, where :mod:`importlib.resources` finds them.
 In a checkout (an editable install, or the source tree on ``PYTHONPATH``) this package lives in
 the repository and the directories are the repository's own.
@@ -24,11 +28,13 @@ from __future__ import annotations
 import importlib.resources
 from pathlib import Path
 
-__all__ = ["topologies", "calibration", "collectives", "host_overheads", "requests", "published", "DATA_PACKAGES"]
+__all__ = ["topologies", "calibration", "collectives", "host_overheads", "requests", "published", "attention_kernels",
+           "DATA_PACKAGES"]
 
 DATA_PACKAGES = {"marssim.data.topologies": "topologies", "marssim.data.calibration": "traces/calibration",
                  "marssim.data.collectives": "traces/collectives", "marssim.data.host_overheads": "traces/host-overheads",
-                 "marssim.data.requests": "traces/requests", "marssim.data.published": "traces/published"}
+                 "marssim.data.requests": "traces/requests", "marssim.data.published": "traces/published",
+                 "marssim.data.attention_kernels": "traces/attention-kernels"}
 """Each data package and the repository directory it is built from."""
 
 
@@ -71,3 +77,8 @@ def published() -> Path:
     """The shipped tables of published measured runs (``*.csv``; see
     :mod:`marssim.validate.published`)."""
     return _directory("published")
+
+
+def attention_kernels() -> Path:
+    """The shipped fused attention kernel sets (``*.csv``; see :mod:`marssim.cost.attention_kernels`)."""
+    return _directory("attention_kernels")

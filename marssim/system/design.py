@@ -102,6 +102,24 @@ class GpuSpec(BaseModel):
                     "that `stack` did not measure, the first that did (e.g. an engine's FP8 GEMMs beside a "
                     "PyTorch harness's bf16 ones); empty names are ignored")
 
+    attention_kernels: str | None = Field(
+        None, description="a kernel set of traces/attention-kernels/ (e.g. \"pytorch-24.03\": FlashAttention-2 and "
+                          "cuDNN 9.1 as that container ran them) whose published rates time this design's causal prompt "
+                          "attention kernels, forward and backward, in place of the engines' measured ones "
+                          "(marssim.cost.attention_kernels); empty: the measured grid")
+
+    @field_validator("attention_kernels")
+    @classmethod
+    def _known_kernel_set(cls, value: str | None) -> str | None:
+        if not value:
+            return None
+        from marssim.data import attention_kernels
+
+        names = sorted(p.stem for p in attention_kernels().glob("*.csv"))
+        if value not in names:
+            raise ValueError(f"unknown attention kernel set {value!r}; expected one of {', '.join(names)}")
+        return value
+
     @field_validator("peak_flops")
     @classmethod
     def _non_empty(cls, value: dict[str, float]) -> dict[str, float]:
