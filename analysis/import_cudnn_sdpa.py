@@ -45,23 +45,31 @@ class Source:
 
 
 SOURCES = (
-    Source("pytorch-24.03", "b740542818f36857acf7f9853f749bbad4118c65", ("benchmark/benchmark_results.csv",),
+    Source("pytorch-24.03-h200", "b740542818f36857acf7f9853f749bbad4118c65", ("benchmark/benchmark_results.csv",),
            "nvcr.io/nvidia/pytorch:24.03-py3", "9.1.0 (the README's sample output: backend version 90100)", "H200",
            GPU_NOTE_H200, "PyTorch's scaled_dot_product_attention, its flash backend enabled"),
-    Source("pytorch-24.12", "7606332572705e2e89e025ac7546a8bbffbf5cab",
+    Source("pytorch-24.12-h200", "7606332572705e2e89e025ac7546a8bbffbf5cab",
            ("benchmark/sdpa_benchmark/benchmark_results.csv",), "nvcr.io/nvidia/pytorch:24.12-py3",
            "not stated (the container's apt cudnn package when the image was built)",
            "H200", GPU_NOTE_H200, "PyTorch's scaled_dot_product_attention, its flash backend enabled"),
-    Source("pytorch-25.09", "be6c079be8aaffa0fc079fcf039887e637c289c7",
+    Source("pytorch-25.09-b200", "be6c079be8aaffa0fc079fcf039887e637c289c7",
            ("benchmark/sdpa_benchmark_training/artifacts/sdpa_bf16_benchmark_results_NVIDIA_B200.csv",
             "benchmark/sdpa_benchmark_training/artifacts/sdpa_fp8_benchmark_results_NVIDIA_B200.csv"),
            "nvcr.io/nvidia/pytorch:25.09-py3", "9.13.1 (the sample runs' backend version 91301), frontend 1.14.1",
            "B200", "NVIDIA B200, free clock (the files' names and the README)"),
-    Source("pytorch-25.11", "b372d39879d44c91a8d5b342022e74802b6a8da2",
+    Source("pytorch-25.11-gb200", "b372d39879d44c91a8d5b342022e74802b6a8da2",
            ("benchmark/sdpa_benchmark_training/artifacts/sdpa_bf16_benchmark_results_NVIDIA_GB200.csv",
             "benchmark/sdpa_benchmark_training/artifacts/sdpa_fp8_benchmark_results_NVIDIA_GB200.csv"),
            "nvcr.io/nvidia/pytorch:25.11-py3", "9.17.0 (the sample runs' backend version 91700), frontend 1.16.0",
            "GB200", "NVIDIA GB200 (the files' names and the sample runs)"),
+    Source("pytorch-25.12-h200", "df73764adb98b7445b77662ce07b1ea434c8f3ee",
+           ("benchmark/sdpa_benchmark_training/results/h200_919_only_cudnn/llama3.1_20260227_034703.csv",),
+           "nvcr.io/nvidia/pytorch:25.12-py3", "9.19.1 (the file's backend version 91901), frontend 1.19.0", "H200",
+           "NVIDIA H200 (the file's gpu_name column)"),
+    Source("pytorch-25.12-gb200", "df73764adb98b7445b77662ce07b1ea434c8f3ee",
+           ("benchmark/sdpa_benchmark_training/results/gb200_919_only_cudnn/llama3.1_20260226_174648.csv",),
+           "nvcr.io/nvidia/pytorch:25.12-py3", "9.19.1 (the file's backend version 91901), frontend 1.19.0", "GB200",
+           "NVIDIA GB200 (the file's gpu_name column)"),
 )
 
 _WIDE = {  # the 2024-2025 files: one row per shape, a column pair per backend
@@ -86,6 +94,17 @@ def _rows(text: str) -> list[dict]:
     table = list(csv.DictReader(io.StringIO(text)))
     out = []
     for r in table:
+        if "data_type" in r:  # the 2026 files: one row per backend, type, mask and shape, times in ms
+            causal = {"top_left": "true", "no_mask": "false"}.get(r["attn_mask"])
+            if (r["backend"] != "cudnn" or causal is None or r["q_seqlen"] != r["kv_seqlen"]
+                    or r["head_dim_qk"] != r["head_dim_vo"] or r["deterministic_bwd"] != "False"
+                    or r["success"] != "True" or r.get("sliding_window_size")):
+                continue
+            out.append({"backend": "cudnn", "dtype": {"bfloat16": "bf16"}.get(r["data_type"], r["data_type"]),
+                        "causal": causal, "batch": r["batch_size"], "heads": r["num_q_heads"],
+                        "kv_heads": r["num_kv_heads"], "seq": r["q_seqlen"], "head_dim": r["head_dim_qk"],
+                        "fwd_tflops": float(r["fwd_tflops"]), "bwd_tflops": float(r["bwd_tflops"])})
+            continue
         if "backend" in r or "precision" in r:  # long: one row per backend or precision
             backend = _BACKENDS.get(r.get("backend", "pyt_cudnn"))
             if backend is None or r["q_seqlen"] != r["kv_seqlen"]:

@@ -18,7 +18,7 @@ state (whether the gradients were clipped; Megatron-LM's pipeline scatter/gather
 model's own (collectives at the links' line rate, no host launch gaps); a table of FP8 runs with
 current scaling (``fp8_recipe=current``) also under delayed scaling; a table of Hopper runs with
 fused attention also with the attention kernels the cuDNN frontend benchmark published for the
-PyTorch 24.03 container (``attention_kernels=pytorch-24.03``): FlashAttention-2, then cuDNN 9.1.
+PyTorch 24.03 container (``attention_kernels=pytorch-24.03-h200``): FlashAttention-2, then cuDNN 9.1.
 """
 
 from __future__ import annotations
@@ -90,11 +90,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"    {'fp8_recipe=delayed':22s} {s['mean_abs']:6.2%}  {s['worst_abs']:6.2%}  {s['mean']:+6.2%}")
         if all(r.system.startswith(HOPPER) and "attention=flash" in r.workload for r in runs):
             for backend, label in (("flash", "FlashAttention-2"), ("cudnn", "cuDNN 9.1")):  # the 2024 stack's kernels
-                varied = [replace(r, system=f"{r.system},attention_kernels=pytorch-24.03",
+                varied = [replace(r, system=f"{r.system},attention_kernels=pytorch-24.03-h200",
                                   workload=r.workload.replace("attention=flash", f"attention={backend}")) for r in runs]
                 s = summary(predict_all(varied, cost, args.how))
                 print(f"    {label:22s} {s['mean_abs']:6.2%}  {s['worst_abs']:6.2%}  {s['mean']:+6.2%}"
-                      "  (attention_kernels=pytorch-24.03)")
+                      "  (attention_kernels=pytorch-24.03-h200)")
     return 0
 
 

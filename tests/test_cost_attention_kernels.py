@@ -19,7 +19,7 @@ from marssim.system import load_system
 from marssim.workload.llm import build_transformer
 from marssim.workload.llm.config import with_overrides
 
-SET = "pytorch-24.03"
+SET = "pytorch-24.03-h200"
 
 
 def _published(backend: str = "flash", dtype: str = "bf16", name: str = SET) -> dict[int, tuple]:
@@ -45,8 +45,8 @@ def _design(kernels: str = SET, system: str = "dgx-h100-cluster:nodes=1"):
     return next(iter(load_system(spec).designs.values()))
 
 
-CASES = [("pytorch-24.03", "flash", "dgx-h100-cluster:nodes=1", 132),  # FlashAttention-2, 2024, on Hopper
-         ("pytorch-25.09", "cudnn", "dgx-b200-cluster:nodes=1", 148)]  # cuDNN 9.13 on a B200
+CASES = [("pytorch-24.03-h200", "flash", "dgx-h100-cluster:nodes=1", 132),  # FlashAttention-2, 2024, on Hopper
+         ("pytorch-25.09-b200", "cudnn", "dgx-b200-cluster:nodes=1", 148)]  # cuDNN 9.13 on a B200
 
 
 @pytest.mark.parametrize("name,backend,system,sms", CASES)

@@ -99,7 +99,7 @@ def test_a_wheel_installed_elsewhere_ships_its_data_and_runs_from_another_direct
                 elsewhere, env).stdout.split()
     assert all(Path(p).is_relative_to(venv) for p in site), site  # the wheel's copy, not the checkout
     for directory, name in ((site[2], "A100.csv"), (site[3], "vidur-2024.csv"), (site[4], "A100.csv"),
-                            (site[5], "README.md"), (site[6], "pytorch-24.03.csv")):
+                            (site[5], "README.md"), (site[6], "pytorch-24.03-h200.csv")):
         assert (Path(directory) / name).is_file(), (directory, name)
 
     listed = _run([marssim, "systems"], elsewhere, env).stdout

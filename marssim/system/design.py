@@ -103,7 +103,7 @@ class GpuSpec(BaseModel):
                     "PyTorch harness's bf16 ones); empty names are ignored")
 
     attention_kernels: str | None = Field(
-        None, description="a kernel set of traces/attention-kernels/ (e.g. \"pytorch-24.03\": FlashAttention-2 and "
+        None, description="a kernel set of traces/attention-kernels/ (e.g. \"pytorch-24.03-h200\": FlashAttention-2 and "
                           "cuDNN 9.1 as that container ran them) whose published rates time this design's causal prompt "
                           "attention kernels, forward and backward, in place of the engines' measured ones "
                           "(marssim.cost.attention_kernels); empty: the measured grid")
