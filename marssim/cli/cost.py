@@ -48,12 +48,13 @@ def _shape(op) -> str:
 
 
 TIMED_BY = ("measured = the median of a measured kernel of the shape; interpolated = between measured fused "
-            "attention kernels of the shape's slice (heads, key/value heads, cache type) in log space; extrapolated = a "
-            "context attention kernel past the longest measured prompt, as its s^2 products; derived = a fused "
+            "attention kernels of the shape's slice (heads, key/value heads, cache type) in log space; extrapolated = "
+            "a context attention kernel past the longest measured prompt, as its s^2 products; derived = a fused "
             "attention backward: its measured or interpolated forward twin times FlashAttention-3's published "
-            "backward/forward time ratio; fitted = the "
-            "efficiency curve fitted to the measurements, with its local correction; gpu-roofline = the analytical "
-            "curve (no calibration data for the kind)")
+            "backward/forward time ratio; rescaled = a causal prompt attention kernel (forward or backward) as the "
+            "design's attention kernel set times it (gpu.attention_kernels: a training stack's published rates); "
+            "fitted = the efficiency curve fitted to the measurements, with its local correction; gpu-roofline = the "
+            "analytical curve (no calibration data for the kind)")
 """What each :attr:`~marssim.cost.base.OpCost.model` of a GPU design means, for the reports."""
 
 
@@ -207,7 +208,8 @@ def format_measured(result, comparison: dict[str, list[tuple[int, float, float]]
         lines.append("")
         lines.append(f"{name}: measured vs modelled per layer (us) for the {len(pairs)} of {len(result.layers)} "
                      f"layers whose shape the table {d.gpu.calibration!r} holds; the table above uses the measured "
-                     f"time; modelled = the fitted curve (analytical roofline for kinds without a fit)")
+                     f"time{_unless_rescaled(d)}; modelled = the fitted curve (analytical roofline for kinds without a "
+                     f"fit)")
         lines.append("")
         lines += format_table(["layer", "kind", "MxNxK", "measured us", "model us", "diff %"], rows, indent="")
         lines.append(f"|model / measured - 1|: median {100 * statistics.median(diffs):.2g} %, "
@@ -270,3 +272,9 @@ def run(args: argparse.Namespace) -> int:
         write_csv(result, args.csv, comparison)
         print(f"\ntable     {args.csv}")
     return 0
+
+
+def _unless_rescaled(design) -> str:
+    """What the comparison's note adds for a design whose prompt attention a kernel set times."""
+    kernels = design.gpu.attention_kernels if design.gpu is not None else None
+    return f" (fused prompt attention: kernel set {kernels!r}, 'rescaled')" if kernels else ""
