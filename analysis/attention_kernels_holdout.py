@@ -51,7 +51,7 @@ def main() -> int:
           f"max {max(every_fwd):.1%}; backward/forward ratio median {statistics.median(every_bwd):.1%}, "
           f"max {max(every_bwd):.1%}")
     print("(a held-out length is predicted across a gap of lengths twice as wide as any the model interpolates "
-          "across; the largest errors are at 512-2,048 tokens, where the rates change fastest)")
+          "across; the largest errors are at 1,024-4,096 tokens, where the rates change fastest)")
     return 0
 
 
