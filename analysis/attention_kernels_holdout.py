@@ -14,8 +14,8 @@ import platform
 import statistics
 import sys
 
-from marssim.cost.attention_backward import _between
-from marssim.cost.attention_kernels import kernel_sets, load_kernel_set
+from marssim.cost.attention_backward import between
+from marssim.cost.attention_kernels import forward_flops, kernel_sets, load_kernel_set
 
 
 def _errors(points: list[tuple[float, float]]) -> list[float]:
@@ -23,7 +23,7 @@ def _errors(points: list[tuple[float, float]]) -> list[float]:
     out = []
     for i in range(1, len(points) - 1):
         at, value = points[i]
-        out.append(abs(_between([points[i - 1], points[i + 1]], at) / value - 1))
+        out.append(abs(between([points[i - 1], points[i + 1]], at) / value - 1))
     return out
 
 
@@ -36,8 +36,7 @@ def main() -> int:
     for name in kernel_sets():
         ks = load_kernel_set(name)
         for (backend, dtype, causal, head_dim), line in sorted(ks.points.items()):
-            flops = [4.0 * p.batch * p.seq * p.seq * p.heads * head_dim / (2.0 if causal else 1.0) for p in line]
-            fwd = [(math.log(p.seq), f / p.fwd_s) for p, f in zip(line, flops)]
+            fwd = [(math.log(p.seq), forward_flops(p.batch, p.heads, p.seq, head_dim, causal) / p.fwd_s) for p in line]
             ratio = [(math.log(p.seq), p.bwd_s / p.fwd_s) for p in line]
             ef, eb = _errors(fwd), _errors(ratio)
             if not ef:

@@ -31,7 +31,8 @@ import math
 
 from .features import CLASS_GEMM, F_BACKEND, F_CLASS, F_G, F_KK, F_NN, F_PHASE, KERNEL_PHASES
 
-__all__ = ["FA3_H100_BF16", "FA3_SOURCE", "BACKWARD_FLOP_RATIO", "backward_ratio", "forward_twin", "twin_ratio"]
+__all__ = ["FA3_H100_BF16", "FA3_SOURCE", "BACKWARD_FLOP_RATIO", "backward_ratio", "forward_twin", "twin_ratio",
+           "between"]
 
 FA3_SOURCE = ("Shah et al., FlashAttention-3 (arXiv:2407.08608, 2024): attention forward and backward speed "
               "without a causal mask, bf16, H100 80GB SXM5")
@@ -53,7 +54,7 @@ _BWD = KERNEL_PHASES.index("bwd")
 _PRODUCTS_FWD, _PRODUCTS_BWD = 2, 4
 
 
-def _between(points: list[tuple[float, float]], at: float) -> float:
+def between(points: list[tuple[float, float]], at: float) -> float:
     """Linear in ``at`` between the ``(position, value)`` points (sorted), constant outside."""
     xs = [p for p, _ in points]
     i = bisect.bisect_left(xs, at)
@@ -67,7 +68,7 @@ def _between(points: list[tuple[float, float]], at: float) -> float:
 
 def _ratio_at(head_dim: int, seq: float) -> float:
     row = FA3_H100_BF16[head_dim]
-    return _between([(math.log(s), BACKWARD_FLOP_RATIO * f / b) for s, (f, b) in sorted(row.items())], math.log(seq))
+    return between([(math.log(s), BACKWARD_FLOP_RATIO * f / b) for s, (f, b) in sorted(row.items())], math.log(seq))
 
 
 def backward_ratio(head_dim: int, seq: int) -> float:
@@ -76,7 +77,7 @@ def backward_ratio(head_dim: int, seq: int) -> float:
     if head_dim < 1 or seq < 1:
         raise ValueError(f"head_dim and seq must be positive, got {head_dim} and {seq}")
     dims = sorted(FA3_H100_BF16)
-    return _between([(math.log(d), _ratio_at(d, seq)) for d in dims], math.log(head_dim))
+    return between([(math.log(d), _ratio_at(d, seq)) for d in dims], math.log(head_dim))
 
 
 def forward_twin(x: tuple[int, ...]) -> tuple[int, ...] | None:

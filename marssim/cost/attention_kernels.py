@@ -26,8 +26,8 @@ the set's lengths and constant outside them. A kernel of at least :data:`FULL_WA
 query tiles (:data:`TILE_ROWS` rows of one sequence and head, one per SM at a time) fills the GPU
 as the set's shapes did (they run 15 or more), so it runs at the set's rate whatever its heads and
 batch; a smaller one keeps the grid's dependence on heads and batch, rescaled to the set at its
-length. The backward is the
-set's own measured ratio in place of FlashAttention-3's (``OpCost.model == "rescaled"``).
+length. The backward is the set's own measured ratio in place of FlashAttention-3's
+(``OpCost.model == "rescaled"``).
 Assumption: the set's GPU and the design's share their SM array and clocks (a set names its GPU
 and applies to designs of that generation: :data:`GENERATIONS`; TensorRT-LLM's H100 and H200
 rows differ by 1-4% at 2k-16k tokens).
@@ -43,11 +43,11 @@ from pathlib import Path
 
 from marssim.errors import InputError
 
-from .attention_backward import _between, forward_twin  # linear in ln s, constant outside
+from .attention_backward import between, forward_twin
 from .attention_grid import STANDINS, AttentionFamily, AttentionGrid, SliceKey, op_slice
 
 __all__ = ["KernelPoint", "KernelSet", "kernel_sets", "load_kernel_set", "AttentionRescale", "GENERATIONS",
-           "generation_of", "TILE_ROWS", "FULL_WAVES"]
+           "generation_of", "forward_flops", "TILE_ROWS", "FULL_WAVES"]
 
 GENERATIONS = {"A100": "ampere", "H100": "hopper", "H200": "hopper", "B200": "blackwell", "GB200": "blackwell",
                "B300": "blackwell", "GB300": "blackwell"}
@@ -110,7 +110,7 @@ def kernel_sets() -> dict[str, Path]:
     return {p.stem: p for p in sorted(_directory().glob("*.csv"))}
 
 
-def _forward_flops(batch: int, heads: int, seq: int, head_dim: int, causal: bool) -> float:
+def forward_flops(batch: int, heads: int, seq: int, head_dim: int, causal: bool) -> float:
     """The benchmark's count of one forward kernel's FLOPs: 4 b s^2 h d, halved when causal."""
     return 4.0 * batch * seq * seq * heads * head_dim / (2.0 if causal else 1.0)
 
@@ -143,7 +143,7 @@ def load_kernel_set(name: str) -> KernelSet:
                 raise ValueError("sizes and rates must be positive, heads a multiple of kv_heads")
         except (KeyError, ValueError) as exc:
             raise InputError(path, f"row {i}", f"expected causal true/false, positive whole sizes and TFLOP/s; {exc}")
-        f = _forward_flops(b, h, s, d, causal)
+        f = forward_flops(b, h, s, d, causal)
         lines.setdefault((r["backend"], r["dtype"], causal, d), []).append(
             KernelPoint(b, h, kv, s, f / (fwd * 1e12), 2.5 * f / (bwd * 1e12)))
     return KernelSet(name, gpu.upper(), " ".join(header),
@@ -160,6 +160,7 @@ class AttentionRescale:
         self.full = FULL_WAVES * sms
         """Query tiles from which a kernel runs at the set's rate (:data:`FULL_WAVES` waves)."""
         self._factors: dict[tuple[SliceKey, bool], list[tuple[float, float]] | None] = {}
+        self._rate_lines: dict[SliceKey, list[tuple[float, float]] | None] = {}
 
     def _reference(self, key: SliceKey, heads: int, sequences: int, keys: int) -> tuple[SliceKey, float] | None:
         """The grid's time of a forward kernel of slice ``key`` (its backend's slice, else the
@@ -194,10 +195,11 @@ class AttentionRescale:
     def _rates(self, key: SliceKey) -> list[tuple[float, float]] | None:
         """``(ln s, forward FLOP/s)`` at the set's measured lengths for forward slice ``key``;
         None when the set has no such kernel."""
-        line = self.kernels.line(key.backend, key.dtype, key.head_dim)
-        if not line:
-            return None
-        return [(math.log(p.seq), _forward_flops(p.batch, p.heads, p.seq, key.head_dim, True) / p.fwd_s) for p in line]
+        if key not in self._rate_lines:
+            line = self.kernels.line(key.backend, key.dtype, key.head_dim)
+            self._rate_lines[key] = [(math.log(p.seq), forward_flops(p.batch, p.heads, p.seq, key.head_dim, True)
+                                      / p.fwd_s) for p in line] or None
+        return self._rate_lines[key]
 
     def seconds(self, x: tuple[int, ...]) -> float | None:
         """The time (s) of the op with feature tuple ``x`` as the set's stack runs it; None for
@@ -211,14 +213,14 @@ class AttentionRescale:
             twin = forward_twin(x)
             fwd = None if twin is None else self.seconds(twin)
             curve = None if fwd is None else self._curve(replace(key, phase="fwd"), backward=True)
-            return None if curve is None else fwd * _between(curve, math.log(keys))
+            return None if curve is None else fwd * between(curve, math.log(keys))
         if key.phase != "fwd":
             return None
         rates = self._rates(key)
         if rates is None:
             return None
         if sequences * heads * math.ceil(keys / TILE_ROWS) >= self.full:  # the GPU filled: the set's rate
-            return _forward_flops(sequences, heads, keys, key.head_dim, True) / _between(rates, math.log(keys))
+            return forward_flops(sequences, heads, keys, key.head_dim, True) / between(rates, math.log(keys))
         curve = self._curve(key, backward=False)
         ref = None if curve is None else self._reference(key, heads, sequences, keys)
-        return None if ref is None else ref[1] * _between(curve, math.log(keys))
+        return None if ref is None else ref[1] * between(curve, math.log(keys))

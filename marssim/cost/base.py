@@ -31,7 +31,8 @@ class OpCost:
     attention kernels), ``extrapolated`` (a context attention kernel past the longest measured
     prompt, as its ``s^2`` products), ``derived`` (a fused attention backward from its measured forward:
     :mod:`marssim.cost.attention_backward`), ``rescaled`` (a causal prompt attention kernel as the
-    design's attention kernel set times it: :mod:`marssim.cost.attention_kernels`), ``fitted`` (the curve fitted to measurements) or ``gpu-roofline``...).
+    design's attention kernel set times it: :mod:`marssim.cost.attention_kernels`), ``fitted`` (the
+    curve fitted to measurements) or ``gpu-roofline``...).
     dram_bytes, sram_bytes: bytes read plus written off chip and in the on-chip buffer (the
     array's accesses, DRAM fills and drains); NaN where the model does not count them.
     energy_compute, energy_sram, energy_dram: the parts of ``energy`` (J): MACs (or FLOPs) plus

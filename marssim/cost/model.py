@@ -620,13 +620,13 @@ class DataflowCost:
             sram_rd, sram_wr, dram_rd, dram_wr = 0.0, 0.0, float(dram_b), 0.0
             model = d.gpu.models[kernel][dt]
             if use_measured:
-                t_measured = _lookup(d.gpu.measured, x) if d.gpu.measured else None
-                grid = d.gpu.attention if t_measured is None else None
+                t_stack = d.gpu.rescale.seconds(x) if d.gpu.rescale is not None else None
+                t_measured = _lookup(d.gpu.measured, x) if d.gpu.measured and t_stack is None else None
+                grid = d.gpu.attention if t_measured is None and t_stack is None else None
                 t_between = None if grid is None else op_seconds(grid, x, extrapolate=False)
                 t_beyond = None if grid is None or t_between is not None else op_seconds(grid, x)
-                t_derived = None if t_measured is not None or t_between is not None or t_beyond is not None \
-                    else _derived(d.gpu, x)
-                t_stack = d.gpu.rescale.seconds(x) if d.gpu.rescale is not None else None
+                t_derived = None if t_stack is not None or t_measured is not None or t_between is not None \
+                    or t_beyond is not None else _derived(d.gpu, x)
                 if t_stack is not None:  # a training stack's attention kernel, from its published rates
                     t, model = t_stack, "rescaled"
                 elif t_measured is not None:  # the curve's compute/memory split is kept as the breakdown
