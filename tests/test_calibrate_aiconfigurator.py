@@ -373,3 +373,41 @@ def test_serving_times_decode_attention_by_the_row_of_its_cache_type(kv, shipped
     im = IterationModel(load_model(spec), system, (("gpu0", "gpu1", "gpu2", "gpu3"),), default_cost_model())
     seconds = im._attention_time(0, 1, 1, 1024)[0]
     assert seconds == _decode_rows(shipped["H200"], kv)[1024]
+
+
+def test_collectives_import_writes_every_gpus_nccl_curves_and_the_engines_all_reduces(tmp_path, capsys):
+    pd = pytest.importorskip("pandas")
+    pytest.importorskip("pyarrow")
+    from marssim.cli.calibrate import AIC_CUSTOM_ALLREDUCE, AIC_NCCL_VERSIONS
+    from marssim.collectives.measured import load_collectives
+
+    root = tmp_path / "site"
+    (root / "aiconfigurator_core-0.12.0.dist-info").mkdir(parents=True)
+    data = root / "aiconfigurator_core" / "systems" / "data"
+    for gpu, ver in AIC_NCCL_VERSIONS.items():
+        where = data / gpu / "comm" / "nccl" / ver
+        where.mkdir(parents=True)
+        pd.DataFrame([("half", 2, 1024, "NCCL", "all_gather", 0.01), ("half", 2, 1024, "NCCL", "all_reduce", 0.02)],
+                     columns=["nccl_dtype", "num_gpus", "message_size", "kernel_source", "op_name", "latency"]
+                     ).to_parquet(where / "nccl_perf.parquet")
+    for gpu, fw, ver in AIC_CUSTOM_ALLREDUCE:
+        where = data / gpu / "comm" / fw / ver
+        where.mkdir(parents=True)
+        pd.DataFrame([("bfloat16", 8, 4096, "all_reduce", 0.005)],
+                     columns=["allreduce_dtype", "num_gpus", "message_size", "op_name", "latency"]
+                     ).to_parquet(where / "custom_allreduce_perf.parquet")
+    out = tmp_path / "coll"
+    assert main(["calibrate", "import", "aiconfigurator-collectives", "--from", str(root), "--date", "2026-12-07",
+                 "--out", str(out)]) == 0
+    rows = load_collectives(out / "aiconfigurator-0.12.0.csv")
+    assert len(rows) == 2 * len(AIC_NCCL_VERSIONS) + len(AIC_CUSTOM_ALLREDUCE)
+    assert {r.stack for r in rows} == {"nccl-2.27.3", "nccl-2.29.2", "trtllm-1.3.0rc20", "vllm-0.24.0",
+                                       "sglang-0.5.14"}
+    b200 = next(r for r in rows if r.gpu == "B200" and r.collective == "all_reduce")
+    assert (b200.bytes, b200.time_s, b200.commit, b200.date) == (2048.0, 2e-5, "0.12.0", "2026-12-07")
+    (data / "gb200" / "comm" / "nccl" / "2.29.2" / "nccl_perf.parquet").unlink()
+    capsys.readouterr()
+    assert main(["calibrate", "import", "aiconfigurator-collectives", "--from", str(root), "--out",
+                 str(tmp_path / "again")]) == 2
+    assert "gb200/comm/nccl/2.29.2/nccl_perf.parquet" in capsys.readouterr().err
+    assert not (tmp_path / "again").exists()

@@ -68,7 +68,8 @@ from .table import format_note
 
 __all__ = ["AIC_SOURCE", "AIC_LICENSE", "AicGpu", "AIC_GPUS", "GEMM_DTYPES", "DEFAULT_M", "DEFAULT_WIDTHS",
            "DEFAULT_HEAD_DIMS", "DEFAULT_MIN_TOKENS", "DEFAULT_ATTENTION_HEADS", "KV_DTYPES", "data_root", "table_path",
-           "stack_name", "gemm_rows", "context_attention_rows", "generation_attention_rows", "generation_attention_row"]
+           "stack_name", "gemm_rows", "context_attention_rows", "generation_attention_rows", "generation_attention_row",
+           "AIC_COLLECTIVE_SYSTEMS", "AIC_COLLECTIVES", "collective_rows"]
 
 AIC_SOURCE = "aiconfigurator-core"
 AIC_LICENSE = "Apache-2.0"
@@ -301,3 +302,48 @@ def generation_attention_rows(path: Path, gpu: str, stack: str, package_version:
             for b, q, st, h, kvh, d, kv, ms in zip(frame["batch_size"], frame["isl"], frame["step"],
                                                     frame["num_heads"], frame["num_key_value_heads"],
                                                     frame["head_dim"], frame["kv_cache_dtype"], frame["latency"])]
+
+
+AIC_COLLECTIVE_SYSTEMS = {"a100_sxm": "hgx-a100", "h100_sxm": "hgx-h100", "h200_sxm": "hgx-h200",
+                          "b200_sxm": "hgx-b200", "gb200": "gb200-nvl72"}
+"""The package's systems whose collectives are imported, and the measured-machine names their rows
+get (:data:`marssim.collectives.plan.MEASURED_SYSTEMS`): eight GPUs of one HGX board on NVSwitch
+(host not named), GB200 GPUs of one NVL72 NVLink domain."""
+
+AIC_COLLECTIVES = {"all_reduce": "all_reduce", "all_gather": "all_gather", "reduce_scatter": "reduce_scatter"}
+"""The package's ``op_name`` values imported as collectives (``alltoall`` has no marssim
+collective)."""
+
+_ELEMENT_DTYPES = {"half": "fp16", "float16": "fp16", "bfloat16": "bf16"}  # all 2 bytes
+
+
+def collective_rows(frame, gpu: str, stack: str, file: str, package_version: str, date: str,
+                    note: str = "") -> list:
+    """The half-precision all-reduce, all-gather and reduce-scatter rows of one of the package's
+    collective tables -- ``comm/nccl/<version>/nccl_perf.parquet`` (column ``nccl_dtype``) or an
+    engine's ``comm/<framework>/<version>/custom_allreduce_perf.parquet`` (``allreduce_dtype``) --
+    as :class:`~marssim.collectives.measured.CollectiveRow`: one row per (collective, GPUs, size),
+    the median of the package's repeated rows. ``message_size`` counts elements of nccl-tests'
+    total (the all-reduce buffer, the all-gather output, the reduce-scatter input), so ``bytes`` is
+    it times 2; ``latency`` is in milliseconds. One node: ``ranks_per_node = ranks``. ``frame`` a
+    pandas DataFrame of the table; ``file`` its path under ``systems/data``."""
+    from marssim.collectives.measured import CollectiveRow
+
+    if gpu not in AIC_COLLECTIVE_SYSTEMS:
+        raise InputError(file, "gpu", f"expected one of {', '.join(AIC_COLLECTIVE_SYSTEMS)}, got {gpu!r}")
+    dtype_col = "nccl_dtype" if "nccl_dtype" in frame.columns else "allreduce_dtype"
+    need = {dtype_col, "op_name", "num_gpus", "message_size", "latency"}
+    if not need <= set(frame.columns):
+        raise InputError(file, "columns", f"expected {', '.join(sorted(need))}; got {', '.join(frame.columns)}")
+    half = frame[frame[dtype_col].isin(list(_ELEMENT_DTYPES)) & frame["op_name"].isin(list(AIC_COLLECTIVES))]
+    medians = half.groupby(["op_name", "num_gpus", "message_size", dtype_col])["latency"].median().reset_index()
+    out = []
+    for op, n, size, dt, ms in zip(medians["op_name"], medians["num_gpus"], medians["message_size"],
+                                   medians[dtype_col], medians["latency"]):
+        if not (ms > 0 and int(n) >= 2):
+            continue
+        out.append(CollectiveRow(AIC_COLLECTIVE_SYSTEMS[gpu], AIC_GPUS[gpu].device, stack, AIC_COLLECTIVES[op],
+                                 int(n), int(n), float(size) * 2, float(ms) * 1e-3, _ELEMENT_DTYPES[dt],
+                                 AIC_SOURCE, package_version, file, AIC_LICENSE, date, note))
+    out.sort(key=lambda r: (r.collective, r.ranks, r.bytes))
+    return out

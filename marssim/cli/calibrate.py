@@ -168,8 +168,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                                  "(NVIDIA AIConfigurator's measured GEMMs and context and generation attention "
                                  "kernels from aiconfigurator-core's parquet files, "
                                  "systems/data/<gpu>/{gemm,attention}/<framework>/<version>/*_perf.parquet -> "
-                                 "traces/calibration/<GPU>-aiconfigurator.csv, merged; needs pyarrow). Runs anywhere.")
-    i.add_argument("source", choices=("vidur-compute", "vidur-host", "vidur-network", "xla-collectives", "aiconfigurator"))
+                                 "traces/calibration/<GPU>-aiconfigurator.csv, merged; needs pyarrow), "
+                                 "aiconfigurator-collectives (its measured NCCL collectives and engines' custom "
+                                 "all-reduces, systems/data/<gpu>/comm/<nccl|framework>/<version>/*_perf.parquet -> "
+                                 "traces/collectives/aiconfigurator-<version>.csv). Runs anywhere.")
+    i.add_argument("source", choices=("vidur-compute", "vidur-host", "vidur-network", "xla-collectives",
+                                      "aiconfigurator", "aiconfigurator-collectives"))
     i.add_argument("--from", dest="origin", required=True, metavar="PATH",
                    help="the repository: a git directory (bare or a checkout) or a plain directory of its files; "
                         "xla-collectives: the textproto file; aiconfigurator: the package's systems/data directory, "
@@ -532,6 +536,8 @@ def run_import(args: argparse.Namespace) -> int:
         return _import_xla_collectives(args)
     if args.source == "aiconfigurator":
         return _import_aiconfigurator(args)
+    if args.source == "aiconfigurator-collectives":
+        return _import_aiconfigurator_collectives(args)
     if not args.commit:
         raise InputError(None, "--commit", f"{args.source}: the commit the files are read at is required")
     files = _Files(args.origin, args.commit, args.date)
@@ -758,6 +764,60 @@ def _import_aiconfigurator(args: argparse.Namespace) -> int:
             done += [f"{n:,} {d} {k}" for (k, d), n in sorted(counts.items())]
         load_table(target)  # the full schema check of what was written
         print(f"{target}: {device}, stack {stack}: " + ", ".join(done))
+    return 0
+
+
+AIC_NCCL_VERSIONS = {"a100_sxm": "2.27.3", "h100_sxm": "2.29.2", "h200_sxm": "2.29.2", "b200_sxm": "2.29.2",
+                     "gb200": "2.29.2"}
+"""The NCCL measurements imported per GPU (the package's newest; A100 has one) and the engines'
+custom all-reduces (H100 only in the package)."""
+AIC_CUSTOM_ALLREDUCE = (("h100_sxm", "trtllm", "1.3.0rc20"), ("h100_sxm", "vllm", "0.24.0"),
+                        ("h100_sxm", "sglang", "0.5.14"))
+
+
+def _import_aiconfigurator_collectives(args: argparse.Namespace) -> int:
+    """Collective timings of aiconfigurator-core into ``<out>/aiconfigurator-<version>.csv``."""
+    import datetime
+
+    from marssim.calibrate.aiconfigurator import _read_parquet, collective_rows, data_root, stack_name
+    from marssim.collectives.measured import load_collectives, write_collectives
+    from marssim.cost.calibrated import traces_dir
+
+    root = data_root(None if args.origin == "installed" else args.origin)
+    package_version = _aic_version(root)
+    date = args.date or datetime.date.today().isoformat()
+    out_dir = Path(args.out) if args.out else traces_dir() / "collectives"
+    tables = [(gpu, f"nccl-{ver}", f"{gpu}/comm/nccl/{ver}/nccl_perf.parquet", "NCCL")
+              for gpu, ver in AIC_NCCL_VERSIONS.items()]
+    tables += [(gpu, stack_name(fw, ver), f"{gpu}/comm/{fw}/{ver}/custom_allreduce_perf.parquet", f"{fw} {ver}")
+               for gpu, fw, ver in AIC_CUSTOM_ALLREDUCE]
+    rows, comments = [], []
+    for gpu, stack, rel, who in tables:
+        path = root / rel
+        if not path.is_file():
+            raise InputError(str(root), rel, "expected this table of aiconfigurator-core 0.12.0's collectives")
+        frame = _read_parquet(path)
+        versions = sorted({str(v) for v in frame["version"].dropna()}) if "version" in frame.columns else []
+        folder = rel.split("/")[3]
+        note = (f"the rows' version column says {', '.join(versions)}" if versions and versions != [folder] else "")
+        got = collective_rows(frame, gpu, stack, f"systems/data/{rel}", package_version, date, note)
+        rows += got
+        comments.append(f"{rel}: {len(got)} rows, stack {stack} ({who}{'; ' + note if note else ''})")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    target = out_dir / f"aiconfigurator-{package_version}.csv"
+    write_collectives(target, rows, [
+        f"{'aiconfigurator-core'} {package_version} (NVIDIA, Apache-2.0), systems/data/<gpu>/comm/, imported by "
+        "`marssim calibrate import aiconfigurator-collectives`: the half-precision (fp16; bf16 for the engines' "
+        "custom all-reduces) all-reduce, all-gather and reduce-scatter of 2, 4 and 8 GPUs of one node (GB200: 2 and 4 "
+        "of one NVL72 domain), 256 to 2^29 elements, the median of the package's repeated rows. The package's "
+        "message_size counts elements of nccl-tests' total (bytes = 2 x elements); latency in ms. Measured by "
+        "AIConfigurator's collector (nccl-tests-style loops for NCCL; the engine's own all-reduce op for the custom "
+        "all-reduces); measurement date, spread and sample count not published (date: of the import)",
+        *comments])
+    load_collectives(target)
+    print(f"{target}: {len(rows)} rows")
+    for line in comments:
+        print(f"  {line}")
     return 0
 
 

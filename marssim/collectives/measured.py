@@ -9,11 +9,16 @@ column          meaning
 ==============  ==============================================================================
 system          the measured machine: ``dgx-a100`` (8 A100 SXM4 on NVSwitch), ``dgx-h100``,
                 ``hgx-h100`` (8 H100 SXM5 on NVSwitch, host not named), ``nc-a100-v4`` (Azure:
-                4 A100 PCIe, NVLink bridges between pairs), ``h100-nvl-pairs``; a ``+net`` suffix:
-                nodes joined by a network the source does not describe
-gpu             ``A100``, ``H100``
+                4 A100 PCIe, NVLink bridges between pairs), ``h100-nvl-pairs``, ``hgx-a100``,
+                ``hgx-h200``, ``hgx-b200`` (8 GPUs of one HGX board), ``gb200-nvl72`` (GPUs of
+                one NVL72 NVLink domain); a ``+net`` suffix: nodes joined by a network the source
+                does not describe
+gpu             ``A100``, ``H100``, ``H200``, ``B200``, ``GB200``
 stack           software stack that ran it (``vidur-2024``: PyTorch ``torch.distributed`` on NCCL;
-                ``xla-2025``: XLA's collective performance table generator on NCCL)
+                ``xla-2025``: XLA's collective performance table generator on NCCL;
+                ``nccl-2.29.2``, ``nccl-2.27.3``: NCCL as AIConfigurator's collector ran it;
+                ``trtllm-1.3.0rc20``, ``vllm-0.24.0``, ``sglang-0.5.14``: those engines' own
+                all-reduce, :func:`marssim.calibrate.aiconfigurator.collective_rows`)
 collective      ``all_reduce``, ``all_gather``, ``reduce_scatter``, ``send_recv``
 ranks           GPUs in the group (>= 2)
 ranks_per_node  GPUs of the group per node (``ranks`` inside one node)
@@ -49,6 +54,7 @@ import math
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 from marssim.csvio import read_commented_table, write_commented_table
@@ -155,12 +161,19 @@ def load_collectives(path: str | Path) -> list[CollectiveRow]:
 
 
 def load_collective_tables(directory: str | Path | None = None) -> list[CollectiveRow]:
-    """Every ``*.csv`` table of ``directory`` (default: :func:`collectives_dir`), in file order."""
+    """Every ``*.csv`` table of ``directory`` (default: :func:`collectives_dir`), in file order (read
+    once per process and files' sizes and times)."""
     root = Path(directory) if directory is not None else collectives_dir()
+    paths = sorted(root.glob("*.csv"))
+    return list(_load_files(tuple((str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in paths)))
+
+
+@lru_cache(maxsize=8)
+def _load_files(files: tuple[tuple[str, int, int], ...]) -> tuple[CollectiveRow, ...]:
     rows: list[CollectiveRow] = []
-    for path in sorted(root.glob("*.csv")):
+    for path, _, _ in files:
         rows.extend(load_collectives(path))
-    return rows
+    return tuple(rows)
 
 
 def configurations(rows: Iterable[CollectiveRow]) -> dict[tuple, list[CollectiveRow]]:

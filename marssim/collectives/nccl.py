@@ -6,7 +6,7 @@ Read from NCCL's ``src/graph/tuning.cc`` (``ncclTopoTuneModel``, ``ncclTopoGetAl
 ``src/graph/topo.h`` of ``github.com/NVIDIA/nccl`` at commit ``5067397c`` (NCCL 2.30.7,
 Apache-2.0); the constants below are NCCL's, cited by name. Algorithms: ``ring``, ``tree``
 (all-reduce only; a chain inside a node, a binary tree across nodes) and ``nvls`` (NVLink SHARP:
-the NVSwitch reduces and multicasts; Hopper NVSwitch systems, inside one node -- across nodes it
+the NVSwitch reduces and multicasts; Hopper and Blackwell NVSwitch systems, inside one node -- across nodes it
 needs CollNet, which is not modelled, nor are CollNet and PAT themselves). Protocols: ``LL``
 (8-byte lines of 4 data bytes and a 4-byte flag: half the bandwidth, the lowest latency),
 ``LL128`` (128-byte lines of 120 data bytes) and ``Simple`` (bulk copies with a fence per
@@ -19,10 +19,12 @@ from the channel search's result -- channels times the bandwidth of each -- whic
 :func:`channel_graphs` reproduces for NVSwitch nodes with one NIC per GPU (DGX A100 and H100):
 
 * inside a node, the search takes the first speed of its list (``speedArrayIntra``: 40, 30, 20 ...
-  GB/s; Hopper ``sm90SpeedArrayIntra``: 60, 50, 40 ...) at which as many channels as the GPU's
-  NVLink bandwidth allows (``nvlinks x SM80_NVLINK_BW`` 20 GB/s or ``SM90_NVLINK_BW`` 20.6 GB/s)
+  GB/s; Hopper ``sm90SpeedArrayIntra``: 60, 50, 40 ...; Blackwell ``sm100SpeedArrayIntra``: 90, 80,
+  70 ...) at which as many channels as the GPU's
+  NVLink bandwidth allows (``nvlinks x SM80_NVLINK_BW`` 20 GB/s, ``SM90_NVLINK_BW`` 20.6 GB/s or
+  ``SM100_NVLINK_BW`` 40.1 GB/s)
   carry the most bandwidth, then doubles the channels at half the speed
-  (``ncclTopoDupChannels``: from 25 GB/s; on Hopper from 50 GB/s or with at most 4 channels):
+  (``ncclTopoDupChannels``: from 25 GB/s; from Hopper on, from 50 GB/s or with at most 4 channels):
   DGX A100 ring and tree 12 channels x 20 GB/s, DGX H100 12 x 30 GB/s;
 * NVLS uses one channel per GPU of the node (``minChannels = maxChannels`` inside a node) at the
   fastest speed the NVLinks carry for all of them, and raises its ``bwInter`` to the top speed in
@@ -66,12 +68,13 @@ _HW_LAT = {
     "net": {"tree": (5.0, 8.5, 14.0), "ring": (2.7, 4.0, 14.0), "nvls": (0.0, 0.0, 18.0)},
 }
 # llMaxBws[index1][nodes index]: single node by GPU generation; multi-node by CPU (0 Intel, 1 AMD)
-_LL_MAX_BW = {"volta": (39.0, 39.0, 20.4), "ampere": (87.7, 22.5, 19.0), "hopper": (141.0, 45.0, 35.0)}
+_LL_MAX_BW = {"volta": (39.0, 39.0, 20.4), "ampere": (87.7, 22.5, 19.0), "hopper": (141.0, 45.0, 35.0),
+              "blackwell": (2 * 141.0, 2 * 45.0, 2 * 35.0)}
 _LL_MAX_BW_CPU = {"intel": (39.0, 39.0, 20.4), "amd": (87.7, 22.5, 19.0)}
-_PER_CH_RING_LL128 = {"ampere": (20.0, 20.0, 20.0), "hopper": (36.7, 36.7, 36.7)}
-_PER_CH_TREE_LL128 = {"ampere": (20.0, 20.0, 20.0), "hopper": (36.7, 36.7, 29.0)}
-_PER_CH_TREE = {"ampere": (24.0, 23.6, 17.8), "hopper": (38.7, 41.4, 36.0)}
-_NVLS_EFFICIENCY = {"ampere": 0.0, "hopper": 0.85}
+_PER_CH_RING_LL128 = {"ampere": (20.0, 20.0, 20.0), "hopper": (36.7, 36.7, 36.7), "blackwell": (40.0, 40.0, 40.0)}
+_PER_CH_TREE_LL128 = {"ampere": (20.0, 20.0, 20.0), "hopper": (36.7, 36.7, 29.0), "blackwell": (55.6, 31.67, 20.0)}
+_PER_CH_TREE = {"ampere": (24.0, 23.6, 17.8), "hopper": (38.7, 41.4, 36.0), "blackwell": (70.0, 42.8, 24.0)}
+_NVLS_EFFICIENCY = {"ampere": 0.0, "hopper": 0.85, "blackwell": 0.74}  # tuning.cc nvlsEfficiency
 # tuning.cc treeCorrectionFactor[protocol][log2(bytes / 64)]
 _TREE_CORRECTION = (
     (1.0, 1.0, 1.0, 1.0, .9, .8, .7, .7, .7, .7, .6, .5, .4, .4, .5, .6, .7, .8, .9, 1.0, 1.0, 1.0, 1.0, 1.0),
@@ -79,14 +82,17 @@ _TREE_CORRECTION = (
     (.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5, .6, .7, .8, .7, .7, .8, .9, .9, .9),
 )
 # topo.h: NVLink bandwidth per link, GB/s
-_NVLINK_BW = {"volta": 20.0, "ampere": 20.0, "hopper": 20.6}
+_NVLINK_BW = {"volta": 20.0, "ampere": 20.0, "hopper": 20.6, "blackwell": 40.1}
 # search.cc speed arrays, GB/s
 _SPEEDS_INTRA = {"ampere": (40.0, 30.0, 20.0, 18.0, 15.0, 12.0, 10.0, 9.0, 7.0, 6.0, 5.0, 4.0, 3.0),
-                 "hopper": (60.0, 50.0, 40.0, 30.0, 24.0, 20.0, 15.0, 12.0, 11.0, 6.0, 3.0)}
+                 "hopper": (60.0, 50.0, 40.0, 30.0, 24.0, 20.0, 15.0, 12.0, 11.0, 6.0, 3.0),
+                 "blackwell": (90.0, 80.0, 70.0, 60.0, 50.0, 45.0, 40.0, 30.0, 24.0, 20.0, 19.0, 18.0)}
 _SPEEDS_INTER = {"ampere": (48.0, 30.0, 28.0, 24.0, 20.0, 18.0, 15.0, 12.0, 10.0, 9.0, 7.0, 6.0, 5.0, 4.0, 3.0, 2.4,
                             1.2, 0.24, 0.12),
                  "hopper": (48.0, 45.0, 42.0, 40.0, 30.0, 24.0, 22.0, 20.0, 17.5, 15.0, 12.0, 6.0, 3.0, 2.4, 1.2, 0.24,
-                            0.12)}
+                            0.12),
+                 "blackwell": (96.0, 86.0, 80.0, 48.0, 45.1, 42.0, 40.0, 30.0, 24.0, 22.0, 20.0, 17.5, 15.0, 12.0, 6.0,
+                               3.0, 2.4, 1.2, 0.24, 0.12)}
 _MAX_RING_CHANNELS = 32  # init.cc: ringGraph->maxChannels = MAXCHANNELS / 2
 _NVLS_MAX_ARITY = 32  # device.h NCCL_MAX_NVLS_ARITY
 _NTHREADS = {"LL": 512, "LL128": 640, "Simple": 512}  # NCCL_LL_MAX_NTHREADS, NCCL_LL128_MAX_NTHREADS, SIMPLE
@@ -94,13 +100,15 @@ _THREAD_THRESHOLD = {"LL": 8, "LL128": 8, "Simple": 64}  # comm.h NCCL_*_THREAD_
 
 
 def arch_of(compute_capability: float) -> str:
-    """NCCL's generation index of a compute capability (``minCompCap >= 90``: Hopper ...)."""
+    """NCCL's generation index of a compute capability (``minCompCap >= 100``: Blackwell, ``>= 90``:
+    Hopper ...)."""
     cc = int(round(10 * compute_capability))
-    return "hopper" if cc >= 90 else "ampere" if cc >= 80 else "volta"
+    return "blackwell" if cc >= 100 else "hopper" if cc >= 90 else "ampere" if cc >= 80 else "volta"
 
 
 def nvlink_bandwidth(compute_capability: float) -> float:
-    """NCCL's bandwidth of one NVLink (GB/s; ``ncclTopoNVLinkBw``): 20 on Ampere, 20.6 on Hopper."""
+    """NCCL's bandwidth of one NVLink (GB/s; ``ncclTopoNVLinkBw``): 20 on Ampere, 20.6 on Hopper,
+    40.1 on Blackwell."""
     return _NVLINK_BW[arch_of(compute_capability)]
 
 
@@ -108,7 +116,7 @@ def nvlink_bandwidth(compute_capability: float) -> float:
 class NcclFabric:
     """What NCCL's topology detection sees of a communicator, in SI units.
 
-    ``compute_capability`` (8.0, 9.0), ``nvlinks`` per GPU (NVLink to an NVSwitch; 0: none),
+    ``compute_capability`` (8.0, 9.0, 10.0), ``nvlinks`` per GPU (NVLink to an NVSwitch; 0: none),
     ``nvls`` (the NVSwitch reduces and multicasts), ``nic_bandwidth`` (bytes/s per direction of one
     NIC), ``ranks`` and ``nodes`` of the communicator (ranks spread evenly), ``nics_per_node``
     (NICs the communicator's GPUs of one node own: one per GPU on a rail-optimised DGX),
@@ -144,7 +152,7 @@ class ChannelGraph:
 
 def _dup(channels: int, bw: float, arch: str, limit: int) -> tuple[int, float]:
     """``ncclTopoDupChannels``: twice the channels at half the speed (within ``limit``)."""
-    if bw < 25.0 or (arch == "hopper" and bw < 50.0 and channels > 4):
+    if bw < 25.0 or (arch in ("hopper", "blackwell") and bw < 50.0 and channels > 4):  # ccMin > 80
         return channels, bw
     dup = min(2 * channels, limit)
     return dup, bw / math.ceil(dup / channels)
@@ -179,7 +187,7 @@ def channel_graphs(f: NcclFabric) -> dict[str, ChannelGraph]:
         n, bw = _search(lambda s: min(_MAX_RING_CHANNELS, int(intra_total // s + 1e-9)), _SPEEDS_INTRA[arch])
         n, bw = _dup(n, bw, arch, _MAX_RING_CHANNELS)
         out["ring"] = out["tree"] = ChannelGraph(n, bw, bw)
-        if f.nvls and arch == "hopper":
+        if f.nvls and arch in ("hopper", "blackwell"):
             heads = min(_NVLS_MAX_ARITY, f.ranks)
             speed = next((s for s in _SPEEDS_INTRA[arch] if heads * s <= intra_total + 1e-9), 0.0)
             if heads >= 2 and speed > 0:

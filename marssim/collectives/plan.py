@@ -50,11 +50,16 @@ __all__ = ["KINDS", "MEASURED_SYSTEMS", "CollectivePlan", "SystemInfo", "plan_co
            "achieved_for", "stack_runs_nvls", "transport_of", "with_stack"]
 
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "send_recv")
-MEASURED_SYSTEMS = {(8.0, False): ("dgx-a100",), (9.0, True): ("dgx-h100", "hgx-h100")}
+MEASURED_SYSTEMS = {("A100", False): ("dgx-a100", "hgx-a100"), ("H100", True): ("dgx-h100", "hgx-h100"),
+                    ("H200", True): ("hgx-h200",), ("B200", True): ("hgx-b200",), ("GB200", True): ("gb200-nvl72",)}
 """The measured machines (:mod:`marssim.collectives.measured`) whose single-node curves stand for a
-node of a ``cluster:`` section, by (compute capability, NVLS): eight GPUs on an NVSwitch, one node.
-Groups across nodes are never timed by measured curves of a network the source does not
-describe (``+net`` systems); they take the NCCL model."""
+node of a ``cluster:`` section, by (GPU, NVLS): eight GPUs on an NVSwitch, one node (GB200: GPUs of
+one NVLink domain, of a rack). Groups across nodes are never timed by measured curves of a network
+the source does not describe (``+net`` systems); they take the NCCL model."""
+
+GPU_COMPUTE_CAPABILITY = {"A100": 8.0, "H100": 9.0, "H200": 9.0, "B200": 10.0, "GB200": 10.0}
+"""The compute capability of each GPU of the measured tables (``gpu`` column): the generation whose
+NCCL constants model its curves."""
 
 
 @dataclass(frozen=True)
@@ -75,6 +80,16 @@ class SystemInfo:
     systems: tuple[str, ...] = ()
     rows: tuple[CollectiveRow, ...] = field(default=(), compare=False, repr=False)
     hardware_nvls: bool = False
+    gpu: str = ""
+
+    @property
+    def gpu_name(self) -> str:
+        """The GPU as the measured tables name it (``gpu``; from the compute capability when not
+        given: ``A100`` below 9.0, ``H100`` below 10.0, ``B200`` from 10.0)."""
+        if self.gpu:
+            return self.gpu
+        cc = self.fabric.compute_capability
+        return "B200" if cc >= 10.0 else "H100" if cc >= 9.0 else "A100"
 
 
 @dataclass(frozen=True)
@@ -148,7 +163,7 @@ def _family(info: SystemInfo, p2p: bool) -> tuple[CollectiveRow, ...]:
     """The measured rows of ``info``'s stack, GPU generation, measured systems and transport, of
     the peer-to-peer family or the collectives."""
     transport = transport_of(info.fabric)
-    gpu = _gpu_name(info.fabric)
+    gpu = info.gpu_name
     return tuple(r for r in info.rows if r.stack == info.stack and r.gpu == gpu and r.system in info.systems
                  and (r.collective == "send_recv") == p2p and ("nvlink" if r.nodes == 1 else "net") == transport)
 
@@ -202,17 +217,13 @@ def _heldout_errors(rows: tuple[CollectiveRow, ...], nvlinks: int, nvls: bool, n
 
 
 def _nccl_model(r: CollectiveRow, nvlinks: int, nvls: bool, nic: float, cpu: str) -> tuple[float, float]:
-    cc = 9.0 if r.gpu == "H100" else 8.0
+    cc = GPU_COMPUTE_CAPABILITY.get(r.gpu, 8.0)
     f = NcclFabric(cc, nvlinks, nvls, nic, r.ranks, r.nodes, r.ranks_per_node, cpu)
     _, _, _, lat, bw = nccl_plan(r.collective, r.bytes, SystemInfo(f, 1.0))
     return lat, bw
 
 
-def _gpu_name(f: NcclFabric) -> str:
-    return "H100" if f.compute_capability >= 9.0 else "A100"
-
-
-FIT_VERSION = 1
+FIT_VERSION = 2
 """The version of the achieved-efficiency fit (:func:`marssim.collectives.measured.fit_achieved`
 and NCCL's model it fits against): raise it with any change to what they compute, so that no
 stale entry of the cache folder is read."""
@@ -246,7 +257,7 @@ def _measured_time(kind: str, nbytes: float, info: SystemInfo) -> float | None:
     f = info.fabric
     curves = _curves(info.rows)
     for name in info.systems:
-        curve = curves.get((name, _gpu_name(f), info.stack, kind, f.ranks, int(round(f.ppn))))
+        curve = curves.get((name, info.gpu_name, info.stack, kind, f.ranks, int(round(f.ppn))))
         t = None if curve is None else interpolate(curve, nbytes)
         if t is not None:
             return t
@@ -309,11 +320,13 @@ def system_info(system, devices: Sequence[str], *, stack: str | None = None,
     """The :class:`SystemInfo` of the group ``devices`` of a ``cluster:`` system (its GPUs' design
     gives the compute capability and NVLinks, the node group the NVLink and NIC bandwidths, NVLS
     and the host CPU). ``stack``: the software stack whose measurements time the plans (default:
-    the GPUs' design's ``gpu.stack``); ``rows``: the measured collectives (default: the shipped
-    tables, :func:`~marssim.collectives.measured.load_collective_tables`); ``nvls``: override
-    whether NCCL runs NVLS (a stack may not). InputError for devices outside a cluster section or
+    the GPUs' design's ``gpu.collective_stack``, else its ``gpu.stack``); ``rows``: the measured
+    collectives (default: the shipped tables,
+    :func:`~marssim.collectives.measured.load_collective_tables`); ``nvls``: override whether NCCL
+    runs NVLS (a stack may not). InputError for devices outside a cluster section or
     of mixed GPU kinds. ``nvls`` None: the NVSwitch's NVLS if the stack runs it
-    (:func:`stack_runs_nvls`)."""
+    (:func:`stack_runs_nvls`). The GPU is named as the measured tables name it by the design's
+    ``gpu.calibration`` (A100, H100, H200, B200, GB200), else by its compute capability."""
     if len(devices) < 1:
         raise InputError(None, "devices", "expected at least one device")
     nodes: dict[int, int] = {}
@@ -346,8 +359,17 @@ def system_info(system, devices: Sequence[str], *, stack: str | None = None,
         line = min(float(group.nvlink.bandwidth), ppn * float(group.nic.bandwidth))
     lat = system.route(devices[0], devices[1 % len(devices)]).latency if len(devices) > 1 else 0.0
     measured = tuple(rows) if rows is not None else tuple(load_collective_tables())
-    names = MEASURED_SYSTEMS.get((float(gpu.compute_capability), bool(group.nvls)), ()) if n_nodes == 1 else ()
-    info = SystemInfo(f, line, lat, gpu.stack if stack is None else stack, names, measured, bool(group.nvls))
+    if stack is None and gpu.collective_stack and rows is None:
+        known = sorted({r.stack for r in measured})
+        if gpu.collective_stack not in known:
+            raise InputError(system.spec, f"designs.{design.name}.gpu.collective_stack",
+                             f"a stack of the measured collectives (traces/collectives/): one of {', '.join(known)}; "
+                             f"got {gpu.collective_stack!r}")
+    name = gpu.calibration if gpu.calibration in GPU_COMPUTE_CAPABILITY else ""
+    info = SystemInfo(f, line, lat, (gpu.collective_stack or gpu.stack) if stack is None else stack, (), measured,
+                      bool(group.nvls), name)
+    if n_nodes == 1:
+        info = replace(info, systems=MEASURED_SYSTEMS.get((info.gpu_name, bool(group.nvls)), ()))
     if nvls is None and f.nvls:
         info = replace(info, fabric=replace(f, nvls=stack_runs_nvls(info)))
     return info

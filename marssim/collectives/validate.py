@@ -28,8 +28,9 @@ from .plan import CollectivePlan, MEASURED_SYSTEMS, achieved_for, plan_collectiv
 __all__ = ["LO", "HI", "SHIPPED", "CurveCheck", "heldout_check", "group_devices"]
 
 LO, HI = 2 ** 20, 2 ** 30
-SHIPPED = {name: spec for (cc, _), names in MEASURED_SYSTEMS.items() for name in names
-           for spec in (("dgx-a100-cluster",) if cc < 9.0 else ("dgx-h100-cluster",))}
+_CLUSTERS = {"A100": "dgx-a100-cluster:nodes=1", "H100": "dgx-h100-cluster:nodes=1",
+             "H200": "dgx-h200-cluster:nodes=1", "B200": "dgx-b200-cluster:nodes=1", "GB200": "gb200-nvl72:racks=1"}
+SHIPPED = {name: _CLUSTERS[gpu] for (gpu, _), names in MEASURED_SYSTEMS.items() for name in names}
 """The shipped cluster whose node each measured machine stands for."""
 
 
@@ -65,7 +66,7 @@ def heldout_check(rows: Sequence[CollectiveRow], load_system: Callable[[str], ob
         pts = [r for r in curve if LO <= r.bytes <= HI]
         if not pts:
             continue
-        spec = f"{SHIPPED[system]}:nodes=1"
+        spec = SHIPPED[system]
         sysobj = systems.get(spec) or systems.setdefault(spec, load_system(spec))
         info = replace(system_info(sysobj, group_devices(ranks, ppn), stack=stack, rows=rows), systems=(system,))
         p2p = coll == "send_recv"

@@ -96,6 +96,9 @@ class GpuSpec(BaseModel):
                           "\"vidur-2024\"): only rows measured on it (or of unknown stack) time its kernels; "
                           "none: every row of the table"
     )
+    collective_stack: str | None = Field(
+        None, description="the software stack whose measured collectives (a `stack` of traces/collectives/, e.g. "
+                          "\"nccl-2.29.2\") time this design's collectives (marssim.collectives.plan); none: `stack`'s")
     fallback_stacks: list[str] = Field(
         default_factory=list,
         description="software stacks whose kernel rows time the kernel families (kind, dtype, attention backend) "
