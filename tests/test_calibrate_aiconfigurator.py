@@ -378,7 +378,7 @@ def test_serving_times_decode_attention_by_the_row_of_its_cache_type(kv, shipped
 def test_collectives_import_writes_every_gpus_nccl_curves_and_the_engines_all_reduces(tmp_path, capsys):
     pd = pytest.importorskip("pandas")
     pytest.importorskip("pyarrow")
-    from marssim.cli.calibrate import AIC_CUSTOM_ALLREDUCE, AIC_NCCL_VERSIONS
+    from marssim.calibrate.aiconfigurator import AIC_CUSTOM_ALLREDUCE, AIC_NCCL_VERSIONS
     from marssim.collectives.measured import load_collectives
 
     root = tmp_path / "site"

@@ -69,7 +69,8 @@ from .table import format_note
 __all__ = ["AIC_SOURCE", "AIC_LICENSE", "AicGpu", "AIC_GPUS", "GEMM_DTYPES", "DEFAULT_M", "DEFAULT_WIDTHS",
            "DEFAULT_HEAD_DIMS", "DEFAULT_MIN_TOKENS", "DEFAULT_ATTENTION_HEADS", "KV_DTYPES", "data_root", "table_path",
            "stack_name", "gemm_rows", "context_attention_rows", "generation_attention_rows", "generation_attention_row",
-           "AIC_COLLECTIVE_SYSTEMS", "AIC_COLLECTIVES", "collective_rows"]
+           "AIC_COLLECTIVE_SYSTEMS", "AIC_COLLECTIVES", "AIC_NCCL_VERSIONS", "AIC_CUSTOM_ALLREDUCE", "collective_tables",
+           "collective_rows", "collective_table_rows"]
 
 AIC_SOURCE = "aiconfigurator-core"
 AIC_LICENSE = "Apache-2.0"
@@ -310,9 +311,16 @@ AIC_COLLECTIVE_SYSTEMS = {"a100_sxm": "hgx-a100", "h100_sxm": "hgx-h100", "h200_
 get (:data:`marssim.collectives.plan.MEASURED_SYSTEMS`): eight GPUs of one HGX board on NVSwitch
 (host not named), GB200 GPUs of one NVL72 NVLink domain."""
 
-AIC_COLLECTIVES = {"all_reduce": "all_reduce", "all_gather": "all_gather", "reduce_scatter": "reduce_scatter"}
-"""The package's ``op_name`` values imported as collectives (``alltoall`` has no marssim
-collective)."""
+AIC_COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
+"""The package's ``op_name`` values imported as collectives, marssim's names too (``alltoall`` has
+no marssim collective)."""
+
+AIC_NCCL_VERSIONS = {"a100_sxm": "2.27.3", "h100_sxm": "2.29.2", "h200_sxm": "2.29.2", "b200_sxm": "2.29.2",
+                     "gb200": "2.29.2"}
+"""The NCCL measurements imported per GPU: the package's newest (A100 has one)."""
+AIC_CUSTOM_ALLREDUCE = (("h100_sxm", "trtllm", "1.3.0rc20"), ("h100_sxm", "vllm", "0.24.0"),
+                        ("h100_sxm", "sglang", "0.5.14"))
+"""The engines' own all-reduces imported, ``(gpu, framework, version)`` (measured on H100 only)."""
 
 _ELEMENT_DTYPES = {"half": "fp16", "float16": "fp16", "bfloat16": "bf16"}  # all 2 bytes
 
@@ -335,15 +343,39 @@ def collective_rows(frame, gpu: str, stack: str, file: str, package_version: str
     need = {dtype_col, "op_name", "num_gpus", "message_size", "latency"}
     if not need <= set(frame.columns):
         raise InputError(file, "columns", f"expected {', '.join(sorted(need))}; got {', '.join(frame.columns)}")
-    half = frame[frame[dtype_col].isin(list(_ELEMENT_DTYPES)) & frame["op_name"].isin(list(AIC_COLLECTIVES))]
+    half = frame[frame[dtype_col].isin(list(_ELEMENT_DTYPES)) & frame["op_name"].isin(AIC_COLLECTIVES)]
     medians = half.groupby(["op_name", "num_gpus", "message_size", dtype_col])["latency"].median().reset_index()
     out = []
     for op, n, size, dt, ms in zip(medians["op_name"], medians["num_gpus"], medians["message_size"],
                                    medians[dtype_col], medians["latency"]):
         if not (ms > 0 and int(n) >= 2):
             continue
-        out.append(CollectiveRow(AIC_COLLECTIVE_SYSTEMS[gpu], AIC_GPUS[gpu].device, stack, AIC_COLLECTIVES[op],
+        out.append(CollectiveRow(AIC_COLLECTIVE_SYSTEMS[gpu], AIC_GPUS[gpu].device, stack, str(op),
                                  int(n), int(n), float(size) * 2, float(ms) * 1e-3, _ELEMENT_DTYPES[dt],
                                  AIC_SOURCE, package_version, file, AIC_LICENSE, date, note))
     out.sort(key=lambda r: (r.collective, r.ranks, r.bytes))
     return out
+
+
+def collective_tables() -> list[tuple[str, str, str]]:
+    """The collective tables :func:`collective_table_rows` imports, ``(gpu, stack, path under
+    systems/data)``: each GPU's NCCL table of :data:`AIC_NCCL_VERSIONS` (stack ``nccl-<version>``),
+    then the engines' all-reduces of :data:`AIC_CUSTOM_ALLREDUCE` (stack ``<framework>-<version>``)."""
+    out = [(gpu, f"nccl-{ver}", f"{gpu}/comm/nccl/{ver}/nccl_perf.parquet") for gpu, ver in AIC_NCCL_VERSIONS.items()]
+    out += [(gpu, stack_name(fw, ver), f"{gpu}/comm/{fw}/{ver}/custom_allreduce_perf.parquet")
+            for gpu, fw, ver in AIC_CUSTOM_ALLREDUCE]
+    return out
+
+
+def collective_table_rows(root: Path, gpu: str, stack: str, rel: str, package_version: str, date: str) -> list:
+    """The rows of the collective table ``root/rel`` (:func:`collective_rows`), each noting where
+    the table's own ``version`` column disagrees with its folder's version; InputError naming the
+    table when it is missing."""
+    path = root / rel
+    if not path.is_file():
+        raise InputError(str(root), rel, f"expected this table of aiconfigurator-core {package_version}'s collectives")
+    frame = _read_parquet(path)
+    versions = sorted({str(v) for v in frame["version"].dropna()}) if "version" in frame.columns else []
+    folder = Path(rel).parent.name
+    note = f"the rows' version column says {', '.join(versions)}" if versions and versions != [folder] else ""
+    return collective_rows(frame, gpu, stack, f"systems/data/{rel}", package_version, date, note)

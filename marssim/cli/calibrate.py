@@ -767,19 +767,11 @@ def _import_aiconfigurator(args: argparse.Namespace) -> int:
     return 0
 
 
-AIC_NCCL_VERSIONS = {"a100_sxm": "2.27.3", "h100_sxm": "2.29.2", "h200_sxm": "2.29.2", "b200_sxm": "2.29.2",
-                     "gb200": "2.29.2"}
-"""The NCCL measurements imported per GPU (the package's newest; A100 has one) and the engines'
-custom all-reduces (H100 only in the package)."""
-AIC_CUSTOM_ALLREDUCE = (("h100_sxm", "trtllm", "1.3.0rc20"), ("h100_sxm", "vllm", "0.24.0"),
-                        ("h100_sxm", "sglang", "0.5.14"))
-
-
 def _import_aiconfigurator_collectives(args: argparse.Namespace) -> int:
     """Collective timings of aiconfigurator-core into ``<out>/aiconfigurator-<version>.csv``."""
     import datetime
 
-    from marssim.calibrate.aiconfigurator import _read_parquet, collective_rows, data_root, stack_name
+    from marssim.calibrate.aiconfigurator import AIC_SOURCE, collective_table_rows, collective_tables, data_root
     from marssim.collectives.measured import load_collectives, write_collectives
     from marssim.cost.calibrated import traces_dir
 
@@ -787,26 +779,16 @@ def _import_aiconfigurator_collectives(args: argparse.Namespace) -> int:
     package_version = _aic_version(root)
     date = args.date or datetime.date.today().isoformat()
     out_dir = Path(args.out) if args.out else traces_dir() / "collectives"
-    tables = [(gpu, f"nccl-{ver}", f"{gpu}/comm/nccl/{ver}/nccl_perf.parquet", "NCCL")
-              for gpu, ver in AIC_NCCL_VERSIONS.items()]
-    tables += [(gpu, stack_name(fw, ver), f"{gpu}/comm/{fw}/{ver}/custom_allreduce_perf.parquet", f"{fw} {ver}")
-               for gpu, fw, ver in AIC_CUSTOM_ALLREDUCE]
     rows, comments = [], []
-    for gpu, stack, rel, who in tables:
-        path = root / rel
-        if not path.is_file():
-            raise InputError(str(root), rel, "expected this table of aiconfigurator-core 0.12.0's collectives")
-        frame = _read_parquet(path)
-        versions = sorted({str(v) for v in frame["version"].dropna()}) if "version" in frame.columns else []
-        folder = rel.split("/")[3]
-        note = (f"the rows' version column says {', '.join(versions)}" if versions and versions != [folder] else "")
-        got = collective_rows(frame, gpu, stack, f"systems/data/{rel}", package_version, date, note)
+    for gpu, stack, rel in collective_tables():
+        got = collective_table_rows(root, gpu, stack, rel, package_version, date)
         rows += got
-        comments.append(f"{rel}: {len(got)} rows, stack {stack} ({who}{'; ' + note if note else ''})")
+        note = got[0].note if got else ""
+        comments.append(f"{rel}: {len(got)} rows, stack {stack}{' (' + note + ')' if note else ''}")
     out_dir.mkdir(parents=True, exist_ok=True)
     target = out_dir / f"aiconfigurator-{package_version}.csv"
     write_collectives(target, rows, [
-        f"{'aiconfigurator-core'} {package_version} (NVIDIA, Apache-2.0), systems/data/<gpu>/comm/, imported by "
+        f"{AIC_SOURCE} {package_version} (NVIDIA, Apache-2.0), systems/data/<gpu>/comm/, imported by "
         "`marssim calibrate import aiconfigurator-collectives`: the half-precision (fp16; bf16 for the engines' "
         "custom all-reduces) all-reduce, all-gather and reduce-scatter of 2, 4 and 8 GPUs of one node (GB200: 2 and 4 "
         "of one NVL72 domain), 256 to 2^29 elements, the median of the package's repeated rows. The package's "
