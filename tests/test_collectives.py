@@ -313,3 +313,13 @@ def test_an_unknown_collective_stack_is_refused_naming_the_key():
         system_info(system, ["gpu0", "gpu1"])
     line = system_info(load_system("dgx-h100-cluster:nodes=1,collective_stack=trtllm-1.3.0rc20"), ["gpu0", "gpu1"])
     assert line.stack == "trtllm-1.3.0rc20"  # TensorRT-LLM's own all-reduce on H100
+
+
+def test_an_unknown_collective_stack_exits_2_from_the_command_line(capsys):
+    from marssim.cli import main
+
+    code = main(["estimate", "--system", "dgx-b200-cluster:nodes=1,collective_stack=bogus", "--workload",
+                 "llama3-8b:mode=train,batch=1,layers=2", "--parallel", "tp=2,dp=4,micro_batch=1,global_batch=8"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "designs.b200.gpu.collective_stack" in err and "nccl-2.29.2" in err and "'bogus'" in err

@@ -45,7 +45,6 @@ import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from marssim.errors import InputError
 
 from .plan import CollectivePlan, SystemInfo, plan_collective, ring_steps, system_info
 
@@ -96,10 +95,11 @@ def group_info(system, devices: Sequence[str]) -> SystemInfo | None:
         return None
     key = shape
     if key not in cache:
-        try:
-            cache[key] = system_info(system, list(devices))
-        except InputError:
-            cache[key] = None
+        gpu = system.designs[shape[0]].gpu
+        described = gpu is not None and gpu.compute_capability is not None and gpu.nvlinks is not None
+        # a design NCCL's model cannot describe keeps the line rate; any other bad input (an unknown
+        # collective stack) is the user's to fix
+        cache[key] = system_info(system, list(devices)) if described else None
     return cache[key]
 
 
