@@ -340,8 +340,9 @@ def test_serving_reports_time_to_first_token_and_per_output_token() -> None:
 def test_static_memory_per_rank_is_the_closed_form() -> None:
     h, layers, v, p_pos, tp, pp = 512, 8, 1000, 128, 4, 2
     graph = load_workload(f"gpt:layers={layers},hidden={h},heads=8,vocab={v},seq=128,mode=train,max_positions={p_pos}")
-    for zero, dp in ((0, 2), (1, 2), (2, 2), (3, 2)):
-        cfg = parse_parallel(f"tp={tp},pp={pp},dp={dp},zero={zero},global_batch=4")
+    for zero, dp, grad_type, grad_bytes in ((0, 2, "auto", 4), (1, 2, "auto", 4), (2, 2, "auto", 4),
+                                            (3, 2, "auto", 4), (1, 2, "bf16", 2), (2, 2, "bf16", 2)):
+        cfg = parse_parallel(f"tp={tp},pp={pp},dp={dp},zero={zero},global_batch=4,grad_reduce_dtype={grad_type}")
         est = memory_estimate(prepare_graph(graph, cfg), cfg, 80 * 2**30)
         per_layer = 12 * h * h // tp + 7 * h // tp + 6 * h  # column weights and biases split, row biases and norms replicated
         vocab_rows = -(-v // tp) * h
@@ -350,7 +351,8 @@ def test_static_memory_per_rank_is_the_closed_form() -> None:
         for stage, params in ((0, stage0), (1, stage1)):
             st = est.static[stage]
             assert st.weights == pytest.approx(2 * params / (dp if zero >= 3 else 1))
-            assert st.gradients == pytest.approx(4 * params / (dp if zero >= 2 else 1))
+            # the main gradients' buffer: fp32 by default for bf16 training, bf16 with grad_reduce_dtype=bf16
+            assert st.gradients == pytest.approx(grad_bytes * params / (dp if zero >= 2 else 1))
             assert st.optimizer == pytest.approx(12 * params / (dp if zero >= 1 else 1))
 
 

@@ -6,7 +6,8 @@ splits each op's weights by its tensor- and expert-parallel rule):
 * weights: the rank's parameters at the bytes the workload holds per parameter of each op (the
   model's element type, plus the low-precision copies of an FP8 recipe's GEMM weights:
   :func:`marssim.workload.llm.precision.held_weight_bytes`; ZeRO-3: ``1/dp`` of them);
-* gradients: 4 B per parameter (fp32 main gradients; ZeRO-2 and 3: ``1/dp``);
+* gradients: the main gradients' buffer, 4 B per parameter (fp32, Megatron-LM's default for bf16)
+  or 2 B (``grad_reduce_dtype=bf16``, fp16 training: :func:`.megatron.grad_dtype`); ZeRO-2 and 3: ``1/dp``;
 * optimizer state: 12 B per parameter (fp32 master weights and Adam's two moments; ZeRO-1 and
   above: ``1/dp``; with context parallelism every ``1/dp`` is ``1/(dp x cp)``, the distributed
   optimizer's group); the last stage of a pipeline with tied embeddings keeps a copy of the word
@@ -46,6 +47,7 @@ from marssim.workload.op import DTYPE_BYTES
 from . import context, userbuffers
 from .config import ParallelConfig
 from .experts import EXPERT_LAYOUTS, busiest_share, layout_fraction
+from .megatron import grad_dtype
 from .memo import graph_cached
 from .partition import chunk_layers, op_rules, prepare_graph, rules_key, shard_weights, stage_of_layers
 from .placement import place
@@ -193,7 +195,7 @@ def static_bytes(graph: Graph, cfg: ParallelConfig, stage: int, rules, per: dict
     weights = held / (dp if cfg.zero >= 3 else 1)
     grads = opt = 0.0
     if t.training:
-        grads = params * 4.0 / (dp if cfg.zero >= 2 else 1)
+        grads = params * DTYPE_BYTES[grad_dtype(cfg, t)] / (dp if cfg.zero >= 2 else 1)
         opt = params * 12.0 / (dp if cfg.zero >= 1 else 1)
     kv = 0.0
     for op in _resident_inputs(graph):
