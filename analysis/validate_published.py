@@ -17,8 +17,10 @@ one at a time on each table, to show how much each moves the prediction: two the
 state (whether the gradients were clipped; Megatron-LM's pipeline scatter/gather) and two of the
 model's own (collectives at the links' line rate, no host launch gaps); a table of FP8 runs with
 current scaling (``fp8_recipe=current``) also under delayed scaling; a table of Hopper runs with
-fused attention also with the attention kernels the cuDNN frontend benchmark published for the
-PyTorch 24.03 container (``attention_kernels=pytorch-24.03-h200``): FlashAttention-2, then cuDNN 9.1.
+fused attention also with other attention kernels: rows timed by the H100's measured grid with the
+kernels the cuDNN frontend benchmark published for the PyTorch 24.03 container
+(``attention_kernels=pytorch-24.03-h200``), FlashAttention-2 then cuDNN 9.1; rows that already name
+that set (NeMo's, whose launcher disabled cuDNN) on the measured grid, then with the set's cuDNN 9.1.
 """
 
 from __future__ import annotations
@@ -32,10 +34,13 @@ from dataclasses import replace
 
 
 CURRENT = "fp8_recipe=current"
-HOPPER = ("dgx-h100-cluster", "dgx-h200-cluster")
-"""Systems whose tables are also predicted with the PyTorch 24.03 container's attention kernels."""
 """The workload setting of FP8 current scaling: a table's rows with it are also predicted under
 delayed scaling, to show what the recipe's amax kernels cost."""
+HOPPER = ("dgx-h100-cluster", "dgx-h200-cluster")
+"""Systems whose tables are also predicted with other attention kernels."""
+KERNEL_SET = "pytorch-24.03-h200"
+"""The 2024 training stack's attention kernel set (FlashAttention-2 and cuDNN 9.1 in the PyTorch
+24.03 container)."""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -89,13 +94,29 @@ def main(argv: list[str] | None = None) -> int:
             s = summary(predict_all(varied, cost, args.how))
             print(f"    {'fp8_recipe=delayed':22s} {s['mean_abs']:6.2%}  {s['worst_abs']:6.2%}  {s['mean']:+6.2%}")
         if all(r.system.startswith(HOPPER) and "attention=flash" in r.workload for r in runs):
-            for backend, label in (("flash", "FlashAttention-2"), ("cudnn", "cuDNN 9.1")):  # the 2024 stack's kernels
-                varied = [replace(r, system=f"{r.system},attention_kernels=pytorch-24.03-h200",
-                                  workload=r.workload.replace("attention=flash", f"attention={backend}")) for r in runs]
+            for label, system, backend in _attention_variants(runs):
+                varied = [replace(r, system=system(r.system), workload=r.workload.replace("attention=flash",
+                                                                                          f"attention={backend}"))
+                          for r in runs]
                 s = summary(predict_all(varied, cost, args.how))
                 print(f"    {label:22s} {s['mean_abs']:6.2%}  {s['worst_abs']:6.2%}  {s['mean']:+6.2%}"
-                      "  (attention_kernels=pytorch-24.03-h200)")
+                      f"  ({_SET_NOTE[label]})")
     return 0
+
+
+_SET_NOTE = {"FlashAttention-2": f"attention_kernels={KERNEL_SET}", "cuDNN 9.1": f"attention_kernels={KERNEL_SET}",
+             "measured grid": "no attention_kernels: TensorRT-LLM's kernels"}
+
+
+def _attention_variants(runs) -> list[tuple[str, object, str]]:
+    """The attention kernels a Hopper table's rows are also predicted with: (label, the system spec
+    rewritten, the backend). Rows that name the 2024 kernel set (FlashAttention-2) are also run on
+    the H100's measured grid and with the set's cuDNN 9.1; rows that do not, with the set's
+    FlashAttention-2 and cuDNN 9.1."""
+    named = f",attention_kernels={KERNEL_SET}"
+    if all(named in r.system for r in runs):
+        return [("measured grid", lambda s: s.replace(named, ""), "flash"), ("cuDNN 9.1", lambda s: s, "cudnn")]
+    return [("FlashAttention-2", lambda s: s + named, "flash"), ("cuDNN 9.1", lambda s: s + named, "cudnn")]
 
 
 def _with_kv(model: str, kv: str) -> str:

@@ -406,3 +406,37 @@ def test_kv_cache_is_resident_on_the_devices_that_read_it() -> None:
     weights = sum(op.weight_bytes for op in graph.ops if not op.param("shares"))
     assert whole.resident["gpu0"] == weights + footprint(graph).kv_cache_bytes
     assert sum(b for _, _, b in whole.setup) == weights  # the cache is made on the device, not loaded
+
+
+# Megatron-LM core 0.8 vocab_parallel_cross_entropy, pass by pass: (bytes read, bytes written) per logit
+_UNFUSED_FORWARD = [("cast to fp32", "e", 4), ("row max", 4, 0), ("subtract max in place", 4, 4),
+                    ("exp in place", 4, 4), ("row sum", 4, 0), ("divide in place", 4, 4)]
+_UNFUSED_BACKWARD = [("scale by the loss gradient in place", 4, 4), ("cast back", 4, "e")]
+
+
+def _passes(passes, e: int) -> int:
+    if e == 4:  # fp32 logits: .float() is no copy, nor its backward
+        passes = [p for p in passes if not p[0].startswith("cast")]
+    return sum((e if r == "e" else r) + (e if w == "e" else w) for _, r, w in passes)
+
+
+@pytest.mark.parametrize("dtype,e", [("bf16", 2), ("fp16", 2), ("fp32", 4)])
+def test_the_unfused_loss_moves_megatrons_passes_over_the_logits_and_the_fused_one_a_read_and_a_write(dtype, e):
+    """The training loss's bytes per logit, forward and backward, are the sum of Megatron-LM's
+    unfused cross-entropy kernels (38 and 14 B from bf16), or with cross_entropy=fused one read
+    and one write each way; a tensor-parallel shard of the vocabulary keeps the bytes per logit."""
+    spec = f"gpt:layers=2,hidden=256,heads=4,seq=128,vocab=4096,mode=train,dtype={dtype}"
+    for how, fwd, bwd in (("unfused", _passes(_UNFUSED_FORWARD, e), _passes(_UNFUSED_BACKWARD, e)),
+                          ("fused", 2 * e, 2 * e)):
+        ops = {o.name: o for o in load_workload(f"{spec},cross_entropy={how}").ops}
+        loss, grad = ops["loss"], ops["loss.grad"]
+        assert loss.out_elems == grad.out_elems == 128 * 4096
+        assert loss.bytes_moved == fwd * loss.out_elems and grad.bytes_moved == bwd * grad.out_elems, how
+        shard = loss.with_loops(L=4096 // 4)
+        assert shard.bytes_moved == fwd * shard.out_elems
+    assert (_passes(_UNFUSED_FORWARD, 2), _passes(_UNFUSED_BACKWARD, 2)) == (38, 14)
+
+
+def test_an_unknown_cross_entropy_is_refused_naming_the_key():
+    with pytest.raises(InputError, match="cross_entropy: expected one of unfused, fused"):
+        load_workload("gpt:layers=2,hidden=256,heads=4,seq=128,vocab=4096,mode=train,cross_entropy=chunked")

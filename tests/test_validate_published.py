@@ -123,6 +123,43 @@ def test_the_long_context_rows_are_the_published_flops_converted_by_the_stated_c
         assert gbs * seq * per_token / (r.measured_iteration_s * gpus * 1e12) == pytest.approx(tflops, rel=1e-4)
 
 
+NEMO_TABLES = ("nemo2403-h100-fp8-long-context", "nemo2407-h100-fp8")
+FA2_2024 = "attention_kernels=pytorch-24.03-h200"
+
+
+@pytest.mark.parametrize("table", NEMO_TABLES)
+def test_the_nemo_rows_time_their_attention_by_flashattention2_of_2024(table, cost):
+    """NeMo's launcher of 24.03-24.07 ran with cuDNN's fused attention off (NVTE_FUSED_ATTN=0), so
+    the rows name FlashAttention-2's published 2024 rates (attention=flash with the kernel set),
+    and every block's attention kernel, forward and backward, context-parallel steps included, is
+    timed by that set (``rescaled``) where the set measured the head dimension (128); other head
+    dimensions keep the measured grid. A global batch of one micro-batch per pipeline keeps the
+    lowering small; the kernels are those of the published configuration."""
+    from marssim.plan import run as run_plan
+
+    for r in load_published(table):
+        assert FA2_2024 in r.system and "attention=flash" in r.workload, r.name
+        system, graph = load_system(r.system), load_workload(r.workload)
+        cfg = parse_parallel(r.parallel)
+        one = re.sub(r"global_batch=\d+", f"global_batch={cfg.dp * cfg.micro_batch * cfg.pp}", r.parallel)
+        cfg, graph = bind_parallel(parse_parallel(one), graph, system, r.name, micro_batch_given=True,
+                                   batch_given=False)
+        t = graph.meta["transformer"]
+        ops = run_plan(cfg, graph, system, cost, how="estimate", memory_policy="ignore", detail=True).result.ops
+        models = ops[ops.index.str.fullmatch(r"layers\.\d+\.attn\.core(?:\.grad)?")]["cost_model"]
+        assert len(models) == 2 * t.layers, r.name
+        if t.hidden // t.heads == 128:
+            assert set(models) == {"rescaled"}, (r.name, set(models))
+        else:
+            assert "rescaled" not in set(models), (r.name, set(models))
+
+
+def test_the_megatron_bridge_rows_keep_the_engines_attention_kernels():
+    """Megatron-Bridge 25.11 runs Transformer Engine 2 with cuDNN's fused attention: its rows name
+    no 2024 kernel set."""
+    assert not any("attention_kernels=" in r.system for r in load_published("megatron-bridge-2511-fp8"))
+
+
 def test_korthikanti_table5_pairs_each_model_with_and_without_recomputation():
     runs = load_published("korthikanti2022-table5")
     assert len(runs) == 8

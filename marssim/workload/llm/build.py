@@ -4,7 +4,8 @@
 mode       graph
 =========  ===================================================================================
 forward    embedding, ``layers`` blocks, final norm, output projection (logits of every token)
-train      forward + ``loss`` (cross-entropy over the vocabulary) + backward + optimizer
+train      forward + ``loss`` (cross-entropy over the vocabulary, moving the bytes of its
+           ``cross_entropy`` kernels) + backward + optimizer
            (:mod:`.autograd`); ``recompute`` adds the recomputed forward work
 prefill    forward over ``seq`` prompt tokens writing each block's keys and values to the KV
            cache (``attn.kv_write``), logits of the last token, ``sample`` (the next token)
@@ -24,9 +25,10 @@ from __future__ import annotations
 from marssim.errors import InputError
 from marssim.workload.builder import GraphBuilder, T
 from marssim.workload.graph import Graph
+from marssim.workload.op import DTYPE_BYTES
 
 from .autograd import add_backward
-from .config import TransformerConfig
+from .config import TransformerConfig, cross_entropy_bytes
 from .forward import Decoder
 
 __all__ = ["build_transformer", "require_transformer", "transformer_of"]
@@ -84,7 +86,8 @@ def _forward(cfg: TransformerConfig, b: GraphBuilder) -> None:
     if cfg.training:
         b.tags = {"layer": cfg.layers, "phase": "fwd"}
         b.softmax("loss", logits, heads=1)
-        b.annotate_last(fn="cross_entropy")
+        fwd, _ = cross_entropy_bytes(cfg.cross_entropy, DTYPE_BYTES[cfg.dtype])
+        b.annotate_last(fn="cross_entropy", extra_per_elem=fwd - 2 * DTYPE_BYTES[cfg.dtype])
         add_backward(b, cfg, "loss")
 
 

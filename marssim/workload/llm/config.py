@@ -65,7 +65,7 @@ from typing import Any
 from marssim.errors import InputError
 
 __all__ = ["TransformerConfig", "PRESETS", "FAMILY_DEFAULTS", "MODES", "RECOMPUTE", "ATTENTION", "FP8_RECIPES",
-           "check_config", "config_from"]
+           "CROSS_ENTROPY", "cross_entropy_bytes", "check_config", "config_from"]
 
 MODES = ("forward", "train", "prefill", "decode", "serve")
 """``forward``: one forward pass over ``seq`` tokens (logits for every token); ``train``: one
@@ -81,6 +81,14 @@ backward (the scores never leave the chip; dropout inside the kernel, no mask ke
 PyTorch's scaled-dot-product attention with the ``flash`` (FlashAttention-2, Dao 2023),
 memory-``efficient`` (xFormers; Rabe and Staats 2021) or ``cudnn`` (cuDNN's fused attention)
 backend."""
+
+CROSS_ENTROPY = ("unfused", "fused")
+"""How a training step's loss runs over its vocabulary shard: ``unfused`` as Megatron-LM's
+``vocab_parallel_cross_entropy`` (its default: ``cross_entropy_loss_fusion`` off; NeMo 1.0 and
+Megatron-LM's own scripts), several PyTorch kernels over fp32 logits (:func:`cross_entropy_bytes`);
+``fused`` as one kernel each way that reads the logits and writes the probabilities or the
+gradient in the logits' type (``cross_entropy_loss_fusion`` with Transformer Engine's
+implementation, Megatron-Bridge's recipes)."""
 
 FP8_RECIPES = ("delayed", "current")
 """How an FP8 run scales its casts (Transformer Engine's recipes, :mod:`.precision`): ``delayed``
@@ -118,6 +126,7 @@ class TransformerConfig:
     mode: str = "forward"
     recompute: str = "none"
     attention: str = "unfused"  # unfused | flash | efficient | cudnn (ATTENTION)
+    cross_entropy: str = "unfused"  # unfused | fused: the training loss's kernels (CROSS_ENTROPY)
     dropout: float = 0.0
     bias: bool = False
     tie_embeddings: bool = False
@@ -337,6 +346,24 @@ def config_from(base: dict[str, Any], name: str, **params: Any) -> TransformerCo
     return cfg
 
 
+def cross_entropy_bytes(how: str, logit_bytes: int) -> tuple[int, int]:
+    """Bytes a training loss moves per logit (forward, backward), the logits stored in
+    ``logit_bytes`` bytes a value, for ``how`` in :data:`CROSS_ENTROPY`.
+
+    ``unfused`` (Megatron-LM ``megatron/core/tensor_parallel/cross_entropy.py``, core 0.8): forward,
+    the logits cast to fp32 (read ``e``, write 4; no copy when they are fp32), then in place over
+    the fp32 copy the row maximum (read 4), its subtraction (read and write 4), ``exp`` (8), the
+    row sum (4) and the division by it (8): 38 B from bf16. Backward, the saved probabilities less
+    one at the target (one element a row), scaled in place by the loss's gradient (8) and cast back
+    to the logits' type (read 4, write ``e``): 14 B from bf16. ``fused``: the logits read and the
+    probabilities written in their type forward, the probabilities read and the gradient written
+    backward: ``2 e`` each way."""
+    if how == "fused":
+        return 2 * logit_bytes, 2 * logit_bytes
+    cast = logit_bytes + 4 if logit_bytes < 4 else 0
+    return cast + 4 + 8 + 8 + 4 + 8, 8 + cast
+
+
 def _fail(key: str, message: str) -> None:
     raise InputError(None, key, message)
 
@@ -360,6 +387,8 @@ def check_config(cfg: TransformerConfig) -> None:
         _fail("recompute", f"expected one of {', '.join(RECOMPUTE)}, got {cfg.recompute!r}")
     if cfg.attention not in ATTENTION:
         _fail("attention", f"expected one of {', '.join(ATTENTION)}, got {cfg.attention!r}")
+    if cfg.cross_entropy not in CROSS_ENTROPY:
+        _fail("cross_entropy", f"expected one of {', '.join(CROSS_ENTROPY)}, got {cfg.cross_entropy!r}")
     if cfg.recompute != "none" and cfg.mode != "train":
         _fail("recompute", f"activation recomputation applies to mode=train only, got mode={cfg.mode}")
     if cfg.dtype not in ("fp32", "bf16", "fp16"):
