@@ -12,7 +12,11 @@ import pytest
 
 from marssim.analytical import estimate
 from marssim.collectives.group import group_plan, hop_step, route_bottleneck
+from marssim.errors import InputError
 from marssim.parallel import lower_parallel, parse_parallel
+from marssim.parallel.config import check_parallel
+from marssim.parallel.memory import memory_estimate
+from marssim.parallel.partition import prepare_graph
 from marssim.parallel.analytic import screen_model
 from marssim.parallel.unittimer import UnitTimer
 from marssim.parallel.megatron import (PERSIST_LN_HIDDEN_SIZES, grad_dtype, op_kernels, optimizer_kernels, roles,
@@ -186,6 +190,25 @@ def test_the_optimizer_step_moves_what_megatrons_step_moves(dtype, per_param):
     assert sum(k.bytes_moved for k in torch_adam) - sum(k.bytes_moved for k in after) == (80 - 28) * n
     nothing, _ = optimizer_kernels("g", n, t, parse_parallel("tp=1,clip_grad=0"))
     assert (sum(k.bytes_moved for k in nothing) == (6 + 8) * n) if dtype == "fp16" else not nothing
+
+
+def test_a_bf16_optimizer_state_updates_the_bf16_weights_in_place_with_bf16_moments():
+    """optimizer_dtype=bf16 (Apex's DistributedFusedAdam with dtype bf16): the norm reads the fp32
+    gradient (4 B), the Adam step reads it with the bf16 weight and moments (4 + 3 x 2) and writes the
+    three (3 x 2), no copy to a 16-bit weight, the buffer zeroed (4); 4 B of state a parameter in the
+    memory check, 12 B with the fp32 default; the unfused AdamW has no bf16 state."""
+    t = transformer_of(load_workload(GPT))
+    n = 1000
+    before, after = optimizer_kernels("g", n, t, parse_parallel("tp=1,optimizer_dtype=bf16"))
+    assert sum(k.bytes_moved for k in before + after) == (4 + (4 + 6 + 6) + 4) * n + 4
+    assert not any(k.name.endswith(".to_model") for k in after)
+    graph = load_workload(GPT)
+    for opt, per in (("fp32", 12), ("bf16", 4)):
+        cfg = parse_parallel(f"tp=1,dp=2,zero=1,global_batch=4,optimizer_dtype={opt}")
+        st = memory_estimate(prepare_graph(graph, cfg), cfg, 80 * 2**30).static[0]
+        assert st.optimizer == pytest.approx(per * st.gradients / 4 / 2)  # gradients: 4 B a parameter, unsharded
+    with pytest.raises(InputError, match="optimizer_dtype"):
+        check_parallel(parse_parallel("tp=1,optimizer_dtype=bf16,fused_adam=false"), t, 1)
 
 
 def test_gradient_buffer_type_is_megatrons():

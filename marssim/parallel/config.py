@@ -101,6 +101,11 @@ grads_clipped          whether the norm exceeds ``clip_grad`` so that the gradie
 grad_reduce_dtype      the gradient buffer and its data-parallel reduction: ``auto`` as Megatron-LM
                        (fp32 for bf16 training, ``--accumulate-allreduce-grads-in-fp32``; the
                        model's type for fp16), or ``fp32``, ``bf16``, ``fp16``
+optimizer_dtype        the optimizer's state: ``fp32`` (Megatron-LM: fp32 master weights and Adam's
+                       two moments, 12 B a parameter) or ``bf16`` (Apex's DistributedFusedAdam with
+                       ``dtype: bf16``, as NeMo's Nemotron-340B configuration: the moments in bf16
+                       and the bf16 weights updated in place, no master copy, 4 B a parameter;
+                       needs ``fused_adam``)
 scatter_gather         pipeline activations sent as ``1/tp`` per rank and all-gathered after
                        (``--no-scatter-gather-tensors-in-pipeline``; not with sequence
                        parallelism, whose activations are split already)
@@ -154,6 +159,7 @@ class ParallelConfig:
     clip_grad: float = 1.0
     grads_clipped: bool = False
     grad_reduce_dtype: str = "auto"
+    optimizer_dtype: str = "fp32"
     scatter_gather: bool = True
     host_gaps: bool = True
 
@@ -246,6 +252,7 @@ FIELDS: dict[str, Field] = {
     "fused_adam": Field("bool"),
     "clip_grad": Field("float", low=0.0), "grads_clipped": Field("bool"),
     "grad_reduce_dtype": Field("str", choices=("auto", "fp32", "bf16", "fp16")), "scatter_gather": Field("bool"),
+    "optimizer_dtype": Field("str", choices=("fp32", "bf16")),
     "host_gaps": Field("bool"),
     "cp": Field("int", low=1), "tp_comm_overlap": Field("bool"), "overlap_param_gather": Field("bool"),
     "overlap_p2p_comm": Field("bool"), "etp": Field("int", low=0),
@@ -304,6 +311,9 @@ def parallel_problems(cfg: ParallelConfig, transformer, gpus: int) -> list[tuple
                               + (f" x cp={cfg.cp}" if cfg.cp > 1 else "")))
     if cfg.sp and min(cfg.tp_of(s) for s in range(cfg.pp)) == 1:
         out.append(("sp", "sequence parallelism splits along the tensor-parallel group; needs tp > 1"))
+    if cfg.optimizer_dtype != "fp32" and not cfg.fused_adam:
+        out.append(("optimizer_dtype", "a bf16 optimizer state is the fused optimizer's (Apex's DistributedFusedAdam); "
+                                       "needs fused_adam=true"))
     if cfg.stage_start:
         if len(cfg.stage_start) != cfg.pp:
             out.append(("stage_start", f"expected {cfg.pp} first GPUs (one per stage), got {len(cfg.stage_start)}"))

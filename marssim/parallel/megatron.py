@@ -64,7 +64,9 @@ optimizer                   ``Float16OptimizerWithFloat16Params.step`` (``optimi
                             when ``clip_grad`` > 0 and its scaling when the norm exceeds it
                             (``multi_tensor_scale``, ``grads_clipped``), the Adam step
                             (``fused_adam``: apex's ``FusedAdam``, 28 B per parameter; off:
-                            PyTorch's ``AdamW`` with ``foreach``, eight passes, 80 B), the fp32
+                            PyTorch's ``AdamW`` with ``foreach``, eight passes, 80 B;
+                            ``optimizer_dtype=bf16``: the fp32 gradient, bf16 weight and moments
+                            read and the three written, 16 B, no master copy), the fp32
                             master copied to the 16-bit weight (``_copy_main_params_to_model_params``)
                             and the gradient buffer zeroed for the next iteration
                             (``zero_grad_buffer``)
@@ -274,6 +276,12 @@ def _torch_softmax(op: Op, part: Op) -> list[Op]:
             _elt(name + ".to_16bit", shape, "cast", dt, in_dtypes=("fp32",))]
 
 
+OPTIMIZER_STATE_BYTES = {"fp32": 12.0, "bf16": 4.0}
+"""Bytes of optimizer state per parameter by ``optimizer_dtype``: fp32 master weights and Adam's
+two moments (Megatron-LM), or two bf16 moments beside the bf16 weights (Apex's
+DistributedFusedAdam with ``dtype`` bf16: the master is the weight itself)."""
+
+
 def grad_dtype(cfg, t) -> str:
     """The type of the gradient buffer and of its data-parallel reduction: ``grad_reduce_dtype``,
     or with ``auto`` Megatron-LM's: fp32 when training in bf16 (``arguments.py``: bf16 sets
@@ -308,12 +316,15 @@ def optimizer_kernels(name: str, params: int, t, cfg) -> tuple[tuple[Op, ...], t
         before.append(_elt(name + ".grad_norm", shape, "sum", "fp32", out=(1, 1, 1, 1)))
         if cfg.grads_clipped:
             after.append(_elt(name + ".clip", shape, "mul", "fp32"))
-    if cfg.fused_adam:  # reads the gradient, master weight and moments; writes the three back
+    if cfg.optimizer_dtype == "bf16":  # the gradient, bf16 weight and moments read; the three written back
+        after.append(_elt(name + ".fused_adam", shape, "adam", "bf16", in_dtypes=("fp32",), extra=4,
+                          weights=3 * params))
+    elif cfg.fused_adam:  # reads the gradient, master weight and moments; writes the three back
         after.append(_elt(name + ".fused_adam", shape, "adam", "fp32", extra=8, weights=3 * params))
     else:  # torch.optim.AdamW, foreach: eight passes, 48 B read and 32 B written per parameter
         after.append(_elt(name + ".adamw_foreach", shape, "adam", "fp32", extra=72))
     model = t.dtype if t.dtype in DTYPE_BYTES and t.dtype not in ("fp8", "fp4") else "bf16"
-    if model != "fp32":
+    if model != "fp32" and cfg.optimizer_dtype == "fp32":  # a bf16 state updates the weights in place
         after.append(_elt(name + ".to_model", shape, "cast", model, in_dtypes=("fp32",)))
     after.append(_elt(name + ".zero_grad", shape, "fill", g, inputs=0))
     return tuple(before), tuple(after)

@@ -8,7 +8,8 @@ splits each op's weights by its tensor- and expert-parallel rule):
   :func:`marssim.workload.llm.precision.held_weight_bytes`; ZeRO-3: ``1/dp`` of them);
 * gradients: the main gradients' buffer, 4 B per parameter (fp32, Megatron-LM's default for bf16)
   or 2 B (``grad_reduce_dtype=bf16``, fp16 training: :func:`.megatron.grad_dtype`); ZeRO-2 and 3: ``1/dp``;
-* optimizer state: 12 B per parameter (fp32 master weights and Adam's two moments; ZeRO-1 and
+* optimizer state: 12 B per parameter (fp32 master weights and Adam's two moments; 4 B with
+  ``optimizer_dtype=bf16``: bf16 moments, no master copy; ZeRO-1 and
   above: ``1/dp``; with context parallelism every ``1/dp`` is ``1/(dp x cp)``, the distributed
   optimizer's group); the last stage of a pipeline with tied embeddings keeps a copy of the word
   embedding (and its gradient and optimizer state), as Megatron-LM does;
@@ -47,7 +48,7 @@ from marssim.workload.op import DTYPE_BYTES
 from . import context, userbuffers
 from .config import ParallelConfig
 from .experts import EXPERT_LAYOUTS, busiest_share, layout_fraction
-from .megatron import grad_dtype
+from .megatron import OPTIMIZER_STATE_BYTES, grad_dtype
 from .memo import graph_cached
 from .partition import chunk_layers, op_rules, prepare_graph, rules_key, shard_weights, stage_of_layers
 from .placement import place
@@ -196,7 +197,7 @@ def static_bytes(graph: Graph, cfg: ParallelConfig, stage: int, rules, per: dict
     grads = opt = 0.0
     if t.training:
         grads = params * DTYPE_BYTES[grad_dtype(cfg, t)] / (dp if cfg.zero >= 2 else 1)
-        opt = params * 12.0 / (dp if cfg.zero >= 1 else 1)
+        opt = params * OPTIMIZER_STATE_BYTES[cfg.optimizer_dtype] / (dp if cfg.zero >= 1 else 1)
     kv = 0.0
     for op in _resident_inputs(graph):
         if op.param("layer") in layers:
@@ -244,8 +245,6 @@ def memory_estimate(graph: Graph, cfg: ParallelConfig, capacity: float, rules=No
             acts[s] = sum(per_layer.get(layer, 0.0) for layer in layers) * _in_flight(cfg, s, cfg.micro_batches)
             working[s] = max((plain.get(layer, 0.0) - per_layer.get(layer, 0.0) for layer in layers), default=0.0)
     if cfg.zero >= 3 and cfg.dp_cp > 1 and t.training:  # what ZeRO-3 holds gathered at once, and a gradient bucket
-        from .megatron import grad_dtype
-
         for s in range(cfg.pp):
             buffers[s] = live_bytes(graph, cfg, rules, s, DTYPE_BYTES[t.dtype], DTYPE_BYTES[grad_dtype(cfg, t)])
     for s, extra in _knob_buffers(graph, cfg).items():

@@ -82,7 +82,8 @@ class RunModel:
         self.designs: dict[int, object] = {}
         self.roles: dict[str, tuple[str, ...]] = graph_cached(graph, "megatron_roles", lambda: roles(graph))
         self.kernels_key = kernels_key(cfg)
-        self.optimizer_key = (cfg.clip_grad > 0, cfg.grads_clipped, cfg.fused_adam, grad_dtype(cfg, self.t))
+        self.optimizer_key = (cfg.clip_grad > 0, cfg.grads_clipped, cfg.fused_adam, grad_dtype(cfg, self.t),
+                              cfg.optimizer_dtype)
         self._rules()
         self._units()
         self._parameters()
