@@ -116,7 +116,10 @@ def _attention_variants(runs) -> list[tuple[str, object, str]]:
     named = f",attention_kernels={KERNEL_SET}"
     if all(named in r.system for r in runs):
         return [("measured grid", lambda s: s.replace(named, ""), "flash"), ("cuDNN 9.1", lambda s: s, "cudnn")]
-    return [("FlashAttention-2", lambda s: s + named, "flash"), ("cuDNN 9.1", lambda s: s + named, "cudnn")]
+    def with_set(s: str) -> str:
+        return s if named in s else s + named
+
+    return [("FlashAttention-2", with_set, "flash"), ("cuDNN 9.1", with_set, "cudnn")]
 
 
 def _with_kv(model: str, kv: str) -> str:

@@ -16,6 +16,7 @@ from marssim.mapping import legal_strategies, shard_regions, split_dim, split_si
 from marssim.mapping.sharding import box_elems
 from marssim.workload import OpKind, load_workload
 from marssim.workload.llm import footprint
+from marssim.workload.llm.footprint import saved_tensors
 from marssim.workload.op import _reshape
 
 # a GPT-3-style model small enough to build in milliseconds, with every feature of the family
@@ -434,9 +435,14 @@ def test_the_unfused_loss_moves_megatrons_passes_over_the_logits_and_the_fused_o
         assert loss.bytes_moved == fwd * loss.out_elems and grad.bytes_moved == bwd * grad.out_elems, how
         shard = loss.with_loops(L=4096 // 4)
         assert shard.bytes_moved == fwd * shard.out_elems
+        # the probabilities backward reads are kept in fp32 by the unfused loss, in the logits' type fused
+        kept = saved_tensors(load_workload(f"{spec},cross_entropy={how}"))[("loss", "out")][0]
+        assert kept == (4 if how == "unfused" else e) * loss.out_elems
     assert (_passes(_UNFUSED_FORWARD, 2), _passes(_UNFUSED_BACKWARD, 2)) == (38, 14)
 
 
 def test_an_unknown_cross_entropy_is_refused_naming_the_key():
     with pytest.raises(InputError, match="cross_entropy: expected one of unfused, fused"):
         load_workload("gpt:layers=2,hidden=256,heads=4,seq=128,vocab=4096,mode=train,cross_entropy=chunked")
+    with pytest.raises(InputError, match="cross_entropy: the training loss's kernels apply to mode=train"):
+        load_workload("gpt:layers=2,hidden=256,heads=4,seq=128,vocab=4096,mode=prefill,cross_entropy=fused")

@@ -201,7 +201,12 @@ def test_a_bf16_optimizer_state_updates_the_bf16_weights_in_place_with_bf16_mome
     n = 1000
     before, after = optimizer_kernels("g", n, t, parse_parallel("tp=1,optimizer_dtype=bf16"))
     assert sum(k.bytes_moved for k in before + after) == (4 + (4 + 6 + 6) + 4) * n + 4
-    assert not any(k.name.endswith(".to_model") for k in after)
+    (adam,) = [k for k in after if k.param("fn") == "adam"]
+    assert adam.bytes_moved == 16 * n
+    assert not any(k.name.endswith((".to_model", ".grad_to_fp32")) for k in before + after)
+    # a bf16 gradient buffer is read as it is: the norm 2, Adam 2 + 6 + 6, the buffer zeroed 2
+    before, after = optimizer_kernels("g", n, t, parse_parallel("tp=1,optimizer_dtype=bf16,grad_reduce_dtype=bf16"))
+    assert sum(k.bytes_moved for k in before + after) == (2 + (2 + 6 + 6) + 2) * n + 4
     graph = load_workload(GPT)
     for opt, per in (("fp32", 12), ("bf16", 4)):
         cfg = parse_parallel(f"tp=1,dp=2,zero=1,global_batch=4,optimizer_dtype={opt}")
@@ -209,6 +214,24 @@ def test_a_bf16_optimizer_state_updates_the_bf16_weights_in_place_with_bf16_mome
         assert st.optimizer == pytest.approx(per * st.gradients / 4 / 2)  # gradients: 4 B a parameter, unsharded
     with pytest.raises(InputError, match="optimizer_dtype"):
         check_parallel(parse_parallel("tp=1,optimizer_dtype=bf16,fused_adam=false"), t, 1)
+    fp16 = transformer_of(load_workload(GPT + ",dtype=fp16"))
+    with pytest.raises(InputError, match="optimizer_dtype: a bf16 state"):
+        check_parallel(parse_parallel("tp=1,optimizer_dtype=bf16"), fp16, 1)
+
+
+def test_one_graph_estimated_with_either_optimizer_state_times_each_as_its_own(cost):
+    """The lowering's per-graph caches tell the two optimizer states apart: estimating the same
+    graph object with fp32, then bf16, then fp32 state gives the bf16 step its own (shorter) Adam
+    kernels and the fp32 step the same time both times."""
+    from marssim.plan import run as run_plan
+
+    system = load_system("dgx-h100-cluster:nodes=1")
+    graph = load_workload("llama3-8b:mode=train,seq=512,layers=2")
+    times = []
+    for opt in ("fp32", "bf16", "fp32"):
+        cfg = parse_parallel(f"tp=1,dp=8,zero=1,micro_batch=1,global_batch=8,optimizer_dtype={opt}")
+        times.append(run_plan(cfg, graph, system, cost, how="estimate", detail=False).report.iteration_s)
+    assert times[0] == times[2] and times[1] < times[0]
 
 
 def test_gradient_buffer_type_is_megatrons():

@@ -105,7 +105,7 @@ optimizer_dtype        the optimizer's state: ``fp32`` (Megatron-LM: fp32 master
                        two moments, 12 B a parameter) or ``bf16`` (Apex's DistributedFusedAdam with
                        ``dtype: bf16``, as NeMo's Nemotron-340B configuration: the moments in bf16
                        and the bf16 weights updated in place, no master copy, 4 B a parameter;
-                       needs ``fused_adam``)
+                       needs ``fused_adam`` and a bf16 model without ``fp8_param_gather``)
 scatter_gather         pipeline activations sent as ``1/tp`` per rank and all-gathered after
                        (``--no-scatter-gather-tensors-in-pipeline``; not with sequence
                        parallelism, whose activations are split already)
@@ -311,9 +311,13 @@ def parallel_problems(cfg: ParallelConfig, transformer, gpus: int) -> list[tuple
                               + (f" x cp={cfg.cp}" if cfg.cp > 1 else "")))
     if cfg.sp and min(cfg.tp_of(s) for s in range(cfg.pp)) == 1:
         out.append(("sp", "sequence parallelism splits along the tensor-parallel group; needs tp > 1"))
-    if cfg.optimizer_dtype != "fp32" and not cfg.fused_adam:
-        out.append(("optimizer_dtype", "a bf16 optimizer state is the fused optimizer's (Apex's DistributedFusedAdam); "
-                                       "needs fused_adam=true"))
+    if cfg.optimizer_dtype != "fp32":
+        if not cfg.fused_adam:
+            out.append(("optimizer_dtype", "a bf16 optimizer state is the fused optimizer's (Apex's "
+                                           "DistributedFusedAdam); needs fused_adam=true"))
+        elif t.dtype != "bf16" or t.fp8_param_gather:
+            out.append(("optimizer_dtype", "a bf16 state updates the bf16 weights in place; needs a bf16 model "
+                                           "(dtype bf16, fp8 or fp4) without fp8_param_gather"))
     if cfg.stage_start:
         if len(cfg.stage_start) != cfg.pp:
             out.append(("stage_start", f"expected {cfg.pp} first GPUs (one per stage), got {len(cfg.stage_start)}"))

@@ -65,8 +65,9 @@ optimizer                   ``Float16OptimizerWithFloat16Params.step`` (``optimi
                             (``multi_tensor_scale``, ``grads_clipped``), the Adam step
                             (``fused_adam``: apex's ``FusedAdam``, 28 B per parameter; off:
                             PyTorch's ``AdamW`` with ``foreach``, eight passes, 80 B;
-                            ``optimizer_dtype=bf16``: the fp32 gradient, bf16 weight and moments
-                            read and the three written, 16 B, no master copy), the fp32
+                            ``optimizer_dtype=bf16``: the gradient in its buffer's type (no fp32
+                            copy), bf16 weight and moments read and the three written, 16 B from
+                            an fp32 buffer, 14 from bf16, no master copy), the fp32
                             master copied to the 16-bit weight (``_copy_main_params_to_model_params``)
                             and the gradient buffer zeroed for the next iteration
                             (``zero_grad_buffer``)
@@ -308,16 +309,18 @@ def optimizer_kernels(name: str, params: int, t, cfg) -> tuple[tuple[Op, ...], t
     g = grad_dtype(cfg, t)
     before: list[Op] = []
     after: list[Op] = []
-    if g != "fp32":
+    bf16_state = cfg.optimizer_dtype == "bf16"  # Apex's DistributedFusedAdam reads the buffer's type
+    work = g if bf16_state else "fp32"  # what the norm, the clipping and the Adam step read
+    if g != "fp32" and not bf16_state:
         before.append(_elt(name + ".grad_to_fp32", shape, "cast", "fp32", in_dtypes=(g,)))
     if grad_scaled(t):
-        before.append(_elt(name + ".unscale", shape, "mul", "fp32"))
+        before.append(_elt(name + ".unscale", shape, "mul", work))
     if cfg.clip_grad > 0:
-        before.append(_elt(name + ".grad_norm", shape, "sum", "fp32", out=(1, 1, 1, 1)))
+        before.append(_elt(name + ".grad_norm", shape, "sum", "fp32", in_dtypes=(work,), out=(1, 1, 1, 1)))
         if cfg.grads_clipped:
-            after.append(_elt(name + ".clip", shape, "mul", "fp32"))
-    if cfg.optimizer_dtype == "bf16":  # the gradient, bf16 weight and moments read; the three written back
-        after.append(_elt(name + ".fused_adam", shape, "adam", "bf16", in_dtypes=("fp32",), extra=4,
+            after.append(_elt(name + ".clip", shape, "mul", work))
+    if bf16_state:  # the gradient, bf16 weight and moments read; the three written back
+        after.append(_elt(name + ".fused_adam", shape, "adam", "bf16", in_dtypes=(work,), extra=4,
                           weights=3 * params))
     elif cfg.fused_adam:  # reads the gradient, master weight and moments; writes the three back
         after.append(_elt(name + ".fused_adam", shape, "adam", "fp32", extra=8, weights=3 * params))

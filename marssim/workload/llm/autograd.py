@@ -67,7 +67,7 @@ from collections import defaultdict
 from marssim.workload.builder import GraphBuilder, T
 from marssim.workload.op import DTYPE_BYTES, Op, OpKind
 
-from .config import TransformerConfig, cross_entropy_bytes
+from .config import TransformerConfig, cross_entropy_bytes, cross_entropy_probs_dtype
 from .forward import quantize
 from .precision import AMAX_HISTORY, FP8_TENSORS_BWD, FP8_TENSORS_FWD
 from .tprole import TP_ROLE
@@ -178,8 +178,9 @@ class _Backward:
         self._tag(loss)
         probs = self.tensor(loss.name, loss)
         dlogits = b.eltwise(f"{loss.name}.grad", probs, fn="cross_entropy_grad")
+        kept = cross_entropy_probs_dtype(self.cfg)
         _, bwd = cross_entropy_bytes(self.cfg.cross_entropy, DTYPE_BYTES[self.cfg.dtype])
-        b.annotate_last(extra_per_elem=bwd - 2 * DTYPE_BYTES[self.cfg.dtype])
+        b.annotate_last(in_dtypes=(kept,), extra_per_elem=bwd - DTYPE_BYTES[kept] - DTYPE_BYTES[self.cfg.dtype])
         self.contribute(loss.inputs[0], dlogits)
         for op in reversed(self.forward):
             if op is loss:

@@ -28,7 +28,7 @@ from marssim.workload.graph import Graph
 from marssim.workload.op import DTYPE_BYTES
 
 from .autograd import add_backward
-from .config import TransformerConfig, cross_entropy_bytes
+from .config import TransformerConfig, cross_entropy_bytes, cross_entropy_probs_dtype
 from .forward import Decoder
 
 __all__ = ["build_transformer", "require_transformer", "transformer_of"]
@@ -86,8 +86,11 @@ def _forward(cfg: TransformerConfig, b: GraphBuilder) -> None:
     if cfg.training:
         b.tags = {"layer": cfg.layers, "phase": "fwd"}
         b.softmax("loss", logits, heads=1)
-        fwd, _ = cross_entropy_bytes(cfg.cross_entropy, DTYPE_BYTES[cfg.dtype])
-        b.annotate_last(fn="cross_entropy", extra_per_elem=fwd - 2 * DTYPE_BYTES[cfg.dtype])
+        e = DTYPE_BYTES[cfg.dtype]
+        fwd, _ = cross_entropy_bytes(cfg.cross_entropy, e)
+        kept = cross_entropy_probs_dtype(cfg)  # the probabilities backward reads
+        b.annotate_last(fn="cross_entropy", dtype=kept, in_dtypes=(cfg.dtype,),
+                        extra_per_elem=fwd - e - DTYPE_BYTES[kept])
         add_backward(b, cfg, "loss")
 
 

@@ -65,7 +65,7 @@ from typing import Any
 from marssim.errors import InputError
 
 __all__ = ["TransformerConfig", "PRESETS", "FAMILY_DEFAULTS", "MODES", "RECOMPUTE", "ATTENTION", "FP8_RECIPES",
-           "CROSS_ENTROPY", "cross_entropy_bytes", "check_config", "config_from"]
+           "CROSS_ENTROPY", "cross_entropy_bytes", "cross_entropy_probs_dtype", "check_config", "config_from"]
 
 MODES = ("forward", "train", "prefill", "decode", "serve")
 """``forward``: one forward pass over ``seq`` tokens (logits for every token); ``train``: one
@@ -364,6 +364,13 @@ def cross_entropy_bytes(how: str, logit_bytes: int) -> tuple[int, int]:
     return cast + 4 + 8 + 8 + 4 + 8, 8 + cast
 
 
+def cross_entropy_probs_dtype(cfg: TransformerConfig) -> str:
+    """The type of the probabilities a training loss keeps for its backward: fp32 under Megatron-LM's
+    unfused cross-entropy (its softmax is computed in place over the fp32 copy of the logits), the
+    logits' type when fused."""
+    return "fp32" if cfg.cross_entropy == "unfused" else cfg.dtype
+
+
 def _fail(key: str, message: str) -> None:
     raise InputError(None, key, message)
 
@@ -389,6 +396,8 @@ def check_config(cfg: TransformerConfig) -> None:
         _fail("attention", f"expected one of {', '.join(ATTENTION)}, got {cfg.attention!r}")
     if cfg.cross_entropy not in CROSS_ENTROPY:
         _fail("cross_entropy", f"expected one of {', '.join(CROSS_ENTROPY)}, got {cfg.cross_entropy!r}")
+    if cfg.cross_entropy != "unfused" and cfg.mode != "train":
+        _fail("cross_entropy", f"the training loss's kernels apply to mode=train only, got mode={cfg.mode}")
     if cfg.recompute != "none" and cfg.mode != "train":
         _fail("recompute", f"activation recomputation applies to mode=train only, got mode={cfg.mode}")
     if cfg.dtype not in ("fp32", "bf16", "fp16"):
