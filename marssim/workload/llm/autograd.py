@@ -178,9 +178,9 @@ class _Backward:
         self._tag(loss)
         probs = self.tensor(loss.name, loss)
         dlogits = b.eltwise(f"{loss.name}.grad", probs, fn="cross_entropy_grad")
-        kept = cross_entropy_probs_dtype(self.cfg)
+        kept = cross_entropy_probs_dtype(self.cfg)  # the gradient computed in it, then cast to the logits' type
         _, bwd = cross_entropy_bytes(self.cfg.cross_entropy, DTYPE_BYTES[self.cfg.dtype])
-        b.annotate_last(in_dtypes=(kept,), extra_per_elem=bwd - DTYPE_BYTES[kept] - DTYPE_BYTES[self.cfg.dtype])
+        b.annotate_last(dtype=kept, extra_per_elem=bwd - 2 * DTYPE_BYTES[kept])
         self.contribute(loss.inputs[0], dlogits)
         for op in reversed(self.forward):
             if op is loss:

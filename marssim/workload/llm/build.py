@@ -86,11 +86,9 @@ def _forward(cfg: TransformerConfig, b: GraphBuilder) -> None:
     if cfg.training:
         b.tags = {"layer": cfg.layers, "phase": "fwd"}
         b.softmax("loss", logits, heads=1)
-        e = DTYPE_BYTES[cfg.dtype]
-        fwd, _ = cross_entropy_bytes(cfg.cross_entropy, e)
-        kept = cross_entropy_probs_dtype(cfg)  # the probabilities backward reads
-        b.annotate_last(fn="cross_entropy", dtype=kept, in_dtypes=(cfg.dtype,),
-                        extra_per_elem=fwd - e - DTYPE_BYTES[kept])
+        fwd, _ = cross_entropy_bytes(cfg.cross_entropy, DTYPE_BYTES[cfg.dtype])
+        kept = cross_entropy_probs_dtype(cfg)  # the probabilities backward reads, the type the kernels compute in
+        b.annotate_last(fn="cross_entropy", dtype=kept, extra_per_elem=fwd - 2 * DTYPE_BYTES[kept])
         add_backward(b, cfg, "loss")
 
 
