@@ -19,7 +19,7 @@ fused attention   ``.grad``: one fused backward kernel (``fused=bwd``) reading Q
                   ``.grad_q``, ``.grad_k``, ``.grad_v`` split
 softmax           ``.grad``: ``Y * (dY - sum(dY * Y))`` (reads the softmax output)
 cross-entropy     ``loss.grad``: ``(P - onehot) / tokens`` (reads the probabilities; the bytes of the
-                  loss's ``cross_entropy`` kernels, :func:`.config.cross_entropy_bytes`)
+                  loss's ``cross_entropy`` kernels, :func:`.config.cross_entropy_op`)
 dropout           ``.grad``: ``dY * mask / (1 - p)`` (reads the one-byte mask)
 GeLU, SwiGLU,     ``.grad`` (``.grad_gate`` and ``.grad_up`` for SwiGLU): read the activation inputs
 rotary
@@ -67,7 +67,7 @@ from collections import defaultdict
 from marssim.workload.builder import GraphBuilder, T
 from marssim.workload.op import DTYPE_BYTES, Op, OpKind
 
-from .config import TransformerConfig, cross_entropy_bytes, cross_entropy_probs_dtype
+from .config import TransformerConfig, cross_entropy_op
 from .forward import quantize
 from .precision import AMAX_HISTORY, FP8_TENSORS_BWD, FP8_TENSORS_FWD
 from .tprole import TP_ROLE
@@ -178,9 +178,7 @@ class _Backward:
         self._tag(loss)
         probs = self.tensor(loss.name, loss)
         dlogits = b.eltwise(f"{loss.name}.grad", probs, fn="cross_entropy_grad")
-        kept = cross_entropy_probs_dtype(self.cfg)  # the gradient computed in it, then cast to the logits' type
-        _, bwd = cross_entropy_bytes(self.cfg.cross_entropy, DTYPE_BYTES[self.cfg.dtype])
-        b.annotate_last(dtype=kept, extra_per_elem=bwd - 2 * DTYPE_BYTES[kept])
+        b.annotate_last(**cross_entropy_op(self.cfg, backward=True))
         self.contribute(loss.inputs[0], dlogits)
         for op in reversed(self.forward):
             if op is loss:

@@ -25,10 +25,9 @@ from __future__ import annotations
 from marssim.errors import InputError
 from marssim.workload.builder import GraphBuilder, T
 from marssim.workload.graph import Graph
-from marssim.workload.op import DTYPE_BYTES
 
 from .autograd import add_backward
-from .config import TransformerConfig, cross_entropy_bytes, cross_entropy_probs_dtype
+from .config import TransformerConfig, cross_entropy_op
 from .forward import Decoder
 
 __all__ = ["build_transformer", "require_transformer", "transformer_of"]
@@ -86,9 +85,7 @@ def _forward(cfg: TransformerConfig, b: GraphBuilder) -> None:
     if cfg.training:
         b.tags = {"layer": cfg.layers, "phase": "fwd"}
         b.softmax("loss", logits, heads=1)
-        fwd, _ = cross_entropy_bytes(cfg.cross_entropy, DTYPE_BYTES[cfg.dtype])
-        kept = cross_entropy_probs_dtype(cfg)  # the probabilities backward reads, the type the kernels compute in
-        b.annotate_last(fn="cross_entropy", dtype=kept, extra_per_elem=fwd - 2 * DTYPE_BYTES[kept])
+        b.annotate_last(fn="cross_entropy", **cross_entropy_op(cfg, backward=False))
         add_backward(b, cfg, "loss")
 
 

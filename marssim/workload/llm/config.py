@@ -63,9 +63,10 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from marssim.errors import InputError
+from marssim.workload.op import DTYPE_BYTES
 
 __all__ = ["TransformerConfig", "PRESETS", "FAMILY_DEFAULTS", "MODES", "RECOMPUTE", "ATTENTION", "FP8_RECIPES",
-           "CROSS_ENTROPY", "cross_entropy_bytes", "cross_entropy_probs_dtype", "check_config", "config_from"]
+           "CROSS_ENTROPY", "cross_entropy_bytes", "cross_entropy_op", "check_config", "config_from"]
 
 MODES = ("forward", "train", "prefill", "decode", "serve")
 """``forward``: one forward pass over ``seq`` tokens (logits for every token); ``train``: one
@@ -364,11 +365,15 @@ def cross_entropy_bytes(how: str, logit_bytes: int) -> tuple[int, int]:
     return cast + 4 + 8 + 8 + 4 + 8, 8 + cast
 
 
-def cross_entropy_probs_dtype(cfg: TransformerConfig) -> str:
-    """The type of the probabilities a training loss keeps for its backward: fp32 under Megatron-LM's
-    unfused cross-entropy (its softmax is computed in place over the fp32 copy of the logits), the
-    logits' type when fused."""
-    return "fp32" if cfg.cross_entropy == "unfused" else cfg.dtype
+def cross_entropy_op(cfg: TransformerConfig, backward: bool) -> dict[str, Any]:
+    """The ``dtype`` and ``extra_per_elem`` of the training loss's op (``loss``, or its backward
+    ``loss.grad``) under ``cfg.cross_entropy``: the type its kernels compute in and keep the
+    probabilities in (fp32 when unfused: the softmax runs in place over the fp32 copy of the
+    logits; the logits' type when fused), and the bytes per logit beyond one read and one write
+    of that type, so that the op moves :func:`cross_entropy_bytes`."""
+    dtype = "fp32" if cfg.cross_entropy == "unfused" else cfg.dtype
+    moved = cross_entropy_bytes(cfg.cross_entropy, DTYPE_BYTES[cfg.dtype])[1 if backward else 0]
+    return {"dtype": dtype, "extra_per_elem": moved - 2 * DTYPE_BYTES[dtype]}
 
 
 def _fail(key: str, message: str) -> None:
