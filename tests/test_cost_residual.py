@@ -155,3 +155,27 @@ def test_cost_model_uses_the_correction_scalar_equals_vectorised(table):
     # the tiny GEMM is far from every measured shape: curve time, exactly
     assert model.op_time(ops[3], design) == curve.op_time(ops[3], design)
     assert model.op_time(ops[0], design) != curve.op_time(ops[0], design)
+
+
+def test_exact_search_finds_the_kd_trees_neighbours(table, monkeypatch):
+    """A group small enough for the exact neighbour search gives the corrections the KD-tree
+    gives (the same neighbours; distances equal to rounding), shapes beyond every neighbour's
+    radius included; one shape alone gives the bits it gives in a batch."""
+    import marssim.cost.residual as residual
+
+    fit = fit_group(list(table.rows))
+    corr = fit.correction
+    assert corr is not None and len(corr.points) <= residual.EXACT_SEARCH_POINTS
+    rng = np.random.default_rng(3)
+    m, n, k = (np.exp(rng.uniform(np.log(256), np.log(4096), size=300)).astype(np.int64) for _ in range(3))
+    m[:20] *= 5000  # far from every measured shape: no neighbour within the radius
+    x = corr.features(np.ones(300, dtype=np.int64), m, n, k)
+    exact = corr.log_factors(x)
+    assert np.count_nonzero(exact == 0.0) >= 20 and np.count_nonzero(exact) > 100
+    monkeypatch.setattr(residual, "EXACT_SEARCH_POINTS", 0)
+    tree = corr.log_factors(x)
+    assert np.allclose(exact, tree, rtol=1e-12, atol=1e-15)
+    monkeypatch.undo()
+    monkeypatch.setattr(residual, "EXACT_SEARCH_PAIRS", 7 * len(corr.points))  # blocks of 7 shapes
+    assert np.array_equal(corr.log_factors(x), exact)
+    assert all(corr.log_factors(x[i:i + 1])[0] == exact[i] for i in range(0, 300, 37))

@@ -36,10 +36,13 @@ each distinct shape is predicted from the others, and the setting with the small
 ``|ln(pred / measured)|`` wins (ties: the earlier in :data:`GRID` order), provided it is at
 least :data:`MIN_GAIN` below the curve alone's; otherwise the group keeps the curve.
 
-Determinism and speed: :meth:`ResidualCorrection.log_factors` evaluates many shapes with a
-KD-tree query (``scipy.spatial.cKDTree``; each query independent of the others) and only
-exactly rounded arithmetic per query, so one shape alone and the same shape in a batch give
-the same bits. :meth:`ResidualCorrection.factors` turns them into multipliers with
+Determinism and speed: :meth:`ResidualCorrection.log_factors` finds each shape's neighbours
+among a group's measured shapes by exact search (the distances to all of them, column by
+column, in blocks of shapes) when the group holds at most :data:`EXACT_SEARCH_POINTS` shapes,
+and with a KD-tree query (``scipy.spatial.cKDTree``, imported only then) in larger groups; the
+choice depends on the group alone, each query is independent of the others and uses only
+exactly rounded arithmetic, so one shape alone and the same shape in a batch give the same
+bits. :meth:`ResidualCorrection.factors` turns them into multipliers with
 ``math.exp`` per shape.
 """
 
@@ -55,6 +58,14 @@ __all__ = ["ResidualCorrection", "fit_correction", "gemm_features", "conv_featur
 
 ALIGN_CAP = 128
 """Largest power of two the alignment features distinguish."""
+
+EXACT_SEARCH_POINTS = 4096
+"""Measured shapes of a group up to which a query's neighbours come from the distances to every
+one of them (no ``scipy.spatial`` import, which costs a command-line run more than the search);
+larger groups (imported kernel databases) use a KD-tree."""
+
+EXACT_SEARCH_PAIRS = 1 << 20
+"""Distances computed at once by the exact search (queries per block x shapes): bounds its memory."""
 
 GRID = {
     "m_scale": (0.25, 0.5, 1.0),
@@ -185,13 +196,36 @@ class ResidualCorrection:
             self._tree.append(cKDTree(self.points))
         return self._tree[0]
 
+    def _neighbours(self, x: np.ndarray, kk: int) -> tuple[np.ndarray, np.ndarray]:
+        """Distances and indices of the ``kk`` nearest measured shapes of each row of ``x``
+        within ``radius``, nearest first (``inf`` and ``len(points)`` where fewer lie within):
+        an exact search in groups of at most :data:`EXACT_SEARCH_POINTS` shapes (equidistant
+        ones by index), the KD-tree in larger ones."""
+        n = len(self.points)
+        if n > EXACT_SEARCH_POINTS:
+            d, i = self._kdtree().query(x, k=kk, distance_upper_bound=self.radius)
+            return np.asarray(d, dtype=np.float64).reshape(len(x), kk), np.asarray(i).reshape(len(x), kk)
+        dist = np.empty((len(x), kk))
+        idx = np.empty((len(x), kk), dtype=np.intp)
+        step = max(1, EXACT_SEARCH_PAIRS // n)
+        for s in range(0, len(x), step):
+            block = x[s:s + step]
+            d2 = np.zeros((len(block), n))
+            for j in range(x.shape[1]):
+                diff = block[:, j][:, None] - self.points[:, j][None, :]
+                d2 += diff * diff
+            order = _nearest(d2, kk)
+            d = np.sqrt(np.take_along_axis(d2, order, axis=1))
+            within = d < self.radius
+            dist[s:s + step] = np.where(within, d, np.inf)
+            idx[s:s + step] = np.where(within, order, n)
+        return dist, idx
+
     def log_factors(self, x: np.ndarray) -> np.ndarray:
         """Corrections ``ln(pred / curve)`` of shapes with features ``x`` ``[shapes, dims]``."""
         x = np.ascontiguousarray(np.atleast_2d(x), dtype=np.float64)
         kk = min(self.neighbours, len(self.points))
-        d, i = self._kdtree().query(x, k=kk, distance_upper_bound=self.radius)
-        d = np.asarray(d, dtype=np.float64).reshape(len(x), kk)
-        i = np.asarray(i).reshape(len(x), kk)
+        d, i = self._neighbours(x, kk)
         found = np.isfinite(d)
         r = np.where(found, self.residuals[np.where(found, i, 0)], 0.0)
         return _combine(np.where(found, d, self.radius), r, self.radius, self.prior)
