@@ -30,6 +30,11 @@ def small_grid():
     return llm_grid(SMALL)
 
 
+@pytest.fixture(scope="module")
+def fp8_grid():
+    return llm_grid(LlmGridOptions(**{**SMALL.__dict__, "dtype": "fp8"}))
+
+
 def _table(points) -> tuple[KernelTable, dict]:
     """One row per point, each with its own median; the medians by lookup key."""
     rows, median = [], {}
@@ -64,12 +69,15 @@ CASES = [  # (workload, parallel configuration on the 8 GPUs of one DGX H100)
     (f"{LLAMA},mode=decode,context=64,batch=2", ParallelConfig(tp=4, dp=2, micro_batch=2)),
     (f"{LLAMA},mode=decode,context=64,batch=2,attention=flash", ParallelConfig(tp=2, dp=4, micro_batch=2)),
     (f"{GPT},mode=prefill,seq=128,batch=1", ParallelConfig(tp=4, dp=2, micro_batch=1)),
+    # FP8: casts read one type and write another (bf16 in, fp8 out); GEMMs compute in fp8 and write bf16
+    (f"{LLAMA},mode=train,seq=128,batch=1,dtype=fp8", ParallelConfig(tp=2, dp=4, sp=True, micro_batch=1)),
+    (f"{GPT},mode=prefill,seq=128,batch=1,dtype=fp8", ParallelConfig(tp=4, dp=2, micro_batch=1)),
 ]
 
 
 @pytest.mark.parametrize("spec,parallel", CASES)
-def test_every_shard_the_lowering_times_is_a_grid_point(small_grid, spec, parallel):
-    table, median = _table(small_grid)
+def test_every_shard_the_lowering_times_is_a_grid_point(small_grid, fp8_grid, spec, parallel):
+    table, median = _table(fp8_grid if "dtype=fp8" in spec else small_grid)
     cost = Recording(table)
     system = load_system("dgx-h100-cluster:nodes=1")
     graph = load_workload(spec + ",layers=2")

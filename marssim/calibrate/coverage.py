@@ -73,15 +73,17 @@ def format_coverage(rows: Sequence[KindCoverage]) -> str:
 def op_shape_key(op: Op) -> tuple | None:
     """The :func:`~marssim.cost.calibrated.shape_key` the cost model looks ``op`` up by (None
     for graph inputs; a convolution's with its geometry, see
-    :func:`~marssim.cost.calibrated.lookup_keys`)."""
+    :func:`~marssim.cost.calibrated.lookup_keys`): its type is the one the kernel computes in
+    (:attr:`~marssim.workload.Op.math_dtype`: a cast's input type, an FP8 GEMM's ``fp8``)."""
     x = op_features(op)
     if x[F_CLASS] == CLASS_NONE:
         return None
     kind = KERNEL_KINDS[x[F_KERNEL]]
     tail = {"phase": KERNEL_PHASES[x[F_PHASE]], "backend": KERNEL_BACKENDS[x[F_BACKEND]]}
     if x[F_CLASS] == CLASS_GEMM:
-        return shape_key(kind, op.dtype, x[F_G], x[F_M], x[F_NN], x[F_KK], 0, 0, conv_geometry_key(x) or None, **tail)
-    return shape_key(kind, op.dtype, 0, 0, 0, 0, x[F_FLOPS], x[F_TRAFFIC], **tail)
+        return shape_key(kind, op.math_dtype, x[F_G], x[F_M], x[F_NN], x[F_KK], 0, 0, conv_geometry_key(x) or None,
+                         **tail)
+    return shape_key(kind, op.math_dtype, 0, 0, 0, 0, x[F_FLOPS], x[F_TRAFFIC], **tail)
 
 
 def measured_key(op: Op, keys: set | dict) -> tuple | None:

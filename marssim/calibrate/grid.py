@@ -259,25 +259,26 @@ def _point(op: Op, measure_kind: str, origin: str, hints: tuple[tuple[str, int],
     phase, backend = KERNEL_PHASES[x[F_PHASE]], KERNEL_BACKENDS[x[F_BACKEND]]
     if (measure_kind == SDPA) != bool(backend):  # fused attention ops are timed by the sdpa kernels only
         return None
+    dtype = op.math_dtype  # the type the kernel computes in, which the cost model looks it up by
     if measure_kind == SDPA:
-        return GridPoint(SDPA, kind, op.dtype, x[F_G], x[F_M], x[F_NN], x[F_KK], x[F_FLOPS], x[F_TRAFFIC], op, origin,
+        return GridPoint(SDPA, kind, dtype, x[F_G], x[F_M], x[F_NN], x[F_KK], x[F_FLOPS], x[F_TRAFFIC], op, origin,
                          None, phase, backend, hints)
     if measure_kind == FUSED_ATTENTION:
         from marssim.calibrate.sip.calibration import gemm_class_shape
 
         s = gemm_class_shape("attention", {"Z": op.dim("B"), "H": op.dim("H"), "N_CTX": op.dim("M"),
-                                           "HEAD_DIM": op.dim("K")}, DTYPE_BYTES[op.dtype])
-        return GridPoint(FUSED_ATTENTION, "attention", op.dtype, int(s["batch"]), int(s["m"]), int(s["n"]),
+                                           "HEAD_DIM": op.dim("K")}, DTYPE_BYTES[dtype])
+        return GridPoint(FUSED_ATTENTION, "attention", dtype, int(s["batch"]), int(s["m"]), int(s["n"]),
                          int(s["k"]), int(s["flops"]), int(s["bytes"]), op, origin)
     if kind != measure_kind:
         return None
     if x[F_CLASS] == CLASS_GEMM:
         conv = conv_geometry(op) if kind == "conv" else None
-        return GridPoint(kind, kind, op.dtype, x[F_G], x[F_M], x[F_NN], x[F_KK], x[F_FLOPS], x[F_TRAFFIC], op, origin,
+        return GridPoint(kind, kind, dtype, x[F_G], x[F_M], x[F_NN], x[F_KK], x[F_FLOPS], x[F_TRAFFIC], op, origin,
                          conv, phase, "", hints)
     if kind in _GEMM_CLASS:  # a GEMM-like op without MACs: nothing to time
         return None
-    return GridPoint(kind, kind, op.dtype, 0, 0, 0, 0, x[F_FLOPS], x[F_TRAFFIC], op, origin, None, phase, "", hints)
+    return GridPoint(kind, kind, dtype, 0, 0, 0, 0, x[F_FLOPS], x[F_TRAFFIC], op, origin, None, phase, "", hints)
 
 
 def _is_qk(op: Op) -> bool:

@@ -163,14 +163,19 @@ def tp_shards(graph: Graph, parallel) -> list[tuple[Op, Op]]:
     :func:`marssim.parallel.lower.lower_parallel` passes it to the cost model -- the tensor-parallel
     rule of :func:`marssim.parallel.roles.rule_for` (in graph order, the output layouts of the
     producers known), each split loop cut to ``ceil(size * num / den)``, the AdamW step over the
-    parameters a rank of the group holds (a ``1/dp`` part of them with ZeRO). Graph inputs and
-    views are not timed."""
-    from marssim.parallel.memory import rank_parameters
+    parameters a rank of the group holds (a ``1/dp`` part of them with ZeRO), the FP8 (FP4) weight
+    cast after it over the rank's low-precision GEMM weights (its ``1/dp`` shard when the
+    distributed optimizer gathers them in FP8), as :func:`marssim.parallel.overlap.step_casts`
+    counts them. Graph inputs and views are not timed."""
+    from marssim.parallel.memory import low_precision_rank_parameters, rank_parameters
     from marssim.parallel.partition import op_rules, shard_loops
 
     rules = op_rules(graph, parallel)
     per_layer, _ = rank_parameters(graph, parallel, rules)
     share = parallel.dp if parallel.zero >= 1 else 1
+    low_params = low_precision_rank_parameters(graph, parallel, rules)
+    cfg = transformer_of(graph)
+    cast_share = parallel.dp_cp if cfg is not None and cfg.fp8_param_gather and parallel.zero >= 1 else 1
     out = []
     for op in graph.ops:
         if op.kind == OpKind.INPUT or rules[op.name].alias:
@@ -178,6 +183,8 @@ def tp_shards(graph: Graph, parallel) -> list[tuple[Op, Op]]:
         if op.kind == OpKind.RESHAPE and op.param("what") == "grad_buffer":  # a view the optimizer reads
             continue
         sizes = shard_loops(op, rules[op.name], per_layer, share)
+        if op.param("weights") and op.param("phase") == "opt":  # the weight cast after the step
+            sizes = {"C": max(1, -(-low_params.get(op.param("layer"), 0) // cast_share))}
         out.append((op, op.with_loops(**sizes) if sizes else op))
     return out
 

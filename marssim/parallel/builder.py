@@ -131,16 +131,18 @@ class UnitBuilder:
         """Task ``rel`` of the same unit and micro-batch of representative ``rep``."""
         return _ref(Ref, (rep, self.key, rel, SAME))
 
-    def compute(self, op: Op, deps, timing: tuple[float, float, float, float] | None = None) -> int:
+    def compute(self, op: Op, deps, timing: tuple[float, float, float, float] | None = None,
+                kernels: int | None = None) -> int:
         """A kernel of ``op`` (its shard, or ``timing``: seconds, FLOPs, joules, output bytes of a
-        part of it) after ``deps`` and this GPU's kernel before it."""
+        part of it) after ``deps`` and this GPU's kernel before it; ``kernels``: how many it
+        launches (default: as many as the shard's)."""
         seconds, flops, energy, out_bytes = timing or self.low.shard(op, self.rep)
         t = self.t
         if t.last_compute >= 0:
             deps = tuple(deps) + (self.me(t.last_compute),)
         rel = self._row(COMPUTE, self.rep, seconds, -1, -1, 0.0, -1, flops, energy,
                         self.rep if out_bytes > 0 else -1, out_bytes, self.low.op_index[op.name], -1, deps)
-        t.kernels[rel] = self.low.kernels(op, self.rep)
+        t.kernels[rel] = self.low.kernels(op, self.rep) if kernels is None else kernels
         if t.first_compute < 0:
             t.first_compute = rel
         t.last_compute = rel

@@ -152,7 +152,7 @@ def after_steps(b, steps: list[tuple[int, Op, int]]) -> None:
         if cast is None:
             continue
         if low.t.fp8_param_gather:  # the shard cast to FP8, then gathered in FP8
-            b.compute(cast, (b.me(rel),), timing=cast_timing(low, b.rep, cast, count))
+            b.compute(cast, (b.me(rel),), timing=cast_timing(low, b.rep, cast, count), kernels=1)
         else:
             later[layer] = (cast, count, rel)
     ready_of: dict[int, tuple] = {}
@@ -164,7 +164,8 @@ def after_steps(b, steps: list[tuple[int, Op, int]]) -> None:
             for layer in bucket:
                 ready_of[layer] = ready
     for layer, (cast, count, rel) in later.items():  # the gathered (or whole) weights cast for the next step
-        b.compute(cast, ready_of.get(layer, (b.me(rel),)), timing=cast_timing(low, b.rep, cast, count))
+        b.compute(cast, ready_of.get(layer, (b.me(rel),)), timing=cast_timing(low, b.rep, cast, count),
+                  kernels=1)
 
 
 def sends_block(low, key: tuple[int, str]) -> bool:
