@@ -7,8 +7,10 @@ the child's CPU time (user + sys, from ``wait4``) and its peak RSS.
 
 *Warm*: a cache folder (numba's and marssim's) filled first by four unmeasured runs (the
 compiled simulator, the estimate's kernels, the A100 and H100 fits; ``--no-prime``: each case run
-once before instead). *Cold* (the quick cases and the 1008B simulation): an empty cache folder,
-as on the first run after installing. Beside them
+once before instead), and the bytecode of marssim's modules that Python wrote then.
+*Cold* (the quick cases and the 1008B simulation): an empty cache folder and no bytecode of
+marssim's modules, as on the first run after ``pip install -e .``. The children write bytecode
+as a user's Python does, whatever ``PYTHONDONTWRITEBYTECODE`` says here (:func:`child_environment`). Beside them
 the in-process figures of ``analysis/bench_megatron_scale.py`` (``results/bench_megatron_scale.jsonl``:
 lowering + simulation or estimate, CPU s and peak RSS of the process) where the case is one of
 its configurations.
@@ -143,6 +145,27 @@ def inproc_figures() -> dict:
     return rows
 
 
+def child_environment(cache: str) -> dict:
+    """The environment of a measured child: this one's, one thread per library, the numba and
+    marssim caches in ``cache``, and Python writing its bytecode as a user's does (an environment
+    with ``PYTHONDONTWRITEBYTECODE`` would compile every marssim module from source in every
+    process, a cost no default Python has after its first run)."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1",
+               MKL_NUM_THREADS="1", NUMBA_NUM_THREADS="1", MPLBACKEND="Agg",
+               NUMBA_CACHE_DIR=os.path.join(cache, "numba"), MARSSIM_CACHE_DIR=cache, XDG_CACHE_HOME=cache)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    return env
+
+
+def forget_bytecode() -> int:
+    """Delete the compiled bytecode of marssim's modules in the checkout (as after ``pip install -e .``,
+    which compiles nothing: the first run compiles them); the number of files deleted."""
+    files = list((ROOT / "marssim").rglob("__pycache__/*.pyc"))
+    for f in files:
+        f.unlink(missing_ok=True)
+    return len(files)
+
+
 def run_child(argv: list[str], env: dict, cwd: str) -> dict:
     """``python -m marssim *argv`` in a fresh process; its CPU s (user + sys), peak RSS, status."""
     cmd = [sys.executable, "-m", "marssim", *argv]
@@ -221,11 +244,7 @@ def main() -> None:
         cases = [c for c in cases if any(part in c["name"] for part in args.only.split("|"))]
     figures = inproc_figures()
     with tempfile.TemporaryDirectory(prefix="marssim-bench-cli-") as tmp:
-        def environment(cache: str) -> dict:
-            return dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1",
-                        MKL_NUM_THREADS="1", NUMBA_NUM_THREADS="1", MPLBACKEND="Agg",
-                        NUMBA_CACHE_DIR=os.path.join(cache, "numba"), MARSSIM_CACHE_DIR=cache, XDG_CACHE_HOME=cache)
-
+        environment = child_environment
         warm_cache, cold_cache = os.path.join(tmp, "warm"), os.path.join(tmp, "cold")
         work = os.path.join(tmp, "work")
         os.makedirs(work, exist_ok=True)
@@ -237,6 +256,7 @@ def main() -> None:
             row = dict(name=case["name"])
             if args.cold == "all" or (args.cold == "quick" and (case.get("quick") or case.get("cold"))):
                 shutil.rmtree(cold_cache, ignore_errors=True)  # the first run after installing
+                forget_bytecode()
                 row["cold"] = run_child(case["argv"], environment(cold_cache), work)
             if not args.prime:  # its own warm-up
                 run_child(case["argv"], environment(warm_cache), work)
@@ -250,8 +270,10 @@ def main() -> None:
             print(fmt_table([row], args.cold != "none").splitlines()[-1], flush=True)
     text = (f"marssim command line, each run a fresh `python -m marssim` process from an empty directory outside "
             f"the checkout;\nCPU s = user + sys of the child, RSS = its peak; cold = empty numba and marssim cache "
-            f"folders, warm = a filled cache folder.\nIn-process: analysis/bench_megatron_scale.py (lowering + "
-            f"simulation or estimate, after imports, fit and compilation).\nMachine: {machine()}\n\n"
+            f"folders and no compiled bytecode of marssim's modules\n(as after `pip install -e .`), warm = a filled "
+            f"cache folder and the bytecode Python wrote on an earlier run (PYTHONDONTWRITEBYTECODE\nunset). "
+            f"In-process: analysis/bench_megatron_scale.py (lowering + simulation or estimate, after imports, fit and "
+            f"compilation).\nMachine: {machine()}\n\n"
             + fmt_table(rows, args.cold != "none") + "\n")
     print()
     print(text)

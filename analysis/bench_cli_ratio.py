@@ -7,8 +7,8 @@ asked (CLI at most twice the in-process figure; the largest estimates within 3 C
 row after row, so that each ratio compares figures of the same minutes: per row, the in-process
 child of ``bench_megatron_scale`` (lowering + simulation or estimate after imports, the cost
 model's fit and compilation; pinned to one core) and the command line as ``bench_cli`` runs it (a
-fresh ``python -m marssim`` process from an empty directory, warm cache folder; the lower of two
-runs, after one unmeasured run). CPU s = user + sys; RSS = peak resident memory.
+fresh ``python -m marssim`` process from an empty directory, warm cache folder and bytecode; the
+lower of two runs, after one unmeasured run). CPU s = user + sys; RSS = peak resident memory.
 
 Usage: ``python analysis/bench_cli_ratio.py [--only LABEL|LABEL] [--out FILE]`` (default
 ``analysis/results/bench_cli_ratio.txt``; ``--out -`` prints only).
@@ -60,9 +60,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="marssim-bench-ratio-") as tmp:
         cache, work = os.path.join(tmp, "cache"), os.path.join(tmp, "work")
         os.makedirs(work)
-        env = dict(os.environ, PYTHONPATH=str(bench_cli.ROOT), OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1",
-                   MKL_NUM_THREADS="1", NUMBA_NUM_THREADS="1", MPLBACKEND="Agg",
-                   NUMBA_CACHE_DIR=os.path.join(cache, "numba"), MARSSIM_CACHE_DIR=cache, XDG_CACHE_HOME=cache)
+        env = bench_cli.child_environment(cache)
         os.environ.update(MARSSIM_CACHE_DIR=cache, NUMBA_CACHE_DIR=os.path.join(cache, "numba"))  # the children
         for argv in bench_cli.prime():
             bench_cli.run_child(argv, env, work)
