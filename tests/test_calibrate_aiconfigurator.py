@@ -140,7 +140,7 @@ def test_a_design_times_grid_shapes_as_measured_and_others_between_neighbours(sy
     cost = model.op_cost(on_grid, design)
     assert (cost.model, cost.time) == ("measured", rows[(64, 10240, 8192)])
     # 14,336 (Llama's MLP width / 2) lies between the grid's 12,288 and 16,384
-    between = _gemm(spec, "layers.0.mlp.gate", M=2048, N=14336)
+    between = _gemm(spec, "layers.0.mlp.fc1", M=2048, N=14336)
     cost = model.op_cost(between, design)
     assert cost.model == "fitted"
     lo, hi = rows[(2048, 12288, 8192)], rows[(2048, 16384, 8192)]

@@ -158,10 +158,12 @@ def test_gpt3_175b_and_llama3_70b_shapes_by_hand():
                 ("attention", 96 // 8, tokens, tokens, 128, "fwd"),   # Q K^T of 12 heads per rank
                 ("attention", 2 * 96 // 8, tokens, tokens, 128, "fwd", "flash"),
                 ("attention", 4 * 96 // 8, tokens, tokens, 128, "bwd", "flash"),
-                # Llama 3 70B at seq 4096: QKV of (64 + 2 x 8) heads of 128, SwiGLU of 28,672, GQA decode
+                # Llama 3 70B at seq 4096: QKV of (64 + 2 x 8) heads of 128, SwiGLU of 28,672 (its gate and
+                # up projections one GEMM of twice the width), GQA decode
                 ("gemm", 1, 4096, 80 * 128 // 8, 8192, "fwd"),
-                ("gemm", 1, 4096, 28672 // 8, 8192, "fwd"),
-                ("gemm", 1, 28672 // 8, 8192, 4096, "wgrad"),
+                ("gemm", 1, 4096, 2 * 28672 // 8, 8192, "fwd"),
+                ("gemm", 1, 4096, 8192, 2 * 28672 // 8, "dgrad"),
+                ("gemm", 1, 28672 // 8, 8192, 4096, "wgrad"),         # down's weight gradient
                 ("gemm", 1, 64, 80 * 128 // 8, 8192, "fwd"),          # decode: one token of 64 sequences
                 ("attention", 64 * 64 // 8, 1, 4096, 128, "fwd"),     # q of one token over 4,096 cached keys
                 ("attention", 2 * 64 * 64 // 8, 1, 4096, 128, "fwd", "flash")]:

@@ -180,8 +180,9 @@ def test_deepseek_moe_counts_shared_experts_and_dense_first_blocks(tmp_path):
     assert f.parameters - f.active_parameters == (layers - 1) * (experts - k) * 3 * h * width
     names = {op.name for op in graph.ops}
     assert "layers.0.mlp.down" in names and "layers.0.moe.router" not in names
-    assert {"layers.1.shared.gate", "layers.1.shared.down", "layers.1.moe.down"} <= names
-    assert next(op for op in graph.ops if op.name == "layers.1.shared.up").loop_dict["N"] == shared * width
+    assert {"layers.1.shared.fc1", "layers.1.shared.down", "layers.1.moe.down"} <= names
+    # the shared experts' gate and up projections: one GEMM of twice their width
+    assert next(op for op in graph.ops if op.name == "layers.1.shared.fc1").loop_dict["N"] == 2 * shared * width
 
 
 def test_qwen2_moe_shared_expert_is_gated_and_first_mlp_only_layers_are_dense(tmp_path):

@@ -161,14 +161,14 @@ def _row(kind, batch, m, n, k, median, phase="fwd", backend="", flops=0.0, nbyte
 
 def test_gradients_take_their_own_phase_else_the_forward_row_of_their_shape():
     _, ops = _ops(LLAMA)
-    fwd, dgrad = ops["layers.0.mlp.up"], ops["layers.0.mlp.down.dgrad"]
-    assert fwd.gemm_view() == dgrad.gemm_view()  # up: tokens x 1024 by 512; down's dgrad: the same GEMM
+    fwd, dgrad = ops["layers.0.attn.proj"], ops["layers.0.attn.proj.dgrad"]
+    assert fwd.gemm_view() == dgrad.gemm_view()  # proj: tokens x hidden by hidden; its dgrad: the same GEMM
     view = fwd.gemm_view()
     only_fwd = DataflowCost(calibration=KernelTable((_row("gemm", *view, 1e-3),)))
     assert only_fwd.op_cost(dgrad, _design()).time == 1e-3  # a table without gradient rows: as before
     both = DataflowCost(calibration=KernelTable((_row("gemm", *view, 1e-3), _row("gemm", *view, 2e-3, "dgrad"))))
     assert both.op_cost(dgrad, _design()).time == 2e-3 and both.op_cost(fwd, _design()).time == 1e-3
-    wgrad = ops["layers.0.mlp.up.wgrad"]
+    wgrad = ops["layers.0.attn.proj.wgrad"]
     wrong = DataflowCost(calibration=KernelTable((_row("gemm", *view, 2e-3, "dgrad"),)))
     assert wrong.op_cost(wgrad, _design()).model != "measured"  # another phase is never taken
     key = shape_key("gemm", "bf16", *view, 0, 0, None, "wgrad")

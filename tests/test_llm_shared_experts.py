@@ -77,8 +77,7 @@ def test_shared_experts_are_tensor_parallel_as_the_mlp_and_the_gate_score_replic
     graph = load_workload(QW + ",mode=train")
     by = {op.name: op for op in graph.ops}
     tp = 4
-    for name, out, loop in (("layers.0.shared.gate", "F", "N"), ("layers.0.shared.up", "F", "N"),
-                            ("layers.0.shared.down", "P", "K")):
+    for name, out, loop in (("layers.0.shared.fc1", "F", "N"), ("layers.0.shared.down", "P", "K")):
         rule = rule_for(by[name], {}, tp=tp, sp=True, ep=2)
         assert rule.out == out and (loop, 1, tp) in rule.split
     score = rule_for(by["layers.0.shared.router"], {}, tp=tp, sp=True, ep=2)
@@ -136,7 +135,7 @@ def test_a_training_step_simulates_with_experts_and_shared_experts(cost, cluster
     assert result.makespan < 1.2 * est.makespan
     iv = result.intervals
     ops = set(iv["op"].astype(str))
-    assert any(".shared.up" in o for o in ops) and any(".mlp.down" in o for o in ops)
+    assert any(".shared.fc1" in o for o in ops) and any(".mlp.down" in o for o in ops)
 
 
 def test_shared_experts_are_dense_weights_split_over_tp_and_kept_by_every_expert_rank():

@@ -214,7 +214,7 @@ def _tp_run(config: str, cost=COST, layers: int = 1, seq: int = 4096, folding: b
 
 
 def test_ring_exchange_and_pipelined_reduce_scatter_take_their_closed_forms() -> None:
-    """tp=8 on one node: mlp.gate in 8 chunks with the all-gather's 7 steps, each of c seconds
+    """tp=8 on one node: mlp.fc1 (gate and up) in 8 chunks with the all-gather's 7 steps, each of c seconds
     (latency + tokens/8 x hidden x 2 B over NVLink): max(8 g, 7 c + g); mlp.down in 4 chunks, each
     timed as its shape on all but 16 of the 132 SMs, each chunk's reduce-scatter (7 steps of a
     quarter of the output / 8) after the chunk and the one before: max_k((k + 1) g + (4 - k) r)."""
@@ -223,7 +223,7 @@ def test_ring_exchange_and_pipelined_reduce_scatter_take_their_closed_forms() ->
     iv = result.intervals
     latency, bandwidth = _link(system)
     tokens, hidden = 4096, 4096
-    gate = iv[(iv["op"] == "layers.0.mlp.gate") & (iv["resource"] == "gpu0")]
+    gate = iv[(iv["op"] == "layers.0.mlp.fc1") & (iv["resource"] == "gpu0")]
     assert len(gate) == 8
     g = float(gate["end"].iloc[0] - gate["start"].iloc[0])
     c = latency + tokens // 8 * hidden * 2 / bandwidth

@@ -94,7 +94,7 @@ def test_serving_casts_without_transposes_and_with_no_amax_history() -> None:
 
 def test_amax_updates_read_and_rewrite_every_fp8_tensors_history() -> None:
     g = load_workload(SMALL_LLAMA + ",mode=train,dtype=fp8")
-    gemms = 2 * 5  # qkv, proj, gate, up, down per block
+    gemms = 2 * 4  # qkv, proj, fc1 (gate and up in one GEMM), down per block
     fwd, bwd = g.op("fp8.amax_fwd"), g.op("fp8.amax_bwd")
     assert fwd.out_elems == gemms * 3 * AMAX_HISTORY and bwd.out_elems == gemms * 2 * AMAX_HISTORY
     assert fwd.bytes_moved == 8 * fwd.out_elems  # fp32 history read and written
@@ -111,8 +111,8 @@ def _gemm_graph(dtype: str, m: int = 8192, k: int = 8192, n: int = 8192):
 def test_a_compute_bound_fp8_gemm_takes_the_bf16_time_scaled_by_the_peaks() -> None:
     cost = DataflowCost()  # the analytical roofline
     d = _design(H100)
-    t8 = cost.op_cost(_gemm_graph("fp8").op("layers.0.mlp.gate"), d)
-    t16 = cost.op_cost(_gemm_graph("bf16").op("layers.0.mlp.gate"), d)
+    t8 = cost.op_cost(_gemm_graph("fp8").op("layers.0.mlp.fc1"), d)
+    t16 = cost.op_cost(_gemm_graph("bf16").op("layers.0.mlp.fc1"), d)
     launch = d.gpu.launch_overhead
     assert t8.memory_time < t8.compute_time < t8.time  # compute-bound
     assert (t8.time - launch) / (t16.time - launch) == pytest.approx(989.4 / 1979, rel=1e-12)
@@ -138,18 +138,18 @@ def test_fp8_rows_fit_a_curve_bounded_by_the_fp8_peak_and_every_op_says_which_mo
     fp8_table = as_fp8(2.0)
     model = CalibratedCost(fp8_table, measured=False)
     d = _design(H100, "synthetic-H100")
-    op = _gemm_graph("fp8", 4096, 4096, 4096).op("layers.0.mlp.gate")
+    op = _gemm_graph("fp8", 4096, 4096, 4096).op("layers.0.mlp.fc1")
     c = model.op_cost(op, d)
     assert c.model == "fitted" and c.time >= op.flops / 1979e12
     # a table without FP8 rows: the FP8 GEMM falls back to the roofline at the FP8 peak, and says so
     plain = CalibratedCost(table, measured=False)
     assert plain.op_cost(op, d).model == "gpu-roofline"
-    assert plain.op_cost(_gemm_graph("bf16", 4096, 4096, 4096).op("layers.0.mlp.gate"), d).model == "fitted"
+    assert plain.op_cost(_gemm_graph("bf16", 4096, 4096, 4096).op("layers.0.mlp.fc1"), d).model == "fitted"
 
 
 def test_no_fp4_gemm_without_a_published_fp4_peak() -> None:
     graph = _gemm_graph("fp4", 1024, 1024, 1024)
-    op = graph.op("layers.0.mlp.gate")
+    op = graph.op("layers.0.mlp.fc1")
     assert op.math_dtype == "fp4" and graph.op("layers.0.post_norm.amax").param("fn") == "amax"
     cost = DataflowCost()
     with pytest.raises(InputError, match="designs.g.gpu.peak_flops.*fp4"):
@@ -157,9 +157,9 @@ def test_no_fp4_gemm_without_a_published_fp4_peak() -> None:
     with pytest.raises(InputError, match="fp4"):
         DataflowCost().op_times([op], [_design(H100)])
     blackwell = _design({"bf16": 2.25e15, "fp8": 4.5e15, "fp4": 9e15, "fp32": 75e12})
-    t4, t8 = cost.op_cost(op, blackwell), cost.op_cost(_gemm_graph("fp8", 1024, 1024, 1024).op("layers.0.mlp.gate"),
+    t4, t8 = cost.op_cost(op, blackwell), cost.op_cost(_gemm_graph("fp8", 1024, 1024, 1024).op("layers.0.mlp.fc1"),
                                                        blackwell)
-    assert op.bytes_moved < _gemm_graph("fp8", 1024, 1024, 1024).op("layers.0.mlp.gate").bytes_moved
+    assert op.bytes_moved < _gemm_graph("fp8", 1024, 1024, 1024).op("layers.0.mlp.fc1").bytes_moved
     assert t4.time < t8.time
 
 

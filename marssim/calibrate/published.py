@@ -34,10 +34,9 @@ attn_rope             ``attn.q_rope`` +            combined: one kernel rotates 
                                                    the elementwise curve); partial rotary (Phi-2):
                                                    not mapped
 attn_post_proj        ``layers.i.attn.proj``       exact
-mlp_up_proj           ``mlp.gate`` + ``mlp.up``     gated MLPs: one GEMM of ``2 x ffn / tp`` columns
-                      (``mlp.fc1``)                where marssim runs two of ``ffn / tp``: a GEMM
-                                                   row of its own shape (it trains the GEMM curve);
-                                                   GeLU MLPs: exact (``mlp.fc1``)
+mlp_up_proj           ``layers.i.mlp.fc1``         exact (GeLU MLPs' fc1; gated MLPs' gate and up
+                                                   projections in one GEMM of ``2 x ffn / tp``
+                                                   columns in both)
 mlp_act               ``layers.i.mlp.act``         exact (SwiGLU: SiLU-and-multiply; GeLU)
 mlp_down_proj         ``mlp.down`` (``mlp.fc2``)    exact
 add                   ``layers.i.mlp.residual``    exact where the block has a post-attention norm;
@@ -135,7 +134,7 @@ class Provenance:
 class VidurImport:
     """What :func:`vidur_rows` made of a profile: the table ``rows``; per Vidur operator and
     mapping, how many rows (``mapped``: ``(op, how) -> rows``, ``how`` one of ``exact``,
-    ``combined``, ``not a marssim shape``); what could not be mapped (``unmapped``: ``(op, model,
+    ``combined``); what could not be mapped (``unmapped``: ``(op, model,
     reason) -> rows``); the measurements of shapes already kept (``repeats``: their median over the
     kept row's, by Vidur operator)."""
 
@@ -314,17 +313,8 @@ def _map(op: str, points: dict, gated: bool, parallel_block: bool, partial_rotar
         return exact(_PREFIX + "mlp.act")
     if op == "mlp_down_proj":
         return exact(_PREFIX + ("mlp.down" if gated else "mlp.fc2"))
-    if op == "mlp_up_proj":
-        if not gated:
-            return exact(_PREFIX + "mlp.fc1")
-        g = points.get(_PREFIX + "mlp.gate")
-        if g is None:
-            return "no mlp.gate in the marssim layer"
-        n = 2 * g.n  # gate and up in one GEMM: x (m x k) read once, both weights and outputs
-        elem = g.bytes / (g.m * g.k + g.k * g.n + g.m * g.n)
-        nbytes = elem * (g.m * g.k + g.k * n + g.m * n)
-        return "gemm", g.batch, g.m, n, g.k, 2 * g.batch * g.m * n * g.k, nbytes, "not a marssim shape", \
-            (_PREFIX + "mlp.gate", _PREFIX + "mlp.up")
+    if op == "mlp_up_proj":  # GeLU's fc1, or a gated MLP's gate and up in one GEMM: marssim's mlp.fc1 both
+        return exact(_PREFIX + "mlp.fc1")
     if op == "attn_rope":
         if partial_rotary:
             return "partial rotary embedding (a part of each head): no marssim op rotates part of a head"

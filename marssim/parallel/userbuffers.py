@@ -21,10 +21,9 @@ required), with the defaults of ``transformer_engine.pytorch.module.base.initial
                        that does not read them, with or without the setting
 =====================  ===========================================================================
 
-The GEMMs are the blocks' Transformer Engine layers (:data:`OVERLAP_GEMMS`; Llama's ``gate`` and
-``up`` are Megatron-LM's one ``linear_fc1``: the first of them takes the pipelined all-gather, the
-second reads the gathered input). Chunks are timed by the cost model at their own shape (a
-smaller GEMM may run less efficiently), so overlap is not free.
+The GEMMs are the blocks' Transformer Engine layers (:data:`OVERLAP_GEMMS`; a gated MLP's gate and
+up projections are one GEMM, ``mlp.fc1``, as Megatron-LM's ``linear_fc1``). Chunks are timed by the
+cost model at their own shape (a smaller GEMM may run less efficiently), so overlap is not free.
 
 Closed forms for ``n`` chunks of ``g`` seconds each and transfers of ``c`` seconds per step,
 nothing contending: the ring exchange ends at ``max(n g, (n - 1) c + g)``
@@ -52,7 +51,7 @@ __all__ = ["OVERLAP_GEMMS", "PIPELINE_SPLITS", "PIPELINE_SMS", "AG_BUFFERS", "RS
            "gathers_input", "scatters_output", "ring_exchange_end", "pipeline_end", "sm_margin", "buffer_bytes",
            "chunk_timing", "pipelined"]
 
-OVERLAP_GEMMS = ("attn.qkv", "attn.proj", "mlp.fc1", "mlp.fc2", "mlp.gate", "mlp.up", "mlp.down")
+OVERLAP_GEMMS = ("attn.qkv", "attn.proj", "mlp.fc1", "mlp.fc2", "mlp.down")
 """The blocks' GEMMs that run through Transformer Engine's linear layers (name suffixes)."""
 PIPELINE_SPLITS = 4
 """Chunks of a ``pipeline`` overlap (``num_splits`` of ``initialize_ub``'s defaults)."""

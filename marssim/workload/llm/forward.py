@@ -13,10 +13,11 @@ One block (pre-norm, as GPT-2/3, Llama and Mixtral)::
     post_norm -> MLP -> mlp.residual
 
     MLP, gpt:    mlp.fc1 -> mlp.act (GeLU) -> mlp.fc2 [-> mlp.dropout]
-    MLP, llama:  mlp.gate, mlp.up -> mlp.act (SwiGLU: silu(gate) * up) -> mlp.down
+    MLP, llama:  mlp.fc1 (gate and up in one projection, as Megatron-LM's linear_fc1) -> mlp.gate/up
+                 (views) -> mlp.act (SwiGLU: silu(gate) * up) -> mlp.down
     MLP, moe:    moe.router -> moe.topk -> moe.dispatch -> moe.gate, moe.up (grouped GEMMs over the
                  experts) -> moe.act -> moe.down -> moe.combine
-                 [-> shared.gate, shared.up -> shared.act -> shared.down (the shared experts, a dense
+                 [-> shared.fc1 -> shared.gate/up -> shared.act -> shared.down (the shared experts, a dense
                  MLP on every token) [-> shared.router, shared.scale (Qwen's sigmoid gate)]
                  -> shared.add]
                  (the first ``dense_layers`` blocks of a mixture of experts: the llama MLP of ``ffn``)
@@ -240,17 +241,23 @@ class Decoder:
         return op.dtype if op.dtype != self.cfg.dtype else ""
 
     def _mlp(self, p: str, h: T, part: str = "mlp", width: int = 0) -> T:
-        """A dense MLP of ``width`` (default ``ffn``) named ``<part>.gate``, ``.up``, ``.act``,
-        ``.down`` (``.fc1``, ``.act``, ``.fc2`` with GeLU)."""
+        """A dense MLP of ``width`` (default ``ffn``): ``<part>.fc1`` (the gate and up projections
+        in one GEMM of ``2 x width``), its halves ``.gate`` and ``.up`` (views), ``.act``, ``.down``
+        (``.fc1``, ``.act``, ``.fc2`` with GeLU)."""
         cfg, b = self.cfg, self.b
         width = width or cfg.ffn_size
         if cfg.activation == "gelu":
             y = self.linear(p + f"{part}.fc1", h, width, TpRole.COLUMN, bias=cfg.bias)
             y = b.eltwise(p + f"{part}.act", y, fn="gelu")
             return self.linear(p + f"{part}.fc2", y, cfg.hidden, TpRole.ROW, bias=cfg.bias)
-        gate = self.linear(p + f"{part}.gate", h, width, TpRole.COLUMN, bias=cfg.bias)
-        up = self.linear(p + f"{part}.up", h, width, TpRole.COLUMN, bias=cfg.bias)
-        y = b.eltwise(p + f"{part}.act", gate, up, fn="swiglu")
+        # gate and up projections in one GEMM of twice the width, as Megatron-LM (linear_fc1), vLLM and
+        # SGLang (MergedColumnParallelLinear) and TensorRT-LLM (GatedMLP) run them; gate and up are views
+        fc1 = self.linear(p + f"{part}.fc1", h, 2 * width, TpRole.COLUMN, bias=cfg.bias)
+        halves = []
+        for half in ("gate", "up"):
+            halves.append(b.reshape(p + f"{part}.{half}", fc1, shape=(h.n, width, h.h, 1), what="split"))
+            b.annotate_last(view=True)
+        y = b.eltwise(p + f"{part}.act", *halves, fn="swiglu")
         return self.linear(p + f"{part}.down", y, cfg.hidden, TpRole.ROW, bias=cfg.bias)
 
     def _moe(self, p: str, h: T) -> T:
@@ -282,10 +289,10 @@ class Decoder:
 
     def _shared(self, p: str, h: T) -> T:
         """The shared experts on every token of ``h``, after the routed ones (Megatron-LM's
-        ``MoELayer``): one dense MLP of ``shared_experts x shared_ffn`` (``shared.gate``,
-        ``shared.up``, ``shared.act``, ``shared.down``), with ``shared_gate`` scaled per token by
-        the sigmoid of a learned score (``shared.router``, a GEMM to one feature, and
-        ``shared.scale``)."""
+        ``MoELayer``): one dense MLP of ``shared_experts x shared_ffn`` (``shared.fc1`` and its
+        halves ``shared.gate`` and ``shared.up``, ``shared.act``, ``shared.down``), with
+        ``shared_gate`` scaled per token by the sigmoid of a learned score (``shared.router``, a
+        GEMM to one feature, and ``shared.scale``)."""
         cfg, b = self.cfg, self.b
         y = self._mlp(p, h, "shared", cfg.shared_width)
         if not cfg.shared_gate:

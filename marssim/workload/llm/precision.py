@@ -10,7 +10,7 @@ What ``transformer_engine/pytorch/module/linear.py`` runs per GEMM:
 
 =========================  ===========================================================================
 forward                    ``<x>.fp8``: the input cast to E4M3 (one kernel per tensor however many
-                           GEMMs read it: a fused ``gate``/``up`` reads one), its amax taken in the
+                           GEMMs read it: the experts' ``gate`` and ``up`` read one), its amax taken in the
                            same pass (delayed scaling: the scale is the history's), writing the FP8
                            tensor and, in training, its transpose (the wgrad GEMM's operand, the copy
                            kept for backward: 1 B per element instead of the bf16 input's 2 B); the
@@ -78,9 +78,8 @@ __all__ = ["LOW_PRECISION", "LOW_PRECISION_GEMMS", "AMAX_HISTORY", "FP8_TENSORS_
 LOW_PRECISION = ("fp8", "fp4")
 """GEMM input types of Transformer Engine's recipes (``fp8``: E4M3/E5M2; ``fp4``: NVFP4)."""
 
-LOW_PRECISION_GEMMS = ("attn.qkv", "attn.proj", "mlp.fc1", "mlp.fc2", "mlp.gate", "mlp.up", "mlp.down",
-                       "moe.gate", "moe.up", "moe.fc1", "moe.down", "shared.gate", "shared.up", "shared.fc1",
-                       "shared.fc2", "shared.down")
+LOW_PRECISION_GEMMS = ("attn.qkv", "attn.proj", "mlp.fc1", "mlp.fc2", "mlp.down", "moe.gate", "moe.up", "moe.fc1",
+                       "moe.down", "shared.fc1", "shared.fc2", "shared.down")
 """The GEMMs of a block (name suffixes) that Megatron-LM runs through Transformer Engine's linear
 layers, in FP8 under its recipe; the MoE router and the output layer are plain PyTorch GEMMs."""
 
