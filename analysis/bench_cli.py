@@ -157,13 +157,11 @@ def child_environment(cache: str) -> dict:
     return env
 
 
-def forget_bytecode() -> int:
+def forget_bytecode() -> None:
     """Delete the compiled bytecode of marssim's modules in the checkout (as after ``pip install -e .``,
-    which compiles nothing: the first run compiles them); the number of files deleted."""
-    files = list((ROOT / "marssim").rglob("__pycache__/*.pyc"))
-    for f in files:
+    which compiles nothing: the first run compiles them)."""
+    for f in (ROOT / "marssim").rglob("__pycache__/*.pyc"):
         f.unlink(missing_ok=True)
-    return len(files)
 
 
 def run_child(argv: list[str], env: dict, cwd: str) -> dict:
@@ -244,23 +242,22 @@ def main() -> None:
         cases = [c for c in cases if any(part in c["name"] for part in args.only.split("|"))]
     figures = inproc_figures()
     with tempfile.TemporaryDirectory(prefix="marssim-bench-cli-") as tmp:
-        environment = child_environment
         warm_cache, cold_cache = os.path.join(tmp, "warm"), os.path.join(tmp, "cold")
         work = os.path.join(tmp, "work")
         os.makedirs(work, exist_ok=True)
         if args.prime:
             for argv in prime():
-                run_child(argv, environment(warm_cache), work)
+                run_child(argv, child_environment(warm_cache), work)
         rows = []
         for case in cases:
             row = dict(name=case["name"])
             if args.cold == "all" or (args.cold == "quick" and (case.get("quick") or case.get("cold"))):
                 shutil.rmtree(cold_cache, ignore_errors=True)  # the first run after installing
                 forget_bytecode()
-                row["cold"] = run_child(case["argv"], environment(cold_cache), work)
+                row["cold"] = run_child(case["argv"], child_environment(cold_cache), work)
             if not args.prime:  # its own warm-up
-                run_child(case["argv"], environment(warm_cache), work)
-            row["warm"] = run_child(case["argv"], environment(warm_cache), work)
+                run_child(case["argv"], child_environment(warm_cache), work)
+            row["warm"] = run_child(case["argv"], child_environment(warm_cache), work)
             if "megatron" in case:
                 c = case["megatron"]
                 ip = figures.get((c["system"], c["workload"], c["config"]), {}).get(case["inproc"])

@@ -167,7 +167,7 @@ def tp_shards(graph: Graph, parallel) -> list[tuple[Op, Op]]:
     cast after it over the rank's low-precision GEMM weights (its ``1/dp`` shard when the
     distributed optimizer gathers them in FP8), as :func:`marssim.parallel.overlap.step_casts`
     counts them. Graph inputs and views are not timed."""
-    from marssim.parallel.memory import low_precision_rank_parameters, rank_parameters
+    from marssim.parallel.memory import low_precision_rank_parameters, rank_parameters, weight_cast_parameters
     from marssim.parallel.partition import op_rules, shard_loops
 
     rules = op_rules(graph, parallel)
@@ -175,7 +175,7 @@ def tp_shards(graph: Graph, parallel) -> list[tuple[Op, Op]]:
     share = parallel.dp if parallel.zero >= 1 else 1
     low_params = low_precision_rank_parameters(graph, parallel, rules)
     cfg = transformer_of(graph)
-    cast_share = parallel.dp_cp if cfg is not None and cfg.fp8_param_gather and parallel.zero >= 1 else 1
+    param_gather = cfg is not None and cfg.fp8_param_gather
     out = []
     for op in graph.ops:
         if op.kind == OpKind.INPUT or rules[op.name].alias:
@@ -184,7 +184,7 @@ def tp_shards(graph: Graph, parallel) -> list[tuple[Op, Op]]:
             continue
         sizes = shard_loops(op, rules[op.name], per_layer, share)
         if op.param("weights") and op.param("phase") == "opt":  # the weight cast after the step
-            sizes = {"C": max(1, -(-low_params.get(op.param("layer"), 0) // cast_share))}
+            sizes = {"C": max(1, weight_cast_parameters(low_params.get(op.param("layer"), 0), parallel, param_gather))}
         out.append((op, op.with_loops(**sizes) if sizes else op))
     return out
 

@@ -327,7 +327,7 @@ def optimizer_kernels(name: str, params: int, t, cfg) -> tuple[tuple[Op, ...], t
     else:  # torch.optim.AdamW, foreach: eight passes, 48 B read and 32 B written per parameter
         after.append(_elt(name + ".adamw_foreach", shape, "adam", "fp32", extra=72))
     model = t.dtype if t.dtype in DTYPE_BYTES and t.dtype not in ("fp8", "fp4") else "bf16"
-    if model != "fp32" and cfg.optimizer_dtype == "fp32":  # a bf16 state updates the weights in place
+    if model != "fp32" and not bf16_state:  # a bf16 state updates the weights in place
         after.append(_elt(name + ".to_model", shape, "cast", model, in_dtypes=("fp32",)))
     after.append(_elt(name + ".zero_grad", shape, "fill", g, inputs=0))
     return tuple(before), tuple(after)

@@ -143,6 +143,16 @@ def low_precision_rank_parameters(graph: Graph, cfg: ParallelConfig, rules) -> d
     return dict(per)
 
 
+def weight_cast_parameters(rank_low: int, cfg: ParallelConfig, fp8_param_gather: bool) -> int:
+    """Parameters the low-precision weight cast after an optimizer step converts on one rank, of
+    ``rank_low`` low-precision GEMM parameters it holds (:func:`low_precision_rank_parameters`):
+    its ``1/(dp x cp)`` shard when the distributed optimizer gathers the weights in FP8
+    (``fp8_param_gather`` with ZeRO), all of them otherwise."""
+    if fp8_param_gather and cfg.zero >= 1:
+        return -(-rank_low // cfg.dp_cp)
+    return rank_low
+
+
 def rank_weight_bytes(graph: Graph, cfg: ParallelConfig, rules) -> dict[int, float]:
     """Per layer group: bytes of weights one rank holds, each op's parameters at the bytes the
     workload holds per parameter (:func:`marssim.workload.llm.precision.held_weight_bytes`)."""

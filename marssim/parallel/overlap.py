@@ -28,7 +28,7 @@ from __future__ import annotations
 from marssim.workload import Op
 
 from .memo import graph_cached
-from .memory import low_precision_rank_parameters
+from .memory import low_precision_rank_parameters, weight_cast_parameters
 from .patterns import DP_RING
 
 __all__ = ["gather_bytes", "low_precision_parameters", "param_gather_unit", "param_gather_deps", "after_steps",
@@ -132,9 +132,7 @@ def step_casts(low, layer: int) -> tuple[Op | None, int]:
     count = low_precision_parameters(low).get(layer, 0) if cast is not None else 0
     if not count:
         return None, 0
-    if low.t.fp8_param_gather and low.cfg.zero >= 1:
-        count = -(-count // low.cfg.dp_cp)
-    return cast, count
+    return cast, weight_cast_parameters(count, low.cfg, low.t.fp8_param_gather)
 
 
 def after_steps(b, steps: list[tuple[int, Op, int]]) -> None:
