@@ -48,6 +48,32 @@ def test_experts_on_one_gpu_cost_what_a_prefill_graphs_experts_cost(n, h, cost, 
     assert seconds == pytest.approx(expected, rel=1e-12)
 
 
+@pytest.mark.parametrize("fused", [False, True])
+def test_fp8_experts_cost_their_casts_and_gemms(fused, cost, dgx):
+    """Under the FP8 recipe the experts' piece holds the casts of the grouped GEMMs' inputs
+    (``moe.dispatch.fp8``, ``moe.act.fp8``): at tp = ep = 1 it costs exactly the experts' ops of a
+    ``mode=prefill`` FP8 graph of the batch, a cast that ``fused_elementwise`` absorbs its bytes at
+    the DRAM bandwidth; the iteration model builds (no token-wise op reads a cast), and the FP8
+    model serves every request."""
+    model = load_model(SMALL + ",dtype=fp8")
+    im = IterationModel(model, dgx, (("gpu0",),), cost, fused_elementwise=fused)
+    n, h = 3, 100
+    fresh = build_transformer(with_overrides(model, mode="prefill", seq=h, batch=n, layers=1))
+    theirs = [op for op in fresh.ops if ".moe." in op.name and op.name.split(".")[-1] not in ("router", "topk")]
+    assert [op.name.split(".moe.")[-1] for op in theirs] == [
+        "dispatch", "dispatch.fp8", "gate", "up", "act", "act.fp8", "down", "combine"]
+    dram = float(dgx.accelerator("gpu0").memory.bandwidth)
+    casts = [op for op in theirs if op.param("fn") == "quantize"]
+    expected = sum(op.bytes_moved / dram if fused and op in casts else float(cost.op_cost(op, im.design(0)).time)
+                   for op in theirs)
+    seconds, comm, _, _ = im._experts_time(0, n * h)
+    assert comm == 0.0
+    assert seconds == pytest.approx(expected, rel=1e-12)
+    requests = Requests.of([0.0, 0.001, 0.002], [300, 40, 120], [8, 5, 3])
+    result = simulate_serving(Deployment((Pool(replicas=1, tp=1),)), model, dgx, cost, requests)
+    assert result.summary["completed"] == 3
+
+
 @pytest.mark.parametrize("count", [4, 37, 400])
 def test_the_busiest_rank_sets_the_expert_tokens(count, cost, dgx):
     """Experts 0-1 on rank 0 receive (5 + 1) / 12 of the routed tokens: twice a uniform rank's

@@ -62,7 +62,9 @@ of each kind and a stage's time counts its blocks of each kind (:attr:`Iteration
 
 When fewer tokens reach the busiest rank than it holds experts (decode at small batches), it
 runs only as many experts as tokens, one token each: a fused MoE kernel reads the weights of
-the experts that have tokens only (:meth:`IterationModel.expert_work`).
+the experts that have tokens only (:meth:`IterationModel.expert_work`). Under an FP8 recipe the
+casts of the grouped GEMMs' inputs (the dispatched tokens', the activation's) belong to the
+experts' piece, sized as the buffers they cast.
 
 An engine that fuses a block's element-wise ops into its other kernels (``fused_elementwise``:
 TensorRT-LLM, whose Llama block aiconfigurator-core 0.12.0 models as three element-wise kernels,
@@ -226,7 +228,7 @@ class IterationModel:
         sample = next(op for op, _ in head if op.param("what") == "sample")
         self.sample_bytes_per_row = sample.output_bytes / REF_BATCH
         self.hidden_bytes_per_token = config.hidden * self.dtype_bytes
-        self.absorbed = frozenset(op.name for op, _ in self._tokens.ops + self._dense_tokens.ops
+        self.absorbed = frozenset(op.name for op, _ in self._tokens.ops + self._dense_tokens.ops + self._experts.ops
                                   if self.fused_elementwise and absorbed_op(op))
         """Names of the token-wise ops an engine with ``fused_elementwise`` runs inside other kernels."""
         # per stage: the design of its GPUs and its ring's hops (latency, bottleneck bandwidth)
@@ -517,7 +519,13 @@ class IterationModel:
                 sizes[cut] = -(-loops[cut] // etp)
                 part = op.with_loops(**sizes)
             elif op.kind == OpKind.ELTWISE:
-                part = op.with_loops(N=local, C=-(-loops["C"] // etp), H=m)
+                # the activation and its FP8 cast hold the intermediate width, split as the column-
+                # parallel GEMMs before them; the dispatched tokens' cast holds the whole hidden width
+                whole = op.name.split(".")[-2:] == ["dispatch", "fp8"]
+                part = op.with_loops(N=local, C=loops["C"] if whole else -(-loops["C"] // etp), H=m)
+                if op.name in self.absorbed:  # an FP8 cast inside the kernel that produces its input
+                    total += part.bytes_moved / self._dram[stage]
+                    continue
             else:  # the dispatch into the experts' buffers, the weighted combine out of them
                 home = count if self.ep == 1 else -(-count // self.tp)  # the tokens a GPU dispatches
                 tokens = (1, h, home, 1)
@@ -685,8 +693,11 @@ def absorbed_op(op: Op) -> bool:
 
 def _expert_op(op: Op) -> bool:
     """Whether ``op`` (of a block) is one of the experts' piece: the dispatch, the grouped GEMMs
-    and their activation, the combine (the router and its top-k are token-wise)."""
+    and their activation, the combine, and under an FP8 recipe the casts of the experts' GEMM
+    inputs (``moe.dispatch.fp8``, ``moe.act.fp8``); the router and its top-k are token-wise."""
     parts = op.name.split(".")
+    if parts[-1] == "fp8" and op.param("fn") == "quantize":
+        parts = parts[:-1]
     return "moe" in parts and parts[-1] in _EXPERT_OPS
 
 
