@@ -69,6 +69,7 @@ from .table import format_note
 __all__ = ["AIC_SOURCE", "AIC_LICENSE", "AicGpu", "AIC_GPUS", "GEMM_DTYPES", "DEFAULT_M", "DEFAULT_WIDTHS",
            "DEFAULT_HEAD_DIMS", "DEFAULT_MIN_TOKENS", "DEFAULT_ATTENTION_HEADS", "KV_DTYPES", "data_root", "table_path",
            "stack_name", "gemm_rows", "context_attention_rows", "generation_attention_rows", "generation_attention_row",
+           "MOE_DTYPES", "MOE_GATED_KERNELS", "default_moe_shapes", "moe_rows",
            "AIC_COLLECTIVE_SYSTEMS", "AIC_COLLECTIVES", "AIC_NCCL_VERSIONS", "AIC_CUSTOM_ALLREDUCE", "collective_tables",
            "collective_rows", "collective_table_rows"]
 
@@ -200,6 +201,65 @@ def gemm_rows(path: Path, gpu: str, stack: str, package_version: str, date: str,
             driver="unknown", cuda="unknown", tuning="vendor", median_s=float(ms) * 1e-3, spread_s=0.0, samples=1,
             date=date, kernel=f"aiconfigurator:{src}" if src else "aiconfigurator", note=note, phase="fwd",
             stack=stack))
+    return out
+
+
+MOE_DTYPES = {"bfloat16": "bf16", "fp8": "fp8"}
+"""The package's ``moe_dtype`` values imported (``fp8``: per-tensor scaled E4M3 experts; the
+block-scaled and MXFP4 variants have no marssim dtype of their own)."""
+MOE_GATED_KERNELS = ("moe_torch_flow", "moe_torch_flow_cutlass")
+"""TensorRT-LLM's fused MoE operators of gated (SwiGLU) experts; ``moe_torch_flow_nongated`` runs
+experts without a gate (not a shape of the shipped models)."""
+
+
+def default_moe_shapes() -> set[tuple[int, int, int, int]]:
+    """``(hidden, intermediate, top-k, experts)`` of the shipped mixture-of-experts presets: the
+    shipped subset of the package's MoE table."""
+    from marssim.workload.llm.config import PRESETS, TransformerConfig
+
+    out = set()
+    for fields, _ in PRESETS.values():
+        c = TransformerConfig(**fields)
+        if c.is_moe:
+            out.add((c.hidden, c.expert_ffn_size, c.top_k, c.experts))
+    return out
+
+
+def moe_rows(path: Path, gpu: str, stack: str, package_version: str, date: str,
+             shapes: set[tuple[int, int, int, int]] | None = None,
+             distributions: Iterable[str] | None = None) -> list:
+    """The fused MoE rows of the package's ``moe_perf.parquet`` at ``path`` measured on ``gpu`` as
+    :class:`marssim.cost.moe_kernels.MoeKernelRow`: gated operators (:data:`MOE_GATED_KERNELS`) of
+    the types of :data:`MOE_DTYPES`, ``latency`` (ms) in seconds; ``shapes`` the ``(hidden,
+    intermediate, top-k, experts)`` and ``distributions`` the token distributions to keep (None:
+    all)."""
+    from marssim.cost.moe_kernels import MoeKernelRow, MoeShape
+
+    if gpu not in AIC_GPUS:
+        raise InputError(str(path), "gpu", f"expected one of {', '.join(AIC_GPUS)}, got {gpu!r}")
+    frame = _read_parquet(path)
+    need = {"moe_dtype", "num_tokens", "hidden_size", "inter_size", "topk", "num_experts", "moe_tp_size",
+            "moe_ep_size", "distribution", "latency", "kernel_source"}
+    missing = need - set(frame.columns)
+    if missing:
+        raise InputError(str(path), "columns", f"missing {', '.join(sorted(missing))}")
+    frame = frame[frame["moe_dtype"].isin(list(MOE_DTYPES)) & frame["kernel_source"].isin(list(MOE_GATED_KERNELS))]
+    if distributions is not None:
+        frame = frame[frame["distribution"].isin(list(distributions))]
+    rel = "/".join(path.parts[-5:])
+    out = []
+    for row in frame.itertuples(index=False):
+        key = (int(row.hidden_size), int(row.inter_size), int(row.topk), int(row.num_experts))
+        if shapes is not None and key not in shapes:
+            continue
+        ms = float(row.latency)
+        if not ms > 0 or int(row.num_tokens) < 1:
+            raise InputError(str(path), f"{row.moe_dtype} tokens={row.num_tokens} {key}",
+                             f"expected positive tokens and latency, got {ms!r}")
+        shape = MoeShape(AIC_GPUS[gpu].device, stack, MOE_DTYPES[row.moe_dtype], *key, int(row.moe_tp_size),
+                         int(row.moe_ep_size), str(row.distribution))
+        out.append(MoeKernelRow(shape, int(row.num_tokens), ms * 1e-3, str(row.kernel_source), AIC_SOURCE,
+                                package_version, AIC_LICENSE, f"systems/data/{rel}", date))
     return out
 
 

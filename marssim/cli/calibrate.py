@@ -192,9 +192,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="aiconfigurator: the framework's version directory (default 1.3.0rc20)")
     i.add_argument("--families", default="gemm,context-attention,generation-attention",
                    help="aiconfigurator: the kernel families to import, some of gemm, context-attention, "
-                        "generation-attention (default all three)")
+                        "generation-attention, moe (default the first three; moe: the fused mixture-of-experts "
+                        "operators -> traces/moe-kernels/<GPU>-aiconfigurator.csv)")
     i.add_argument("--shapes", default="default", choices=("default", "all"),
-                   help="aiconfigurator: the transformer subset of GEMM shapes (default) or every shape")
+                   help="aiconfigurator: the transformer subset of GEMM shapes and the MoE shapes of the shipped "
+                        "presets (default) or every shape")
     i.add_argument("--out", metavar="PATH",
                    help="where to write: a directory for vidur-compute (default traces/calibration) and vidur-network "
                         "(default traces/collectives), a .csv file for vidur-host (default "
@@ -718,9 +720,9 @@ def _import_aiconfigurator(args: argparse.Namespace) -> int:
             raise InputError(None, "--aic-gpus", f"expected some of {', '.join(AIC_GPUS)}, got {g!r}")
     families = [f.strip() for f in args.families.split(",") if f.strip()]
     for f in families:
-        if f not in ("gemm", "context-attention", "generation-attention"):
+        if f not in ("gemm", "context-attention", "generation-attention", "moe"):
             raise InputError(None, "--families", f"expected some of gemm, context-attention, generation-attention, "
-                                                 f"got {f!r}")
+                                                 f"moe, got {f!r}")
     date = args.date or datetime.date.today().isoformat()
     stack = stack_name(args.framework, args.framework_version)
     out_dir = Path(args.out) if args.out else traces_dir() / "calibration"
@@ -731,6 +733,9 @@ def _import_aiconfigurator(args: argparse.Namespace) -> int:
         target = out_dir / f"{device}-aiconfigurator.csv"
         done = []
         for family in families:
+            if family == "moe":
+                done.append(_import_aic_moe(root, gpu, args, stack, package_version, date))
+                continue
             if family == "gemm":
                 path = table_path(root, gpu, "gemm", args.framework, args.framework_version, "gemm")
                 rows = gemm_rows(path, gpu, stack, package_version, date, **subset)
@@ -762,9 +767,41 @@ def _import_aiconfigurator(args: argparse.Namespace) -> int:
             for r in rows:
                 counts[(r.kind, r.dtype)] = counts.get((r.kind, r.dtype), 0) + 1
             done += [f"{n:,} {d} {k}" for (k, d), n in sorted(counts.items())]
-        load_table(target)  # the full schema check of what was written
+        if any(f != "moe" for f in families):
+            load_table(target)  # the full schema check of what was written
         print(f"{target}: {device}, stack {stack}: " + ", ".join(done))
     return 0
+
+
+def _import_aic_moe(root: Path, gpu: str, args: argparse.Namespace, stack: str, package_version: str,
+                    date: str) -> str:
+    """The fused MoE operators of ``gpu`` into ``traces/moe-kernels/<GPU>-aiconfigurator.csv``
+    (or ``--out``'s directory); what was written, for the summary line."""
+    from marssim.calibrate.aiconfigurator import (
+        AIC_GPUS, AIC_LICENSE, AIC_SOURCE, default_moe_shapes, moe_rows, table_path,
+    )
+    from marssim.cost.calibrated import traces_dir
+    from marssim.cost.moe_kernels import BALANCED, merge_moe_kernels
+
+    path = table_path(root, gpu, "moe", args.framework, args.framework_version, "moe")
+    default = args.shapes == "default"
+    rows = moe_rows(path, gpu, stack, package_version, date, shapes=default_moe_shapes() if default else None,
+                    distributions=(BALANCED,) if default else None)
+    device = AIC_GPUS[gpu].device
+    out_dir = Path(args.out) if args.out else traces_dir() / "moe-kernels"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    target = out_dir / f"{device}-aiconfigurator.csv"
+    rel = path.relative_to(root).as_posix()
+    comment = (f"{AIC_SOURCE} {package_version} (NVIDIA, {AIC_LICENSE}): systems/data/{rel}, imported by `marssim "
+               f"calibrate import aiconfigurator --families moe --shapes {args.shapes}` as stack {stack}: "
+               f"{args.framework} {args.framework_version}'s fused MoE operators of gated experts on {gpu} (routing, "
+               "permute and quantization, grouped GEMMs and activation, un-permute; the router GEMM and collectives "
+               "excluded), bf16 and per-tensor fp8, by tokens, hidden, intermediate, top-k, experts, the GPU's "
+               "expert-tensor- and expert-parallel degrees and the token distribution (default subset: the shipped "
+               "presets' shapes, balanced routing); latency ms -> seconds; "
+               "measurement date, spread and samples not published (date: of the import)")
+    merge_moe_kernels(target, rows, comment)
+    return f"{len(rows):,} moe operators -> {target}"
 
 
 def _import_aiconfigurator_collectives(args: argparse.Namespace) -> int:

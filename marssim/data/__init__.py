@@ -12,12 +12,14 @@
   files), the checks of ``marssim validate --published``: ``traces/published/``;
 * :func:`attention_kernels`: published forward and backward rates of training stacks' fused
   attention kernels (``*.csv``, their sources in the files; :mod:`marssim.cost.attention_kernels`):
-  ``traces/attention-kernels/``.
+  ``traces/attention-kernels/``;
+* :func:`moe_kernels`: measured fused mixture-of-experts kernels of serving engines (``*.csv``,
+  every row its source; :mod:`marssim.cost.moe_kernels`): ``traces/moe-kernels/``.
 
 The directories stay where the repository keeps them. The build (``setup.py``) maps the
 packages ``marssim.data.topologies``, ``marssim.data.calibration``, ``marssim.data.collectives``,
-``marssim.data.host_overheads``, ``marssim.data.requests``, ``marssim.data.published`` and
-``marssim.data.attention_kernels`` onto them, so a wheel
+``marssim.data.host_overheads``, ``marssim.data.requests``, ``marssim.data.published``,
+``marssim.data.attention_kernels`` and ``marssim.data.moe_kernels`` onto them, so a wheel
 carries them as package data beside this module, where :mod:`importlib.resources` finds them.
 In a checkout (an editable install, or the source tree on ``PYTHONPATH``) this package lives in
 the repository and the directories are the repository's own.
@@ -34,7 +36,8 @@ __all__ = ["topologies", "calibration", "collectives", "host_overheads", "reques
 DATA_PACKAGES = {"marssim.data.topologies": "topologies", "marssim.data.calibration": "traces/calibration",
                  "marssim.data.collectives": "traces/collectives", "marssim.data.host_overheads": "traces/host-overheads",
                  "marssim.data.requests": "traces/requests", "marssim.data.published": "traces/published",
-                 "marssim.data.attention_kernels": "traces/attention-kernels"}
+                 "marssim.data.attention_kernels": "traces/attention-kernels",
+                 "marssim.data.moe_kernels": "traces/moe-kernels"}
 """Each data package and the repository directory it is built from."""
 
 
@@ -82,3 +85,8 @@ def published() -> Path:
 def attention_kernels() -> Path:
     """The shipped fused attention kernel sets (``*.csv``; see :mod:`marssim.cost.attention_kernels`)."""
     return _directory("attention_kernels")
+
+
+def moe_kernels() -> Path:
+    """The shipped measured fused mixture-of-experts kernels (``*.csv``; see :mod:`marssim.cost.moe_kernels`)."""
+    return _directory("moe_kernels")

@@ -254,6 +254,9 @@ class IterationModel:
         self._memo: list[dict] = [{} for _ in classes]
         self._collectives: dict[tuple, tuple[float, float, float]] = {}
         self._check_pieces()
+        self.expert_curves = tuple(self._expert_curve(d) for d in self._designs)
+        """Per stage: the measured fused MoE operator that times its experts
+        (:mod:`marssim.cost.moe_kernels`), or None (the experts' ops one by one)."""
 
     # ------------------------------------------------------------------ what the model times
     @property
@@ -500,8 +503,25 @@ class IterationModel:
         """Tokens each expert the busiest rank runs processes (:meth:`expert_work`)."""
         return self.expert_work(count)[1]
 
+    def _expert_curve(self, design):
+        """The measured fused MoE operator of this model's experts on ``design``, split as this
+        replica splits them, under uniform routing; None where the design's stacks measured none
+        (or the routing is skewed, or the experts are not gated)."""
+        from marssim.cost.model import design_stacks
+        from marssim.cost.moe_kernels import moe_curve
+
+        t = self.config
+        names = {op.name.split(".")[-1] for op, _ in self._experts.ops}
+        uniform = not t.expert_load or len(set(t.expert_load)) == 1
+        if not t.is_moe or not uniform or not {"gate", "up"} <= names or design.gpu is None:
+            return None
+        gate = next(op for op, _ in self._experts.ops if op.name.split(".")[-1] == "gate")
+        return moe_curve(design.gpu.calibration, design_stacks(design), gate.math_dtype, t.hidden, t.expert_ffn_size,
+                         t.top_k, t.experts, self.tp // self.ep, self.ep)
+
     def _experts_time(self, stage: int, count: int) -> tuple:
-        """The experts of one block for ``count`` new tokens on the busiest rank, with the
+        """The experts of one block for ``count`` new tokens on the busiest rank (the measured
+        fused operator where :attr:`expert_curves` has one, else their ops one by one), with the
         all-reduce (``ep = 1``) or the two all-to-alls and the all-gather (``ep = tp``)."""
         from dataclasses import replace
 
@@ -511,7 +531,8 @@ class IterationModel:
         etp = self.tp // self.ep
         h = t.hidden
         total = 0.0
-        for op, _ in self._experts.ops:
+        curve = self.expert_curves[stage]
+        for op, _ in () if curve is not None else self._experts.ops:
             loops = op.loop_dict
             if op.kind == OpKind.GEMM:
                 sizes = {"B": local, "M": m}
@@ -539,6 +560,8 @@ class IterationModel:
                     part = replace(op, in_shapes=(buffers, routing), out_shape=tokens)
                 part = replace(part, loops=tuple((k, new.get(k, v)) for k, v in op.loops))
             total += float(self.cost.op_cost(part, design).time)
+        if curve is not None:
+            total = curve(count)
         hidden = float(count * h * self.dtype_bytes)
         if self.tp == 1:
             return total, 0.0, 0.0, 0.0

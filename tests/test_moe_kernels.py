@@ -1,0 +1,172 @@
+"""Measured fused mixture-of-experts operators: the curve between measured token counts, the
+table's round trip and refusals, the importer's columns, and a serving iteration's experts timed
+by the operator where the design's stacks measured the layer."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+import marssim.cost.moe_kernels as mk
+from marssim.cli import main
+from marssim.cost.moe_kernels import (
+    BALANCED, MoeKernelRow, MoeShape, curves, load_moe_kernels, merge_moe_kernels, moe_curve, shipped_moe_curves,
+)
+from marssim.errors import InputError
+from marssim.serve import load_model
+from marssim.serve.itermodel import IterationModel
+
+SMALL = "moe:layers=2,hidden=512,heads=8,kv_heads=2,ffn=1024,experts=8,top_k=2,vocab=1000"
+STACK = "trtllm-1.3.0rc20"
+
+
+def _shape(**kw) -> MoeShape:
+    base = dict(device="H100", stack=STACK, dtype="bf16", hidden=512, inter=1024, top_k=2, experts=8, moe_tp=1,
+                moe_ep=1, distribution=BALANCED)
+    base.update(kw)
+    return MoeShape(**base)
+
+
+def _rows(shape: MoeShape, points: dict[int, float], kernel: str = "moe_torch_flow_cutlass") -> list[MoeKernelRow]:
+    return [MoeKernelRow(shape, t, s, kernel, "aiconfigurator-core", "9.9.9", "Apache-2.0", "f.parquet", "2026-01-02")
+            for t, s in points.items()]
+
+
+def test_the_curve_is_exact_at_measured_tokens_log_linear_between_and_proportional_beyond():
+    curve = curves(_rows(_shape(), {1: 1e-4, 4: 4e-4, 16: 8e-4}))[_shape()]
+    assert curve(1) == 1e-4 and curve(4) == 4e-4 and curve(16) == 8e-4
+    assert curve(2) == pytest.approx(2e-4, rel=1e-12)  # on the line through (ln 1, ln 1e-4) and (ln 4, ln 4e-4)
+    assert curve(8) == pytest.approx(math.sqrt(4e-4 * 8e-4), rel=1e-12)  # the geometric mean at the log midpoint
+    assert curve(64) == pytest.approx(8e-4 * 64 / 16, rel=1e-12)
+    assert all(curve(t) <= curve(t + 1) for t in range(1, 80))
+
+
+def test_of_two_operators_at_one_token_count_the_faster_times_it():
+    shape = _shape()
+    rows = _rows(shape, {8: 3e-4}, "moe_torch_flow") + _rows(shape, {8: 2e-4, 16: 5e-4})
+    assert curves(rows)[shape](8) == 2e-4
+
+
+def test_the_table_round_trips_and_a_merge_replaces_its_device_and_stack(tmp_path):
+    path = tmp_path / "H100-x.csv"
+    first = _rows(_shape(), {1: 1e-4, 2: 2e-4}) + _rows(_shape(stack="vllm-0.24.0"), {1: 3e-4})
+    merge_moe_kernels(path, first, "first import")
+    assert set(load_moe_kernels(path)) == set(first)
+    again = _rows(_shape(), {4: 5e-4})
+    merge_moe_kernels(path, again, "second import")
+    got = load_moe_kernels(path)
+    assert {(r.shape.stack, r.tokens) for r in got} == {("vllm-0.24.0", 1), (STACK, 4)}
+    text = path.read_text()
+    assert "# first import" in text and "# second import" in text
+
+
+@pytest.mark.parametrize("cell,value", [("tokens", "x"), ("seconds", "-1"), ("moe_ep", "0")])
+def test_a_bad_cell_names_the_file_and_row(tmp_path, cell, value):
+    path = tmp_path / "bad.csv"
+    merge_moe_kernels(path, _rows(_shape(), {1: 1e-4}), "c")
+    lines = path.read_text().splitlines()
+    header = lines[1].split(",")
+    cells = lines[2].split(",")
+    cells[header.index(cell)] = value
+    path.write_text("\n".join(lines[:2] + [",".join(cells)]) + "\n")
+    with pytest.raises(InputError) as err:
+        load_moe_kernels(path)
+    assert str(path) in str(err.value) and "row 1" in str(err.value)
+
+
+def test_a_missing_column_is_named(tmp_path):
+    path = tmp_path / "bad.csv"
+    path.write_text("device,stack\nH100,x\n")
+    with pytest.raises(InputError, match="missing"):
+        load_moe_kernels(path)
+
+
+def test_the_lookup_takes_the_first_stack_that_measured_the_layer():
+    table = curves(_rows(_shape(), {1: 1e-4}) + _rows(_shape(stack="vllm-0.24.0"), {1: 3e-4}))
+    assert moe_curve("H100", ("pytorch-2.11.0+cu130", "vllm-0.24.0", STACK), "bf16", 512, 1024, 2, 8, 1, 1,
+                     table=table)(1) == 3e-4
+    assert moe_curve("H100", STACK, "bf16", 512, 1024, 2, 8, 1, 1, table=table)(1) == 1e-4
+    assert moe_curve("H100", STACK, "fp8", 512, 1024, 2, 8, 1, 1, table=table) is None
+    assert moe_curve("H200", STACK, "bf16", 512, 1024, 2, 8, 1, 1, table=table) is None
+
+
+def _measured(monkeypatch, points: dict[int, float], **kw) -> None:
+    table = curves(_rows(_shape(**kw), points))
+    monkeypatch.setattr(mk, "shipped_moe_curves", lambda: table)
+
+
+@pytest.mark.parametrize("tp,ep", [(1, 1), (4, 1), (4, 4)])
+def test_a_serving_iteration_takes_the_measured_operator(monkeypatch, cost, dgx, tp, ep):
+    """With the operator measured for the layer split as the replica splits it (``moe_tp = tp /
+    ep``, ``moe_ep = ep``), the experts' compute is the curve at the iteration's tokens and their
+    communication is unchanged; under skewed routing, or for another split, the ops one by one."""
+    gpus = tuple(f"gpu{i}" for i in range(tp))
+    model = load_model(SMALL)
+    plain = IterationModel(model, dgx, (gpus,), cost, ep=ep)
+    assert plain.expert_curves == (None,)
+    _measured(monkeypatch, {1: 1e-4, 64: 2e-4, 4096: 9e-4}, moe_tp=tp // ep, moe_ep=ep)
+    im = IterationModel(model, dgx, (gpus,), cost, ep=ep)
+    assert im.expert_curves[0] is not None
+    for count in (1, 37, 64, 5000):
+        seconds, comm, _, _ = im._experts_time(0, count)
+        _, comm_plain, _, _ = plain._experts_time(0, count)
+        assert comm == comm_plain
+        assert seconds - comm == pytest.approx(im.expert_curves[0](count), rel=1e-12)
+    skewed = IterationModel(load_model(SMALL + ",expert_load=5/1/1/1/1/1/1/1"), dgx, (gpus,), cost, ep=ep)
+    assert skewed.expert_curves == (None,)
+    if tp > 1:  # the other split of the replica was not measured
+        assert IterationModel(model, dgx, (gpus,), cost, ep=tp if ep == 1 else 1).expert_curves == (None,)
+
+
+def test_the_fp8_experts_take_the_fp8_operator(monkeypatch, cost, dgx):
+    _measured(monkeypatch, {1: 1e-4, 64: 2e-4}, dtype="fp8")
+    assert IterationModel(load_model(SMALL), dgx, (("gpu0",),), cost).expert_curves == (None,)
+    assert IterationModel(load_model(SMALL + ",dtype=fp8"), dgx, (("gpu0",),), cost).expert_curves[0](64) == 2e-4
+
+
+def test_the_shipped_tables_cover_mixtral_on_hopper_and_blackwell():
+    """Every shipped GPU has Mixtral 8x7B's layer at tp 1-8 in bf16 and fp8 (the presets' subset),
+    each curve measured from 1 to 16,384 tokens and nondecreasing at its ends."""
+    table = shipped_moe_curves()
+    for device in ("H100", "H200", "B200", "GB200"):
+        for dtype in ("bf16", "fp8"):
+            for tp in (1, 2, 4, 8):
+                c = moe_curve(device, STACK, dtype, 4096, 14336, 2, 8, tp, 1, table=table)
+                assert c is not None, (device, dtype, tp)
+                assert c.tokens[0] == 1 and c.tokens[-1] == 16384
+                assert c.seconds[-1] > c.seconds[0]
+
+
+def test_the_importer_writes_each_column(tmp_path):
+    pd = pytest.importorskip("pandas")
+    pytest.importorskip("pyarrow")
+    root = tmp_path / "site"
+    (root / "aiconfigurator_core-9.9.9.dist-info").mkdir(parents=True)
+    where = root / "aiconfigurator_core" / "systems" / "data" / "h100_sxm" / "moe" / "trtllm" / "1.3.0rc20"
+    where.mkdir(parents=True)
+    cols = ["kernel_source", "moe_dtype", "num_tokens", "hidden_size", "inter_size", "topk", "num_experts",
+            "moe_tp_size", "moe_ep_size", "distribution", "latency"]
+    given = [("moe_torch_flow_cutlass", "fp8", 16, 4096, 14336, 2, 8, 2, 1, "balanced", 0.25),
+             ("moe_torch_flow_cutlass", "bfloat16", 16, 4096, 14336, 2, 8, 2, 1, "balanced", 0.5),
+             ("moe_torch_flow_cutlass", "bfloat16", 16, 4096, 14336, 2, 8, 2, 1, "power_law_1.2", 0.6),
+             ("moe_torch_flow_nongated", "bfloat16", 16, 4096, 14336, 2, 8, 2, 1, "balanced", 0.4),
+             ("moe_torch_flow_cutlass", "fp8_block", 16, 4096, 14336, 2, 8, 2, 1, "balanced", 0.3),
+             ("moe_torch_flow_cutlass", "bfloat16", 16, 1024, 2688, 22, 512, 2, 1, "balanced", 0.1)]
+    pd.DataFrame(given, columns=cols).to_parquet(where / "moe_perf.parquet")
+    out = tmp_path / "moe"
+    assert main(["calibrate", "import", "aiconfigurator", "--from", str(root), "--date", "2026-01-02",
+                 "--aic-gpus", "h100_sxm", "--out", str(out), "--families", "moe"]) == 0
+    rows = load_moe_kernels(out / "H100-aiconfigurator.csv")
+    # default subset: the presets' shapes, balanced routing, gated operators, bf16 and fp8
+    assert sorted((r.shape.dtype, r.seconds) for r in rows) == [("bf16", pytest.approx(5e-4)),
+                                                                ("fp8", pytest.approx(2.5e-4))]
+    r = rows[0]
+    assert (r.shape.device, r.shape.stack, r.shape.hidden, r.shape.inter, r.shape.top_k, r.shape.experts,
+            r.shape.moe_tp, r.shape.moe_ep, r.tokens) == ("H100", STACK, 4096, 14336, 2, 8, 2, 1, 16)
+    assert (r.source, r.version, r.license, r.date) == ("aiconfigurator-core", "9.9.9", "Apache-2.0", "2026-01-02")
+    assert main(["calibrate", "import", "aiconfigurator", "--from", str(root), "--date", "2026-01-02",
+                 "--aic-gpus", "h100_sxm", "--out", str(out), "--families", "moe", "--shapes", "all"]) == 0
+    assert len(load_moe_kernels(out / "H100-aiconfigurator.csv")) == 4  # every distribution and shape
+    assert Path(out / "H100-aiconfigurator.csv").read_text().startswith("# aiconfigurator-core 9.9.9")
