@@ -106,9 +106,12 @@ def test_a_serving_iteration_takes_the_measured_operator(monkeypatch, cost, dgx,
     model = load_model(SMALL)
     plain = IterationModel(model, dgx, (gpus,), cost, ep=ep)
     assert plain.expert_curves == (None,)
+    assert "one by one" in plain.experts_timing
     _measured(monkeypatch, {1: 1e-4, 64: 2e-4, 4096: 9e-4}, moe_tp=tp // ep, moe_ep=ep)
     im = IterationModel(model, dgx, (gpus,), cost, ep=ep)
     assert im.expert_curves[0] is not None
+    assert im.experts_timing.startswith("the measured fused MoE operator") and f"tp {tp // ep} x ep {ep}" in \
+        im.experts_timing
     for count in (1, 37, 64, 5000):
         seconds, comm, _, _ = im._experts_time(0, count)
         _, comm_plain, _, _ = plain._experts_time(0, count)

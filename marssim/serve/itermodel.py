@@ -503,6 +503,19 @@ class IterationModel:
         """Tokens each expert the busiest rank runs processes (:meth:`expert_work`)."""
         return self.expert_work(count)[1]
 
+    @property
+    def experts_timing(self) -> str:
+        """What times a mixture of experts' experts on the first stage (its measured fused
+        operator, or the ops one by one); empty for a dense model."""
+        if not self.config.is_moe:
+            return ""
+        curve = self.expert_curves[0]
+        if curve is None:
+            return "the experts' ops one by one (no measured fused MoE operator of this layer, split and routing)"
+        s = curve.shape
+        return (f"the measured fused MoE operator ({curve.source}, {s.device}, {s.dtype}, tp {s.moe_tp} x ep "
+                f"{s.moe_ep}, {len(curve.tokens)} token counts from {curve.tokens[0]:,} to {curve.tokens[-1]:,})")
+
     def _expert_curve(self, design):
         """The measured fused MoE operator of this model's experts on ``design``, split as this
         replica splits them, under uniform routing; None where the design's stacks measured none

@@ -55,6 +55,8 @@ def report_lines(result) -> list[str]:
         n = sum(1 for r in result.replicas if r.pool == info.pool)
         out.append(f"pool {info.pool} ({pool.role}, {n} x tp {pool.tp} pp {pool.pp} on {info.design}, "
                    f"{pool.scheduler.kind}): " + info.memory.lines()[0])
+        if info.experts:
+            out.append(f"pool {info.pool} experts: {info.experts}")
     if dep.disaggregated:
         p = sum(x.replicas for x in dep.pools if x.role == "prefill")
         d = sum(x.replicas for x in dep.pools if x.role == "decode")

@@ -60,6 +60,7 @@ class ReplicaInfo:
     gpus: tuple[tuple[str, ...], ...]  # per stage, tensor-parallel order
     design: str
     memory: ReplicaMemory
+    experts: str = ""  # a mixture of experts: what times its experts (IterationModel.experts_timing)
 
 
 @dataclass(frozen=True, eq=False)
@@ -147,7 +148,7 @@ class _Cluster:
                           host=host_time(pool.scheduler.engine, pool.scheduler.cuda_graphs, im,
                                          pool.scheduler.overlap))
             self.replicas.append(rep)
-            self.infos.append(ReplicaInfo(index, p, pool.role, stages, design, mem))
+            self.infos.append(ReplicaInfo(index, p, pool.role, stages, design, mem, im.experts_timing))
         front = [r for r in self.replicas if r.role in ("both", "prefill")]
         self.decoders = [r for r in self.replicas if r.role == "decode"]
         self.router = Router(deployment.router, front, seed)
