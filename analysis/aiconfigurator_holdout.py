@@ -31,6 +31,11 @@
    one by one (dispatch, grouped GEMMs, activation, casts, combine, each by the cost model) over
    the measured operator, for the shipped presets' layers at every tensor/expert-parallel split a
    serving replica of 1-8 GPUs runs (``ep = 1`` or ``ep = tp``), at every measured token count.
+7. The H100 harness's own bf16 GEMM rows (``traces/calibration/H100.csv``, stack
+   ``pytorch-2.11.0+cu130``: cuBLAS through PyTorch, each repetition after writing 256 MiB to flush
+   L2, CUDA events around the kernel) against AIConfigurator's rows of the same shapes (the same
+   cuBLAS GEMMs as TensorRT-LLM calls them), by the kernel's measured time: the difference and the
+   ratio, median and range.
 """
 
 from __future__ import annotations
@@ -332,6 +337,37 @@ def moe_holdout(lines: list[str]) -> None:
     lines.append("")
 
 
+def harness_against_aiconfigurator(lines: list[str]) -> None:
+    from marssim.cost.calibrated import load_table
+    from marssim.data import calibration
+    from marssim.system.describe import format_table
+
+    theirs = {(r.m, r.n, r.k): r.median_s for r in load_table(calibration() / "H100-aiconfigurator.csv").rows
+              if r.kind == "gemm" and r.dtype == "bf16" and r.batch == 1}
+    pairs = [(r.median_s, theirs[(r.m, r.n, r.k)]) for r in load_table(calibration() / "H100.csv").rows
+             if r.kind == "gemm" and r.dtype == "bf16" and r.tuning == "vendor" and r.batch == 1
+             and r.stack.startswith("pytorch") and (r.m, r.n, r.k) in theirs]
+    rows = []
+    for lo, hi in ((0.0, 10e-6), (10e-6, 30e-6), (30e-6, 100e-6), (100e-6, 1.0)):
+        sel = [(o, t) for o, t in pairs if lo <= t < hi]
+        if not sel:
+            continue
+        diff = np.array([o - t for o, t in sel]) * 1e6
+        ratio = np.array([o / t for o, t in sel])
+        rows.append([f"{lo * 1e6:g}-{hi * 1e6:g} us" if hi < 1 else f">= {lo * 1e6:g} us", str(len(sel)),
+                     f"{np.median(diff):.1f}", f"{diff.min():.1f} to {diff.max():.1f}", f"{np.median(ratio):.2f}",
+                     f"{ratio.min():.2f} to {ratio.max():.2f}"])
+    lines.append("7. The H100 harness's bf16 GEMMs (pytorch-2.11.0+cu130) against AIConfigurator's at the same shapes "
+                 f"({len(pairs)} shapes)")
+    lines.append("")
+    lines.extend(format_table(["AIConfigurator's time", "shapes", "harness - theirs, us (median)", "range",
+                               "harness / theirs (median)", "range"], rows, indent="  "))
+    lines.append("")
+    lines.append("  The harness times each repetition of a kernel alone after a 256 MiB write (an L2 left full of dirty "
+                 "lines), between two CUDA events; an engine's kernels run back to back.")
+    lines.append("")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", help="aiconfigurator-core's systems/data (default: the installed package)")
@@ -346,6 +382,7 @@ def main() -> int:
     attention_holdout(lines)
     attention_package(lines, args.data)
     moe_holdout(lines)
+    harness_against_aiconfigurator(lines)
     lines.append(f"wall {time.perf_counter() - t0:.1f} s, CPU {time.process_time() - c0:.1f} s")
     print("\n".join(lines))
     return 0
