@@ -363,8 +363,8 @@ def harness_against_aiconfigurator(lines: list[str]) -> None:
     lines.extend(format_table(["AIConfigurator's time", "shapes", "harness - theirs, us (median)", "range",
                                "harness / theirs (median)", "range"], rows, indent="  "))
     lines.append("")
-    lines.append("  The harness times each repetition of a kernel alone after a 256 MiB write (an L2 left full of dirty "
-                 "lines), between two CUDA events; an engine's kernels run back to back.")
+    lines.append("  The harness times each repetition of a kernel alone after a 256 MiB write (an L2 left full of "
+                 "dirty lines), between two CUDA events; an engine's kernels run back to back.")
     lines.append("")
 
 
