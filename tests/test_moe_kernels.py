@@ -62,8 +62,9 @@ def test_the_table_round_trips_and_a_merge_replaces_its_device_and_stack(tmp_pat
     assert "# first import" in text and "# second import" in text
 
 
-@pytest.mark.parametrize("cell,value", [("tokens", "x"), ("seconds", "-1"), ("moe_ep", "0")])
-def test_a_bad_cell_names_the_file_and_row(tmp_path, cell, value):
+@pytest.mark.parametrize("cell,value,expected", [("tokens", "x", "integer"), ("seconds", "-1", "positive"),
+                                                  ("moe_ep", "0", "positive"), ("device", "", "empty")])
+def test_a_bad_cell_names_the_file_line_and_column(tmp_path, cell, value, expected):
     path = tmp_path / "bad.csv"
     merge_moe_kernels(path, _rows(_shape(), {1: 1e-4}), "c")
     lines = path.read_text().splitlines()
@@ -73,14 +74,39 @@ def test_a_bad_cell_names_the_file_and_row(tmp_path, cell, value):
     path.write_text("\n".join(lines[:2] + [",".join(cells)]) + "\n")
     with pytest.raises(InputError) as err:
         load_moe_kernels(path)
-    assert str(path) in str(err.value) and "row 1" in str(err.value)
+    text = str(err.value)
+    assert str(path) in text and f"line 3, {cell}" in text and expected in text
+
+
+def test_a_row_with_more_cells_than_columns_is_refused(tmp_path):
+    path = tmp_path / "bad.csv"
+    merge_moe_kernels(path, _rows(_shape(), {1: 1e-4}), "c")
+    path.write_text(path.read_text().rstrip("\n") + ",extra\n")
+    with pytest.raises(InputError, match="line 3"):
+        load_moe_kernels(path)
 
 
 def test_a_missing_column_is_named(tmp_path):
     path = tmp_path / "bad.csv"
     path.write_text("device,stack\nH100,x\n")
-    with pytest.raises(InputError, match="missing"):
+    with pytest.raises(InputError, match="missing dtype, tokens, hidden"):
         load_moe_kernels(path)
+
+
+def test_a_merge_of_no_rows_is_refused(tmp_path):
+    with pytest.raises(InputError, match="got none"):
+        merge_moe_kernels(tmp_path / "x.csv", [], "c")
+    assert not (tmp_path / "x.csv").exists()
+
+
+def test_the_tables_are_read_from_marssim_traces_where_set(tmp_path, monkeypatch):
+    """As the calibration tables: ``$MARSSIM_TRACES/moe-kernels`` replaces the shipped tables."""
+    monkeypatch.setenv("MARSSIM_TRACES", str(tmp_path))
+    (tmp_path / "moe-kernels").mkdir()
+    merge_moe_kernels(tmp_path / "moe-kernels" / "mine.csv", _rows(_shape(), {1: 7e-5}), "mine")
+    assert mk.moe_kernels_dir() == tmp_path / "moe-kernels"
+    table = shipped_moe_curves()
+    assert list(table) == [_shape()] and table[_shape()](1) == 7e-5
 
 
 def test_the_lookup_takes_the_first_stack_that_measured_the_layer():
@@ -129,9 +155,67 @@ def test_the_fp8_experts_take_the_fp8_operator(monkeypatch, cost, dgx):
     assert IterationModel(load_model(SMALL + ",dtype=fp8"), dgx, (("gpu0",),), cost).expert_curves[0](64) == 2e-4
 
 
+def test_the_measured_operator_routes_itself(monkeypatch, cost, dgx):
+    """With the measured operator the token-wise piece leaves out the router's top-k (the operator
+    runs it): exactly that op's time less, at every token count."""
+    model = load_model(SMALL)
+    plain = IterationModel(model, dgx, (("gpu0",),), cost)
+    topk = next((op, r) for op, r in plain.token_ops if op.name.endswith(".moe.topk"))
+    _measured(monkeypatch, {1: 1e-4, 64: 2e-4})
+    im = IterationModel(model, dgx, (("gpu0",),), cost)
+    from marssim.serve.itermodel import resize_tokens
+
+    for tokens in ((1, 1), (4, 33), (2, 300)):
+        alone = im._shards([(resize_tokens(topk[0], *tokens, im.ref_tokens), topk[1])], 0)[0]
+        assert plain._tokens_time(0, tokens)[0] - im._tokens_time(0, tokens)[0] == pytest.approx(alone, rel=1e-9)
+
+
+def test_an_nvfp4_moe_model_serves_its_experts_one_by_one(cost):
+    """NVFP4 (no measured operator shipped): the amax and cast before each expert GEMM are in the
+    experts' piece, the model builds on a B200 node and serves every request."""
+    from marssim.serve import Deployment, Pool, Requests
+    from marssim.serve.simulate import simulate_serving
+    from marssim.system import load_system
+
+    b200 = load_system("dgx-b200-cluster:nodes=1")
+    model = load_model(SMALL + ",dtype=fp4")
+    im = IterationModel(model, b200, (("gpu0", "gpu1"),), cost)
+    names = {op.name.split(".moe.")[-1] for op, _ in im._experts.ops}
+    assert {"dispatch.amax", "dispatch.fp4", "act.amax", "act.fp4"} <= names
+    assert im.expert_curves == (None,)
+    result = simulate_serving(Deployment((Pool(replicas=1, tp=2),)), model, b200, cost,
+                              Requests.of([0.0, 0.001], [100, 40], [4, 3]))
+    assert result.summary["completed"] == 2
+
+
+def test_fp8_casts_of_the_experts_at_tp2_are_sized_as_their_buffers(cost, dgx):
+    """At tp 2 (ep 1) every GPU casts its experts' whole dispatched tokens (the hidden width not
+    split) and its half of the activation (the column-parallel split), for the tokens each of its
+    experts runs."""
+    model = load_model(SMALL + ",dtype=fp8")
+    seen = {}
+
+    class Recording:
+        def __getattr__(self, name):
+            return getattr(cost, name)
+
+        def op_cost(self, op, design):
+            seen[op.name.split(".moe.")[-1]] = op.loop_dict
+            return cost.op_cost(op, design)
+
+    im = IterationModel(model, dgx, (("gpu0", "gpu1"),), Recording())
+    count = 300
+    local, m = im.expert_work(count)
+    seen.clear()
+    im._experts_time(0, count)
+    assert seen["dispatch.fp8"] == {"N": local, "C": 512, "H": m, "W": 1}
+    assert seen["act.fp8"] == {"N": local, "C": 1024 // 2, "H": m, "W": 1}
+    assert seen["gate"]["N"] == 1024 // 2 and seen["down"]["K"] == 1024 // 2
+
+
 def test_the_shipped_tables_cover_mixtral_on_hopper_and_blackwell():
     """Every shipped GPU has Mixtral 8x7B's layer at tp 1-8 in bf16 and fp8 (the presets' subset),
-    each curve measured from 1 to 16,384 tokens and nondecreasing at its ends."""
+    each curve measured from 1 to 16,384 tokens, the largest count the slowest."""
     table = shipped_moe_curves()
     for device in ("H100", "H200", "B200", "GB200"):
         for dtype in ("bf16", "fp8"):
@@ -139,7 +223,7 @@ def test_the_shipped_tables_cover_mixtral_on_hopper_and_blackwell():
                 c = moe_curve(device, STACK, dtype, 4096, 14336, 2, 8, tp, 1, table=table)
                 assert c is not None, (device, dtype, tp)
                 assert c.tokens[0] == 1 and c.tokens[-1] == 16384
-                assert c.seconds[-1] > c.seconds[0]
+                assert c.seconds[-1] == max(c.seconds)
 
 
 def test_the_importer_writes_each_column(tmp_path):
@@ -161,7 +245,7 @@ def test_the_importer_writes_each_column(tmp_path):
     out = tmp_path / "moe"
     assert main(["calibrate", "import", "aiconfigurator", "--from", str(root), "--date", "2026-01-02",
                  "--aic-gpus", "h100_sxm", "--out", str(out), "--families", "moe"]) == 0
-    rows = load_moe_kernels(out / "H100-aiconfigurator.csv")
+    rows = load_moe_kernels(out / "H100-aiconfigurator-moe.csv")
     # default subset: the presets' shapes, balanced routing, gated operators, bf16 and fp8
     assert sorted((r.shape.dtype, r.seconds) for r in rows) == [("bf16", pytest.approx(5e-4)),
                                                                 ("fp8", pytest.approx(2.5e-4))]
@@ -171,5 +255,18 @@ def test_the_importer_writes_each_column(tmp_path):
     assert (r.source, r.version, r.license, r.date) == ("aiconfigurator-core", "9.9.9", "Apache-2.0", "2026-01-02")
     assert main(["calibrate", "import", "aiconfigurator", "--from", str(root), "--date", "2026-01-02",
                  "--aic-gpus", "h100_sxm", "--out", str(out), "--families", "moe", "--shapes", "all"]) == 0
-    assert len(load_moe_kernels(out / "H100-aiconfigurator.csv")) == 4  # every distribution and shape
-    assert Path(out / "H100-aiconfigurator.csv").read_text().startswith("# aiconfigurator-core 9.9.9")
+    assert len(load_moe_kernels(out / "H100-aiconfigurator-moe.csv")) == 4  # every distribution and shape
+    assert Path(out / "H100-aiconfigurator-moe.csv").read_text().startswith("# aiconfigurator-core 9.9.9")
+    # GEMMs and MoE operators imported into one directory: two tables, each its own schema
+    gemm = root / "aiconfigurator_core" / "systems" / "data" / "h100_sxm" / "gemm" / "trtllm" / "1.3.0rc20"
+    gemm.mkdir(parents=True)
+    pd.DataFrame([("NVIDIA H100 80GB HBM3", "torch_flow", "bfloat16", 16, 4096, 4096, 0.02)],
+                 columns=["device", "kernel_source", "gemm_dtype", "m", "n", "k", "latency"]).to_parquet(
+        gemm / "gemm_perf.parquet")
+    both = tmp_path / "both"
+    assert main(["calibrate", "import", "aiconfigurator", "--from", str(root), "--date", "2026-01-02",
+                 "--aic-gpus", "h100_sxm", "--out", str(both), "--families", "gemm,moe"]) == 0
+    from marssim.cost.calibrated import load_table
+
+    assert len(load_table(both / "H100-aiconfigurator.csv").rows) == 1
+    assert len(load_moe_kernels(both / "H100-aiconfigurator-moe.csv")) == 2

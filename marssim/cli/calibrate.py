@@ -193,14 +193,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     i.add_argument("--families", default="gemm,context-attention,generation-attention",
                    help="aiconfigurator: the kernel families to import, some of gemm, context-attention, "
                         "generation-attention, moe (default the first three; moe: the fused mixture-of-experts "
-                        "operators -> traces/moe-kernels/<GPU>-aiconfigurator.csv)")
+                        "operators -> traces/moe-kernels/<GPU>-aiconfigurator-moe.csv)")
     i.add_argument("--shapes", default="default", choices=("default", "all"),
                    help="aiconfigurator: the transformer subset of GEMM shapes and the MoE shapes of the shipped "
                         "presets (default) or every shape")
     i.add_argument("--out", metavar="PATH",
                    help="where to write: a directory for vidur-compute (default traces/calibration) and vidur-network "
                         "(default traces/collectives), a .csv file for vidur-host (default "
-                        "traces/host-overheads/A100.csv), a directory for aiconfigurator (default traces/calibration)")
+                        "traces/host-overheads/A100.csv), a directory for aiconfigurator (default traces/calibration; "
+                        "its moe family: traces/moe-kernels, <GPU>-aiconfigurator-moe.csv)")
     i.set_defaults(func=run_import)
     p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
 
@@ -726,7 +727,9 @@ def _import_aiconfigurator(args: argparse.Namespace) -> int:
     date = args.date or datetime.date.today().isoformat()
     stack = stack_name(args.framework, args.framework_version)
     out_dir = Path(args.out) if args.out else traces_dir() / "calibration"
-    out_dir.mkdir(parents=True, exist_ok=True)
+    kernel_families = [f for f in families if f != "moe"]
+    if kernel_families:
+        out_dir.mkdir(parents=True, exist_ok=True)
     subset = {} if args.shapes == "default" else {"m_values": None, "widths": None}
     for gpu in gpus:
         device = AIC_GPUS[gpu].device
@@ -767,15 +770,15 @@ def _import_aiconfigurator(args: argparse.Namespace) -> int:
             for r in rows:
                 counts[(r.kind, r.dtype)] = counts.get((r.kind, r.dtype), 0) + 1
             done += [f"{n:,} {d} {k}" for (k, d), n in sorted(counts.items())]
-        if any(f != "moe" for f in families):
+        if kernel_families:
             load_table(target)  # the full schema check of what was written
-        print(f"{target}: {device}, stack {stack}: " + ", ".join(done))
+        print(f"{target if kernel_families else device}: {device}, stack {stack}: " + ", ".join(done))
     return 0
 
 
 def _import_aic_moe(root: Path, gpu: str, args: argparse.Namespace, stack: str, package_version: str,
                     date: str) -> str:
-    """The fused MoE operators of ``gpu`` into ``traces/moe-kernels/<GPU>-aiconfigurator.csv``
+    """The fused MoE operators of ``gpu`` into ``traces/moe-kernels/<GPU>-aiconfigurator-moe.csv``
     (or ``--out``'s directory); what was written, for the summary line."""
     from marssim.calibrate.aiconfigurator import (
         AIC_GPUS, AIC_LICENSE, AIC_SOURCE, default_moe_shapes, moe_rows, table_path,
@@ -787,10 +790,14 @@ def _import_aic_moe(root: Path, gpu: str, args: argparse.Namespace, stack: str, 
     default = args.shapes == "default"
     rows = moe_rows(path, gpu, stack, package_version, date, shapes=default_moe_shapes() if default else None,
                     distributions=(BALANCED,) if default else None)
+    if not rows:
+        raise InputError(str(path), "moe", "expected measured MoE operators of gated experts in bf16 or fp8"
+                                           + (" of the shipped presets' shapes (--shapes all: every shape)" if default
+                                              else "") + ", found none")
     device = AIC_GPUS[gpu].device
     out_dir = Path(args.out) if args.out else traces_dir() / "moe-kernels"
     out_dir.mkdir(parents=True, exist_ok=True)
-    target = out_dir / f"{device}-aiconfigurator.csv"
+    target = out_dir / f"{device}-aiconfigurator-moe.csv"  # beside a --out directory's kernel tables
     rel = path.relative_to(root).as_posix()
     comment = (f"{AIC_SOURCE} {package_version} (NVIDIA, {AIC_LICENSE}): systems/data/{rel}, imported by `marssim "
                f"calibrate import aiconfigurator --families moe --shapes {args.shapes}` as stack {stack}: "
@@ -801,7 +808,7 @@ def _import_aic_moe(root: Path, gpu: str, args: argparse.Namespace, stack: str, 
                "presets' shapes, balanced routing); latency ms -> seconds; "
                "measurement date, spread and samples not published (date: of the import)")
     merge_moe_kernels(target, rows, comment)
-    return f"{len(rows):,} moe operators -> {target}"
+    return f"{len(rows):,} MoE operators -> {target}"
 
 
 def _import_aiconfigurator_collectives(args: argparse.Namespace) -> int:

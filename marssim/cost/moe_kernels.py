@@ -9,7 +9,7 @@ TensorRT-LLM's ``moe_torch_flow*`` operators, the router's GEMM and every collec
 tokens, hidden size, intermediate size, top-k, experts, the expert-tensor-parallel and
 expert-parallel degrees of the GPU's share (``moe_tp``, ``moe_ep``), element type and the
 routing's token distribution. ``marssim calibrate import aiconfigurator --families moe`` converts
-those rows into ``traces/moe-kernels/<GPU>-aiconfigurator.csv`` (:data:`COLUMNS`; every row its
+those rows into ``traces/moe-kernels/<GPU>-aiconfigurator-moe.csv`` (:data:`COLUMNS`; every row its
 source, version and licence).
 
 A serving iteration's experts (:meth:`marssim.serve.itermodel.IterationModel._experts_time`) take
@@ -27,6 +27,7 @@ from __future__ import annotations
 import bisect
 import csv
 import math
+import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -35,7 +36,7 @@ from pathlib import Path
 from marssim.errors import InputError
 
 __all__ = ["COLUMNS", "MoeShape", "MoeKernelRow", "MoeCurve", "load_moe_kernels", "write_moe_kernels",
-           "merge_moe_kernels", "curves", "shipped_moe_curves", "moe_curve", "BALANCED"]
+           "merge_moe_kernels", "curves", "moe_kernels_dir", "shipped_moe_curves", "moe_curve", "BALANCED"]
 
 COLUMNS = ("device", "stack", "dtype", "tokens", "hidden", "inter", "top_k", "experts", "moe_tp", "moe_ep",
            "distribution", "seconds", "kernel", "source", "version", "license", "file", "date")
@@ -116,30 +117,43 @@ _INTS = ("tokens", "hidden", "inter", "top_k", "experts", "moe_tp", "moe_ep")
 
 
 def load_moe_kernels(path: str | Path) -> list[MoeKernelRow]:
-    """The rows of one table (``#`` lines are comments); InputError naming the file, the row and
-    the column for a missing column or a value that is not what :data:`COLUMNS` says."""
+    """The rows of one table (``#`` lines are comments); InputError naming the file, the line and
+    the column for a missing column, a missing, empty or extra cell, or a value that is not what
+    :data:`COLUMNS` says."""
     path = Path(path)
     with path.open(newline="") as f:
-        reader = csv.DictReader(line for line in f if not line.startswith("#"))
-        missing = [c for c in COLUMNS if c not in (reader.fieldnames or ())]
-        if missing:
-            raise InputError(str(path), "columns", f"expected the columns {', '.join(COLUMNS)}; missing "
-                                                   f"{', '.join(missing)}")
-        out = []
-        for n, r in enumerate(reader, start=1):
+        lines = [(n, line) for n, line in enumerate(f, start=1) if not line.startswith("#")]
+    reader = csv.DictReader((line for _, line in lines), restkey="_extra")
+    missing = [c for c in COLUMNS if c not in (reader.fieldnames or ())]
+    if missing:
+        raise InputError(str(path), "columns", f"expected the columns {', '.join(COLUMNS)}; missing "
+                                               f"{', '.join(missing)}")
+    out = []
+    for (n, _), r in zip(lines[1:], reader):
+        where = f"line {n}"
+        if r.get("_extra"):
+            raise InputError(str(path), where, f"expected {len(reader.fieldnames)} cells, got more")
+        for c in COLUMNS:
+            if not r.get(c):
+                raise InputError(str(path), f"{where}, {c}", "expected a value, got an empty or missing cell")
+        ints = {}
+        for c in _INTS:
             try:
-                ints = {c: int(r[c]) for c in _INTS}
-                seconds = float(r["seconds"])
-            except (TypeError, ValueError) as err:
-                raise InputError(str(path), f"row {n}", f"expected integer {', '.join(_INTS)} and a number of "
-                                                        f"seconds: {err}") from None
-            if min(ints.values()) < 1 or not seconds > 0 or not math.isfinite(seconds):
-                raise InputError(str(path), f"row {n}", "expected positive sizes and degrees and positive finite "
-                                                        "seconds")
-            shape = MoeShape(r["device"], r["stack"], r["dtype"], ints["hidden"], ints["inter"], ints["top_k"],
-                             ints["experts"], ints["moe_tp"], ints["moe_ep"], r["distribution"])
-            out.append(MoeKernelRow(shape, ints["tokens"], seconds, r["kernel"], r["source"], r["version"],
-                                    r["license"], r["file"], r["date"]))
+                ints[c] = int(r[c])
+            except ValueError:
+                raise InputError(str(path), f"{where}, {c}", f"expected an integer, got {r[c]!r}") from None
+            if ints[c] < 1:
+                raise InputError(str(path), f"{where}, {c}", f"expected a positive integer, got {ints[c]}")
+        try:
+            seconds = float(r["seconds"])
+        except ValueError:
+            raise InputError(str(path), f"{where}, seconds", f"expected a number, got {r['seconds']!r}") from None
+        if not seconds > 0 or not math.isfinite(seconds):
+            raise InputError(str(path), f"{where}, seconds", f"expected positive finite seconds, got {seconds}")
+        shape = MoeShape(r["device"], r["stack"], r["dtype"], ints["hidden"], ints["inter"], ints["top_k"],
+                         ints["experts"], ints["moe_tp"], ints["moe_ep"], r["distribution"])
+        out.append(MoeKernelRow(shape, ints["tokens"], seconds, r["kernel"], r["source"], r["version"],
+                                r["license"], r["file"], r["date"]))
     return out
 
 
@@ -148,7 +162,9 @@ def write_moe_kernels(path: str | Path, rows: Sequence[MoeKernelRow], comments: 
     prepended where missing) to ``path``, atomically."""
     from marssim.fsutil import atomic_file
 
-    ordered = sorted(rows, key=lambda r: (tuple(str(v) for v in vars(r.shape).values()), r.tokens, r.kernel))
+    ordered = sorted(rows, key=lambda r: (r.shape.device, r.shape.stack, r.shape.dtype, r.shape.hidden, r.shape.inter,
+                                          r.shape.top_k, r.shape.experts, r.shape.moe_tp, r.shape.moe_ep,
+                                          r.shape.distribution, r.tokens, r.kernel))
     with atomic_file(Path(path), "w", newline="") as fh:
         for c in comments:
             fh.write((c if c.startswith("#") else f"# {c}") + "\n")
@@ -162,6 +178,8 @@ def merge_moe_kernels(path: str | Path, rows: Sequence[MoeKernelRow], comment: s
     """Add ``rows`` to the table at ``path`` (created if absent): the file's rows of the same
     device and stack are replaced; its comments kept, ``comment`` added unless there. The rows."""
     p = Path(path)
+    if not rows:
+        raise InputError(str(p), "rows", "expected measured MoE operators to add, got none")
     replaced = {(r.shape.device, r.shape.stack) for r in rows}
     kept = [r for r in load_moe_kernels(p) if (r.shape.device, r.shape.stack) not in replaced] if p.exists() else []
     comments = [line.rstrip("\n") for line in p.read_text().splitlines() if line.startswith("#")] if p.exists() else []
@@ -184,19 +202,32 @@ def curves(rows: Iterable[MoeKernelRow]) -> dict[MoeShape, MoeCurve]:
     out = {}
     for shape, at in best.items():
         xs = sorted(at)
-        first = at[xs[0]]
+        sources = sorted({f"{r.source} {r.version}" for r in at.values()})
         out[shape] = MoeCurve(shape, tuple(xs), tuple(at[x].seconds for x in xs),
-                              f"{first.source} {first.version} {shape.stack}")
+                              f"{', '.join(sources)} {shape.stack}")
     return out
 
 
-@lru_cache(maxsize=1)
-def shipped_moe_curves() -> dict[MoeShape, MoeCurve]:
-    """The curves of every shipped table (``traces/moe-kernels/*.csv``)."""
+def moe_kernels_dir() -> Path:
+    """Where the tables are read from: ``$MARSSIM_TRACES/moe-kernels`` where that is set (as the
+    calibration tables, :func:`marssim.cost.calibrated.calibration_dir`), else the tables that ship
+    with marssim (package data; :func:`marssim.data.moe_kernels`)."""
+    if os.environ.get("MARSSIM_TRACES"):
+        return Path(os.environ["MARSSIM_TRACES"]) / "moe-kernels"
     from marssim.data import moe_kernels
 
+    return moe_kernels()
+
+
+def shipped_moe_curves() -> dict[MoeShape, MoeCurve]:
+    """The curves of every table of :func:`moe_kernels_dir` (``*.csv``), read once per directory."""
+    return _curves_of(str(moe_kernels_dir()))
+
+
+@lru_cache(maxsize=4)
+def _curves_of(directory: str) -> dict[MoeShape, MoeCurve]:
     rows: list[MoeKernelRow] = []
-    for path in sorted(moe_kernels().glob("*.csv")):
+    for path in sorted(Path(directory).glob("*.csv")):
         rows += load_moe_kernels(path)
     return curves(rows)
 

@@ -32,7 +32,9 @@ stage's ring (:func:`marssim.collectives.group.hop_step`); where the collective 
 describe the group, ring steps at the links' line rate (``steps x (latency + chunk / bandwidth)``
 at the slowest hop). So one request alone (or a batch of equal requests) takes the time
 ``serving_times`` and the estimate of the same ``mode=prefill`` / ``mode=decode`` graph give: the
-test suite checks it to 1e-9.
+test suite checks it to 1e-9. (Not where a measured fused MoE operator times a mixture of experts'
+experts, below: the graph's estimate and ``serving_times``, which the deployment search screens
+with, time their ops one by one.)
 
 A mixture-of-experts block (``moe``) replaces the MLP: the router and its top-k over the batch's
 tokens (replicated, token-wise ops as above), then the experts, timed as one piece per batch size
@@ -425,7 +427,11 @@ class IterationModel:
     # every piece: (seconds, of them in collectives, collective bytes per rank, seconds of step latencies)
     def _tokens_time(self, stage: int, tokens: tuple[int, int]) -> tuple:
         n, h = tokens
-        return self._walk(stage, [(resize_tokens(op, n, h, self.ref_tokens), r) for op, r in self._tokens.ops])
+        # a measured fused MoE operator routes its tokens itself (its top-k inside): the router's
+        # top-k op is not charged twice
+        fused = self.expert_curves[stage] is not None
+        return self._walk(stage, [(resize_tokens(op, n, h, self.ref_tokens), r) for op, r in self._tokens.ops
+                                  if not (fused and op.name.endswith(".moe.topk"))])
 
     def _dense_tokens_time(self, stage: int, tokens: tuple[int, int]) -> tuple:
         n, h = tokens
@@ -535,7 +541,13 @@ class IterationModel:
     def _experts_time(self, stage: int, count: int) -> tuple:
         """The experts of one block for ``count`` new tokens on the busiest rank (the measured
         fused operator where :attr:`expert_curves` has one, else their ops one by one), with the
-        all-reduce (``ep = 1``) or the two all-to-alls and the all-gather (``ep = tp``)."""
+        all-reduce (``ep = 1``) or the two all-to-alls and the all-gather (``ep = tp``).
+
+        The measured operator is asked for all ``count`` tokens, as AIConfigurator's own model of
+        TensorRT-LLM asks it (every GPU holds the iteration's tokens after tensor-parallel
+        attention and routes them to its experts; with ``ep = tp`` marssim's dispatch sends each
+        GPU's ``1/tp`` slice instead, the all-to-all timed as above): the same expert work, the
+        permute of ``count`` tokens rather than ``count / tp``."""
         from dataclasses import replace
 
         t = self.config
@@ -555,7 +567,7 @@ class IterationModel:
             elif op.kind == OpKind.ELTWISE:
                 # the activation and its FP8 cast hold the intermediate width, split as the column-
                 # parallel GEMMs before them; the dispatched tokens' cast holds the whole hidden width
-                whole = op.name.split(".")[-2:] == ["dispatch", "fp8"]
+                whole = op.name.split(".")[-2] == "dispatch"
                 part = op.with_loops(N=local, C=loops["C"] if whole else -(-loops["C"] // etp), H=m)
                 if op.name in self.absorbed:  # an FP8 cast inside the kernel that produces its input
                     total += part.bytes_moved / self._dram[stage]
@@ -714,6 +726,9 @@ class IterationModel:
 
 
 _EXPERT_OPS = ("dispatch", "gate", "up", "fc1", "act", "down", "fc2", "combine")
+_CAST_SUFFIXES = ("fp8", "fp4", "amax")
+"""Name suffixes of a low-precision recipe's ops on a GEMM input: its cast, and under current
+scaling or NVFP4 the amax taken before it (:mod:`marssim.workload.llm.precision`)."""
 
 ABSORBED_FUNCTIONS = ("add", "quantize", "rope")
 """Element-wise functions an engine that fuses them runs inside other kernels: a residual add in
@@ -729,10 +744,11 @@ def absorbed_op(op: Op) -> bool:
 
 def _expert_op(op: Op) -> bool:
     """Whether ``op`` (of a block) is one of the experts' piece: the dispatch, the grouped GEMMs
-    and their activation, the combine, and under an FP8 recipe the casts of the experts' GEMM
-    inputs (``moe.dispatch.fp8``, ``moe.act.fp8``); the router and its top-k are token-wise."""
+    and their activation, the combine, and under a low-precision recipe the casts of the experts'
+    GEMM inputs (``moe.dispatch.fp8``, ``moe.act.fp8``; NVFP4's ``.fp4`` and the ``.amax`` before
+    each); the router and its top-k are token-wise."""
     parts = op.name.split(".")
-    if parts[-1] == "fp8" and op.param("fn") == "quantize":
+    if parts[-1] in _CAST_SUFFIXES and op.param("fn") in ("quantize", "amax"):
         parts = parts[:-1]
     return "moe" in parts and parts[-1] in _EXPERT_OPS
 
