@@ -270,3 +270,23 @@ def test_the_importer_writes_each_column(tmp_path):
 
     assert len(load_table(both / "H100-aiconfigurator.csv").rows) == 1
     assert len(load_moe_kernels(both / "H100-aiconfigurator-moe.csv")) == 2
+
+
+def test_the_report_and_replicas_table_name_the_measured_operator(cost, dgx, tmp_path):
+    """Mixtral 8x7B's layer (two blocks) at tp 2 on the H100 node: the shipped TensorRT-LLM
+    operator times its experts, and the text report and ``replicas.csv`` say so."""
+    import pandas as pd
+
+    from marssim.serve import Deployment, Pool, Requests
+    from marssim.serve.outputs import report_lines, write_tables
+    from marssim.serve.simulate import simulate_serving
+
+    model = load_model("mixtral-8x7b:layers=2")
+    result = simulate_serving(Deployment((Pool(replicas=1, tp=2),)), model, dgx, cost,
+                              Requests.of([0.0, 0.001], [100, 40], [4, 3]))
+    line = next(x for x in report_lines(result) if x.startswith("pool 0 experts: "))
+    assert "the measured fused MoE operator (aiconfigurator-core 0.12.0 trtllm-1.3.0rc20, H100, bf16, tp 2 x ep 1" \
+        in line
+    write_tables(result, tmp_path)
+    table = pd.read_csv(tmp_path / "replicas.csv")
+    assert table["experts"].iloc[0] == line.removeprefix("pool 0 experts: ")

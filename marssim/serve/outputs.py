@@ -191,7 +191,7 @@ def write_tables(result, directory: Path) -> list[Path]:
     _csv(directory / "iterations.csv", result.iterations)
     out.append(directory / "iterations.csv")
     reps = {"replica": [], "pool": [], "role": [], "design": [], "gpus": [], "kv_blocks": [], "block_size": [],
-            "weights_bytes_per_gpu": [], "kv_bytes_per_gpu": []}
+            "weights_bytes_per_gpu": [], "kv_bytes_per_gpu": [], "experts": []}
     for info in result.replicas:
         reps["replica"].append(info.index)
         reps["pool"].append(info.pool)
@@ -202,6 +202,7 @@ def write_tables(result, directory: Path) -> list[Path]:
         reps["block_size"].append(info.memory.block_size)
         reps["weights_bytes_per_gpu"].append(max(info.memory.weights))
         reps["kv_bytes_per_gpu"].append(max(info.memory.kv_bytes))
+        reps["experts"].append(info.experts)  # what timed a mixture of experts' experts ("" for a dense model)
     _csv(directory / "replicas.csv", {k: np.asarray(v) for k, v in reps.items()})
     out.append(directory / "replicas.csv")
     if len(result.transfers.get("start", ())):
