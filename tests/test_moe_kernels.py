@@ -287,6 +287,44 @@ def test_the_report_and_replicas_table_name_the_measured_operator(cost, dgx, tmp
     line = next(x for x in report_lines(result) if x.startswith("pool 0 experts: "))
     assert "the measured fused MoE operator (aiconfigurator-core 0.12.0 trtllm-1.3.0rc20, H100, bf16, tp 2 x ep 1" \
         in line
+    kernels = next(x for x in report_lines(result) if x.startswith("pool 0 kernels: "))
+    assert kernels == "pool 0 kernels: h100: H100 tables of stack pytorch-2.11.0+cu130 (trtllm-1.3.0rc20 for the " \
+        "families it lacks), collectives by NCCL's model"
     write_tables(result, tmp_path)
     table = pd.read_csv(tmp_path / "replicas.csv")
     assert table["experts"].iloc[0] == line.removeprefix("pool 0 experts: ")
+    assert table["kernels"].iloc[0] == kernels.removeprefix("pool 0 kernels: ")
+
+
+def test_kernel_sources_name_tables_stacks_attention_and_collectives():
+    from marssim.cost.model import kernel_sources
+    from marssim.system import load_system
+
+    h100 = load_system("dgx-h100-cluster:nodes=1,attention_kernels=pytorch-24.03-h200").designs["h100"]
+    assert kernel_sources(h100) == ("h100: H100 tables of stack pytorch-2.11.0+cu130 (trtllm-1.3.0rc20 for the "
+                                    "families it lacks), prompt attention pytorch-24.03-h200, collectives "
+                                    "nccl-2.29.2")
+    h200 = load_system("dgx-h200-cluster:nodes=1").designs["h200"]
+    assert kernel_sources(h200) == "h200: H200 tables of stack trtllm-1.3.0rc20, collectives nccl-2.29.2"
+    bare = h200.model_copy(update={"gpu": h200.gpu.model_copy(update={"calibration": None})})
+    assert kernel_sources(bare) == "h200: every kernel by the roofline (no calibration table named)"
+    eyeriss = next(d for d in load_system("mars-adaptive-16").designs.values() if d.gpu is None)
+    assert kernel_sources(eyeriss) == ""
+
+
+def test_a_run_report_names_what_timed_each_gpu_design(cost):
+    """A parallel run's report has one ``kernels`` line per GPU design it uses, in order."""
+    from marssim.parallel.config import ParallelConfig
+    from marssim.plan.run import run
+    from marssim.system import load_system
+    from marssim.workload import load_workload
+
+    system = load_system("mixed-a100-h100-cluster")
+    graph = load_workload("gpt:layers=2,hidden=256,heads=4,vocab=1000,seq=64,mode=train,max_positions=64,batch=1")
+    done = run(ParallelConfig(tp=1, pp=2, dp=32, global_batch=64, micro_batch=1), graph, system, cost,
+               how="estimate")
+    kernels = [x for x in done.report.lines() if x.startswith("kernels") or x.startswith(" " * 19 + "h100")]
+    assert len(done.report.kernels) == 2
+    assert done.report.kernels[0].startswith("a100: A100 tables of stack vidur-2024")
+    assert done.report.kernels[1].startswith("h100: H100 tables of stack pytorch-2.11.0+cu130")
+    assert kernels[0] == "kernels            " + done.report.kernels[0]

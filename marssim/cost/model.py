@@ -120,6 +120,32 @@ def design_stacks(design: Design) -> str | tuple[str, ...] | None:
     return (gpu.stack, *fallback)
 
 
+def kernel_sources(design: Design) -> str:
+    """What times a GPU design's kernels and collectives, in one line for run reports: its
+    calibration table and stack (``gpu.stack``), the stacks taking the kernel families it did not
+    measure (``gpu.fallback_stacks``), the fused attention kernel set (``gpu.attention_kernels``)
+    and the collectives' stack (``gpu.collective_stack``, else the kernels'; NCCL's own model where
+    the measured collectives have no such stack); empty for a design that is not a GPU."""
+    gpu = design.gpu
+    if gpu is None:
+        return ""
+    if not gpu.calibration:
+        return f"{design.name}: every kernel by the roofline (no calibration table named)"
+    text = f"{design.name}: {gpu.calibration} tables of stack {gpu.stack or 'any'}"
+    fallback = [s for s in gpu.fallback_stacks if s and s != gpu.stack]
+    if fallback:
+        text += f" ({', '.join(fallback)} for the families it lacks)"
+    if gpu.attention_kernels:
+        text += f", prompt attention {gpu.attention_kernels}"
+    collectives = gpu.collective_stack or gpu.stack
+    if collectives:
+        from marssim.collectives.measured import load_collective_tables
+
+        measured = collectives in {r.stack for r in load_collective_tables()}
+        text += f", collectives {collectives}" if measured else ", collectives by NCCL's model"
+    return text
+
+
 def _first_stack_rows(rows: Sequence[KernelTiming], stacks: tuple[str, ...]) -> tuple[KernelTiming, ...]:
     """Of ``rows``, those of unknown stack and, per kernel family (kind, dtype, attention
     backend), those of the first of ``stacks`` that has rows of the family; in table order."""

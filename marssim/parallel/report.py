@@ -100,6 +100,7 @@ class ParallelReport:
     peak_dtype: str = ""  # the type whose peak ``peak_flops`` is
     gemm_dtype: str = ""  # fp8 or fp4 GEMMs (Transformer Engine's recipe); "": the model's type
     gemm_peak_flops: float = 0.0  # per GPU, the peak of ``gemm_dtype``
+    kernels: tuple[str, ...] = ()  # per GPU design of the run: what times its kernels (cost.model.kernel_sources)
 
     @property
     def mfu_gemm_peak(self) -> float:
@@ -153,6 +154,8 @@ class ParallelReport:
             worst = max(self.memory_peak, key=self.memory_peak.get)
             out.append(f"memory peak        {self.memory_peak[worst] / 2**30:.2f} GiB on {worst} "
                        f"(capacity {self.memory_capacity / 2**30:.0f} GiB; closed form)")
+        for i, text in enumerate(self.kernels):
+            out.append(f"{'kernels' if i == 0 else '':<19}{text}")
         if self.ttft_s is not None:
             out.append(f"time to first token   {self.ttft_s * 1e3:.3f} ms")
         if self.tpot_s is not None:
@@ -478,7 +481,23 @@ def parallel_report(tg: TaskGraph, system, start: np.ndarray, end: np.ndarray, m
                           ttft_s=ttft, tpot_s=tpot, per_gpu=per_gpu, hardware_flops=hardware, tokens=tokens,
                           samples=samples, stages=tuple(stages), peak_dtype=str(meta.get("peak_dtype", "")),
                           gemm_dtype=str(meta.get("gemm_dtype", "")),
-                          gemm_peak_flops=float(meta.get("gemm_peak_flops", 0.0)))
+                          gemm_peak_flops=float(meta.get("gemm_peak_flops", 0.0)), kernels=_kernels(system, fold))
+
+
+def _kernels(system, fold: dict) -> tuple[str, ...]:
+    """:func:`marssim.cost.model.kernel_sources` of each GPU design the run's GPUs (``fold``'s
+    keys, else every accelerator) use, in order of first use."""
+    from marssim.cost.model import kernel_sources
+
+    seen: dict[str, str] = {}
+    for acc in (fold or system.accelerator_ids):
+        try:
+            name = system.accelerator(acc).designs[0]
+        except (KeyError, IndexError, AttributeError):
+            continue
+        if name not in seen:
+            seen[name] = kernel_sources(system.designs[name])
+    return tuple(t for t in seen.values() if t)
 
 
 def _program_tasks(program, reps: set[int]) -> tuple[Callable[[int], tuple[np.ndarray, np.ndarray]], np.ndarray,

@@ -55,6 +55,8 @@ def report_lines(result) -> list[str]:
         n = sum(1 for r in result.replicas if r.pool == info.pool)
         out.append(f"pool {info.pool} ({pool.role}, {n} x tp {pool.tp} pp {pool.pp} on {info.design}, "
                    f"{pool.scheduler.kind}): " + info.memory.lines()[0])
+        if info.kernels:
+            out.append(f"pool {info.pool} kernels: {info.kernels}")
         if info.experts:
             out.append(f"pool {info.pool} experts: {info.experts}")
     if dep.disaggregated:
@@ -191,7 +193,7 @@ def write_tables(result, directory: Path) -> list[Path]:
     _csv(directory / "iterations.csv", result.iterations)
     out.append(directory / "iterations.csv")
     reps = {"replica": [], "pool": [], "role": [], "design": [], "gpus": [], "kv_blocks": [], "block_size": [],
-            "weights_bytes_per_gpu": [], "kv_bytes_per_gpu": [], "experts": []}
+            "weights_bytes_per_gpu": [], "kv_bytes_per_gpu": [], "kernels": [], "experts": []}
     for info in result.replicas:
         reps["replica"].append(info.index)
         reps["pool"].append(info.pool)
@@ -202,6 +204,7 @@ def write_tables(result, directory: Path) -> list[Path]:
         reps["block_size"].append(info.memory.block_size)
         reps["weights_bytes_per_gpu"].append(max(info.memory.weights))
         reps["kv_bytes_per_gpu"].append(max(info.memory.kv_bytes))
+        reps["kernels"].append(info.kernels)
         reps["experts"].append(info.experts)  # what timed a mixture of experts' experts ("" for a dense model)
     _csv(directory / "replicas.csv", {k: np.asarray(v) for k, v in reps.items()})
     out.append(directory / "replicas.csv")

@@ -61,6 +61,7 @@ class ReplicaInfo:
     design: str
     memory: ReplicaMemory
     experts: str = ""  # a mixture of experts: what times its experts (IterationModel.experts_timing)
+    kernels: str = ""  # what times its GPU design's kernels and collectives (cost.model.kernel_sources)
 
 
 @dataclass(frozen=True, eq=False)
@@ -148,7 +149,10 @@ class _Cluster:
                           host=host_time(pool.scheduler.engine, pool.scheduler.cuda_graphs, im,
                                          pool.scheduler.overlap))
             self.replicas.append(rep)
-            self.infos.append(ReplicaInfo(index, p, pool.role, stages, design, mem, im.experts_timing))
+            from marssim.cost.model import kernel_sources
+
+            self.infos.append(ReplicaInfo(index, p, pool.role, stages, design, mem, im.experts_timing,
+                                          kernel_sources(system.designs[design])))
         front = [r for r in self.replicas if r.role in ("both", "prefill")]
         self.decoders = [r for r in self.replicas if r.role == "decode"]
         self.router = Router(deployment.router, front, seed)
