@@ -308,8 +308,10 @@ def moe_holdout(lines: list[str]) -> None:
         system = load_system(spec)
         gpus = system.accelerator_ids
         for preset in MOE_PRESETS:
-            for dtype in ("bf16", "fp8"):
-                model = load_model(preset + (":dtype=fp8" if dtype == "fp8" else ""))
+            for dtype in ("bf16", "fp8", "fp4"):
+                if dtype == "fp4" and device not in ("B200", "GB200"):  # NVFP4: Blackwell only
+                    continue
+                model = load_model(preset + ("" if dtype == "bf16" else f":dtype={dtype}"))
                 for tp in (1, 2, 4, 8):
                     for ep in sorted({1, tp}):
                         if model.experts % ep:

@@ -134,3 +134,43 @@ def test_current_scaling_lowers_with_sequence_parallelism_and_costs_more_than_de
         spans[recipe] = simulate(folded, system).makespan
         assert spans[recipe] == pytest.approx(simulate(full, system).makespan, rel=1e-9)
     assert spans["current"] > spans["delayed"]
+
+
+@pytest.mark.parametrize("tp,sp", [(1, False), (2, True), (4, True)])
+def test_a_rank_takes_the_amax_of_its_own_share(tp, sp) -> None:
+    """An amax kernel is a reduction over its input: its loops are the input's, so a tensor-parallel
+    rank reads its share of the tensor (the sequence-parallel slice of a norm's output, the heads'
+    slice of the attention output), writes one fp32 value, and the cast after it the same share."""
+    from marssim.calibrate.llm import tp_shards
+    from marssim.parallel.config import ParallelConfig
+
+    graph = load_workload(SPEC.replace(f"batch={B}", "batch=1") + ",fp8_recipe=current")
+    shards = {op.name: (op, shard) for op, shard in tp_shards(graph, ParallelConfig(tp=tp, sp=sp, micro_batch=1))}
+    checked = 0
+    for name, (op, shard) in shards.items():
+        if op.param("fn") != "amax":
+            continue
+        full = op.in_shapes[0][0] * op.in_shapes[0][1] * op.in_shapes[0][2] * op.in_shapes[0][3]
+        assert shard.out_shape == (1, 1, 1, 1)
+        assert shard.bytes_moved == 2 * full // tp + 4, name
+        cast = shards[name.removesuffix("amax") + "fp8"][1] if name.endswith(".amax") else None
+        if cast is not None:
+            assert cast.out_elems == full // tp, name
+        checked += 1
+    assert checked >= 4 * L
+
+
+def test_a_serving_amax_reads_the_tokens_of_the_iteration() -> None:
+    """In serving, an iteration's amax (NVFP4 casts take one) reads its own tokens' activations:
+    ``n x hidden`` elements for ``n`` decode tokens, not the template's prompt."""
+    from marssim.cost import default_cost_model
+    from marssim.serve import load_model
+    from marssim.serve.itermodel import IterationModel, resize_tokens
+
+    b200 = load_system("dgx-b200-cluster:nodes=1")
+    im = IterationModel(load_model("llama:layers=2,hidden=256,heads=8,kv_heads=2,ffn=640,vocab=1000,dtype=fp4"),
+                        b200, (("gpu0",),), default_cost_model())
+    amax = next(op for op, _ in im.token_ops if op.param("fn") == "amax")
+    for n in (1, 7, 300):
+        part = resize_tokens(amax, n, 1, im.ref_tokens)
+        assert part.bytes_moved == n * 256 * 2 + 4

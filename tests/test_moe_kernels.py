@@ -224,6 +224,8 @@ def test_the_shipped_tables_cover_mixtral_on_hopper_and_blackwell():
                 assert c is not None, (device, dtype, tp)
                 assert c.tokens[0] == 1 and c.tokens[-1] == 16384
                 assert c.seconds[-1] == max(c.seconds)
+        fp4 = moe_curve(device, STACK, "fp4", 4096, 14336, 2, 8, 1, 1, table=table)
+        assert (fp4 is not None) == (device in ("B200", "GB200"))  # NVFP4: Blackwell only
 
 
 def test_the_importer_writes_each_column(tmp_path):

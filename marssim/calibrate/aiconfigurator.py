@@ -204,12 +204,13 @@ def gemm_rows(path: Path, gpu: str, stack: str, package_version: str, date: str,
     return out
 
 
-MOE_DTYPES = {"bfloat16": "bf16", "fp8": "fp8"}
-"""The package's ``moe_dtype`` values imported (``fp8``: per-tensor scaled E4M3 experts; the
-block-scaled and MXFP4 variants have no marssim dtype of their own)."""
-MOE_GATED_KERNELS = ("moe_torch_flow", "moe_torch_flow_cutlass")
-"""TensorRT-LLM's fused MoE operators of gated (SwiGLU) experts; ``moe_torch_flow_nongated`` runs
-experts without a gate (not a shape of the shipped models)."""
+MOE_DTYPES = {"bfloat16": "bf16", "fp8": "fp8", "nvfp4": "fp4"}
+"""The package's ``moe_dtype`` values imported (``fp8``: per-tensor scaled E4M3 experts; ``nvfp4``:
+NVFP4, Blackwell; the block-scaled FP8 and the MXFP4 variants have no marssim dtype of their own)."""
+MOE_GATED_KERNELS = ("moe_torch_flow", "moe_torch_flow_cutlass", "moe_torch_flow_min_latency")
+"""TensorRT-LLM's fused MoE operators of gated (SwiGLU) experts (``min_latency``: its NVFP4
+small-batch variant; a curve takes the faster at each token count, as the engine's choice);
+``moe_torch_flow_nongated`` runs experts without a gate (not a shape of the shipped models)."""
 
 
 def default_moe_shapes() -> set[tuple[int, int, int, int]]:

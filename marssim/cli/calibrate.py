@@ -803,7 +803,7 @@ def _import_aic_moe(root: Path, gpu: str, args: argparse.Namespace, stack: str, 
                f"calibrate import aiconfigurator --families moe --shapes {args.shapes}` as stack {stack}: "
                f"{args.framework} {args.framework_version}'s fused MoE operators of gated experts on {gpu} (routing, "
                "permute and quantization, grouped GEMMs and activation, un-permute; the router GEMM and collectives "
-               "excluded), bf16 and per-tensor fp8, by tokens, hidden, intermediate, top-k, experts, the GPU's "
+               "excluded), bf16, per-tensor fp8 and nvfp4, by tokens, hidden, intermediate, top-k, experts, the GPU's "
                "expert-tensor- and expert-parallel degrees and the token distribution (default subset: the shipped "
                "presets' shapes, balanced routing); latency ms -> seconds; "
                "measurement date, spread and samples not published (date: of the import)")

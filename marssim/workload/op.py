@@ -176,6 +176,9 @@ ELTWISE_FLOPS = {"relu": 1, "relu6": 2, "add": 1, "mul": 1, "sub": 1, "div": 1, 
                  "quantize": 3,            # low-precision cast: scale, convert with saturation, amax
                  "amax": 2,                # absolute value and running maximum
                  "amax_update": 2}         # per history entry: shift, maximum (scales: per tensor)
+REDUCTIONS = frozenset({"amax"})
+"""Element-wise functions that reduce their input to one value: the op's loops are its input's
+(a shard reads its share), its output stays as built, FLOPs per element read."""
 NORM_FLOPS = {"batch": 2, "layer": 8, "lrn": 8, "rms": 4, "layer_grad": 14, "rms_grad": 8}
 # inference BN is scale+shift; LN computes mean/var too; RMSNorm only the mean square;
 # LRN sums squares over a window of channels, then scales, raises to a power and divides;
@@ -289,7 +292,10 @@ class Op:
         if self.kind == OpKind.POOL:
             return m["N"] * m["C"] * m["P"] * m["Q"] * m["R"] * m["S"]
         if self.kind == OpKind.ELTWISE:
-            return self.out_elems * ELTWISE_FLOPS.get(self.param("fn", "identity"), 1)
+            fn = self.param("fn", "identity")
+            if fn in REDUCTIONS:  # per element read: the loops are the input's
+                return math.prod(m.values()) * ELTWISE_FLOPS.get(fn, 1)
+            return self.out_elems * ELTWISE_FLOPS.get(fn, 1)
         if self.kind == OpKind.NORM:
             return self.out_elems * NORM_FLOPS.get(self.param("norm", "layer"), 8)
         if self.kind == OpKind.SOFTMAX:
@@ -434,7 +440,7 @@ def _reshape(op: Op, loops: dict[str, int]) -> Op:
         out = (n, *op.out_shape[1:])
     elif kind in (OpKind.ELTWISE, OpKind.NORM, OpKind.INPUT):
         n, c, h, w = (loops[d] for d in "NCHW")
-        out = (n, c, h, w)
+        out = op.out_shape if kind == OpKind.ELTWISE and op.param("fn") in REDUCTIONS else (n, c, h, w)
         in_shapes = [(n, c if sh[1] == old["C"] else sh[1], h if sh[2] == old["H"] else sh[2],
                       w if sh[3] == old["W"] else sh[3]) for sh in in_shapes]
         if kind == OpKind.NORM:

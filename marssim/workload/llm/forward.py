@@ -325,8 +325,10 @@ def quantize(b: GraphBuilder, cfg: TransformerConfig, x: T, name: str, fp8_forma
     ins = [x]
     if low == "fp8":
         params["fp8"] = fp8_format
-    if cfg.current_scaling:  # the tensor's own amax first (<x>.amax, <gemm>.grad_amax)
-        amax = b.op(name.rpartition(low)[0] + "amax", OpKind.ELTWISE, {"N": 1, "C": 1, "H": 1, "W": 1}, [x],
+    if cfg.current_scaling:  # the tensor's own amax first (<x>.amax, <gemm>.grad_amax): a reduction
+        # over x, its loops x's (a shard reads its share of x) and its output one fp32 value
+        n, c, h, w = x.shape
+        amax = b.op(name.rpartition(low)[0] + "amax", OpKind.ELTWISE, {"N": n, "C": c, "H": h, "W": w}, [x],
                     (1, 1, 1, 1), params={"fn": "amax", "in_dtypes": (act,)}, dtype="fp32")
         ins.append(amax)
         params["in_dtypes"] = (act, "fp32")

@@ -31,7 +31,9 @@ once per step              ``<group>.fp8_weights`` after each group's AdamW step
 NeMo's and Megatron-Bridge's recent FP8 runs, Megatron-LM's ``--fp8-recipe tensorwise``): the
 same casts, formats and GEMMs, but each cast takes its tensor's own amax first, in a kernel of its
 own that reads the tensor once more (``<x>.amax`` before ``<x>.fp8``, ``<gemm>.grad_amax`` before
-``<gemm>.grad_fp8``: read 2 B per element, write one fp32 amax that the cast reads), the weights'
+``<gemm>.grad_fp8``: read 2 B per element, write one fp32 amax that the cast reads; a reduction
+whose loops are its input's, so a tensor-parallel rank reads its own share, and a serving
+iteration its own tokens), the weights'
 cast after each AdamW step reads the weights once more for theirs (``extra_per_elem`` grows by
 the source's bytes; its param ``amax``), and there is no amax history: no ``fp8.amax_fwd`` or
 ``fp8.amax_bwd``. ``fp8_recipe=delayed`` (the default of ``dtype=fp8``) is the recipe above, graph
