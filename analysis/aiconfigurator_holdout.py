@@ -320,11 +320,10 @@ def moe_holdout(lines: list[str]) -> None:
                         curve = im.expert_curves[0]
                         if curve is None:
                             continue
-                        im.expert_curves = (None,)
                         for t, measured in zip(curve.tokens, curve.seconds):
-                            total, comm, *_ = im._experts_time(0, t)
                             regime = "decode (<= 64 tokens)" if t <= 64 else "prefill (> 64 tokens)"
-                            ratios.setdefault((device, dtype, regime), []).append((total - comm) / measured)
+                            ratios.setdefault((device, dtype, regime), []).append(im._expert_ops_seconds(0, t)
+                                                                                  / measured)
     rows = []
     for (device, dtype, regime), r in sorted(ratios.items()):
         a = np.array(r)

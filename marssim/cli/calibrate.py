@@ -781,7 +781,7 @@ def _import_aic_moe(root: Path, gpu: str, args: argparse.Namespace, stack: str, 
     """The fused MoE operators of ``gpu`` into ``traces/moe-kernels/<GPU>-aiconfigurator-moe.csv``
     (or ``--out``'s directory); what was written, for the summary line."""
     from marssim.calibrate.aiconfigurator import (
-        AIC_GPUS, AIC_LICENSE, AIC_SOURCE, default_moe_shapes, moe_rows, table_path,
+        AIC_GPUS, AIC_LICENSE, AIC_SOURCE, MOE_DTYPES, default_moe_shapes, moe_rows, table_path,
     )
     from marssim.cost.calibrated import traces_dir
     from marssim.cost.moe_kernels import BALANCED, merge_moe_kernels
@@ -791,7 +791,8 @@ def _import_aic_moe(root: Path, gpu: str, args: argparse.Namespace, stack: str, 
     rows = moe_rows(path, gpu, stack, package_version, date, shapes=default_moe_shapes() if default else None,
                     distributions=(BALANCED,) if default else None)
     if not rows:
-        raise InputError(str(path), "moe", "expected measured MoE operators of gated experts in bf16 or fp8"
+        raise InputError(str(path), "moe", f"expected measured MoE operators of gated experts in "
+                                           f"{', '.join(MOE_DTYPES)}"
                                            + (" of the shipped presets' shapes (--shapes all: every shape)" if default
                                               else "") + ", found none")
     device = AIC_GPUS[gpu].device

@@ -538,16 +538,9 @@ class IterationModel:
         return moe_curve(design.gpu.calibration, design_stacks(design), gate.math_dtype, t.hidden, t.expert_ffn_size,
                          t.top_k, t.experts, self.tp // self.ep, self.ep)
 
-    def _experts_time(self, stage: int, count: int) -> tuple:
-        """The experts of one block for ``count`` new tokens on the busiest rank (the measured
-        fused operator where :attr:`expert_curves` has one, else their ops one by one), with the
-        all-reduce (``ep = 1``) or the two all-to-alls and the all-gather (``ep = tp``).
-
-        The measured operator is asked for all ``count`` tokens, as AIConfigurator's own model of
-        TensorRT-LLM asks it (every GPU holds the iteration's tokens after tensor-parallel
-        attention and routes them to its experts; with ``ep = tp`` marssim's dispatch sends each
-        GPU's ``1/tp`` slice instead, the all-to-all timed as above): the same expert work, the
-        permute of ``count`` tokens rather than ``count / tp``."""
+    def _expert_ops_seconds(self, stage: int, count: int) -> float:
+        """Seconds of the experts' ops one by one (dispatch, grouped GEMMs, activation, casts,
+        combine) on the busiest rank for ``count`` new tokens, without their collectives."""
         from dataclasses import replace
 
         t = self.config
@@ -556,8 +549,7 @@ class IterationModel:
         etp = self.tp // self.ep
         h = t.hidden
         total = 0.0
-        curve = self.expert_curves[stage]
-        for op, _ in () if curve is not None else self._experts.ops:
+        for op, _ in self._experts.ops:
             loops = op.loop_dict
             if op.kind == OpKind.GEMM:
                 sizes = {"B": local, "M": m}
@@ -585,8 +577,22 @@ class IterationModel:
                     part = replace(op, in_shapes=(buffers, routing), out_shape=tokens)
                 part = replace(part, loops=tuple((k, new.get(k, v)) for k, v in op.loops))
             total += float(self.cost.op_cost(part, design).time)
-        if curve is not None:
-            total = curve(count)
+        return total
+
+    def _experts_time(self, stage: int, count: int) -> tuple:
+        """The experts of one block for ``count`` new tokens on the busiest rank (the measured
+        fused operator where :attr:`expert_curves` has one, else their ops one by one), with the
+        all-reduce (``ep = 1``) or the two all-to-alls and the all-gather (``ep = tp``).
+
+        The measured operator is asked for all ``count`` tokens, as AIConfigurator's own model of
+        TensorRT-LLM asks it (every GPU holds the iteration's tokens after tensor-parallel
+        attention and routes them to its experts; with ``ep = tp`` marssim's dispatch sends each
+        GPU's ``1/tp`` slice instead, the all-to-all timed as above): the same expert work, the
+        permute of ``count`` tokens rather than ``count / tp``."""
+        t = self.config
+        h = t.hidden
+        curve = self.expert_curves[stage]
+        total = curve(count) if curve is not None else self._expert_ops_seconds(stage, count)
         hidden = float(count * h * self.dtype_bytes)
         if self.tp == 1:
             return total, 0.0, 0.0, 0.0

@@ -124,6 +124,8 @@ class _Cluster:
         self.replicas: list[Replica] = []
         self.infos: list[ReplicaInfo] = []
         drafts: dict[int, TransformerConfig] = {}
+        from marssim.cost.model import kernel_sources  # for the report only: not at import
+
         for p, stages in place_replicas(system, deployment):
             pool = deployment.pools[p]
             check_pool(pool, model, "deployment", f"pools[{p}].")
@@ -149,8 +151,6 @@ class _Cluster:
                           host=host_time(pool.scheduler.engine, pool.scheduler.cuda_graphs, im,
                                          pool.scheduler.overlap))
             self.replicas.append(rep)
-            from marssim.cost.model import kernel_sources
-
             self.infos.append(ReplicaInfo(index, p, pool.role, stages, design, mem, im.experts_timing,
                                           kernel_sources(system.designs[design])))
         front = [r for r in self.replicas if r.role in ("both", "prefill")]
