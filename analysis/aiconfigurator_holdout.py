@@ -36,6 +36,15 @@
    L2, CUDA events around the kernel) against AIConfigurator's rows of the same shapes (the same
    cuBLAS GEMMs as TensorRT-LLM calls them), by the kernel's measured time: the difference and the
    ratio, median and range.
+8. Decode attention past the end of a grid line (:mod:`marssim.cost.attention_grid`): the last
+   measured key count of every decode line (query heads, sequences) of the shipped grids with at
+   least three points held out and predicted three ways: from the neighbouring lines of fewer and
+   of more sequences at the same cached tokens (the grid without the point: what a kernel between
+   two lines of which one stops short now takes), the line's own last slope continued (between 0
+   and linear: a line past its end below the plateau), and linear in the keys (the cache it
+   streams: a line past its end at the plateau); by whether the line's last point streams fewer
+   or at least ``SATURATED_DECODE_ROWS`` key/value-head rows. Median and p90 of
+   ``|predicted / measured - 1|`` and the mean signed error.
 """
 
 from __future__ import annotations
@@ -369,6 +378,53 @@ def harness_against_aiconfigurator(lines: list[str]) -> None:
     lines.append("")
 
 
+def decode_line_ends(lines: list[str]) -> None:
+    import math
+
+    from marssim.cost.attention_grid import AttentionFamily, AttentionGrid, row_entries, saturated
+    from marssim.cost.calibrated import load_table
+    from marssim.data import calibration
+    from marssim.system.describe import format_table
+
+    out = []
+    for gpu in GPUS:
+        rows = [r for r in load_table(calibration() / f"{gpu}-aiconfigurator.csv").rows if r.kind == "attention"]
+        entries = [e for e in row_entries(rows) if e[0].family is AttentionFamily.DECODE]
+        lines_of: dict[tuple, dict[int, float]] = {}
+        for key, h, b, s, seconds in entries:
+            line = lines_of.setdefault((key, h, b), {})
+            line[s] = min(seconds, line.get(s, math.inf))
+        errors: dict[tuple[str, str], list[float]] = {}
+        for (key, h, b), line in lines_of.items():
+            keys = sorted(line)
+            if len(keys) < 3:
+                continue
+            last, prev = keys[-1], keys[-2]
+            truth, at_prev = line[last], line[prev]
+            band = "at the plateau" if saturated(key.family, key.group, h, b, prev) else "below the plateau"
+            slope = min(max(math.log(at_prev / line[keys[-3]]) / math.log(prev / keys[-3]), 0.0), 1.0)
+            errors.setdefault((band, "own last slope"), []).append(at_prev * (last / prev) ** slope / truth - 1)
+            errors.setdefault((band, "linear in the keys"), []).append(at_prev * last / prev / truth - 1)
+            grid = AttentionGrid([e for e in entries if e[:4] != (key, h, b, last)])
+            got = grid.seconds(key, h, b, last, extrapolate=False)
+            if got is not None:
+                errors.setdefault((band, "same cached tokens"), []).append(got / truth - 1)
+        for (band, method), e in sorted(errors.items()):
+            a = np.abs(np.asarray(e))
+            out.append([gpu, band, method, f"{len(e):,}", _pct(float(np.median(a))), _pct(float(np.percentile(a, 90))),
+                        f"{100 * float(np.mean(e)):+.1f} %"])
+    lines.append("8. Decode attention past the end of a grid line: each line's last measured key count held out")
+    lines.append("")
+    lines.extend(format_table(["GPU", "line's last point", "predicted from", "points", "median", "p90",
+                               "mean signed"], out, indent="  "))
+    lines.append("")
+    lines.append("  same cached tokens: the lines of fewer and of more sequences that measured them, each at its own "
+                 "keys (a point no such pair of lines brackets is not counted); own last slope: the line's "
+                 "last two remaining points' slope of ln t over ln keys, between 0 and 1; signed > 0: predicted "
+                 "slower than measured.")
+    lines.append("")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", help="aiconfigurator-core's systems/data (default: the installed package)")
@@ -384,6 +440,7 @@ def main() -> int:
     attention_package(lines, args.data)
     moe_holdout(lines)
     harness_against_aiconfigurator(lines)
+    decode_line_ends(lines)
     lines.append(f"wall {time.perf_counter() - t0:.1f} s, CPU {time.process_time() - c0:.1f} s")
     print("\n".join(lines))
     return 0

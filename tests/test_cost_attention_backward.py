@@ -111,10 +111,17 @@ def test_a_decode_kernel_past_a_saturated_line_grows_as_the_cache_it_streams():
     assert grid.seconds(dec, 32, 256, 1100, extrapolate=False) is None
     assert grid.seconds(dec, 32, 256, 1024) == pytest.approx(3.7e-4, rel=1e-12)  # a measured point stays itself
     assert grid.seconds(dec, 32, 2, 2048) is None  # a line below its plateau is not extended
-    # between two lines, each corner extended on its own line, then blended in ln(sequences)
+    # between two lines, where both measured its cached tokens (200 x 1,100): each at its own keys
     u = math.log(200 / 128) / math.log(2)
-    lo, hi = 1.9e-4 * (1100 / 1024) ** math.log2(3.66e-4 / 1.9e-4), 3.7e-4 * 1100 / 1024
+    tokens = 200 * 1100
+    lo = 1.9e-4 * (tokens / 128 / 1024) ** math.log2(3.66e-4 / 1.9e-4)
+    hi = 1.9e-4 * (tokens / 256 / 512) ** math.log2(3.7e-4 / 1.9e-4)
     assert grid.seconds(dec, 32, 200, 1100) == pytest.approx(math.exp((1 - u) * math.log(lo) + u * math.log(hi)),
+                                                             rel=1e-12)
+    # where the line of fewer sequences does not reach them (200 x 1,500 past 128 x 2,048): each corner
+    # extended on its own line, then blended in ln(sequences)
+    lo, hi = 1.9e-4 * (1500 / 1024) ** math.log2(3.66e-4 / 1.9e-4), 3.7e-4 * 1500 / 1024
+    assert grid.seconds(dec, 32, 200, 1500) == pytest.approx(math.exp((1 - u) * math.log(lo) + u * math.log(hi)),
                                                              rel=1e-12)
 
 
@@ -135,3 +142,67 @@ def test_a_decode_step_past_the_shipped_grid_is_extrapolated_not_the_roofline():
     assert at_past.time == pytest.approx(at_last.time * 1.5, rel=1e-12)
     assert model.op_times([past], [design]).tolist() == [at_past.time]
     assert op_seconds(model._dparams[model._did(design)].gpu.attention, op_features(past), extrapolate=False) is None
+
+
+def test_a_decode_kernel_between_lines_that_stop_short_takes_the_same_cached_tokens():
+    """Between a line of 256 sequences (to 2,048 keys) and one of 512 that stops at 1,024 keys, both
+    below the plateau (one key/value head), a kernel of 362 sequences at 1,152 keys is timed from the
+    two lines at its own cached tokens (362 x 1,152), not left to the fitted curve."""
+    from marssim.cost.attention_grid import AttentionFamily, AttentionGrid, SliceKey
+
+    dec = SliceKey("bf16", "fwd", "flash", 128, AttentionFamily.DECODE, 16, 16)  # 16 heads over 1 key/value head
+    pts = {(256, 1024): 4.7e-5, (256, 2048): 7.0e-5, (512, 512): 5.1e-5, (512, 1024): 7.1e-5}
+    grid = AttentionGrid([(dec, 16, b, s, t) for (b, s), t in pts.items()])
+
+    def on_line(b: int, lo: int, hi: int, s: float) -> float:  # ln t linear in ln s between two measured keys
+        u = math.log(s / lo) / math.log(hi / lo)
+        return (1 - u) * math.log(pts[b, lo]) + u * math.log(pts[b, hi])
+
+    tokens = 362 * 1152
+    w = math.log(362 / 256) / math.log(2)
+    want = math.exp((1 - w) * on_line(256, 1024, 2048, tokens / 256) + w * on_line(512, 512, 1024, tokens / 512))
+    assert grid.seconds(dec, 16, 362, 1152, extrapolate=False) == pytest.approx(want, rel=1e-12)
+    assert grid.seconds(dec, 16, 362, 1152) == pytest.approx(want, rel=1e-12)
+    # where both lines reach the keys, the usual interpolation in ln(sequences) at the same keys holds
+    same = math.exp((1 - w) * math.log(pts[256, 1024]) + w * math.log(pts[512, 1024]))
+    assert grid.seconds(dec, 16, 362, 1024) == pytest.approx(same, rel=1e-12)
+    # no line of fewer sequences reaches 600 x 1,024 cached tokens: nothing between measured kernels
+    assert grid.seconds(dec, 16, 362, 1700, extrapolate=False) is None
+
+
+def test_a_decode_line_below_its_plateau_is_extended_by_its_own_last_slope_at_most_linearly():
+    from marssim.cost.attention_grid import AttentionFamily, AttentionGrid, SliceKey, saturated
+
+    dec = SliceKey("bf16", "fwd", "flash", 128, AttentionFamily.DECODE, 16, 16)
+    grid = AttentionGrid([(dec, 16, 512, 512, 5.1e-5), (dec, 16, 512, 1024, 7.1e-5),
+                          (dec, 16, 8, 512, 1.0e-5), (dec, 16, 8, 1024, 2.6e-5)])
+    assert not saturated(dec.family, dec.group, 16, 512, 1024)
+    slope = math.log(7.1 / 5.1) / math.log(2)
+    assert grid.seconds(dec, 16, 512, 1536) == pytest.approx(7.1e-5 * 1.5 ** slope, rel=1e-12)
+    assert grid.seconds(dec, 16, 512, 1536, extrapolate=False) is None
+    # a last segment steeper than the cache it streams (2.6x for twice the keys) is extended linearly
+    assert grid.seconds(dec, 16, 8, 2048) == pytest.approx(2.6e-5 * 2, rel=1e-12)
+
+
+@pytest.mark.parametrize("kv", ["bf16", "fp8"])
+def test_a_large_decode_batch_over_one_key_value_head_is_timed_from_the_shipped_grid_not_the_curve(kv):
+    """Llama 3.1 405B at tp 8 (16 query heads over one key/value head a GPU): the shipped H100 grid's
+    line of 512 sequences stops at 1,024 keys, so 432 sequences at 1,152 keys lie between the lines
+    of 256 and 512 only at their cached tokens; the kernel is interpolated there, between what the
+    two lines take for those tokens, and an FP8 cache streams faster than a bf16 one."""
+    design = next(iter(load_system("dgx-h100-cluster:nodes=1,stack=trtllm-1.3.0rc20").designs.values()))
+    model = default_cost_model()
+    cfg = with_overrides(load_model("llama3-405b"), mode="serve", prompt=8, generate=2, batch=1, layers=1,
+                         attention="flash", kv_dtype=kv)
+    core = next(op for op in build_transformer(cfg).ops if op.name.startswith("decode.1.") and op.param("core"))
+    times = {}
+    for b, s in ((432, 1152), (256, 432 * 1152 // 256), (512, 432 * 1152 // 512)):
+        c = model.op_cost(core.with_loops(B=b, H=16, N=s), design)
+        assert c.model in ("interpolated", "measured"), (b, s, c.model)
+        times[b] = c.time
+    assert min(times[256], times[512]) <= times[432] <= max(times[256], times[512])
+    assert model.op_times([core.with_loops(B=432, H=16, N=1152)], [design]).tolist() == [times[432]]
+    if kv == "fp8":
+        bf16 = with_overrides(cfg, kv_dtype="bf16")
+        core16 = next(op for op in build_transformer(bf16).ops if op.name.startswith("decode.1.") and op.param("core"))
+        assert times[432] < model.op_cost(core16.with_loops(B=432, H=16, N=1152), design).time

@@ -20,17 +20,26 @@ between the head counts of the slice; so a hole in the grid (a shape not measure
 by its measured neighbours on the line. The family is ``context`` (``m == n``: a prompt attending to
 itself) or ``decode`` (``m == 1``: one query per sequence over its cache); other shapes
 (chunked prefill, speculative verification) have no slice. A value on a grid line takes weight
-1 there, so a measured shape gives its measured time back exactly. A shape outside the
-measured range of a line it needs (decode grids stop where the cache would not fit) is not
-interpolated: the caller falls back to the fitted curve -- except a kernel past the longest key
-count of a line whose last point runs at its plateau, which is extrapolated from that point
+1 there, so a measured shape gives its measured time back exactly. The measured decode grids
+stop where ``sequences x keys`` reaches 256k-512k cached tokens (on the H100 grid of 16 query
+heads over one key/value head, 256 sequences have no point past 2,048 keys and 512 none past
+1,024; on that of Llama 3 8B's heads, 256 none past 1,024), so a decode kernel between two
+lines of sequences of which one stops short of its keys is interpolated at its *cached tokens*
+instead: between the nearest lines of fewer and of more sequences that measured ``b x s`` cached
+tokens, each at its own key count (``s b / v`` on the line of ``v`` sequences), linear in
+``ln b`` (:meth:`_Slice.same_cache`; each line's last measured point predicted this way from its
+neighbours is within 2.0-4.5 % (median; p90 13-16 %) on the shipped H100, H200, B200 and GB200 decode grids;
+``analysis/aiconfigurator_holdout.py``, section 8). A shape outside the measured range of every
+line it needs is not interpolated: the caller falls back to the fitted curve -- except a kernel
+past the longest key count of a line, which is extrapolated from that point
 (``OpCost.model == "extrapolated"``): a context kernel longer than the longest prompt of a line
 that reaches :data:`SATURATED_KEYS` keys as the ``s^2`` products it computes (the measured grids
-stop at 16k-token prompts, long-context training runs 32k-128k per rank), and a decode kernel
-over a longer cache than a line's last measured one, where that point streams at least
-:data:`SATURATED_DECODE_ROWS` key/value-head rows, as the cache it streams, linear in the keys
-(the measured decode grids stop where ``sequences x keys`` reaches about 256k cached tokens, so a
-batch of 256 sequences has no point past 1,024 tokens of context).
+stop at 16k-token prompts, long-context training runs 32k-128k per rank); a decode kernel over a
+longer cache than a line's last measured one, where that point streams at least
+:data:`SATURATED_DECODE_ROWS` key/value-head rows, as the cache it streams, linear in the keys;
+below that plateau, as the line's own last slope of ``ln t`` over ``ln s`` continues, between 0
+and linear (each line's last point so predicted: median 10-17 %, mean -4 to -6 %; linear in the
+keys there, median 21-30 %, mean +29 to +38 %; section 8).
 
 Only rows that carry their heads (:func:`marssim.cost.features.attention_geometry`) take part;
 the ops carry theirs in their feature tuples (:func:`marssim.cost.features.attention_geometry_key`).
@@ -139,16 +148,49 @@ class _Slice:
         self.heads = tuple(sorted(self.tree))
         self.seqs = {h: tuple(sorted(by_b)) for h, by_b in self.tree.items()}
 
-    def along_keys(self, h: int, b: int, s: int, extrapolate: bool) -> float | None:
+    def along_keys(self, h: int, b: int, s: float, extrapolate: bool) -> float | None:
         keys, values = self.tree[h][b]
         last = keys[-1]
-        if extrapolate and self.tail is not None and s > last and \
-                saturated(self.key.family, self.key.group, h, b, last):
-            return values[last] + self.tail * math.log(s / last)
+        if extrapolate and self.tail is not None and s > last:
+            if saturated(self.key.family, self.key.group, h, b, last):
+                return values[last] + self.tail * math.log(s / last)
+            if self.key.family is AttentionFamily.DECODE and len(keys) > 1:
+                # below the plateau: the line's own last slope in ln t over ln s, within [0, tail]
+                prev = keys[-2]
+                slope = (values[last] - values[prev]) / math.log(last / prev)
+                return values[last] + min(max(slope, 0.0), self.tail) * math.log(s / last)
         return _blend(keys, s, values.__getitem__)
 
     def along_seqs(self, h: int, b: int, s: int, extrapolate: bool) -> float | None:
-        return _blend(self.seqs[h], b, lambda v: self.along_keys(h, v, s, extrapolate))
+        """Between the lines of the sequences that bracket ``b`` at ``s`` keys; where one stops short,
+        a decode kernel between the lines at its cached tokens (:meth:`same_cache`); only then, with
+        ``extrapolate``, each line extended past its last key count."""
+        got = _blend(self.seqs[h], b, lambda v: self.along_keys(h, v, s, False))
+        if got is None and self.key.family is AttentionFamily.DECODE:
+            got = self.same_cache(h, b, s)
+        if got is None and extrapolate:
+            got = _blend(self.seqs[h], b, lambda v: self.along_keys(h, v, s, True))
+        return got
+
+    def same_cache(self, h: int, b: int, s: int) -> float | None:
+        """A decode kernel of ``b`` sequences whose bracketing lines do not reach ``s`` keys: between
+        the nearest lines of fewer and of more sequences that measured the same cached tokens
+        (``b x s``), each at its own key count, linear in ``ln b``; None where no line on either
+        side reaches them."""
+        tokens = b * s
+        seqs = self.seqs[h]
+
+        def reaches(v: int) -> bool:
+            keys = self.tree[h][v][0]
+            return keys[0] <= tokens / v <= keys[-1]
+
+        lo = next((v for v in reversed(seqs) if v < b and reaches(v)), None)
+        hi = next((v for v in seqs if v > b and reaches(v)), None)
+        if lo is None or hi is None:
+            return None
+        u = (math.log(b) - math.log(lo)) / (math.log(hi) - math.log(lo))
+        t_lo, t_hi = self.along_keys(h, lo, tokens / lo, False), self.along_keys(h, hi, tokens / hi, False)
+        return None if t_lo is None or t_hi is None else (1.0 - u) * t_lo + u * t_hi
 
     def value(self, h: int, b: int, s: int, extrapolate: bool = True) -> float | None:
         return _blend(self.heads, h, lambda v: self.along_seqs(v, b, s, extrapolate))
