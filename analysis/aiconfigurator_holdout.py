@@ -45,6 +45,12 @@
    streams: a line past its end at the plateau); by whether the line's last point streams fewer
    or at least ``SATURATED_DECODE_ROWS`` key/value-head rows. Median and p90 of
    ``|predicted / measured - 1|`` and the mean signed error.
+9. Linear layers' GEMMs between measured shapes (:mod:`marssim.cost.gemm_grid`): with the package's
+   data, its rows the shipped subset left out inside the subset's ranges (the odd token counts
+   between powers of two) predicted by the shipped grid; and, on the shipped rows alone, every
+   interior width and every interior depth of the grid held out in turn (all its rows) and
+   predicted from the others. Median and p90 of ``|predicted / measured - 1|``, beside the fitted
+   curve with its local correction on the same left-out rows (2.).
 """
 
 from __future__ import annotations
@@ -425,6 +431,61 @@ def decode_line_ends(lines: list[str]) -> None:
     lines.append("")
 
 
+def gemm_between(lines: list[str], data: str | None) -> None:
+    from marssim.calibrate.aiconfigurator import DEFAULT_M, DEFAULT_WIDTHS, data_root, gemm_rows, table_path
+    from marssim.cost.calibrated import load_table
+    from marssim.cost.gemm_grid import GemmGrid
+    from marssim.data import calibration
+    from marssim.errors import InputError
+    from marssim.system.describe import format_table
+
+    try:
+        root = data_root(data)
+    except InputError:
+        root = None
+    lo, hi = min(DEFAULT_WIDTHS), max(DEFAULT_WIDTHS)
+    out = []
+
+    def stats(errors: list[float]) -> list[str]:
+        e = np.abs(np.asarray(errors))
+        return [f"{len(e):,}", _pct(float(np.median(e))), _pct(float(np.percentile(e, 90)))] if len(e) else ["0", "-", "-"]
+
+    for gpu in GPUS:
+        shipped = [r for r in load_table(calibration() / f"{gpu}-aiconfigurator.csv").rows if r.kind == "gemm"]
+        every = []
+        if root is not None:
+            path = table_path(root, GPUS[gpu], "gemm", "trtllm", "1.3.0rc20", "gemm")
+            every = gemm_rows(path, GPUS[gpu], "x", "x", "2026-01-01", m_values=None, widths=None)
+        kept = set(DEFAULT_M), set(DEFAULT_WIDTHS)
+        for dtype in sorted({r.dtype for r in shipped}):
+            mine = [r for r in shipped if r.dtype == dtype]
+            grid = GemmGrid((0, r.m, r.n, r.k, r.median_s) for r in mine)
+            left = [r for r in every if r.dtype == dtype and not (r.m in kept[0] and r.n in kept[1] and r.k in kept[1])
+                    and lo <= r.n <= hi and lo <= r.k <= hi and r.m <= max(kept[0])]
+            errors = [grid.seconds(0, r.m, r.n, r.k) / r.median_s - 1 for r in left]
+            errors = [e for e in errors if e == e]
+            out.append([gpu, dtype, "token counts between the shipped ones", *stats(errors)])
+            for axis in ("n", "k"):
+                values = sorted({getattr(r, axis) for r in mine})
+                errors = []
+                for v in values[1:-1]:
+                    rest = GemmGrid((0, r.m, r.n, r.k, r.median_s) for r in mine if getattr(r, axis) != v)
+                    for r in mine:
+                        if getattr(r, axis) == v:
+                            t = rest.seconds(0, r.m, r.n, r.k)
+                            if t is not None:
+                                errors.append(t / r.median_s - 1)
+                out.append([gpu, dtype, f"each interior {'width' if axis == 'n' else 'depth'} held out", *stats(errors)])
+    lines.append("9. Linear layers' GEMMs between measured shapes: the grid asked for shapes it was not given")
+    lines.append("")
+    lines.extend(format_table(["GPU", "dtype", "shapes", "rows", "median", "p90"], out, indent="  "))
+    lines.append("")
+    lines.append("  Token counts between: the package's rows inside the shipped ranges that the subset left out (the "
+                 "fitted curve with its local correction on the same rows: 2., \"inside\"). A held-out width or depth "
+                 "is bridged across a gap twice as wide as the shipped grid's.")
+    lines.append("")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", help="aiconfigurator-core's systems/data (default: the installed package)")
@@ -441,6 +502,7 @@ def main() -> int:
     moe_holdout(lines)
     harness_against_aiconfigurator(lines)
     decode_line_ends(lines)
+    gemm_between(lines, args.data)
     lines.append(f"wall {time.perf_counter() - t0:.1f} s, CPU {time.process_time() - c0:.1f} s")
     print("\n".join(lines))
     return 0

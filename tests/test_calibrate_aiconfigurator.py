@@ -6,6 +6,8 @@ shape between grid points between its measured neighbours."""
 
 from __future__ import annotations
 
+import math
+
 from pathlib import Path
 
 import numpy as np
@@ -139,12 +141,21 @@ def test_a_design_times_grid_shapes_as_measured_and_others_between_neighbours(sy
     assert on_grid.math_dtype == dtype
     cost = model.op_cost(on_grid, design)
     assert (cost.model, cost.time) == ("measured", rows[(64, 10240, 8192)])
-    # 14,336 (Llama's MLP width / 2) lies between the grid's 12,288 and 16,384
+    # 14,336 (Llama's MLP width / 2) lies between the grid's 12,288 and 16,384: ln t linear in ln n
     between = _gemm(spec, "layers.0.mlp.fc1", M=2048, N=14336)
     cost = model.op_cost(between, design)
-    assert cost.model == "fitted"
     lo, hi = rows[(2048, 12288, 8192)], rows[(2048, 16384, 8192)]
-    assert lo < cost.time < hi
+    u = math.log(14336 / 12288) / math.log(16384 / 12288)
+    assert cost.model == "interpolated"
+    assert cost.time == pytest.approx(math.exp((1 - u) * math.log(lo) + u * math.log(hi)), rel=1e-12)
+    # 300 tokens, between the grid's 256 and 512, at a width and depth of the grid: ln t linear in ln m
+    tokens = _gemm(spec, "layers.0.attn.qkv", M=300)
+    w = math.log(300 / 256) / math.log(2)
+    assert model.op_cost(tokens, design).time == pytest.approx(
+        math.exp((1 - w) * math.log(rows[(256, 10240, 8192)]) + w * math.log(rows[(512, 10240, 8192)])), rel=1e-12)
+    assert model.op_times([between, tokens], [design] * 2).tolist() == [cost.time, model.op_time(tokens, design)]
+    # narrower than the grid's 256: no measured neighbours on that side, the fitted curve
+    assert model.op_cost(_gemm(spec, "layers.0.attn.qkv", M=300, N=128), design).model == "fitted"
 
 
 def test_the_default_h100_stack_is_the_harness_and_ignores_imported_rows(shipped):
@@ -342,7 +353,9 @@ def test_the_attention_grid_follows_a_power_law_exactly_and_bridges_holes():
     grid = AttentionGrid((key, h, b, s, law(h, b, s)) for h, b, s in points if (h, b, s) != (16, 4, 1024))
     for h, b, s in ((16, 4, 1024), (12, 2, 512), (32, 9, 3000), (8, 1, 256)):
         assert grid.seconds(key, h, b, s) == pytest.approx(law(h, b, s), rel=1e-12)
-    assert grid.seconds(key, 128, 4, 1024) is None and grid.seconds(key, 16, 4, 8192) is None
+    assert grid.seconds(key, 128, 4, 1024) is None and grid.seconds(key, 16, 4, 8192, extrapolate=False) is None
+    # past a line's last keys below the plateau, the line's own last slope (the law's 0.9) goes on
+    assert grid.seconds(key, 16, 4, 8192) == pytest.approx(law(16, 4, 8192), rel=1e-12)
     assert grid.seconds(SliceKey("bf16", "fwd", "flash", 128, AttentionFamily.DECODE, 4, 16), 16, 4, 1024) is None
 
 

@@ -135,7 +135,9 @@ def test_cost_model_uses_the_correction_scalar_equals_vectorised(table):
     model = CalibratedCost(table)
     curve = CalibratedCost(table, correction=False)
     ops = []
-    for m, n, k in ((1024, 1100, 2048), (3000, 900, 700), (512, 1200, 4000), (8, 64, 16), (1024, 1024, 2048)):
+    # past the table's grid (more tokens, wider, deeper) near its edge, far from it, on it, and inside it
+    for m, n, k in ((10000, 1100, 2048), (3000, 5000, 700), (512, 1200, 5000), (8, 64, 16), (1024, 1024, 2048),
+                    (1024, 1100, 2048)):
         b = GraphBuilder("g", batch=1, dtype="bf16")
         x = b.input("x", c=k, h=m)
         b.linear("fc", x, n)
@@ -146,12 +148,12 @@ def test_cost_model_uses_the_correction_scalar_equals_vectorised(table):
     f = model.fits_for("synth")[("gemm", "bf16")]
     for op, t in zip(ops, scalar):
         c = model.op_cost(op, design)
-        if c.model == "measured":  # (1024, 1024, 2048) is in the table: its median, uncorrected
+        if c.model in ("measured", "interpolated"):  # on the grid its median, inside it between medians
             continue
         m, k = op.dim("B") * op.dim("M"), op.dim("K")
         expected = float(predict(f, "gemm", m=m, n=op.dim("N"), k=k, nbytes=op.bytes_moved))
         assert t == expected and c.model == "fitted"
-    assert [model.op_cost(op, design).model for op in ops].count("measured") == 1
+    assert [model.op_cost(op, design).model for op in ops][3:] == ["fitted", "measured", "interpolated"]
     # the tiny GEMM is far from every measured shape: curve time, exactly
     assert model.op_time(ops[3], design) == curve.op_time(ops[3], design)
     assert model.op_time(ops[0], design) != curve.op_time(ops[0], design)

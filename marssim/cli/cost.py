@@ -48,8 +48,10 @@ def _shape(op) -> str:
 
 
 TIMED_BY = ("measured = the median of a measured kernel of the shape; interpolated = between measured fused "
-            "attention kernels of the shape's slice (heads, key/value heads, cache type) in log space; extrapolated = "
-            "a context attention kernel past the longest measured prompt, as its s^2 products; derived = a fused "
+            "attention kernels of the shape's slice (heads, key/value heads, cache type) in log space, or a linear "
+            "layer's GEMM between the measured GEMMs of a grid (tokens, width, depth) in log space; extrapolated = "
+            "a context attention kernel past the longest measured prompt, as its s^2 products, or a decode kernel "
+            "past the longest measured cache of its line; derived = a fused "
             "attention backward: its measured or interpolated forward twin times FlashAttention-3's published "
             "backward/forward time ratio; rescaled = a causal prompt attention kernel (forward or backward) as the "
             "design's attention kernel set times it (gpu.attention_kernels: a training stack's published rates); "

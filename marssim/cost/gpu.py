@@ -64,6 +64,7 @@ from marssim.system import Design
 
 from .attention_grid import AttentionGrid
 from .attention_kernels import AttentionRescale
+from .gemm_grid import grid_from_measured
 from .features import (
     CLASS_NONE, DTYPES, F_CLASS, F_DTYPE, F_FLOPS, F_G, F_KERNEL, F_KK, F_M, F_N, F_NN, F_TRAFFIC, KERNEL_KINDS,
     N_GEMM_KERNELS, conv_geometry_key,
@@ -221,12 +222,14 @@ class GpuTable:
     exceeds (``ceilings[kind, dtype]``: the best throughput measured for the kind and dtype, else
     the dense peak: a curve fitted on the measured shapes must not extrapolate past what the GPU
     was seen to sustain), and the measured fused attention kernels that time the shapes between
-    them (``attention``: :mod:`marssim.cost.attention_grid`, None without), and the training
+    them (``attention``: :mod:`marssim.cost.attention_grid`, None without), the measured
+    linear-layer GEMMs that time the shapes between them (``gemm``: :mod:`marssim.cost.gemm_grid`,
+    None without), and the training
     stack's kernel set that times its causal prompt attention kernels instead (``rescale``:
     :mod:`marssim.cost.attention_kernels`, None without)."""
 
     __slots__ = ("rows", "arrays", "models", "peaks", "ceilings", "measured", "corrections", "any_correction",
-                 "missing", "design_name", "attention", "rescale")
+                 "missing", "design_name", "attention", "rescale", "gemm")
 
     def __init__(self, design: Design, overrides: dict[tuple[str, str], CurveParams] | None = None,
                  override_model: str = "fitted",
@@ -236,6 +239,8 @@ class GpuTable:
                  attention: AttentionGrid | None = None, rescale: AttentionRescale | None = None) -> None:
         self.measured = dict(measured or {})
         self.attention = attention if attention else None
+        gemm = grid_from_measured(self.measured)
+        self.gemm = gemm if gemm else None
         self.rescale = rescale
         corrections = corrections or {}
         self.corrections = tuple(tuple(corrections.get((kind, dt)) for dt in DTYPES) for kind in KERNEL_KINDS)

@@ -59,6 +59,8 @@ from marssim.workload import Op
 from . import fitcache
 from .attention_backward import forward_twin, twin_ratio
 from .attention_grid import AttentionGrid, op_seconds, row_entries
+from .gemm_grid import grid_from_measured
+from .gemm_grid import op_seconds as gemm_seconds
 from .attention_kernels import AttentionRescale, generation_of, load_kernel_set
 from .bandwidth import stream_op
 from .base import OpCost
@@ -585,10 +587,13 @@ class DataflowCost:
         fits = self.fits_for(name, design_peaks(design), stack) if name else {}
         shapes: dict[tuple[int, int], int] = {}
         grid = AttentionGrid()
+        gemm = None
         if name and self.measured:
-            for code in self.measured_for(name, stack):
+            measured = self.measured_for(name, stack)
+            for code in measured:
                 shapes[code[:2]] = shapes.get(code[:2], 0) + 1
             grid = self._attention_grid(name, stack)
+            gemm = grid_from_measured({code: r.median_s for code, r in measured.items()})
         out = {}
         for ki, kind in enumerate(KERNEL_KINDS):
             parts = []
@@ -604,6 +609,8 @@ class DataflowCost:
                                  f"rms {100 * f.rms_log_error:.2g} %{measured})")
             if kind == "attention" and grid:
                 parts.append(f"fused attention interpolated between {len(grid):,} measured kernels with their heads")
+            if kind == "gemm" and gemm:
+                parts.append(f"shapes between {len(gemm):,} measured GEMMs of a grid interpolated")
             out[kind] = "; ".join(parts)
         return out
 
@@ -650,6 +657,9 @@ class DataflowCost:
                 t_measured = _lookup(d.gpu.measured, x) if d.gpu.measured and t_stack is None else None
                 grid = d.gpu.attention if t_measured is None and t_stack is None else None
                 t_between = None if grid is None else op_seconds(grid, x, extrapolate=False)
+                if t_between is None and cls == CLASS_GEMM and d.gpu.gemm is not None and t_measured is None \
+                        and t_stack is None:  # a linear layer's GEMM between measured ones
+                    t_between = gemm_seconds(d.gpu.gemm, x)
                 t_beyond = None if grid is None or t_between is not None else op_seconds(grid, x)
                 t_derived = None if t_stack is not None or t_measured is not None or t_between is not None \
                     or t_beyond is not None else _derived(d.gpu, x)
@@ -747,7 +757,7 @@ class DataflowCost:
             derived = self._derived_column(did)[fids]
             hit = ~np.isnan(derived)
             out[hit] = derived[hit]
-        if code is Dataflow.GPU and d.gpu.attention is not None:
+        if code is Dataflow.GPU and (d.gpu.attention is not None or d.gpu.gemm is not None):
             between = self._between_column(did)[fids]
             hit = ~np.isnan(between)
             out[hit] = between[hit]
@@ -776,15 +786,16 @@ class DataflowCost:
         return col
 
     def _between_column(self, did: int) -> np.ndarray:
-        """Interpolated seconds of every interned shape on GPU design ``did`` (NaN: not a fused
-        attention kernel the design's measured grid interpolates; measured shapes are replaced
-        by their rows afterwards), extended as shapes are interned."""
+        """Interpolated seconds of every interned shape on GPU design ``did`` (:func:`_between`;
+        NaN: neither a fused attention kernel nor a linear layer's GEMM the design's measured grids
+        interpolate; measured shapes are replaced by their rows afterwards), extended as shapes
+        are interned."""
         col = self._between_cols.get(did)
         n = len(self._rows)
         done = 0 if col is None else len(col)
         if done < n:
             gpu = self._dparams[did].gpu
-            new = np.array([_or_nan(op_seconds(gpu.attention, x)) for x in self._rows[done:n]], dtype=np.float64)
+            new = np.array([_or_nan(_between(gpu, x)) for x in self._rows[done:n]], dtype=np.float64)
             col = new if col is None else np.concatenate([col, new])
             self._between_cols[did] = col
         return col
@@ -948,6 +959,16 @@ def _measured_code(x: tuple[int, ...]) -> tuple:
 
 MEASURED_MODELS = ("measured", "interpolated", "extrapolated", "derived", "rescaled")
 """The :attr:`OpCost.model` values of a GPU kernel timed from measured kernels rather than a curve."""
+
+
+def _between(gpu, x: tuple[int, ...]) -> float | None:
+    """Seconds of op ``x`` between measured kernels: a fused attention kernel in the design's
+    attention grid (extended past a line's end where :mod:`.attention_grid` allows), else a linear
+    layer's GEMM in its GEMM grid; None for neither."""
+    t = op_seconds(gpu.attention, x) if gpu.attention is not None else None
+    if t is None and gpu.gemm is not None and x[F_CLASS] == CLASS_GEMM:
+        t = gemm_seconds(gpu.gemm, x)
+    return t
 
 
 def _derived(gpu, x: tuple[int, ...]) -> float | None:
