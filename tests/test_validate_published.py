@@ -383,3 +383,34 @@ def test_the_sglang_vllm_bf16_table_takes_its_output_length_from_its_offline_row
         else:
             assert r.request_rate in (4, 8) and r.requests == 300 * r.request_rate
             assert r.statistic is LatencyStatistic.MEDIAN and r.measured_ttft_s > 0 and r.measured_tpot_s > 0
+
+
+def _round_up(x: float, step: int) -> int:
+    return step * math.ceil(x / step)
+
+
+def test_the_tensorrt_llm_rows_take_the_limits_trtllm_bench_computes_as_the_header_states():
+    """max_num_seqs and max_batched_tokens of every TensorRT-LLM 1.0 row follow, independently
+    recomputed here, the rule the table's header states (trtllm-bench's heuristic when its command
+    gives neither): the cache's requests, rounded up, from the GPU's memory, the checkpoint's
+    parameters, the preset's layers and key/value heads and the row's cache type and lengths."""
+    memory_gib = {"H100": 81559 / 1024, "H200": 143771 / 1024}
+    params = {"llama3-8b": 8.03e9, "llama3-70b": 70.55e9, "llama3-405b": 405.85e9}
+    runs = load_published("trtllm-1.0-h100-h200-fp8-throughput")
+    assert len(runs) == 30
+    for r in runs:
+        gpu = "H100" if "H100" in r.name else "H200"
+        cfg = load_model(r.model)
+        settings = dict(kv.split("=") for kv in r.deployment.split(","))
+        tp = int(settings["tp"])
+        kv_bytes = 1 if cfg.kv_dtype == "fp8" else 2
+        per_token = 2 * cfg.layers * max(tp, cfg.kv_heads) * (cfg.hidden // cfg.heads) * kv_bytes / 2**30
+        free = memory_gib[gpu] * tp - params[r.model.split(":")[0]] / 2**30
+        requests = 0.95 * free / (per_token * (r.input_tokens + r.output_tokens))
+        seqs = (max(64, _round_up(requests, 32)) if requests < 256 else
+                _round_up(requests, 128) if requests < 1024 else _round_up(requests, 256))
+        raw = min(requests * (1 + r.input_tokens / r.output_tokens), 32768)
+        tokens = (max(2048, _round_up(raw, 256)) if raw < 4096 else
+                  _round_up(raw, 512) if raw < 8192 else _round_up(raw, 1024))
+        tokens = max(tokens, r.input_tokens + seqs)
+        assert (int(settings["max_num_seqs"]), int(settings["max_batched_tokens"])) == (seqs, tokens), r.name
