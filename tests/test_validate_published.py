@@ -397,7 +397,7 @@ def test_the_tensorrt_llm_rows_take_the_limits_trtllm_bench_computes_as_the_head
     memory_gib = {"H100": 81559 / 1024, "H200": 143771 / 1024}
     params = {"llama3-8b": 8.03e9, "llama3-70b": 70.55e9, "llama3-405b": 405.85e9}
     runs = load_published("trtllm-1.0-h100-h200-fp8-throughput")
-    assert len(runs) == 30
+    assert len(runs) == 36
     for r in runs:
         gpu = "H100" if "H100" in r.name else "H200"
         cfg = load_model(r.model)
