@@ -47,7 +47,6 @@ the ops carry theirs in their feature tuples (:func:`marssim.cost.features.atten
 
 from __future__ import annotations
 
-import bisect
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
@@ -57,6 +56,7 @@ from .features import (
     DTYPES, F_BACKEND, F_DTYPE, F_G, F_KK, F_M, F_NN, F_PHASE, KERNEL_BACKENDS, KERNEL_PHASES, attention_geometry,
     attention_geometry_key, lookup_backend,
 )
+from .loggrid import Point, Tree, blend, keep_faster, nest
 
 __all__ = ["AttentionFamily", "SliceKey", "AttentionGrid", "family_of", "PRODUCTS", "row_entries", "op_slice",
            "op_seconds", "STANDINS", "SATURATED_KEYS", "SATURATED_DECODE_ROWS", "TAIL_EXPONENTS", "saturated"]
@@ -134,19 +134,13 @@ class _Slice:
     def __init__(self, key: SliceKey) -> None:
         self.key = key
         self.tail = TAIL_EXPONENTS.get(key.family)
-        self.points: dict[tuple[int, int, int], float] = {}
-        self.tree: dict[int, dict[int, tuple[tuple[int, ...], dict[int, float]]]] = {}
+        self.points: dict[Point, float] = {}
+        self.tree: Tree = {}
         self.heads: tuple[int, ...] = ()
         self.seqs: dict[int, tuple[int, ...]] = {}
 
     def freeze(self) -> None:
-        lines: dict[int, dict[int, list[tuple[int, float]]]] = {}
-        for (h, b, s), lt in self.points.items():
-            lines.setdefault(h, {}).setdefault(b, []).append((s, lt))
-        self.tree = {h: {b: (tuple(sorted(s for s, _ in v)), dict(v)) for b, v in by_b.items()}
-                     for h, by_b in lines.items()}
-        self.heads = tuple(sorted(self.tree))
-        self.seqs = {h: tuple(sorted(by_b)) for h, by_b in self.tree.items()}
+        self.tree, self.heads, self.seqs = nest(self.points)
 
     def along_keys(self, h: int, b: int, s: float, extrapolate: bool) -> float | None:
         keys, values = self.tree[h][b]
@@ -159,17 +153,17 @@ class _Slice:
                 prev = keys[-2]
                 slope = (values[last] - values[prev]) / math.log(last / prev)
                 return values[last] + min(max(slope, 0.0), self.tail) * math.log(s / last)
-        return _blend(keys, s, values.__getitem__)
+        return blend(keys, s, values.__getitem__)
 
     def along_seqs(self, h: int, b: int, s: int, extrapolate: bool) -> float | None:
         """Between the lines of the sequences that bracket ``b`` at ``s`` keys; where one stops short,
         a decode kernel between the lines at its cached tokens (:meth:`same_cache`); only then, with
         ``extrapolate``, each line extended past its last key count."""
-        got = _blend(self.seqs[h], b, lambda v: self.along_keys(h, v, s, False))
+        got = blend(self.seqs[h], b, lambda v: self.along_keys(h, v, s, False))
         if got is None and self.key.family is AttentionFamily.DECODE:
             got = self.same_cache(h, b, s)
         if got is None and extrapolate:
-            got = _blend(self.seqs[h], b, lambda v: self.along_keys(h, v, s, True))
+            got = blend(self.seqs[h], b, lambda v: self.along_keys(h, v, s, True))
         return got
 
     def same_cache(self, h: int, b: int, s: int) -> float | None:
@@ -193,35 +187,7 @@ class _Slice:
         return None if t_lo is None or t_hi is None else (1.0 - u) * t_lo + u * t_hi
 
     def value(self, h: int, b: int, s: int, extrapolate: bool = True) -> float | None:
-        return _blend(self.heads, h, lambda v: self.along_seqs(v, b, s, extrapolate))
-
-
-def _blend(axis: tuple[int, ...], x: int, inner) -> float | None:
-    """The weighted sum of ``inner(v)`` over the grid values ``v`` of ``axis`` that bracket ``x``
-    (:func:`_bracket`); None outside the axis or where ``inner`` has no value."""
-    got = _bracket(axis, x)
-    if got is None:
-        return None
-    total = 0.0
-    for v, w in got:
-        lt = inner(v)
-        if lt is None:
-            return None
-        total += w * lt
-    return total
-
-
-def _bracket(axis: tuple[int, ...], v: int) -> list[tuple[int, float]] | None:
-    """``[(grid value, weight)]`` of ``v`` on ``axis``, linear in ``ln v``: one entry on a grid
-    value, two between, None outside."""
-    if not axis or v < axis[0] or v > axis[-1]:
-        return None
-    i = bisect.bisect_left(axis, v)
-    if axis[i] == v:
-        return [(v, 1.0)]
-    lo, hi = axis[i - 1], axis[i]
-    u = (math.log(v) - math.log(lo)) / (math.log(hi) - math.log(lo))
-    return [(lo, 1.0 - u), (hi, u)]
+        return blend(self.heads, h, lambda v: self.along_seqs(v, b, s, extrapolate))
 
 
 class AttentionGrid:
@@ -238,9 +204,7 @@ class AttentionGrid:
             sl = self._slices.get(key)
             if sl is None:
                 sl = self._slices[key] = _Slice(key)
-            lt = math.log(seconds)
-            old = sl.points.get((h, b, s))
-            sl.points[(h, b, s)] = lt if old is None else min(old, lt)
+            keep_faster(sl.points, (h, b, s), seconds)
         for sl in self._slices.values():
             sl.freeze()
 

@@ -16,8 +16,9 @@ element type, batch (1), phase and backend, without a convolution's or attention
 is a measured grid (:data:`DENSE`: the measurement harness's rows, at the shapes of particular
 models, are not, and stay with the fitted curve) -- each axis taken between the nearest values
 measured on its line: along ``k`` between the depths measured for the corner's ``(m, n)``, along
-``n`` between the widths measured for its ``m``, along ``m`` between the token counts of the slice. A measured shape gives its measured time back exactly
-(a grid value takes weight 1). A shape outside the measured range of a line it needs is not
+``n`` between the widths measured for its ``m``, along ``m`` between the token counts of the slice
+(:mod:`.loggrid`, shared with the fused attention grid). A measured shape gives its measured time
+back (a grid value takes weight 1). A shape outside the measured range of a line it needs is not
 interpolated (the caller falls back to the fitted curve). A gradient GEMM (``dgrad``, ``wgrad``)
 without a slice of its phase takes the forward slice (a gradient GEMM is a GEMM of its view, as the
 measured lookups do).
@@ -33,11 +34,11 @@ Units: seconds.
 
 from __future__ import annotations
 
-import bisect
 import math
 from collections.abc import Iterable
 
 from .features import F_BACKEND, F_DTYPE, F_G, F_KERNEL, F_KK, F_M, F_NN, F_PHASE, KERNEL_KINDS
+from .loggrid import Point, Tree, blend, keep_faster, nest
 
 __all__ = ["GEMM_KIND", "DENSE", "MIN_AXIS", "GemmGrid", "grid_from_measured", "op_seconds"]
 
@@ -50,54 +51,24 @@ SliceKey = tuple[int, int, int, int, int]
 :mod:`marssim.cost.features`)."""
 
 
-def _bracket(axis: tuple[int, ...], v: float) -> list[tuple[int, float]] | None:
-    """``[(grid value, weight)]`` of ``v`` on ``axis``, linear in ``ln v``: one entry on a grid
-    value, two between, None outside."""
-    if not axis or v < axis[0] or v > axis[-1]:
-        return None
-    i = bisect.bisect_left(axis, v)
-    if axis[i] == v:
-        return [(axis[i], 1.0)]
-    lo, hi = axis[i - 1], axis[i]
-    u = (math.log(v) - math.log(lo)) / (math.log(hi) - math.log(lo))
-    return [(lo, 1.0 - u), (hi, u)]
-
-
 class _Slice:
-    """``ln t`` by token count, then width, then depth, each level's values sorted."""
+    """``ln t`` by token count, then width, then depth (:func:`.loggrid.nest`)."""
 
     def __init__(self) -> None:
-        self.points: dict[tuple[int, int, int], float] = {}
-        self.tree: dict[int, dict[int, tuple[tuple[int, ...], dict[int, float]]]] = {}
+        self.points: dict[Point, float] = {}
+        self.tree: Tree = {}
         self.ms: tuple[int, ...] = ()
         self.ns: dict[int, tuple[int, ...]] = {}
 
     def freeze(self) -> None:
-        lines: dict[int, dict[int, list[tuple[int, float]]]] = {}
-        for (m, n, k), lt in self.points.items():
-            lines.setdefault(m, {}).setdefault(n, []).append((k, lt))
-        self.tree = {m: {n: (tuple(sorted(k for k, _ in v)), dict(v)) for n, v in by_n.items()}
-                     for m, by_n in lines.items()}
-        self.ms = tuple(sorted(self.tree))
-        self.ns = {m: tuple(sorted(by_n)) for m, by_n in self.tree.items()}
+        self.tree, self.ms, self.ns = nest(self.points)
 
     def value(self, m: int, n: int, k: int) -> float | None:
-        got = _bracket(self.ms, m)
-        if got is None:
-            return None
-        total = 0.0
-        for mv, wm in got:
-            by_n = _bracket(self.ns[mv], n)
-            if by_n is None:
-                return None
-            for nv, wn in by_n:
-                keys, values = self.tree[mv][nv]
-                by_k = _bracket(keys, k)
-                if by_k is None:
-                    return None
-                for kv, wk in by_k:
-                    total += wm * wn * wk * values[kv]
-        return total
+        def along_k(mv: int, nv: int) -> float | None:
+            keys, values = self.tree[mv][nv]
+            return blend(keys, k, values.__getitem__)
+
+        return blend(self.ms, m, lambda mv: blend(self.ns[mv], n, lambda nv: along_k(mv, nv)))
 
 
 class GemmGrid:
@@ -112,9 +83,7 @@ class GemmGrid:
             sl = self._slices.get(key)
             if sl is None:
                 sl = self._slices[key] = _Slice()
-            lt = math.log(seconds)
-            old = sl.points.get((m, n, k))
-            sl.points[(m, n, k)] = lt if old is None else min(old, lt)
+            keep_faster(sl.points, (m, n, k), seconds)
         for sl in self._slices.values():
             sl.freeze()
 
