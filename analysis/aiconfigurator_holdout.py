@@ -14,11 +14,11 @@
    subset left out -- the odd token counts (3, 4,097, ...) and the widths below 256 -- split into
    shapes inside the subset's grid (``256 <= n, k <= 65,536``, ``m <= 32,768``: interpolation)
    and outside it (narrower widths: extrapolation), by regime (decode-sized ``m <= 64`` and larger).
-3. Fused (causal) context attention: each shipped row predicted by the kind's curve as if the
-   measured rows were absent (the fused kernel's shape by the curve of the unfused products), by
+3. Fused (causal) context attention: each shipped row over a bf16 cache predicted by the kind's
+   curve as if the measured rows were absent (the fused kernel's shape by the curve of the unfused products), by
    prompt length: what shapes off the grid got before they were interpolated.
 4. Fused attention interpolated (:mod:`marssim.cost.attention_grid`): per GPU and family
-   (context; decode over a bf16 cache; decode over an FP8 cache), 20 % of the shipped rows' shapes
+   (context and decode, each over a bf16 and over an FP8 cache), 20 % of the shipped rows' shapes
    held out (the SHA-256 split of 1.), the grid built from the other 80 % asked for them: median,
    p90 and max of ``|predicted / measured - 1|`` over the held-out rows it interpolates, and how
    many it cannot (outside the remaining grid: those fall back to the curve).
@@ -165,7 +165,7 @@ def attention_without_rows(lines: list[str]) -> None:
     for gpu, system in SYSTEMS.items():
         design = next(iter(load_system(system.replace(",stack=trtllm-1.3.0rc20", "")).designs.values()))
         rows = [r for r in load_table(calibration() / f"{gpu}-aiconfigurator.csv").rows
-                if r.kind == "attention" and r.m == r.n]  # context (prefill) kernels
+                if r.kind == "attention" and r.m == r.n and "kv_dtype" not in r.note]  # prefill, bf16 cache
         by_len: dict[str, list[float]] = {}
         for r in rows:
             note = dict(part.split("=", 1) for part in r.note.split("; "))
@@ -190,8 +190,8 @@ def attention_without_rows(lines: list[str]) -> None:
 
 
 def _families(rows):
-    """Rows by family label: context, decode (bf16 cache), decode (fp8 cache)."""
-    from marssim.cost.attention_grid import AttentionFamily, row_entries
+    """Rows by family label: context and decode, each over a bf16 and over an fp8 cache."""
+    from marssim.cost.attention_grid import row_entries
 
     out: dict[str, list] = {}
     for r in rows:
@@ -199,7 +199,7 @@ def _families(rows):
         if not entries:
             continue
         key = entries[0][0]
-        label = "context" if key.family is AttentionFamily.CONTEXT else f"decode, {key.kv_bits}-bit cache"
+        label = f"{key.family.value}, {key.kv_bits}-bit cache"
         out.setdefault(label, []).append(r)
     return out
 

@@ -211,21 +211,31 @@ def test_context_attention_becomes_fused_attention_rows_in_closed_form(tmp_path)
     cols = ["batch_size", "isl", "num_heads", "num_key_value_heads", "head_dim", "window_size", "beam_width",
             "attn_dtype", "kv_cache_dtype", "latency"]
     given = [(2, 2048, 16, 2, 128, 0, 1, "bfloat16", "bfloat16", 0.15),
+             (2, 2048, 16, 2, 128, 0, 1, "bfloat16", "fp8", 0.11),     # over an FP8 cache: its own row
              (2, 2048, 16, 2, 128, 0, 1, "fp8", "fp8", 0.09),          # fp8 attention: not imported
              (2, 2048, 16, 2, 128, 8192, 1, "bfloat16", "bfloat16", 0.1),  # sliding window: not imported
              (2, 2048, 16, 2, 64, 0, 1, "bfloat16", "bfloat16", 0.08),     # head dim 64: outside the subset
              (4, 64, 16, 2, 128, 0, 1, "bfloat16", "bfloat16", 0.01)]      # 64 tokens: outside the subset
     pd.DataFrame(given, columns=cols).to_parquet(where / "context_attention_perf.parquet")
     out = tmp_path / "cal"
-    assert main(["calibrate", "import", "aiconfigurator", "--from", str(root), "--date", "2026-01-02",
-                 "--aic-gpus", "h100_sxm", "--out", str(out), "--families", "gemm,context-attention"]) == 0
-    rows = [r for r in load_table(out / "H100-aiconfigurator.csv").rows if r.kind == "attention"]
-    assert len(rows) == 1
-    r = rows[0]
-    assert (r.dtype, r.batch, r.m, r.n, r.k, r.phase, r.backend) == ("bf16", 2 * 2 * 16, 2048, 2048, 128, "fwd", "flash")
-    assert r.flops == 2 * r.batch * 2048 * 2048 * 128
-    assert r.bytes == 2 * 2048 * 128 * 2 * (2 * 16 + 2 * 2)  # q, o with 16 heads; k, v with 2; bf16
-    assert r.median_s == pytest.approx(0.15e-3) and "kv_heads=2" in r.note and r.stack == STACK
+    argv = ["calibrate", "import", "aiconfigurator", "--from", str(root), "--date", "2026-01-02",
+            "--aic-gpus", "h100_sxm", "--out", str(out), "--families", "gemm,context-attention"]
+    assert main(argv) == 0
+    rows = {_heads(r)[2]: r for r in load_table(out / "H100-aiconfigurator.csv").rows if r.kind == "attention"}
+    assert set(rows) == {"bf16", "fp8"}
+    for kv, width, ms in (("bf16", 2, 0.15), ("fp8", 1, 0.11)):
+        r = rows[kv]
+        assert (r.dtype, r.batch, r.m, r.n, r.k, r.phase, r.backend) == \
+            ("bf16", 2 * 2 * 16, 2048, 2048, 128, "fwd", "flash")
+        assert r.flops == 2 * r.batch * 2048 * 2048 * 128
+        assert r.bytes == 2 * 2048 * 128 * (2 * 16 * 2 + 2 * 2 * width)  # q, o: 16 heads, bf16; k, v: 2, the cache's
+        assert r.median_s == pytest.approx(ms * 1e-3) and "kv_heads=2" in r.note and r.stack == STACK
+    assert "kv_dtype" not in rows["bf16"].note  # a bf16 cache's rows keep the key they always had
+    # importing again replaces the rows and the source file's comment line, adding neither
+    before = (out / "H100-aiconfigurator.csv").read_text()
+    assert main(argv) == 0
+    assert (out / "H100-aiconfigurator.csv").read_text() == before
+    assert sum("context_attention_perf.parquet" in line for line in before.splitlines() if line.startswith("#")) == 1
 
 
 @pytest.mark.parametrize("system,gpu", [("dgx-h100-cluster:nodes=1", "H100"), ("dgx-h200-cluster:nodes=1", "H200"),
@@ -245,6 +255,46 @@ def test_fused_prefill_attention_is_timed_as_measured(system, gpu, shipped):
     assert (cost.model, cost.time) == ("measured", want)
     # causal work at 2,048 tokens runs at 150-1,200 TFLOP/s on these GPUs, not the roofline's ~190 full-s^2 rate
     assert 150e12 < core.flops / 2 / cost.time < 1200e12
+
+
+@pytest.mark.parametrize("system,gpu", [("dgx-h100-cluster:nodes=1", "H100"), ("dgx-h200-cluster:nodes=1", "H200"),
+                                        ("dgx-b200-cluster:nodes=1", "B200")])
+def test_a_prefill_writing_an_fp8_cache_takes_the_kernel_measured_with_one(system, gpu, shipped):
+    """The same prompt with ``kv_dtype=fp8``: the fused core reads its keys and values as FP8
+    and takes the engine's context kernel measured with an FP8 cache, faster at 8,192 tokens
+    (TensorRT-LLM's kernels, as measured); without such rows the bf16 cache's kernel stands in."""
+    from marssim.cost.attention_grid import AttentionGrid, op_seconds, row_entries
+    from marssim.cost.features import op_features
+
+    design = next(iter(load_system(system).designs.values()))
+    model = default_cost_model()
+
+    def core(seq, **over):
+        cfg = with_overrides(load_model("llama3-70b"), mode="prefill", seq=seq, batch=1, layers=1,
+                             attention="flash", **over)
+        return build_transformer(cfg).op("layers.0.attn.core").with_loops(H=16)
+
+    def measured(seq, kv):
+        (t,) = [r.median_s for r in shipped[gpu].rows
+                if (r.kind, r.backend, r.batch, r.m, r.n, r.k) == ("attention", "flash", 32, seq, seq, 128)
+                and _heads(r) == (16, 2, kv)]
+        return t
+
+    fp8 = core(8192, kv_dtype="fp8")
+    assert fp8.input_dtypes[1:] == ("fp8", "fp8") and core(8192).param("in_dtypes") is None
+    for seq in (2048, 8192):
+        cost = model.op_cost(core(seq, kv_dtype="fp8"), design)
+        assert (cost.model, cost.time) == ("measured", measured(seq, "fp8"))
+        assert model.op_times([core(seq, kv_dtype="fp8")], [design])[0] == cost.time
+    assert measured(8192, "fp8") < measured(8192, "bf16")
+    # a grid of the bf16 cache's rows only: the FP8 prefill takes their time; a decode kernel does not
+    bf16_rows = [r for r in shipped[gpu].rows if r.kind == "attention" and r.m == r.n and "kv_dtype" not in r.note]
+    grid = AttentionGrid(row_entries(bf16_rows))
+    x = op_features(fp8)
+    assert op_seconds(grid, x) == pytest.approx(measured(8192, "bf16"), rel=1e-12)
+    decode = op_features(_decode_core(1024, kv_dtype="fp8"))
+    assert op_seconds(AttentionGrid(row_entries([r for r in shipped[gpu].rows if r.kind == "attention"
+                                                 and r.m == 1 and "kv_dtype" not in r.note])), decode) is None
 
 
 def _heads(r) -> tuple[int, int, str]:

@@ -31,9 +31,14 @@ attention kernel of the engine by ``batch_size``, ``isl`` (prompt tokens), ``num
 up (:mod:`marssim.cost.calibrated`): ``kind=attention``, ``backend=flash``, phase ``fwd``,
 ``batch = 2 x batch_size x num_heads`` (its two products), ``m = n = isl``, ``k = head_dim``,
 ``flops = 2 batch m n k`` (the full ``s^2``, the workloads' convention; the kernel runs the causal
-half), ``bytes`` the queries, keys, values and output in bf16 (the key/value heads in the note).
-Only bf16 attention over a bf16 cache without a sliding window is imported; rows of one shape
-that differ in key/value heads are kept apart by their bytes, and a lookup takes the fastest
+half), ``bytes`` the queries and output in bf16, the keys and values at the cache's width (the key/value
+heads in the note, and ``kv_dtype=fp8`` for a row measured with an FP8 cache). bf16 attention
+over a bf16 or an FP8 cache without a sliding window is imported: the engine's context kernel
+with an FP8 cache is its own measured kernel (on AIConfigurator's H100 grid of TensorRT-LLM
+1.3.0rc20 at 8k-16k-token prompts 1.3-1.5x faster than over a bf16 cache), which a prefill of a
+run with ``kv_dtype=fp8`` looks up, as AIConfigurator's model of TensorRT-LLM's Llama block looks
+its context attention up by the cache's type (``sdk/models/llama.py``); rows of one shape that
+differ in key/value heads are kept apart by their bytes, and a lookup takes the fastest
 (:meth:`marssim.cost.model.DataflowCost.measured_for`). No backward attention is measured there.
 
 :func:`generation_attention_rows` converts the generation (decode) attention table -- the
@@ -289,29 +294,38 @@ def context_attention_rows(path: Path, gpu: str, stack: str, package_version: st
                            head_dims: Iterable[int] | None = DEFAULT_HEAD_DIMS,
                            min_tokens: int = DEFAULT_MIN_TOKENS,
                            heads: Iterable[int] | None = DEFAULT_ATTENTION_HEADS) -> list[KernelTiming]:
-    """The bf16 rows of the package's ``context_attention_perf.parquet`` at ``path`` measured on
-    ``gpu`` as fused attention rows (see the module docstring); ``head_dims``, ``heads`` (query
-    heads; None: all) and ``min_tokens`` select the subset."""
+    """The rows of the package's ``context_attention_perf.parquet`` at ``path`` measured on
+    ``gpu`` -- bf16 queries over a bf16 or FP8 cache -- as fused attention rows (see the module
+    docstring); ``head_dims``, ``heads`` (query heads; None: all) and ``min_tokens`` select the
+    subset."""
+    from marssim.workload.op import DTYPE_BYTES
+
     if gpu not in AIC_GPUS:
         raise InputError(str(path), "gpu", f"expected one of {', '.join(AIC_GPUS)}, got {gpu!r}")
     dev = AIC_GPUS[gpu]
     frame = _attention_frame(path, {"batch_size", "isl", "num_heads", "num_key_value_heads", "head_dim", "attn_dtype",
-                                    "kv_cache_dtype", "latency"}, ("bfloat16",), head_dims, heads)
+                                    "kv_cache_dtype", "latency"}, tuple(KV_DTYPES), head_dims, heads)
     frame = frame[frame["isl"] >= min_tokens]
     device = str(frame["device"].iloc[0]) if "device" in frame and len(frame) else gpu
     out = []
-    for b, s, h, kvh, d, ms in zip(frame["batch_size"], frame["isl"], frame["num_heads"],
-                                   frame["num_key_value_heads"], frame["head_dim"], frame["latency"]):
+    for b, s, h, kvh, d, cache, ms in zip(frame["batch_size"], frame["isl"], frame["num_heads"],
+                                          frame["num_key_value_heads"], frame["head_dim"], frame["kv_cache_dtype"],
+                                          frame["latency"]):
         b, s, h, kvh, d = int(b), int(s), int(h), int(kvh), int(d)
         if not (ms > 0 and min(b, s, h, kvh, d) > 0):
             raise InputError(str(path), f"batch {b} isl {s} heads {h}/{kvh} dim {d}",
                              f"expected positive sizes and latency, got {ms!r}")
         batch = 2 * b * h
-        note = format_note({"source": f"{AIC_SOURCE} {package_version}", "license": AIC_LICENSE, "device": device,
-                            "batch": b, "heads": h, "kv_heads": kvh, "causal": "true"})
+        kv = KV_DTYPES[cache]
+        fields = {"source": f"{AIC_SOURCE} {package_version}", "license": AIC_LICENSE, "device": device,
+                  "batch": b, "heads": h, "kv_heads": kvh, "causal": "true"}
+        if kv != "bf16":  # a bf16 cache's rows keep the note (and so the lookup key) they always had
+            fields["kv_dtype"] = kv
+        note = format_note(fields)
+        nbytes = b * s * d * (2 * h * DTYPE_BYTES["bf16"] + 2 * kvh * DTYPE_BYTES[kv])
         out.append(KernelTiming(
             kind="attention", dtype="bf16", batch=batch, m=s, n=s, k=d, flops=2.0 * batch * s * s * d,
-            bytes=float(b * s * d * 2 * (2 * h + 2 * kvh)), device=dev.device, sms=dev.sms, driver="unknown",
+            bytes=float(nbytes), device=dev.device, sms=dev.sms, driver="unknown",
             cuda="unknown", tuning="vendor", median_s=float(ms) * 1e-3, spread_s=0.0, samples=1, date=date,
             kernel="aiconfigurator:context_attention", note=note, phase="fwd", backend="flash", stack=stack))
     return out

@@ -710,7 +710,7 @@ def _import_aiconfigurator(args: argparse.Namespace) -> int:
         AIC_GPUS, AIC_LICENSE, AIC_SOURCE, context_attention_rows, data_root, gemm_rows, generation_attention_rows,
         stack_name, table_path,
     )
-    from marssim.calibrate.table import merge_rows
+    from marssim.calibrate.table import merge_rows, read_comments
     from marssim.cost.calibrated import load_table, traces_dir
 
     root = data_root(None if args.origin == "installed" else args.origin)
@@ -759,13 +759,16 @@ def _import_aiconfigurator(args: argparse.Namespace) -> int:
                 rows = context_attention_rows(path, gpu, stack, package_version, date,
                                               **({} if args.shapes == "default" else every))
                 what = (f"causal context attention as {args.framework} {args.framework_version} runs it on {gpu}, "
-                        "bf16 over a bf16 cache, no sliding window, as fused attention rows of backend flash")
+                        "bf16 queries over a bf16 or fp8 cache, no sliding window, as fused attention rows of backend "
+                        "flash")
             rel = path.relative_to(root).as_posix()
             comment = (f"# {AIC_SOURCE} {package_version} (NVIDIA, {AIC_LICENSE}): systems/data/{rel}, imported by "
                        f"`marssim calibrate import aiconfigurator --shapes {args.shapes}` as stack {stack}: {what}; "
                        "measurement date, spread and sample count not published (date: of the import, spread_s 0, "
                        "samples 1)")
-            merge_rows(target, rows, comment)
+            # a re-import of a source file replaces its own earlier line
+            earlier = [c for c in read_comments(target) if f"systems/data/{rel}," not in c] if target.exists() else None
+            merge_rows(target, rows, comment, comments=earlier)
             counts: dict[tuple[str, str], int] = {}
             for r in rows:
                 counts[(r.kind, r.dtype)] = counts.get((r.kind, r.dtype), 0) + 1

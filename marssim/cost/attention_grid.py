@@ -52,6 +52,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from enum import Enum
 
+from marssim.workload.op import DTYPE_BYTES
+
 from .features import (
     DTYPES, F_BACKEND, F_DTYPE, F_G, F_KK, F_M, F_NN, F_PHASE, KERNEL_BACKENDS, KERNEL_PHASES, attention_geometry,
     attention_geometry_key, lookup_backend,
@@ -276,13 +278,24 @@ STANDINS = {"bf16": "fp16", "fp16": "bf16"}
 def op_seconds(grid: AttentionGrid, x: tuple[int, ...], extrapolate: bool = True) -> float | None:
     """The interpolated time (s) of the op with feature tuple ``x``, or None (not a fused
     attention kernel of a family, or no slice interpolates it); a bf16 kernel without a bf16
-    slice takes the fp16 one, and vice versa."""
+    slice takes the fp16 one, and vice versa; a context kernel over keys and values of a
+    narrower type (a prefill writing an FP8 cache) without a slice of its own takes that of keys
+    and values of its own type (the engine's kernel over a bf16 cache: the time the prefill had
+    before the stack measured its kernel with such a cache). A decode kernel has no such
+    stand-in: its time is the cache it streams."""
     got = op_slice(x)
     if got is None:
         return None
     key, heads, seqs, keys = got
-    t = grid.seconds(key, heads, seqs, keys, extrapolate)
-    twin = STANDINS.get(key.dtype)
-    if t is None and twin is not None:
-        t = grid.seconds(replace(key, dtype=twin), heads, seqs, keys, extrapolate)
-    return t
+    keys_of = [key]
+    own_bits = int(round(8 * DTYPE_BYTES.get(key.dtype, 0)))
+    if key.family is AttentionFamily.CONTEXT and 0 < key.kv_bits < own_bits:
+        keys_of.append(replace(key, kv_bits=own_bits))
+    for k in keys_of:
+        t = grid.seconds(k, heads, seqs, keys, extrapolate)
+        twin = STANDINS.get(k.dtype)
+        if t is None and twin is not None:
+            t = grid.seconds(replace(k, dtype=twin), heads, seqs, keys, extrapolate)
+        if t is not None:
+            return t
+    return None

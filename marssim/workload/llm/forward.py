@@ -38,7 +38,8 @@ With ``gemm_dtype`` (``dtype=fp8`` or ``fp4``) the blocks' GEMMs read their inpu
 (``<x>.fp8``, or ``<x>.amax`` and ``<x>.fp4``; ``<x>.amax`` and ``<x>.fp8`` under FP8's current
 scaling) and their weights' low-precision copy
 (:mod:`.precision`); with ``kv_dtype`` the KV cache holds that type, the keys and values cast as
-they are written.
+they are written, and a fused prefill core reads its keys and values at that type (the engine's
+context kernel with such a cache).
 """
 
 from __future__ import annotations
@@ -158,7 +159,7 @@ class Decoder:
             k_cache, v_cache = cache
             k = self._cache_view(p + "attn.k_cache", k_cache, k, cache_len, cache_after)
             v = self._cache_view(p + "attn.v_cache", v_cache, v, cache_len, cache_after)
-        ctx = self._core(p, q, k, v)
+        ctx = self._core(p, q, k, v, written=cache_write)
         y = self.linear(p + "attn.proj", ctx, cfg.hidden, TpRole.ROW, bias=cfg.bias)
         if cfg.dropout and cfg.training:
             y = self._dropout(p + "attn.proj_dropout", y)
@@ -194,12 +195,14 @@ class Decoder:
                  params=params, dtype=cfg.cache_dtype)
         return t
 
-    def _core(self, p: str, q: T, k: T, v: T) -> T:
+    def _core(self, p: str, q: T, k: T, v: T, written: bool = False) -> T:
+        """The attention core of ``q`` over ``k`` and ``v``; ``written``: a prefill that writes
+        its keys and values to the cache (see :meth:`_fused_core`)."""
         cfg, b = self.cfg, self.b
         b.tags = {**b.tags, "core": True}
         causal = cfg.mode != "decode"
         if cfg.attention != "unfused":
-            ctx = self._fused_core(p, q, k, v, causal)
+            ctx = self._fused_core(p, q, k, v, causal, written)
             b.tags = {k_: v_ for k_, v_ in b.tags.items() if k_ != "core"}
             return ctx
         kv_types = self._kv_types(k)
@@ -215,11 +218,14 @@ class Decoder:
         b.tags = {k_: v_ for k_, v_ in b.tags.items() if k_ != "core"}
         return ctx
 
-    def _fused_core(self, p: str, q: T, k: T, v: T, causal: bool) -> T:
+    def _fused_core(self, p: str, q: T, k: T, v: T, causal: bool, written: bool = False) -> T:
         """``attn.core``: the attention core as one fused kernel (``attention=flash`` or
         ``efficient``; see :mod:`marssim.workload.op`, param ``fused``): the context of the
         queries ``q`` over the keys ``k`` and values ``v``; dropout of the probabilities inside the
-        kernel in training (no mask kept)."""
+        kernel in training (no mask kept). Keys and values from a cache of another type are read
+        at its type; so are those of a prefill that writes them to such a cache (``written``): an
+        engine's context kernel with an FP8 cache is its own kernel, measured as such
+        (:mod:`marssim.calibrate.aiconfigurator`), where one over a bf16 cache stands in."""
         from marssim.workload.op import fused_attention_shapes
 
         cfg, b = self.cfg, self.b
@@ -229,8 +235,8 @@ class Decoder:
         params = {"fused": "fwd", "backend": cfg.attention, "kv_group": cfg.kv_group, "causal": causal}
         if cfg.dropout and cfg.training:
             params["dropout"] = cfg.dropout
-        kv_types = self._kv_types(k)
-        if kv_types:  # bf16 queries, keys and values from an FP8 cache (computed in bf16)
+        kv_types = self._kv_types(k) or (cfg.cache_dtype if written and cfg.cache_dtype != cfg.dtype else "")
+        if kv_types:  # bf16 queries, keys and values of an FP8 cache (computed in bf16)
             params["in_dtypes"] = (cfg.dtype, kv_types, kv_types)
         return b.op(p + "attn.core", OpKind.MATMUL, loops, [q, k, v], out, params=params)
 
