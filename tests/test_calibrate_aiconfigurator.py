@@ -55,14 +55,15 @@ def test_the_converter_writes_each_column_in_closed_form(tmp_path):
                  "--aic-gpus", "h100_sxm", "--out", str(out), "--families", "gemm"]) == 0
     table = load_table(out / "H100-aiconfigurator.csv")
     got = {(r.dtype, r.m, r.n, r.k): r for r in table.rows}
-    # fp8_block has no dtype of the schema; m=4097 is outside the default subset
-    assert set(got) == {("bf16", 4096, 8192, 1024), ("fp8", 4096, 8192, 1024), ("fp4", 16, 256, 512)}
+    # m=4097 is outside the default subset
+    assert set(got) == {("bf16", 4096, 8192, 1024), ("fp8", 4096, 8192, 1024), ("fp8_block", 4096, 8192, 1024),
+                        ("fp4", 16, 256, 512)}
     for (dtype, m, n, k), r in got.items():
-        theirs = {"bf16": "bfloat16", "fp8": "fp8", "fp4": "nvfp4"}[dtype]
+        theirs = {"bf16": "bfloat16", "fp8": "fp8", "fp8_block": "fp8_block", "fp4": "nvfp4"}[dtype]
         ms = next(lat for d, mm, nn, kk, lat in given if (d, mm, nn, kk) == (theirs, m, n, k))
         assert r.median_s == pytest.approx(ms / 1e3, rel=1e-6)
         assert r.flops == 2 * m * n * k
-        width = {"bf16": 2, "fp8": 1, "fp4": 0.5625}[dtype]
+        width = {"bf16": 2, "fp8": 1, "fp8_block": 1 + 4 / 128, "fp4": 0.5625}[dtype]  # block scales: fp32 per 128
         assert r.bytes == round((m * k + k * n) * width + 2 * m * n)
         assert (r.kind, r.batch, r.device, r.sms, r.tuning, r.stack) == ("gemm", 1, "H100", 132, "vendor", STACK)
         assert f"source={AIC_SOURCE} 9.9.9" in r.note and f"license={AIC_LICENSE}" in r.note
@@ -71,7 +72,7 @@ def test_the_converter_writes_each_column_in_closed_form(tmp_path):
     # every shape with --shapes all; re-running merges (idempotent)
     assert main(["calibrate", "import", "aiconfigurator", "--from", str(root), "--date", "2026-01-02",
                  "--aic-gpus", "h100_sxm", "--out", str(out), "--shapes", "all", "--families", "gemm"]) == 0
-    assert len(load_table(out / "H100-aiconfigurator.csv")) == 4
+    assert len(load_table(out / "H100-aiconfigurator.csv")) == 5
 
 
 def test_a_missing_version_is_one_error_naming_those_there(tmp_path, capsys):

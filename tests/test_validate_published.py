@@ -35,7 +35,7 @@ SERVE_HEADER = "name,system,model,deployment,input_tokens,output_tokens,requests
 def test_the_shipped_tables_name_runs_their_systems_can_take():
     tables = published_tables()
     assert {"korthikanti2022-table5", "nemo2407-h100-fp8", "nemo2403-h100-fp8-long-context",
-            "megatron-bridge-2511-fp8", "trtllm-1.0-h100-h200-fp8-throughput",
+            "megatron-bridge-2511-fp8", "megatron-bridge-2511-mxfp8", "trtllm-1.0-h100-h200-fp8-throughput",
             "sglang-0.3.0-vllm-0.6.0-bf16-latency"} <= set(tables)
     for name in tables:
         runs = load_published(name)
@@ -160,11 +160,32 @@ def test_the_megatron_bridge_rows_keep_the_engines_attention_kernels():
     assert not any("attention_kernels=" in r.system for r in load_published("megatron-bridge-2511-fp8"))
 
 
+MXFP8_TOKENS = {"B200 LLAMA3-8B 8 GPUs": 29521, "GB200 LLAMA3-8B 8 GPUs": 29789, "B200 LLAMA3.1-405B 128 GPUs": 624}
+"""The summary's FP8-MX figures (tokens/s/GPU, in parentheses beside FP8-CS) of its dense rows with FSDP 0."""
+
+
+def test_the_mxfp8_rows_are_the_fp8_cs_runs_with_the_mxfp8_recipe_and_their_own_figures():
+    cs = {r.name: r for r in load_published("megatron-bridge-2511-fp8")}
+    runs = load_published("megatron-bridge-2511-mxfp8")
+    assert {r.name for r in runs} == set(MXFP8_TOKENS)
+    for r in runs:
+        ref = cs[r.name]
+        assert (r.system, r.parallel) == (ref.system, ref.parallel)
+        assert r.workload == ref.workload.replace("fp8_recipe=current", "fp8_recipe=mxfp8")
+        gpus, gbs = len(load_system(r.system).accelerators), parse_parallel(r.parallel).global_batch
+        assert gbs * 8192 / (r.measured_iteration_s * gpus) == pytest.approx(MXFP8_TOKENS[r.name], rel=1e-4)
+        assert f"({MXFP8_TOKENS[r.name]} tokens/s/GPU)" in r.source
+        assert r.measured_iteration_s > ref.measured_iteration_s  # FP8-MX ran slower than FP8-CS on every row
+        t = load_workload(r.workload).meta["transformer"]
+        assert (t.fp8_recipe, t.low_dtype) == ("mxfp8", "mxfp8")
+
+
 KNOWN_OVER = {"GB200 LLAMA3.1-405B 256 GPUs"}
 """Published runs the memory check refuses although they ran (docs/validation.md says why)."""
 
 
-@pytest.mark.parametrize("table", ["korthikanti2022-table5", "megatron-bridge-2511-fp8", *NEMO_TABLES])
+@pytest.mark.parametrize("table", ["korthikanti2022-table5", "megatron-bridge-2511-fp8", "megatron-bridge-2511-mxfp8",
+                                   *NEMO_TABLES])
 def test_the_memory_check_admits_the_published_training_runs(table):
     """What ran fits: every published training row's closed-form memory is within its GPU's
     capacity, with the gradient buffer and optimizer state in the types the runs kept them."""

@@ -18,7 +18,7 @@ by batch and KV length).
 
 :func:`gemm_rows` converts the GEMM rows of one table into :class:`~marssim.cost.calibrated.
 KernelTiming` rows: ``kind=gemm``, ``batch=1``, the dtype mapped by :data:`GEMM_DTYPES`
-(``fp8_block`` has no column value of its own and is not imported), ``flops = 2 m n k``,
+(``fp8_block`` is marssim's ``fp8_block``: FP8 with block scales), ``flops = 2 m n k``,
 ``bytes`` the compulsory traffic (each input at its own width, a bf16 output), ``median_s`` the
 latency in seconds, ``tuning=vendor`` (the engine's own kernel choice), ``stack`` the
 framework and version (``trtllm-1.3.0rc20``), and on every row the source, its version and its
@@ -99,9 +99,11 @@ AIC_GPUS: dict[str, AicGpu] = {
 vendors' datasheets: B200 and B300 148 SMs of the HGX parts, GB200 152 and GB300 160 of the
 superchips' GPUs)."""
 
-GEMM_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "fp8": "fp8", "nvfp4": "fp4"}
+GEMM_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "fp8": "fp8", "nvfp4": "fp4", "fp8_block": "fp8_block"}
 """The package's ``gemm_dtype`` values that are a marssim dtype (``fp8``: per-tensor scaled E4M3,
-Transformer Engine's delayed scaling; ``nvfp4``: NVFP4 with its block scales)."""
+Transformer Engine's delayed and current scaling; ``nvfp4``: NVFP4 with its block scales;
+``fp8_block``: E4M3 with fp32 scales per 1 x 128 of activations and 128 x 128 of weights,
+Transformer Engine's ``Float8BlockScaling``)."""
 
 DEFAULT_M = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 """Token counts (``m``) of the shipped subset: powers of two (the package measures these and

@@ -205,15 +205,23 @@ def refuse_llm_off_gpus(system, llm: str, where: str = "--system") -> None:
 def refuse_missing_precision(transformer, system, llm: str, where: str = "--workload") -> None:
     """InputError, before any work, when a GPU design of ``system`` has no peak rate for a type
     the LLM ``transformer`` (a :class:`~marssim.workload.llm.config.TransformerConfig`; ``llm``:
-    its spec) computes in: its ``dtype``, and ``gemm_dtype`` (``fp8``, ``fp4``: tensor cores an
-    A100 or an H100 lacks). The message names the precisions each such GPU has."""
-    needed = [d for d in (transformer.dtype, transformer.gemm_dtype) if d]
+    its spec) computes in: its ``dtype``, and the element type of its low-precision GEMMs
+    (``fp8``, ``fp4``: tensor cores an A100 or an H100 lacks; ``fp8_block`` needs FP8 tensor cores,
+    ``mxfp8`` Blackwell's, :data:`~marssim.cost.gpu.BLOCK_SCALED_FP8`). The message names the
+    precisions each such GPU has."""
+    import math
+
+    from marssim.cost.gpu import BLOCK_SCALED_FP8, dtype_peak
+
+    needed = [d for d in (transformer.dtype, transformer.low_dtype) if d]
     designs = dict.fromkeys(d for a in system.accelerators for d in a.designs)
     for name in designs:
-        gpu = system.designs[name].gpu
+        design = system.designs[name]
+        gpu = design.gpu
         if gpu is None:
             continue
-        missing = [d for d in needed if d not in gpu.peak_flops]
+        missing = [d for d in needed if (math.isnan(dtype_peak(design, d)) if d in BLOCK_SCALED_FP8
+                                         else d not in gpu.peak_flops)]
         if missing:
             raise InputError(None, where, f"{llm} computes in {' and '.join(missing)}, which the {name} GPUs of "
                                           f"{system.spec} do not have (no {missing[0].upper()} tensor cores); they "

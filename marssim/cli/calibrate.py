@@ -743,7 +743,8 @@ def _import_aiconfigurator(args: argparse.Namespace) -> int:
                 path = table_path(root, gpu, "gemm", args.framework, args.framework_version, "gemm")
                 rows = gemm_rows(path, gpu, stack, package_version, date, **subset)
                 what = (f"GEMM latencies as {args.framework} {args.framework_version} runs them on {gpu}, writing "
-                        "bf16; fp8 is per-tensor scaled E4M3, fp4 NVFP4; fp8_block not imported")
+                        "bf16; fp8 is per-tensor scaled E4M3, fp4 NVFP4, fp8_block E4M3 with 1 x 128 and 128 x 128 "
+                        "block scales")
             elif family == "generation-attention":
                 path = table_path(root, gpu, "attention", args.framework, args.framework_version,
                                   "generation_attention")

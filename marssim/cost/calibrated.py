@@ -188,12 +188,14 @@ PHASES = KERNEL_PHASES
 """Accepted ``phase`` values (empty means ``fwd``; :data:`marssim.cost.features.KERNEL_PHASES`)."""
 TUNINGS = ("none", "vendor", "triton-autotune", "sip")
 """Accepted ``tuning`` values, least to most tuned."""
-DTYPE_STANDINS = {"bf16": "fp16", "fp16": "bf16"}
-"""Dtypes whose kernels stand in for each other's where a table measured only one of them:
-``bf16`` and ``fp16`` run on the same tensor cores at the same dense peak (A100, H100
-datasheets) and move the same bytes, so a ``bf16`` kernel without ``bf16`` rows is timed by
-the ``fp16`` rows of its shape and curve, and vice versa (Vidur's published profiles are
-``fp16``; Megatron-LM trains in ``bf16``)."""
+DTYPE_STANDINS = {"bf16": "fp16", "fp16": "bf16", "fp8": "mxfp8"}
+"""Dtypes whose kernels stand in for another's (key -> the dtype it stands in for) where a table
+measured none of the latter: ``bf16`` and ``fp16`` run on the same tensor cores at the same dense
+peak (A100, H100 datasheets) and move the same bytes, so a ``bf16`` kernel without ``bf16`` rows
+is timed by the ``fp16`` rows of its shape and curve, and vice versa (Vidur's published profiles
+are ``fp16``; Megatron-LM trains in ``bf16``); the per-tensor ``fp8`` kernels time ``mxfp8``
+ones (no table measures MXFP8 GEMMs; Blackwell's block-scaled MMA applies the scales at the FP8
+rate, and its operands are 3 % larger), not the other way round."""
 GEMM_KINDS = KERNEL_KINDS[:N_GEMM_KERNELS]
 
 FitKey = tuple[str, str, str, str]

@@ -46,7 +46,9 @@ modelled beyond what ``mem_eff`` absorbs, and neither are fused kernels (each op
 (``bf16``<->``fp16``, ``tf32``->``fp32``, ``fp8``<->``int8``) and else to the lowest listed peak,
 except ``fp4``: a GPU without a published FP4 peak has no FP4 tensor cores (Hopper, CDNA 3), so
 its ``fp4`` peak is NaN (:data:`NO_FALLBACK`) and the cost model refuses an FP4 GEMM on it
-(:meth:`GpuTable.check_dtype`).
+(:meth:`GpuTable.check_dtype`). Block-scaled FP8 (``fp8_block``, ``mxfp8``) runs at the ``fp8``
+peak where the GPU's compute capability runs it (:data:`BLOCK_SCALED_FP8`; ``mxfp8`` from
+Blackwell on), and is refused likewise elsewhere.
 
 A GEMM's dtype is its :attr:`~marssim.workload.Op.math_dtype`, its inputs' type: an FP8 GEMM of
 Transformer Engine (FP8 inputs, bf16 output) runs at the ``fp8`` peak, with its bytes counted
@@ -71,8 +73,8 @@ from .features import (
 )
 from .residual import ResidualCorrection
 
-__all__ = ["design_peaks", "CurveParams", "KindEfficiency", "DEFAULT_EFFICIENCY", "TILE_K", "gemm_curve", "stream_curve",
-           "dtype_peak", "default_curve", "GpuTable"]
+__all__ = ["BLOCK_SCALED_FP8", "design_peaks", "CurveParams", "KindEfficiency", "DEFAULT_EFFICIENCY", "TILE_K",
+           "gemm_curve", "stream_curve", "dtype_peak", "default_curve", "GpuTable"]
 
 TILE_K = 32
 """Default K step of a GEMM thread-block tile."""
@@ -172,13 +174,26 @@ _SIBLING = {"bf16": ("fp16",), "fp16": ("bf16",), "tf32": ("fp32",), "fp32": (),
 NO_FALLBACK = frozenset({"fp4"})
 """Dtypes only some GPUs compute in: without a listed peak a design has none (NaN)."""
 
+BLOCK_SCALED_FP8 = {"fp8_block": 0.0, "mxfp8": 10.0}
+"""FP8 with block scales, by the least compute capability whose tensor cores run it at the FP8
+peak: ``fp8_block`` (an fp32 scale per 128 elements, applied outside the MMA: any GPU with FP8
+tensor cores, Hopper's kernels promoting partial sums to apply them) and ``mxfp8`` (an E8M0
+scale per 32, applied inside Blackwell's block-scaled MMA, ``tcgen05.mma`` ``block_scale``:
+compute capability 10.0 and later). A design without an ``fp8`` peak, or below that capability,
+has none (NaN)."""
+
 
 def dtype_peak(design: Design, dtype: str) -> float:
     """Dense peak FLOP/s of ``design`` for ``dtype`` (sibling dtype, else the lowest peak; NaN
-    for a :data:`NO_FALLBACK` dtype the design does not list)."""
+    for a :data:`NO_FALLBACK` dtype the design does not list; a :data:`BLOCK_SCALED_FP8` type
+    the ``fp8`` peak where the design's compute capability runs it, else NaN)."""
     peaks = design.gpu.peak_flops
     if dtype in peaks:
         return float(peaks[dtype])
+    if dtype in BLOCK_SCALED_FP8:
+        cc = design.gpu.compute_capability
+        capable = BLOCK_SCALED_FP8[dtype] == 0.0 or (cc is not None and float(cc) >= BLOCK_SCALED_FP8[dtype])
+        return float(peaks["fp8"]) if "fp8" in peaks and capable else math.nan
     if dtype in NO_FALLBACK:
         return math.nan
     for other in _SIBLING.get(dtype, ()):

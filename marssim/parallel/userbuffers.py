@@ -116,7 +116,7 @@ def buffer_bytes(t, cfg) -> float:
     if not cfg.tp_comm_overlap:
         return 0.0
     tokens = t.batch * t.seq
-    gather = DTYPE_BYTES[t.gemm_dtype or t.dtype]
+    gather = DTYPE_BYTES[t.low_dtype or t.dtype]
     return float(tokens * t.hidden * (AG_BUFFERS * gather + RS_BUFFERS * DTYPE_BYTES[t.dtype]))
 
 

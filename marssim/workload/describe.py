@@ -153,7 +153,8 @@ def _precision(cfg) -> str:
     if not cfg.gemm_dtype:
         return cfg.dtype
     if cfg.gemm_dtype == "fp8":
-        scaling = "current scaling" if cfg.current_scaling else "delayed scaling"
+        scaling = {"current": "current scaling", "blockwise": "blockwise scaling (1 x 128 and 128 x 128 blocks)",
+                   "mxfp8": "MXFP8 block scaling (32-element blocks)"}.get(cfg.fp8_recipe, "delayed scaling")
         text = (f"{cfg.dtype} with FP8 GEMMs in the blocks (Transformer Engine: E4M3 forward, E5M2 gradients, "
                 f"{scaling}" if cfg.training else f"{cfg.dtype} with FP8 GEMMs in the blocks (FP8 weights, "
                 "activations cast per GEMM")

@@ -79,7 +79,11 @@ operand; a GEMM's weights are the same type): cost models take the tensor-core p
 calibration rows of that type, so an FP8 GEMM runs at the FP8 peak whatever it writes. ``fp4``
 is NVFP4 (Blackwell): 4-bit E2M1 values with one E4M3 scale per block of 16, 4.5 bits or
 0.5625 bytes per element (the per-tensor fp32 scale is left out); its byte counts round up to
-whole bytes.
+whole bytes. ``fp8_block`` is E4M3 with one fp32 scale per 128 elements (Transformer Engine's
+``Float8BlockScaling``: blocks of 1 x 128 of activations and gradients, of 128 x 128 of weights,
+whose scales are taken at the 1 x 128 blocks' 1.03125 bytes per element, an overcount of 3 % of
+the weights' FP8 bytes), ``mxfp8`` E4M3 with one E8M0 scale per 32 (OCP MX, Blackwell): both
+1.03125 bytes per element.
 
 A weight-gradient GEMM (``grad=weight``) keeps the loops of its forward GEMM -- ``B`` samples
 (experts when grouped), ``M`` tokens, ``N`` out and ``K`` in features -- so its MACs equal the
@@ -102,9 +106,9 @@ Shape = tuple[int, int, int, int]
 """Logical activation box ``(n, c, h, w)``."""
 
 DTYPE_BYTES: dict[str, float] = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1, "int32": 4,
-                                  "int64": 8, "fp4": 0.5625}
-"""Bytes per element of each element type (``fp4``: NVFP4 with its block scales, see the module
-docstring; every other type a whole number)."""
+                                  "int64": 8, "fp4": 0.5625, "fp8_block": 1.03125, "mxfp8": 1.03125}
+"""Bytes per element of each element type (``fp4``: NVFP4 with its block scales; ``fp8_block``,
+``mxfp8``: FP8 with block scales; see the module docstring; every other type a whole number)."""
 
 
 def dtype_bytes(dtype: str) -> float:

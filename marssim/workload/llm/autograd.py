@@ -212,7 +212,7 @@ class _Backward:
         low = op.param("w_dtype")
         if low is not None:  # a low-precision GEMM: the gradient is cast too, both backward GEMMs read it
             tags = dict(b.tags)
-            dy = quantize(b, self.cfg, dy, f"{op.name}.grad_{low}", "e5m2")
+            dy = quantize(b, self.cfg, dy, f"{op.name}.grad_{self.cfg.gemm_dtype}", "e5m2")
             b.tags = tags
             common["in_dtypes"] = (low,)
         if self.needs_grad(x):
@@ -371,22 +371,22 @@ class _Backward:
             low = low_params.get(layer, 0)
             if low:  # the GEMM weights' low-precision copy and its transpose, for the next step
                 src = "fp32" if cfg.fp8_param_gather else cfg.dtype  # the master itself, or its bf16 copy
-                extra = DTYPE_BYTES[cfg.gemm_dtype]
+                extra = DTYPE_BYTES[cfg.low_dtype]
                 cast = {"fn": "quantize", "in_dtypes": (src,), "keep": True, "weights": True}
                 if cfg.current_scaling:  # the weights' own amax first: one more read of them
                     extra += DTYPE_BYTES[src]
                     cast["amax"] = True
                 b.op(f"{prefix}.{cfg.gemm_dtype}_weights", OpKind.ELTWISE, {"N": 1, "C": low, "H": 1, "W": 1},
                      [T(adam.op, (1, low, 1, 1))], (1, low, 1, 1), params={**cast, "extra_per_elem": extra},
-                     dtype=cfg.gemm_dtype)
+                     dtype=cfg.low_dtype)
         b.tags = {}
 
     def amax_update(self, direction: str) -> None:
         """The fused amax-and-scale update of delayed scaling at the end of the forward (``fwd``)
-        or the backward (``bwd``; none under current scaling): it reads and rewrites the amax history
+        or the backward (``bwd``; none under current scaling or a block recipe): it reads and rewrites the amax history
         of every FP8 tensor of that direction (:data:`~.precision.AMAX_HISTORY` fp32 entries each)."""
         cfg, b = self.cfg, self.b
-        if cfg.current_scaling:  # no history: each cast took its tensor's amax
+        if not cfg.amax_history:  # current scaling and the block recipes: each cast took its amaxes
             return
         gemms = sum(1 for op in self.forward if op.kind == OpKind.GEMM and op.param("w_dtype") == "fp8")
         if not gemms:

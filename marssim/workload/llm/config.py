@@ -52,9 +52,10 @@ a parallel configuration times every expert-parallel rank at the busiest rank's 
 Precision: ``dtype`` is the type of activations, weights as stored, and every kernel but the
 low-precision GEMMs; ``dtype=fp8`` (or ``fp4``) is Transformer Engine's recipe, short for
 ``dtype=bf16,gemm_dtype=fp8``: the blocks' GEMMs read FP8 (NVFP4) inputs, everything else stays
-bf16 (:mod:`.precision`); ``fp8_recipe`` picks its scaling, ``delayed`` (the default) or
-``current`` (:data:`FP8_RECIPES`; refused without FP8). ``fp8_param_gather`` keeps those GEMMs'
-weights in FP8 as parameters (training); ``kv_dtype=fp8`` stores a serving run's KV cache in FP8.
+bf16 (:mod:`.precision`); ``fp8_recipe`` picks its scaling, ``delayed`` (the default),
+``current``, ``blockwise`` or ``mxfp8`` (:data:`FP8_RECIPES`; refused without FP8).
+``fp8_param_gather`` keeps those GEMMs' weights in FP8 as parameters (training); ``kv_dtype=fp8`` stores a
+serving run's KV cache in FP8.
 """
 
 from __future__ import annotations
@@ -66,7 +67,8 @@ from marssim.errors import InputError
 from marssim.workload.op import DTYPE_BYTES
 
 __all__ = ["TransformerConfig", "PRESETS", "FAMILY_DEFAULTS", "MODES", "RECOMPUTE", "ATTENTION", "FP8_RECIPES",
-           "CROSS_ENTROPY", "cross_entropy_bytes", "cross_entropy_op", "check_config", "config_from"]
+           "FP8_ELEMENT_TYPES", "CROSS_ENTROPY", "cross_entropy_bytes", "cross_entropy_op", "check_config",
+           "config_from"]
 
 MODES = ("forward", "train", "prefill", "decode", "serve")
 """``forward``: one forward pass over ``seq`` tokens (logits for every token); ``train``: one
@@ -91,11 +93,18 @@ Megatron-LM's own scripts), several PyTorch kernels over fp32 logits (:func:`cro
 gradient in the logits' type (``cross_entropy_loss_fusion`` with Transformer Engine's
 implementation, Megatron-Bridge's recipes)."""
 
-FP8_RECIPES = ("delayed", "current")
+FP8_RECIPES = ("delayed", "current", "blockwise", "mxfp8")
 """How an FP8 run scales its casts (Transformer Engine's recipes, :mod:`.precision`): ``delayed``
-(``DelayedScaling``: each scale from an amax history updated once per forward and backward) or
+(``DelayedScaling``: each scale from an amax history updated once per forward and backward),
 ``current`` (``Float8CurrentScaling``, "FP8-CS": each cast takes its tensor's own amax first, no
-history)."""
+history), ``blockwise`` (``Float8BlockScaling``: an fp32 scale per 1 x 128 elements of activations
+and gradients and per 128 x 128 of weights, DeepSeek-V3's; element type ``fp8_block``) or
+``mxfp8`` (``MXFP8BlockScaling``, "FP8-MX", Blackwell: an E8M0 scale per 32 elements; element
+type ``mxfp8``); the two block recipes take each block's amax inside the cast, no history."""
+
+FP8_ELEMENT_TYPES = {"blockwise": "fp8_block", "mxfp8": "mxfp8"}
+"""The element type (:data:`marssim.workload.op.DTYPE_BYTES`) the casts and GEMMs of a block
+recipe read; ``delayed`` and ``current`` read ``fp8``."""
 
 RECOMPUTE = ("none", "selective", "full")
 """Activation recomputation (Korthikanti et al. 2022): ``selective`` re-runs the attention core
@@ -234,9 +243,24 @@ class TransformerConfig:
 
     @property
     def current_scaling(self) -> bool:
-        """Whether every low-precision cast takes its tensor's own amax first (NVFP4, and FP8 with
-        ``fp8_recipe=current``) rather than a scale from an amax history (FP8's delayed scaling)."""
+        """Whether every low-precision cast takes its tensor's own amax first, in a kernel of its
+        own (NVFP4, and FP8 with ``fp8_recipe=current``), rather than a scale from an amax history
+        (FP8's delayed scaling) or each block's amax inside the cast (the block recipes)."""
         return self.gemm_dtype == "fp4" or (self.gemm_dtype == "fp8" and self.fp8_recipe == "current")
+
+    @property
+    def amax_history(self) -> bool:
+        """Whether the run keeps amax histories (FP8's delayed scaling, its default recipe)."""
+        return self.gemm_dtype == "fp8" and self.fp8_recipe in ("", "delayed")
+
+    @property
+    def low_dtype(self) -> str:
+        """The element type the low-precision casts write and the block GEMMs read: ``fp8``,
+        ``fp8_block`` or ``mxfp8`` by ``fp8_recipe`` (:data:`FP8_ELEMENT_TYPES`), ``fp4``; ``""``
+        without a low-precision recipe. Op names keep ``gemm_dtype`` (``<x>.fp8``)."""
+        if self.gemm_dtype == "fp8":
+            return FP8_ELEMENT_TYPES.get(self.fp8_recipe, "fp8")
+        return self.gemm_dtype
 
     @property
     def training(self) -> bool:

@@ -76,7 +76,7 @@ class Decoder:
         low-precision recipe reads ``x`` cast and its weights' low-precision copy, and writes the
         activation type."""
         cfg, b = self.cfg, self.b
-        low = cfg.gemm_dtype
+        low = cfg.low_dtype
         if not low or not low_precision_gemm(name):
             return b.linear(name, x, out_features, bias=bias, grouped=grouped, shares=shares, params={TP_ROLE: role})
         xq = self.cast(x)
@@ -322,20 +322,22 @@ def _retype(b: GraphBuilder, out: str, ins: tuple[str, ...]) -> None:
 
 
 def quantize(b: GraphBuilder, cfg: TransformerConfig, x: T, name: str, fp8_format: str) -> T:
-    """``x`` cast to ``cfg.gemm_dtype`` by the op ``name`` (:mod:`.precision`): FP8 in format
-    ``fp8_format`` (``e4m3`` forward, ``e5m2`` gradients) or NVFP4; delayed scaling takes the amax
-    in the same pass, current scaling (NVFP4, ``fp8_recipe=current``) in an amax kernel over ``x``
-    first; training also writes the transpose."""
-    low, act = cfg.gemm_dtype, cfg.dtype
+    """``x`` cast to the recipe's element type (``cfg.low_dtype``) by the op ``name`` (named by
+    ``cfg.gemm_dtype``, :mod:`.precision`): FP8 in format ``fp8_format`` (``e4m3`` forward,
+    ``e5m2`` gradients) or NVFP4; delayed scaling takes the amax in the same pass, and so do the
+    block recipes each block's; current scaling (NVFP4, ``fp8_recipe=current``) in an amax kernel
+    over ``x`` first; training also writes the transpose (the block recipes: the copy scaled along
+    the other axis)."""
+    low, act = cfg.low_dtype, cfg.dtype
     params: dict = {"fn": "quantize", "in_dtypes": (act,)}
     ins = [x]
-    if low == "fp8":
+    if cfg.gemm_dtype == "fp8":
         params["fp8"] = fp8_format
     if cfg.current_scaling:  # the tensor's own amax first (<x>.amax, <gemm>.grad_amax): a reduction
         # over x, its loops x's (a shard reads its share of x) and its output one fp32 value
         n, c, h, w = x.shape
-        amax = b.op(name.rpartition(low)[0] + "amax", OpKind.ELTWISE, {"N": n, "C": c, "H": h, "W": w}, [x],
-                    (1, 1, 1, 1), params={"fn": "amax", "in_dtypes": (act,)}, dtype="fp32")
+        amax = b.op(name.rpartition(cfg.gemm_dtype)[0] + "amax", OpKind.ELTWISE, {"N": n, "C": c, "H": h, "W": w},
+                    [x], (1, 1, 1, 1), params={"fn": "amax", "in_dtypes": (act,)}, dtype="fp32")
         ins.append(amax)
         params["in_dtypes"] = (act, "fp32")
     if cfg.training:

@@ -39,6 +39,20 @@ the source's bytes; its param ``amax``), and there is no amax history: no ``fp8.
 ``fp8.amax_bwd``. ``fp8_recipe=delayed`` (the default of ``dtype=fp8``) is the recipe above, graph
 for graph. The option is refused without FP8, and in serving modes (static scales).
 
+``fp8_recipe=blockwise`` is Transformer Engine's ``Float8BlockScaling`` (Megatron-LM's
+``--fp8-recipe blockwise``, DeepSeek-V3's granularity): E4M3 with an fp32 scale per 1 x 128
+elements of activations and gradients and per 128 x 128 of weights (element type ``fp8_block``,
+1.03125 B per element); ``fp8_recipe=mxfp8`` is ``MXFP8BlockScaling`` ("FP8-MX", Megatron-LM's
+``--fp8-recipe mxfp8``, Blackwell): E4M3 with an E8M0 scale per 32 elements (element type
+``mxfp8``, 1.03125 B). Both: the same casts and GEMMs as above, each cast taking its blocks'
+amaxes in its own pass (no amax kernel, no history) and writing, in training, the copy scaled
+along the other axis beside the first (as delayed scaling writes the transpose); the GEMMs read
+that element type. The GEMMs are timed by the measured rows of their type: AIConfigurator's
+``fp8_block`` GEMMs (TensorRT-LLM's blockwise FP8 kernels); no table measures MXFP8 GEMMs, so the
+per-tensor FP8 kernels of a shape stand in for them (:data:`marssim.cost.calibrated.DTYPE_STANDINS`:
+Blackwell applies the block scales inside its MMA at the FP8 rate). A GPU below Blackwell has no
+MXFP8 (:data:`marssim.cost.gpu.BLOCK_SCALED_FP8`).
+
 ``dtype=fp4`` is NVFP4 (``NVFP4BlockScaling``; Blackwell): the same GEMMs with 4-bit inputs
 (0.5625 B per element with their block scales), each cast preceded by its ``<x>.amax`` kernel
 (current scaling: the amax of the tensor itself, one more read of it) and no amax history. The
@@ -77,8 +91,9 @@ from marssim.workload.op import DTYPE_BYTES, Op
 __all__ = ["LOW_PRECISION", "LOW_PRECISION_GEMMS", "AMAX_HISTORY", "FP8_TENSORS_FWD", "FP8_TENSORS_BWD",
            "low_precision_gemm", "held_weight_bytes", "param_gather_bytes"]
 
-LOW_PRECISION = ("fp8", "fp4")
-"""GEMM input types of Transformer Engine's recipes (``fp8``: E4M3/E5M2; ``fp4``: NVFP4)."""
+LOW_PRECISION = ("fp8", "fp4", "fp8_block", "mxfp8")
+"""GEMM input types of Transformer Engine's recipes (``fp8``: E4M3/E5M2 with a scale per tensor;
+``fp4``: NVFP4; ``fp8_block``, ``mxfp8``: FP8 with block scales)."""
 
 LOW_PRECISION_GEMMS = ("attn.qkv", "attn.proj", "mlp.fc1", "mlp.fc2", "mlp.down", "moe.gate", "moe.up", "moe.fc1",
                        "moe.down", "shared.fc1", "shared.fc2", "shared.down")
@@ -116,5 +131,6 @@ def held_weight_bytes(op: Op, cfg) -> float:
 
 def param_gather_bytes(cfg) -> float:
     """Bytes per parameter that the distributed optimizer's all-gather of updated weights moves:
-    the FP8 weights' byte with ``fp8_param_gather``, else the activation type's."""
-    return float(DTYPE_BYTES[cfg.gemm_dtype]) if cfg.fp8_param_gather else float(DTYPE_BYTES[cfg.dtype])
+    the FP8 weights' bytes (with their block scales under a block recipe) with
+    ``fp8_param_gather``, else the activation type's."""
+    return float(DTYPE_BYTES[cfg.low_dtype]) if cfg.fp8_param_gather else float(DTYPE_BYTES[cfg.dtype])
