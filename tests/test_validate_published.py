@@ -86,6 +86,8 @@ MEGATRON_BRIDGE_2511 = {
     "B200 LLAMA3.1-405B 128 GPUs": (128, 64, 1, 4, 8, 2, 8, 661),
     "GB200 LLAMA3-8B 8 GPUs": (8, 128, 2, 1, 1, 1, 1, 31508),
     "GB200 LLAMA3.1-405B 256 GPUs": (256, 1536, 1, 4, 16, 1, 4, 813),
+    "GB300 LLAMA3-8B 8 GPUs": (8, 128, 2, 1, 1, 1, 1, 37556),
+    "GB300 LLAMA3.1-405B 256 GPUs": (256, 1536, 1, 2, 8, 2, 4, 999),
 }
 
 
@@ -160,7 +162,8 @@ def test_the_megatron_bridge_rows_keep_the_engines_attention_kernels():
     assert not any("attention_kernels=" in r.system for r in load_published("megatron-bridge-2511-fp8"))
 
 
-MXFP8_TOKENS = {"B200 LLAMA3-8B 8 GPUs": 29521, "GB200 LLAMA3-8B 8 GPUs": 29789, "B200 LLAMA3.1-405B 128 GPUs": 624}
+MXFP8_TOKENS = {"B200 LLAMA3-8B 8 GPUs": 29521, "GB200 LLAMA3-8B 8 GPUs": 29789, "B200 LLAMA3.1-405B 128 GPUs": 624,
+                "GB300 LLAMA3-8B 8 GPUs": 36108}
 """The summary's FP8-MX figures (tokens/s/GPU, in parentheses beside FP8-CS) of its dense rows with FSDP 0."""
 
 

@@ -383,17 +383,17 @@ def generation_attention_rows(path: Path, gpu: str, stack: str, package_version:
 
 
 AIC_COLLECTIVE_SYSTEMS = {"a100_sxm": "hgx-a100", "h100_sxm": "hgx-h100", "h200_sxm": "hgx-h200",
-                          "b200_sxm": "hgx-b200", "gb200": "gb200-nvl72"}
+                          "b200_sxm": "hgx-b200", "gb200": "gb200-nvl72", "gb300": "gb300-nvl72"}
 """The package's systems whose collectives are imported, and the measured-machine names their rows
 get (:data:`marssim.collectives.plan.MEASURED_SYSTEMS`): eight GPUs of one HGX board on NVSwitch
-(host not named), GB200 GPUs of one NVL72 NVLink domain."""
+(host not named), GB200 and GB300 GPUs of one NVL72 NVLink domain."""
 
 AIC_COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
 """The package's ``op_name`` values imported as collectives, marssim's names too (``alltoall`` has
 no marssim collective)."""
 
 AIC_NCCL_VERSIONS = {"a100_sxm": "2.27.3", "h100_sxm": "2.29.2", "h200_sxm": "2.29.2", "b200_sxm": "2.29.2",
-                     "gb200": "2.29.2"}
+                     "gb200": "2.29.2", "gb300": "2.29.2"}
 """The NCCL measurements imported per GPU: the package's newest (A100 has one)."""
 AIC_CUSTOM_ALLREDUCE = (("h100_sxm", "trtllm", "1.3.0rc20"), ("h100_sxm", "vllm", "0.24.0"),
                         ("h100_sxm", "sglang", "0.5.14"))

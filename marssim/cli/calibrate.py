@@ -839,8 +839,8 @@ def _import_aiconfigurator_collectives(args: argparse.Namespace) -> int:
     write_collectives(target, rows, [
         f"{AIC_SOURCE} {package_version} (NVIDIA, Apache-2.0), systems/data/<gpu>/comm/, imported by "
         "`marssim calibrate import aiconfigurator-collectives`: the half-precision (fp16; bf16 for the engines' "
-        "custom all-reduces) all-reduce, all-gather and reduce-scatter of 2, 4 and 8 GPUs of one node (GB200: 2 and 4 "
-        "of one NVL72 domain), 256 to 2^29 elements, the median of the package's repeated rows. The package's "
+        "custom all-reduces) all-reduce, all-gather and reduce-scatter of 2, 4 and 8 GPUs of one node (GB200, GB300: 2 "
+        "and 4 of one NVL72 domain), 256 to 2^29 elements, the median of the package's repeated rows. The package's "
         "message_size counts elements of nccl-tests' total (bytes = 2 x elements); latency in ms. Measured by "
         "AIConfigurator's collector (nccl-tests-style loops for NCCL; the engine's own all-reduce op for the custom "
         "all-reduces); measurement date, spread and sample count not published (date: of the import)",
