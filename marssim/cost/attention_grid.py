@@ -58,7 +58,7 @@ from .features import (
     DTYPES, F_BACKEND, F_DTYPE, F_G, F_KK, F_M, F_NN, F_PHASE, KERNEL_BACKENDS, KERNEL_PHASES, attention_geometry,
     attention_geometry_key, lookup_backend,
 )
-from .loggrid import Point, Tree, blend, keep_faster, nest
+from .loggrid import Point, SlicedGrid, Tree, blend, nest
 
 __all__ = ["AttentionFamily", "SliceKey", "AttentionGrid", "family_of", "PRODUCTS", "row_entries", "op_slice",
            "op_seconds", "STANDINS", "SATURATED_KEYS", "SATURATED_DECODE_ROWS", "TAIL_EXPONENTS", "saturated"]
@@ -192,29 +192,14 @@ class _Slice:
         return blend(self.heads, h, lambda v: self.along_seqs(v, b, s, extrapolate))
 
 
-class AttentionGrid:
+class AttentionGrid(SlicedGrid):
     """Measured fused attention times of one GPU design, by slice (see the module docstring).
 
     Built from ``(SliceKey, heads, sequences, keys, seconds)`` entries; a second entry of one
     point keeps the faster time (as the measured lookups do)."""
 
     def __init__(self, entries: Iterable[tuple[SliceKey, int, int, int, float]] = ()) -> None:
-        self._slices: dict[SliceKey, _Slice] = {}
-        for key, h, b, s, seconds in entries:
-            if h < 1 or b < 1 or s < 1 or not seconds > 0:
-                continue
-            sl = self._slices.get(key)
-            if sl is None:
-                sl = self._slices[key] = _Slice(key)
-            keep_faster(sl.points, (h, b, s), seconds)
-        for sl in self._slices.values():
-            sl.freeze()
-
-    def __len__(self) -> int:
-        return sum(len(s.points) for s in self._slices.values())
-
-    def __bool__(self) -> bool:
-        return bool(self._slices)
+        super().__init__(entries, _Slice)
 
     def slices(self) -> tuple[SliceKey, ...]:
         """The slices held, in insertion order."""

@@ -38,7 +38,7 @@ import math
 from collections.abc import Iterable
 
 from .features import F_BACKEND, F_DTYPE, F_G, F_KERNEL, F_KK, F_M, F_NN, F_PHASE, KERNEL_KINDS
-from .loggrid import Point, Tree, blend, keep_faster, nest
+from .loggrid import Point, SlicedGrid, Tree, blend, nest
 
 __all__ = ["GEMM_KIND", "DENSE", "MIN_AXIS", "GemmGrid", "grid_from_measured", "op_seconds"]
 
@@ -71,27 +71,12 @@ class _Slice:
         return blend(self.ms, m, lambda mv: blend(self.ns[mv], n, lambda nv: along_k(mv, nv)))
 
 
-class GemmGrid:
+class GemmGrid(SlicedGrid):
     """Measured GEMM times of one GPU design by slice (see the module docstring), built from
     ``(slice key, m, n, k, seconds)`` entries; a second entry of one point keeps the faster time."""
 
     def __init__(self, entries: Iterable[tuple[SliceKey, int, int, int, float]] = ()) -> None:
-        self._slices: dict[SliceKey, _Slice] = {}
-        for key, m, n, k, seconds in entries:
-            if m < 1 or n < 1 or k < 1 or not seconds > 0:
-                continue
-            sl = self._slices.get(key)
-            if sl is None:
-                sl = self._slices[key] = _Slice()
-            keep_faster(sl.points, (m, n, k), seconds)
-        for sl in self._slices.values():
-            sl.freeze()
-
-    def __len__(self) -> int:
-        return sum(len(s.points) for s in self._slices.values())
-
-    def __bool__(self) -> bool:
-        return bool(self._slices)
+        super().__init__(entries, lambda key: _Slice())
 
     def seconds(self, key: SliceKey, m: int, n: int, k: int) -> float | None:
         """The interpolated time (s) of a GEMM of slice ``key`` and shape ``(m, n, k)``; None where

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Hashable, Iterable
+from typing import Protocol
 
-__all__ = ["Point", "Tree", "bracket", "blend", "nest", "keep_faster"]
+__all__ = ["Point", "Tree", "bracket", "blend", "nest", "keep_faster", "GridSlice", "SlicedGrid"]
 
 Point = tuple[int, int, int]
 """A grid point ``(a, b, c)``."""
@@ -67,3 +68,38 @@ def keep_faster(points: dict[Point, float], point: Point, seconds: float) -> Non
     lt = math.log(seconds)
     old = points.get(point)
     points[point] = lt if old is None else min(old, lt)
+
+
+class GridSlice(Protocol):
+    """What :class:`SlicedGrid` needs of a slice: its points (``ln t`` by ``(a, b, c)``) and a
+    ``freeze`` that builds its lines once every point is in."""
+
+    points: dict[Point, float]
+
+    def freeze(self) -> None: ...
+
+
+class SlicedGrid:
+    """Measured points by slice key, each slice a grid of its own: built from ``(key, a, b, c,
+    seconds)`` entries (entries with a count below 1 or no positive time skipped; a second time of
+    one point keeps the faster, :func:`keep_faster`), each slice made by ``new_slice(key)`` and
+    frozen once filled. The fused attention and GEMM grids are such sets of slices."""
+
+    def __init__(self, entries: Iterable[tuple[Hashable, int, int, int, float]],
+                 new_slice: Callable[[Hashable], GridSlice]) -> None:
+        self._slices: dict = {}
+        for key, a, b, c, seconds in entries:
+            if a < 1 or b < 1 or c < 1 or not seconds > 0:
+                continue
+            sl = self._slices.get(key)
+            if sl is None:
+                sl = self._slices[key] = new_slice(key)
+            keep_faster(sl.points, (a, b, c), seconds)
+        for sl in self._slices.values():
+            sl.freeze()
+
+    def __len__(self) -> int:
+        return sum(len(s.points) for s in self._slices.values())
+
+    def __bool__(self) -> bool:
+        return bool(self._slices)
