@@ -209,9 +209,7 @@ def refuse_missing_precision(transformer, system, llm: str, where: str = "--work
     (``fp8``, ``fp4``: tensor cores an A100 or an H100 lacks; ``fp8_block`` needs FP8 tensor cores,
     ``mxfp8`` Blackwell's, :data:`~marssim.cost.gpu.BLOCK_SCALED_FP8`). The message names the
     precisions each such GPU has."""
-    import math
-
-    from marssim.cost.gpu import BLOCK_SCALED_FP8, dtype_peak
+    from marssim.cost.gpu import computes_in
 
     needed = [d for d in (transformer.dtype, transformer.low_dtype) if d]
     designs = dict.fromkeys(d for a in system.accelerators for d in a.designs)
@@ -220,8 +218,7 @@ def refuse_missing_precision(transformer, system, llm: str, where: str = "--work
         gpu = design.gpu
         if gpu is None:
             continue
-        missing = [d for d in needed if (math.isnan(dtype_peak(design, d)) if d in BLOCK_SCALED_FP8
-                                         else d not in gpu.peak_flops)]
+        missing = [d for d in needed if not computes_in(design, d)]
         if missing:
             raise InputError(None, where, f"{llm} computes in {' and '.join(missing)}, which the {name} GPUs of "
                                           f"{system.spec} do not have (no {missing[0].upper()} tensor cores); they "

@@ -74,7 +74,7 @@ from .features import (
 from .residual import ResidualCorrection
 
 __all__ = ["BLOCK_SCALED_FP8", "design_peaks", "CurveParams", "KindEfficiency", "DEFAULT_EFFICIENCY", "TILE_K",
-           "gemm_curve", "stream_curve", "dtype_peak", "default_curve", "GpuTable"]
+           "gemm_curve", "stream_curve", "dtype_peak", "computes_in", "default_curve", "GpuTable"]
 
 TILE_K = 32
 """Default K step of a GEMM thread-block tile."""
@@ -200,6 +200,14 @@ def dtype_peak(design: Design, dtype: str) -> float:
         if other in peaks:
             return float(peaks[other])
     return float(min(peaks.values()))
+
+
+def computes_in(design: Design, dtype: str) -> bool:
+    """Whether the GPU-class ``design`` has tensor cores for ``dtype``: a peak listed for it, or a
+    :data:`BLOCK_SCALED_FP8` type its FP8 tensor cores and compute capability run."""
+    if dtype in BLOCK_SCALED_FP8:
+        return not math.isnan(dtype_peak(design, dtype))
+    return dtype in design.gpu.peak_flops
 
 
 def design_peaks(design: Design) -> dict[str, float]:
