@@ -323,6 +323,24 @@ def test_fp8_param_gather_moves_one_byte_per_fp8_weight_and_casts_the_shard() ->
     assert casts[False][0] == pytest.approx(casts[True][0] * dp, rel=1e-12)
 
 
+def test_fp4_param_gather_moves_the_nvfp4_bytes_of_each_gemm_weight() -> None:
+    """ZeRO-1 under NVFP4 with fp4_param_gather (Megatron-Bridge's bf16_with_nvfp4_mixed): the
+    parameter all-gather moves 0.5625 B per GEMM weight of the blocks (4 bits and an E4M3 scale per
+    16), 2 B without it; fp4_param_gather is the same setting as fp8_param_gather under NVFP4."""
+    system = load_system("dgx-b200-cluster:nodes=1")  # NVFP4 needs Blackwell's tensor cores
+    dp, tp = 4, 2
+    volume = {}
+    for extra in ("", ",fp4_param_gather=true", ",fp8_param_gather=true"):
+        graph = load_workload(_workload(layers=2, extra=f",dtype=fp4{extra}"))
+        tg = lower_parallel(graph, system, parse_parallel(f"tp={tp},dp={dp},sp=true,zero=1"), COST)
+        volume[extra] = sum(c.nbytes for c in tg.collectives if c.kind == "all_gather" and c.group == "dp")
+    block = (1024 * (16 + 16) * 64 + 1024 * 1024 + 3 * 1024 * 2048) // tp  # as in the FP8 test above
+    assert volume[""] - volume[",fp4_param_gather=true"] == pytest.approx(2 * block * (2 - 0.5625), rel=1e-12)
+    assert volume[",fp8_param_gather=true"] == volume[",fp4_param_gather=true"]
+    with pytest.raises(InputError, match="fp4_param_gather: applies to NVFP4 training"):
+        load_workload(_workload(layers=2, extra=",dtype=fp8,fp4_param_gather=true"))
+
+
 # ---------------------------------------------------------------- the screen and the search
 
 

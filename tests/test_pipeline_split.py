@@ -74,5 +74,38 @@ def test_counting_the_embedding_is_refused_with_explicit_stages_or_empty_chunks(
     t = transformer_of(load_workload("llama:layers=8,mode=train"))
     with pytest.raises(InputError, match="account_for_embedding: applies to the balanced split"):
         check_parallel(parse_parallel("pp=2,layers_per_stage=4/4,account_for_embedding=true"), t, 2)
-    with pytest.raises(InputError, match="account_for_loss: leaves the first or last of the 8 model chunks"):
-        check_parallel(parse_parallel("pp=8,account_for_loss=true"), t, 8)
+    short = transformer_of(load_workload("llama:layers=5,mode=train"))  # 5 + 2 counted over 8 chunks
+    with pytest.raises(InputError, match="account_for_embedding: splits 7 counted layers over 8 model chunks"):
+        check_parallel(parse_parallel("pp=8,account_for_embedding=true,account_for_loss=true"), short, 8)
+
+
+def test_a_chunk_may_hold_the_embedding_or_the_head_alone() -> None:
+    """Megatron-Bridge's Llama 3.1 405B on GB200 (pp 16, 8 virtual stages: 126 + 2 counted over
+    128 chunks) runs the embedding and the head as model chunks of their own. Six blocks on two
+    stages of four chunks, counted: the first chunk is the embedding, the last the head, each
+    block in a chunk of its own; the step does the same work as the balanced split, moved: per
+    GPU the FLOPs of the embedding's stage lose a block, and the whole is unchanged."""
+    t = transformer_of(load_workload("llama:layers=6,mode=train"))
+    counted = parse_parallel("tp=1,pp=2,dp=4,global_batch=8,schedule=interleaved,virtual_stages=4,"
+                             "account_for_embedding=true,account_for_loss=true")
+    check_parallel(counted, t, 8)  # accepted
+    chunks = chunk_layers(6, counted)
+    assert chunks[0] == (-1,) and chunks[-1] == (6,)
+    assert all(len(c) == 1 and 0 <= c[0] < 6 for c in chunks[1:-1])
+    spec = "llama:layers=6,hidden=256,heads=8,kv_heads=2,ffn=640,vocab=2560,seq=256,batch=1,mode=train"
+    system = load_system("dgx-h100-cluster:nodes=1")
+    graph = load_workload(spec)
+    flops = {}
+    for flag, chunks_per_stage in (("false", 3), ("true", 4)):
+        cfg = parse_parallel(f"tp=1,pp=2,dp=4,global_batch=8,schedule=interleaved,virtual_stages={chunks_per_stage},"
+                             f"account_for_embedding={flag},account_for_loss={flag}")
+        check_parallel(cfg, t, 8)
+        result = simulate(lower_parallel(graph, system, cfg, DataflowCost(), folding=False), system)
+        assert result.makespan > 0
+        flops[flag] = [float(result.devices.loc[f"gpu{s}", "flops"]) for s in range(2)]
+    assert sum(flops["true"]) == pytest.approx(sum(flops["false"]), rel=1e-9)
+    # balanced (6 chunks): stage 0 holds the embedding and blocks 0, 2, 4; counted (8 chunks): the
+    # embedding and blocks 1, 3, 5 -- three blocks either way (block 0 differs from the others by
+    # an element-wise op of seq x hidden), the head on stage 1 both times
+    assert flops["true"][0] == pytest.approx(flops["false"][0], rel=1e-4)
+    assert flops["true"][1] == pytest.approx(flops["false"][1], rel=1e-4)

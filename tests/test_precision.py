@@ -176,6 +176,7 @@ def _gpt_gemm_params(layers: int, h: int) -> int:
     (",mode=train,dtype=fp8", 2 + 2, 2),  # bf16 weight + FP8 copy and its transpose
     (",mode=train,dtype=fp8,fp8_param_gather=true", 1 + 1, 2),  # the FP8 parameter and its transpose
     (",mode=train,dtype=fp4", 2 + 2 * 0.5625, 2),  # NVFP4 copies with their block scales
+    (",mode=train,dtype=fp4,fp4_param_gather=true", 2 * 0.5625, 2),  # the NVFP4 parameter and its transpose
     (",mode=prefill,dtype=fp8", 1, 2),  # a quantized checkpoint: FP8 weights only
 ])
 def test_weights_held_per_precision(spec, gemm_bytes, other_bytes) -> None:

@@ -14,7 +14,7 @@ import pytest
 
 from marssim.cli import main
 from marssim.errors import InputError
-from marssim.parallel import parse_parallel
+from marssim.parallel import chunk_layers, parse_parallel
 from marssim.plan import bind_parallel
 from marssim.system import load_system
 from marssim.serve.deployment import Deployment, check_deployment, parse_pool
@@ -35,7 +35,8 @@ SERVE_HEADER = "name,system,model,deployment,input_tokens,output_tokens,requests
 def test_the_shipped_tables_name_runs_their_systems_can_take():
     tables = published_tables()
     assert {"korthikanti2022-table5", "nemo2407-h100-fp8", "nemo2403-h100-fp8-long-context",
-            "megatron-bridge-2511-fp8", "megatron-bridge-2511-mxfp8", "trtllm-1.0-h100-h200-fp8-throughput",
+            "megatron-bridge-2511-fp8", "megatron-bridge-2511-mxfp8", "megatron-bridge-2604-fp8-fp4",
+            "trtllm-1.0-h100-h200-fp8-throughput",
             "sglang-0.3.0-vllm-0.6.0-bf16-latency"} <= set(tables)
     for name in tables:
         runs = load_published(name)
@@ -183,12 +184,51 @@ def test_the_mxfp8_rows_are_the_fp8_cs_runs_with_the_mxfp8_recipe_and_their_own_
         assert (t.fp8_recipe, t.low_dtype) == ("mxfp8", "mxfp8")
 
 
-KNOWN_OVER = {"GB200 LLAMA3.1-405B 256 GPUs"}
+BRIDGE_2604_TOKENS = {
+    "GB300 LLAMA3-70B 64 GPUs MXFP8": 4864, "GB300 LLAMA3-70B 64 GPUs NVFP4": 7296,
+    "GB200 LLAMA3-70B 64 GPUs MXFP8": 3712, "GB200 LLAMA3-70B 64 GPUs NVFP4": 4864, "H100 LLAMA3-70B 64 GPUs FP8": 1664,
+    "GB300 LLAMA3.1-405B 256 GPUs FP8": 1024, "GB300 LLAMA3.1-405B 256 GPUs MXFP8": 960,
+    "GB300 LLAMA3.1-405B 256 GPUs NVFP4": 1440, "GB200 LLAMA3.1-405B 256 GPUs FP8": 864,
+    "GB200 LLAMA3.1-405B 256 GPUs MXFP8": 800, "GB200 LLAMA3.1-405B 256 GPUs NVFP4": 1184,
+    "H100 LLAMA3.1-405B 1024 GPUs FP8": 328}
+"""Megatron-Bridge's 26.04.01 summary, its dense Llama rows without Megatron FSDP (tokens/s/GPU)."""
+
+
+def test_the_2604_rows_take_their_precision_s_recipe_settings_and_their_own_figures():
+    """Each row's figure converts back to the published tokens/s/GPU; each precision carries its
+    preset's settings (FP8: current scaling and FP8 parameters; MXFP8: MXFP8 block scaling; NVFP4:
+    NVFP4 parameters and no TP communication overlap, which the scripts turn off for it); the 405B
+    rows count the embedding and the loss in the split, the 70B rows do not; nothing pads the
+    vocabulary."""
+    runs = load_published("megatron-bridge-2604-fp8-fp4")
+    assert {r.name for r in runs} == set(BRIDGE_2604_TOKENS)
+    recipes = {"FP8": ("fp8", "current", "fp8"), "MXFP8": ("fp8", "mxfp8", "mxfp8"), "NVFP4": ("fp4", "", "fp4")}
+    for r in runs:
+        cfg = parse_parallel(r.parallel)
+        gpus = len(load_system(r.system).accelerators)
+        assert cfg.gpus == gpus
+        assert cfg.global_batch * 8192 / (r.measured_iteration_s * gpus) == pytest.approx(
+            BRIDGE_2604_TOKENS[r.name], rel=1e-4)
+        assert f"({BRIDGE_2604_TOKENS[r.name]} tokens/s/GPU)" in r.source
+        t = load_workload(r.workload).meta["transformer"]
+        precision = r.name.rsplit(" ", 1)[1]
+        assert (t.gemm_dtype, t.fp8_recipe, t.low_dtype) == recipes[precision]
+        assert t.fp8_param_gather and t.vocab == 128256 and t.seq == 8192
+        assert cfg.tp_comm_overlap == (cfg.tp > 1 and precision != "NVFP4")
+        big = "405B" in r.name
+        assert cfg.account_for_embedding == cfg.account_for_loss == big
+        assert cfg.overlap_param_gather == (r.name != "GB200 LLAMA3.1-405B 256 GPUs NVFP4")  # the OOM workaround
+    by_name = {r.name: parse_parallel(r.parallel) for r in runs}
+    gb200 = by_name["GB200 LLAMA3.1-405B 256 GPUs NVFP4"]  # 126 + 2 over 16 x 8 chunks: the ends alone
+    assert chunk_layers(126, gb200)[0] == (-1,) and chunk_layers(126, gb200)[-1] == (126,)
+
+
+KNOWN_OVER = {"GB200 LLAMA3.1-405B 256 GPUs", "GB200 LLAMA3.1-405B 256 GPUs FP8"}
 """Published runs the memory check refuses although they ran (docs/validation.md says why)."""
 
 
 @pytest.mark.parametrize("table", ["korthikanti2022-table5", "megatron-bridge-2511-fp8", "megatron-bridge-2511-mxfp8",
-                                   *NEMO_TABLES])
+                                   "megatron-bridge-2604-fp8-fp4", *NEMO_TABLES])
 def test_the_memory_check_admits_the_published_training_runs(table):
     """What ran fits: every published training row's closed-form memory is within its GPU's
     capacity, with the gradient buffer and optimizer state in the types the runs kept them."""

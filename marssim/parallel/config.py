@@ -340,10 +340,10 @@ def parallel_problems(cfg: ParallelConfig, transformer, gpus: int) -> list[tuple
     if cfg.layers_per_stage and (cfg.account_for_embedding or cfg.account_for_loss):
         key = "account_for_embedding" if cfg.account_for_embedding else "account_for_loss"
         out.append((key, "applies to the balanced split (give layers_per_stage or this, not both)"))
-    elif (cfg.account_for_embedding or cfg.account_for_loss) and counted // chunks < 2:
+    elif (cfg.account_for_embedding or cfg.account_for_loss) and counted // chunks < 1:
         key = "account_for_embedding" if cfg.account_for_embedding else "account_for_loss"
-        out.append((key, f"leaves the first or last of the {chunks} model chunks without a layer "
-                         f"({layers} layers)"))
+        out.append((key, f"splits {counted} counted layers over {chunks} model chunks "
+                         f"({layers} layers, the embedding and the loss counted): expected at least one per chunk"))
     if cfg.layers_per_stage:
         if len(cfg.layers_per_stage) != cfg.pp:
             out.append(("layers_per_stage", f"expected {cfg.pp} layer counts (one per stage), got "

@@ -214,16 +214,18 @@ def format_predictions(predictions: Sequence[Prediction] | Sequence[ServingPredi
     :func:`~.published_serving.format_serving`."""
     if predictions and all(isinstance(p, ServingPrediction) for p in predictions):
         return format_serving(predictions)
-    lines = [f"{'run':<22}{'measured s':>11}{'predicted':>11}{'error':>8}{'MFU':>7}{'HFU':>7}{'busy':>7}"
+    w = min(36, max([22] + [len(p.run.name) + 1 for p in predictions]))  # the run's name, whole where it fits
+    lines = [f"{'run':<{w}}{'measured s':>11}{'predicted':>11}{'error':>8}{'MFU':>7}{'HFU':>7}{'busy':>7}"
              f"{'bubble':>8}  exposed communication"]
     for p in predictions:
+        name = p.run.name[:w - 1]
         if p.problem:
-            lines.append(f"{p.run.name[:21]:<22}{p.run.measured_iteration_s:>11.3f}  not predicted: {p.problem}"[:120])
+            lines.append(f"{name:<{w}}{p.run.measured_iteration_s:>11.3f}  not predicted: {p.problem}"[:120])
             continue
         it = p.iteration_s
         groups = sorted(((v, k.upper()) for k, v in p.exposed_s.items() if v > 0), reverse=True)[:2]
         exposed = " ".join(f"{g} {v / it:.1%}" for v, g in groups) or "-"
-        lines.append(f"{p.run.name[:21]:<22}{p.run.measured_iteration_s:>11.3f}{it:>11.3f}{p.error:>+8.1%}"
+        lines.append(f"{name:<{w}}{p.run.measured_iteration_s:>11.3f}{it:>11.3f}{p.error:>+8.1%}"
                      f"{p.mfu:>7.1%}{p.hfu:>7.1%}{p.busy_s / it:>7.1%}{p.bubble_s / it:>8.1%}  {exposed}")
     lines.append(summary_line(predictions))
     lines.append("(busy, bubble, exposed communication: shares of the predicted iteration, per GPU)")

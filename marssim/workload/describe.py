@@ -160,7 +160,8 @@ def _precision(cfg) -> str:
                 "activations cast per GEMM")
     else:
         text = f"{cfg.dtype} with NVFP4 GEMMs in the blocks (Transformer Engine's NVFP4 recipe"
-    return text + (", FP8 parameters gathered in FP8)" if cfg.fp8_param_gather else ")")
+    what = "FP8" if cfg.gemm_dtype == "fp8" else "NVFP4"
+    return text + (f", {what} parameters gathered in {what})" if cfg.fp8_param_gather else ")")
 
 
 def describe_transformer(graph: Graph) -> list[str]:

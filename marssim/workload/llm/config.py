@@ -54,7 +54,8 @@ low-precision GEMMs; ``dtype=fp8`` (or ``fp4``) is Transformer Engine's recipe, 
 ``dtype=bf16,gemm_dtype=fp8``: the blocks' GEMMs read FP8 (NVFP4) inputs, everything else stays
 bf16 (:mod:`.precision`); ``fp8_recipe`` picks its scaling, ``delayed`` (the default),
 ``current``, ``blockwise`` or ``mxfp8`` (:data:`FP8_RECIPES`; refused without FP8).
-``fp8_param_gather`` keeps those GEMMs' weights in FP8 as parameters (training); ``kv_dtype=fp8`` stores a
+``fp8_param_gather`` keeps those GEMMs' weights in FP8 as parameters (training), ``fp4_param_gather``
+in NVFP4 (Megatron-Bridge's name for the same setting under ``dtype=fp4``); ``kv_dtype=fp8`` stores a
 serving run's KV cache in FP8.
 """
 
@@ -131,6 +132,7 @@ class TransformerConfig:
     dtype: str = "bf16"  # activations and weights as stored; fp8/fp4: bf16 with gemm_dtype fp8/fp4
     gemm_dtype: str = ""  # "" (dtype), fp8 or fp4: the input type of the blocks' GEMMs (Transformer Engine)
     fp8_param_gather: bool = False  # the FP8 GEMMs' weights are FP8 parameters, gathered in FP8 (training)
+    fp4_param_gather: bool = False  # dtype=fp4: the NVFP4 GEMMs' weights as NVFP4 parameters (sets fp8_param_gather)
     fp8_recipe: str = ""  # "" (delayed, an FP8 run's default), delayed or current: FP8 scaling (FP8_RECIPES)
     kv_dtype: str = ""  # "" (dtype) or fp8: the KV cache of prefill, decode and serve
     mode: str = "forward"
@@ -163,6 +165,8 @@ class TransformerConfig:
         if self.dtype in ("fp8", "fp4"):
             object.__setattr__(self, "gemm_dtype", self.gemm_dtype or self.dtype)
             object.__setattr__(self, "dtype", "bf16")
+        if self.fp4_param_gather:  # one setting: the low-precision weights are the parameters
+            object.__setattr__(self, "fp8_param_gather", True)
 
     # ------------------------------------------------------------------ derived
     @property
@@ -433,8 +437,10 @@ def check_config(cfg: TransformerConfig) -> None:
         _fail("dtype", f"expected one of fp32, bf16, fp16, fp8, fp4, got {cfg.dtype!r}")
     if cfg.gemm_dtype not in ("", "fp8", "fp4"):
         _fail("gemm_dtype", f"expected fp8 or fp4 (Transformer Engine's recipes), got {cfg.gemm_dtype!r}")
-    if cfg.fp8_param_gather and (cfg.gemm_dtype != "fp8" or cfg.mode != "train"):
-        _fail("fp8_param_gather", "applies to FP8 training (dtype=fp8, mode=train)")
+    if cfg.fp4_param_gather and (cfg.gemm_dtype != "fp4" or cfg.mode != "train"):
+        _fail("fp4_param_gather", "applies to NVFP4 training (dtype=fp4, mode=train)")
+    if cfg.fp8_param_gather and (cfg.gemm_dtype not in ("fp8", "fp4") or cfg.mode != "train"):
+        _fail("fp8_param_gather", "applies to FP8 or NVFP4 training (dtype=fp8 or fp4, mode=train)")
     if cfg.fp8_recipe and cfg.fp8_recipe not in FP8_RECIPES:
         _fail("fp8_recipe", f"expected one of {', '.join(FP8_RECIPES)}, got {cfg.fp8_recipe!r}")
     if cfg.fp8_recipe and (cfg.gemm_dtype != "fp8" or cfg.mode not in ("forward", "train")):

@@ -78,7 +78,8 @@ training, GEMM weights             2 B bf16 weight + 2 B of FP8 copies (rowwise 
                                    FP8 GEMMs reading both layouts); with ``fp8_param_gather`` the FP8
                                    weight is the parameter (Megatron-LM's ``--fp8-param-gather``): 1 B
                                    + 1 B transpose, no bf16 copy, and the distributed optimizer gathers
-                                   FP8 bytes; NVFP4: 2 B + 2 x 0.5625 B
+                                   FP8 bytes; NVFP4: 2 B + 2 x 0.5625 B, with ``fp4_param_gather``
+                                   2 x 0.5625 B, the gather moving NVFP4 bytes
 serving, GEMM weights              the quantized weight only (1 B FP8, 0.5625 B NVFP4)
 every other parameter              the activation type (2 B bf16)
 =================================  ======================================================================
