@@ -63,9 +63,11 @@ import time
 
 import numpy as np
 
-GPUS = {"H100": "h100_sxm", "H200": "h200_sxm", "B200": "b200_sxm", "GB200": "gb200", "GB300": "gb300"}
+GPUS = {"H100": "h100_sxm", "H200": "h200_sxm", "B200": "b200_sxm", "B300": "b300_sxm", "GB200": "gb200",
+        "GB300": "gb300"}
 SYSTEMS = {"H100": "dgx-h100-cluster:nodes=1,stack=trtllm-1.3.0rc20", "H200": "dgx-h200-cluster:nodes=1",
-           "B200": "dgx-b200-cluster:nodes=1", "GB200": "gb200-nvl72:racks=1", "GB300": "gb300-nvl72:racks=1"}
+           "B200": "dgx-b200-cluster:nodes=1", "B300": "dgx-b300-cluster:nodes=1", "GB200": "gb200-nvl72:racks=1",
+           "GB300": "gb300-nvl72:racks=1"}
 
 
 def _pct(x: float) -> str:
@@ -148,7 +150,7 @@ def package_holdout(lines: list[str], data: str | None) -> None:
 def attention_without_rows(lines: list[str]) -> None:
     """Every shipped context attention row predicted by the cost model as if the row were absent
     (the fused kernel's shape timed by the curve of its kind and its correction: the harness's
-    unfused products on the H100, the roofline on the H200, B200, GB200 and GB300), by sequence length."""
+    unfused products on the H100, the roofline on the H200, B200, B300, GB200 and GB300), by sequence length."""
     from marssim.cost import DataflowCost
     from marssim.cost.calibrated import calibration_dir, load_table
     from marssim.data import calibration
@@ -324,7 +326,7 @@ def moe_holdout(lines: list[str]) -> None:
         gpus = system.accelerator_ids
         for preset in MOE_PRESETS:
             for dtype in ("bf16", "fp8", "fp4"):
-                if dtype == "fp4" and device not in ("B200", "GB200", "GB300"):  # NVFP4: Blackwell only
+                if dtype == "fp4" and device not in ("B200", "B300", "GB200", "GB300"):  # NVFP4: Blackwell only
                     continue
                 model = load_model(preset + ("" if dtype == "bf16" else f":dtype={dtype}"))
                 for tp in (1, 2, 4, 8):

@@ -6,7 +6,7 @@ predicted), and the simulation of those plans as point-to-point flows on the shi
 
 Data: ``traces/collectives/`` (Vidur's torch.distributed profiles, stack ``vidur-2024``; XLA's H100
 table, stack ``xla-2025``; AIConfigurator's NCCL and engine all-reduce curves on A100, H100, H200,
-B200, GB200 and GB300, stacks ``nccl-2.27.3``, ``nccl-2.29.2``, ``trtllm-1.3.0rc20``, ``vllm-0.24.0``,
+B200, B300, GB200 and GB300, stacks ``nccl-2.27.3``, ``nccl-2.29.2``, ``trtllm-1.3.0rc20``, ``vllm-0.24.0``,
 ``sglang-0.5.14``), sizes from 1 MiB to 1 GiB. Per measured curve (system, stack,
 collective, ranks, ranks per node), the errors ``|predicted / measured - 1|`` of:
 
@@ -188,7 +188,7 @@ def main() -> int:
     lines.append("5. The tensor-parallel all-reduce of a GPT-3 175B layer (2,048 tokens x 12,288 x 2 bytes = 48 MiB) on "
                  "4 GPUs of one node, as the shipped clusters plan it:")
     for spec in ("dgx-a100-cluster:nodes=1", "dgx-h100-cluster:nodes=1", "dgx-h200-cluster:nodes=1",
-                 "dgx-b200-cluster:nodes=1", "gb200-nvl72:racks=1", "gb300-nvl72:racks=1"):
+                 "dgx-b200-cluster:nodes=1", "dgx-b300-cluster:nodes=1", "gb200-nvl72:racks=1", "gb300-nvl72:racks=1"):
         devices = group_devices(4, 4)
         info = system_info(system(spec), devices)
         plan = plan_collective("all_reduce", 2048 * 12288 * 2, devices, info)

@@ -26,7 +26,7 @@ from marssim.workload.llm import build_transformer
 from marssim.workload.llm.config import with_overrides
 
 STACK = "trtllm-1.3.0rc20"
-SHIPPED = ("H100", "H200", "B200", "GB200", "GB300")
+SHIPPED = ("H100", "H200", "B200", "B300", "GB200", "GB300")
 
 
 def _package(tmp_path: Path, rows: list[tuple], version: str = "1.3.0rc20") -> Path:
@@ -108,8 +108,8 @@ def test_every_shipped_row_names_its_source_version_licence_and_stack(shipped):
 def test_fp8_is_faster_than_bf16_on_large_gemms_and_b200_faster_than_h100(shipped):
     """Physical relations the measurements must show: large FP8 GEMMs run at 1.4-2.0x the bf16
     rate (twice the tensor-core peak, less in practice), B200 beats H100 on the same shapes, an
-    H200 (the same GH100 die, faster HBM) is within 15 % of an H100 on compute-bound ones, and a
-    GB300 beats a GB200 within its own peaks."""
+    H200 (the same GH100 die, faster HBM) is within 15 % of an H100 on compute-bound ones, a GB300
+    beats a GB200 and a B300 a B200, each within its own peaks."""
     def times(gpu, dtype):
         return {(r.m, r.n, r.k): r.median_s for r in shipped[gpu].rows if r.dtype == dtype and r.m >= 4096
                 and r.n >= 4096 and r.k >= 4096}
@@ -127,6 +127,18 @@ def test_fp8_is_faster_than_bf16_on_large_gemms_and_b200_faster_than_h100(shippe
         gb200, gb300 = times("GB200", dtype), times("GB300", dtype)
         assert np.median([gb200[s] / gb300[s] for s in gb200 if s in gb300]) > 1.0
         assert max(2 * m * n * k / t for (m, n, k), t in gb300.items()) < peaks[dtype]
+    # B300 (Blackwell Ultra in an HGX board: a B200's bf16 and FP8 peaks, 14 against 9 PFLOP/s NVFP4, 1,100 W)
+    # runs large GEMMs faster than a B200, NVFP4 ones most, and slower than a GB300 (1,400 W); none faster than
+    # the B300 design's dense peak
+    peaks = next(iter(load_system("dgx-b300-cluster:nodes=1").designs.values())).gpu.peak_flops
+    gain = {}
+    for dtype in ("bf16", "fp8", "fp4"):
+        b200, b300, gb300 = times("B200", dtype), times("B300", dtype), times("GB300", dtype)
+        gain[dtype] = np.median([b200[s] / b300[s] for s in b200 if s in b300])
+        assert gain[dtype] > 1.0
+        assert np.median([b300[s] / gb300[s] for s in b300 if s in gb300]) > 1.0
+        assert max(2 * m * n * k / t for (m, n, k), t in b300.items()) < peaks[dtype]
+    assert gain["fp4"] > max(gain["bf16"], gain["fp8"])
 
 
 def _gemm(spec: str, name: str, **loops):
@@ -248,7 +260,8 @@ def test_context_attention_becomes_fused_attention_rows_in_closed_form(tmp_path)
 
 
 @pytest.mark.parametrize("system,gpu", [("dgx-h100-cluster:nodes=1", "H100"), ("dgx-h200-cluster:nodes=1", "H200"),
-                                        ("dgx-b200-cluster:nodes=1", "B200"), ("gb300-nvl72:racks=1", "GB300")])
+                                        ("dgx-b200-cluster:nodes=1", "B200"), ("dgx-b300-cluster:nodes=1", "B300"),
+                                        ("gb300-nvl72:racks=1", "GB300")])
 def test_fused_prefill_attention_is_timed_as_measured(system, gpu, shipped):
     """A prompt of 2,048 tokens of Llama 3 70B at tp 4 (16 query heads over 2 key/value heads,
     head dim 128): the fused core takes the measured kernel of its shape and heads; the default
@@ -368,7 +381,8 @@ def _decode_rows(table, kv: str = "bf16") -> dict[int, float]:
 
 
 @pytest.mark.parametrize("system,gpu", [("dgx-h100-cluster:nodes=1", "H100"), ("dgx-h200-cluster:nodes=1", "H200"),
-                                        ("dgx-b200-cluster:nodes=1", "B200"), ("gb300-nvl72:racks=1", "GB300")])
+                                        ("dgx-b200-cluster:nodes=1", "B200"), ("dgx-b300-cluster:nodes=1", "B300"),
+                                        ("gb300-nvl72:racks=1", "GB300")])
 def test_a_decode_attention_op_on_the_grid_takes_its_measured_row(system, gpu, shipped):
     design = next(iter(load_system(system).designs.values()))
     model = default_cost_model()

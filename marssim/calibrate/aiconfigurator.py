@@ -92,12 +92,12 @@ class AicGpu:
 
 AIC_GPUS: dict[str, AicGpu] = {
     "a100_sxm": AicGpu("A100", 108), "h100_sxm": AicGpu("H100", 132), "h200_sxm": AicGpu("H200", 132),
-    "b200_sxm": AicGpu("B200", 148), "b300_sxm": AicGpu("B300", 148), "gb200": AicGpu("GB200", 152),
+    "b200_sxm": AicGpu("B200", 148), "b300_sxm": AicGpu("B300", 160), "gb200": AicGpu("GB200", 152),
     "gb300": AicGpu("GB300", 160),
 }
 """The package's system names with a marssim design, and their devices (SM counts from the
-vendors' datasheets: B200 and B300 148 SMs of the HGX parts, GB200 152 and GB300 160 of the
-superchips' GPUs)."""
+vendors' datasheets: B200 148 SMs of the HGX part, GB200 152 of the superchip's GPU, B300 and GB300
+160, Blackwell Ultra's count as NVIDIA's technical blog gives it)."""
 
 GEMM_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "fp8": "fp8", "nvfp4": "fp4", "fp8_block": "fp8_block"}
 """The package's ``gemm_dtype`` values that are a marssim dtype (``fp8``: per-tensor scaled E4M3,
@@ -383,7 +383,8 @@ def generation_attention_rows(path: Path, gpu: str, stack: str, package_version:
 
 
 AIC_COLLECTIVE_SYSTEMS = {"a100_sxm": "hgx-a100", "h100_sxm": "hgx-h100", "h200_sxm": "hgx-h200",
-                          "b200_sxm": "hgx-b200", "gb200": "gb200-nvl72", "gb300": "gb300-nvl72"}
+                          "b200_sxm": "hgx-b200", "b300_sxm": "hgx-b300", "gb200": "gb200-nvl72",
+                          "gb300": "gb300-nvl72"}
 """The package's systems whose collectives are imported, and the measured-machine names their rows
 get (:data:`marssim.collectives.plan.MEASURED_SYSTEMS`): eight GPUs of one HGX board on NVSwitch
 (host not named), GB200 and GB300 GPUs of one NVL72 NVLink domain."""
@@ -393,7 +394,7 @@ AIC_COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
 no marssim collective)."""
 
 AIC_NCCL_VERSIONS = {"a100_sxm": "2.27.3", "h100_sxm": "2.29.2", "h200_sxm": "2.29.2", "b200_sxm": "2.29.2",
-                     "gb200": "2.29.2", "gb300": "2.29.2"}
+                     "b300_sxm": "2.29.2", "gb200": "2.29.2", "gb300": "2.29.2"}
 """The NCCL measurements imported per GPU: the package's newest (A100 has one)."""
 AIC_CUSTOM_ALLREDUCE = (("h100_sxm", "trtllm", "1.3.0rc20"), ("h100_sxm", "vllm", "0.24.0"),
                         ("h100_sxm", "sglang", "0.5.14"))

@@ -184,9 +184,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     i.add_argument("--gpus", default="a100,h100", help="vidur-compute: GPU directories to import (default a100,h100)")
     i.add_argument("--tokens", default="default",
                    help="vidur-compute: 'default' (powers of two and 3 x powers of two), 'all', or a comma-separated list")
-    i.add_argument("--aic-gpus", default="h100_sxm,h200_sxm,b200_sxm,gb200,gb300",
+    i.add_argument("--aic-gpus", default="h100_sxm,h200_sxm,b200_sxm,b300_sxm,gb200,gb300",
                    help="aiconfigurator: the package's systems to import (default the shipped tables' GPUs: "
-                        "h100_sxm,h200_sxm,b200_sxm,gb200,gb300)")
+                        "h100_sxm,h200_sxm,b200_sxm,b300_sxm,gb200,gb300)")
     i.add_argument("--framework", default="trtllm", choices=("trtllm", "vllm", "sglang"),
                    help="aiconfigurator: whose kernels (default trtllm); the rows' stack is <framework>-<version>")
     i.add_argument("--version", dest="framework_version", default="1.3.0rc20",

@@ -10,10 +10,10 @@ column          meaning
 system          the measured machine: ``dgx-a100`` (8 A100 SXM4 on NVSwitch), ``dgx-h100``,
                 ``hgx-h100`` (8 H100 SXM5 on NVSwitch, host not named), ``nc-a100-v4`` (Azure:
                 4 A100 PCIe, NVLink bridges between pairs), ``h100-nvl-pairs``, ``hgx-a100``,
-                ``hgx-h200``, ``hgx-b200`` (8 GPUs of one HGX board), ``gb200-nvl72``,
+                ``hgx-h200``, ``hgx-b200``, ``hgx-b300`` (8 GPUs of one HGX board), ``gb200-nvl72``,
                 ``gb300-nvl72`` (GPUs of one NVL72 NVLink domain); a ``+net`` suffix: nodes
                 joined by a network the source does not describe
-gpu             ``A100``, ``H100``, ``H200``, ``B200``, ``GB200``, ``GB300``
+gpu             ``A100``, ``H100``, ``H200``, ``B200``, ``B300``, ``GB200``, ``GB300``
 stack           software stack that ran it (``vidur-2024``: PyTorch ``torch.distributed`` on NCCL;
                 ``xla-2025``: XLA's collective performance table generator on NCCL;
                 ``nccl-2.29.2``, ``nccl-2.27.3``: NCCL as AIConfigurator's collector ran it;

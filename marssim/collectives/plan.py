@@ -52,13 +52,14 @@ __all__ = ["KINDS", "MEASURED_SYSTEMS", "CollectivePlan", "SystemInfo", "plan_co
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "send_recv")
 MEASURED_SYSTEMS = {("A100", False): ("dgx-a100", "hgx-a100"), ("H100", True): ("dgx-h100", "hgx-h100"),
                     ("H200", True): ("hgx-h200",), ("B200", True): ("hgx-b200",), ("GB200", True): ("gb200-nvl72",),
-                    ("GB300", True): ("gb300-nvl72",)}
+                    ("B300", True): ("hgx-b300",), ("GB300", True): ("gb300-nvl72",)}
 """The measured machines (:mod:`marssim.collectives.measured`) whose single-node curves stand for a
 node of a ``cluster:`` section, by (GPU, NVLS): eight GPUs on an NVSwitch, one node (GB200, GB300:
 GPUs of one NVLink domain, of a rack). Groups across nodes are never timed by measured curves of a network
 the source does not describe (``+net`` systems); they take the NCCL model."""
 
-GPU_COMPUTE_CAPABILITY = {"A100": 8.0, "H100": 9.0, "H200": 9.0, "B200": 10.0, "GB200": 10.0, "GB300": 10.3}
+GPU_COMPUTE_CAPABILITY = {"A100": 8.0, "H100": 9.0, "H200": 9.0, "B200": 10.0, "B300": 10.3, "GB200": 10.0,
+                          "GB300": 10.3}
 """The compute capability of each GPU of the measured tables (``gpu`` column): the generation whose
 NCCL constants model its curves."""
 

@@ -30,7 +30,7 @@ __all__ = ["LO", "HI", "SHIPPED", "CurveCheck", "heldout_check", "group_devices"
 LO, HI = 2 ** 20, 2 ** 30
 _CLUSTERS = {"A100": "dgx-a100-cluster:nodes=1", "H100": "dgx-h100-cluster:nodes=1",
              "H200": "dgx-h200-cluster:nodes=1", "B200": "dgx-b200-cluster:nodes=1", "GB200": "gb200-nvl72:racks=1",
-             "GB300": "gb300-nvl72:racks=1"}
+             "B300": "dgx-b300-cluster:nodes=1", "GB300": "gb300-nvl72:racks=1"}
 SHIPPED = {name: _CLUSTERS[gpu] for (gpu, _), names in MEASURED_SYSTEMS.items() for name in names}
 """The shipped cluster whose node each measured machine stands for."""
 
