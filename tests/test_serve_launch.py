@@ -11,7 +11,7 @@ import pytest
 
 from marssim.cli import main
 from marssim.serve import Deployment, Pool, SchedulerConfig, load_model
-from marssim.serve.launch import launch_commands, model_source, script_text
+from marssim.serve.launch import NVFP4_CHECKPOINT, launch_commands, model_source, script_text
 from support import write_switch_system
 
 MODEL = "llama:layers=2,hidden=256,heads=4,ffn=512,kv_heads=4,vocab=1000"
@@ -134,6 +134,21 @@ def test_changing_one_setting_changes_its_flags_and_no_other(setting):
         fa, fb = parsed(a.line())[1], parsed(b.line())[1]
         changed = {k for k in set(fa) | set(fb) if fa.get(k) != fb.get(k)}
         assert changed == flags, (a.engine, changed)
+
+
+@pytest.mark.parametrize("dtype,flag", [("bf16", None), ("fp8", "fp8"), ("fp4", "modelopt_fp4")])
+def test_the_gemm_type_sets_the_quantization_and_nvfp4_names_a_checkpoint_to_give(dtype, flag):
+    """FP8 GEMMs: both engines' online FP8 quantization of the bf16 repository; NVFP4: a ModelOpt
+    checkpoint the engines load as it is (a placeholder, with a note naming the repository it
+    stands for); bf16: no --quantization. The activations stay bf16 (--dtype) in all three."""
+    model = load_model(MODEL + f",dtype={dtype}")
+    for c in launch_commands(Deployment((Pool(replicas=1, tp=2),)), model, "llama3-70b"):
+        head, flags = parsed(c.line())
+        source = head[2] if c.engine == "vllm" else flags.pop("--model-path")
+        assert flags.get("--quantization") == flag and flags["--dtype"] == "bfloat16"
+        repository = "meta-llama/Meta-Llama-3-70B"
+        assert source == (NVFP4_CHECKPOINT if dtype == "fp4" else repository)
+        assert any(repository in n for n in c.notes) == (dtype == "fp4")
 
 
 def test_model_sources():

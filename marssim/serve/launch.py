@@ -20,6 +20,8 @@ the model's KV-cache type             ``--kv-cache-dtype``            ``--kv-cac
 ``prefix_caching``                    ``--enable-prefix-caching`` /   ``--disable-radix-cache``
                                       ``--no-enable-prefix-caching``  when off
 the model's ``dtype``                 ``--dtype``                     ``--dtype``
+the model's GEMM type: ``fp8``        ``--quantization fp8``          ``--quantization fp8``
+``fp4`` (NVFP4)                       ``--quantization modelopt_fp4`` ``--quantization modelopt_fp4``
 ``role`` ``prefill`` / ``decode``     ``--kv-transfer-config``        ``--disaggregation-mode``
                                       (NIXL connector)                ``prefill`` / ``decode``
 ``preemption=swap``, ``swap_space``   ``--swap-space`` (GiB; vLLM's   (none: SGLang recomputes)
@@ -43,7 +45,13 @@ is SGLang's share of the memory for weights and KV cache, which is what
 ``gpu_memory_utilization`` bounds here (the activation workspace is taken out of it too: close,
 not identical). The model is the Hugging Face repository of a preset (``llama3-8b`` ->
 ``meta-llama/Meta-Llama-3-8B``), the directory of an ``hf:PATH`` configuration, or ``MODEL`` (a
-placeholder) for a model given by its dimensions.
+placeholder) for a model given by its dimensions. A model whose GEMMs are FP8 (``dtype=fp8``) is
+served with ``--quantization fp8``: both engines cast a bf16 checkpoint's weights to FP8 as they
+load it and scale the activations per tensor as they run (a ModelOpt FP8 checkpoint, with the
+static scales TensorRT-LLM takes, is recognised by its own configuration). Neither engine
+quantizes to NVFP4 as it loads: an NVFP4 model (``dtype=fp4``) loads ``NVFP4_CHECKPOINT``, a
+placeholder for a ModelOpt NVFP4 checkpoint of the model, with ``--quantization modelopt_fp4``; a
+comment names the repository it stands for.
 """
 
 from __future__ import annotations
@@ -57,7 +65,7 @@ from marssim.workload.llm.config import TransformerConfig
 from .deployment import Deployment, Pool
 
 __all__ = ["LaunchCommand", "launch_commands", "launch_lines", "script_text", "model_source", "write_launch_scripts",
-           "HF_REPOSITORIES", "VLLM_SCRIPT", "SGLANG_SCRIPT"]
+           "HF_REPOSITORIES", "NVFP4_CHECKPOINT", "VLLM_SCRIPT", "SGLANG_SCRIPT"]
 
 HF_REPOSITORIES = {
     "llama3-8b": "meta-llama/Meta-Llama-3-8B",
@@ -72,6 +80,24 @@ VLLM_SCRIPT = "launch_vllm.sh"
 SGLANG_SCRIPT = "launch_sglang.sh"
 
 _DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+_QUANTIZATION = {"fp8": "fp8", "fp4": "modelopt_fp4"}
+"""``--quantization`` of both engines per GEMM type (``gemm_dtype``)."""
+NVFP4_CHECKPOINT = "NVFP4_CHECKPOINT"
+"""What an NVFP4 model's command loads: a ModelOpt NVFP4 checkpoint of the model, to be named."""
+
+
+def _quantization(model: TransformerConfig, source: str) -> tuple[str, list[tuple[str, str]], list[str]]:
+    """The checkpoint an engine loads for ``model`` (``source`` its bf16 repository), the
+    ``--quantization`` argument its GEMM type needs and the notes that go with them."""
+    low = model.gemm_dtype
+    if low not in _QUANTIZATION:
+        return source, [], []
+    args = [("--quantization", _QUANTIZATION[low])]
+    if low == "fp4":
+        return NVFP4_CHECKPOINT, args, [f"{NVFP4_CHECKPOINT}: a ModelOpt NVFP4 checkpoint of {source} (the engines do "
+                                        "not quantize to NVFP4 as they load)"]
+    return source, args, ["dtype=fp8: --quantization fp8 casts the bf16 weights to FP8 at load and scales the "
+                          "activations per tensor as it runs"]
 
 
 @dataclass(frozen=True)
@@ -147,6 +173,7 @@ def _spec_note(cfg) -> str:
 
 def _vllm(p: int, pool: Pool, model: TransformerConfig, source: str) -> LaunchCommand:
     cfg = pool.scheduler
+    source, quantization, quantization_notes = _quantization(model, source)
     args: list[tuple[str, str]] = [
         ("--tensor-parallel-size", str(pool.tp)),
         ("--pipeline-parallel-size", str(pool.pp)),
@@ -158,6 +185,7 @@ def _vllm(p: int, pool: Pool, model: TransformerConfig, source: str) -> LaunchCo
         ("--gpu-memory-utilization", f"{cfg.gpu_memory_utilization:g}"),
         ("--enable-prefix-caching" if cfg.prefix_caching else "--no-enable-prefix-caching", ""),
         ("--dtype", _DTYPE[model.dtype]),
+        *quantization,
     ]
     if pool.ep > 1:
         args.append(("--enable-expert-parallel", ""))
@@ -165,7 +193,7 @@ def _vllm(p: int, pool: Pool, model: TransformerConfig, source: str) -> LaunchCo
         args.append(("--enforce-eager", ""))
     if cfg.engine != "none" and cfg.overlap is not None:
         args.append(("--async-scheduling" if cfg.overlap else "--no-async-scheduling", ""))
-    notes = _common_notes(pool, "vllm")
+    notes = _common_notes(pool, "vllm") + quantization_notes
     if cfg.scheduler_steps > 1:
         args.append(("--num-scheduler-steps", str(cfg.scheduler_steps)))
         notes.append("scheduler_steps: --num-scheduler-steps is the V0 engine's (vLLM 0.6-0.9); V1 schedules "
@@ -189,6 +217,7 @@ def _vllm(p: int, pool: Pool, model: TransformerConfig, source: str) -> LaunchCo
 
 def _sglang(p: int, pool: Pool, model: TransformerConfig, source: str) -> LaunchCommand:
     cfg = pool.scheduler
+    source, quantization, quantization_notes = _quantization(model, source)
     args: list[tuple[str, str]] = [
         ("--model-path", source),
         ("--tp-size", str(pool.tp)),
@@ -206,6 +235,7 @@ def _sglang(p: int, pool: Pool, model: TransformerConfig, source: str) -> Launch
         ("--kv-cache-dtype", "fp8_e4m3" if model.cache_dtype == "fp8" else "auto"),
         ("--mem-fraction-static", f"{cfg.gpu_memory_utilization:g}"),
         ("--dtype", _DTYPE[model.dtype]),
+        *quantization,
     ]
     if not cfg.prefix_caching:
         args.append(("--disable-radix-cache", ""))
@@ -215,7 +245,7 @@ def _sglang(p: int, pool: Pool, model: TransformerConfig, source: str) -> Launch
         args.append(("--disable-cuda-graph", ""))
     if cfg.engine != "none" and cfg.overlap is False:
         args.append(("--disable-overlap-schedule", ""))
-    notes = _common_notes(pool, "sglang")
+    notes = _common_notes(pool, "sglang") + quantization_notes
     if cfg.preemption == "swap":
         notes.append("preemption=swap has no SGLang setting (it recomputes)")
     if cfg.scheduler_steps > 1:
