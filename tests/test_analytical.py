@@ -219,6 +219,27 @@ def test_halving_doubling_all_reduce_on_a_switch(n):
     _assert_same_schedule(tg, est, sim)
 
 
+@pytest.mark.parametrize("kind", ["all_gather", "reduce_scatter"])
+@pytest.mark.parametrize("n", [3, 4, 8])
+def test_direct_collective_flows_share_their_ranks_port(kind, n):
+    # A direct collective sends a rank's pieces to its n - 1 peers at once: they share the rank's
+    # link to the switch (and each receiver's), so a step takes (n - 1) S / B, the closed form, and
+    # the estimate gives what the simulation does, although it otherwise leaves contention out.
+    alpha, bw, piece = 1e-6, 100 * GB, 4e6
+    system = make_system(n, topology="switch", bandwidth="100 GB/s", latency="1 us")
+    b = TaskGraphBuilder(system)
+    devices = tuple(f"acc{i}" for i in range(n))
+    steps = schedule(kind, "direct", [piece] * n)
+    expand_collective(b, kind, "direct", devices, steps, [()] * n, piece * n)
+    tg, est, sim = _both(b)
+    route = system.route("acc0", "acc1")
+    assert math.isclose(est.makespan, route.latency + (n - 1) * piece / bw, rel_tol=1e-9)
+    assert route.latency >= alpha
+    assert math.isclose(est.makespan, sim.makespan, rel_tol=1e-9)
+    flows = transfer_durations(tg, system)[tg.kind != COMPUTE]
+    assert np.allclose(flows, route.latency + (n - 1) * piece / bw, rtol=1e-9)
+
+
 # ---------------------------------------------------------------------- device queues
 def test_ready_tasks_run_lowest_priority_first():
     # Three tasks ready at once on one device: contention for the device, none for links. The

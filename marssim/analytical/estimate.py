@@ -8,8 +8,15 @@ priority first, as the simulator's devices do; so pipelines are timed by their s
 (micro-batch after micro-batch through each stage) and a collective by its point-to-point steps,
 which on a uniform ring is the closed form ``2(N-1)(alpha + S/(N*B))``.
 
-What the estimate leaves out is contention between flows: a flow never shares bandwidth. Where no
-two flows share a resource at once, the estimate equals the simulation (to rounding). Where they
+What the estimate leaves out is contention between flows: a flow never shares bandwidth, with
+one exception that belongs to a collective's own algorithm: a *direct* collective (an all-to-all,
+a direct all-gather or reduce-scatter) issues every rank's flows to all its peers at once, so a
+flow shares each resource it crosses with the collective's other flows there and moves at the
+rate of the most loaded one (:func:`direct_rates`): a direct all-to-all of ``S`` bytes per rank
+over ``n`` ranks of one switch takes ``(n - 1) S / (n B)``, its closed form, as in the
+simulation; across nodes, the flows of every rank of a node that leave through one network
+adapter share it. Where no two flows share a resource at once otherwise, the estimate equals the
+simulation (to rounding). Where they
 do, the simulation's transfers are slower and the estimate is usually below it; it is not a strict
 bound (a faster transfer can change the order in which a device takes its tasks, and list
 scheduling is not monotone), but :attr:`Estimate.lower_bound` is one: the largest of the critical
@@ -41,10 +48,11 @@ from marssim.taskgraph import COMPUTE, TaskGraph
 
 from .schedule import BACKENDS, earliest_schedule, list_schedule
 
-__all__ = ["Estimate", "estimate", "transfer_durations", "resource_bytes", "critical_path"]
+__all__ = ["Estimate", "estimate", "transfer_durations", "resource_bytes", "critical_path", "direct_rates"]
 
 
 _ROUTE_CACHE: "weakref.WeakKeyDictionary[System, dict]" = weakref.WeakKeyDictionary()
+_PAIR_CACHE: "weakref.WeakKeyDictionary[System, dict]" = weakref.WeakKeyDictionary()
 
 
 def _route_arrays(taskgraph: TaskGraph, system: System):
@@ -80,12 +88,82 @@ def _route_arrays(taskgraph: TaskGraph, system: System):
 def transfer_durations(taskgraph: TaskGraph, system: System) -> np.ndarray:
     """Contention-free duration (s) of every task: the compute duration, or for a transfer its
     route latency plus ``nbytes`` over the route's bottleneck capacity (latency alone for an
-    empty transfer or a route that holds no resource, as in the simulator)."""
+    empty transfer or a route that holds no resource, as in the simulator), or for a flow of a
+    direct collective its bytes at the rate :func:`direct_rates` gives it."""
     bottleneck, latency, _, _, _ = _route_arrays(taskgraph, system)
-    return _durations(taskgraph, bottleneck, latency)
+    return _durations(taskgraph, bottleneck, latency, system)
 
 
-def _durations(tg: TaskGraph, bottleneck: np.ndarray, latency: np.ndarray) -> np.ndarray:
+_FANNED = ("all_to_all", "all_gather", "reduce_scatter", "all_reduce")
+"""The collectives whose direct algorithm sends every rank's pieces to all its peers at once (a
+point-to-point transfer, ``p2p``, is one flow, and several of one op follow each other)."""
+
+_PAIRS_LIMIT = 256
+"""Ranks up to which a direct collective's pairs are routed one by one (:func:`_pair_load`);
+beyond, each flow takes ``n - 1`` times its own serial time."""
+
+
+def _pair_load(system: System, devices: tuple[str, ...]) -> np.ndarray | None:
+    """Per resource of ``system``, how many of the ``n (n - 1)`` flows of a direct collective
+    over ``devices`` (every rank to every other) cross it; None beyond :data:`_PAIRS_LIMIT`
+    ranks. Memoised per System."""
+    cache = _PAIR_CACHE.get(system)
+    if cache is None:
+        cache = _PAIR_CACHE[system] = {}
+    hit = cache.get(devices, False)
+    if hit is not False:
+        return hit
+    load = None
+    if len(devices) <= _PAIRS_LIMIT:
+        load = np.zeros(len(system.resource_capacity))
+        for a in devices:
+            for b in devices:
+                if a != b:
+                    res = system.route(a, b).resources
+                    if res:
+                        np.add.at(load, list(res), 1.0)
+    cache[devices] = load
+    return load
+
+
+def direct_rates(collective: np.ndarray, route: np.ndarray, routes, collectives, system: System) -> np.ndarray:
+    """Seconds per byte of each transfer of a *direct* collective (an all-to-all, all-gather,
+    reduce-scatter or all-reduce whose algorithm is ``direct``: :data:`_FANNED`), NaN for every
+    other transfer. Such a collective issues every rank's flows to all its peers at once, so a
+    flow shares each resource it crosses with the collective's other flows there: it moves at
+    the rate of its most loaded resource, the flows crossing it over its capacity (per step: a
+    direct all-reduce's reduce-scatter and all-gather do not overlap). ``collective``: each
+    transfer's index into ``collectives`` (-1: none); ``route``: its index into ``routes``."""
+    rate = np.full(len(collective), np.nan)
+    fanned = np.array([c.algorithm == "direct" and c.kind in _FANNED for c in collectives] + [False])
+    hit = fanned[collective] & (collective >= 0)
+    if not hit.any():
+        return rate
+    cap = system.resource_capacity
+    groups: dict[tuple[str, ...], int] = {}  # each distinct set of ranks, numbered
+    dev_id = np.full(len(collectives) + 1, -1, dtype=np.int64)
+    for i in np.unique(collective[hit]).tolist():
+        dev_id[i] = groups.setdefault(collectives[i].devices, len(groups))
+    devices_of = {k: devices for devices, k in groups.items()}
+    pairs, inverse = np.unique(np.stack([dev_id[collective[hit]], route[hit].astype(np.int64)], axis=1), axis=0,
+                               return_inverse=True)
+    values = np.empty(len(pairs))
+    for k, (d, r) in enumerate(pairs.tolist()):
+        devices = devices_of[d]
+        res = list(routes[r].resources)
+        load = _pair_load(system, devices)
+        if not res:
+            values[k] = 0.0
+        elif load is None:
+            values[k] = (len(devices) - 1) / float(cap[res].min())
+        else:
+            values[k] = float((np.maximum(load[res], 1.0) / cap[res]).max())
+    rate[hit] = values[inverse.reshape(-1)]
+    return rate
+
+
+def _durations(tg: TaskGraph, bottleneck: np.ndarray, latency: np.ndarray,
+               system: System | None = None) -> np.ndarray:
     duration = tg.duration.astype(np.float64, copy=True)
     is_transfer = tg.kind != COMPUTE
     if is_transfer.any():
@@ -93,6 +171,9 @@ def _durations(tg: TaskGraph, bottleneck: np.ndarray, latency: np.ndarray) -> np
         nbytes = tg.nbytes[is_transfer]
         with np.errstate(divide="ignore", invalid="ignore"):
             serial = np.where(nbytes > 0, nbytes / bottleneck[route], 0.0)
+        if system is not None and tg.collectives:
+            rate = direct_rates(tg.collective[is_transfer], route, tg.routes, tg.collectives, system)
+            serial = np.where(np.isnan(rate), serial, nbytes * rate)
         steps = tg.steps[is_transfer] if tg.steps is not None else 1
         duration[is_transfer] = serial + latency[route] * steps
     return duration
@@ -251,7 +332,7 @@ def estimate(taskgraph: TaskGraph, system: System, *, backend: str = "auto",
     if coupled:
         raise ValueError("this TaskGraph couples ring steps (lowered with coupled_rings=True): only the compiled "
                          "estimate (numba) times them; lower it with coupled_rings=False")
-    duration = _durations(tg, bottleneck, latency)
+    duration = _durations(tg, bottleneck, latency, system)
     is_compute = tg.kind == COMPUTE
     if n == 0:
         empty = np.zeros(0)
@@ -341,6 +422,17 @@ def _coupling(program, rows: dict, bottleneck: np.ndarray, latency: np.ndarray) 
     return lambda: fixed + (sizes.copy(),)
 
 
+def _template_rates(tg: TaskGraph, program, rows, moving: np.ndarray, system: System) -> np.ndarray:
+    """:func:`direct_rates` of the transfer rows of ``program``'s templates (each template's
+    collectives numbered from its own first)."""
+    tpl_of_row = np.repeat(np.arange(len(program.sizes), dtype=np.int64), program.sizes)[moving]
+    local = rows["collective"][moving].astype(np.int64)
+    colls = [c for cs in program.tpl_colls for c in cs]
+    offset = np.concatenate([[0], np.cumsum([len(cs) for cs in program.tpl_colls])]).astype(np.int64)
+    glob = np.where(local >= 0, offset[tpl_of_row] + local, -1)
+    return direct_rates(glob, rows["route"][moving].astype(np.int64), tg.routes, colls, system)
+
+
 def _estimate_program(tg: TaskGraph, system: System, program, bottleneck: np.ndarray, latency: np.ndarray,
                       incidence: tuple, report, wall: float, chained: bool = True) -> Estimate:
     """:func:`estimate` of a lowering's TaskGraph from its :class:`~marssim.taskprogram.TaskProgram`
@@ -361,6 +453,8 @@ def _estimate_program(tg: TaskGraph, system: System, program, bottleneck: np.nda
         nbytes = rows["nbytes"][moving]
         with np.errstate(divide="ignore", invalid="ignore"):
             serial = np.where(nbytes > 0, nbytes / bottleneck[route], 0.0)
+        rate = _template_rates(tg, program, rows, moving, system)
+        serial = np.where(np.isnan(rate), serial, nbytes * rate)
         d_row[moving] = serial + latency[route] * rows["steps"][moving]
     per_row = np.repeat(np.bincount(program.inst_tpl, minlength=len(program.sizes)), program.sizes)
     used = np.unique(rows["device"][is_compute & (per_row > 0)])

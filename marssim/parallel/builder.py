@@ -302,6 +302,10 @@ class UnitBuilder:
         if hit is not None:
             return hit
         have, refs = self.locate(name)
+        kept = self._kept_expert_conversion(name, have, want)
+        if kept is not None:
+            t.converted[(name, want)] = kept
+            return kept
         if have != want and want != "*" and self.low.unit_of.get(name) != self.key and t.prev_compute >= 0:
             # a tensor kept from another unit is converted when the kernel before its reader starts
             # (Megatron-LM launches the all-gather of a saved input as the input-gradient GEMM
@@ -310,6 +314,20 @@ class UnitBuilder:
         refs = self.convert(name, have, want, refs, op_name)
         t.converted[(name, want)] = refs
         return refs
+
+    def _kept_expert_conversion(self, name: str, have: str, want: str) -> tuple | None:
+        """The refs of an expert-layout conversion (an all-to-all, an expert-tensor-parallel
+        gather) that the unit producing ``name`` on this GPU already made to ``want``, or None:
+        autograd keeps the converted tensor for the backward (Megatron-LM's token dispatcher
+        saves the tokens it received), where a tensor-parallel all-gather of a saved input is run
+        again. Another stage's tensor, or a conversion its unit did not make, is not kept."""
+        key = self.low.unit_of.get(name)
+        if (key is None or key == self.key or have == want or want == "*"
+                or have not in experts.EXPERT_LAYOUTS or want not in experts.EXPERT_LAYOUTS
+                or self.low.stage_of_chunk(key[0]) != self.low.stage_of_chunk(self.key[0])):
+            return None
+        hit = self.templates.get(self.rep, key).converted.get((name, want))
+        return None if hit is None else _as_mode(hit, SAME)
 
     def locate(self, name: str) -> tuple[str, tuple]:
         """Where tensor ``name`` is, as (layout, refs): produced in this unit, in another unit of
