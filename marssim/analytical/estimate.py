@@ -20,8 +20,8 @@ simulation (to rounding). Where they
 do, the simulation's transfers are slower and the estimate is usually below it; it is not a strict
 bound (a faster transfer can change the order in which a device takes its tasks, and list
 scheduling is not monotone), but :attr:`Estimate.lower_bound` is one: the largest of the critical
-path without device serialisation, the busiest device's total work and the busiest resource's
-bytes over its capacity. Units: seconds, bytes, bytes/s, FLOPs, joules.
+path without device serialisation (every flow timed alone, a direct collective's too), the busiest
+device's total work and the busiest resource's bytes over its capacity. Units: seconds, bytes, bytes/s, FLOPs, joules.
 """
 
 from __future__ import annotations
@@ -353,7 +353,10 @@ def estimate(taskgraph: TaskGraph, system: System, *, backend: str = "auto",
     report("schedule", n)
     makespan = float(end.max())
     busy = np.bincount(dev_nodes, weights=duration[is_compute], minlength=n_nodes)
-    _, cp_end = earliest_schedule(duration, succ_ptr, succ_idx, n_pred, backend=backend)
+    # the bound takes every flow alone: a direct collective's flows share their resources only
+    # while they run at once, which the simulation need not make them do
+    free = _durations(tg, bottleneck, latency)
+    _, cp_end = earliest_schedule(free, succ_ptr, succ_idx, n_pred, backend=backend)
     report("critical_path", n)
     res_load = _aggregate_bytes(tg, system, incidence=(res_idx, res_route, res_weight)) / system.resource_capacity
     bounds = {"critical_path": float(cp_end.max()), "device_work": float(busy.max(initial=0.0)),
@@ -447,13 +450,18 @@ def _estimate_program(tg: TaskGraph, system: System, program, bottleneck: np.nda
     is_compute = rows["kind"] == COMPUTE
     # each row's contention-free duration, as _durations gives it per task
     d_row = rows["duration"].astype(np.float64, copy=True)
+    d_free = d_row  # the same without a direct collective's shared rates: the critical-path bound's
     moving = ~is_compute
     if moving.any():
         route = rows["route"][moving]
         nbytes = rows["nbytes"][moving]
         with np.errstate(divide="ignore", invalid="ignore"):
             serial = np.where(nbytes > 0, nbytes / bottleneck[route], 0.0)
+        alone = serial + latency[route] * rows["steps"][moving]
         rate = _template_rates(tg, program, rows, moving, system)
+        if not np.isnan(rate).all():
+            d_free = d_row.copy()
+            d_free[moving] = alone
         serial = np.where(np.isnan(rate), serial, nbytes * rate)
         d_row[moving] = serial + latency[route] * rows["steps"][moving]
     per_row = np.repeat(np.bincount(program.inst_tpl, minlength=len(program.sizes)), program.sizes)
@@ -479,13 +487,19 @@ def _estimate_program(tg: TaskGraph, system: System, program, bottleneck: np.nda
         del n_pred
         ready = start
         makespan = critical = float(end.max())
+        if d_free is not d_row:
+            cp_end, _ = K.earliest_schedule(d_free, program.pred_counts(), max_succ, *coupling(), *walk)
+            critical = float(cp_end.max())
+            del cp_end
     else:
         # the earliest schedule first: its arrays are gone before the list schedule's are made
-        cp_end, done = K.earliest_schedule(d_row, n_pred, max_succ, *coupling(), *walk)
+        cp_end, done = K.earliest_schedule(d_free, n_pred, max_succ, *coupling(), *walk)
         if done != n:
             raise ValueError(f"the task graph has a cycle ({n - done} tasks never become ready)")
         critical = float(cp_end.max())
         del cp_end
+        if d_free is not d_row:
+            n_pred = program.pred_counts()
         start, ready, end, done = K.list_schedule(d_row, dev_row, n_pred, len(used), per_dev, max_succ, *coupling(),
                                                   *walk)
         del n_pred
