@@ -36,6 +36,7 @@ def test_the_shipped_tables_name_runs_their_systems_can_take():
     tables = published_tables()
     assert {"korthikanti2022-table5", "nemo2407-h100-fp8", "nemo2403-h100-fp8-long-context",
             "megatron-bridge-2511-fp8", "megatron-bridge-2511-mxfp8", "megatron-bridge-2604-fp8-fp4",
+            "megatron-bridge-2604-moe",
             "trtllm-1.0-h100-h200-fp8-throughput",
             "sglang-0.3.0-vllm-0.6.0-bf16-latency"} <= set(tables)
     for name in tables:
@@ -228,7 +229,7 @@ KNOWN_OVER = {"GB200 LLAMA3.1-405B 256 GPUs", "GB200 LLAMA3.1-405B 256 GPUs FP8"
 
 
 @pytest.mark.parametrize("table", ["korthikanti2022-table5", "megatron-bridge-2511-fp8", "megatron-bridge-2511-mxfp8",
-                                   "megatron-bridge-2604-fp8-fp4", *NEMO_TABLES])
+                                   "megatron-bridge-2604-fp8-fp4", "megatron-bridge-2604-moe", *NEMO_TABLES])
 def test_the_memory_check_admits_the_published_training_runs(table):
     """What ran fits: every published training row's closed-form memory is within its GPU's
     capacity, with the gradient buffer and optimizer state in the types the runs kept them."""
@@ -478,3 +479,28 @@ def test_the_tensorrt_llm_rows_take_the_limits_trtllm_bench_computes_as_the_head
                   _round_up(raw, 512) if raw < 8192 else _round_up(raw, 1024))
         tokens = max(tokens, r.input_tokens + seqs)
         assert (int(settings["max_num_seqs"]), int(settings["max_batched_tokens"])) == (seqs, tokens), r.name
+
+
+MOE_2604_TOKENS = {"GB300 QWEN3-30B-A3B 8 GPUs MXFP8": (31744, 8), "GB200 QWEN3-30B-A3B 8 GPUs MXFP8": (26112, 4),
+                   "B300 QWEN3-30B-A3B 8 GPUs MXFP8": (30720, 8), "B200 QWEN3-30B-A3B 8 GPUs MXFP8": (27136, 4),
+                   "H100 QWEN3-30B-A3B 16 GPUs FP8": (8960, 1)}
+"""Megatron-Bridge's 26.04.01 Qwen3-30B-A3B rows: tokens/s/GPU and the micro-batch."""
+
+
+def test_the_moe_rows_spread_the_experts_over_every_gpu_and_take_their_own_figures():
+    """Each row's figure converts back to the published tokens/s/GPU; the experts are spread over
+    all the GPUs (EP = GPUs, no tensor or pipeline parallelism), the routing uniform (the runs
+    force it to balance), MXFP8 on the Blackwells and per-tensor current scaling on the H100."""
+    runs = load_published("megatron-bridge-2604-moe")
+    assert {r.name for r in runs} == set(MOE_2604_TOKENS)
+    for r in runs:
+        tokens, mbs = MOE_2604_TOKENS[r.name]
+        cfg = parse_parallel(r.parallel)
+        gpus = len(load_system(r.system).accelerators)
+        assert (cfg.gpus, cfg.ep, cfg.tp, cfg.pp, cfg.micro_batch) == (gpus, gpus, 1, 1, mbs)
+        assert cfg.global_batch * 4096 / (r.measured_iteration_s * gpus) == pytest.approx(tokens, rel=1e-4)
+        assert f"({tokens} tokens/s/GPU)" in r.source
+        t = load_workload(r.workload).meta["transformer"]
+        assert (t.experts, t.top_k, t.expert_ffn, t.layers, t.vocab) == (128, 8, 768, 48, 151936)
+        assert not t.expert_load and t.fp8_param_gather
+        assert t.fp8_recipe == ("current" if r.name.startswith("H100") else "mxfp8")
