@@ -491,6 +491,15 @@ def test_collectives_import_writes_every_gpus_nccl_curves_and_the_engines_all_re
                                        "sglang-0.5.14"}
     b200 = next(r for r in rows if r.gpu == "B200" and r.collective == "all_reduce")
     assert (b200.bytes, b200.time_s, b200.commit, b200.date) == (2048.0, 2e-5, "0.12.0", "2026-12-07")
+    # importing one GPU again replaces its rows only: the others keep theirs, their dates and their comment lines
+    assert main(["calibrate", "import", "aiconfigurator-collectives", "--from", str(root), "--date", "2026-12-08",
+                 "--aic-gpus", "b200_sxm", "--out", str(out)]) == 0
+    again = load_collectives(out / "aiconfigurator-0.12.0.csv")
+    assert len(again) == len(rows)
+    assert {r.date for r in again if r.gpu == "B200"} == {"2026-12-08"}
+    assert {r.date for r in again if r.gpu != "B200"} == {"2026-12-07"}
+    text = (out / "aiconfigurator-0.12.0.csv").read_text()
+    assert all(f"# {gpu}/comm/nccl/{ver}/nccl_perf.parquet: 2 rows" in text for gpu, ver in AIC_NCCL_VERSIONS.items())
     (data / "gb200" / "comm" / "nccl" / "2.29.2" / "nccl_perf.parquet").unlink()
     capsys.readouterr()
     assert main(["calibrate", "import", "aiconfigurator-collectives", "--from", str(root), "--out",

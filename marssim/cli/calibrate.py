@@ -186,7 +186,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="vidur-compute: 'default' (powers of two and 3 x powers of two), 'all', or a comma-separated list")
     i.add_argument("--aic-gpus", default="h100_sxm,h200_sxm,b200_sxm,b300_sxm,gb200,gb300",
                    help="aiconfigurator: the package's systems to import (default the shipped tables' GPUs: "
-                        "h100_sxm,h200_sxm,b200_sxm,b300_sxm,gb200,gb300)")
+                        "h100_sxm,h200_sxm,b200_sxm,b300_sxm,gb200,gb300); aiconfigurator-collectives: the "
+                        "systems whose tables are read again, the others' rows kept as the file has them")
     i.add_argument("--framework", default="trtllm", choices=("trtllm", "vllm", "sglang"),
                    help="aiconfigurator: whose kernels (default trtllm); the rows' stack is <framework>-<version>")
     i.add_argument("--version", dest="framework_version", default="1.3.0rc20",
@@ -818,7 +819,9 @@ def _import_aic_moe(root: Path, gpu: str, args: argparse.Namespace, stack: str, 
 
 
 def _import_aiconfigurator_collectives(args: argparse.Namespace) -> int:
-    """Collective timings of aiconfigurator-core into ``<out>/aiconfigurator-<version>.csv``."""
+    """Collective timings of aiconfigurator-core into ``<out>/aiconfigurator-<version>.csv``: the
+    tables of the ``--aic-gpus`` GPUs read again, every other table's rows and comment line kept as
+    the file has them (their import dates too)."""
     import datetime
 
     from marssim.calibrate.aiconfigurator import AIC_SOURCE, collective_table_rows, collective_tables, data_root
@@ -829,14 +832,29 @@ def _import_aiconfigurator_collectives(args: argparse.Namespace) -> int:
     package_version = _aic_version(root)
     date = args.date or datetime.date.today().isoformat()
     out_dir = Path(args.out) if args.out else traces_dir() / "collectives"
+    target = out_dir / f"aiconfigurator-{package_version}.csv"
+    chosen = {g.strip() for g in args.aic_gpus.split(",") if g.strip()}
+    kept_rows: dict[str, list] = {}
+    kept_comments: dict[str, str] = {}
+    if target.is_file():
+        for r in load_collectives(target):
+            kept_rows.setdefault(r.file, []).append(r)
+        for line in target.read_text(encoding="utf-8").splitlines():
+            head = line[2:].split(": ", 1)[0] if line.startswith("# ") else ""
+            if head.endswith(".parquet"):
+                kept_comments[head] = line[2:]
     rows, comments = [], []
     for gpu, stack, rel in collective_tables():
+        if gpu not in chosen and f"systems/data/{rel}" in kept_rows:
+            rows += kept_rows[f"systems/data/{rel}"]
+            if rel in kept_comments:
+                comments.append(kept_comments[rel])
+            continue
         got = collective_table_rows(root, gpu, stack, rel, package_version, date)
         rows += got
         note = got[0].note if got else ""
         comments.append(f"{rel}: {len(got)} rows, stack {stack}{' (' + note + ')' if note else ''}")
     out_dir.mkdir(parents=True, exist_ok=True)
-    target = out_dir / f"aiconfigurator-{package_version}.csv"
     write_collectives(target, rows, [
         f"{AIC_SOURCE} {package_version} (NVIDIA, Apache-2.0), systems/data/<gpu>/comm/, imported by "
         "`marssim calibrate import aiconfigurator-collectives`: the half-precision (fp16; bf16 for the engines' "
