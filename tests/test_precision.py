@@ -188,6 +188,48 @@ def test_weights_held_per_precision(spec, gemm_bytes, other_bytes) -> None:
         assert (f.gradient_bytes, f.optimizer_bytes) == (4 * f.parameters, 12 * f.parameters)
 
 
+@pytest.mark.parametrize("dtype,q", [("fp8", 1), ("fp4", 0.5625)])
+def test_the_first_and_last_blocks_kept_in_bf16_read_bf16_and_hold_bf16_weights(dtype, q) -> None:
+    """first_layers_bf16 / last_layers_bf16 (Megatron-LM's layers at start and end in bf16): those
+    blocks' GEMMs read bf16 (no cast, no low-precision weight copy), the others the recipe's type;
+    the FLOPs of the GEMMs are the same, the casts fewer, and the weights held follow per block."""
+    spec = "gpt:layers=5,hidden=256,heads=4,vocab=1000,seq=64,batch=2,max_positions=128,mode=train"
+    every = load_workload(spec + f",dtype={dtype}")
+    kept = load_workload(spec + f",dtype={dtype},first_layers_bf16=1,last_layers_bf16=2")
+    low = {op.param("layer") for op in kept.ops if op.param("w_dtype")}
+    assert low == {1, 2}  # blocks 0, 3 and 4 in bf16
+    assert {op.param("layer") for op in every.ops if op.param("w_dtype")} == {0, 1, 2, 3, 4}
+    gemm = lambda g: sum(op.flops for op in g.ops if op.kind.name == "GEMM")  # noqa: E731
+    assert gemm(kept) == pytest.approx(gemm(every), rel=1e-12)
+    casts = lambda g: [op.name for op in g.ops if op.param("fn") == "quantize"]  # noqa: E731
+    assert 0 < len(casts(kept)) < len(casts(every))
+    assert not any(name.startswith(("layers.0.", "layers.3.", "layers.4.")) for name in casts(kept))
+    block = _gpt_gemm_params(1, 256)
+    f_kept, f_every = footprint(kept), footprint(every)
+    assert f_every.weight_bytes - f_kept.weight_bytes == pytest.approx(3 * block * 2 * q, abs=1)
+    with pytest.raises(InputError, match="first_layers_bf16: keeps blocks out of a low-precision training recipe"):
+        load_workload(spec + ",first_layers_bf16=1")
+    with pytest.raises(InputError, match="last_layers_bf16: .* got dtype=fp8, mode=prefill"):
+        load_workload(spec.replace("mode=train", "mode=prefill") + ",dtype=fp8,last_layers_bf16=1")
+    with pytest.raises(InputError, match="last_layers_bf16: expected first_layers_bf16 \\+ last_layers_bf16 at most"):
+        load_workload(spec + f",dtype={dtype},first_layers_bf16=3,last_layers_bf16=3")
+
+
+def test_a_block_kept_in_bf16_runs_its_gemms_at_the_bf16_rate() -> None:
+    """On a B200 (measured bf16 and NVFP4 GEMMs), Llama 3 8B with its last block kept in bf16:
+    that block's MLP GEMM takes the bf16 kernel's time, the others the NVFP4 kernel's, faster."""
+    from marssim.cost import default_cost_model
+
+    design = next(iter(load_system("dgx-b200-cluster:nodes=1").designs.values()))
+    graph = load_workload("llama3-8b:mode=train,seq=4096,layers=4,dtype=fp4,last_layers_bf16=1")
+    plain = load_workload("llama3-8b:mode=train,seq=4096,layers=4")
+    cost = default_cost_model()
+    t = {name: cost.op_time(graph.op(name), design) for name in ("layers.2.mlp.fc1", "layers.3.mlp.fc1")}
+    assert not graph.op("layers.3.mlp.fc1").param("w_dtype") and graph.op("layers.2.mlp.fc1").param("w_dtype") == "fp4"
+    assert t["layers.3.mlp.fc1"] == pytest.approx(cost.op_time(plain.op("layers.3.mlp.fc1"), design), rel=1e-12)
+    assert t["layers.2.mlp.fc1"] < 0.7 * t["layers.3.mlp.fc1"]
+
+
 @pytest.mark.parametrize("recompute", ["none", "selective", "full"])
 def test_activations_kept_for_backward_with_fp8_gemm_inputs(recompute) -> None:
     """Korthikanti et al.'s per-block s*b*h*(16e + 2) + a*s^2*b*(2e + 1) with the four GEMM

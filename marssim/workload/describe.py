@@ -161,6 +161,11 @@ def _precision(cfg) -> str:
     else:
         text = f"{cfg.dtype} with NVFP4 GEMMs in the blocks (Transformer Engine's NVFP4 recipe"
     what = "FP8" if cfg.gemm_dtype == "fp8" else "NVFP4"
+    kept = [f"the first {cfg.first_layers_bf16}" if cfg.first_layers_bf16 else "",
+            f"the last {cfg.last_layers_bf16}" if cfg.last_layers_bf16 else ""]
+    kept_text = " and ".join(k for k in kept if k)
+    if kept_text:
+        text += f"; {kept_text} block{'s' if cfg.first_layers_bf16 + cfg.last_layers_bf16 > 1 else ''} in {cfg.dtype}"
     return text + (f", {what} parameters gathered in {what})" if cfg.fp8_param_gather else ")")
 
 

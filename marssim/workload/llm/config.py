@@ -55,7 +55,12 @@ low-precision GEMMs; ``dtype=fp8`` (or ``fp4``) is Transformer Engine's recipe, 
 bf16 (:mod:`.precision`); ``fp8_recipe`` picks its scaling, ``delayed`` (the default),
 ``current``, ``blockwise`` or ``mxfp8`` (:data:`FP8_RECIPES`; refused without FP8).
 ``fp8_param_gather`` keeps those GEMMs' weights in FP8 as parameters (training), ``fp4_param_gather``
-in NVFP4 (Megatron-Bridge's name for the same setting under ``dtype=fp4``); ``kv_dtype=fp8`` stores a
+in NVFP4 (Megatron-Bridge's name for the same setting under ``dtype=fp4``); ``first_layers_bf16`` and
+``last_layers_bf16`` keep that many blocks at the start and at the end out of the recipe, their GEMMs
+in ``dtype`` (Megatron-LM's ``--first-last-layers-bf16`` with ``--num-layers-at-start-in-bf16`` and
+``--num-layers-at-end-in-bf16``: training recipes keep the last layers of an NVFP4 run in bf16;
+training only);
+``kv_dtype=fp8`` stores a
 serving run's KV cache in FP8.
 """
 
@@ -133,6 +138,8 @@ class TransformerConfig:
     gemm_dtype: str = ""  # "" (dtype), fp8 or fp4: the input type of the blocks' GEMMs (Transformer Engine)
     fp8_param_gather: bool = False  # the FP8 GEMMs' weights are FP8 parameters, gathered in FP8 (training)
     fp4_param_gather: bool = False  # dtype=fp4: the NVFP4 GEMMs' weights as NVFP4 parameters (sets fp8_param_gather)
+    first_layers_bf16: int = 0  # fp8/fp4 training: the first blocks whose GEMMs stay in dtype (layers at start)
+    last_layers_bf16: int = 0  # fp8/fp4 training: the last blocks whose GEMMs stay in dtype (layers at end)
     fp8_recipe: str = ""  # "" (delayed, an FP8 run's default), delayed or current: FP8 scaling (FP8_RECIPES)
     kv_dtype: str = ""  # "" (dtype) or fp8: the KV cache of prefill, decode and serve
     mode: str = "forward"
@@ -256,6 +263,11 @@ class TransformerConfig:
     def amax_history(self) -> bool:
         """Whether the run keeps amax histories (FP8's delayed scaling, its default recipe)."""
         return self.gemm_dtype == "fp8" and self.fp8_recipe in ("", "delayed")
+
+    def low_precision_layer(self, layer: int) -> bool:
+        """Whether block ``layer`` runs its GEMMs in the low-precision recipe (not one of the
+        ``first_layers_bf16`` or ``last_layers_bf16`` blocks)."""
+        return self.first_layers_bf16 <= layer < self.layers - self.last_layers_bf16
 
     @property
     def low_dtype(self) -> str:
@@ -415,7 +427,7 @@ def check_config(cfg: TransformerConfig) -> None:
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             _fail(key, f"expected a positive integer, got {value!r}")
     for key in ("ffn", "kv_heads", "head_dim", "experts", "top_k", "context", "prompt", "generate", "expert_ffn",
-                "shared_experts", "shared_ffn", "dense_layers"):
+                "shared_experts", "shared_ffn", "dense_layers", "first_layers_bf16", "last_layers_bf16"):
         value = getattr(cfg, key)
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             _fail(key, f"expected a positive integer, got {value!r}")
@@ -437,6 +449,13 @@ def check_config(cfg: TransformerConfig) -> None:
         _fail("dtype", f"expected one of fp32, bf16, fp16, fp8, fp4, got {cfg.dtype!r}")
     if cfg.gemm_dtype not in ("", "fp8", "fp4"):
         _fail("gemm_dtype", f"expected fp8 or fp4 (Transformer Engine's recipes), got {cfg.gemm_dtype!r}")
+    for key in ("first_layers_bf16", "last_layers_bf16"):
+        if getattr(cfg, key) and (not cfg.gemm_dtype or cfg.mode != "train"):
+            _fail(key, f"keeps blocks out of a low-precision training recipe: needs dtype=fp8 or fp4 and mode=train, "
+                       f"got dtype={cfg.gemm_dtype or cfg.dtype}, mode={cfg.mode}")
+    if cfg.first_layers_bf16 + cfg.last_layers_bf16 > cfg.layers:
+        _fail("last_layers_bf16", f"expected first_layers_bf16 + last_layers_bf16 at most the {cfg.layers} layers, got "
+                                  f"{cfg.first_layers_bf16} + {cfg.last_layers_bf16}")
     if cfg.fp4_param_gather and (cfg.gemm_dtype != "fp4" or cfg.mode != "train"):
         _fail("fp4_param_gather", "applies to NVFP4 training (dtype=fp4, mode=train)")
     if cfg.fp8_param_gather and (cfg.gemm_dtype not in ("fp8", "fp4") or cfg.mode != "train"):

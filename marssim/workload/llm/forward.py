@@ -77,7 +77,7 @@ class Decoder:
         activation type."""
         cfg, b = self.cfg, self.b
         low = cfg.low_dtype
-        if not low or not low_precision_gemm(name):
+        if not low or not low_precision_gemm(name) or not cfg.low_precision_layer(b.tags.get("layer", 0)):
             return b.linear(name, x, out_features, bias=bias, grouped=grouped, shares=shares, params={TP_ROLE: role})
         xq = self.cast(x)
         y = b.linear(name, xq, out_features, bias=bias, grouped=grouped, shares=shares, params={TP_ROLE: role})
