@@ -16,12 +16,12 @@ rate of the most loaded one (:func:`direct_rates`): a direct all-to-all of ``S``
 over ``n`` ranks of one switch takes ``(n - 1) S / (n B)``, its closed form, as in the
 simulation; across nodes, the flows of every rank of a node that leave through one network
 adapter share it. Where no two flows share a resource at once otherwise, the estimate equals the
-simulation (to rounding). Where they
-do, the simulation's transfers are slower and the estimate is usually below it; it is not a strict
-bound (a faster transfer can change the order in which a device takes its tasks, and list
-scheduling is not monotone), but :attr:`Estimate.lower_bound` is one: the largest of the critical
-path without device serialisation (every flow timed alone, a direct collective's too), the busiest
-device's total work and the busiest resource's bytes over its capacity. Units: seconds, bytes, bytes/s, FLOPs, joules.
+simulation (to rounding). Where they do, the simulation's transfers are slower and the estimate is
+usually below it; it is not a strict bound (a faster transfer can change the order in which a
+device takes its tasks, and list scheduling is not monotone), but :attr:`Estimate.lower_bound` is
+one: the largest of the critical path without device serialisation (every flow timed alone, a
+direct collective's too), the busiest device's total work and the busiest resource's bytes over
+its capacity. Units: seconds, bytes, bytes/s, FLOPs, joules.
 """
 
 from __future__ import annotations
