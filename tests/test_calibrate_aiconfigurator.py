@@ -500,6 +500,10 @@ def test_collectives_import_writes_every_gpus_nccl_curves_and_the_engines_all_re
     assert {r.date for r in again if r.gpu != "B200"} == {"2026-12-07"}
     text = (out / "aiconfigurator-0.12.0.csv").read_text()
     assert all(f"# {gpu}/comm/nccl/{ver}/nccl_perf.parquet: 2 rows" in text for gpu, ver in AIC_NCCL_VERSIONS.items())
+    capsys.readouterr()
+    assert main(["calibrate", "import", "aiconfigurator-collectives", "--from", str(root), "--aic-gpus", "b900",
+                 "--out", str(out)]) == 2
+    assert "--aic-gpus" in capsys.readouterr().err and (out / "aiconfigurator-0.12.0.csv").read_text() == text
     (data / "gb200" / "comm" / "nccl" / "2.29.2" / "nccl_perf.parquet").unlink()
     capsys.readouterr()
     assert main(["calibrate", "import", "aiconfigurator-collectives", "--from", str(root), "--out",

@@ -91,7 +91,7 @@ def transfer_durations(taskgraph: TaskGraph, system: System) -> np.ndarray:
     empty transfer or a route that holds no resource, as in the simulator), or for a flow of a
     direct collective its bytes at the rate :func:`direct_rates` gives it."""
     bottleneck, latency, _, _, _ = _route_arrays(taskgraph, system)
-    return _durations(taskgraph, bottleneck, latency, system)
+    return _shared(taskgraph, _durations(taskgraph, bottleneck, latency), latency, system)
 
 
 _FANNED = ("all_to_all", "all_gather", "reduce_scatter", "all_reduce")
@@ -162,8 +162,8 @@ def direct_rates(collective: np.ndarray, route: np.ndarray, routes, collectives,
     return rate
 
 
-def _durations(tg: TaskGraph, bottleneck: np.ndarray, latency: np.ndarray,
-               system: System | None = None) -> np.ndarray:
+def _durations(tg: TaskGraph, bottleneck: np.ndarray, latency: np.ndarray) -> np.ndarray:
+    """Every task's duration with every flow timed alone (s)."""
     duration = tg.duration.astype(np.float64, copy=True)
     is_transfer = tg.kind != COMPUTE
     if is_transfer.any():
@@ -171,12 +171,26 @@ def _durations(tg: TaskGraph, bottleneck: np.ndarray, latency: np.ndarray,
         nbytes = tg.nbytes[is_transfer]
         with np.errstate(divide="ignore", invalid="ignore"):
             serial = np.where(nbytes > 0, nbytes / bottleneck[route], 0.0)
-        if system is not None and tg.collectives:
-            rate = direct_rates(tg.collective[is_transfer], route, tg.routes, tg.collectives, system)
-            serial = np.where(np.isnan(rate), serial, nbytes * rate)
         steps = tg.steps[is_transfer] if tg.steps is not None else 1
         duration[is_transfer] = serial + latency[route] * steps
     return duration
+
+
+def _shared(tg: TaskGraph, alone: np.ndarray, latency: np.ndarray, system: System) -> np.ndarray:
+    """``alone`` (:func:`_durations`) with each direct collective's flows at the rate
+    :func:`direct_rates` gives them; ``alone`` itself where the TaskGraph has none."""
+    if not tg.collectives:
+        return alone
+    moving = np.flatnonzero(tg.kind != COMPUTE)
+    rate = direct_rates(tg.collective[moving], tg.route[moving], tg.routes, tg.collectives, system)
+    hit = ~np.isnan(rate)
+    if not hit.any():
+        return alone
+    t = moving[hit]
+    steps = tg.steps[t] if tg.steps is not None else 1
+    out = alone.copy()
+    out[t] = tg.nbytes[t] * rate[hit] + latency[tg.route[t]] * steps
+    return out
 
 
 def _first_step_end(tg: TaskGraph, start: np.ndarray, end: np.ndarray, bottleneck: np.ndarray,
@@ -332,7 +346,10 @@ def estimate(taskgraph: TaskGraph, system: System, *, backend: str = "auto",
     if coupled:
         raise ValueError("this TaskGraph couples ring steps (lowered with coupled_rings=True): only the compiled "
                          "estimate (numba) times them; lower it with coupled_rings=False")
-    duration = _durations(tg, bottleneck, latency, system)
+    # the critical-path bound takes every flow alone: a direct collective's flows share their
+    # resources only while they run at once, which the simulation need not make them do
+    alone = _durations(tg, bottleneck, latency)
+    duration = _shared(tg, alone, latency, system)
     is_compute = tg.kind == COMPUTE
     if n == 0:
         empty = np.zeros(0)
@@ -353,10 +370,7 @@ def estimate(taskgraph: TaskGraph, system: System, *, backend: str = "auto",
     report("schedule", n)
     makespan = float(end.max())
     busy = np.bincount(dev_nodes, weights=duration[is_compute], minlength=n_nodes)
-    # the bound takes every flow alone: a direct collective's flows share their resources only
-    # while they run at once, which the simulation need not make them do
-    free = _durations(tg, bottleneck, latency)
-    _, cp_end = earliest_schedule(free, succ_ptr, succ_idx, n_pred, backend=backend)
+    _, cp_end = earliest_schedule(alone, succ_ptr, succ_idx, n_pred, backend=backend)
     report("critical_path", n)
     res_load = _aggregate_bytes(tg, system, incidence=(res_idx, res_route, res_weight)) / system.resource_capacity
     bounds = {"critical_path": float(cp_end.max()), "device_work": float(busy.max(initial=0.0)),
@@ -450,20 +464,19 @@ def _estimate_program(tg: TaskGraph, system: System, program, bottleneck: np.nda
     is_compute = rows["kind"] == COMPUTE
     # each row's contention-free duration, as _durations gives it per task
     d_row = rows["duration"].astype(np.float64, copy=True)
-    d_free = d_row  # the same without a direct collective's shared rates: the critical-path bound's
+    d_free = d_row  # every flow alone, as the critical-path bound takes them (see estimate)
     moving = ~is_compute
     if moving.any():
         route = rows["route"][moving]
         nbytes = rows["nbytes"][moving]
         with np.errstate(divide="ignore", invalid="ignore"):
             serial = np.where(nbytes > 0, nbytes / bottleneck[route], 0.0)
-        alone = serial + latency[route] * rows["steps"][moving]
+        d_row[moving] = serial + latency[route] * rows["steps"][moving]
         rate = _template_rates(tg, program, rows, moving, system)
         if not np.isnan(rate).all():
             d_free = d_row.copy()
-            d_free[moving] = alone
-        serial = np.where(np.isnan(rate), serial, nbytes * rate)
-        d_row[moving] = serial + latency[route] * rows["steps"][moving]
+            shared = nbytes * rate + latency[route] * rows["steps"][moving]
+            d_row[moving] = np.where(np.isnan(rate), d_row[moving], shared)
     per_row = np.repeat(np.bincount(program.inst_tpl, minlength=len(program.sizes)), program.sizes)
     used = np.unique(rows["device"][is_compute & (per_row > 0)])
     dense = np.full(n_nodes, -1, dtype=np.int64)

@@ -825,6 +825,7 @@ def _import_aiconfigurator_collectives(args: argparse.Namespace) -> int:
     import datetime
 
     from marssim.calibrate.aiconfigurator import AIC_SOURCE, collective_table_rows, collective_tables, data_root
+    from marssim.calibrate.table import read_comments
     from marssim.collectives.measured import load_collectives, write_collectives
     from marssim.cost.calibrated import traces_dir
 
@@ -834,15 +835,16 @@ def _import_aiconfigurator_collectives(args: argparse.Namespace) -> int:
     out_dir = Path(args.out) if args.out else traces_dir() / "collectives"
     target = out_dir / f"aiconfigurator-{package_version}.csv"
     chosen = {g.strip() for g in args.aic_gpus.split(",") if g.strip()}
+    known = dict.fromkeys(gpu for gpu, _, _ in collective_tables())
+    unknown = sorted(chosen - set(known))
+    if unknown:
+        raise InputError(None, "--aic-gpus", f"expected some of {', '.join(known)}, got {unknown[0]!r}")
     kept_rows: dict[str, list] = {}
     kept_comments: dict[str, str] = {}
     if target.is_file():
         for r in load_collectives(target):
             kept_rows.setdefault(r.file, []).append(r)
-        for line in target.read_text(encoding="utf-8").splitlines():
-            head = line[2:].split(": ", 1)[0] if line.startswith("# ") else ""
-            if head.endswith(".parquet"):
-                kept_comments[head] = line[2:]
+        kept_comments = {line[2:].split(": ", 1)[0]: line for line in read_comments(target)}
     rows, comments = [], []
     for gpu, stack, rel in collective_tables():
         if gpu not in chosen and f"systems/data/{rel}" in kept_rows:

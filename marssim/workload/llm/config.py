@@ -59,9 +59,7 @@ in NVFP4 (Megatron-Bridge's name for the same setting under ``dtype=fp4``); ``fi
 ``last_layers_bf16`` keep that many blocks at the start and at the end out of the recipe, their GEMMs
 in ``dtype`` (Megatron-LM's ``--first-last-layers-bf16`` with ``--num-layers-at-start-in-bf16`` and
 ``--num-layers-at-end-in-bf16``: training recipes keep the last layers of an NVFP4 run in bf16;
-training only);
-``kv_dtype=fp8`` stores a
-serving run's KV cache in FP8.
+training only); ``kv_dtype=fp8`` stores a serving run's KV cache in FP8.
 """
 
 from __future__ import annotations
