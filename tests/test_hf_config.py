@@ -155,7 +155,13 @@ def test_qwen3_moe_without_embeddings_is_its_published_count():
     assert round((f.parameters - 2 * 151936 * 2048) / 1e9, 1) == 29.9
 
 
-@pytest.mark.parametrize("name", sorted(PUBLISHED_MOE))
+def test_qwen3_235b_is_its_published_count():
+    """Qwen3-235B-A22B's card rounds to whole billions: 235B, 22B activated."""
+    f = footprint(load_workload(hf("qwen3-235b-a22b", "mode=forward,seq=2")))
+    assert (round(f.parameters / 1e9), round(f.active_parameters / 1e9)) == (235, 22)
+
+
+@pytest.mark.parametrize("name", [*sorted(PUBLISHED_MOE), "qwen3-235b-a22b"])
 def test_a_fine_grained_config_json_is_its_preset(name):
     a = transformer_of(load_workload(hf(name, "mode=train,seq=256,layers=2")))
     b = transformer_of(load_workload(f"{name}:mode=train,seq=256,layers=2"))

@@ -36,7 +36,7 @@ def test_the_shipped_tables_name_runs_their_systems_can_take():
     tables = published_tables()
     assert {"korthikanti2022-table5", "nemo2407-h100-fp8", "nemo2403-h100-fp8-long-context",
             "megatron-bridge-2511-fp8", "megatron-bridge-2511-mxfp8", "megatron-bridge-2604-fp8-fp4",
-            "megatron-bridge-2604-moe",
+            "megatron-bridge-2604-moe", "megatron-bridge-2604-qwen3-235b",
             "trtllm-1.0-h100-h200-fp8-throughput",
             "sglang-0.3.0-vllm-0.6.0-bf16-latency"} <= set(tables)
     for name in tables:
@@ -229,7 +229,8 @@ KNOWN_OVER = {"GB200 LLAMA3.1-405B 256 GPUs", "GB200 LLAMA3.1-405B 256 GPUs FP8"
 
 
 @pytest.mark.parametrize("table", ["korthikanti2022-table5", "megatron-bridge-2511-fp8", "megatron-bridge-2511-mxfp8",
-                                   "megatron-bridge-2604-fp8-fp4", "megatron-bridge-2604-moe", *NEMO_TABLES])
+                                   "megatron-bridge-2604-fp8-fp4", "megatron-bridge-2604-moe",
+                                   "megatron-bridge-2604-qwen3-235b", *NEMO_TABLES])
 def test_the_memory_check_admits_the_published_training_runs(table):
     """What ran fits: every published training row's closed-form memory is within its GPU's
     capacity, with the gradient buffer and optimizer state in the types the runs kept them."""
@@ -504,3 +505,45 @@ def test_the_moe_rows_spread_the_experts_over_every_gpu_and_take_their_own_figur
         assert (t.experts, t.top_k, t.expert_ffn, t.layers, t.vocab) == (128, 8, 768, 48, 151936)
         assert not t.expert_load and t.fp8_param_gather
         assert t.fp8_recipe == ("current" if r.name.startswith("H100") else "mxfp8")
+
+
+QWEN3_235B_2604 = {"GB300 QWEN3-235B-A22B 256 GPUs MXFP8": (6944, 2, 1, 4, 12, 32),
+                   "GB200 QWEN3-235B-A22B 256 GPUs MXFP8": (5680, 1, 1, 8, 3, 32),
+                   "B300 QWEN3-235B-A22B 256 GPUs MXFP8": (5936, 2, 1, 8, 1, 8),
+                   "B200 QWEN3-235B-A22B 256 GPUs MXFP8": (3776, 1, 1, 8, 1, 8),
+                   "H100 QWEN3-235B-A22B 256 GPUs FP8": (1712, 1, 2, 8, 4, 32)}
+"""Megatron-Bridge's 26.04.01 Qwen3-235B-A22B rows: tokens/s/GPU, MBS, TP, PP, VP (1: none) and EP."""
+
+
+def test_the_qwen3_235b_rows_keep_each_expert_group_in_as_few_nvlink_domains_as_it_can():
+    """Each row's figure converts back to the published tokens/s/GPU with its table's layout; the
+    94 blocks plus the embedding and the loss fill the PP x VP chunks evenly; and in the row's rank
+    order every expert-parallel group sits inside one NVLink domain (a DGX, or one NVL72 rack), as
+    Megatron-LM's order places it -- the H100's group of 32 on the four DGX of its 32 consecutive
+    ranks."""
+    from marssim.parallel.placement import place
+
+    runs = load_published("megatron-bridge-2604-qwen3-235b")
+    assert {r.name for r in runs} == set(QWEN3_235B_2604)
+    for r in runs:
+        tokens, mbs, tp, pp, vp, ep = QWEN3_235B_2604[r.name]
+        system = load_system(r.system)
+        cfg, graph = bind_parallel(parse_parallel(r.parallel), load_workload(r.workload), system, r.name,
+                                   micro_batch_given=True, batch_given=False)
+        layout = (cfg.gpus, cfg.tp, cfg.pp, cfg.virtual_stages or 1, cfg.ep, cfg.micro_batch)
+        assert layout == (256, tp, pp, vp, ep, mbs)
+        assert cfg.etp_of(0) == 1  # whole experts on every rank (expert_tensor_parallel_size=1)
+        assert cfg.global_batch * 4096 / (r.measured_iteration_s * 256) == pytest.approx(tokens, rel=1e-4)
+        assert f"({tokens} tokens/s/GPU)" in r.source
+        assert (94 + 2) % (pp * vp) == 0 and cfg.account_for_embedding and cfg.account_for_loss
+        t = graph.meta["transformer"]
+        assert (t.layers, t.hidden, t.experts, t.top_k, t.expert_ffn, t.kv_heads) == (94, 4096, 128, 8, 1536, 4)
+        assert not t.expert_load and t.fp8_param_gather
+        assert t.fp8_recipe == ("current" if r.name.startswith("H100") else "mxfp8")
+        where = place(system, cfg)
+        domains: dict[tuple, set] = {}
+        for (dp, stage, t_rank), node in where.ranks.items():  # Megatron-LM's expert order: tp innermost
+            domains.setdefault((stage, (t_rank + tp * dp) // ep), set()).add(system.cluster_node(system.nodes[node])[0])
+        assert len(domains) == 256 // ep
+        # inside one DGX or rack, except the H100's 32 expert ranks, which span four DGX
+        assert all(len(d) == (4 if r.name.startswith("H100") else 1) for d in domains.values()), r.name

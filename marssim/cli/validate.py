@@ -23,7 +23,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "runs: a model's deployment, a batch of equal requests and the output tokens/s measured; "
                     "shipped: korthikanti2022-table5, nemo2407-h100-fp8, nemo2403-h100-fp8-long-context, "
                     "megatron-bridge-2511-fp8, megatron-bridge-2511-mxfp8, megatron-bridge-2604-fp8-fp4, "
-                    "megatron-bridge-2604-moe, "
+                    "megatron-bridge-2604-moe, megatron-bridge-2604-qwen3-235b, "
                     "trtllm-1.0-h100-h200-fp8-throughput) and print per row the error and where the predicted "
                     "time went, and the mean and worst error; writes published.csv into --out.")
     p.add_argument("--published", metavar="TABLE",

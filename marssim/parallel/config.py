@@ -43,7 +43,10 @@ stage_start        the index (in the system's accelerator order) of each stage's
                    cluster of several GPU kinds this chooses which nodes form each stage
 order              rank placement, innermost first: ``tp-pp-dp`` puts the tensor-parallel ranks of a
                    group on consecutive GPUs (inside a node), then the pipeline stages, then the
-                   data-parallel replicas
+                   data-parallel replicas; left out, the system's default
+                   (:func:`marssim.parallel.placement.default_order`: Megatron-LM's ``tp-dp-pp``
+                   where it keeps expert-parallel or, on a rack-scale domain, data-parallel groups
+                   inside one NVLink domain)
 bucket             parameters per data-parallel gradient bucket (Megatron-LM's default: 40 M)
 overlap_grad_reduce
                    the gradient buckets reduced while the backward runs (``--overlap-grad-reduce``);
@@ -386,10 +389,22 @@ def parallel_problems(cfg: ParallelConfig, transformer, gpus: int) -> list[tuple
         if cfg.etp and any(cfg.tp_of(s) % cfg.etp for s in range(cfg.pp)):
             out.append(("etp", f"expert tensor parallelism splits within the tensor-parallel group: expected a divisor "
                                f"of tp, got {cfg.etp}"))
-        if cfg.dp_cp % cfg.ep:
-            group = f"dp x cp={cfg.dp_cp}" if cfg.cp > 1 else f"dp={cfg.dp}"
-            out.append(("ep", f"expert-parallel ranks come from the data-parallel group: expected a divisor of "
-                              f"{group}, got {cfg.ep}"))
+        for stage in range(cfg.pp):
+            tp, etp = cfg.tp_of(stage), cfg.etp_of(stage)
+            if tp % etp:
+                break  # refused above
+            ranks = tp * cfg.dp_cp
+            if ranks % (etp * cfg.ep):
+                group = f"tp x dp x cp={ranks}" if cfg.cp > 1 else f"tp x dp={ranks}"
+                out.append(("ep", f"expert-parallel ranks come from a stage's tensor- and data-parallel ranks, "
+                                  f"etp={etp} of them a rank (Megatron-LM's expert order etp, ep, expert data "
+                                  f"parallelism): expected ep x etp dividing {group}, got ep={cfg.ep}"))
+                break
+            if cfg.ep > 1 and etp < tp and not cfg.sp:
+                out.append(("sp", f"expert-parallel groups that span tensor-parallel ranks (etp={etp} < tp={tp}) "
+                                  f"need sequence parallelism (sp=true), as Megatron-LM requires: without it the "
+                                  f"tensor-parallel ranks hold the same tokens"))
+                break
     if t.mode == "serve" and cfg.pp > 1:
         out.append(("pp", "a serving run (mode=serve) takes one pipeline stage: its decode steps read the token the "
                           "last stage samples (mode=prefill and mode=decode take pp > 1)"))

@@ -7,10 +7,14 @@
   tokens routed to its experts from its expert-parallel peers (layout ``E``); they are
   all-gathered over the ``etp`` group (``X``) before the experts, whose column-parallel GEMMs
   leave features split over it (``Y``) and whose row-parallel GEMMs leave partial sums (``Z``),
-  reduce-scattered back to the rank's tokens (``E``) before the return all-to-all. With
-  ``etp = 1`` the experts are whole on each rank and the ``tp / etp`` ranks of a tensor-parallel
-  group holding the same experts reduce their gradients together with the expert-data-parallel
-  replicas (Megatron-LM's expert data-parallel group: ``tp x dp x cp / (etp x ep)`` ranks).
+  reduce-scattered back to the rank's tokens (``E``) before the return all-to-all. The expert
+  ranks are laid out as Megatron-LM's: along a stage's ``tp x dp x cp`` ranks, tensor-parallel
+  innermost, first ``etp``, then ``ep``, then the expert data parallelism
+  (:meth:`marssim.parallel.placement.Placement.patterns`): with ``etp = tp`` an expert-parallel
+  group is ``ep`` data-parallel replicas at one tensor-parallel rank; with ``etp < tp`` it takes
+  tensor-parallel ranks first, so ``ep`` may exceed ``dp`` ("parallel folding"). The ranks
+  holding the same experts reduce their gradients together (Megatron-LM's expert data-parallel
+  group: ``tp x dp x cp / (etp x ep)`` ranks).
 * routing imbalance (the workload's ``expert_load``, tokens routed to each expert, relative):
   experts sit on expert-parallel ranks in order (rank ``r`` holds experts ``r E/ep .. (r+1)
   E/ep - 1``, as Megatron-LM places them), so rank ``r`` receives the share ``s_r`` of the routed
@@ -91,14 +95,14 @@ def expert_path(have: str, want: str) -> list[str]:
 
 def gradient_group(cfg, stage: int) -> tuple[str, int]:
     """The placement pattern and size of the ring that reduces a stage's expert gradients: the
-    ranks holding the same expert weights, ``tp / etp`` of each tensor-parallel group times the
-    ``dp x cp / ep`` expert-data-parallel replicas (``xdp+1``; ``edp+1`` or ``dp+1`` where the
-    tensor-parallel group holds no copies)."""
-    copies = cfg.tp_of(stage) // cfg.etp_of(stage)
-    replicas = cfg.dp_cp // cfg.ep
-    if copies > 1:
-        return "xdp+1", copies * replicas
-    return (EDP_RING if cfg.ep > 1 else DP_RING), replicas
+    ranks holding the same expert weights, Megatron-LM's expert data-parallel group of
+    ``tp x dp x cp / (etp x ep)`` ranks (``xdp+1``, ``etp x ep`` apart along the stage's ranks;
+    ``edp+1`` or ``dp+1`` where ``etp = tp``)."""
+    tp, etp = cfg.tp_of(stage), cfg.etp_of(stage)
+    size = tp * cfg.dp_cp // (etp * cfg.ep)
+    if tp > etp:
+        return "xdp+1", size
+    return (EDP_RING if cfg.ep > 1 else DP_RING), size
 
 
 def etp_pattern(cfg, stage: int) -> str:

@@ -168,9 +168,9 @@ def predict(run: PublishedRun, cost=None, how: str = "simulate") -> Prediction:
         system = load_system(run.system)
         graph = load_workload(run.workload)
         cfg = parse_parallel(run.parallel, where=run.name)
-        cfg, graph = bind_parallel(cfg, graph, system, run.name,
-                                   micro_batch_given="micro_batch" in split_spec(run.parallel, named=False).params,
-                                   batch_given=workload_sets_batch(run.workload))
+        given = split_spec(run.parallel, named=False).params
+        cfg, graph = bind_parallel(cfg, graph, system, run.name, micro_batch_given="micro_batch" in given,
+                                   batch_given=workload_sets_batch(run.workload), order_given="order" in given)
         done = run_plan(cfg, graph, system, cost, how=how, memory_policy="ignore", detail=False)
     except (InputError, CapacityError) as err:
         return Prediction(run, how, problem=str(err), wall_s=time.perf_counter() - start)
@@ -214,7 +214,7 @@ def format_predictions(predictions: Sequence[Prediction] | Sequence[ServingPredi
     :func:`~.published_serving.format_serving`."""
     if predictions and all(isinstance(p, ServingPrediction) for p in predictions):
         return format_serving(predictions)
-    w = min(36, max([22] + [len(p.run.name) + 1 for p in predictions]))  # the run's name, whole where it fits
+    w = min(37, max([22] + [len(p.run.name) + 1 for p in predictions]))  # the run's name, whole where it fits
     lines = [f"{'run':<{w}}{'measured s':>11}{'predicted':>11}{'error':>8}{'MFU':>7}{'HFU':>7}{'busy':>7}"
              f"{'bubble':>8}  exposed communication"]
     for p in predictions:

@@ -34,7 +34,8 @@ Presets and their sources:
   2.7B active (the query/key/value biases, 0.001 %, left out). Qwen3-30B-A3B (``qwen3_moe``): 48
   layers, hidden 2,048, 32 heads of 128 with 4 key/value heads, 128 routed experts of 768, top-8,
   no shared expert: 30.5B, 3.3B active (the per-head query/key RMSNorms, 256 parameters a block,
-  left out).
+  left out). Qwen3-235B-A22B: 94 such layers of hidden 4,096, 64 heads of 128 with 4 key/value
+  heads, 128 experts of 1,536, top-8: 235.1B, 22.2B active.
 
 A mixture of experts' MLP: ``experts`` routed SwiGLU experts of width ``expert_ffn`` (0:
 ``ffn``), ``top_k`` of them per token; ``shared_experts`` more that every token runs, each of
@@ -360,6 +361,8 @@ PRESETS: dict[str, tuple[dict[str, Any], str]] = {
                           "Qwen1.5-MoE-A2.7B (Qwen team 2024; config.json, model_type qwen2_moe)"),
     "qwen3-30b-a3b": (_qwen_moe(48, 2048, 32, 4, 6144, 768, 128, 8, 0, 40960, head_dim=128),
                       "Qwen3-30B-A3B (Qwen team 2025; config.json, model_type qwen3_moe)"),
+    "qwen3-235b-a22b": (_qwen_moe(94, 4096, 64, 4, 12288, 1536, 128, 8, 0, 40960, head_dim=128),
+                        "Qwen3-235B-A22B (Qwen team 2025; config.json, model_type qwen3_moe)"),
 }
 """Published models: (configuration, source)."""
 
