@@ -13,7 +13,7 @@ import pytest
 
 from marssim.cost import default_cost_model
 from marssim.errors import InputError
-from marssim.parallel import check_parallel, lower_parallel, parse_parallel, prepare_graph
+from marssim.parallel import check_parallel, lower_parallel, parallel_problems, parse_parallel, prepare_graph
 from marssim.parallel.experts import gradient_group
 from marssim.parallel.memory import rank_parameters
 from marssim.parallel.partition import op_rules
@@ -106,10 +106,29 @@ def test_a_folded_all_to_all_sends_a_ranks_tokens_to_its_peers():
 
 @pytest.mark.parametrize("text, key", [
     ("tp=2,dp=4,ep=8,sp=true", "ep"),  # etp = tp = 2: 2 x 8 ranks do not fit in tp x dp = 8
-    ("tp=2,dp=4,ep=4,etp=1", "sp"),  # the group spans tensor-parallel ranks holding the same tokens
+    ("tp=2,dp=4,ep=4,etp=1", "sp"),  # without sp the tensor-parallel ranks would hold the same tokens
     ("tp=2,dp=4,ep=3,etp=1,sp=true", "ep"),  # not a divisor of the 8 experts
 ])
 def test_expert_layouts_megatron_lm_refuses_are_refused(text, key):
     with pytest.raises(InputError) as err:
         check_parallel(parse_parallel(text), transformer_of(load_workload(MOE)), 8, "--parallel")
     assert err.value.problems[0][0] == key
+
+
+def test_the_search_offers_expert_parallel_degrees_beyond_dp_and_keeps_only_legal_ones():
+    """The LLM search's expert-parallel choices for a stage of ``tp x dp`` ranks divide ``tp x dp``
+    and the experts; those beyond ``dp`` are legal with ``etp=1`` only (and, as every mixture of
+    experts with tp > 1, with sequence parallelism)."""
+    from marssim.search.llm import LLMSearchSettings, LLMSpace
+
+    graph, system = load_workload(MOE), load_system(NODE)
+    space = LLMSpace(graph, system, LLMSearchSettings())
+    assert space.eps(4) == (1, 2, 4)
+    assert space.eps(4, 2) == (1, 2, 4, 8)
+    t = transformer_of(graph)
+    for ep in space.eps(4, 2):
+        for etp, sp in ((0, True), (1, True), (1, False)):
+            cfg = parse_parallel(f"tp=2,dp=4,ep={ep},etp={etp},sp={str(sp).lower()}")
+            problems = {key for key, _ in parallel_problems(cfg, t, 8)}
+            fits = ep * (etp or 2) <= 8 and sp  # MoE layers with tp > 1 need sp, as Megatron-LM's
+            assert (not problems) == fits, (ep, etp, sp, problems)

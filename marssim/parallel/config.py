@@ -400,11 +400,6 @@ def parallel_problems(cfg: ParallelConfig, transformer, gpus: int) -> list[tuple
                                   f"etp={etp} of them a rank (Megatron-LM's expert order etp, ep, expert data "
                                   f"parallelism): expected ep x etp dividing {group}, got ep={cfg.ep}"))
                 break
-            if cfg.ep > 1 and etp < tp and not cfg.sp:
-                out.append(("sp", f"expert-parallel groups that span tensor-parallel ranks (etp={etp} < tp={tp}) "
-                                  f"need sequence parallelism (sp=true), as Megatron-LM requires: without it the "
-                                  f"tensor-parallel ranks hold the same tokens"))
-                break
     if t.mode == "serve" and cfg.pp > 1:
         out.append(("pp", "a serving run (mode=serve) takes one pipeline stage: its decode steps read the token the "
                           "last stage samples (mode=prefill and mode=decode take pp > 1)"))

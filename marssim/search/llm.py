@@ -186,13 +186,17 @@ class LLMSpace:
             return (0,)
         return (0,) + tuple(e for e in range(1, tp) if tp % e == 0)
 
-    def eps(self, dp: int) -> tuple[int, ...]:
-        """Expert-parallel degrees for ``dp`` replicas: divisors of both ``dp`` and the experts
-        (a dense model: 1)."""
+    def eps(self, dp: int, tp: int = 1) -> tuple[int, ...]:
+        """Expert-parallel degrees for ``dp`` replicas of ``tp`` tensor-parallel ranks: divisors of
+        both ``tp x dp`` and the experts (a dense model: 1). Those not dividing ``dp`` need an
+        expert tensor parallelism below ``tp`` (the expert groups take tensor-parallel ranks
+        first, :mod:`marssim.parallel.experts`); a level-2 search reaches them through ``etp``,
+        and the configuration's check refuses the combinations that do not fit."""
         experts = self.transformer.experts
         if not experts or not self.settings.expert_parallel:
             return (1,)
-        return tuple(e for e in range(1, dp + 1) if dp % e == 0 and experts % e == 0)
+        ranks = tp * dp
+        return tuple(e for e in range(1, ranks + 1) if ranks % e == 0 and experts % e == 0)
 
     def block_speed(self, start: int, size: int) -> float:
         return sum(self.peak_of_kind[k] for k in self.kind_of_gpu[start:start + size])
@@ -564,7 +568,7 @@ class _LLMStrategy:
                 "schedule": s.schedules if sp.training and g.pp > 1 else ("1f1b",),
                 "recompute": s.recompute if sp.training else ("none",),
                 "zero": s.zero if sp.training and g.dp > 1 else (0,),
-                "ep": sp.eps(g.dp),
+                "ep": sp.eps(g.dp, min(g.tps)),
                 "cp": sp.cps(g.dp),
                 "tp_comm_overlap": s.tp_comm_overlap if max(g.tps) > 1 else (False,),
                 "overlap_p2p_comm": s.overlap_p2p_comm if sp.training and g.pp > 1 else (False,),
