@@ -161,7 +161,7 @@ def default_order(system: System, cfg: ParallelConfig) -> str:
     * the expert-parallel groups (``ep > 1``): their all-to-alls move every routed token twice a
       layer and direction, so Megatron-LM puts the expert ranks innermost after tensor and context
       parallelism; with ``tp-pp-dp`` and ``pp > 1`` they would sit ``tp x pp`` GPUs apart, on the
-      network (Qwen3-235B-A22B on 256 B300 with pp 8 and ep 8: the estimate 2.1x slower);
+      network (Qwen3-235B-A22B on 256 B300 with pp 8 and ep 8: the estimate 2.3x slower);
     * on a rack-scale NVLink domain -- one scale-up fabric across several hosts, as GB200 NVL72's
       72 GPUs -- the data-parallel groups: the gradient rings then run on NVLink and only the
       pipeline's activations cross the network between domains, as a framework places ranks on
