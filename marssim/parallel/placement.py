@@ -26,7 +26,7 @@ from .config import ParallelConfig
 from .memo import OwnerMemo
 from .patterns import CP_RING, DP_RING, EDP_RING, ETP_RING, PULL_NEXT, PULL_PREV, TP_RING, Pattern, ep_peer
 
-__all__ = ["Placement", "place", "default_order", "direct_patterns"]
+__all__ = ["Placement", "place", "default_order", "direct_patterns", "expert_index", "expert_group_of"]
 
 
 def direct_patterns(patterns) -> tuple[str, ...]:
@@ -99,12 +99,9 @@ class Placement:
             out[ETP_RING] = etp_next
 
         def expert_rank(g) -> tuple[int, int, int, int]:
-            """(stage, tp, etp, f): ``f`` the rank's place among its stage's ``tp x dp x cp`` ranks,
-            tensor-parallel innermost, along which Megatron-LM lays out ``etp``, ``ep``, then the
-            expert data parallelism."""
+            """(stage, tp, etp, f), ``f`` the GPU's :func:`expert_index`."""
             dp, s, t = c[g]
-            tp = cfg.tp_of(s)
-            return s, tp, cfg.etp_of(s), t + tp * dp
+            return s, cfg.tp_of(s), cfg.etp_of(s), expert_index(cfg, dp, s, t)
 
         def at_expert_rank(s: int, tp: int, f: int) -> int:
             dp, t = divmod(f, tp)
@@ -129,6 +126,20 @@ class Placement:
             if D % E == 0 and D // E > 1:  # where tp = etp: the replicas of the data-parallel coordinate
                 out[EDP_RING] = lambda g: self.at((c[g][0] + E) % D, c[g][1], c[g][2])
         return out  # type: ignore[return-value]
+
+
+def expert_index(cfg: ParallelConfig, dp: int, stage: int, tp_rank: int) -> int:
+    """A rank's place along its stage's ``tp x dp x cp`` ranks (``dp`` counts ``dp x cp``),
+    tensor-parallel innermost: the line on which Megatron-LM lays out ``etp`` expert-tensor-parallel
+    ranks, then ``ep`` expert-parallel ones, then the expert data parallelism."""
+    return tp_rank + cfg.tp_of(stage) * dp
+
+
+def expert_group_of(cfg: ParallelConfig, dp: int, stage: int, tp_rank: int) -> tuple[int, int, int]:
+    """The expert-parallel group of a rank, as a key its members share: the stage, the rank's
+    expert-tensor-parallel place and its expert-data-parallel replica (:func:`expert_index`)."""
+    f, etp = expert_index(cfg, dp, stage, tp_rank), cfg.etp_of(stage)
+    return stage, f % etp, f // (etp * cfg.ep)
 
 
 LAYOUTS = OwnerMemo(default_size=8)
@@ -183,13 +194,11 @@ def default_order(system: System, cfg: ParallelConfig) -> str:
                 return False
         return True
 
-    def expert_group(dp: int, pp: int, tp: int) -> tuple:
-        f = tp + cfg.tp_of(pp) * dp  # Megatron-LM's expert order: etp, ep, then expert data parallelism
-        etp = cfg.etp_of(pp)
-        return pp, f % etp, f // (etp * cfg.ep)
-
     def data_group(dp: int, pp: int, tp: int) -> tuple:
         return pp, tp
+
+    def expert_group(dp: int, pp: int, tp: int) -> tuple:
+        return expert_group_of(cfg, dp, pp, tp)
 
     wanted = ([expert_group] if cfg.ep > 1 else []) + ([data_group] if rack_scale else [])
     for group_of in wanted:
